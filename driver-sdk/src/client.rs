@@ -1,0 +1,349 @@
+//! `DriverClient`: calls a driver sidecar over a Unix socket or TCP with a fresh request ID and
+//! a deadline on every call, and returns typed errors.
+
+use std::future::Future;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use machine_driver_proto::v1 as pb;
+use tonic::transport::{Channel, Uri};
+use tonic::{Request, Response, Status};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::endpoint::{Endpoint, EndpointError};
+use crate::error::ErrorReport;
+use crate::layer::REQUEST_ID_HEADER;
+
+/// The default per-call deadline (CSI's external-provisioner uses 15 s).
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A successful reply and the request ID it was sent with.
+#[derive(Debug, Clone)]
+pub struct Reply<T> {
+    /// The response message.
+    pub value: T,
+    /// The request ID of the call (as echoed by the driver).
+    pub request_id: String,
+}
+
+impl<T> Reply<T> {
+    /// The response message.
+    pub fn into_inner(self) -> T {
+        self.value
+    }
+}
+
+/// A failed call: which RPC, and the decoded status (its `request_id` is always set).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{method}: {report}")]
+pub struct CallError {
+    /// The RPC.
+    pub method: &'static str,
+    /// Code, reason, retry-after, request IDs, violations, causes.
+    pub report: ErrorReport,
+}
+
+impl CallError {
+    fn new(method: &'static str, status: &Status, request_id: &str) -> Self {
+        let mut report = ErrorReport::from_status(status);
+        if report.request_id.is_empty() {
+            report.request_id = request_id.to_string();
+        }
+        Self { method, report }
+    }
+
+    /// The gRPC code.
+    pub fn code(&self) -> tonic::Code {
+        self.report.code
+    }
+
+    /// The ErrorInfo reason (empty if none).
+    pub fn reason(&self) -> &str {
+        &self.report.reason
+    }
+
+    /// The delay the driver asked for.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.report.retry_after
+    }
+
+    /// The request ID of the failed call.
+    pub fn request_id(&self) -> &str {
+        &self.report.request_id
+    }
+}
+
+/// The result of a client call.
+pub type CallResult<T> = Result<Reply<T>, CallError>;
+
+/// Why a client could not be created.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The endpoint string is malformed.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// Connecting failed.
+    #[error("connecting to {endpoint}")]
+    Connect {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// A client of one driver sidecar. Cheap to clone; reconnects by itself after the sidecar
+/// restarts.
+#[derive(Debug, Clone)]
+pub struct DriverClient {
+    identity: pb::identity_client::IdentityClient<Channel>,
+    machines: pb::machines_client::MachinesClient<Channel>,
+    pools: pb::pools_client::PoolsClient<Channel>,
+    operations: pb::operations_client::OperationsClient<Channel>,
+    call_timeout: Duration,
+    endpoint: String,
+}
+
+fn builder(endpoint: &Endpoint) -> tonic::transport::Endpoint {
+    let uri = match endpoint {
+        // The authority is ignored: the connector dials the socket.
+        Endpoint::Unix(_) => "http://driver.sock".to_string(),
+        Endpoint::Tcp(addr) => format!("http://{addr}"),
+    };
+    // Both forms are valid URIs by construction.
+    tonic::transport::Endpoint::from_shared(uri)
+        .unwrap_or_else(|_| tonic::transport::Endpoint::from_static("http://driver.sock"))
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true)
+}
+
+fn unix_connector(
+    path: std::path::PathBuf,
+) -> impl tower::Service<Uri, Response = TokioIo<tokio::net::UnixStream>, Error = std::io::Error, Future = impl Future<Output = std::io::Result<TokioIo<tokio::net::UnixStream>>> + Send>
+       + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |_: Uri| {
+        let path = path.clone();
+        async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+    })
+}
+
+impl DriverClient {
+    /// Connects now; fails if the sidecar is not there.
+    ///
+    /// # Errors
+    /// A malformed endpoint or a failed connection.
+    pub async fn connect(endpoint: &str) -> Result<Self, ConnectError> {
+        let ep: Endpoint = endpoint.parse()?;
+        let b = builder(&ep);
+        let channel = match &ep {
+            Endpoint::Unix(path) => b.connect_with_connector(unix_connector(path.clone())).await,
+            Endpoint::Tcp(_) => b.connect().await,
+        }
+        .map_err(|source| ConnectError::Connect { endpoint: endpoint.to_string(), source })?;
+        Ok(Self::from_channel(channel, endpoint))
+    }
+
+    /// A client that connects on first use (and again after failures).
+    ///
+    /// # Errors
+    /// A malformed endpoint.
+    pub fn connect_lazy(endpoint: &str) -> Result<Self, EndpointError> {
+        let ep: Endpoint = endpoint.parse()?;
+        let b = builder(&ep);
+        let channel = match &ep {
+            Endpoint::Unix(path) => b.connect_with_connector_lazy(unix_connector(path.clone())),
+            Endpoint::Tcp(_) => b.connect_lazy(),
+        };
+        Ok(Self::from_channel(channel, endpoint))
+    }
+
+    fn from_channel(channel: Channel, endpoint: &str) -> Self {
+        Self {
+            identity: pb::identity_client::IdentityClient::new(channel.clone()),
+            machines: pb::machines_client::MachinesClient::new(channel.clone()),
+            pools: pb::pools_client::PoolsClient::new(channel.clone()),
+            operations: pb::operations_client::OperationsClient::new(channel),
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            endpoint: endpoint.to_string(),
+        }
+    }
+
+    /// The same client with another per-call deadline.
+    #[must_use]
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// The endpoint this client calls.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Sends one call with a fresh request ID, the current trace context and the deadline.
+    async fn call<Req, Resp, Fut>(
+        &self,
+        method: &'static str,
+        message: Req,
+        send: impl FnOnce(Request<Req>) -> Fut,
+    ) -> CallResult<Resp>
+    where
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let request_id = uuid::Uuid::new_v4().to_string();
+        let mut req = Request::new(message);
+        if let Ok(v) = request_id.parse() {
+            req.metadata_mut().insert(REQUEST_ID_HEADER, v);
+        }
+        let cx = tracing::Span::current().context();
+        opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut MetadataInjector(req.metadata_mut())));
+        req.set_timeout(self.call_timeout);
+        // The client-side bound covers a connect that never completes, too.
+        match tokio::time::timeout(self.call_timeout + Duration::from_secs(1), send(req)).await {
+            Ok(Ok(resp)) => {
+                let echoed = resp.metadata().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+                Ok(Reply { value: resp.into_inner(), request_id: echoed.unwrap_or(request_id) })
+            }
+            Ok(Err(status)) => Err(CallError::new(method, &status, &request_id)),
+            Err(_) => Err(CallError::new(method, &Status::deadline_exceeded("the driver did not answer in time"), &request_id)),
+        }
+    }
+}
+
+macro_rules! rpcs {
+    ($($(#[$doc:meta])* $name:ident, $field:ident, $method:literal, $req:ty => $resp:ty;)*) => {
+        impl DriverClient {
+            $(
+                $(#[$doc])*
+                ///
+                /// # Errors
+                /// The driver's error, decoded ([`CallError`]).
+                pub async fn $name(&self, req: $req) -> CallResult<$resp> {
+                    let mut c = self.$field.clone();
+                    self.call($method, req, |r| async move { c.$name(r).await }).await
+                }
+            )*
+        }
+    };
+}
+
+rpcs! {
+    /// GetDriverInfo.
+    get_driver_info, identity, "GetDriverInfo", pb::GetDriverInfoRequest => pb::GetDriverInfoResponse;
+    /// GetCapabilities.
+    get_capabilities, identity, "GetCapabilities", pb::GetCapabilitiesRequest => pb::GetCapabilitiesResponse;
+    /// Probe.
+    probe, identity, "Probe", pb::ProbeRequest => pb::ProbeResponse;
+    /// CreateMachine.
+    create_machine, machines, "CreateMachine", pb::CreateMachineRequest => pb::Operation;
+    /// DeleteMachine.
+    delete_machine, machines, "DeleteMachine", pb::DeleteMachineRequest => pb::Operation;
+    /// GetMachineStatus.
+    get_machine_status, machines, "GetMachineStatus", pb::GetMachineStatusRequest => pb::Machine;
+    /// ListMachines (one page).
+    list_machines, machines, "ListMachines", pb::ListMachinesRequest => pb::ListMachinesResponse;
+    /// ValidateMachineClass.
+    validate_machine_class, machines, "ValidateMachineClass", pb::ValidateMachineClassRequest => pb::ValidateMachineClassResponse;
+    /// CanUpdateMachine.
+    can_update_machine, machines, "CanUpdateMachine", pb::CanUpdateMachineRequest => pb::CanUpdateMachineResponse;
+    /// UpdateMachine.
+    update_machine, machines, "UpdateMachine", pb::UpdateMachineRequest => pb::Operation;
+    /// ApplyPool.
+    apply_pool, pools, "ApplyPool", pb::ApplyPoolRequest => pb::Operation;
+    /// GetPool.
+    get_pool, pools, "GetPool", pb::GetPoolRequest => pb::Pool;
+    /// ListPoolInstances (one page).
+    list_pool_instances, pools, "ListPoolInstances", pb::ListPoolInstancesRequest => pb::ListPoolInstancesResponse;
+    /// DeletePoolInstances.
+    delete_pool_instances, pools, "DeletePoolInstances", pb::DeletePoolInstancesRequest => pb::Operation;
+    /// UpgradePoolInstances.
+    upgrade_pool_instances, pools, "UpgradePoolInstances", pb::UpgradePoolInstancesRequest => pb::Operation;
+    /// DeletePool.
+    delete_pool, pools, "DeletePool", pb::DeletePoolRequest => pb::Operation;
+    /// GetOperation.
+    get_operation, operations, "GetOperation", pb::GetOperationRequest => pb::Operation;
+    /// WaitOperation (use a client whose call timeout exceeds the wait).
+    wait_operation, operations, "WaitOperation", pb::WaitOperationRequest => pb::Operation;
+    /// CancelOperation.
+    cancel_operation, operations, "CancelOperation", pb::CancelOperationRequest => pb::Operation;
+}
+
+impl DriverClient {
+    /// Every machine matching `labels`, following pagination.
+    ///
+    /// # Errors
+    /// The first failing page's error.
+    pub async fn list_all_machines(
+        &self,
+        labels: std::collections::HashMap<String, String>,
+        page_size: i32,
+    ) -> Result<Vec<pb::Machine>, CallError> {
+        let mut out = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = self
+                .list_machines(pb::ListMachinesRequest {
+                    label_selector: labels.clone(),
+                    page_size,
+                    page_token,
+                    ..Default::default()
+                })
+                .await?
+                .value;
+            out.extend(page.machines);
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            page_token = page.next_page_token;
+        }
+    }
+}
+
+/// Helpers on a received [`pb::Operation`].
+pub trait OperationExt {
+    /// The failure of a done operation, decoded.
+    fn error_report(&self) -> Option<ErrorReport>;
+    /// When to poll next (1 s when the driver did not say).
+    fn poll_after(&self) -> Duration;
+    /// The machine a done operation produced.
+    fn machine(&self) -> Option<&pb::Machine>;
+}
+
+impl OperationExt for pb::Operation {
+    fn error_report(&self) -> Option<ErrorReport> {
+        match &self.result {
+            Some(pb::operation::Result::Error(s)) => Some(ErrorReport::from_rpc_status(s)),
+            _ => None,
+        }
+    }
+
+    fn poll_after(&self) -> Duration {
+        self.poll_after.as_ref().map(crate::convert::from_duration).unwrap_or(Duration::from_secs(1))
+    }
+
+    fn machine(&self) -> Option<&pb::Machine> {
+        match &self.result {
+            Some(pb::operation::Result::Response(r)) => r.machine.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);
+
+impl opentelemetry::propagation::Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(k), Ok(v)) = (
+            tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+            tonic::metadata::MetadataValue::try_from(value.as_str()),
+        ) {
+            self.0.insert(k, v);
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The trait a driver implements, and the per-call context it receives.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{DriverError, Result};
+use crate::types::*;
+
+/// Everything the SDK knows about the current call.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    pub(crate) request_id: String,
+    pub(crate) method: String,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) trace_id: Option<String>,
+    pub(crate) connection: Option<ConnectionHandle>,
+}
+
+impl RequestContext {
+    /// A context for calling driver methods directly (tests, embedding).
+    pub fn new(request_id: impl Into<String>) -> Self {
+        Self { request_id: request_id.into(), method: String::new(), deadline: None, trace_id: None, connection: None }
+    }
+
+    /// The call's request ID (from `x-request-id`, or generated). Pass it on to the cloud where
+    /// the cloud accepts one (Azure `x-ms-client-request-id`).
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// The RPC's name, e.g. `CreateMachine`.
+    pub fn method(&self) -> &str {
+        &self.method
+    }
+
+    /// When the caller stops waiting (from `grpc-timeout`).
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Time left before the deadline.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// The W3C trace ID of the caller's `traceparent`, if it sent one.
+    pub fn trace_id(&self) -> Option<&str> {
+        self.trace_id.as_deref()
+    }
+
+    /// Closes the caller's connection after this call (fault injection). Returns false when
+    /// the transport does not support it.
+    pub fn drop_connection(&self) -> bool {
+        match &self.connection {
+            Some(c) => {
+                c.0.store(true, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Lets a call close its own connection (see [`RequestContext::drop_connection`]).
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionHandle(pub(crate) Arc<AtomicBool>);
+
+/// A machine driver. Implement the methods of the capabilities you advertise; the SDK answers
+/// UNIMPLEMENTED for the rest without calling you.
+///
+/// Every method receives input the SDK has already validated: names are well-formed, required
+/// fields are present, and provider specs match [`DriverInfo::provider_spec_schema`].
+///
+/// Mutating methods return an [`Operation`] quickly — never wait for the cloud inside them. Put
+/// what you need to poll again in [`Operation::state`]; the SDK seals it into the token and gives
+/// it back to [`Driver::get_operation`], even after a restart.
+#[async_trait::async_trait]
+pub trait Driver: Send + Sync + 'static {
+    /// Name, version and provider-spec schema. Called once at startup.
+    fn info(&self) -> DriverInfo;
+
+    /// The optional RPC groups implemented. Called once at startup.
+    fn capabilities(&self) -> Vec<Capability>;
+
+    /// Readiness. `Err` = unhealthy; `Probe::starting` = not ready yet.
+    async fn probe(&self, _ctx: &RequestContext) -> Result<Probe> {
+        Ok(Probe::ready())
+    }
+
+    /// Starts creating a machine. Same name + same spec: the existing machine or the in-flight
+    /// operation; same name + different spec: ALREADY_EXISTS / MACHINE_SPEC_CONFLICT.
+    async fn create_machine(&self, _ctx: &RequestContext, _req: CreateMachine) -> Result<Operation> {
+        Err(DriverError::unimplemented("CreateMachine"))
+    }
+
+    /// Starts deleting a machine; absent = a done operation.
+    async fn delete_machine(&self, _ctx: &RequestContext, _req: MachineRef) -> Result<Operation> {
+        Err(DriverError::unimplemented("DeleteMachine"))
+    }
+
+    /// The machine's status; absent = NOT_FOUND / MACHINE_NOT_FOUND.
+    async fn get_machine_status(&self, _ctx: &RequestContext, _req: MachineRef) -> Result<Machine> {
+        Err(DriverError::unimplemented("GetMachineStatus"))
+    }
+
+    /// One page of machines matching the label selector.
+    async fn list_machines(&self, _ctx: &RequestContext, _req: ListMachines) -> Result<Page<Machine>> {
+        Err(DriverError::unimplemented("ListMachines"))
+    }
+
+    /// Checks a provider spec beyond its schema (and the secrets). The SDK has checked the
+    /// schema already; the default accepts.
+    async fn validate_machine_class(&self, _ctx: &RequestContext, _req: ValidateMachineClass) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    /// Splits `changed_paths` into those applied in place and those needing a replacement.
+    async fn can_update_machine(&self, _ctx: &RequestContext, _req: CanUpdateMachine) -> Result<UpdatePlan> {
+        Err(DriverError::unimplemented("CanUpdateMachine"))
+    }
+
+    /// Starts an in-place update to the desired spec.
+    async fn update_machine(&self, _ctx: &RequestContext, _req: UpdateMachine) -> Result<Operation> {
+        Err(DriverError::unimplemented("UpdateMachine"))
+    }
+
+    /// Creates or updates a pool.
+    async fn apply_pool(&self, _ctx: &RequestContext, _req: ApplyPool) -> Result<Operation> {
+        Err(DriverError::unimplemented("ApplyPool"))
+    }
+
+    /// The pool; absent = NOT_FOUND / POOL_NOT_FOUND.
+    async fn get_pool(&self, _ctx: &RequestContext, _req: PoolRef) -> Result<Pool> {
+        Err(DriverError::unimplemented("GetPool"))
+    }
+
+    /// One page of a pool's instances.
+    async fn list_pool_instances(&self, _ctx: &RequestContext, _req: ListPoolInstances) -> Result<Page<PoolInstance>> {
+        Err(DriverError::unimplemented("ListPoolInstances"))
+    }
+
+    /// Deletes exactly these instances.
+    async fn delete_pool_instances(&self, _ctx: &RequestContext, _req: PoolInstances) -> Result<Operation> {
+        Err(DriverError::unimplemented("DeletePoolInstances"))
+    }
+
+    /// Upgrades these instances to the latest model.
+    async fn upgrade_pool_instances(&self, _ctx: &RequestContext, _req: PoolInstances) -> Result<Operation> {
+        Err(DriverError::unimplemented("UpgradePoolInstances"))
+    }
+
+    /// Deletes a pool; absent = a done operation.
+    async fn delete_pool(&self, _ctx: &RequestContext, _req: PoolRef) -> Result<Operation> {
+        Err(DriverError::unimplemented("DeletePool"))
+    }
+
+    /// One poll of an operation, resumed from its verified handle. Must work after a restart.
+    async fn get_operation(&self, ctx: &RequestContext, handle: OperationHandle, secrets: Secrets) -> Result<Operation>;
+
+    /// Best-effort cancel. The default reports the operation unchanged.
+    async fn cancel_operation(&self, ctx: &RequestContext, handle: OperationHandle, secrets: Secrets) -> Result<Operation> {
+        self.get_operation(ctx, handle, secrets).await
+    }
+}

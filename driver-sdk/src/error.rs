@@ -1,0 +1,450 @@
+//! Typed driver errors and their wire form (google.rpc.Status with ErrorInfo, RetryInfo,
+//! RequestInfo, BadRequest and DebugInfo details).
+//!
+//! A driver returns [`DriverError`]; the SDK sends it as a `tonic::Status` carrying the richer
+//! error model. A caller decodes any status back into an [`ErrorReport`] — code, reason,
+//! retry-after, request IDs, field violations and the cause chain as a list — without parsing
+//! strings.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+use prost::Message;
+use tonic::Code;
+use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
+
+use crate::types::Secrets;
+
+/// The result type of driver methods.
+pub type Result<T, E = DriverError> = std::result::Result<T, E>;
+
+/// Stable `ErrorInfo.reason` values used by the SDK and the bundled drivers.
+///
+/// Drivers may add their own UPPER_SNAKE reasons; these are the ones callers match on.
+pub mod reason {
+    /// A required request field is empty.
+    pub const FIELD_REQUIRED: &str = "FIELD_REQUIRED";
+    /// A request field is present but malformed.
+    pub const FIELD_INVALID: &str = "FIELD_INVALID";
+    /// The provider spec does not match the driver's schema or the cloud rejected it.
+    pub const INVALID_PROVIDER_SPEC: &str = "INVALID_PROVIDER_SPEC";
+    /// A machine with this name exists with a different spec.
+    pub const MACHINE_SPEC_CONFLICT: &str = "MACHINE_SPEC_CONFLICT";
+    /// No machine has this name.
+    pub const MACHINE_NOT_FOUND: &str = "MACHINE_NOT_FOUND";
+    /// No pool has this name.
+    pub const POOL_NOT_FOUND: &str = "POOL_NOT_FOUND";
+    /// Another mutating operation is in flight on the same resource.
+    pub const OPERATION_PENDING: &str = "OPERATION_PENDING";
+    /// The operation token is corrupted, forged, from another driver or of an unknown version.
+    pub const OPERATION_TOKEN_INVALID: &str = "OPERATION_TOKEN_INVALID";
+    /// The cloud no longer knows the operation.
+    pub const OPERATION_NOT_FOUND: &str = "OPERATION_NOT_FOUND";
+    /// The operation was cancelled.
+    pub const OPERATION_CANCELLED: &str = "OPERATION_CANCELLED";
+    /// The cloud ran the operation and it failed.
+    pub const CLOUD_OPERATION_FAILED: &str = "CLOUD_OPERATION_FAILED";
+    /// A capacity or quota limit was hit.
+    pub const QUOTA_EXCEEDED: &str = "QUOTA_EXCEEDED";
+    /// The cloud throttled the call; come back after RetryInfo.retry_delay.
+    pub const THROTTLED: &str = "THROTTLED";
+    /// The cloud refused the credentials or the permission.
+    pub const CLOUD_AUTH_FAILED: &str = "CLOUD_AUTH_FAILED";
+    /// The cloud could not be reached or answered with a server error.
+    pub const CLOUD_UNAVAILABLE: &str = "CLOUD_UNAVAILABLE";
+    /// The driver does not implement this RPC (capability not advertised).
+    pub const CAPABILITY_NOT_SUPPORTED: &str = "CAPABILITY_NOT_SUPPORTED";
+    /// The driver is not ready yet (Probe says ready=false).
+    pub const DRIVER_NOT_READY: &str = "DRIVER_NOT_READY";
+    /// An unexpected failure inside the driver.
+    pub const INTERNAL: &str = "INTERNAL";
+    /// A fault injected on purpose (fake driver).
+    pub const FAULT_INJECTED: &str = "FAULT_INJECTED";
+}
+
+/// One invalid field: which (a request field path or a JSON pointer into the provider spec) and
+/// why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Path of the field, e.g. `name` or `provider_spec.instanceType`.
+    pub field: String,
+    /// What is wrong with it.
+    pub description: String,
+}
+
+impl Violation {
+    /// A violation of `field`.
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self { field: field.into(), description: description.into() }
+    }
+}
+
+/// An error a driver returns: a gRPC code, a stable reason, a message and the cause chain.
+///
+/// ```
+/// use driver_sdk::{DriverError, reason};
+/// use std::time::Duration;
+/// let err = DriverError::unavailable(reason::THROTTLED, "cloud API rate limit")
+///     .with_retry_after(Duration::from_secs(2))
+///     .with_cloud_request_id("req-1234");
+/// assert_eq!(err.code(), tonic::Code::Unavailable);
+/// ```
+#[non_exhaustive]
+pub struct DriverError {
+    code: Code,
+    reason: String,
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    retry_after: Option<Duration>,
+    cloud_request_ids: Vec<String>,
+    violations: Vec<Violation>,
+    metadata: BTreeMap<String, String>,
+}
+
+impl DriverError {
+    /// An error with the given code, reason (UPPER_SNAKE) and message.
+    pub fn new(code: Code, reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason: reason.into(),
+            message: message.into(),
+            source: None,
+            retry_after: None,
+            cloud_request_ids: Vec::new(),
+            violations: Vec::new(),
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    /// INVALID_ARGUMENT: the request is wrong; retrying it unchanged will fail again.
+    pub fn invalid_argument(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Code::InvalidArgument, reason, message)
+    }
+
+    /// INVALID_ARGUMENT / INVALID_PROVIDER_SPEC with one field violation per problem.
+    pub fn invalid_provider_spec(violations: Vec<Violation>) -> Self {
+        let fields: Vec<&str> = violations.iter().map(|v| v.field.as_str()).collect();
+        let message = format!("invalid provider spec: {}", fields.join(", "));
+        let mut err = Self::invalid_argument(reason::INVALID_PROVIDER_SPEC, message);
+        err.violations = violations;
+        err
+    }
+
+    /// NOT_FOUND.
+    pub fn not_found(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Code::NotFound, reason, message)
+    }
+
+    /// ALREADY_EXISTS.
+    pub fn already_exists(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Code::AlreadyExists, reason, message)
+    }
+
+    /// ABORTED / OPERATION_PENDING: another operation is in flight on the resource.
+    pub fn operation_pending(message: impl Into<String>) -> Self {
+        Self::new(Code::Aborted, reason::OPERATION_PENDING, message)
+    }
+
+    /// RESOURCE_EXHAUSTED / QUOTA_EXCEEDED.
+    pub fn quota_exceeded(message: impl Into<String>) -> Self {
+        Self::new(Code::ResourceExhausted, reason::QUOTA_EXCEEDED, message)
+    }
+
+    /// UNAVAILABLE / THROTTLED with the delay the cloud asked for.
+    pub fn throttled(message: impl Into<String>, retry_after: Duration) -> Self {
+        Self::new(Code::Unavailable, reason::THROTTLED, message).with_retry_after(retry_after)
+    }
+
+    /// UNAVAILABLE: transient, retry with backoff.
+    pub fn unavailable(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Code::Unavailable, reason, message)
+    }
+
+    /// PERMISSION_DENIED / CLOUD_AUTH_FAILED.
+    pub fn auth_failed(message: impl Into<String>) -> Self {
+        Self::new(Code::PermissionDenied, reason::CLOUD_AUTH_FAILED, message)
+    }
+
+    /// INTERNAL.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(Code::Internal, reason::INTERNAL, message)
+    }
+
+    /// UNIMPLEMENTED / CAPABILITY_NOT_SUPPORTED for the named RPC.
+    pub fn unimplemented(rpc: &str) -> Self {
+        Self::new(
+            Code::Unimplemented,
+            reason::CAPABILITY_NOT_SUPPORTED,
+            format!("this driver does not implement {rpc}"),
+        )
+    }
+
+    /// INVALID_ARGUMENT / OPERATION_TOKEN_INVALID.
+    pub fn token_invalid(message: impl Into<String>) -> Self {
+        Self::invalid_argument(reason::OPERATION_TOKEN_INVALID, message)
+    }
+
+    /// Keeps `source` as the cause of this error.
+    #[must_use]
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// Keeps a boxed cause.
+    #[must_use]
+    pub fn with_boxed_source(mut self, source: Box<dyn std::error::Error + Send + Sync>) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    /// Tells the caller to come back after `delay` (sent as RetryInfo).
+    #[must_use]
+    pub fn with_retry_after(mut self, delay: Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
+    }
+
+    /// Records a request ID the cloud assigned to a call behind this error.
+    #[must_use]
+    pub fn with_cloud_request_id(mut self, id: impl Into<String>) -> Self {
+        let id = id.into();
+        if !id.is_empty() && !self.cloud_request_ids.contains(&id) {
+            self.cloud_request_ids.push(id);
+        }
+        self
+    }
+
+    /// Adds a BadRequest field violation.
+    #[must_use]
+    pub fn with_violation(mut self, field: impl Into<String>, description: impl Into<String>) -> Self {
+        self.violations.push(Violation::new(field, description));
+        self
+    }
+
+    /// Adds ErrorInfo metadata, e.g. the cloud's own error code.
+    #[must_use]
+    pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// The gRPC code.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// The stable reason.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The message of this layer (causes not included).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// When the caller should retry, if the cloud said.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The cloud's request IDs.
+    pub fn cloud_request_ids(&self) -> &[String] {
+        &self.cloud_request_ids
+    }
+
+    /// Field violations.
+    pub fn violations(&self) -> &[Violation] {
+        &self.violations
+    }
+
+    /// ErrorInfo metadata.
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// The messages of the cause chain, outermost first (this error's own message excluded).
+    pub fn causes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut next: Option<&(dyn std::error::Error + 'static)> =
+            self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static));
+        while let Some(err) = next {
+            out.push(err.to_string());
+            next = err.source();
+        }
+        out
+    }
+
+    /// The wire form: a `tonic::Status` with ErrorInfo (domain = driver name), RetryInfo,
+    /// RequestInfo, BadRequest and the cause chain as DebugInfo stack entries. Values of
+    /// `secrets` are replaced by `[REDACTED]` wherever they appear.
+    pub fn to_status(&self, domain: &str, request_id: &str, secrets: Option<&Secrets>) -> tonic::Status {
+        let rpc = self.to_rpc_status(domain, request_id, secrets);
+        tonic::Status::with_details(self.code, rpc.message.clone(), rpc.encode_to_vec().into())
+    }
+
+    /// The error as a `google.rpc.Status` message (for `Operation.error`).
+    pub fn to_rpc_status(&self, domain: &str, request_id: &str, secrets: Option<&Secrets>) -> tonic_types::pb::Status {
+        let redact = |s: &str| match secrets {
+            Some(secrets) => secrets.redact(s),
+            None => s.to_string(),
+        };
+        let mut metadata: HashMap<String, String> =
+            self.metadata.iter().map(|(k, v)| (k.clone(), redact(v))).collect();
+        if !self.cloud_request_ids.is_empty() {
+            metadata.insert("cloudRequestIds".into(), self.cloud_request_ids.join(","));
+        }
+        let mut details = ErrorDetails::new();
+        details.set_error_info(self.reason.clone(), domain.to_string(), metadata);
+        if let Some(delay) = self.retry_after {
+            details.set_retry_info(Some(delay));
+        }
+        details.set_request_info(request_id.to_string(), self.cloud_request_ids.join(","));
+        for v in &self.violations {
+            details.add_bad_request_violation(v.field.clone(), redact(&v.description));
+        }
+        let causes: Vec<String> = self.causes().iter().map(|c| redact(c)).collect();
+        if !causes.is_empty() {
+            details.set_debug_info(causes, "cause chain, outermost first");
+        }
+        let status = tonic::Status::with_error_details(self.code, redact(&self.message), details);
+        // The details bytes of a tonic::Status are exactly an encoded google.rpc.Status.
+        tonic_types::pb::Status::decode(status.details()).unwrap_or_else(|_| tonic_types::pb::Status {
+            code: self.code as i32,
+            message: redact(&self.message),
+            details: Vec::new(),
+        })
+    }
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.reason)
+    }
+}
+
+impl fmt::Debug for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DriverError")
+            .field("code", &self.code)
+            .field("reason", &self.reason)
+            .field("message", &self.message)
+            .field("retry_after", &self.retry_after)
+            .field("cloud_request_ids", &self.cloud_request_ids)
+            .field("violations", &self.violations)
+            .field("causes", &self.causes())
+            .finish()
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Any status decoded into its parts: what a caller needs to decide what to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorReport {
+    /// The gRPC code.
+    pub code: Code,
+    /// The status message.
+    pub message: String,
+    /// ErrorInfo.reason (empty when the status carried no ErrorInfo, e.g. transport errors).
+    pub reason: String,
+    /// ErrorInfo.domain (the driver name).
+    pub domain: String,
+    /// ErrorInfo.metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// RetryInfo.retry_delay.
+    pub retry_after: Option<Duration>,
+    /// RequestInfo.request_id (our request ID, echoed by the driver).
+    pub request_id: String,
+    /// The cloud's request IDs.
+    pub cloud_request_ids: Vec<String>,
+    /// BadRequest field violations.
+    pub violations: Vec<Violation>,
+    /// The cause chain, outermost first.
+    pub causes: Vec<String>,
+}
+
+impl ErrorReport {
+    /// Decodes a status received from a driver.
+    pub fn from_status(status: &tonic::Status) -> Self {
+        Self::from_details(status.code(), status.message(), status.get_error_details())
+    }
+
+    /// Decodes a `google.rpc.Status` (e.g. `Operation.error`).
+    pub fn from_rpc_status(status: &tonic_types::pb::Status) -> Self {
+        use tonic_types::RpcStatusExt;
+        Self::from_details(Code::from_i32(status.code), &status.message, status.get_error_details())
+    }
+
+    fn from_details(code: Code, message: &str, details: ErrorDetails) -> Self {
+        let (reason, domain, mut metadata) = match details.error_info() {
+            Some(info) => (
+                info.reason.clone(),
+                info.domain.clone(),
+                info.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>(),
+            ),
+            None => (String::new(), String::new(), BTreeMap::new()),
+        };
+        let cloud_request_ids = metadata
+            .remove("cloudRequestIds")
+            .map(|ids| ids.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
+            .unwrap_or_default();
+        Self {
+            code,
+            message: message.to_string(),
+            reason,
+            domain,
+            metadata,
+            retry_after: details.retry_info().and_then(|r| r.retry_delay),
+            request_id: details.request_info().map(|r| r.request_id.clone()).unwrap_or_default(),
+            cloud_request_ids,
+            violations: details
+                .bad_request()
+                .map(|b| {
+                    b.field_violations
+                        .iter()
+                        .map(|FieldViolation { field, description, .. }| Violation::new(field, description))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            causes: details.debug_info().map(|d| d.stack_entries.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// Whether the same call may succeed later without any change (CSI's "maybe still running"
+    /// codes plus throttling): UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, CANCELLED, UNKNOWN,
+    /// INTERNAL, or any error with RetryInfo.
+    pub fn is_transient(&self) -> bool {
+        self.retry_after.is_some()
+            || matches!(
+                self.code,
+                Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Cancelled | Code::Unknown | Code::Internal
+            )
+    }
+}
+
+impl fmt::Display for ErrorReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.code)?;
+        if !self.reason.is_empty() {
+            write!(f, "/{}", self.reason)?;
+        }
+        write!(f, ": {}", self.message)?;
+        for cause in &self.causes {
+            write!(f, ": {cause}")?;
+        }
+        if !self.request_id.is_empty() {
+            write!(f, " (request {})", self.request_id)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,225 @@
+//! The tower layer every RPC passes through: request ID (read or generated, echoed), one span
+//! per call (with the caller's W3C trace context), the call's deadline, and metrics.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use http::{HeaderValue, Request, Response};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::driver::{ConnectionHandle, RequestContext};
+use crate::metrics::RpcMetrics;
+use crate::telemetry::{trace_id_of, HeaderExtractor};
+
+/// The metadata key carrying the request ID.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Adds request IDs, spans, deadlines and metrics to every call.
+#[derive(Clone)]
+pub(crate) struct RpcLayer {
+    metrics: RpcMetrics,
+}
+
+impl RpcLayer {
+    pub(crate) fn new(metrics: RpcMetrics) -> Self {
+        Self { metrics }
+    }
+}
+
+impl<S> tower::Layer<S> for RpcLayer {
+    type Service = RpcService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RpcService { inner, metrics: self.metrics.clone() }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct RpcService<S> {
+    inner: S,
+    metrics: RpcMetrics,
+}
+
+/// A request ID the caller sent, if it is usable: printable ASCII, at most 128 characters.
+fn caller_request_id(v: &HeaderValue) -> Option<String> {
+    let s = v.to_str().ok()?;
+    (!s.is_empty() && s.len() <= MAX_REQUEST_ID_LEN && s.bytes().all(|b| b.is_ascii_graphic())).then(|| s.to_string())
+}
+
+/// `grpc-timeout` (e.g. `500m`, `3S`) as a duration.
+fn grpc_timeout(v: &HeaderValue) -> Option<Duration> {
+    let s = v.to_str().ok()?;
+    let (num, unit) = s.split_at(s.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// The RPC's method name for labels: the last path segment for our own and the standard gRPC
+/// services, `other` for anything else (keeps metric cardinality bounded).
+fn method_label(path: &str) -> &str {
+    let known = path.starts_with("/machinedriver.")
+        || path.starts_with("/grpc.")
+        || path.starts_with("/fakecloud.");
+    match path.rsplit_once('/') {
+        Some((_, m)) if known && !m.is_empty() => m,
+        _ => "other",
+    }
+}
+
+impl<S, B, RB> tower::Service<Request<B>> for RpcService<S>
+where
+    S: tower::Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    RB: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let started = Instant::now();
+        let headers = req.headers();
+        let request_id = headers
+            .get(REQUEST_ID_HEADER)
+            .and_then(caller_request_id)
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let deadline = headers.get("grpc-timeout").and_then(grpc_timeout).map(|d| started + d);
+        let trace_id = headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(trace_id_of).map(str::to_string);
+        let path = req.uri().path().to_string();
+        let method = method_label(&path).to_string();
+        let quiet = path.starts_with("/grpc.");
+        let span = if quiet {
+            tracing::debug_span!("rpc", "rpc.method" = %method, "request.id" = %request_id)
+        } else {
+            tracing::info_span!(
+                "rpc",
+                "rpc.method" = %method,
+                "request.id" = %request_id,
+                "trace.id" = trace_id.as_deref().unwrap_or(""),
+            )
+        };
+        if trace_id.is_some() {
+            let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(req.headers())));
+            let _ = span.set_parent(parent);
+        }
+        let connection = connection_handle(&req);
+        req.extensions_mut().insert(RequestContext { request_id: request_id.clone(), method: method.clone(), deadline, trace_id, connection });
+
+        // The service that was polled ready is the one that must be called.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let metrics = self.metrics.clone();
+        metrics.started();
+        Box::pin(
+            async move {
+                let mut result = inner.call(req).await;
+                let code = match &mut result {
+                    Ok(resp) => {
+                        if let Ok(v) = HeaderValue::from_str(&request_id) {
+                            resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+                        }
+                        // Errors are sent trailers-only, so their status is in the headers.
+                        resp.headers()
+                            .get("grpc-status")
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.parse::<i32>().ok())
+                            .map_or(tonic::Code::Ok, tonic::Code::from_i32)
+                    }
+                    Err(_) => tonic::Code::Unavailable,
+                };
+                let elapsed = started.elapsed();
+                metrics.finished(&method, code_label(code), elapsed);
+                if quiet {
+                    tracing::debug!("rpc.code" = ?code, "duration_ms" = elapsed.as_secs_f64() * 1e3, "rpc finished");
+                } else {
+                    tracing::info!("rpc.code" = ?code, "duration_ms" = elapsed.as_secs_f64() * 1e3, "rpc finished");
+                }
+                result
+            }
+            .instrument(span),
+        )
+    }
+}
+
+fn connection_handle<B>(req: &Request<B>) -> Option<ConnectionHandle> {
+    let ext = req.extensions();
+    ext.get::<KillSwitch>()
+        .or_else(|| {
+            ext.get::<tonic::transport::server::TlsConnectInfo<KillSwitch>>().map(|t| t.get_ref())
+        })
+        .map(|k| ConnectionHandle(k.0.clone()))
+}
+
+/// Per-connection flag a call sets to close its connection (see [`crate::server`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct KillSwitch(pub(crate) Arc<AtomicBool>);
+
+/// Upper snake name of a code, for metrics labels.
+pub(crate) fn code_label(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_grpc_timeouts() {
+        assert_eq!(grpc_timeout(&HeaderValue::from_static("500m")), Some(Duration::from_millis(500)));
+        assert_eq!(grpc_timeout(&HeaderValue::from_static("3S")), Some(Duration::from_secs(3)));
+        assert_eq!(grpc_timeout(&HeaderValue::from_static("x")), None);
+        assert_eq!(grpc_timeout(&HeaderValue::from_static("")), None);
+    }
+
+    #[test]
+    fn only_sane_request_ids_are_taken() {
+        assert_eq!(caller_request_id(&HeaderValue::from_static("abc-1")), Some("abc-1".into()));
+        assert_eq!(caller_request_id(&HeaderValue::from_static("has space")), None);
+        assert_eq!(caller_request_id(&HeaderValue::from_str(&"a".repeat(129)).unwrap()), None);
+    }
+
+    #[test]
+    fn method_labels_are_bounded() {
+        assert_eq!(method_label("/machinedriver.v1.Machines/CreateMachine"), "CreateMachine");
+        assert_eq!(method_label("/grpc.health.v1.Health/Check"), "Check");
+        assert_eq!(method_label("/evil.Service/Random123"), "other");
+    }
+}

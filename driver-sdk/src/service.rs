@@ -1,0 +1,646 @@
+//! The generated gRPC services, implemented once over any [`Driver`]: validation, capability
+//! gating, conversion, operation tokens and error encoding live here, not in drivers.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use machine_driver_proto::v1 as pb;
+use serde_json::Value;
+use tonic::{Request, Response, Status};
+
+use crate::convert;
+use crate::driver::{Driver, RequestContext};
+use crate::error::{reason, DriverError, Result, Violation};
+use crate::schema;
+use crate::token::TokenCodec;
+use crate::types::*;
+
+/// Page size when the caller sends 0.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// Largest page size honoured.
+pub const MAX_PAGE_SIZE: usize = 1000;
+/// How long WaitOperation waits when neither a timeout nor a deadline bounds it.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+/// Reserved before the caller's deadline so the answer arrives in time.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
+
+pub(crate) struct Shared<D> {
+    pub(crate) driver: Arc<D>,
+    pub(crate) info: DriverInfo,
+    pub(crate) capabilities: Vec<Capability>,
+    capability_set: HashSet<Capability>,
+    codec: TokenCodec,
+}
+
+/// Implements the four `machinedriver.v1` services for one driver.
+pub(crate) struct DriverService<D> {
+    shared: Arc<Shared<D>>,
+}
+
+impl<D> Clone for DriverService<D> {
+    fn clone(&self) -> Self {
+        Self { shared: self.shared.clone() }
+    }
+}
+
+impl<D: Driver> DriverService<D> {
+    pub(crate) fn new(driver: Arc<D>, codec_key: crate::token::TokenKey) -> Self {
+        let info = driver.info();
+        let capabilities = driver.capabilities();
+        let codec = TokenCodec::new(codec_key, info.name.clone());
+        let capability_set = capabilities.iter().copied().collect();
+        Self { shared: Arc::new(Shared { driver, info, capabilities, capability_set, codec }) }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared<D>> {
+        &self.shared
+    }
+
+    fn driver(&self) -> &D {
+        &self.shared.driver
+    }
+
+    fn require(&self, cap: Capability, rpc: &str) -> Result<()> {
+        if self.shared.capability_set.contains(&cap) {
+            Ok(())
+        } else {
+            Err(DriverError::unimplemented(rpc))
+        }
+    }
+
+    /// Runs one RPC body and encodes its error, redacting `secrets`.
+    async fn run<T>(
+        &self,
+        ctx: &RequestContext,
+        secrets: &Secrets,
+        body: impl Future<Output = Result<T>>,
+    ) -> std::result::Result<Response<T>, Status> {
+        match body.await {
+            Ok(v) => Ok(Response::new(v)),
+            Err(err) => {
+                let status = err.to_status(&self.shared.info.name, &ctx.request_id, Some(secrets));
+                tracing::warn!(
+                    "rpc.code" = ?err.code(),
+                    "error.reason" = err.reason(),
+                    "cloud.request_ids" = ?err.cloud_request_ids(),
+                    "call failed: {}", status.message()
+                );
+                Err(status)
+            }
+        }
+    }
+
+    fn operation(&self, ctx: &RequestContext, op: Operation, secrets: &Secrets) -> pb::Operation {
+        let token = self.shared.codec.seal(&op);
+        let result = match &op.outcome {
+            None => None,
+            Some(Ok(out)) => Some(pb::operation::Result::Response(convert::operation_output(out))),
+            Some(Err(err)) => Some(pb::operation::Result::Error(err.to_rpc_status(
+                &self.shared.info.name,
+                &ctx.request_id,
+                Some(secrets),
+            ))),
+        };
+        pb::Operation {
+            name: op.name.clone(),
+            kind: convert::operation_kind(op.kind) as i32,
+            target: op.target.clone(),
+            done: op.outcome.is_some(),
+            result,
+            progress_percent: i32::from(op.progress_percent),
+            poll_after: Some(convert::duration(op.poll_after)),
+            token,
+            start_time: op.start_time.map(convert::timestamp),
+            end_time: op.end_time.map(convert::timestamp),
+            cloud_request_ids: op.cloud_request_ids.clone(),
+        }
+    }
+
+    fn spec(&self, v: &mut Check, field: &str, spec: Option<&prost_types::Struct>) -> Value {
+        match spec {
+            None => {
+                v.missing(field);
+                Value::Null
+            }
+            Some(s) => {
+                let json = convert::struct_to_json(s);
+                v.schema(&self.shared.info.provider_spec_schema, &json, field);
+                json
+            }
+        }
+    }
+
+    fn page_size(v: &mut Check, size: i32) -> usize {
+        match size {
+            0 => DEFAULT_PAGE_SIZE,
+            n if n < 0 => {
+                v.invalid("page_size", "must not be negative");
+                DEFAULT_PAGE_SIZE
+            }
+            n => (n as usize).min(MAX_PAGE_SIZE),
+        }
+    }
+}
+
+/// Collects request violations; the first one decides the reason.
+#[derive(Default)]
+struct Check {
+    reason: Option<&'static str>,
+    violations: Vec<Violation>,
+}
+
+impl Check {
+    fn add(&mut self, reason: &'static str, field: impl Into<String>, description: impl Into<String>) {
+        self.reason.get_or_insert(reason);
+        self.violations.push(Violation::new(field, description));
+    }
+
+    fn missing(&mut self, field: &str) {
+        self.add(reason::FIELD_REQUIRED, field, "is required");
+    }
+
+    fn invalid(&mut self, field: &str, description: &str) {
+        self.add(reason::FIELD_INVALID, field, description);
+    }
+
+    fn name(&mut self, field: &str, name: &str) {
+        match schema::check_name(name) {
+            Ok(()) => {}
+            Err(_) if name.is_empty() => self.missing(field),
+            Err(why) => self.invalid(field, why),
+        }
+    }
+
+    fn schema(&mut self, schema: &Value, spec: &Value, field: &str) {
+        for v in schema::validate(schema, spec, field) {
+            self.add(reason::INVALID_PROVIDER_SPEC, v.field, v.description);
+        }
+    }
+
+    fn token(&mut self, token: &[u8]) {
+        if token.is_empty() {
+            self.missing("token");
+        }
+    }
+
+    fn finish(self) -> Result<()> {
+        let Some(reason) = self.reason else { return Ok(()) };
+        let summary: Vec<String> = self.violations.iter().map(|v| format!("{}: {}", v.field, v.description)).collect();
+        let mut err = DriverError::invalid_argument(reason, format!("invalid request: {}", summary.join("; ")));
+        for v in self.violations {
+            err = err.with_violation(v.field, v.description);
+        }
+        Err(err)
+    }
+}
+
+pub(crate) fn context<T>(req: &Request<T>) -> RequestContext {
+    req.extensions().get::<RequestContext>().cloned().unwrap_or_else(|| {
+        // Without the SDK's layer (e.g. a service mounted elsewhere) still give a usable ID.
+        RequestContext::new(uuid::Uuid::new_v4().to_string())
+    })
+}
+
+// ------------------------------------------------------------------------------------ Identity
+
+#[tonic::async_trait]
+impl<D: Driver> pb::identity_server::Identity for DriverService<D> {
+    async fn get_driver_info(
+        &self,
+        req: Request<pb::GetDriverInfoRequest>,
+    ) -> std::result::Result<Response<pb::GetDriverInfoResponse>, Status> {
+        let ctx = context(&req);
+        let info = &self.shared.info;
+        self.run(&ctx, &Secrets::default(), async {
+            Ok(pb::GetDriverInfoResponse {
+                name: info.name.clone(),
+                vendor_version: info.vendor_version.clone(),
+                protocol_version: crate::PROTOCOL_VERSION.to_string(),
+                provider_spec_schema: Some(convert::json_to_struct(&info.provider_spec_schema)),
+            })
+        })
+        .await
+    }
+
+    async fn get_capabilities(
+        &self,
+        req: Request<pb::GetCapabilitiesRequest>,
+    ) -> std::result::Result<Response<pb::GetCapabilitiesResponse>, Status> {
+        let ctx = context(&req);
+        self.run(&ctx, &Secrets::default(), async {
+            Ok(pb::GetCapabilitiesResponse {
+                capabilities: self.shared.capabilities.iter().map(|c| convert::capability(*c) as i32).collect(),
+            })
+        })
+        .await
+    }
+
+    async fn probe(&self, req: Request<pb::ProbeRequest>) -> std::result::Result<Response<pb::ProbeResponse>, Status> {
+        let ctx = context(&req);
+        self.run(&ctx, &Secrets::default(), async {
+            let p = self.driver().probe(&ctx).await?;
+            Ok(pb::ProbeResponse { ready: p.ready, message: p.message })
+        })
+        .await
+    }
+}
+
+// ------------------------------------------------------------------------------------ Machines
+
+#[tonic::async_trait]
+impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
+    async fn create_machine(&self, req: Request<pb::CreateMachineRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::Machines, "CreateMachine")?;
+            let mut v = Check::default();
+            v.name("name", &r.name);
+            let spec = self.spec(&mut v, "provider_spec", r.provider_spec.as_ref());
+            v.finish()?;
+            let op = self
+                .driver()
+                .create_machine(
+                    &ctx,
+                    CreateMachine {
+                        name: r.name,
+                        provider_spec: spec,
+                        secrets: secrets.clone(),
+                        labels: convert::labels(&r.labels),
+                        uid: r.uid,
+                    },
+                )
+                .await?;
+            Ok(self.operation(&ctx, op, &secrets))
+        })
+        .await
+    }
+
+    async fn delete_machine(&self, req: Request<pb::DeleteMachineRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::Machines, "DeleteMachine")?;
+            let mut v = Check::default();
+            v.name("name", &r.name);
+            v.finish()?;
+            let op = self
+                .driver()
+                .delete_machine(&ctx, machine_ref(r.name, r.provider_id, r.provider_spec.as_ref(), secrets.clone()))
+                .await?;
+            Ok(self.operation(&ctx, op, &secrets))
+        })
+        .await
+    }
+
+    async fn get_machine_status(&self, req: Request<pb::GetMachineStatusRequest>) -> std::result::Result<Response<pb::Machine>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::Machines, "GetMachineStatus")?;
+            let mut v = Check::default();
+            v.name("name", &r.name);
+            v.finish()?;
+            let m = self
+                .driver()
+                .get_machine_status(&ctx, machine_ref(r.name, r.provider_id, r.provider_spec.as_ref(), secrets.clone()))
+                .await?;
+            Ok(convert::machine(&m))
+        })
+        .await
+    }
+
+    async fn list_machines(&self, req: Request<pb::ListMachinesRequest>) -> std::result::Result<Response<pb::ListMachinesResponse>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::Machines, "ListMachines")?;
+            let mut v = Check::default();
+            let page_size = Self::page_size(&mut v, r.page_size);
+            v.finish()?;
+            let page = self
+                .driver()
+                .list_machines(
+                    &ctx,
+                    ListMachines {
+                        label_selector: convert::labels(&r.label_selector),
+                        page_size,
+                        page_token: r.page_token,
+                        provider_spec: convert::opt_struct_to_json(r.provider_spec.as_ref()),
+                        secrets: secrets.clone(),
+                    },
+                )
+                .await?;
+            Ok(pb::ListMachinesResponse {
+                machines: page.items.iter().map(convert::machine).collect(),
+                next_page_token: page.next_page_token,
+            })
+        })
+        .await
+    }
+
+    async fn validate_machine_class(
+        &self,
+        req: Request<pb::ValidateMachineClassRequest>,
+    ) -> std::result::Result<Response<pb::ValidateMachineClassResponse>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::ValidateMachineClass, "ValidateMachineClass")?;
+            let mut v = Check::default();
+            let spec = self.spec(&mut v, "provider_spec", r.provider_spec.as_ref());
+            v.finish()?;
+            let warnings = self
+                .driver()
+                .validate_machine_class(&ctx, ValidateMachineClass { provider_spec: spec, secrets: secrets.clone() })
+                .await?;
+            Ok(pb::ValidateMachineClassResponse { warnings })
+        })
+        .await
+    }
+
+    async fn can_update_machine(
+        &self,
+        req: Request<pb::CanUpdateMachineRequest>,
+    ) -> std::result::Result<Response<pb::CanUpdateMachineResponse>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::InPlaceUpdate, "CanUpdateMachine")?;
+            let mut v = Check::default();
+            v.name("name", &r.name);
+            let current = match r.current_provider_spec.as_ref() {
+                Some(s) => convert::struct_to_json(s),
+                None => {
+                    v.missing("current_provider_spec");
+                    Value::Null
+                }
+            };
+            let desired = self.spec(&mut v, "desired_provider_spec", r.desired_provider_spec.as_ref());
+            v.finish()?;
+            let changed_paths = convert::changed_paths(&current, &desired);
+            if changed_paths.is_empty() {
+                return Ok(pb::CanUpdateMachineResponse::default());
+            }
+            let plan = self
+                .driver()
+                .can_update_machine(&ctx, CanUpdateMachine { name: r.name, current, desired, changed_paths, secrets: secrets.clone() })
+                .await?;
+            Ok(pb::CanUpdateMachineResponse { in_place_paths: plan.in_place_paths, replace_paths: plan.replace_paths })
+        })
+        .await
+    }
+
+    async fn update_machine(&self, req: Request<pb::UpdateMachineRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::InPlaceUpdate, "UpdateMachine")?;
+            let mut v = Check::default();
+            v.name("name", &r.name);
+            let spec = self.spec(&mut v, "provider_spec", r.provider_spec.as_ref());
+            v.finish()?;
+            let op = self
+                .driver()
+                .update_machine(&ctx, UpdateMachine { name: r.name, provider_spec: spec, secrets: secrets.clone() })
+                .await?;
+            Ok(self.operation(&ctx, op, &secrets))
+        })
+        .await
+    }
+}
+
+fn machine_ref(name: String, provider_id: String, spec: Option<&prost_types::Struct>, secrets: Secrets) -> MachineRef {
+    MachineRef {
+        name,
+        provider_id: Some(provider_id).filter(|p| !p.is_empty()),
+        provider_spec: convert::opt_struct_to_json(spec),
+        secrets,
+    }
+}
+
+fn pool_ref(name: String, spec: Option<&prost_types::Struct>, secrets: Secrets) -> PoolRef {
+    PoolRef { name, provider_spec: convert::opt_struct_to_json(spec), secrets }
+}
+
+// --------------------------------------------------------------------------------------- Pools
+
+#[tonic::async_trait]
+impl<D: Driver> pb::pools_server::Pools for DriverService<D> {
+    async fn apply_pool(&self, req: Request<pb::ApplyPoolRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::Pools, "ApplyPool")?;
+            let mut v = Check::default();
+            v.name("name", &r.name);
+            let spec = self.spec(&mut v, "provider_spec", r.provider_spec.as_ref());
+            if r.capacity < 0 {
+                v.invalid("capacity", "must not be negative");
+            }
+            v.finish()?;
+            let op = self
+                .driver()
+                .apply_pool(
+                    &ctx,
+                    ApplyPool {
+                        name: r.name,
+                        provider_spec: spec,
+                        capacity: r.capacity as u32,
+                        labels: convert::labels(&r.labels),
+                        secrets: secrets.clone(),
+                    },
+                )
+                .await?;
+            Ok(self.operation(&ctx, op, &secrets))
+        })
+        .await
+    }
+
+    async fn get_pool(&self, req: Request<pb::GetPoolRequest>) -> std::result::Result<Response<pb::Pool>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::Pools, "GetPool")?;
+            let mut v = Check::default();
+            v.name("name", &r.name);
+            v.finish()?;
+            let p = self.driver().get_pool(&ctx, pool_ref(r.name, r.provider_spec.as_ref(), secrets.clone())).await?;
+            Ok(convert::pool(&p))
+        })
+        .await
+    }
+
+    async fn list_pool_instances(
+        &self,
+        req: Request<pb::ListPoolInstancesRequest>,
+    ) -> std::result::Result<Response<pb::ListPoolInstancesResponse>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::Pools, "ListPoolInstances")?;
+            let mut v = Check::default();
+            v.name("pool_name", &r.pool_name);
+            let page_size = Self::page_size(&mut v, r.page_size);
+            v.finish()?;
+            let page = self
+                .driver()
+                .list_pool_instances(
+                    &ctx,
+                    ListPoolInstances {
+                        pool: pool_ref(r.pool_name, r.provider_spec.as_ref(), secrets.clone()),
+                        page_size,
+                        page_token: r.page_token,
+                    },
+                )
+                .await?;
+            Ok(pb::ListPoolInstancesResponse {
+                instances: page.items.iter().map(convert::pool_instance).collect(),
+                next_page_token: page.next_page_token,
+            })
+        })
+        .await
+    }
+
+    async fn delete_pool_instances(
+        &self,
+        req: Request<pb::DeletePoolInstancesRequest>,
+    ) -> std::result::Result<Response<pb::Operation>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::Pools, "DeletePoolInstances")?;
+            let instances = pool_instances(r.pool_name, r.instance_ids, r.provider_spec.as_ref(), &secrets)?;
+            let op = self.driver().delete_pool_instances(&ctx, instances).await?;
+            Ok(self.operation(&ctx, op, &secrets))
+        })
+        .await
+    }
+
+    async fn upgrade_pool_instances(
+        &self,
+        req: Request<pb::UpgradePoolInstancesRequest>,
+    ) -> std::result::Result<Response<pb::Operation>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::Pools, "UpgradePoolInstances")?;
+            let instances = pool_instances(r.pool_name, r.instance_ids, r.provider_spec.as_ref(), &secrets)?;
+            let op = self.driver().upgrade_pool_instances(&ctx, instances).await?;
+            Ok(self.operation(&ctx, op, &secrets))
+        })
+        .await
+    }
+
+    async fn delete_pool(&self, req: Request<pb::DeletePoolRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::Pools, "DeletePool")?;
+            let mut v = Check::default();
+            v.name("name", &r.name);
+            v.finish()?;
+            let op = self.driver().delete_pool(&ctx, pool_ref(r.name, r.provider_spec.as_ref(), secrets.clone())).await?;
+            Ok(self.operation(&ctx, op, &secrets))
+        })
+        .await
+    }
+}
+
+fn pool_instances(
+    pool_name: String,
+    instance_ids: Vec<String>,
+    spec: Option<&prost_types::Struct>,
+    secrets: &Secrets,
+) -> Result<PoolInstances> {
+    let mut v = Check::default();
+    v.name("pool_name", &pool_name);
+    if instance_ids.is_empty() {
+        v.missing("instance_ids");
+    }
+    for (i, id) in instance_ids.iter().enumerate() {
+        if id.is_empty() {
+            v.invalid(&format!("instance_ids[{i}]"), "must not be empty");
+        }
+    }
+    v.finish()?;
+    Ok(PoolInstances { pool: pool_ref(pool_name, spec, secrets.clone()), instance_ids })
+}
+
+// ---------------------------------------------------------------------------------- Operations
+
+#[tonic::async_trait]
+impl<D: Driver> pb::operations_server::Operations for DriverService<D> {
+    async fn get_operation(&self, req: Request<pb::GetOperationRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            let mut v = Check::default();
+            v.token(&r.token);
+            v.finish()?;
+            let handle = self.shared.codec.open(&r.token)?;
+            let op = self.driver().get_operation(&ctx, handle, secrets.clone()).await?;
+            Ok(self.operation(&ctx, op, &secrets))
+        })
+        .await
+    }
+
+    async fn wait_operation(&self, req: Request<pb::WaitOperationRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            let mut v = Check::default();
+            v.token(&r.token);
+            v.finish()?;
+            let handle = self.shared.codec.open(&r.token)?;
+            let now = Instant::now();
+            let mut until = now + r.timeout.as_ref().map(convert::from_duration).unwrap_or(MAX_WAIT).min(MAX_WAIT);
+            if let Some(deadline) = ctx.deadline {
+                until = until.min(deadline.checked_sub(DEADLINE_MARGIN).unwrap_or(now));
+            }
+            loop {
+                let op = self.driver().get_operation(&ctx, handle.clone(), secrets.clone()).await?;
+                let left = until.saturating_duration_since(Instant::now());
+                if op.is_done() || left.is_zero() {
+                    return Ok(self.operation(&ctx, op, &secrets));
+                }
+                // Deliberate poll interval: the cloud told us when to come back.
+                tokio::time::sleep(op.poll_after.max(Duration::from_millis(10)).min(left)).await;
+            }
+        })
+        .await
+    }
+
+    async fn cancel_operation(&self, req: Request<pb::CancelOperationRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+        let ctx = context(&req);
+        let r = req.into_inner();
+        let secrets = convert::secrets(r.secrets.as_ref());
+        self.run(&ctx, &secrets, async {
+            self.require(Capability::CancelOperation, "CancelOperation")?;
+            let mut v = Check::default();
+            v.token(&r.token);
+            v.finish()?;
+            let handle = self.shared.codec.open(&r.token)?;
+            let op = self.driver().cancel_operation(&ctx, handle, secrets.clone()).await?;
+            Ok(self.operation(&ctx, op, &secrets))
+        })
+        .await
+    }
+}

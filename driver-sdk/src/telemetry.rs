@@ -1,0 +1,94 @@
+//! Logging and tracing setup: `tracing` to stderr (text or JSON), plus OpenTelemetry OTLP export
+//! when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. W3C trace context is propagated either way.
+
+use opentelemetry::trace::TracerProvider as _;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flushes and stops trace export when dropped.
+#[must_use = "dropping the guard stops trace export"]
+pub struct TelemetryGuard {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            let _ = p.shutdown();
+        }
+    }
+}
+
+/// Installs the global subscriber. `RUST_LOG` sets the filter (default `info`). Call once, from
+/// `main`; a second call leaves the first subscriber in place.
+pub fn init(service_name: &str, format: LogFormat) -> TelemetryGuard {
+    opentelemetry::global::set_text_map_propagator(opentelemetry_sdk::propagation::TraceContextPropagator::new());
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let fmt = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(std::io::stderr)
+            .boxed(),
+    };
+    let mut provider = None;
+    let otel = match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        Ok(endpoint) if !endpoint.is_empty() => match otlp_provider(service_name) {
+            Ok(p) => {
+                let tracer = p.tracer(service_name.to_string());
+                provider = Some(p);
+                Some(tracing_opentelemetry::layer().with_tracer(tracer))
+            }
+            Err(e) => {
+                eprintln!("warning: OTLP export to {endpoint} disabled: {e}");
+                None
+            }
+        },
+        _ => None,
+    };
+    let _ = tracing_subscriber::registry().with(filter).with(fmt).with(otel).try_init();
+    TelemetryGuard { provider }
+}
+
+fn otlp_provider(service_name: &str) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, Box<dyn std::error::Error>> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
+    let resource = opentelemetry_sdk::Resource::builder().with_service_name(service_name.to_string()).build();
+    Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
+}
+
+/// Reads W3C trace context from HTTP/gRPC headers.
+pub(crate) struct HeaderExtractor<'a>(pub(crate) &'a http::HeaderMap);
+
+impl opentelemetry::propagation::Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+/// The trace ID of a `traceparent` header (`00-<trace id>-<span id>-<flags>`).
+pub(crate) fn trace_id_of(traceparent: &str) -> Option<&str> {
+    let mut parts = traceparent.split('-');
+    let (_version, id) = (parts.next()?, parts.next()?);
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+}

@@ -1,0 +1,544 @@
+//! Plain Rust types a driver works with. The SDK converts them to and from the wire types.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+
+use crate::error::{DriverError, Result};
+
+/// Labels (owner tags), sorted by key.
+pub type Labels = BTreeMap<String, String>;
+
+/// Secret values (cloud credentials). `Debug` prints the keys only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secrets(BTreeMap<String, String>);
+
+impl Secrets {
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// Whether there are no secrets.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The keys.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
+    /// `text` with every secret value (of 4 characters or more) replaced by `[REDACTED]`.
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for value in self.0.values().filter(|v| v.len() >= 4) {
+            if out.contains(value.as_str()) {
+                out = out.replace(value.as_str(), "[REDACTED]");
+            }
+        }
+        out
+    }
+
+    /// The underlying map, for conversion to the wire.
+    pub fn expose(&self) -> &BTreeMap<String, String> {
+        &self.0
+    }
+}
+
+impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Secrets {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        Self(iter.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
+    }
+}
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Secrets").field("keys", &self.0.keys().collect::<Vec<_>>()).finish_non_exhaustive()
+    }
+}
+
+/// What `GetDriverInfo` reports.
+#[derive(Debug, Clone)]
+pub struct DriverInfo {
+    /// DNS-style name (≤ 63 characters); also the ErrorInfo domain.
+    pub name: String,
+    /// The driver's version.
+    pub vendor_version: String,
+    /// JSON Schema of the provider spec; `examples` should hold at least one valid spec.
+    pub provider_spec_schema: Value,
+}
+
+/// Optional RPC groups a driver implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Capability {
+    /// CreateMachine, DeleteMachine, GetMachineStatus, ListMachines.
+    Machines,
+    /// ValidateMachineClass.
+    ValidateMachineClass,
+    /// CanUpdateMachine, UpdateMachine.
+    InPlaceUpdate,
+    /// The pool RPCs.
+    Pools,
+    /// CancelOperation really cancels.
+    CancelOperation,
+}
+
+/// What `Probe` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// false while starting.
+    pub ready: bool,
+    /// Detail for humans.
+    pub message: String,
+}
+
+impl Probe {
+    /// Ready.
+    pub fn ready() -> Self {
+        Self { ready: true, message: String::new() }
+    }
+
+    /// Still starting, with the reason.
+    pub fn starting(message: impl Into<String>) -> Self {
+        Self { ready: false, message: message.into() }
+    }
+}
+
+/// `CreateMachine` arguments, validated by the SDK (name well-formed, spec matches the schema).
+#[derive(Debug, Clone)]
+pub struct CreateMachine {
+    /// The idempotency key.
+    pub name: String,
+    /// The provider spec (a JSON object).
+    pub provider_spec: Value,
+    /// Secrets.
+    pub secrets: Secrets,
+    /// Owner labels, to apply as cloud tags.
+    pub labels: Labels,
+    /// The caller's identity of this incarnation (may be empty).
+    pub uid: String,
+}
+
+/// Identifies one machine for Delete / GetStatus.
+#[derive(Debug, Clone)]
+pub struct MachineRef {
+    /// The machine name.
+    pub name: String,
+    /// The provider ID, when the caller knows it.
+    pub provider_id: Option<String>,
+    /// The provider spec, when the caller sent it (`Value::Null` otherwise).
+    pub provider_spec: Value,
+    /// Secrets.
+    pub secrets: Secrets,
+}
+
+/// `ListMachines` arguments.
+#[derive(Debug, Clone)]
+pub struct ListMachines {
+    /// Machines must carry all of these labels.
+    pub label_selector: Labels,
+    /// Page size (already defaulted to 100 and capped at 1000 by the SDK).
+    pub page_size: usize,
+    /// Opaque token from the previous page; empty for the first.
+    pub page_token: String,
+    /// The provider spec, when sent.
+    pub provider_spec: Value,
+    /// Secrets.
+    pub secrets: Secrets,
+}
+
+/// One page of machines.
+#[derive(Debug, Clone, Default)]
+pub struct Page<T> {
+    /// The items.
+    pub items: Vec<T>,
+    /// Empty on the last page.
+    pub next_page_token: String,
+}
+
+/// `ValidateMachineClass` arguments.
+#[derive(Debug, Clone)]
+pub struct ValidateMachineClass {
+    /// The provider spec, already checked against the schema.
+    pub provider_spec: Value,
+    /// Secrets.
+    pub secrets: Secrets,
+}
+
+/// `CanUpdateMachine` arguments: the SDK has already computed what changed.
+#[derive(Debug, Clone)]
+pub struct CanUpdateMachine {
+    /// The machine.
+    pub name: String,
+    /// The spec it runs.
+    pub current: Value,
+    /// The spec wanted.
+    pub desired: Value,
+    /// JSON pointers of every leaf that differs between the two.
+    pub changed_paths: Vec<String>,
+    /// Secrets.
+    pub secrets: Secrets,
+}
+
+/// The driver's answer to `CanUpdateMachine`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpdatePlan {
+    /// Changes the driver applies in place.
+    pub in_place_paths: Vec<String>,
+    /// Changes that need a replacement machine.
+    pub replace_paths: Vec<String>,
+}
+
+/// `UpdateMachine` arguments.
+#[derive(Debug, Clone)]
+pub struct UpdateMachine {
+    /// The machine.
+    pub name: String,
+    /// The desired spec.
+    pub provider_spec: Value,
+    /// Secrets.
+    pub secrets: Secrets,
+}
+
+/// State of a machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum MachineState {
+    /// Accepted, not started.
+    Pending,
+    /// Being created.
+    Creating,
+    /// Up.
+    Running,
+    /// Being updated in place.
+    Updating,
+    /// Stopped.
+    Stopped,
+    /// Being deleted.
+    Deleting,
+    /// Failed.
+    Failed,
+    /// Not known.
+    Unknown,
+}
+
+/// A network address (Kubernetes NodeAddressType in `kind`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Address {
+    /// InternalIP, ExternalIP, InternalDNS, ExternalDNS or Hostname.
+    pub kind: String,
+    /// The address.
+    pub address: String,
+}
+
+/// State of one sub-resource (VM, NIC, disk, ...).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ResourceStatus {
+    /// e.g. "vm", "nic", "disk".
+    pub kind: String,
+    /// The cloud's ID.
+    pub id: String,
+    /// The cloud's state.
+    pub state: String,
+    /// Detail.
+    pub message: String,
+}
+
+/// A machine as the cloud sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    /// The machine name.
+    pub name: String,
+    /// The provider ID.
+    pub provider_id: String,
+    /// The state.
+    pub state: MachineState,
+    /// Addresses.
+    pub addresses: Vec<Address>,
+    /// Labels (cloud tags).
+    pub labels: Labels,
+    /// Sub-resources.
+    pub resources: Vec<ResourceStatus>,
+    /// The cloud's last error for this machine: (code, reason, message).
+    pub cloud_error: Option<(tonic::Code, String, String)>,
+    /// When it was created.
+    pub create_time: Option<SystemTime>,
+    /// Hash of the spec it runs.
+    pub spec_hash: String,
+}
+
+/// `ApplyPool` arguments.
+#[derive(Debug, Clone)]
+pub struct ApplyPool {
+    /// The pool name.
+    pub name: String,
+    /// The instance template.
+    pub provider_spec: Value,
+    /// Desired instance count.
+    pub capacity: u32,
+    /// Labels.
+    pub labels: Labels,
+    /// Secrets.
+    pub secrets: Secrets,
+}
+
+/// Identifies a pool.
+#[derive(Debug, Clone)]
+pub struct PoolRef {
+    /// The pool name.
+    pub name: String,
+    /// The provider spec, when sent.
+    pub provider_spec: Value,
+    /// Secrets.
+    pub secrets: Secrets,
+}
+
+/// `ListPoolInstances` arguments.
+#[derive(Debug, Clone)]
+pub struct ListPoolInstances {
+    /// The pool.
+    pub pool: PoolRef,
+    /// Page size (defaulted and capped by the SDK).
+    pub page_size: usize,
+    /// From the previous page.
+    pub page_token: String,
+}
+
+/// `DeletePoolInstances` / `UpgradePoolInstances` arguments.
+#[derive(Debug, Clone)]
+pub struct PoolInstances {
+    /// The pool.
+    pub pool: PoolRef,
+    /// Instance IDs (at least one).
+    pub instance_ids: Vec<String>,
+}
+
+/// A pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pool {
+    /// The pool name.
+    pub name: String,
+    /// The provider ID.
+    pub provider_id: String,
+    /// Current capacity.
+    pub capacity: u32,
+    /// Identifies the latest model.
+    pub model_version: String,
+    /// Provisioning state.
+    pub provisioning_state: String,
+    /// Labels.
+    pub labels: Labels,
+}
+
+/// Power state of a pool instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[allow(missing_docs)]
+pub enum PowerState {
+    Unknown,
+    Starting,
+    Running,
+    Stopping,
+    Stopped,
+    Deallocating,
+    Deallocated,
+}
+
+/// One instance of a pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolInstance {
+    /// Pool-scoped instance ID.
+    pub instance_id: String,
+    /// Name (e.g. computer name).
+    pub name: String,
+    /// Provider ID.
+    pub provider_id: String,
+    /// Provisioning state.
+    pub provisioning_state: String,
+    /// Power state.
+    pub power_state: PowerState,
+    /// Whether it runs the pool's latest model.
+    pub latest_model_applied: bool,
+    /// Addresses.
+    pub addresses: Vec<Address>,
+    /// When it was created.
+    pub create_time: Option<SystemTime>,
+}
+
+/// Kinds of operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[allow(missing_docs)]
+pub enum OperationKind {
+    CreateMachine,
+    DeleteMachine,
+    UpdateMachine,
+    ApplyPool,
+    DeletePoolInstances,
+    UpgradePoolInstances,
+    DeletePool,
+}
+
+/// What a finished operation produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OperationOutput {
+    /// Nothing (deletes).
+    None,
+    /// A machine.
+    Machine(Machine),
+    /// A pool.
+    Pool(Pool),
+}
+
+/// The state of a long-running operation, as a driver reports it.
+///
+/// `state` is the driver's own resume data (any JSON): the SDK seals it into the operation
+/// token, and hands it back, verified, to [`crate::Driver::get_operation`]. Keep in it everything
+/// needed to poll the cloud again after a restart.
+#[derive(Debug)]
+pub struct Operation {
+    /// Unique name, for logs.
+    pub name: String,
+    /// Kind.
+    pub kind: OperationKind,
+    /// Machine or pool name.
+    pub target: String,
+    /// `None` while running; the outcome once done.
+    pub outcome: Option<Result<OperationOutput>>,
+    /// 0..=100.
+    pub progress_percent: u8,
+    /// When to poll next.
+    pub poll_after: Duration,
+    /// When it started.
+    pub start_time: Option<SystemTime>,
+    /// When it ended.
+    pub end_time: Option<SystemTime>,
+    /// The cloud's request IDs.
+    pub cloud_request_ids: Vec<String>,
+    /// Resume data sealed into the token.
+    pub state: Value,
+}
+
+impl Operation {
+    /// A running operation that resumes from `state`.
+    pub fn running(kind: OperationKind, target: impl Into<String>, state: Value) -> Self {
+        let target = target.into();
+        Self {
+            name: format!("{}-{}", kind_slug(kind), uuid::Uuid::new_v4()),
+            kind,
+            target,
+            outcome: None,
+            progress_percent: 0,
+            poll_after: Duration::from_secs(1),
+            start_time: Some(SystemTime::now()),
+            end_time: None,
+            cloud_request_ids: Vec::new(),
+            state,
+        }
+    }
+
+    /// An operation that finished successfully.
+    pub fn succeeded(kind: OperationKind, target: impl Into<String>, output: OperationOutput) -> Self {
+        Self::running(kind, target, Value::Null).finish(Ok(output))
+    }
+
+    /// An operation that finished with an error.
+    pub fn failed(kind: OperationKind, target: impl Into<String>, error: DriverError) -> Self {
+        Self::running(kind, target, Value::Null).finish(Err(error))
+    }
+
+    /// Marks the operation done with `outcome`.
+    #[must_use]
+    pub fn finish(mut self, outcome: Result<OperationOutput>) -> Self {
+        self.outcome = Some(outcome);
+        self.progress_percent = 100;
+        self.end_time.get_or_insert_with(SystemTime::now);
+        self
+    }
+
+    /// Sets the operation's name (e.g. the cloud's operation ID).
+    #[must_use]
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets progress.
+    #[must_use]
+    pub fn with_progress(mut self, percent: u8) -> Self {
+        self.progress_percent = percent.min(100);
+        self
+    }
+
+    /// Sets when to poll next.
+    #[must_use]
+    pub fn with_poll_after(mut self, delay: Duration) -> Self {
+        self.poll_after = delay;
+        self
+    }
+
+    /// Sets the start time.
+    #[must_use]
+    pub fn started_at(mut self, time: SystemTime) -> Self {
+        self.start_time = Some(time);
+        self
+    }
+
+    /// Records a cloud request ID.
+    #[must_use]
+    pub fn with_cloud_request_id(mut self, id: impl Into<String>) -> Self {
+        self.cloud_request_ids.push(id.into());
+        self
+    }
+
+    /// Whether the operation has finished.
+    pub fn is_done(&self) -> bool {
+        self.outcome.is_some()
+    }
+}
+
+/// An operation handed back to the driver from a verified token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationHandle {
+    /// The operation's name.
+    pub name: String,
+    /// Kind.
+    pub kind: OperationKind,
+    /// Target.
+    pub target: String,
+    /// When it started.
+    pub start_time: Option<SystemTime>,
+    /// The resume data the driver put in [`Operation::state`].
+    pub state: Value,
+}
+
+impl OperationHandle {
+    /// A running operation continuing this handle (same name, kind, target, start, state).
+    pub fn resume(&self) -> Operation {
+        let mut op = Operation::running(self.kind, self.target.clone(), self.state.clone()).named(self.name.clone());
+        op.start_time = self.start_time;
+        op
+    }
+
+    /// The resume data decoded into the driver's own type.
+    ///
+    /// # Errors
+    /// OPERATION_TOKEN_INVALID when it does not decode (a token from another driver version).
+    pub fn state_as<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_value(self.state.clone())
+            .map_err(|e| DriverError::token_invalid("operation token state does not match this driver").with_source(e))
+    }
+}
+
+pub(crate) fn kind_slug(kind: OperationKind) -> &'static str {
+    match kind {
+        OperationKind::CreateMachine => "create",
+        OperationKind::DeleteMachine => "delete",
+        OperationKind::UpdateMachine => "update",
+        OperationKind::ApplyPool => "apply-pool",
+        OperationKind::DeletePoolInstances => "delete-instances",
+        OperationKind::UpgradePoolInstances => "upgrade-instances",
+        OperationKind::DeletePool => "delete-pool",
+    }
+}
