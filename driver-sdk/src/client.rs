@@ -104,6 +104,7 @@ pub struct DriverClient {
     operations: pb::operations_client::OperationsClient<Channel>,
     call_timeout: Duration,
     endpoint: String,
+    channel: Channel,
 }
 
 fn builder(endpoint: &Endpoint) -> tonic::transport::Endpoint {
@@ -168,9 +169,10 @@ impl DriverClient {
             identity: pb::identity_client::IdentityClient::new(channel.clone()),
             machines: pb::machines_client::MachinesClient::new(channel.clone()),
             pools: pb::pools_client::PoolsClient::new(channel.clone()),
-            operations: pb::operations_client::OperationsClient::new(channel),
+            operations: pb::operations_client::OperationsClient::new(channel.clone()),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             endpoint: endpoint.to_string(),
+            channel,
         }
     }
 
@@ -179,6 +181,11 @@ impl DriverClient {
     pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
         self
+    }
+
+    /// The underlying channel, for other services on the same sidecar (health, reflection).
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
     }
 
     /// The endpoint this client calls.

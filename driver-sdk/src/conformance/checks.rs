@@ -1,0 +1,619 @@
+//! The checks, grouped by capability.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::StreamExt;
+use machine_driver_proto::v1 as pb;
+use tonic::Code;
+
+use super::{check, ensure, expect_error, schema_examples, spec_of, without_required, CheckResult, NotPassed, Suite, Verdict};
+use crate::client::OperationExt;
+use crate::convert::{json_to_struct, struct_to_json};
+use crate::error::{reason, ErrorReport};
+use crate::layer::REQUEST_ID_HEADER;
+
+type On<'a> = &'a mut dyn FnMut(&CheckResult);
+
+fn skip(why: &str) -> Verdict {
+    Err(NotPassed::Skip(why.to_string()))
+}
+
+pub(super) async fn identity(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
+    let on: On<'_> = on;
+    check!(s, on, "identity.driver_info", |s| {
+        let info = s.client.get_driver_info(pb::GetDriverInfoRequest {}).await?.value;
+        ensure!(!info.name.is_empty() && info.name.len() <= 63, "name {:?} must be 1..=63 characters", info.name);
+        ensure!(
+            info.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.'),
+            "name {:?} must be DNS-style",
+            info.name
+        );
+        ensure!(!info.vendor_version.is_empty(), "vendor_version is empty");
+        ensure!(info.protocol_version == crate::PROTOCOL_VERSION, "protocol_version is {:?}, want v1", info.protocol_version);
+        let schema = info.provider_spec_schema.as_ref().map(struct_to_json).unwrap_or_default();
+        ensure!(schema.is_object(), "provider_spec_schema is missing");
+        let examples = schema_examples(&schema);
+        s.spec = s.config.provider_spec.clone().or_else(|| examples.first().cloned());
+        s.alt_spec = s.config.alt_provider_spec.clone().or_else(|| examples.get(1).cloned());
+        s.schema = schema;
+        Ok(())
+    });
+    check!(s, on, "identity.capabilities", |s| {
+        let caps = s.client.get_capabilities(pb::GetCapabilitiesRequest {}).await?.value.capabilities;
+        ensure!(!caps.contains(&(pb::Capability::Unspecified as i32)), "CAPABILITY_UNSPECIFIED advertised");
+        s.caps = caps.into_iter().collect();
+        Ok(())
+    });
+    check!(s, on, "identity.probe_ready", |s| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let p = s.client.probe(pb::ProbeRequest {}).await?.value;
+            if p.ready {
+                return Ok(());
+            }
+            ensure!(tokio::time::Instant::now() < deadline, "Probe still not ready after 30 s: {}", p.message);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    check!(s, on, "health.serving", |s| {
+        let mut health = tonic_health::pb::health_client::HealthClient::new(s.client.channel());
+        for service in ["", "machinedriver.v1.Machines"] {
+            let resp = health
+                .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
+                .await
+                .map_err(|e| format!("Health/Check({service:?}): {e}"))?
+                .into_inner();
+            ensure!(
+                resp.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+                "health of {service:?} is {}, want SERVING once Probe is ready",
+                resp.status
+            );
+        }
+        Ok(())
+    });
+}
+
+pub(super) async fn transport(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
+    let on: On<'_> = on;
+    check!(s, on, "reflection.lists_services", |s| {
+        use tonic_reflection::pb::v1alpha::{
+            server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
+            server_reflection_response::MessageResponse, ServerReflectionRequest,
+        };
+        let mut client = ServerReflectionClient::new(s.client.channel());
+        let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+        let mut stream = client
+            .server_reflection_info(futures::stream::iter([req]))
+            .await
+            .map_err(|e| format!("reflection v1alpha: {e}"))?
+            .into_inner();
+        let resp = stream.next().await.ok_or("reflection stream ended without an answer")?.map_err(|e| e.to_string())?;
+        let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+            return Err(NotPassed::Fail("reflection did not answer ListServices".into()));
+        };
+        let names: HashSet<String> = list.service.into_iter().map(|s| s.name).collect();
+        for want in machine_driver_proto::SERVICE_NAMES.iter().chain(&["grpc.health.v1.Health"]) {
+            ensure!(names.contains(*want), "reflection does not list {want} (got {names:?})");
+        }
+        Ok(())
+    });
+    check!(s, on, "request_id.echoed", |s| {
+        let mut raw = pb::identity_client::IdentityClient::new(s.client.channel());
+        let sent = format!("conformance-{}", uuid::Uuid::new_v4());
+        let mut req = tonic::Request::new(pb::GetDriverInfoRequest {});
+        req.metadata_mut().insert(REQUEST_ID_HEADER, sent.parse().map_err(|_| "bad header".to_string())?);
+        let resp = raw.get_driver_info(req).await.map_err(|e| e.to_string())?;
+        let got = resp.metadata().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        ensure!(got == sent, "sent x-request-id {sent}, got back {got:?}");
+        Ok(())
+    });
+    check!(s, on, "request_id.generated_when_absent", |s| {
+        let mut raw = pb::identity_client::IdentityClient::new(s.client.channel());
+        let resp = raw.get_driver_info(pb::GetDriverInfoRequest {}).await.map_err(|e| e.to_string())?;
+        let got = resp.metadata().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        ensure!(!got.is_empty(), "no x-request-id in the response metadata");
+        Ok(())
+    });
+    check!(s, on, "errors.request_info_and_bad_request", |s| {
+        let mut raw = pb::operations_client::OperationsClient::new(s.client.channel());
+        let sent = format!("conformance-{}", uuid::Uuid::new_v4());
+        let mut req = tonic::Request::new(pb::GetOperationRequest { token: Vec::new(), secrets: None });
+        req.metadata_mut().insert(REQUEST_ID_HEADER, sent.parse().map_err(|_| "bad header".to_string())?);
+        let status = match raw.get_operation(req).await {
+            Ok(_) => return Err(NotPassed::Fail("GetOperation without a token succeeded".into())),
+            Err(status) => status,
+        };
+        let report = ErrorReport::from_status(&status);
+        ensure!(report.code == Code::InvalidArgument, "want INVALID_ARGUMENT, got {report}");
+        ensure!(report.reason == reason::FIELD_REQUIRED, "want reason FIELD_REQUIRED, got {report}");
+        ensure!(report.request_id == sent, "RequestInfo.request_id is {:?}, want {sent}", report.request_id);
+        ensure!(report.violations.iter().any(|v| v.field == "token"), "no BadRequest violation for `token`: {report:?}");
+        Ok(())
+    });
+    check!(s, on, "operations.tampered_token_refused", |s| {
+        // A forged token: structurally plausible (version 1, JSON, 32-byte tag) but not sealed
+        // by this driver.
+        let mut forged = vec![1u8];
+        forged.extend_from_slice(br#"{"d":"forged","n":"op","k":"CreateMachine","t":"m","st":null}"#);
+        forged.extend_from_slice(&[0u8; 32]);
+        for token in [forged, b"not a token at all".to_vec(), vec![9u8; 64]] {
+            let r = s.client.get_operation(pb::GetOperationRequest { token, secrets: s.secrets() }).await;
+            expect_error(r, Code::InvalidArgument, Some(reason::OPERATION_TOKEN_INVALID))?;
+        }
+        Ok(())
+    });
+}
+
+pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
+    let on: On<'_> = on;
+    if !s.has(pb::Capability::Machines) {
+        check!(s, on, "machines", |_s| { skip("CAPABILITY_MACHINES not advertised") });
+        return;
+    }
+    check!(s, on, "machines.create_missing_fields", |s| {
+        let r = s.client.create_machine(pb::CreateMachineRequest::default()).await;
+        let e = expect_error(r, Code::InvalidArgument, Some(reason::FIELD_REQUIRED))?;
+        let fields: HashSet<&str> = e.report.violations.iter().map(|v| v.field.as_str()).collect();
+        ensure!(fields.contains("name") && fields.contains("provider_spec"), "violations should name `name` and `provider_spec`: {fields:?}");
+        Ok(())
+    });
+    check!(s, on, "machines.create_invalid_name", |s| {
+        let req = s.create_request("Not_A_Valid_Name", s.spec_struct()?);
+        let e = expect_error(s.client.create_machine(req).await, Code::InvalidArgument, Some(reason::FIELD_INVALID))?;
+        ensure!(e.report.violations.iter().any(|v| v.field == "name"), "no violation for `name`: {:?}", e.report.violations);
+        Ok(())
+    });
+    check!(s, on, "machines.create_invalid_provider_spec", |s| {
+        let spec = s.spec.clone().ok_or_else(|| NotPassed::Skip("no valid provider spec".into()))?;
+        let Some((field, bad)) = without_required(&s.schema, &spec) else {
+            return skip("the schema requires no field, so no invalid spec can be derived");
+        };
+        let req = s.create_request(&s.name("invalid"), json_to_struct(&bad));
+        let e = expect_error(s.client.create_machine(req).await, Code::InvalidArgument, Some(reason::INVALID_PROVIDER_SPEC))?;
+        ensure!(
+            e.report.violations.iter().any(|v| v.field.ends_with(&field)),
+            "no violation naming {field}: {:?}",
+            e.report.violations
+        );
+        Ok(())
+    });
+    check!(s, on, "machines.create_idempotent", |s| {
+        let name = s.name("m0");
+        let spec = s.spec_struct()?;
+        let mut first: Option<pb::Operation> = None;
+        for i in 0..s.config.repeat.max(2) {
+            let op = s.client.create_machine(s.create_request(&name, spec.clone())).await?.value;
+            ensure!(op.target == name, "operation target {:?}, want {name}", op.target);
+            ensure!(op.kind == pb::OperationKind::CreateMachine as i32, "operation kind {}, want CREATE_MACHINE", op.kind);
+            if let Some(err) = op.error_report() {
+                return Err(NotPassed::Fail(format!("create #{i} failed: {err}")));
+            }
+            first.get_or_insert(op);
+        }
+        let op = s.wait_ok(first.ok_or("no operation")?).await?;
+        let m = op.machine().ok_or("done create operation carries no machine")?;
+        ensure!(m.name == name, "machine name {:?}, want {name}", m.name);
+        ensure!(!m.provider_id.is_empty(), "machine has no provider_id");
+        // After completion, a repeated create returns the existing machine.
+        for _ in 0..s.config.repeat {
+            let again = s.client.create_machine(s.create_request(&name, spec.clone())).await?.value;
+            let again = s.wait_ok(again).await?;
+            let m2 = again.machine().ok_or("repeated create carries no machine")?;
+            ensure!(m2.provider_id == m.provider_id, "repeated create returned another machine: {} vs {}", m2.provider_id, m.provider_id);
+        }
+        Ok(())
+    });
+    check!(s, on, "machines.get_status", |s| {
+        let name = s.name("m0");
+        let m = s
+            .client
+            .get_machine_status(pb::GetMachineStatusRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() })
+            .await?
+            .value;
+        ensure!(m.name == name, "name {:?}, want {name}", m.name);
+        ensure!(!m.provider_id.is_empty(), "no provider_id");
+        ensure!(m.state != pb::MachineState::Unspecified as i32, "state is UNSPECIFIED");
+        Ok(())
+    });
+    check!(s, on, "machines.create_conflicting_spec", |s| {
+        let req = s.create_request(&s.name("m0"), s.alt_spec_struct()?);
+        expect_error(s.client.create_machine(req).await, Code::AlreadyExists, None)?;
+        Ok(())
+    });
+    check!(s, on, "machines.get_missing", |s| {
+        let r = s
+            .client
+            .get_machine_status(pb::GetMachineStatusRequest { name: s.name("never-created"), secrets: s.secrets(), ..Default::default() })
+            .await;
+        expect_error(r, Code::NotFound, Some(reason::MACHINE_NOT_FOUND))?;
+        Ok(())
+    });
+    check!(s, on, "machines.list_paginated_and_filtered", |s| {
+        let spec = s.spec_struct()?;
+        let mut ops = Vec::new();
+        for n in ["m1", "m2"] {
+            ops.push(s.client.create_machine(s.create_request(&s.name(n), spec.clone())).await?.value);
+        }
+        for op in ops {
+            s.wait_ok(op).await?;
+        }
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        for _ in 0..10 {
+            let page = s
+                .client
+                .list_machines(pb::ListMachinesRequest {
+                    label_selector: s.labels(),
+                    page_size: 1,
+                    page_token: token,
+                    secrets: s.secrets(),
+                    ..Default::default()
+                })
+                .await?
+                .value;
+            ensure!(page.machines.len() <= 1, "page_size 1 returned {} machines", page.machines.len());
+            seen.extend(page.machines.into_iter().map(|m| m.name));
+            token = page.next_page_token;
+            if token.is_empty() {
+                break;
+            }
+        }
+        seen.sort();
+        let want: Vec<String> = ["m0", "m1", "m2"].iter().map(|n| s.name(n)).collect();
+        ensure!(seen == want, "paged listing returned {seen:?}, want {want:?}");
+        let other = s
+            .client
+            .list_machines(pb::ListMachinesRequest {
+                label_selector: [(super::RUN_LABEL.to_string(), "no-such-run".to_string())].into(),
+                secrets: s.secrets(),
+                ..Default::default()
+            })
+            .await?
+            .value;
+        ensure!(other.machines.is_empty(), "label filter ignored: {} machines for an unknown run", other.machines.len());
+        let bad = s
+            .client
+            .list_machines(pb::ListMachinesRequest { page_token: "%%garbage%%".into(), secrets: s.secrets(), ..Default::default() })
+            .await;
+        expect_error(bad, Code::InvalidArgument, None)?;
+        Ok(())
+    });
+    check!(s, on, "operations.wait_operation", |s| {
+        let op = s.client.create_machine(s.create_request(&s.name("m0"), s.spec_struct()?)).await?.value;
+        let waiter = s.client.clone().with_call_timeout(Duration::from_secs(10));
+        let waited = waiter
+            .wait_operation(pb::WaitOperationRequest {
+                token: op.token.clone(),
+                timeout: Some(crate::convert::duration(Duration::from_secs(5))),
+                secrets: s.secrets(),
+            })
+            .await?
+            .value;
+        ensure!(waited.done, "WaitOperation on a finished create returned a running operation");
+        Ok(())
+    });
+    check!(s, on, "operations.tampered_real_token_refused", |s| {
+        let op = s.client.create_machine(s.create_request(&s.name("m0"), s.spec_struct()?)).await?.value;
+        ensure!(!op.token.is_empty(), "operation has no token");
+        for i in [0, op.token.len() / 2, op.token.len() - 1] {
+            let mut bad = op.token.clone();
+            bad[i] ^= 0x01;
+            let r = s.client.get_operation(pb::GetOperationRequest { token: bad, secrets: s.secrets() }).await;
+            expect_error(r, Code::InvalidArgument, Some(reason::OPERATION_TOKEN_INVALID))?;
+        }
+        Ok(())
+    });
+    if s.has(pb::Capability::ValidateMachineClass) {
+        check!(s, on, "machines.validate_machine_class", |s| {
+            let ok = pb::ValidateMachineClassRequest { provider_spec: Some(s.spec_struct()?), secrets: s.secrets() };
+            s.client.validate_machine_class(ok).await?;
+            let missing = pb::ValidateMachineClassRequest { provider_spec: None, secrets: s.secrets() };
+            expect_error(s.client.validate_machine_class(missing).await, Code::InvalidArgument, Some(reason::FIELD_REQUIRED))?;
+            if let Some((_, bad)) = s.spec.as_ref().and_then(|spec| without_required(&s.schema, spec)) {
+                let bad = pb::ValidateMachineClassRequest { provider_spec: Some(json_to_struct(&bad)), secrets: s.secrets() };
+                expect_error(s.client.validate_machine_class(bad).await, Code::InvalidArgument, Some(reason::INVALID_PROVIDER_SPEC))?;
+            }
+            Ok(())
+        });
+    }
+    check!(s, on, "machines.delete_idempotent", |s| {
+        let name = s.name("m1");
+        let mut first = None;
+        for _ in 0..s.config.repeat.max(2) {
+            let op = s
+                .client
+                .delete_machine(pb::DeleteMachineRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() })
+                .await?
+                .value;
+            ensure!(op.kind == pb::OperationKind::DeleteMachine as i32, "operation kind {}, want DELETE_MACHINE", op.kind);
+            first.get_or_insert(op);
+        }
+        s.wait_ok(first.ok_or("no operation")?).await?;
+        let gone = s
+            .client
+            .get_machine_status(pb::GetMachineStatusRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() })
+            .await;
+        expect_error(gone, Code::NotFound, Some(reason::MACHINE_NOT_FOUND))?;
+        let again = s
+            .client
+            .delete_machine(pb::DeleteMachineRequest { name, secrets: s.secrets(), ..Default::default() })
+            .await?
+            .value;
+        s.wait_ok(again).await?;
+        Ok(())
+    });
+    check!(s, on, "machines.delete_missing_is_ok", |s| {
+        let op = s
+            .client
+            .delete_machine(pb::DeleteMachineRequest { name: s.name("never-created"), secrets: s.secrets(), ..Default::default() })
+            .await?
+            .value;
+        s.wait_ok(op).await?;
+        Ok(())
+    });
+}
+
+pub(super) async fn in_place(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
+    let on: On<'_> = on;
+    if !s.has(pb::Capability::InPlaceUpdate) {
+        return;
+    }
+    check!(s, on, "in_place.can_update_negotiation", |s| {
+        let (spec, alt) = (s.spec_struct()?, s.alt_spec_struct()?);
+        let same = s
+            .client
+            .can_update_machine(pb::CanUpdateMachineRequest {
+                name: s.name("m0"),
+                current_provider_spec: Some(spec.clone()),
+                desired_provider_spec: Some(spec.clone()),
+                secrets: s.secrets(),
+            })
+            .await?
+            .value;
+        ensure!(same.in_place_paths.is_empty() && same.replace_paths.is_empty(), "identical specs reported changes: {same:?}");
+        let diff = s
+            .client
+            .can_update_machine(pb::CanUpdateMachineRequest {
+                name: s.name("m0"),
+                current_provider_spec: Some(spec.clone()),
+                desired_provider_spec: Some(alt.clone()),
+                secrets: s.secrets(),
+            })
+            .await?
+            .value;
+        let mut got: Vec<String> = diff.in_place_paths.iter().chain(&diff.replace_paths).cloned().collect();
+        got.sort();
+        let want = crate::convert::changed_paths(&spec_of(&spec), &spec_of(&alt));
+        ensure!(got == want, "the plan covers {got:?}, but the changed fields are {want:?}");
+        Ok(())
+    });
+    check!(s, on, "in_place.update_machine", |s| {
+        let (spec, alt) = (s.spec_struct()?, s.alt_spec_struct()?);
+        let name = s.name("m2");
+        let plan = s
+            .client
+            .can_update_machine(pb::CanUpdateMachineRequest {
+                name: name.clone(),
+                current_provider_spec: Some(spec.clone()),
+                desired_provider_spec: Some(alt.clone()),
+                secrets: s.secrets(),
+            })
+            .await?
+            .value;
+        if !plan.replace_paths.is_empty() {
+            return skip("the second example needs a replacement, so no in-place update can be tested");
+        }
+        let before = s
+            .client
+            .get_machine_status(pb::GetMachineStatusRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() })
+            .await?
+            .value;
+        let mut first = None;
+        for _ in 0..s.config.repeat.max(2) {
+            let op = s
+                .client
+                .update_machine(pb::UpdateMachineRequest { name: name.clone(), provider_spec: Some(alt.clone()), secrets: s.secrets() })
+                .await?
+                .value;
+            first.get_or_insert(op);
+        }
+        s.wait_ok(first.ok_or("no operation")?).await?;
+        let after = s
+            .client
+            .get_machine_status(pb::GetMachineStatusRequest { name, secrets: s.secrets(), ..Default::default() })
+            .await?
+            .value;
+        ensure!(after.provider_id == before.provider_id, "in-place update replaced the machine");
+        ensure!(after.spec_hash != before.spec_hash, "spec_hash unchanged after update ({})", after.spec_hash);
+        Ok(())
+    });
+}
+
+async fn pool_instances(s: &Suite, pool: &str) -> Result<Vec<pb::PoolInstance>, NotPassed> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    for _ in 0..1000 {
+        let page = s
+            .client
+            .list_pool_instances(pb::ListPoolInstancesRequest {
+                pool_name: pool.to_string(),
+                page_size: 1,
+                page_token: token,
+                secrets: s.secrets(),
+                ..Default::default()
+            })
+            .await?
+            .value;
+        ensure!(page.instances.len() <= 1, "page_size 1 returned {} instances", page.instances.len());
+        out.extend(page.instances);
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
+    let on: On<'_> = on;
+    if !s.has(pb::Capability::Pools) {
+        return;
+    }
+    check!(s, on, "pools.apply_idempotent", |s| {
+        let name = s.name("pool");
+        let mut first = None;
+        for _ in 0..s.config.repeat.max(2) {
+            let op = s
+                .client
+                .apply_pool(pb::ApplyPoolRequest {
+                    name: name.clone(),
+                    provider_spec: Some(s.spec_struct()?),
+                    capacity: 2,
+                    secrets: s.secrets(),
+                    labels: s.labels(),
+                })
+                .await?
+                .value;
+            first.get_or_insert(op);
+        }
+        s.wait_ok(first.ok_or("no operation")?).await?;
+        let pool = s.client.get_pool(pb::GetPoolRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() }).await?.value;
+        ensure!(pool.capacity == 2, "capacity {}, want 2", pool.capacity);
+        let instances = pool_instances(s, &name).await?;
+        ensure!(instances.len() == 2, "{} instances, want 2", instances.len());
+        let ids: HashSet<&str> = instances.iter().map(|i| i.instance_id.as_str()).collect();
+        ensure!(ids.len() == 2, "instance IDs repeat across pages: {ids:?}");
+        ensure!(instances.iter().all(|i| i.latest_model_applied), "fresh instances should run the latest model");
+        Ok(())
+    });
+    check!(s, on, "pools.get_missing", |s| {
+        let r = s.client.get_pool(pb::GetPoolRequest { name: s.name("no-pool"), secrets: s.secrets(), ..Default::default() }).await;
+        expect_error(r, Code::NotFound, Some(reason::POOL_NOT_FOUND))?;
+        Ok(())
+    });
+    check!(s, on, "pools.upgrade_instances", |s| {
+        let name = s.name("pool");
+        let op = s
+            .client
+            .apply_pool(pb::ApplyPoolRequest {
+                name: name.clone(),
+                provider_spec: Some(s.alt_spec_struct()?),
+                capacity: 2,
+                secrets: s.secrets(),
+                labels: s.labels(),
+            })
+            .await?
+            .value;
+        s.wait_ok(op).await?;
+        let instances = pool_instances(s, &name).await?;
+        ensure!(instances.iter().all(|i| !i.latest_model_applied), "after a template change no instance should run the latest model yet");
+        let target = instances.first().ok_or("no instances")?.instance_id.clone();
+        let op = s
+            .client
+            .upgrade_pool_instances(pb::UpgradePoolInstancesRequest {
+                pool_name: name.clone(),
+                instance_ids: vec![target.clone()],
+                secrets: s.secrets(),
+                ..Default::default()
+            })
+            .await?
+            .value;
+        s.wait_ok(op).await?;
+        let instances = pool_instances(s, &name).await?;
+        for i in &instances {
+            ensure!(i.latest_model_applied == (i.instance_id == target), "instance {} latest_model_applied={}", i.instance_id, i.latest_model_applied);
+        }
+        Ok(())
+    });
+    check!(s, on, "pools.delete_one_instance", |s| {
+        let name = s.name("pool");
+        let before = pool_instances(s, &name).await?;
+        let victim = before.first().ok_or("no instances")?.instance_id.clone();
+        let op = s
+            .client
+            .delete_pool_instances(pb::DeletePoolInstancesRequest {
+                pool_name: name.clone(),
+                instance_ids: vec![victim.clone()],
+                secrets: s.secrets(),
+                ..Default::default()
+            })
+            .await?
+            .value;
+        s.wait_ok(op).await?;
+        let after = pool_instances(s, &name).await?;
+        let want: Vec<&str> = before.iter().map(|i| i.instance_id.as_str()).filter(|id| *id != victim).collect();
+        let got: Vec<&str> = after.iter().map(|i| i.instance_id.as_str()).collect();
+        ensure!(got == want, "after deleting {victim}: {got:?}, want {want:?}");
+        let pool = s.client.get_pool(pb::GetPoolRequest { name, secrets: s.secrets(), ..Default::default() }).await?.value;
+        ensure!(pool.capacity == 1, "capacity {} after deleting one of 2 instances", pool.capacity);
+        let empty = s
+            .client
+            .delete_pool_instances(pb::DeletePoolInstancesRequest { pool_name: s.name("pool"), instance_ids: vec![], ..Default::default() })
+            .await;
+        expect_error(empty, Code::InvalidArgument, Some(reason::FIELD_REQUIRED))?;
+        Ok(())
+    });
+    check!(s, on, "pools.delete_pool", |s| {
+        let name = s.name("pool");
+        for _ in 0..2 {
+            let op = s.client.delete_pool(pb::DeletePoolRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() }).await?.value;
+            s.wait_ok(op).await?;
+        }
+        let r = s.client.get_pool(pb::GetPoolRequest { name, secrets: s.secrets(), ..Default::default() }).await;
+        expect_error(r, Code::NotFound, Some(reason::POOL_NOT_FOUND))?;
+        Ok(())
+    });
+}
+
+pub(super) async fn unadvertised(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
+    let on: On<'_> = on;
+    check!(s, on, "capabilities.unadvertised_are_unimplemented", |s| {
+        if !s.has(pb::Capability::Pools) {
+            let r = s.client.get_pool(pb::GetPoolRequest { name: "p".into(), ..Default::default() }).await;
+            expect_error(r, Code::Unimplemented, None)?;
+        }
+        if !s.has(pb::Capability::InPlaceUpdate) {
+            let r = s.client.update_machine(pb::UpdateMachineRequest { name: "m".into(), ..Default::default() }).await;
+            expect_error(r, Code::Unimplemented, None)?;
+        }
+        if !s.has(pb::Capability::Machines) {
+            let r = s.client.list_machines(pb::ListMachinesRequest::default()).await;
+            expect_error(r, Code::Unimplemented, None)?;
+        }
+        Ok(())
+    });
+}
+
+pub(super) async fn cleanup(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
+    let on: On<'_> = on;
+    check!(s, on, "cleanup.nothing_left_behind", |s| {
+        if s.has(pb::Capability::Pools) {
+            let op = s
+                .client
+                .delete_pool(pb::DeletePoolRequest { name: s.name("pool"), secrets: s.secrets(), ..Default::default() })
+                .await?
+                .value;
+            s.wait_ok(op).await?;
+        }
+        if !s.has(pb::Capability::Machines) {
+            return Ok(());
+        }
+        let left = s.client.list_all_machines(s.labels(), 100).await?;
+        let mut ops = Vec::new();
+        for m in &left {
+            ops.push(
+                s.client
+                    .delete_machine(pb::DeleteMachineRequest { name: m.name.clone(), secrets: s.secrets(), ..Default::default() })
+                    .await?
+                    .value,
+            );
+        }
+        for op in ops {
+            s.wait_ok(op).await?;
+        }
+        let still = s.client.list_all_machines(s.labels(), 100).await?;
+        ensure!(still.is_empty(), "machines left after cleanup: {:?}", still.iter().map(|m| &m.name).collect::<Vec<_>>());
+        Ok(())
+    });
+}
