@@ -23,6 +23,11 @@ impl RequestContext {
         Self { request_id: request_id.into(), method: String::new(), deadline: None, trace_id: None, connection: None }
     }
 
+    /// A context for calling driver methods directly as if serving `method` (tests).
+    pub fn for_method(request_id: impl Into<String>, method: &str) -> Self {
+        Self { method: method.to_string(), ..Self::new(request_id) }
+    }
+
     /// The call's request ID (from `x-request-id`, or generated). Pass it on to the cloud where
     /// the cloud accepts one (Azure `x-ms-client-request-id`).
     pub fn request_id(&self) -> &str {

@@ -110,12 +110,16 @@ where
         let span = if quiet {
             tracing::debug_span!("rpc", "rpc.method" = %method, "request.id" = %request_id)
         } else {
-            tracing::info_span!(
+            let span = tracing::info_span!(
                 "rpc",
                 "rpc.method" = %method,
                 "request.id" = %request_id,
-                "trace.id" = trace_id.as_deref().unwrap_or(""),
-            )
+                "trace.id" = tracing::field::Empty,
+            );
+            if let Some(id) = &trace_id {
+                span.record("trace.id", id.as_str());
+            }
+            span
         };
         if trace_id.is_some() {
             let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(req.headers())));

@@ -1,0 +1,44 @@
+//! The `fakecloud.v1.FakeCloud` service: inspection and runtime fault rules.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::faults::FaultRule;
+use crate::pb;
+use crate::FakeDriver;
+
+/// Serves inspection and fault-injection calls for one [`FakeDriver`].
+#[derive(Clone)]
+pub struct FakeCloudService {
+    driver: Arc<FakeDriver>,
+}
+
+impl FakeCloudService {
+    /// The service for `driver`, ready to mount with `DriverServer::add_service`.
+    pub fn server(driver: Arc<FakeDriver>) -> pb::fake_cloud_server::FakeCloudServer<Self> {
+        pb::fake_cloud_server::FakeCloudServer::new(Self { driver })
+    }
+}
+
+#[tonic::async_trait]
+impl pb::fake_cloud_server::FakeCloud for FakeCloudService {
+    async fn inspect(&self, req: Request<pb::InspectRequest>) -> Result<Response<pb::InspectResponse>, Status> {
+        Ok(Response::new(self.driver.inspect(req.into_inner().reset_peak)))
+    }
+
+    async fn set_faults(&self, req: Request<pb::SetFaultsRequest>) -> Result<Response<pb::SetFaultsResponse>, Status> {
+        let mut rules = Vec::new();
+        for (i, r) in req.into_inner().rules.into_iter().enumerate() {
+            let rule = FaultRule::from_proto(r).map_err(|e| Status::invalid_argument(format!("rules[{i}].{e}")))?;
+            rules.push(rule);
+        }
+        tracing::info!(count = rules.len(), "fault rules replaced");
+        self.driver.set_faults(rules);
+        Ok(Response::new(pb::SetFaultsResponse {}))
+    }
+
+    async fn get_faults(&self, _req: Request<pb::GetFaultsRequest>) -> Result<Response<pb::GetFaultsResponse>, Status> {
+        Ok(Response::new(pb::GetFaultsResponse { rules: self.driver.faults().iter().map(FaultRule::to_proto).collect() }))
+    }
+}

@@ -1,0 +1,104 @@
+//! `fake-driver`: the fake cloud as a driver sidecar.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use driver_sdk::{telemetry, DriverServer, ServeArgs};
+use fake_driver::{Config, FakeCloudService, FakeDriver, FaultRule};
+
+#[derive(Debug, Parser)]
+#[command(name = "fake-driver", version, about = "An in-memory cloud behind the machinedriver.v1 protocol")]
+struct Cli {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// How long a machine create takes.
+    #[arg(long, env = "FAKE_CREATE_LATENCY", default_value = "2s", value_parser = driver_sdk::parse_duration)]
+    create_latency: Duration,
+    /// How long a machine delete takes.
+    #[arg(long, env = "FAKE_DELETE_LATENCY", default_value = "1s", value_parser = driver_sdk::parse_duration)]
+    delete_latency: Duration,
+    /// How long an in-place update takes.
+    #[arg(long, env = "FAKE_UPDATE_LATENCY", default_value = "1s", value_parser = driver_sdk::parse_duration)]
+    update_latency: Duration,
+    /// How long a pool operation takes.
+    #[arg(long, env = "FAKE_POOL_LATENCY", default_value = "2s", value_parser = driver_sdk::parse_duration)]
+    pool_latency: Duration,
+    /// Most machines (plus pool instances) that may exist at once.
+    #[arg(long, env = "FAKE_MAX_MACHINES")]
+    max_machines: Option<u32>,
+    /// Cloud API calls per second allowed; beyond it calls are throttled with RetryInfo.
+    #[arg(long, env = "FAKE_RATE_LIMIT")]
+    rate_limit: Option<f64>,
+    /// Burst size of the rate limit.
+    #[arg(long, env = "FAKE_BURST", default_value_t = 50)]
+    burst: u32,
+    /// Keep the cloud in this JSON file so it survives a restart.
+    #[arg(long, env = "FAKE_STATE_FILE")]
+    state_file: Option<PathBuf>,
+    /// Require calls to carry this value as secret `apiKey`.
+    #[arg(long, env = "FAKE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// JSON file with fault-injection rules (see fakecloud.v1.FaultRule).
+    #[arg(long, env = "FAKE_FAULTS")]
+    faults: Option<PathBuf>,
+    /// Require a configured token key instead of falling back to the development key.
+    #[arg(long)]
+    production: bool,
+}
+
+fn config(cli: &Cli) -> Result<Config, String> {
+    let faults: Vec<FaultRule> = match &cli.faults {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("reading faults file {}: {e}", p.display()))?;
+            serde_json::from_str(&text).map_err(|e| format!("faults file {}: {e}", p.display()))?
+        }
+        None => Vec::new(),
+    };
+    if let Some(r) = cli.rate_limit {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(format!("--rate-limit must be a positive number, got {r}"));
+        }
+    }
+    Ok(Config {
+        create_latency: cli.create_latency,
+        delete_latency: cli.delete_latency,
+        update_latency: cli.update_latency,
+        pool_latency: cli.pool_latency,
+        max_machines: cli.max_machines,
+        rate_limit: cli.rate_limit,
+        burst: cli.burst,
+        state_file: cli.state_file.clone(),
+        api_key: cli.api_key.clone(),
+        faults,
+    })
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let mut cli = Cli::parse();
+    let _telemetry = telemetry::init("fake-driver", cli.serve.log_format);
+    // The fake cloud is a development tool: it runs with the development token key unless told
+    // to behave like a production sidecar.
+    if !cli.production {
+        cli.serve.dev = true;
+    }
+    let driver = match config(&cli).and_then(FakeDriver::new) {
+        Ok(d) => fake_driver::shared(d),
+        Err(e) => {
+            eprintln!("fake-driver: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let server = DriverServer::<FakeDriver>::new(driver.clone())
+        .add_service(FakeCloudService::server(driver))
+        .register_descriptor_set(fake_driver::FILE_DESCRIPTOR_SET);
+    match server.serve(&cli.serve).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fake-driver: {}", driver_sdk::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
