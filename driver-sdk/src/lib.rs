@@ -51,6 +51,7 @@
 
 #![warn(missing_docs)]
 
+mod authority;
 pub mod client;
 pub mod conformance;
 pub mod convert;

@@ -248,7 +248,9 @@ impl<D: Driver> DriverServer<D> {
         let reflection = |fds: &[&'static [u8]]| {
             let mut b = tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(machine_driver_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                // google.rpc.ErrorInfo & co., so grpcurl can print error details.
+                .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET);
             for f in fds {
                 b = b.register_encoded_file_descriptor_set(f);
             }
@@ -335,7 +337,8 @@ impl<D: Driver> DriverServer<D> {
             Endpoint::Unix(path) => {
                 let listener = bind_unix(path)?;
                 tracing::info!(driver = %driver_name, "serving on {endpoint}");
-                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener).map(|r| r.map(Conn::new));
+                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener)
+                    .map(|r| r.map(|s| Conn::new(crate::authority::AuthorityFix::new(s))));
                 let served = router.serve_with_incoming_shutdown(incoming, signal);
                 let r = tokio::select! { r = served => r.map_err(ServeError::Transport), () = drain_deadline => {
                     tracing::warn!("drain timeout passed; closing remaining calls");

@@ -99,9 +99,19 @@ pub struct FakeDriver {
     bucket: Mutex<Bucket>,
 }
 
+/// What a fake operation token holds: the cloud's operation ID, or none when the call found
+/// its work already done (then a poll reports the target as it is now).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct TokenState {
-    op: String,
+    #[serde(default)]
+    op: Option<String>,
+}
+
+/// An operation that was already done when asked for.
+fn done_now(kind: OperationKind, target: String, output: OperationOutput) -> Operation {
+    let mut op = Operation::running(kind, target, json!({"op": null})).finish(Ok(output));
+    op.progress_percent = 100;
+    op
 }
 
 fn ms(d: Duration) -> u64 {
@@ -322,6 +332,20 @@ impl FakeDriver {
         done.finish(Ok(output))
     }
 
+    /// A poll of an operation that was done when it was returned: the target as it is now.
+    fn current_view(st: &State, handle: &OperationHandle) -> Operation {
+        let target = handle.target.clone();
+        let output = match handle.kind {
+            OperationKind::CreateMachine | OperationKind::UpdateMachine => match st.machines.get(&target) {
+                Some(m) => OperationOutput::Machine(Self::machine_view(m)),
+                None => return handle.resume().finish(Err(machine_not_found(&target))),
+            },
+            OperationKind::DeleteMachine | OperationKind::DeletePool => OperationOutput::None,
+            _ => st.pools.get(&target).map_or(OperationOutput::None, |p| OperationOutput::Pool(Self::pool_view(p))),
+        };
+        handle.resume().finish(Ok(output))
+    }
+
     fn schema() -> Value {
         json!({
             "type": "object",
@@ -473,7 +497,7 @@ impl Driver for FakeDriver {
             return match (m.state, &m.op) {
                 (MState::Deleting, _) => Err(DriverError::operation_pending(format!("machine {} is being deleted", req.name))),
                 (MState::Creating, Some(op)) => Ok(Self::op_view(&st, op)),
-                _ => Ok(Operation::succeeded(OperationKind::CreateMachine, req.name, OperationOutput::Machine(Self::machine_view(m)))),
+                _ => Ok(done_now(OperationKind::CreateMachine, req.name, OperationOutput::Machine(Self::machine_view(m)))),
             };
         }
         self.quota_check(&mut st, 1)?;
@@ -519,7 +543,7 @@ impl Driver for FakeDriver {
         let now = now_ms();
         let mut st = self.cloud();
         let Some(m) = st.machines.get(&req.name) else {
-            return Ok(Operation::succeeded(OperationKind::DeleteMachine, req.name, OperationOutput::None));
+            return Ok(done_now(OperationKind::DeleteMachine, req.name, OperationOutput::None));
         };
         if let (MState::Deleting, Some(op)) = (m.state, &m.op) {
             return Ok(Self::op_view(&st, op));
@@ -592,7 +616,7 @@ impl Driver for FakeDriver {
         let mut st = self.cloud();
         let m = st.machines.get(&req.name).ok_or_else(|| machine_not_found(&req.name))?;
         if m.hash == hash && m.pending_spec.is_none() {
-            return Ok(Operation::succeeded(OperationKind::UpdateMachine, req.name, OperationOutput::Machine(Self::machine_view(m))));
+            return Ok(done_now(OperationKind::UpdateMachine, req.name, OperationOutput::Machine(Self::machine_view(m))));
         }
         if let Some(op) = &m.op {
             if m.state == MState::Updating && m.pending_spec.as_ref().map(convert::spec_hash) == Some(hash.clone()) {
@@ -640,7 +664,7 @@ impl Driver for FakeDriver {
                 return Err(DriverError::operation_pending(format!("pool {} has an operation in flight", req.name)));
             }
             if p.model == hash && p.capacity == req.capacity && p.labels == req.labels {
-                return Ok(Operation::succeeded(OperationKind::ApplyPool, req.name, OperationOutput::Pool(Self::pool_view(p))));
+                return Ok(done_now(OperationKind::ApplyPool, req.name, OperationOutput::Pool(Self::pool_view(p))));
             }
         }
         let existing = st.pools.get(&req.name).map_or(0, |p| p.instances.len());
@@ -738,7 +762,7 @@ impl Driver for FakeDriver {
         let now = now_ms();
         let mut st = self.cloud();
         let Some(p) = st.pools.get(&req.name) else {
-            return Ok(Operation::succeeded(OperationKind::DeletePool, req.name, OperationOutput::None));
+            return Ok(done_now(OperationKind::DeletePool, req.name, OperationOutput::None));
         };
         if let Some(op) = &p.op {
             if st.ops.get(op).is_some_and(|o| o.kind == OperationKind::DeletePool) {
@@ -760,7 +784,10 @@ impl Driver for FakeDriver {
         self.admit(ctx, &secrets, &handle.target).await?;
         let t: TokenState = handle.state_as()?;
         let st = self.cloud();
-        Ok(Self::op_view(&st, &t.op))
+        Ok(match &t.op {
+            Some(op) => Self::op_view(&st, op),
+            None => Self::current_view(&st, &handle),
+        })
     }
 
     async fn cancel_operation(&self, ctx: &RequestContext, handle: OperationHandle, secrets: Secrets) -> Result<Operation> {
@@ -768,21 +795,22 @@ impl Driver for FakeDriver {
         let t: TokenState = handle.state_as()?;
         let now = now_ms();
         let mut st = self.cloud();
-        let cancellable = st.ops.get(&t.op).is_some_and(|o| !o.finished && o.kind == OperationKind::CreateMachine);
+        let Some(op_id) = t.op else { return Ok(Self::current_view(&st, &handle)) };
+        let cancellable = st.ops.get(&op_id).is_some_and(|o| !o.finished && o.kind == OperationKind::CreateMachine);
         if cancellable {
             // Cancelling a create removes the half-built machine, as a cloud would roll it back.
-            if let Some(op) = st.ops.get_mut(&t.op) {
+            if let Some(op) = st.ops.get_mut(&op_id) {
                 op.finished = true;
                 op.done_ms = now;
                 op.error = Some(CloudError::new(tonic::Code::Cancelled, reason::OPERATION_CANCELLED, "the operation was cancelled"));
             }
-            if st.machines.get(&handle.target).is_some_and(|m| m.op.as_deref() == Some(t.op.as_str())) {
+            if st.machines.get(&handle.target).is_some_and(|m| m.op.as_deref() == Some(op_id.as_str())) {
                 st.machines.remove(&handle.target);
                 st.counters.machines_deleted += 1;
             }
             self.save(&st)?;
         }
-        Ok(Self::op_view(&st, &t.op))
+        Ok(Self::op_view(&st, &op_id))
     }
 }
 
@@ -812,7 +840,7 @@ impl FakeDriver {
         }
         if ids.is_empty() {
             let pool = Self::pool_view(p);
-            return Ok(Operation::succeeded(kind, req.pool.name, OperationOutput::Pool(pool)));
+            return Ok(done_now(kind, req.pool.name, OperationOutput::Pool(pool)));
         }
         let op_id = st.start_op(kind, &req.pool.name, now, ms(self.config.pool_latency));
         let p = Self::pool_mut(&mut st, &req.pool.name)?;

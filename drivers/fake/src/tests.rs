@@ -33,10 +33,11 @@ fn spec() -> Value {
 
 async fn settle(d: &FakeDriver, op: Operation) -> Operation {
     let t: TokenState = serde_json::from_value(op.state.clone()).unwrap();
+    let Some(id) = t.op else { return op };
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let st = d.cloud();
-        let view = FakeDriver::op_view(&st, &t.op);
+        let view = FakeDriver::op_view(&st, &id);
         drop(st);
         if view.is_done() || Instant::now() > deadline {
             return view;
