@@ -62,7 +62,11 @@ impl Driver for MinimalDriver {
                     format!("machine {} exists with another provider spec", req.name),
                 ));
             }
-            return Ok(Operation::succeeded(OperationKind::CreateMachine, req.name, OperationOutput::Machine(existing.clone())));
+            return Ok(Operation::succeeded(
+                OperationKind::CreateMachine,
+                req.name,
+                OperationOutput::Machine(existing.clone()),
+            ));
         }
         let machine = Machine {
             name: req.name.clone(),
@@ -85,17 +89,19 @@ impl Driver for MinimalDriver {
     }
 
     async fn get_machine_status(&self, _ctx: &RequestContext, req: MachineRef) -> Result<Machine> {
-        self.machines()
-            .get(&req.name)
-            .cloned()
-            .ok_or_else(|| DriverError::not_found(reason::MACHINE_NOT_FOUND, format!("machine {} does not exist", req.name)))
+        self.machines().get(&req.name).cloned().ok_or_else(|| {
+            DriverError::not_found(reason::MACHINE_NOT_FOUND, format!("machine {} does not exist", req.name))
+        })
     }
 
     async fn list_machines(&self, _ctx: &RequestContext, req: ListMachines) -> Result<Page<Machine>> {
         // The page token is the name to continue after.
         if !req.page_token.is_empty() && driver_sdk::schema::check_name(&req.page_token).is_err() {
-            return Err(DriverError::invalid_argument(reason::FIELD_INVALID, "page_token is not one this driver issued")
-                .with_violation("page_token", "unknown token"));
+            return Err(DriverError::invalid_argument(
+                reason::FIELD_INVALID,
+                "page_token is not one this driver issued",
+            )
+            .with_violation("page_token", "unknown token"));
         }
         let machines = self.machines();
         let matching = machines
@@ -113,12 +119,20 @@ impl Driver for MinimalDriver {
     }
 
     /// Operations finish at once, so a poll just reports the machine as it is now.
-    async fn get_operation(&self, _ctx: &RequestContext, handle: OperationHandle, _secrets: Secrets) -> Result<Operation> {
+    async fn get_operation(
+        &self,
+        _ctx: &RequestContext,
+        handle: OperationHandle,
+        _secrets: Secrets,
+    ) -> Result<Operation> {
         let current = self.machines().get(&handle.target).cloned();
         let output = match (handle.kind, current) {
             (OperationKind::CreateMachine, Some(m)) => OperationOutput::Machine(m),
             (OperationKind::CreateMachine, None) => {
-                let err = DriverError::not_found(reason::MACHINE_NOT_FOUND, format!("machine {} no longer exists", handle.target));
+                let err = DriverError::not_found(
+                    reason::MACHINE_NOT_FOUND,
+                    format!("machine {} no longer exists", handle.target),
+                );
                 return Ok(handle.resume().finish(Err(err)));
             }
             _ => OperationOutput::None,

@@ -46,6 +46,14 @@ pub struct CallError {
 impl CallError {
     fn new(method: &'static str, status: &Status, request_id: &str) -> Self {
         let mut report = ErrorReport::from_status(status);
+        // tonic reports a broken connection as UNKNOWN with the transport error as its source;
+        // for callers that is the retryable UNAVAILABLE (the driver never answered).
+        if report.code == tonic::Code::Unknown
+            && report.reason.is_empty()
+            && std::error::Error::source(status).is_some()
+        {
+            report.code = tonic::Code::Unavailable;
+        }
         if report.request_id.is_empty() {
             report.request_id = request_id.to_string();
         }
@@ -124,8 +132,12 @@ fn builder(endpoint: &Endpoint) -> tonic::transport::Endpoint {
 
 fn unix_connector(
     path: std::path::PathBuf,
-) -> impl tower::Service<Uri, Response = TokioIo<tokio::net::UnixStream>, Error = std::io::Error, Future = impl Future<Output = std::io::Result<TokioIo<tokio::net::UnixStream>>> + Send>
-       + Clone
+) -> impl tower::Service<
+    Uri,
+    Response = TokioIo<tokio::net::UnixStream>,
+    Error = std::io::Error,
+    Future = impl Future<Output = std::io::Result<TokioIo<tokio::net::UnixStream>>> + Send,
+> + Clone
        + Send
        + 'static {
     tower::service_fn(move |_: Uri| {
@@ -209,7 +221,9 @@ impl DriverClient {
             req.metadata_mut().insert(REQUEST_ID_HEADER, v);
         }
         let cx = tracing::Span::current().context();
-        opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut MetadataInjector(req.metadata_mut())));
+        opentelemetry::global::get_text_map_propagator(|p| {
+            p.inject_context(&cx, &mut MetadataInjector(req.metadata_mut()))
+        });
         req.set_timeout(self.call_timeout);
         // The client-side bound covers a connect that never completes, too.
         match tokio::time::timeout(self.call_timeout + Duration::from_secs(1), send(req)).await {
@@ -218,7 +232,11 @@ impl DriverClient {
                 Ok(Reply { value: resp.into_inner(), request_id: echoed.unwrap_or(request_id) })
             }
             Ok(Err(status)) => Err(CallError::new(method, &status, &request_id)),
-            Err(_) => Err(CallError::new(method, &Status::deadline_exceeded("the driver did not answer in time"), &request_id)),
+            Err(_) => Err(CallError::new(
+                method,
+                &Status::deadline_exceeded("the driver did not answer in time"),
+                &request_id,
+            )),
         }
     }
 }

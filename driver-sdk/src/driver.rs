@@ -161,10 +161,16 @@ pub trait Driver: Send + Sync + 'static {
     }
 
     /// One poll of an operation, resumed from its verified handle. Must work after a restart.
-    async fn get_operation(&self, ctx: &RequestContext, handle: OperationHandle, secrets: Secrets) -> Result<Operation>;
+    async fn get_operation(&self, ctx: &RequestContext, handle: OperationHandle, secrets: Secrets)
+        -> Result<Operation>;
 
     /// Best-effort cancel. The default reports the operation unchanged.
-    async fn cancel_operation(&self, ctx: &RequestContext, handle: OperationHandle, secrets: Secrets) -> Result<Operation> {
+    async fn cancel_operation(
+        &self,
+        ctx: &RequestContext,
+        handle: OperationHandle,
+        secrets: Secrets,
+    ) -> Result<Operation> {
         self.get_operation(ctx, handle, secrets).await
     }
 }

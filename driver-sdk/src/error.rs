@@ -291,8 +291,7 @@ impl DriverError {
             Some(secrets) => secrets.redact(s),
             None => s.to_string(),
         };
-        let mut metadata: HashMap<String, String> =
-            self.metadata.iter().map(|(k, v)| (k.clone(), redact(v))).collect();
+        let mut metadata: HashMap<String, String> = self.metadata.iter().map(|(k, v)| (k.clone(), redact(v))).collect();
         if !self.cloud_request_ids.is_empty() {
             metadata.insert("cloudRequestIds".into(), self.cloud_request_ids.join(","));
         }
@@ -424,7 +423,12 @@ impl ErrorReport {
         self.retry_after.is_some()
             || matches!(
                 self.code,
-                Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Cancelled | Code::Unknown | Code::Internal
+                Code::Unavailable
+                    | Code::DeadlineExceeded
+                    | Code::Aborted
+                    | Code::Cancelled
+                    | Code::Unknown
+                    | Code::Internal
             )
     }
 }

@@ -70,9 +70,7 @@ fn grpc_timeout(v: &HeaderValue) -> Option<Duration> {
 /// The RPC's method name for labels: the last path segment for our own and the standard gRPC
 /// services, `other` for anything else (keeps metric cardinality bounded).
 fn method_label(path: &str) -> &str {
-    let known = path.starts_with("/machinedriver.")
-        || path.starts_with("/grpc.")
-        || path.starts_with("/fakecloud.");
+    let known = path.starts_with("/machinedriver.") || path.starts_with("/grpc.") || path.starts_with("/fakecloud.");
     match path.rsplit_once('/') {
         Some((_, m)) if known && !m.is_empty() => m,
         _ => "other",
@@ -103,7 +101,8 @@ where
             .and_then(caller_request_id)
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let deadline = headers.get("grpc-timeout").and_then(grpc_timeout).map(|d| started + d);
-        let trace_id = headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(trace_id_of).map(str::to_string);
+        let trace_id =
+            headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(trace_id_of).map(str::to_string);
         let path = req.uri().path().to_string();
         let method = method_label(&path).to_string();
         let quiet = path.starts_with("/grpc.");
@@ -126,7 +125,13 @@ where
             let _ = span.set_parent(parent);
         }
         let connection = connection_handle(&req);
-        req.extensions_mut().insert(RequestContext { request_id: request_id.clone(), method: method.clone(), deadline, trace_id, connection });
+        req.extensions_mut().insert(RequestContext {
+            request_id: request_id.clone(),
+            method: method.clone(),
+            deadline,
+            trace_id,
+            connection,
+        });
 
         // The service that was polled ready is the one that must be called.
         let clone = self.inner.clone();
@@ -167,9 +172,7 @@ where
 fn connection_handle<B>(req: &Request<B>) -> Option<ConnectionHandle> {
     let ext = req.extensions();
     ext.get::<KillSwitch>()
-        .or_else(|| {
-            ext.get::<tonic::transport::server::TlsConnectInfo<KillSwitch>>().map(|t| t.get_ref())
-        })
+        .or_else(|| ext.get::<tonic::transport::server::TlsConnectInfo<KillSwitch>>().map(|t| t.get_ref()))
         .map(|k| ConnectionHandle(k.0.clone()))
 }
 

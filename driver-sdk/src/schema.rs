@@ -144,7 +144,9 @@ pub fn check_name(name: &str) -> Result<(), &'static str> {
     let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
     let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     if !name.chars().all(ok_char) || !alnum(name.chars().next()) || !alnum(name.chars().last()) {
-        return Err("must consist of lower-case letters, digits, '-' and '.', and start and end with a letter or digit");
+        return Err(
+            "must consist of lower-case letters, digits, '-' and '.', and start and end with a letter or digit",
+        );
     }
     Ok(())
 }

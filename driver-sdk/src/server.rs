@@ -168,8 +168,11 @@ impl<D: Driver> DriverServer<D> {
     #[must_use]
     pub fn add_service<S>(mut self, svc: S) -> Self
     where
-        S: tower::Service<http::Request<tonic::body::Body>, Error = Infallible, Response = http::Response<tonic::body::Body>>
-            + NamedService
+        S: tower::Service<
+                http::Request<tonic::body::Body>,
+                Error = Infallible,
+                Response = http::Response<tonic::body::Body>,
+            > + NamedService
             + Clone
             + Send
             + Sync
@@ -283,7 +286,9 @@ impl<D: Driver> DriverServer<D> {
             if matches!(endpoint, Endpoint::Unix(_)) {
                 return Err(ServeError::TlsOnUnix);
             }
-            server = server.tls_config(tls_config(cert, key_file, args.tls_client_ca.as_deref())?).map_err(|e| ServeError::Tls(Box::new(e)))?;
+            server = server
+                .tls_config(tls_config(cert, key_file, args.tls_client_ca.as_deref())?)
+                .map_err(|e| ServeError::Tls(Box::new(e)))?;
         }
         let router = server.layer(layers).add_routes(routes.routes());
 
@@ -310,8 +315,13 @@ impl<D: Driver> DriverServer<D> {
 
         let metrics_task = match args.metrics_addr {
             Some(addr) => {
-                let listener = crate::metrics::bind(addr).await.map_err(|source| ServeError::Bind { endpoint: format!("http://{addr}"), source })?;
-                tracing::info!("metrics on http://{}/metrics", listener.local_addr().map(|a| a.to_string()).unwrap_or_default());
+                let listener = crate::metrics::bind(addr)
+                    .await
+                    .map_err(|source| ServeError::Bind { endpoint: format!("http://{addr}"), source })?;
+                tracing::info!(
+                    "metrics on http://{}/metrics",
+                    listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
+                );
                 let ready = ready.clone();
                 let mut stop = stop_rx.clone();
                 Some(tokio::spawn(crate::metrics::serve_http(
@@ -375,7 +385,11 @@ impl<D: Driver> DriverServer<D> {
     }
 }
 
-fn tls_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<tonic::transport::ServerTlsConfig, ServeError> {
+fn tls_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<tonic::transport::ServerTlsConfig, ServeError> {
     let read = |p: &Path| std::fs::read(p).map_err(|e| ServeError::Tls(format!("reading {}: {e}", p.display()).into()));
     let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
     let mut cfg = tonic::transport::ServerTlsConfig::new().identity(identity);

@@ -251,7 +251,10 @@ impl<D: Driver> pb::identity_server::Identity for DriverService<D> {
 
 #[tonic::async_trait]
 impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
-    async fn create_machine(&self, req: Request<pb::CreateMachineRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+    async fn create_machine(
+        &self,
+        req: Request<pb::CreateMachineRequest>,
+    ) -> std::result::Result<Response<pb::Operation>, Status> {
         let ctx = context(&req);
         let r = req.into_inner();
         let secrets = convert::secrets(r.secrets.as_ref());
@@ -279,7 +282,10 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
         .await
     }
 
-    async fn delete_machine(&self, req: Request<pb::DeleteMachineRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+    async fn delete_machine(
+        &self,
+        req: Request<pb::DeleteMachineRequest>,
+    ) -> std::result::Result<Response<pb::Operation>, Status> {
         let ctx = context(&req);
         let r = req.into_inner();
         let secrets = convert::secrets(r.secrets.as_ref());
@@ -297,7 +303,10 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
         .await
     }
 
-    async fn get_machine_status(&self, req: Request<pb::GetMachineStatusRequest>) -> std::result::Result<Response<pb::Machine>, Status> {
+    async fn get_machine_status(
+        &self,
+        req: Request<pb::GetMachineStatusRequest>,
+    ) -> std::result::Result<Response<pb::Machine>, Status> {
         let ctx = context(&req);
         let r = req.into_inner();
         let secrets = convert::secrets(r.secrets.as_ref());
@@ -315,7 +324,10 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
         .await
     }
 
-    async fn list_machines(&self, req: Request<pb::ListMachinesRequest>) -> std::result::Result<Response<pb::ListMachinesResponse>, Status> {
+    async fn list_machines(
+        &self,
+        req: Request<pb::ListMachinesRequest>,
+    ) -> std::result::Result<Response<pb::ListMachinesResponse>, Status> {
         let ctx = context(&req);
         let r = req.into_inner();
         let secrets = convert::secrets(r.secrets.as_ref());
@@ -392,14 +404,20 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
             }
             let plan = self
                 .driver()
-                .can_update_machine(&ctx, CanUpdateMachine { name: r.name, current, desired, changed_paths, secrets: secrets.clone() })
+                .can_update_machine(
+                    &ctx,
+                    CanUpdateMachine { name: r.name, current, desired, changed_paths, secrets: secrets.clone() },
+                )
                 .await?;
             Ok(pb::CanUpdateMachineResponse { in_place_paths: plan.in_place_paths, replace_paths: plan.replace_paths })
         })
         .await
     }
 
-    async fn update_machine(&self, req: Request<pb::UpdateMachineRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+    async fn update_machine(
+        &self,
+        req: Request<pb::UpdateMachineRequest>,
+    ) -> std::result::Result<Response<pb::Operation>, Status> {
         let ctx = context(&req);
         let r = req.into_inner();
         let secrets = convert::secrets(r.secrets.as_ref());
@@ -436,7 +454,10 @@ fn pool_ref(name: String, spec: Option<&prost_types::Struct>, secrets: Secrets) 
 
 #[tonic::async_trait]
 impl<D: Driver> pb::pools_server::Pools for DriverService<D> {
-    async fn apply_pool(&self, req: Request<pb::ApplyPoolRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+    async fn apply_pool(
+        &self,
+        req: Request<pb::ApplyPoolRequest>,
+    ) -> std::result::Result<Response<pb::Operation>, Status> {
         let ctx = context(&req);
         let r = req.into_inner();
         let secrets = convert::secrets(r.secrets.as_ref());
@@ -546,7 +567,10 @@ impl<D: Driver> pb::pools_server::Pools for DriverService<D> {
         .await
     }
 
-    async fn delete_pool(&self, req: Request<pb::DeletePoolRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+    async fn delete_pool(
+        &self,
+        req: Request<pb::DeletePoolRequest>,
+    ) -> std::result::Result<Response<pb::Operation>, Status> {
         let ctx = context(&req);
         let r = req.into_inner();
         let secrets = convert::secrets(r.secrets.as_ref());
@@ -555,7 +579,8 @@ impl<D: Driver> pb::pools_server::Pools for DriverService<D> {
             let mut v = Check::default();
             v.name("name", &r.name);
             v.finish()?;
-            let op = self.driver().delete_pool(&ctx, pool_ref(r.name, r.provider_spec.as_ref(), secrets.clone())).await?;
+            let op =
+                self.driver().delete_pool(&ctx, pool_ref(r.name, r.provider_spec.as_ref(), secrets.clone())).await?;
             Ok(self.operation(&ctx, op, &secrets))
         })
         .await
@@ -586,7 +611,10 @@ fn pool_instances(
 
 #[tonic::async_trait]
 impl<D: Driver> pb::operations_server::Operations for DriverService<D> {
-    async fn get_operation(&self, req: Request<pb::GetOperationRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+    async fn get_operation(
+        &self,
+        req: Request<pb::GetOperationRequest>,
+    ) -> std::result::Result<Response<pb::Operation>, Status> {
         let ctx = context(&req);
         let r = req.into_inner();
         let secrets = convert::secrets(r.secrets.as_ref());
@@ -601,7 +629,10 @@ impl<D: Driver> pb::operations_server::Operations for DriverService<D> {
         .await
     }
 
-    async fn wait_operation(&self, req: Request<pb::WaitOperationRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+    async fn wait_operation(
+        &self,
+        req: Request<pb::WaitOperationRequest>,
+    ) -> std::result::Result<Response<pb::Operation>, Status> {
         let ctx = context(&req);
         let r = req.into_inner();
         let secrets = convert::secrets(r.secrets.as_ref());
@@ -628,7 +659,10 @@ impl<D: Driver> pb::operations_server::Operations for DriverService<D> {
         .await
     }
 
-    async fn cancel_operation(&self, req: Request<pb::CancelOperationRequest>) -> std::result::Result<Response<pb::Operation>, Status> {
+    async fn cancel_operation(
+        &self,
+        req: Request<pb::CancelOperationRequest>,
+    ) -> std::result::Result<Response<pb::Operation>, Status> {
         let ctx = context(&req);
         let r = req.into_inner();
         let secrets = convert::secrets(r.secrets.as_ref());

@@ -67,7 +67,9 @@ pub fn init(service_name: &str, format: LogFormat) -> TelemetryGuard {
     TelemetryGuard { provider }
 }
 
-fn otlp_provider(service_name: &str) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, Box<dyn std::error::Error>> {
+fn otlp_provider(
+    service_name: &str,
+) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, Box<dyn std::error::Error>> {
     let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
     let resource = opentelemetry_sdk::Resource::builder().with_service_name(service_name.to_string()).build();
     Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()

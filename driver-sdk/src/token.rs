@@ -94,8 +94,8 @@ impl TokenKey {
     /// [`KeyError::Missing`] when nothing is configured outside dev mode; read and length errors.
     pub fn load(file: Option<&Path>, dev_mode: bool) -> Result<Self, KeyError> {
         let from_file = |path: &Path| {
-            let bytes = std::fs::read(path)
-                .map_err(|source| KeyError::Read { path: path.display().to_string(), source })?;
+            let bytes =
+                std::fs::read(path).map_err(|source| KeyError::Read { path: path.display().to_string(), source })?;
             Self::try_new(trim_ascii_end(&bytes).to_vec())
         };
         if let Some(path) = file {
@@ -207,9 +207,8 @@ impl TokenCodec {
             )
             .with_violation("token", "integrity check failed"));
         }
-        let payload: Payload = serde_json::from_slice(&body[1..]).map_err(|e| {
-            DriverError::token_invalid("operation token payload is malformed").with_source(e)
-        })?;
+        let payload: Payload = serde_json::from_slice(&body[1..])
+            .map_err(|e| DriverError::token_invalid("operation token payload is malformed").with_source(e))?;
         if payload.d != self.driver {
             return Err(DriverError::token_invalid(format!(
                 "operation token belongs to driver {:?}, not {:?}",

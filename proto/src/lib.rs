@@ -22,16 +22,11 @@ pub mod v1 {
 }
 
 /// Encoded `FileDescriptorSet` of the protocol and everything it imports (for reflection).
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/machinedriver_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/machinedriver_descriptor.bin"));
 
 /// The full names of the protocol's gRPC services.
-pub const SERVICE_NAMES: [&str; 4] = [
-    "machinedriver.v1.Identity",
-    "machinedriver.v1.Machines",
-    "machinedriver.v1.Pools",
-    "machinedriver.v1.Operations",
-];
+pub const SERVICE_NAMES: [&str; 4] =
+    ["machinedriver.v1.Identity", "machinedriver.v1.Machines", "machinedriver.v1.Pools", "machinedriver.v1.Operations"];
 
 #[cfg(test)]
 mod tests {

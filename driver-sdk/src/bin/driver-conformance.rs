@@ -11,7 +11,11 @@ use clap::Parser;
 use driver_sdk::conformance::{self, Config};
 
 #[derive(Debug, Parser)]
-#[command(name = "driver-conformance", version, about = "Checks that a live machinedriver.v1 driver keeps the protocol's promises")]
+#[command(
+    name = "driver-conformance",
+    version,
+    about = "Checks that a live machinedriver.v1 driver keeps the protocol's promises"
+)]
 struct Cli {
     /// The driver: unix:///path.sock or tcp://host:port.
     #[arg(long, env = "DRIVER_ENDPOINT")]
@@ -52,7 +56,8 @@ fn config(cli: Cli) -> Result<Config, String> {
     let secrets: HashMap<String, String> = match &cli.secrets_file {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))?;
-            serde_json::from_str(&text).map_err(|e| format!("{}: expected a JSON object of strings: {e}", p.display()))?
+            serde_json::from_str(&text)
+                .map_err(|e| format!("{}: expected a JSON object of strings: {e}", p.display()))?
         }
         None => HashMap::new(),
     };

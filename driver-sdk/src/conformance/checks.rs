@@ -7,7 +7,9 @@ use futures::StreamExt;
 use machine_driver_proto::v1 as pb;
 use tonic::Code;
 
-use super::{check, ensure, expect_error, schema_examples, spec_of, without_required, CheckResult, NotPassed, Suite, Verdict};
+use super::{
+    check, ensure, expect_error, schema_examples, spec_of, without_required, CheckResult, NotPassed, Suite, Verdict,
+};
 use crate::client::OperationExt;
 use crate::convert::{json_to_struct, struct_to_json};
 use crate::error::{reason, ErrorReport};
@@ -30,7 +32,11 @@ pub(super) async fn identity(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
             info.name
         );
         ensure!(!info.vendor_version.is_empty(), "vendor_version is empty");
-        ensure!(info.protocol_version == crate::PROTOCOL_VERSION, "protocol_version is {:?}, want v1", info.protocol_version);
+        ensure!(
+            info.protocol_version == crate::PROTOCOL_VERSION,
+            "protocol_version is {:?}, want v1",
+            info.protocol_version
+        );
         let schema = info.provider_spec_schema.as_ref().map(struct_to_json).unwrap_or_default();
         ensure!(schema.is_object(), "provider_spec_schema is missing");
         let examples = schema_examples(&schema);
@@ -82,13 +88,17 @@ pub(super) async fn transport(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) 
             server_reflection_response::MessageResponse, ServerReflectionRequest,
         };
         let mut client = ServerReflectionClient::new(s.client.channel());
-        let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
         let mut stream = client
             .server_reflection_info(futures::stream::iter([req]))
             .await
             .map_err(|e| format!("reflection v1alpha: {e}"))?
             .into_inner();
-        let resp = stream.next().await.ok_or("reflection stream ended without an answer")?.map_err(|e| e.to_string())?;
+        let resp =
+            stream.next().await.ok_or("reflection stream ended without an answer")?.map_err(|e| e.to_string())?;
         let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
             return Err(NotPassed::Fail("reflection did not answer ListServices".into()));
         };
@@ -128,7 +138,10 @@ pub(super) async fn transport(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) 
         ensure!(report.code == Code::InvalidArgument, "want INVALID_ARGUMENT, got {report}");
         ensure!(report.reason == reason::FIELD_REQUIRED, "want reason FIELD_REQUIRED, got {report}");
         ensure!(report.request_id == sent, "RequestInfo.request_id is {:?}, want {sent}", report.request_id);
-        ensure!(report.violations.iter().any(|v| v.field == "token"), "no BadRequest violation for `token`: {report:?}");
+        ensure!(
+            report.violations.iter().any(|v| v.field == "token"),
+            "no BadRequest violation for `token`: {report:?}"
+        );
         Ok(())
     });
     check!(s, on, "operations.tampered_token_refused", |s| {
@@ -155,13 +168,20 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         let r = s.client.create_machine(pb::CreateMachineRequest::default()).await;
         let e = expect_error(r, Code::InvalidArgument, Some(reason::FIELD_REQUIRED))?;
         let fields: HashSet<&str> = e.report.violations.iter().map(|v| v.field.as_str()).collect();
-        ensure!(fields.contains("name") && fields.contains("provider_spec"), "violations should name `name` and `provider_spec`: {fields:?}");
+        ensure!(
+            fields.contains("name") && fields.contains("provider_spec"),
+            "violations should name `name` and `provider_spec`: {fields:?}"
+        );
         Ok(())
     });
     check!(s, on, "machines.create_invalid_name", |s| {
         let req = s.create_request("Not_A_Valid_Name", s.spec_struct()?);
         let e = expect_error(s.client.create_machine(req).await, Code::InvalidArgument, Some(reason::FIELD_INVALID))?;
-        ensure!(e.report.violations.iter().any(|v| v.field == "name"), "no violation for `name`: {:?}", e.report.violations);
+        ensure!(
+            e.report.violations.iter().any(|v| v.field == "name"),
+            "no violation for `name`: {:?}",
+            e.report.violations
+        );
         Ok(())
     });
     check!(s, on, "machines.create_invalid_provider_spec", |s| {
@@ -170,7 +190,11 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
             return skip("the schema requires no field, so no invalid spec can be derived");
         };
         let req = s.create_request(&s.name("invalid"), json_to_struct(&bad));
-        let e = expect_error(s.client.create_machine(req).await, Code::InvalidArgument, Some(reason::INVALID_PROVIDER_SPEC))?;
+        let e = expect_error(
+            s.client.create_machine(req).await,
+            Code::InvalidArgument,
+            Some(reason::INVALID_PROVIDER_SPEC),
+        )?;
         ensure!(
             e.report.violations.iter().any(|v| v.field.ends_with(&field)),
             "no violation naming {field}: {:?}",
@@ -185,7 +209,11 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         for i in 0..s.config.repeat.max(2) {
             let op = s.client.create_machine(s.create_request(&name, spec.clone())).await?.value;
             ensure!(op.target == name, "operation target {:?}, want {name}", op.target);
-            ensure!(op.kind == pb::OperationKind::CreateMachine as i32, "operation kind {}, want CREATE_MACHINE", op.kind);
+            ensure!(
+                op.kind == pb::OperationKind::CreateMachine as i32,
+                "operation kind {}, want CREATE_MACHINE",
+                op.kind
+            );
             if let Some(err) = op.error_report() {
                 return Err(NotPassed::Fail(format!("create #{i} failed: {err}")));
             }
@@ -200,7 +228,12 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
             let again = s.client.create_machine(s.create_request(&name, spec.clone())).await?.value;
             let again = s.wait_ok(again).await?;
             let m2 = again.machine().ok_or("repeated create carries no machine")?;
-            ensure!(m2.provider_id == m.provider_id, "repeated create returned another machine: {} vs {}", m2.provider_id, m.provider_id);
+            ensure!(
+                m2.provider_id == m.provider_id,
+                "repeated create returned another machine: {} vs {}",
+                m2.provider_id,
+                m.provider_id
+            );
         }
         Ok(())
     });
@@ -208,7 +241,11 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         let name = s.name("m0");
         let m = s
             .client
-            .get_machine_status(pb::GetMachineStatusRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() })
+            .get_machine_status(pb::GetMachineStatusRequest {
+                name: name.clone(),
+                secrets: s.secrets(),
+                ..Default::default()
+            })
             .await?
             .value;
         ensure!(m.name == name, "name {:?}, want {name}", m.name);
@@ -224,7 +261,11 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     check!(s, on, "machines.get_missing", |s| {
         let r = s
             .client
-            .get_machine_status(pb::GetMachineStatusRequest { name: s.name("never-created"), secrets: s.secrets(), ..Default::default() })
+            .get_machine_status(pb::GetMachineStatusRequest {
+                name: s.name("never-created"),
+                secrets: s.secrets(),
+                ..Default::default()
+            })
             .await;
         expect_error(r, Code::NotFound, Some(reason::MACHINE_NOT_FOUND))?;
         Ok(())
@@ -271,10 +312,18 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
             })
             .await?
             .value;
-        ensure!(other.machines.is_empty(), "label filter ignored: {} machines for an unknown run", other.machines.len());
+        ensure!(
+            other.machines.is_empty(),
+            "label filter ignored: {} machines for an unknown run",
+            other.machines.len()
+        );
         let bad = s
             .client
-            .list_machines(pb::ListMachinesRequest { page_token: "%%garbage%%".into(), secrets: s.secrets(), ..Default::default() })
+            .list_machines(pb::ListMachinesRequest {
+                page_token: "%%garbage%%".into(),
+                secrets: s.secrets(),
+                ..Default::default()
+            })
             .await;
         expect_error(bad, Code::InvalidArgument, None)?;
         Ok(())
@@ -309,10 +358,19 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
             let ok = pb::ValidateMachineClassRequest { provider_spec: Some(s.spec_struct()?), secrets: s.secrets() };
             s.client.validate_machine_class(ok).await?;
             let missing = pb::ValidateMachineClassRequest { provider_spec: None, secrets: s.secrets() };
-            expect_error(s.client.validate_machine_class(missing).await, Code::InvalidArgument, Some(reason::FIELD_REQUIRED))?;
+            expect_error(
+                s.client.validate_machine_class(missing).await,
+                Code::InvalidArgument,
+                Some(reason::FIELD_REQUIRED),
+            )?;
             if let Some((_, bad)) = s.spec.as_ref().and_then(|spec| without_required(&s.schema, spec)) {
-                let bad = pb::ValidateMachineClassRequest { provider_spec: Some(json_to_struct(&bad)), secrets: s.secrets() };
-                expect_error(s.client.validate_machine_class(bad).await, Code::InvalidArgument, Some(reason::INVALID_PROVIDER_SPEC))?;
+                let bad =
+                    pb::ValidateMachineClassRequest { provider_spec: Some(json_to_struct(&bad)), secrets: s.secrets() };
+                expect_error(
+                    s.client.validate_machine_class(bad).await,
+                    Code::InvalidArgument,
+                    Some(reason::INVALID_PROVIDER_SPEC),
+                )?;
             }
             Ok(())
         });
@@ -323,16 +381,28 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         for _ in 0..s.config.repeat.max(2) {
             let op = s
                 .client
-                .delete_machine(pb::DeleteMachineRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() })
+                .delete_machine(pb::DeleteMachineRequest {
+                    name: name.clone(),
+                    secrets: s.secrets(),
+                    ..Default::default()
+                })
                 .await?
                 .value;
-            ensure!(op.kind == pb::OperationKind::DeleteMachine as i32, "operation kind {}, want DELETE_MACHINE", op.kind);
+            ensure!(
+                op.kind == pb::OperationKind::DeleteMachine as i32,
+                "operation kind {}, want DELETE_MACHINE",
+                op.kind
+            );
             first.get_or_insert(op);
         }
         s.wait_ok(first.ok_or("no operation")?).await?;
         let gone = s
             .client
-            .get_machine_status(pb::GetMachineStatusRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() })
+            .get_machine_status(pb::GetMachineStatusRequest {
+                name: name.clone(),
+                secrets: s.secrets(),
+                ..Default::default()
+            })
             .await;
         expect_error(gone, Code::NotFound, Some(reason::MACHINE_NOT_FOUND))?;
         let again = s
@@ -346,7 +416,11 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     check!(s, on, "machines.delete_missing_is_ok", |s| {
         let op = s
             .client
-            .delete_machine(pb::DeleteMachineRequest { name: s.name("never-created"), secrets: s.secrets(), ..Default::default() })
+            .delete_machine(pb::DeleteMachineRequest {
+                name: s.name("never-created"),
+                secrets: s.secrets(),
+                ..Default::default()
+            })
             .await?
             .value;
         s.wait_ok(op).await?;
@@ -371,7 +445,10 @@ pub(super) async fn in_place(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
             })
             .await?
             .value;
-        ensure!(same.in_place_paths.is_empty() && same.replace_paths.is_empty(), "identical specs reported changes: {same:?}");
+        ensure!(
+            same.in_place_paths.is_empty() && same.replace_paths.is_empty(),
+            "identical specs reported changes: {same:?}"
+        );
         let diff = s
             .client
             .can_update_machine(pb::CanUpdateMachineRequest {
@@ -406,14 +483,22 @@ pub(super) async fn in_place(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         }
         let before = s
             .client
-            .get_machine_status(pb::GetMachineStatusRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() })
+            .get_machine_status(pb::GetMachineStatusRequest {
+                name: name.clone(),
+                secrets: s.secrets(),
+                ..Default::default()
+            })
             .await?
             .value;
         let mut first = None;
         for _ in 0..s.config.repeat.max(2) {
             let op = s
                 .client
-                .update_machine(pb::UpdateMachineRequest { name: name.clone(), provider_spec: Some(alt.clone()), secrets: s.secrets() })
+                .update_machine(pb::UpdateMachineRequest {
+                    name: name.clone(),
+                    provider_spec: Some(alt.clone()),
+                    secrets: s.secrets(),
+                })
                 .await?
                 .value;
             first.get_or_insert(op);
@@ -478,7 +563,11 @@ pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
             first.get_or_insert(op);
         }
         s.wait_ok(first.ok_or("no operation")?).await?;
-        let pool = s.client.get_pool(pb::GetPoolRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() }).await?.value;
+        let pool = s
+            .client
+            .get_pool(pb::GetPoolRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() })
+            .await?
+            .value;
         ensure!(pool.capacity == 2, "capacity {}, want 2", pool.capacity);
         let instances = pool_instances(s, &name).await?;
         ensure!(instances.len() == 2, "{} instances, want 2", instances.len());
@@ -488,7 +577,10 @@ pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         Ok(())
     });
     check!(s, on, "pools.get_missing", |s| {
-        let r = s.client.get_pool(pb::GetPoolRequest { name: s.name("no-pool"), secrets: s.secrets(), ..Default::default() }).await;
+        let r = s
+            .client
+            .get_pool(pb::GetPoolRequest { name: s.name("no-pool"), secrets: s.secrets(), ..Default::default() })
+            .await;
         expect_error(r, Code::NotFound, Some(reason::POOL_NOT_FOUND))?;
         Ok(())
     });
@@ -507,7 +599,10 @@ pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
             .value;
         s.wait_ok(op).await?;
         let instances = pool_instances(s, &name).await?;
-        ensure!(instances.iter().all(|i| !i.latest_model_applied), "after a template change no instance should run the latest model yet");
+        ensure!(
+            instances.iter().all(|i| !i.latest_model_applied),
+            "after a template change no instance should run the latest model yet"
+        );
         let target = instances.first().ok_or("no instances")?.instance_id.clone();
         let op = s
             .client
@@ -522,7 +617,12 @@ pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         s.wait_ok(op).await?;
         let instances = pool_instances(s, &name).await?;
         for i in &instances {
-            ensure!(i.latest_model_applied == (i.instance_id == target), "instance {} latest_model_applied={}", i.instance_id, i.latest_model_applied);
+            ensure!(
+                i.latest_model_applied == (i.instance_id == target),
+                "instance {} latest_model_applied={}",
+                i.instance_id,
+                i.latest_model_applied
+            );
         }
         Ok(())
     });
@@ -545,11 +645,16 @@ pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         let want: Vec<&str> = before.iter().map(|i| i.instance_id.as_str()).filter(|id| *id != victim).collect();
         let got: Vec<&str> = after.iter().map(|i| i.instance_id.as_str()).collect();
         ensure!(got == want, "after deleting {victim}: {got:?}, want {want:?}");
-        let pool = s.client.get_pool(pb::GetPoolRequest { name, secrets: s.secrets(), ..Default::default() }).await?.value;
+        let pool =
+            s.client.get_pool(pb::GetPoolRequest { name, secrets: s.secrets(), ..Default::default() }).await?.value;
         ensure!(pool.capacity == 1, "capacity {} after deleting one of 2 instances", pool.capacity);
         let empty = s
             .client
-            .delete_pool_instances(pb::DeletePoolInstancesRequest { pool_name: s.name("pool"), instance_ids: vec![], ..Default::default() })
+            .delete_pool_instances(pb::DeletePoolInstancesRequest {
+                pool_name: s.name("pool"),
+                instance_ids: vec![],
+                ..Default::default()
+            })
             .await;
         expect_error(empty, Code::InvalidArgument, Some(reason::FIELD_REQUIRED))?;
         Ok(())
@@ -557,7 +662,11 @@ pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     check!(s, on, "pools.delete_pool", |s| {
         let name = s.name("pool");
         for _ in 0..2 {
-            let op = s.client.delete_pool(pb::DeletePoolRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() }).await?.value;
+            let op = s
+                .client
+                .delete_pool(pb::DeletePoolRequest { name: name.clone(), secrets: s.secrets(), ..Default::default() })
+                .await?
+                .value;
             s.wait_ok(op).await?;
         }
         let r = s.client.get_pool(pb::GetPoolRequest { name, secrets: s.secrets(), ..Default::default() }).await;
@@ -604,7 +713,11 @@ pub(super) async fn cleanup(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         for m in &left {
             ops.push(
                 s.client
-                    .delete_machine(pb::DeleteMachineRequest { name: m.name.clone(), secrets: s.secrets(), ..Default::default() })
+                    .delete_machine(pb::DeleteMachineRequest {
+                        name: m.name.clone(),
+                        secrets: s.secrets(),
+                        ..Default::default()
+                    })
                     .await?
                     .value,
             );
@@ -613,7 +726,11 @@ pub(super) async fn cleanup(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
             s.wait_ok(op).await?;
         }
         let still = s.client.list_all_machines(s.labels(), 100).await?;
-        ensure!(still.is_empty(), "machines left after cleanup: {:?}", still.iter().map(|m| &m.name).collect::<Vec<_>>());
+        ensure!(
+            still.is_empty(),
+            "machines left after cleanup: {:?}",
+            still.iter().map(|m| &m.name).collect::<Vec<_>>()
+        );
         Ok(())
     });
 }

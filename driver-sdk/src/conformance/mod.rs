@@ -179,7 +179,10 @@ pub(crate) use check;
 ///
 /// # Errors
 /// Only when the driver cannot be reached at all; everything else is a check result.
-pub async fn run(config: &Config, mut on_result: impl FnMut(&CheckResult)) -> Result<Report, crate::client::ConnectError> {
+pub async fn run(
+    config: &Config,
+    mut on_result: impl FnMut(&CheckResult),
+) -> Result<Report, crate::client::ConnectError> {
     let client = DriverClient::connect(&config.endpoint).await?.with_call_timeout(config.call_timeout);
     let mut suite = Suite::new(client, config.clone());
     suite.run_all(&mut on_result).await;
@@ -252,17 +255,15 @@ impl Suite {
     }
 
     pub(crate) fn spec_struct(&self) -> Result<prost_types::Struct, NotPassed> {
-        self.spec
-            .as_ref()
-            .map(json_to_struct)
-            .ok_or_else(|| NotPassed::Skip("no valid provider spec: pass --provider-spec or add `examples` to the schema".into()))
+        self.spec.as_ref().map(json_to_struct).ok_or_else(|| {
+            NotPassed::Skip("no valid provider spec: pass --provider-spec or add `examples` to the schema".into())
+        })
     }
 
     pub(crate) fn alt_spec_struct(&self) -> Result<prost_types::Struct, NotPassed> {
-        self.alt_spec
-            .as_ref()
-            .map(json_to_struct)
-            .ok_or_else(|| NotPassed::Skip("no second provider spec: pass --alt-provider-spec or add a second schema example".into()))
+        self.alt_spec.as_ref().map(json_to_struct).ok_or_else(|| {
+            NotPassed::Skip("no second provider spec: pass --alt-provider-spec or add a second schema example".into())
+        })
     }
 
     pub(crate) fn create_request(&self, name: &str, spec: prost_types::Struct) -> pb::CreateMachineRequest {

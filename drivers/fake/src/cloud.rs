@@ -286,7 +286,8 @@ impl StateFile {
 
     pub(crate) fn load(&self) -> Result<State, String> {
         match std::fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("state file {} is not valid: {e}", self.path.display())),
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| format!("state file {} is not valid: {e}", self.path.display())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),
             Err(e) => Err(format!("reading state file {}: {e}", self.path.display())),
         }
@@ -300,8 +301,12 @@ impl StateFile {
             std::fs::rename(&tmp, &self.path)
         };
         write().map_err(|e| {
-            DriverError::new(tonic::Code::Internal, reason::INTERNAL, format!("the fake cloud could not save its state to {}", self.path.display()))
-                .with_source(e)
+            DriverError::new(
+                tonic::Code::Internal,
+                reason::INTERNAL,
+                format!("the fake cloud could not save its state to {}", self.path.display()),
+            )
+            .with_source(e)
         })
     }
 }

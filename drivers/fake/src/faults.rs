@@ -110,7 +110,9 @@ impl FaultRule {
     }
 
     pub(crate) fn matches(&self, rpc: &str, target: &str) -> bool {
-        (self.rpc == "*" || self.rpc == rpc) && glob(&self.target, target) && (self.times == 0 || self.fired < self.times)
+        (self.rpc == "*" || self.rpc == rpc)
+            && glob(&self.target, target)
+            && (self.times == 0 || self.fired < self.times)
     }
 
     pub(crate) fn code(&self) -> tonic::Code {
@@ -158,7 +160,10 @@ impl FaultRule {
         pb::FaultRule {
             rpc: self.rpc.clone(),
             target: self.target.clone(),
-            action: serde_json::to_value(self.action).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+            action: serde_json::to_value(self.action)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
             code: self.code.clone().unwrap_or_default(),
             reason: self.reason.clone().unwrap_or_default(),
             message: self.message.clone().unwrap_or_default(),

@@ -39,6 +39,8 @@ impl pb::fake_cloud_server::FakeCloud for FakeCloudService {
     }
 
     async fn get_faults(&self, _req: Request<pb::GetFaultsRequest>) -> Result<Response<pb::GetFaultsResponse>, Status> {
-        Ok(Response::new(pb::GetFaultsResponse { rules: self.driver.faults().iter().map(FaultRule::to_proto).collect() }))
+        Ok(Response::new(pb::GetFaultsResponse {
+            rules: self.driver.faults().iter().map(FaultRule::to_proto).collect(),
+        }))
     }
 }

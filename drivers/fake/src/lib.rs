@@ -231,9 +231,11 @@ impl FakeDriver {
         match rule.action {
             FaultAction::Delay => Ok(None),
             FaultAction::Error => Err(err()),
-            FaultAction::FailOperation => {
-                Ok(Some(CloudError { code: rule.code() as i32, reason: rule.reason(), message: rule.message(&rpc, target) }))
-            }
+            FaultAction::FailOperation => Ok(Some(CloudError {
+                code: rule.code() as i32,
+                reason: rule.reason(),
+                message: rule.message(&rpc, target),
+            })),
             FaultAction::DropConnection => {
                 ctx.drop_connection();
                 Err(DriverError::unavailable(reason::FAULT_INJECTED, "connection dropped by fault injection"))
@@ -272,10 +274,23 @@ impl FakeDriver {
             labels: m.labels.clone(),
             resources: vec![
                 ResourceStatus { kind: "vm".into(), id: m.id.clone(), state: vm_state.into(), message: String::new() },
-                ResourceStatus { kind: "nic".into(), id: format!("nic-{short}"), state: "Attached".into(), message: String::new() },
-                ResourceStatus { kind: "disk".into(), id: format!("disk-{short}"), state: "Attached".into(), message: String::new() },
+                ResourceStatus {
+                    kind: "nic".into(),
+                    id: format!("nic-{short}"),
+                    state: "Attached".into(),
+                    message: String::new(),
+                },
+                ResourceStatus {
+                    kind: "disk".into(),
+                    id: format!("disk-{short}"),
+                    state: "Attached".into(),
+                    message: String::new(),
+                },
             ],
-            cloud_error: m.failure.as_ref().map(|f| (tonic::Code::from_i32(f.code), f.reason.clone(), f.message.clone())),
+            cloud_error: m
+                .failure
+                .as_ref()
+                .map(|f| (tonic::Code::from_i32(f.code), f.reason.clone(), f.message.clone())),
             create_time: Some(std::time::UNIX_EPOCH + Duration::from_millis(m.created_ms)),
             spec_hash: m.hash.clone(),
         }
@@ -469,7 +484,11 @@ impl FakeDriver {
 #[async_trait]
 impl Driver for FakeDriver {
     fn info(&self) -> DriverInfo {
-        DriverInfo { name: DRIVER_NAME.into(), vendor_version: env!("CARGO_PKG_VERSION").into(), provider_spec_schema: Self::schema() }
+        DriverInfo {
+            name: DRIVER_NAME.into(),
+            vendor_version: env!("CARGO_PKG_VERSION").into(),
+            provider_spec_schema: Self::schema(),
+        }
     }
 
     fn capabilities(&self) -> Vec<Capability> {
@@ -495,17 +514,28 @@ impl Driver for FakeDriver {
                 ));
             }
             return match (m.state, &m.op) {
-                (MState::Deleting, _) => Err(DriverError::operation_pending(format!("machine {} is being deleted", req.name))),
+                (MState::Deleting, _) => {
+                    Err(DriverError::operation_pending(format!("machine {} is being deleted", req.name)))
+                }
                 (MState::Creating, Some(op)) => Ok(Self::op_view(&st, op)),
-                _ => Ok(done_now(OperationKind::CreateMachine, req.name, OperationOutput::Machine(Self::machine_view(m)))),
+                _ => Ok(done_now(
+                    OperationKind::CreateMachine,
+                    req.name,
+                    OperationOutput::Machine(Self::machine_view(m)),
+                )),
             };
         }
         self.quota_check(&mut st, 1)?;
         let op_id = st.start_op(OperationKind::CreateMachine, &req.name, now, ms(self.config.create_latency));
-        let provisioning_fails = req.provider_spec.get("simulateFailure").and_then(Value::as_str) == Some("provisioning");
+        let provisioning_fails =
+            req.provider_spec.get("simulateFailure").and_then(Value::as_str) == Some("provisioning");
         let failure = fail.or_else(|| {
             provisioning_fails.then(|| {
-                CloudError::new(tonic::Code::Internal, reason::CLOUD_OPERATION_FAILED, "provisioning failed: the image did not boot")
+                CloudError::new(
+                    tonic::Code::Internal,
+                    reason::CLOUD_OPERATION_FAILED,
+                    "provisioning failed: the image did not boot",
+                )
             })
         });
         if let Some(op) = st.ops.get_mut(&op_id) {
@@ -553,7 +583,11 @@ impl Driver for FakeDriver {
             if let Some(op) = st.ops.get_mut(&previous) {
                 op.finished = true;
                 op.done_ms = now;
-                op.error = Some(CloudError::new(tonic::Code::Aborted, reason::OPERATION_CANCELLED, "the machine was deleted before the operation finished"));
+                op.error = Some(CloudError::new(
+                    tonic::Code::Aborted,
+                    reason::OPERATION_CANCELLED,
+                    "the machine was deleted before the operation finished",
+                ));
             }
         }
         let op_id = st.start_op(OperationKind::DeleteMachine, &req.name, now, ms(self.config.delete_latency));
@@ -596,7 +630,11 @@ impl Driver for FakeDriver {
         Ok(Page { items, next_page_token })
     }
 
-    async fn validate_machine_class(&self, ctx: &RequestContext, req: driver_sdk::ValidateMachineClass) -> Result<Vec<String>> {
+    async fn validate_machine_class(
+        &self,
+        ctx: &RequestContext,
+        req: driver_sdk::ValidateMachineClass,
+    ) -> Result<Vec<String>> {
         self.admit(ctx, &req.secrets, "").await?;
         let mut warnings = Vec::new();
         if req.provider_spec.get("zone").is_none() {
@@ -616,7 +654,11 @@ impl Driver for FakeDriver {
         let mut st = self.cloud();
         let m = st.machines.get(&req.name).ok_or_else(|| machine_not_found(&req.name))?;
         if m.hash == hash && m.pending_spec.is_none() {
-            return Ok(done_now(OperationKind::UpdateMachine, req.name, OperationOutput::Machine(Self::machine_view(m))));
+            return Ok(done_now(
+                OperationKind::UpdateMachine,
+                req.name,
+                OperationOutput::Machine(Self::machine_view(m)),
+            ));
         }
         if let Some(op) = &m.op {
             if m.state == MState::Updating && m.pending_spec.as_ref().map(convert::spec_hash) == Some(hash.clone()) {
@@ -657,7 +699,9 @@ impl Driver for FakeDriver {
         let mut st = self.cloud();
         if let Some(p) = st.pools.get(&req.name) {
             if let Some(op) = &p.op {
-                let same = st.ops.get(op).is_some_and(|o| o.kind == OperationKind::ApplyPool && o.spec_hash == hash && o.capacity == req.capacity);
+                let same = st.ops.get(op).is_some_and(|o| {
+                    o.kind == OperationKind::ApplyPool && o.spec_hash == hash && o.capacity == req.capacity
+                });
                 if same {
                     return Ok(Self::op_view(&st, op));
                 }
@@ -699,7 +743,8 @@ impl Driver for FakeDriver {
         for ip in ips {
             let id = pool.next_instance;
             pool.next_instance += 1;
-            pool.instances.insert(id, FInstance { id, model: hash.clone(), state: "Creating".into(), created_ms: now, ip });
+            pool.instances
+                .insert(id, FInstance { id, model: hash.clone(), state: "Creating".into(), created_ms: now, ip });
             created += 1;
         }
         // Scale in: the newest instances go first.
@@ -737,8 +782,12 @@ impl Driver for FakeDriver {
         let st = self.cloud();
         let p = st.pools.get(&req.pool.name).ok_or_else(|| pool_not_found(&req.pool.name))?;
         let start = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
-        let mut items: Vec<PoolInstance> =
-            p.instances.range((start, std::ops::Bound::Unbounded)).take(req.page_size + 1).map(|(_, i)| Self::instance_view(p, i)).collect();
+        let mut items: Vec<PoolInstance> = p
+            .instances
+            .range((start, std::ops::Bound::Unbounded))
+            .take(req.page_size + 1)
+            .map(|(_, i)| Self::instance_view(p, i))
+            .collect();
         let mut next_page_token = String::new();
         if items.len() > req.page_size {
             items.truncate(req.page_size);
@@ -780,7 +829,12 @@ impl Driver for FakeDriver {
         Ok(Self::op_view(&st, &op_id))
     }
 
-    async fn get_operation(&self, ctx: &RequestContext, handle: OperationHandle, secrets: Secrets) -> Result<Operation> {
+    async fn get_operation(
+        &self,
+        ctx: &RequestContext,
+        handle: OperationHandle,
+        secrets: Secrets,
+    ) -> Result<Operation> {
         self.admit(ctx, &secrets, &handle.target).await?;
         let t: TokenState = handle.state_as()?;
         let st = self.cloud();
@@ -790,7 +844,12 @@ impl Driver for FakeDriver {
         })
     }
 
-    async fn cancel_operation(&self, ctx: &RequestContext, handle: OperationHandle, secrets: Secrets) -> Result<Operation> {
+    async fn cancel_operation(
+        &self,
+        ctx: &RequestContext,
+        handle: OperationHandle,
+        secrets: Secrets,
+    ) -> Result<Operation> {
         self.admit(ctx, &secrets, &handle.target).await?;
         let t: TokenState = handle.state_as()?;
         let now = now_ms();
@@ -802,7 +861,11 @@ impl Driver for FakeDriver {
             if let Some(op) = st.ops.get_mut(&op_id) {
                 op.finished = true;
                 op.done_ms = now;
-                op.error = Some(CloudError::new(tonic::Code::Cancelled, reason::OPERATION_CANCELLED, "the operation was cancelled"));
+                op.error = Some(CloudError::new(
+                    tonic::Code::Cancelled,
+                    reason::OPERATION_CANCELLED,
+                    "the operation was cancelled",
+                ));
             }
             if st.machines.get(&handle.target).is_some_and(|m| m.op.as_deref() == Some(op_id.as_str())) {
                 st.machines.remove(&handle.target);
@@ -815,7 +878,12 @@ impl Driver for FakeDriver {
 }
 
 impl FakeDriver {
-    fn pool_instances_op(&self, req: PoolInstances, kind: OperationKind, fail: Option<CloudError>) -> Result<Operation> {
+    fn pool_instances_op(
+        &self,
+        req: PoolInstances,
+        kind: OperationKind,
+        fail: Option<CloudError>,
+    ) -> Result<Operation> {
         let now = now_ms();
         let mut st = self.cloud();
         let p = st.pools.get(&req.pool.name).ok_or_else(|| pool_not_found(&req.pool.name))?;
@@ -831,8 +899,11 @@ impl FakeDriver {
         let mut ids = Vec::new();
         for (i, id) in req.instance_ids.iter().enumerate() {
             let n = id.parse::<u32>().map_err(|_| {
-                DriverError::invalid_argument(reason::FIELD_INVALID, format!("instance ID {id:?} is not an instance of this pool"))
-                    .with_violation(format!("instance_ids[{i}]"), "not an instance ID of this driver")
+                DriverError::invalid_argument(
+                    reason::FIELD_INVALID,
+                    format!("instance ID {id:?} is not an instance of this pool"),
+                )
+                .with_violation(format!("instance_ids[{i}]"), "not an instance ID of this driver")
             })?;
             if p.instances.contains_key(&n) {
                 ids.push(n);

@@ -24,7 +24,13 @@ fn with_method(c: RequestContext, method: &str) -> RequestContext {
 }
 
 fn create(name: &str, spec: Value) -> CreateMachine {
-    CreateMachine { name: name.into(), provider_spec: spec, secrets: Secrets::default(), labels: BTreeMap::new(), uid: String::new() }
+    CreateMachine {
+        name: name.into(),
+        provider_spec: spec,
+        secrets: Secrets::default(),
+        labels: BTreeMap::new(),
+        uid: String::new(),
+    }
 }
 
 fn spec() -> Value {
@@ -56,7 +62,8 @@ async fn create_is_idempotent_and_counts_once() {
     assert!(matches!(done.outcome, Some(Ok(OperationOutput::Machine(ref m))) if m.state == MachineState::Running));
     let again = d.create_machine(&ctx("CreateMachine"), create("m1", spec())).await.unwrap();
     assert!(again.is_done());
-    let conflict = d.create_machine(&ctx("CreateMachine"), create("m1", json!({"machineType": "large"}))).await.unwrap_err();
+    let conflict =
+        d.create_machine(&ctx("CreateMachine"), create("m1", json!({"machineType": "large"}))).await.unwrap_err();
     assert_eq!(conflict.code(), tonic::Code::AlreadyExists);
     assert_eq!(d.inspect(false).counters.unwrap().machines_created, 1);
 }
@@ -101,7 +108,10 @@ async fn fault_rules_fire_the_given_number_of_times() {
 async fn failed_provisioning_ends_the_operation_with_the_cloud_error() {
     let d = FakeDriver::new(fast()).unwrap();
     let op = d
-        .create_machine(&ctx("CreateMachine"), create("bad", json!({"machineType": "small", "simulateFailure": "provisioning"})))
+        .create_machine(
+            &ctx("CreateMachine"),
+            create("bad", json!({"machineType": "small", "simulateFailure": "provisioning"})),
+        )
         .await
         .unwrap();
     let done = settle(&d, op).await;
@@ -112,7 +122,11 @@ async fn failed_provisioning_ends_the_operation_with_the_cloud_error() {
 #[tokio::test]
 async fn state_file_carries_in_flight_operations_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Config { state_file: Some(dir.path().join("cloud.json")), create_latency: Duration::from_millis(100), ..fast() };
+    let cfg = Config {
+        state_file: Some(dir.path().join("cloud.json")),
+        create_latency: Duration::from_millis(100),
+        ..fast()
+    };
     let first = FakeDriver::new(cfg.clone()).unwrap();
     let op = first.create_machine(&ctx("CreateMachine"), create("m1", spec())).await.unwrap();
     assert!(!op.is_done());
@@ -137,7 +151,15 @@ async fn delete_during_create_aborts_the_create_and_removes_the_machine() {
     let d = FakeDriver::new(fast()).unwrap();
     let c = d.create_machine(&ctx("CreateMachine"), create("m1", spec())).await.unwrap();
     let del = d
-        .delete_machine(&ctx("DeleteMachine"), MachineRef { name: "m1".into(), provider_id: None, provider_spec: Value::Null, secrets: Secrets::default() })
+        .delete_machine(
+            &ctx("DeleteMachine"),
+            MachineRef {
+                name: "m1".into(),
+                provider_id: None,
+                provider_spec: Value::Null,
+                secrets: Secrets::default(),
+            },
+        )
         .await
         .unwrap();
     let c = settle(&d, c).await;
@@ -165,12 +187,18 @@ async fn pools_scale_upgrade_and_delete_instances() {
     settle(&d, op).await;
     let pool = PoolRef { name: "p".into(), provider_spec: Value::Null, secrets: Secrets::default() };
     let op = d
-        .upgrade_pool_instances(&ctx("UpgradePoolInstances"), PoolInstances { pool: pool.clone(), instance_ids: vec!["1".into()] })
+        .upgrade_pool_instances(
+            &ctx("UpgradePoolInstances"),
+            PoolInstances { pool: pool.clone(), instance_ids: vec!["1".into()] },
+        )
         .await
         .unwrap();
     settle(&d, op).await;
     let op = d
-        .delete_pool_instances(&ctx("DeletePoolInstances"), PoolInstances { pool: pool.clone(), instance_ids: vec!["0".into()] })
+        .delete_pool_instances(
+            &ctx("DeletePoolInstances"),
+            PoolInstances { pool: pool.clone(), instance_ids: vec!["0".into()] },
+        )
         .await
         .unwrap();
     settle(&d, op).await;

