@@ -1,0 +1,18 @@
+//! # machine-controller
+//!
+//! Reconciles Kubernetes-shaped machine resources (`MachineClass`, `MachineDeployment`,
+//! `MachinePool`, `Machine`) through `machinedriver.v1` driver sidecars. Operation handles are
+//! stored in status before anything else, so a restart of the controller or a sidecar loses
+//! nothing: in-flight operations resume from status, no machine is created twice, none leaks.
+//!
+//! - [`resources`] and [`manifest`]: the model and validated YAML input;
+//! - [`store`]: the storage trait and the embedded SQLite store;
+//! - [`runtime`]: work queue, workers, rate limits, backoff;
+//! - [`reconcile`]: the machine, deployment, pool and orphan reconcilers;
+//! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`.
+
+#![warn(missing_docs)]
+
+pub mod manifest;
+pub mod resources;
+pub mod store;

@@ -1,0 +1,960 @@
+//! The resource model: Kubernetes-shaped objects (`apiVersion`, `kind`, `metadata`, `spec`,
+//! `status`) in the `machine.driver.dev/v1alpha1` API group, so the same YAML works with the
+//! embedded store and, later, as CRDs.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The API group and version of every kind but `Secret`.
+pub const API_VERSION: &str = "machine.driver.dev/v1alpha1";
+/// Label / annotation / finalizer prefix.
+pub const GROUP: &str = "machine.driver.dev";
+/// Finalizer that guards a Machine until its cloud machine is gone.
+pub const FINALIZER: &str = "machine.driver.dev/cloud-machine";
+/// Label naming the MachineDeployment a Machine belongs to.
+pub const LABEL_DEPLOYMENT: &str = "machine.driver.dev/deployment";
+/// Label naming the MachinePool a Machine belongs to.
+pub const LABEL_POOL: &str = "machine.driver.dev/pool";
+/// Label with the template revision a Machine was made from.
+pub const LABEL_REVISION: &str = "machine.driver.dev/revision";
+/// Annotation that marks a Machine to be deleted first on scale-down.
+pub const ANNOTATION_DELETE: &str = "machine.driver.dev/delete-machine";
+/// Cloud tag naming the controller instance that owns a cloud machine (orphan collection).
+pub const TAG_CONTROLLER: &str = "machine.driver.dev/controller";
+/// Cloud tag with the namespace/name of the owning Machine.
+pub const TAG_MACHINE: &str = "machine.driver.dev/machine";
+
+/// Timestamps are RFC 3339, UTC.
+pub type Time = chrono::DateTime<chrono::Utc>;
+
+/// The kinds this controller knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Kind {
+    /// Credentials referenced by classes (Kubernetes `v1/Secret` shape).
+    Secret,
+    /// Driver + provider spec + secret reference.
+    MachineClass,
+    /// Replicated machines with rolling updates.
+    MachineDeployment,
+    /// Scale-set pools through the pool RPCs.
+    MachinePool,
+    /// One machine.
+    Machine,
+}
+
+impl Kind {
+    /// All kinds, in apply order (dependencies first).
+    pub const ALL: [Kind; 5] =
+        [Kind::Secret, Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine];
+
+    /// The kind's name as in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Secret => "Secret",
+            Kind::MachineClass => "MachineClass",
+            Kind::MachineDeployment => "MachineDeployment",
+            Kind::MachinePool => "MachinePool",
+            Kind::Machine => "Machine",
+        }
+    }
+
+    /// The apiVersion manifests of this kind carry.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Kind::Secret => "v1",
+            _ => API_VERSION,
+        }
+    }
+
+    /// Parses a kind as typed on the command line (`machines`, `md`, `MachineDeployment`, ...).
+    pub fn parse(s: &str) -> Option<Kind> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "secret" | "secrets" => Kind::Secret,
+            "machineclass" | "machineclasses" | "mc" | "class" | "classes" => Kind::MachineClass,
+            "machinedeployment" | "machinedeployments" | "md" | "mds" | "deployment" | "deployments" => {
+                Kind::MachineDeployment
+            }
+            "machinepool" | "machinepools" | "mp" | "pool" | "pools" => Kind::MachinePool,
+            "machine" | "machines" | "m" | "ma" => Kind::Machine,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// Standard object metadata (a subset of Kubernetes `ObjectMeta`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectMeta {
+    /// Name, unique per kind and namespace.
+    pub name: String,
+    /// Namespace (default `default`).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Assigned by the store.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+    /// Assigned by the store on every write; updates must carry the one they read.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub resource_version: String,
+    /// Incremented by the store when `spec` changes.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub generation: i64,
+    /// Set by the store on create.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<Time>,
+    /// Set by the store when a delete waits for finalizers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_timestamp: Option<Time>,
+    /// Labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Finalizers: the object stays until they are removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finalizers: Vec<String>,
+    /// Owners (the controller sets them on Machines).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owner_references: Vec<OwnerReference>,
+}
+
+/// A reference to an owning object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnerReference {
+    /// apiVersion of the owner.
+    pub api_version: String,
+    /// Kind of the owner.
+    pub kind: String,
+    /// Name of the owner.
+    pub name: String,
+    /// UID of the owner.
+    pub uid: String,
+    /// Whether the owner manages this object.
+    #[serde(default)]
+    pub controller: bool,
+}
+
+/// A typed object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Object<S, T> {
+    /// `machine.driver.dev/v1alpha1`.
+    pub api_version: String,
+    /// The kind.
+    pub kind: String,
+    /// Metadata.
+    pub metadata: ObjectMeta,
+    /// Desired state.
+    pub spec: S,
+    /// Observed state (written by the controller).
+    #[serde(default)]
+    pub status: T,
+}
+
+/// Lets generic code know each type's kind.
+pub trait Resource: Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + 'static {
+    /// The kind.
+    const KIND: Kind;
+    /// Metadata.
+    fn meta(&self) -> &ObjectMeta;
+    /// Metadata, mutable.
+    fn meta_mut(&mut self) -> &mut ObjectMeta;
+}
+
+impl<S, T> Resource for Object<S, T>
+where
+    Object<S, T>: KindOf,
+    S: Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + 'static,
+    T: Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + Default + 'static,
+{
+    const KIND: Kind = <Self as KindOf>::KIND;
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Maps an object type to its kind.
+pub trait KindOf {
+    /// The kind.
+    const KIND: Kind;
+}
+
+impl<S: Default, T: Default> Object<S, T>
+where
+    Object<S, T>: KindOf,
+{
+    /// A new object of this kind.
+    pub fn new(namespace: &str, name: &str, spec: S) -> Self {
+        let kind = <Self as KindOf>::KIND;
+        Self {
+            api_version: kind.api_version().into(),
+            kind: kind.as_str().into(),
+            metadata: ObjectMeta { name: name.into(), namespace: namespace.into(), ..Default::default() },
+            spec,
+            status: T::default(),
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------- Secret
+
+/// Credentials, in the shape of a Kubernetes `v1/Secret` (`stringData`, or base64 `data`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Secret {
+    /// `v1`.
+    pub api_version: String,
+    /// `Secret`.
+    pub kind: String,
+    /// Metadata.
+    pub metadata: ObjectMeta,
+    /// Plain values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub string_data: BTreeMap<String, String>,
+    /// Base64 values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub data: BTreeMap<String, String>,
+    /// `Opaque`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub secret_type: Option<String>,
+}
+
+impl Secret {
+    /// All values, decoded.
+    pub fn values(&self) -> BTreeMap<String, String> {
+        use base64::Engine;
+        let mut out: BTreeMap<String, String> = self
+            .data
+            .iter()
+            .filter_map(|(k, v)| {
+                let bytes = base64::engine::general_purpose::STANDARD.decode(v).ok()?;
+                Some((k.clone(), String::from_utf8(bytes).ok()?))
+            })
+            .collect();
+        out.extend(self.string_data.clone());
+        out
+    }
+}
+
+impl Resource for Secret {
+    const KIND: Kind = Kind::Secret;
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+// ----------------------------------------------------------------------------------- MachineClass
+
+/// A reference by name (same namespace).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NameRef {
+    /// The referenced object's name.
+    pub name: String,
+}
+
+/// Which driver, with which provider spec and credentials.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineClassSpec {
+    /// Driver name, as registered with `run --driver NAME=ENDPOINT`.
+    pub driver: String,
+    /// Cloud-specific spec (checked by the driver's schema).
+    pub provider_spec: Value,
+    /// Secret with the cloud credentials, sent to the driver as secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<NameRef>,
+}
+
+/// What the controller found out about a class.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineClassStatus {
+    /// The generation last validated by the driver.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub validated_generation: i64,
+    /// Conditions (`Valid`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A MachineClass.
+pub type MachineClass = Object<MachineClassSpec, MachineClassStatus>;
+
+impl KindOf for MachineClass {
+    const KIND: Kind = Kind::MachineClass;
+}
+
+// ------------------------------------------------------------------------------------- templates
+
+/// An integer or a percentage (`3`, `"25%"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum IntOrPercent {
+    /// An absolute number.
+    Int(i64),
+    /// A percentage like `"25%"` (or a number in a string).
+    Str(String),
+}
+
+impl IntOrPercent {
+    /// Resolves against `total`: percentages round up when `round_up`, else down (Kubernetes).
+    ///
+    /// # Errors
+    /// A message when the value is neither an integer ≥ 0 nor a percentage.
+    pub fn resolve(&self, total: i64, round_up: bool) -> Result<i64, String> {
+        match self {
+            IntOrPercent::Int(n) if *n >= 0 => Ok(*n),
+            IntOrPercent::Int(n) => Err(format!("must not be negative, got {n}")),
+            IntOrPercent::Str(s) => {
+                if let Some(p) = s.strip_suffix('%') {
+                    let p: i64 = p.trim().parse().map_err(|_| format!("{s:?} is not a percentage like \"25%\""))?;
+                    if !(0..=100).contains(&p) {
+                        return Err(format!("{s:?} must be between 0% and 100%"));
+                    }
+                    let scaled = total * p;
+                    Ok(if round_up { (scaled + 99) / 100 } else { scaled / 100 })
+                } else {
+                    s.trim()
+                        .parse::<i64>()
+                        .ok()
+                        .filter(|n| *n >= 0)
+                        .ok_or_else(|| format!("{s:?} must be an integer or a percentage like \"25%\""))
+                }
+            }
+        }
+    }
+}
+
+/// Labels and annotations given to machines made from a template.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateMeta {
+    /// Labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The machine part of a template.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineTemplateSpec {
+    /// The MachineClass.
+    pub class_ref: NameRef,
+    /// Fields merged over the class's provider spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_spec: Option<Value>,
+}
+
+/// A machine template.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineTemplate {
+    /// Labels and annotations.
+    #[serde(default)]
+    pub metadata: TemplateMeta,
+    /// The machine spec.
+    pub spec: MachineTemplateSpec,
+}
+
+// ------------------------------------------------------------------------------ MachineDeployment
+
+/// How a deployment moves machines to a new template.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StrategyType {
+    /// Replace machines, within maxSurge / maxUnavailable.
+    #[default]
+    RollingUpdate,
+    /// Update machines in place where the driver can (CanUpdateMachine / UpdateMachine).
+    InPlace,
+}
+
+/// RollingUpdate parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RollingUpdate {
+    /// Machines above `replicas` allowed during a rollout (default 1; percentages round up).
+    #[serde(default = "one")]
+    pub max_surge: IntOrPercent,
+    /// Machines below `replicas` allowed to be unavailable (default 0; percentages round down).
+    #[serde(default = "zero")]
+    pub max_unavailable: IntOrPercent,
+}
+
+fn one() -> IntOrPercent {
+    IntOrPercent::Int(1)
+}
+
+fn zero() -> IntOrPercent {
+    IntOrPercent::Int(0)
+}
+
+impl Default for RollingUpdate {
+    fn default() -> Self {
+        Self { max_surge: one(), max_unavailable: zero() }
+    }
+}
+
+/// InPlace parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InPlaceUpdate {
+    /// Machines updated at once (they count as unavailable; default 1).
+    #[serde(default = "one")]
+    pub max_unavailable: IntOrPercent,
+    /// Replace a machine when the driver cannot apply every change in place.
+    #[serde(default)]
+    pub fallback_to_replace: bool,
+}
+
+impl Default for InPlaceUpdate {
+    fn default() -> Self {
+        Self { max_unavailable: one(), fallback_to_replace: false }
+    }
+}
+
+/// Update strategy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Strategy {
+    /// RollingUpdate (default) or InPlace.
+    #[serde(default, rename = "type")]
+    pub strategy_type: StrategyType,
+    /// RollingUpdate parameters.
+    #[serde(default)]
+    pub rolling_update: RollingUpdate,
+    /// InPlace parameters.
+    #[serde(default)]
+    pub in_place: InPlaceUpdate,
+}
+
+/// Which machines go first on scale-down (after annotated, failed and unhealthy ones).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeletePolicy {
+    /// Oldest first.
+    #[default]
+    Oldest,
+    /// Newest first.
+    Newest,
+    /// Any.
+    Random,
+}
+
+/// Desired state of a MachineDeployment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineDeploymentSpec {
+    /// Number of machines.
+    pub replicas: i64,
+    /// The machine template; a change starts a rollout.
+    pub template: MachineTemplate,
+    /// How to roll out a new template.
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// Scale-down order.
+    #[serde(default)]
+    pub delete_policy: DeletePolicy,
+    /// A rollout without progress for this long gets a ProgressDeadlineExceeded condition.
+    #[serde(default = "default_progress_deadline")]
+    pub progress_deadline_seconds: u64,
+    /// Machines of a new revision that may fail before the rollout is aborted and rolled back.
+    #[serde(default = "default_failure_budget")]
+    pub failure_budget: u32,
+    /// At most this many failed machines are replaced at once (meltdown protection).
+    #[serde(default = "default_max_replacements")]
+    pub max_concurrent_replacements: u32,
+    /// A machine not Running this long after its create started is Failed.
+    #[serde(default = "default_creation_timeout")]
+    pub creation_timeout_seconds: u64,
+    /// A Running machine reported unhealthy or missing this long is Failed.
+    #[serde(default = "default_health_timeout")]
+    pub health_timeout_seconds: u64,
+    /// Stop rolling out (scaling still happens).
+    #[serde(default)]
+    pub paused: bool,
+}
+
+fn default_progress_deadline() -> u64 {
+    600
+}
+fn default_failure_budget() -> u32 {
+    3
+}
+fn default_max_replacements() -> u32 {
+    1
+}
+fn default_creation_timeout() -> u64 {
+    1200
+}
+fn default_health_timeout() -> u64 {
+    600
+}
+
+/// A revision that failed and is not applied again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BadRevision {
+    /// The template hash.
+    pub revision: String,
+    /// Why it was abandoned.
+    pub reason: String,
+    /// When.
+    pub time: Time,
+}
+
+/// A template that was fully rolled out once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevisionRecord {
+    /// The template hash.
+    pub revision: String,
+    /// The template.
+    pub template: MachineTemplate,
+}
+
+/// The rollout in progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutState {
+    /// Revision being rolled out.
+    pub revision: String,
+    /// When it started.
+    pub started: Time,
+    /// When it last made progress (a new machine became Running).
+    pub last_progress: Time,
+    /// New-revision machines that failed.
+    pub failures: u32,
+}
+
+/// Observed state of a MachineDeployment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDeploymentStatus {
+    /// Generation the status describes.
+    #[serde(default)]
+    pub observed_generation: i64,
+    /// All machines (any revision, any phase, terminating included).
+    #[serde(default)]
+    pub replicas: i64,
+    /// Machines of the target revision.
+    #[serde(default)]
+    pub updated_replicas: i64,
+    /// Running machines (any revision).
+    #[serde(default)]
+    pub ready_replicas: i64,
+    /// Running machines of the target revision.
+    #[serde(default)]
+    pub available_replicas: i64,
+    /// Failed machines.
+    #[serde(default)]
+    pub failed_replicas: i64,
+    /// The revision machines are being moved to (the spec's, unless it was bad).
+    #[serde(default)]
+    pub target_revision: String,
+    /// The last revision fully rolled out.
+    #[serde(default)]
+    pub current_revision: String,
+    /// Rollout in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutState>,
+    /// Revisions that failed and are not applied again (until the template changes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bad_revisions: Vec<BadRevision>,
+    /// Good revisions, newest last (for rollback).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revision_history: Vec<RevisionRecord>,
+    /// Conditions: Available, Progressing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A MachineDeployment.
+pub type MachineDeployment = Object<MachineDeploymentSpec, MachineDeploymentStatus>;
+
+impl KindOf for MachineDeployment {
+    const KIND: Kind = Kind::MachineDeployment;
+}
+
+// ------------------------------------------------------------------------------------ MachinePool
+
+/// Desired state of a MachinePool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachinePoolSpec {
+    /// Number of instances.
+    pub replicas: i64,
+    /// The instance template.
+    pub template: MachineTemplate,
+    /// Rolling instance upgrades (maxSurge / maxUnavailable).
+    #[serde(default)]
+    pub strategy: RollingUpdate,
+}
+
+/// Observed state of a MachinePool.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachinePoolStatus {
+    /// Instances in the pool.
+    #[serde(default)]
+    pub replicas: i64,
+    /// Instances provisioned and running.
+    #[serde(default)]
+    pub ready_replicas: i64,
+    /// Instances on the latest model.
+    #[serde(default)]
+    pub updated_replicas: i64,
+    /// The pool's provider ID.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provider_id: String,
+    /// Hash of the template last applied.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub applied_revision: String,
+    /// Capacity last applied.
+    #[serde(default)]
+    pub applied_capacity: i64,
+    /// The operation in flight.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operations: Vec<StoredOperation>,
+    /// The last driver call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_operation: Option<LastOperation>,
+    /// Conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A MachinePool.
+pub type MachinePool = Object<MachinePoolSpec, MachinePoolStatus>;
+
+impl KindOf for MachinePool {
+    const KIND: Kind = Kind::MachinePool;
+}
+
+// ---------------------------------------------------------------------------------------- Machine
+
+/// Which pool instance a pool Machine stands for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolInstanceRef {
+    /// The MachinePool.
+    pub name: String,
+    /// The instance ID in the pool.
+    pub instance_id: String,
+}
+
+/// Desired state of a Machine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineSpec {
+    /// The MachineClass.
+    pub class_ref: NameRef,
+    /// Fields merged over the class's provider spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_spec: Option<Value>,
+    /// Set for pool Machines: the instance this Machine mirrors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_ref: Option<PoolInstanceRef>,
+    /// Not Running this long after create started → Failed (default 1200).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timeout_seconds: Option<u64>,
+    /// Unhealthy or missing this long → Failed (default 600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_timeout_seconds: Option<u64>,
+}
+
+/// Lifecycle phase of a Machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Phase {
+    /// Accepted; nothing asked of the cloud yet.
+    #[default]
+    Pending,
+    /// A create operation is in flight.
+    Creating,
+    /// Up.
+    Running,
+    /// An in-place update is in flight.
+    Updating,
+    /// Being deleted.
+    Terminating,
+    /// Failed; the owner replaces it.
+    Failed,
+    /// The cloud reports it unhealthy or cannot find it.
+    Unknown,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A condition (Kubernetes shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Type, e.g. `Ready`, `Creating`, `Failed`.
+    #[serde(rename = "type")]
+    pub condition_type: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// UpperCamel reason.
+    pub reason: String,
+    /// Detail.
+    #[serde(default)]
+    pub message: String,
+    /// When status last changed.
+    pub last_transition_time: Time,
+}
+
+/// An operation handle kept in status until the operation is done.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredOperation {
+    /// Operation kind (`CreateMachine`, ...).
+    pub kind: String,
+    /// The driver's operation name.
+    pub name: String,
+    /// The opaque token, base64.
+    pub token: String,
+    /// When it started.
+    pub started: Time,
+    /// Request ID of the call that started it.
+    pub request_id: String,
+    /// Last progress reported.
+    #[serde(default)]
+    pub progress: i32,
+}
+
+/// The last driver call made for an object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LastOperation {
+    /// `Create`, `Delete`, `Update`, `Poll`, `Status`, ...
+    #[serde(rename = "type")]
+    pub op_type: String,
+    /// `Processing`, `Succeeded`, `Failed`.
+    pub state: String,
+    /// gRPC code name.
+    pub code: String,
+    /// ErrorInfo reason.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Message.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// The request ID of the call.
+    pub request_id: String,
+    /// When.
+    pub time: Time,
+}
+
+/// A network address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Address {
+    /// InternalIP, ExternalIP, Hostname, ...
+    #[serde(rename = "type")]
+    pub address_type: String,
+    /// The address.
+    pub address: String,
+}
+
+/// A permanent failure, remembered so it is not retried until the spec changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Failure {
+    /// gRPC code name.
+    pub code: String,
+    /// Reason.
+    pub reason: String,
+    /// Message.
+    pub message: String,
+    /// The Machine generation it applies to.
+    pub generation: i64,
+    /// The class generation it applies to.
+    #[serde(default)]
+    pub class_generation: i64,
+}
+
+/// Observed state of a Machine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineStatus {
+    /// Phase.
+    #[serde(default)]
+    pub phase: Phase,
+    /// The cloud's ID.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provider_id: String,
+    /// Addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<Address>,
+    /// Conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The operation in flight (at most one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operations: Vec<StoredOperation>,
+    /// The last driver call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_operation: Option<LastOperation>,
+    /// Request IDs of recent driver calls, newest last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request_ids: Vec<String>,
+    /// Hash of the provider spec the cloud machine runs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub spec_hash: String,
+    /// When the first create call was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_started: Option<Time>,
+    /// Since when the machine is unhealthy or missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_since: Option<Time>,
+    /// A permanent failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}
+
+/// A Machine.
+pub type Machine = Object<MachineSpec, MachineStatus>;
+
+impl KindOf for Machine {
+    const KIND: Kind = Kind::Machine;
+}
+
+impl Machine {
+    /// The deployment or pool that owns this machine, if any.
+    pub fn owner(&self) -> Option<(Kind, &str)> {
+        self.metadata.owner_references.iter().find(|o| o.controller).and_then(|o| {
+            let kind = Kind::parse(&o.kind)?;
+            Some((kind, o.name.as_str()))
+        })
+    }
+
+    /// Whether a delete was asked for.
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+}
+
+// ---------------------------------------------------------------------------------------- helpers
+
+/// Sets a condition, keeping its transition time when the status does not change.
+/// Returns whether anything changed.
+pub fn set_condition(conditions: &mut Vec<Condition>, kind: &str, status: bool, reason: &str, message: &str) -> bool {
+    let status = if status { "True" } else { "False" };
+    match conditions.iter_mut().find(|c| c.condition_type == kind) {
+        Some(c) if c.status == status && c.reason == reason && c.message == message => false,
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = chrono::Utc::now();
+            }
+            c.status = status.into();
+            c.reason = reason.into();
+            c.message = message.into();
+            true
+        }
+        None => {
+            conditions.push(Condition {
+                condition_type: kind.into(),
+                status: status.into(),
+                reason: reason.into(),
+                message: message.into(),
+                last_transition_time: chrono::Utc::now(),
+            });
+            true
+        }
+    }
+}
+
+/// Merges `patch` over `base` (JSON merge patch, RFC 7396: objects merge, anything else replaces,
+/// null removes).
+pub fn merge(base: &Value, patch: &Value) -> Value {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            let mut out = b.clone();
+            for (k, v) in p {
+                if v.is_null() {
+                    out.remove(k);
+                } else {
+                    let merged = merge(b.get(k).unwrap_or(&Value::Null), v);
+                    out.insert(k.clone(), merged);
+                }
+            }
+            Value::Object(out)
+        }
+        (_, p) => p.clone(),
+    }
+}
+
+/// A short stable hash of any serializable value (hex, 10 characters).
+pub fn short_hash<T: Serialize>(v: &T) -> String {
+    use sha2::{Digest, Sha256};
+    let json = serde_json::to_vec(v).unwrap_or_default();
+    hex::encode(&Sha256::digest(json)[..5])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentages_round_like_kubernetes() {
+        let p = IntOrPercent::Str("25%".into());
+        assert_eq!(p.resolve(10, true), Ok(3));
+        assert_eq!(p.resolve(10, false), Ok(2));
+        assert_eq!(IntOrPercent::Int(2).resolve(10, true), Ok(2));
+        assert!(IntOrPercent::Str("x%".into()).resolve(10, true).is_err());
+        assert!(IntOrPercent::Str("150%".into()).resolve(10, true).is_err());
+        assert!(IntOrPercent::Int(-1).resolve(10, true).is_err());
+        assert_eq!(IntOrPercent::Str("10%".into()).resolve(1000, true), Ok(100));
+    }
+
+    #[test]
+    fn merge_patch_overrides_and_removes() {
+        let base = serde_json::json!({"a": 1, "b": {"c": 2, "d": 3}});
+        let patch = serde_json::json!({"b": {"c": 9, "d": null}, "e": 5});
+        assert_eq!(merge(&base, &patch), serde_json::json!({"a": 1, "b": {"c": 9}, "e": 5}));
+    }
+
+    #[test]
+    fn conditions_keep_transition_time_unless_status_changes() {
+        let mut c = Vec::new();
+        assert!(set_condition(&mut c, "Ready", false, "Creating", ""));
+        let t = c[0].last_transition_time;
+        assert!(!set_condition(&mut c, "Ready", false, "Creating", ""));
+        assert!(set_condition(&mut c, "Ready", false, "Waiting", "x"));
+        assert_eq!(c[0].last_transition_time, t);
+    }
+}

@@ -1,0 +1,287 @@
+//! Object storage behind one narrow trait ([`Backend`]), with a typed wrapper ([`Store`]).
+//!
+//! The embedded backend ([`sqlite::SqliteBackend`]) is the default: one SQLite file in WAL mode,
+//! no server, durable across `kill -9`, optimistic concurrency by `resourceVersion`, and change
+//! notifications (including changes other processes — e.g. `machine-controller apply` — make).
+//! A Kubernetes backend implements the same trait with CRDs; reconcilers never know which runs.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use crate::resources::{Kind, ObjectMeta, Resource, Time};
+
+pub mod sqlite;
+
+/// Identifies an object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    /// Kind.
+    pub kind: Kind,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl Key {
+    /// A key.
+    pub fn new(kind: Kind, namespace: &str, name: &str) -> Self {
+        Self { kind, namespace: namespace.into(), name: name.into() }
+    }
+
+    /// The key of a typed object.
+    pub fn of<T: Resource>(obj: &T) -> Self {
+        Self::new(T::KIND, &obj.meta().namespace, &obj.meta().name)
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// Something changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// What.
+    pub key: Key,
+    /// Its controlling owner, so the owner can be reconciled too.
+    pub owner: Option<Key>,
+    /// Whether it is gone.
+    pub deleted: bool,
+}
+
+/// An event recorded against an object (shown by `describe`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// The object.
+    #[serde(skip)]
+    pub key: Key,
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// UpperCamel reason.
+    pub reason: String,
+    /// Detail.
+    pub message: String,
+    /// When.
+    pub time: Time,
+}
+
+/// Store errors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No such object.
+    #[error("{0} not found")]
+    NotFound(Key),
+    /// Create of an existing object.
+    #[error("{0} already exists")]
+    AlreadyExists(Key),
+    /// The object changed since it was read.
+    #[error("{key} was modified (resourceVersion {actual}, not {expected}); read it again")]
+    Conflict {
+        /// Which.
+        key: Key,
+        /// The version the caller read.
+        expected: String,
+        /// The version stored.
+        actual: String,
+    },
+    /// The object is malformed.
+    #[error("invalid object: {0}")]
+    Invalid(String),
+    /// The database failed.
+    #[error("store database error")]
+    Db(#[from] rusqlite::Error),
+    /// (De)serialization failed.
+    #[error("store data error")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Store result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The narrow storage interface. Objects travel as JSON; the store owns `uid`,
+/// `resourceVersion`, `generation`, `creationTimestamp` and `deletionTimestamp`.
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// One object.
+    async fn get(&self, key: &Key) -> Result<Option<Arc<str>>>;
+    /// All objects of a kind.
+    async fn list(&self, kind: Kind) -> Result<Vec<Arc<str>>>;
+    /// Creates; `AlreadyExists` if present.
+    async fn create(&self, kind: Kind, obj: Value) -> Result<Arc<str>>;
+    /// Replaces metadata (labels, annotations, finalizers, owners) and spec — or only status
+    /// when `status_only` — if `metadata.resourceVersion` is still current. Removes the object
+    /// when it is being deleted and has no finalizers left. Returns the stored object, or
+    /// `None` when it was removed.
+    async fn update(&self, kind: Kind, obj: Value, status_only: bool) -> Result<Option<Arc<str>>>;
+    /// Deletes: marks `deletionTimestamp` while finalizers remain, else removes. Returns the
+    /// object as it is afterwards (`None` when removed or absent).
+    async fn delete(&self, key: &Key) -> Result<Option<Arc<str>>>;
+    /// Change notifications.
+    fn subscribe(&self) -> broadcast::Receiver<Change>;
+    /// Records an event.
+    async fn record_event(&self, event: Event) -> Result<()>;
+    /// The newest `limit` events of an object, oldest first.
+    async fn events(&self, key: &Key, limit: usize) -> Result<Vec<Event>>;
+}
+
+/// Typed access over a backend. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn Backend>,
+}
+
+impl Store {
+    /// A store over `backend`.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self { backend }
+    }
+
+    /// The embedded store in `path`.
+    ///
+    /// # Errors
+    /// The file cannot be opened or is not a store.
+    pub fn open(path: &std::path::Path) -> Result<Self> {
+        Ok(Self::new(Arc::new(sqlite::SqliteBackend::open(path)?)))
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// One object.
+    ///
+    /// # Errors
+    /// Database errors, or an object that does not parse as `T`.
+    pub async fn get<T: Resource>(&self, namespace: &str, name: &str) -> Result<Option<T>> {
+        match self.backend.get(&Key::new(T::KIND, namespace, name)).await? {
+            Some(json) => Ok(Some(serde_json::from_str(&json)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// All objects of a kind.
+    ///
+    /// # Errors
+    /// Database errors, or an object that does not parse as `T`.
+    pub async fn list<T: Resource>(&self) -> Result<Vec<T>> {
+        self.backend.list(T::KIND).await?.iter().map(|j| serde_json::from_str(j).map_err(Error::from)).collect()
+    }
+
+    /// Creates `obj`.
+    ///
+    /// # Errors
+    /// `AlreadyExists`, database errors.
+    pub async fn create<T: Resource>(&self, obj: &T) -> Result<T> {
+        let json = self.backend.create(T::KIND, serde_json::to_value(obj)?).await?;
+        Ok(serde_json::from_str(&json)?)
+    }
+
+    /// Updates metadata and spec.
+    ///
+    /// # Errors
+    /// `Conflict` when it changed since read; `NotFound`.
+    pub async fn update<T: Resource>(&self, obj: &T) -> Result<Option<T>> {
+        match self.backend.update(T::KIND, serde_json::to_value(obj)?, false).await? {
+            Some(json) => Ok(Some(serde_json::from_str(&json)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Updates status only.
+    ///
+    /// # Errors
+    /// `Conflict` when it changed since read; `NotFound`.
+    pub async fn update_status<T: Resource>(&self, obj: &T) -> Result<T> {
+        match self.backend.update(T::KIND, serde_json::to_value(obj)?, true).await? {
+            Some(json) => Ok(serde_json::from_str(&json)?),
+            None => Err(Error::NotFound(Key::of(obj))),
+        }
+    }
+
+    /// Deletes (or marks for deletion).
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn delete(&self, key: &Key) -> Result<Option<Arc<str>>> {
+        self.backend.delete(key).await
+    }
+
+    /// Records an event against an object; failures are logged, not returned.
+    pub async fn event(&self, kind: Kind, meta: &ObjectMeta, warning: bool, reason: &str, message: impl Into<String>) {
+        let event = Event {
+            key: Key::new(kind, &meta.namespace, &meta.name),
+            event_type: if warning { "Warning" } else { "Normal" }.into(),
+            reason: reason.into(),
+            message: message.into(),
+            time: chrono::Utc::now(),
+        };
+        if warning {
+            tracing::warn!(object = %event.key, reason, "{}", event.message);
+        } else {
+            tracing::info!(object = %event.key, reason, "{}", event.message);
+        }
+        if let Err(e) = self.backend.record_event(event).await {
+            tracing::warn!("recording event: {e}");
+        }
+    }
+
+    /// Change notifications.
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.backend.subscribe()
+    }
+
+    /// Creates the object, or updates its spec, labels and annotations to the given ones
+    /// (retrying on conflicts). Returns whether it was created, and the stored object.
+    ///
+    /// # Errors
+    /// Database errors; conflicts that persist after retries.
+    pub async fn apply(&self, kind: Kind, desired: Value) -> Result<(bool, Arc<str>)> {
+        let meta = desired.get("metadata").ok_or_else(|| Error::Invalid("metadata is missing".into()))?;
+        let name = meta.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        let namespace = meta.get("namespace").and_then(Value::as_str).unwrap_or("default").to_string();
+        let key = Key::new(kind, &namespace, &name);
+        for _ in 0..5 {
+            let Some(current) = self.backend.get(&key).await? else {
+                match self.backend.create(kind, desired.clone()).await {
+                    Ok(j) => return Ok((true, j)),
+                    Err(Error::AlreadyExists(_)) => continue,
+                    Err(e) => return Err(e),
+                }
+            };
+            let mut merged: Value = serde_json::from_str(&current)?;
+            for field in ["spec", "stringData", "data", "type"] {
+                match desired.get(field) {
+                    Some(v) => merged[field] = v.clone(),
+                    None if field != "spec" => {
+                        if let Some(o) = merged.as_object_mut() {
+                            o.remove(field);
+                        }
+                    }
+                    None => {}
+                }
+            }
+            for field in ["labels", "annotations"] {
+                merged["metadata"][field] = meta.get(field).cloned().unwrap_or(Value::Object(Default::default()));
+            }
+            match self.backend.update(kind, merged, false).await {
+                Ok(Some(j)) => return Ok((false, j)),
+                Ok(None) => continue,
+                Err(Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Conflict { key, expected: "latest".into(), actual: "changing".into() })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,110 @@
+use super::*;
+use crate::resources::*;
+use std::time::Duration;
+
+fn class(name: &str, size: &str) -> MachineClass {
+    MachineClass::new(
+        "default",
+        name,
+        MachineClassSpec {
+            driver: "fake".into(),
+            provider_spec: serde_json::json!({"machineType": size}),
+            secret_ref: None,
+        },
+    )
+}
+
+#[tokio::test]
+async fn create_get_update_with_optimistic_concurrency() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let created = store.create(&class("a", "small")).await.unwrap();
+    assert_eq!(created.metadata.generation, 1);
+    assert!(!created.metadata.uid.is_empty());
+    assert!(matches!(store.create(&class("a", "small")).await, Err(Error::AlreadyExists(_))));
+
+    let mut changed = created.clone();
+    changed.spec.provider_spec = serde_json::json!({"machineType": "large"});
+    let updated = store.update(&changed).await.unwrap().unwrap();
+    assert_eq!(updated.metadata.generation, 2, "a spec change bumps generation");
+    // A stale write is refused.
+    assert!(matches!(store.update(&changed).await, Err(Error::Conflict { .. })));
+
+    let mut status = updated.clone();
+    status.status.validated_generation = 2;
+    let after = store.update_status(&status).await.unwrap();
+    assert_eq!(after.metadata.generation, 2, "a status write does not bump generation");
+    assert_eq!(after.status.validated_generation, 2);
+}
+
+#[tokio::test]
+async fn finalizers_hold_a_delete_until_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let mut c = class("a", "small");
+    c.metadata.finalizers = vec![FINALIZER.into()];
+    let c = store.create(&c).await.unwrap();
+    let key = Key::of(&c);
+    assert!(store.delete(&key).await.unwrap().is_some(), "still there, marked");
+    let marked: MachineClass = store.get("default", "a").await.unwrap().unwrap();
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    let mut done = marked.clone();
+    done.metadata.finalizers.clear();
+    assert!(store.update(&done).await.unwrap().is_none(), "removing the last finalizer removes the object");
+    assert!(store.get::<MachineClass>("default", "a").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn survives_reopen_and_sees_other_processes_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let a = Store::open(&path).unwrap();
+    let mut rx = a.subscribe();
+    a.create(&class("one", "small")).await.unwrap();
+    assert_eq!(rx.recv().await.unwrap().key.name, "one");
+
+    // Another handle on the same file stands for another process (the CLI).
+    let b = Store::open(&path).unwrap();
+    assert!(b.get::<MachineClass>("default", "one").await.unwrap().is_some());
+    b.create(&class("two", "small")).await.unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+    assert_eq!(change.key.name, "two");
+    assert!(a.get::<MachineClass>("default", "two").await.unwrap().is_some());
+    b.delete(&Key::new(Kind::MachineClass, "default", "one")).await.unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+    assert!(change.deleted && change.key.name == "one");
+    drop((a, b));
+    let c = Store::open(&path).unwrap();
+    let names: Vec<String> = c.list::<MachineClass>().await.unwrap().into_iter().map(|m| m.metadata.name).collect();
+    assert_eq!(names, vec!["two"]);
+}
+
+#[tokio::test]
+async fn apply_creates_then_updates_spec_and_labels_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let (created, _) =
+        store.apply(Kind::MachineClass, serde_json::to_value(class("a", "small")).unwrap()).await.unwrap();
+    assert!(created);
+    let mut status = store.get::<MachineClass>("default", "a").await.unwrap().unwrap();
+    status.status.validated_generation = 1;
+    store.update_status(&status).await.unwrap();
+    let (created, _) =
+        store.apply(Kind::MachineClass, serde_json::to_value(class("a", "large")).unwrap()).await.unwrap();
+    assert!(!created);
+    let now = store.get::<MachineClass>("default", "a").await.unwrap().unwrap();
+    assert_eq!(now.spec.provider_spec["machineType"], "large");
+    assert_eq!(now.status.validated_generation, 1, "apply keeps status");
+    assert_eq!(now.metadata.generation, 2);
+}
+
+#[tokio::test]
+async fn events_are_kept_per_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let c = store.create(&class("a", "small")).await.unwrap();
+    store.event(Kind::MachineClass, &c.metadata, false, "Validated", "ok").await;
+    store.event(Kind::MachineClass, &c.metadata, true, "Invalid", "bad").await;
+    let ev = store.backend().events(&Key::of(&c), 10).await.unwrap();
+    assert_eq!(ev.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), vec!["Validated", "Invalid"]);
+}
