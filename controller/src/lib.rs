@@ -13,6 +13,10 @@
 
 #![warn(missing_docs)]
 
+pub mod cli;
+pub mod demo;
 pub mod manifest;
+pub mod reconcile;
 pub mod resources;
+pub mod runtime;
 pub mod store;

@@ -1,1 +1,24 @@
-fn main() {}
+//! `machine-controller`: see `machine-controller --help`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use machine_controller::cli::{self, Cli, Command};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Commands print their own output; only `run` logs at info by default.
+    if std::env::var_os("RUST_LOG").is_none() {
+        let level = if matches!(cli.command, Command::Run(_)) { "info" } else { "warn" };
+        std::env::set_var("RUST_LOG", level);
+    }
+    let _telemetry = driver_sdk::telemetry::init("machine-controller", cli.log_format);
+    match cli::execute(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("{}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}

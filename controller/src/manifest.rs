@@ -163,21 +163,22 @@ fn parse_object(json: &Value) -> Result<AnyObject, Problem> {
     let kind_str = map.get("kind").and_then(Value::as_str).ok_or((None, "kind".into(), "is required".into()))?;
     let name = map.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("");
     let label = Some(format!("{kind_str}/{name}"));
-    let kind =
-        match kind_str {
-            "Secret" => Kind::Secret,
-            "MachineClass" => Kind::MachineClass,
-            "MachineDeployment" => Kind::MachineDeployment,
-            "MachinePool" => Kind::MachinePool,
-            "Machine" => Kind::Machine,
-            other => return Err((
+    let kind = match kind_str {
+        "Secret" => Kind::Secret,
+        "MachineClass" => Kind::MachineClass,
+        "MachineDeployment" => Kind::MachineDeployment,
+        "MachinePool" => Kind::MachinePool,
+        "Machine" => Kind::Machine,
+        other => {
+            return Err((
                 None,
                 "kind".into(),
                 format!(
                     "unknown kind {other:?}; expected Secret, MachineClass, MachineDeployment, MachinePool or Machine"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     match map.get("apiVersion").and_then(Value::as_str) {
         None => return Err((label, "apiVersion".into(), "is required".into())),
         Some(v) if v != kind.api_version() => {

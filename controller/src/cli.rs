@@ -1,0 +1,758 @@
+//! The `machine-controller` command line.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::Value;
+
+use crate::manifest::{self, AnyObject};
+use crate::resources::*;
+use crate::runtime::{self, Config};
+use crate::store::{Key, Store};
+
+/// Reconciles machine resources through driver sidecars.
+#[derive(Debug, Parser)]
+#[command(name = "machine-controller", version)]
+pub struct Cli {
+    /// The embedded store file.
+    #[arg(long, global = true, env = "MACHINE_CONTROLLER_STORE", default_value = "machine-controller.db")]
+    pub store: PathBuf,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = driver_sdk::telemetry::LogFormat::Text)]
+    pub log_format: driver_sdk::telemetry::LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output formats of `get`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// A table.
+    Table,
+    /// A wider table.
+    Wide,
+    /// YAML.
+    Yaml,
+    /// JSON.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Creates or updates objects from YAML/JSON files or folders. All documents are validated
+    /// first; an invalid one changes nothing.
+    Apply {
+        /// Files or folders.
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Lists objects.
+    Get {
+        /// Kind: machines, md, mc, mp, secrets (or the full kind name).
+        kind: String,
+        /// One object.
+        name: Option<String>,
+        /// Namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Shows one object with its conditions, stored operations, request IDs and recent events.
+    Describe {
+        /// Kind.
+        kind: String,
+        /// Name.
+        name: String,
+        /// Namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
+    /// Deletes objects (machines go through their finalizer: the cloud machine is deleted first).
+    Delete {
+        /// Kind (or use -f).
+        kind: Option<String>,
+        /// Name.
+        name: Option<String>,
+        /// Delete what these manifests name.
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<PathBuf>,
+        /// Namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
+    /// Rollout status of a MachineDeployment, with progress bars.
+    Rollout {
+        /// `status`.
+        #[command(subcommand)]
+        action: RolloutAction,
+    },
+    /// Runs the reconcilers.
+    Run(RunArgs),
+    /// Runs a demo: a fake driver sidecar, a 20-machine deployment, a rolling update, scaling.
+    Demo(crate::demo::DemoArgs),
+}
+
+/// `rollout` actions.
+#[derive(Debug, Subcommand)]
+pub enum RolloutAction {
+    /// Waits until the rollout completes (exit 0), is aborted (exit 1) or times out (exit 2).
+    Status {
+        /// The MachineDeployment.
+        name: String,
+        /// Namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        /// Give up after this long.
+        #[arg(long, default_value = "10m", value_parser = driver_sdk::parse_duration)]
+        timeout: Duration,
+        /// Print the status once instead of waiting.
+        #[arg(long)]
+        no_watch: bool,
+    },
+}
+
+/// `run` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// A driver sidecar: NAME=ENDPOINT (e.g. fake=unix:///run/machine-driver/fake.sock). Repeat for more.
+    #[arg(long = "driver", value_parser = parse_driver, required = true)]
+    pub drivers: Vec<(String, String)>,
+    /// Concurrent reconciles.
+    #[arg(long, default_value_t = 10)]
+    pub workers: usize,
+    /// Serve /metrics, /healthz and /readyz here.
+    #[arg(long, env = "MACHINE_CONTROLLER_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Deadline of one driver call.
+    #[arg(long, default_value = "5s", value_parser = driver_sdk::parse_duration)]
+    pub call_timeout: Duration,
+    /// Changes within this window coalesce into one reconcile.
+    #[arg(long, default_value = "100ms", value_parser = driver_sdk::parse_duration)]
+    pub debounce: Duration,
+    /// Driver calls per second, per driver.
+    #[arg(long, default_value_t = 200.0)]
+    pub driver_qps: f64,
+    /// Burst of driver calls, per driver.
+    #[arg(long, default_value_t = 400)]
+    pub driver_burst: u32,
+    /// How often Running machines are checked.
+    #[arg(long, default_value = "30s", value_parser = driver_sdk::parse_duration)]
+    pub health_check_interval: Duration,
+    /// How often each class is listed for orphans.
+    #[arg(long, default_value = "60s", value_parser = driver_sdk::parse_duration)]
+    pub orphan_interval: Duration,
+    /// How long an orphan is left alone before it is deleted.
+    #[arg(long, default_value = "5m", value_parser = driver_sdk::parse_duration)]
+    pub orphan_grace: Duration,
+    /// The tag value that marks cloud machines as this controller's.
+    #[arg(long, default_value = "machine-controller")]
+    pub controller_id: String,
+    /// Wait for each operation inside the worker (comparison benchmarks only).
+    #[arg(long, hide = true)]
+    pub blocking: bool,
+}
+
+impl RunArgs {
+    /// The runtime configuration.
+    pub fn config(&self) -> Config {
+        Config {
+            workers: self.workers.max(1),
+            call_timeout: self.call_timeout,
+            debounce: self.debounce,
+            driver_qps: self.driver_qps,
+            driver_burst: self.driver_burst,
+            blocking: self.blocking,
+            health_check_interval: self.health_check_interval,
+            orphan_interval: self.orphan_interval,
+            orphan_grace: self.orphan_grace,
+            controller_id: self.controller_id.clone(),
+            ..Config::default()
+        }
+    }
+}
+
+fn parse_driver(s: &str) -> Result<(String, String), String> {
+    let (name, endpoint) =
+        s.split_once('=').ok_or_else(|| format!("{s:?}: expected NAME=ENDPOINT, e.g. fake=unix:///tmp/fake.sock"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?}: the driver name is empty"));
+    }
+    endpoint.parse::<driver_sdk::endpoint::Endpoint>().map_err(|e| e.to_string())?;
+    Ok((name.to_string(), endpoint.to_string()))
+}
+
+/// A CLI failure: the message to print and the exit code.
+#[derive(Debug)]
+pub struct Failure {
+    /// Printed to stderr.
+    pub message: String,
+    /// Process exit code.
+    pub code: u8,
+}
+
+impl<E: std::error::Error + 'static> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure { message: driver_sdk::error_chain(&e), code: 1 }
+    }
+}
+
+fn fail(message: impl Into<String>) -> Failure {
+    Failure { message: message.into(), code: 1 }
+}
+
+fn kind_arg(s: &str) -> Result<Kind, Failure> {
+    Kind::parse(s).ok_or_else(|| fail(format!("unknown kind {s:?}; use machines, machinedeployments (md), machinepools (mp), machineclasses (mc) or secrets")))
+}
+
+/// Runs a parsed command.
+///
+/// # Errors
+/// What to print, and the exit code.
+pub async fn execute(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Apply { files } => apply(&cli.store, &files).await,
+        Command::Get { kind, name, namespace, output } => {
+            get(&open(&cli.store)?, kind_arg(&kind)?, name.as_deref(), &namespace, output).await
+        }
+        Command::Describe { kind, name, namespace } => {
+            describe(&open(&cli.store)?, kind_arg(&kind)?, &name, &namespace).await
+        }
+        Command::Delete { kind, name, files, namespace } => delete(&cli.store, kind, name, &files, &namespace).await,
+        Command::Rollout { action: RolloutAction::Status { name, namespace, timeout, no_watch } } => {
+            rollout_status(&open(&cli.store)?, &namespace, &name, timeout, !no_watch).await
+        }
+        Command::Run(args) => run(&cli.store, &args).await,
+        Command::Demo(args) => crate::demo::run(args).await,
+    }
+}
+
+fn open(path: &std::path::Path) -> Result<Store, Failure> {
+    Store::open(path).map_err(|e| fail(format!("opening store {}: {}", path.display(), driver_sdk::error_chain(&e))))
+}
+
+/// Reads and validates every manifest; any error means nothing is applied.
+pub fn read_manifests(files: &[PathBuf]) -> Result<Vec<AnyObject>, Failure> {
+    let mut objects = Vec::new();
+    let mut errors = Vec::new();
+    for path in files {
+        let list = manifest::files(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+        if list.is_empty() {
+            return Err(fail(format!("{}: no .yaml, .yml or .json files", path.display())));
+        }
+        for file in list {
+            let text = std::fs::read_to_string(&file).map_err(|e| fail(format!("{}: {e}", file.display())))?;
+            match manifest::parse(&text, &file.display().to_string()) {
+                Ok(objs) => objects.extend(objs),
+                Err(errs) => errors.extend(errs),
+            }
+        }
+    }
+    if !errors.is_empty() {
+        let lines: Vec<String> = errors.iter().map(|e| format!("error: {e}")).collect();
+        return Err(Failure { message: format!("{}\nnothing was applied", lines.join("\n")), code: 1 });
+    }
+    Ok(objects)
+}
+
+async fn apply(store_path: &std::path::Path, files: &[PathBuf]) -> Result<(), Failure> {
+    let mut objects = read_manifests(files)?;
+    let store = open(store_path)?;
+    objects.sort_by_key(|o| o.kind());
+    for o in objects {
+        let meta = o.meta();
+        let (created, _) = store.apply(o.kind(), o.to_json()).await?;
+        println!(
+            "{}/{} {}",
+            o.kind().as_str().to_ascii_lowercase(),
+            meta.name,
+            if created { "created" } else { "configured" }
+        );
+    }
+    Ok(())
+}
+
+async fn delete(
+    store_path: &std::path::Path,
+    kind: Option<String>,
+    name: Option<String>,
+    files: &[PathBuf],
+    namespace: &str,
+) -> Result<(), Failure> {
+    let mut keys = Vec::new();
+    if !files.is_empty() {
+        for o in read_manifests(files)? {
+            keys.push(Key::new(o.kind(), &o.meta().namespace, &o.meta().name));
+        }
+    }
+    match (kind, name) {
+        (Some(k), Some(n)) => keys.push(Key::new(kind_arg(&k)?, namespace, &n)),
+        (Some(_), None) => return Err(fail("delete needs KIND NAME, or -f FILE")),
+        _ if keys.is_empty() => return Err(fail("delete needs KIND NAME, or -f FILE")),
+        _ => {}
+    }
+    let store = open(store_path)?;
+    for key in keys.iter().rev() {
+        let exists = store.backend().get(key).await?.is_some();
+        if !exists {
+            return Err(fail(format!("{} {} not found in namespace {}", key.kind, key.name, key.namespace)));
+        }
+        let left = store.delete(key).await?;
+        let how = if left.is_some() {
+            "deleting (waiting for the controller to remove it from the cloud)"
+        } else {
+            "deleted"
+        };
+        println!("{}/{} {how}", key.kind.as_str().to_ascii_lowercase(), key.name);
+    }
+    Ok(())
+}
+
+fn age(t: Option<Time>) -> String {
+    let Some(t) = t else { return "-".into() };
+    let s = (chrono::Utc::now() - t).num_seconds().max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+fn redact_secret(mut v: Value) -> Value {
+    for field in ["data", "stringData"] {
+        if let Some(Value::Object(m)) = v.get_mut(field) {
+            for val in m.values_mut() {
+                *val = Value::String("<redacted>".into());
+            }
+        }
+    }
+    v
+}
+
+fn print_table(rows: Vec<Vec<String>>) {
+    let widths: Vec<usize> =
+        (0..rows.first().map_or(0, Vec::len)).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    let mut out = std::io::stdout().lock();
+    for r in rows {
+        let line: Vec<String> = r.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        let _ = writeln!(out, "{}", line.join("   ").trim_end());
+    }
+}
+
+fn condition(conds: &[Condition], kind: &str) -> String {
+    conds.iter().find(|c| c.condition_type == kind).map_or("-".into(), |c| format!("{}/{}", c.status, c.reason))
+}
+
+async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, output: Output) -> Result<(), Failure> {
+    let mut raw: Vec<Value> = store
+        .backend()
+        .list(kind)
+        .await?
+        .iter()
+        .filter_map(|j| serde_json::from_str::<Value>(j).ok())
+        .filter(|v| v["metadata"]["namespace"] == namespace)
+        .filter(|v| name.is_none_or(|n| v["metadata"]["name"] == n))
+        .collect();
+    if let Some(n) = name {
+        if raw.is_empty() {
+            return Err(fail(format!("{kind} {n} not found in namespace {namespace}")));
+        }
+    }
+    if kind == Kind::Secret {
+        raw = raw.into_iter().map(redact_secret).collect();
+    }
+    match output {
+        Output::Json => {
+            let v = if name.is_some() {
+                raw.remove(0)
+            } else {
+                serde_json::json!({"apiVersion": "v1", "kind": "List", "items": raw})
+            };
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            return Ok(());
+        }
+        Output::Yaml => {
+            let v = if name.is_some() {
+                raw.remove(0)
+            } else {
+                serde_json::json!({"apiVersion": "v1", "kind": "List", "items": raw})
+            };
+            print!("{}", serde_yaml_ng::to_string(&v).map_err(|e| fail(e.to_string()))?);
+            return Ok(());
+        }
+        Output::Table | Output::Wide => {}
+    }
+    let wide = output == Output::Wide;
+    if raw.is_empty() {
+        eprintln!("no {kind} objects in namespace {namespace}");
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    match kind {
+        Kind::Machine => {
+            let mut header = vec!["NAME", "PHASE", "PROVIDER-ID", "AGE"];
+            if wide {
+                header.extend(["CLASS", "REVISION", "ADDRESS", "LAST-OP", "REQUEST-ID"]);
+            }
+            rows.push(header.into_iter().map(String::from).collect());
+            for v in raw {
+                let m: Machine = serde_json::from_value(v)?;
+                let mut row = vec![
+                    m.metadata.name.clone(),
+                    m.status.phase.to_string(),
+                    or_dash(&m.status.provider_id),
+                    age(m.metadata.creation_timestamp),
+                ];
+                if wide {
+                    let last = m.status.last_operation.as_ref();
+                    row.extend([
+                        m.spec.class_ref.name.clone(),
+                        m.metadata.labels.get(LABEL_REVISION).cloned().unwrap_or("-".into()),
+                        m.status.addresses.first().map_or("-".into(), |a| a.address.clone()),
+                        last.map_or("-".into(), |l| format!("{}/{}/{}", l.op_type, l.state, l.code)),
+                        last.map_or("-".into(), |l| l.request_id.clone()),
+                    ]);
+                }
+                rows.push(row);
+            }
+        }
+        Kind::MachineDeployment => {
+            let mut header = vec!["NAME", "DESIRED", "CURRENT", "UPDATED", "READY", "AVAILABLE", "REVISION", "AGE"];
+            if wide {
+                header.extend(["STRATEGY", "PROGRESSING", "BAD-REVISIONS"]);
+            }
+            rows.push(header.into_iter().map(String::from).collect());
+            for v in raw {
+                let d: MachineDeployment = serde_json::from_value(v)?;
+                let mut row = vec![
+                    d.metadata.name.clone(),
+                    d.spec.replicas.to_string(),
+                    d.status.replicas.to_string(),
+                    d.status.updated_replicas.to_string(),
+                    d.status.ready_replicas.to_string(),
+                    d.status.available_replicas.to_string(),
+                    or_dash(&d.status.target_revision),
+                    age(d.metadata.creation_timestamp),
+                ];
+                if wide {
+                    row.extend([
+                        format!("{:?}", d.spec.strategy.strategy_type),
+                        condition(&d.status.conditions, "Progressing"),
+                        d.status
+                            .bad_revisions
+                            .iter()
+                            .map(|b| b.revision.clone())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                            .chars()
+                            .take(40)
+                            .collect::<String>(),
+                    ]);
+                }
+                rows.push(row);
+            }
+        }
+        Kind::MachinePool => {
+            rows.push(
+                ["NAME", "DESIRED", "CURRENT", "READY", "UPDATED", "AGE"].into_iter().map(String::from).collect(),
+            );
+            for v in raw {
+                let p: MachinePool = serde_json::from_value(v)?;
+                rows.push(vec![
+                    p.metadata.name.clone(),
+                    p.spec.replicas.to_string(),
+                    p.status.replicas.to_string(),
+                    p.status.ready_replicas.to_string(),
+                    p.status.updated_replicas.to_string(),
+                    age(p.metadata.creation_timestamp),
+                ]);
+            }
+        }
+        Kind::MachineClass => {
+            rows.push(["NAME", "DRIVER", "VALID", "AGE"].into_iter().map(String::from).collect());
+            for v in raw {
+                let c: MachineClass = serde_json::from_value(v)?;
+                rows.push(vec![
+                    c.metadata.name.clone(),
+                    c.spec.driver.clone(),
+                    condition(&c.status.conditions, "Valid"),
+                    age(c.metadata.creation_timestamp),
+                ]);
+            }
+        }
+        Kind::Secret => {
+            rows.push(["NAME", "KEYS", "AGE"].into_iter().map(String::from).collect());
+            for v in raw {
+                let keys = ["data", "stringData"]
+                    .iter()
+                    .filter_map(|f| v.get(*f).and_then(Value::as_object))
+                    .map(|o| o.len())
+                    .sum::<usize>();
+                let created = v["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.with_timezone(&chrono::Utc));
+                rows.push(vec![
+                    v["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                    keys.to_string(),
+                    age(created),
+                ]);
+            }
+        }
+    }
+    print_table(rows);
+    Ok(())
+}
+
+fn or_dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.into()
+    }
+}
+
+async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Result<(), Failure> {
+    let key = Key::new(kind, namespace, name);
+    let Some(json) = store.backend().get(&key).await? else {
+        return Err(fail(format!("{kind} {name} not found in namespace {namespace}")));
+    };
+    let mut v: Value = serde_json::from_str(&json)?;
+    if kind == Kind::Secret {
+        v = redact_secret(v);
+    }
+    let mut out = String::new();
+    let meta = &v["metadata"];
+    out += &format!("Name:         {}\nNamespace:    {}\nKind:         {}\n", name, namespace, kind);
+    out += &format!("Created:      {}\n", meta["creationTimestamp"].as_str().unwrap_or("-"));
+    if let Some(d) = meta["deletionTimestamp"].as_str() {
+        out += &format!("Deleting:     since {d}\n");
+    }
+    out += &format!(
+        "Generation:   {}\nVersion:      {}\n",
+        meta["generation"],
+        meta["resourceVersion"].as_str().unwrap_or("-")
+    );
+    for (title, field) in [("Labels", "labels"), ("Annotations", "annotations")] {
+        if let Some(o) = meta[field].as_object() {
+            out += &format!("{title}:\n");
+            for (k, val) in o {
+                out += &format!("  {k}={}\n", val.as_str().unwrap_or(""));
+            }
+        }
+    }
+    if let Some(f) = meta["finalizers"].as_array() {
+        out += &format!("Finalizers:   {}\n", f.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", "));
+    }
+    if let Some(spec) = v.get("spec") {
+        out += "Spec:\n";
+        out += &indent(&serde_yaml_ng::to_string(spec).unwrap_or_default());
+    }
+    let status = &v["status"];
+    if let Some(phase) = status["phase"].as_str() {
+        out += &format!("Phase:        {phase}\n");
+    }
+    if let Some(p) = status["providerId"].as_str() {
+        out += &format!("Provider ID:  {p}\n");
+    }
+    if let Some(a) = status["addresses"].as_array() {
+        for addr in a {
+            out += &format!(
+                "Address:      {} {}\n",
+                addr["type"].as_str().unwrap_or(""),
+                addr["address"].as_str().unwrap_or("")
+            );
+        }
+    }
+    if let Some(conds) = status["conditions"].as_array() {
+        out += "Conditions:\n  TYPE                    STATUS  REASON                        MESSAGE\n";
+        for c in conds {
+            out += &format!(
+                "  {:<23} {:<7} {:<29} {}\n",
+                c["type"].as_str().unwrap_or(""),
+                c["status"].as_str().unwrap_or(""),
+                c["reason"].as_str().unwrap_or(""),
+                c["message"].as_str().unwrap_or("")
+            );
+        }
+    }
+    if let Some(ops) = status["operations"].as_array() {
+        out += "Operations in flight:\n";
+        for o in ops {
+            out += &format!(
+                "  {} {} started {} ({}% done), request {}\n",
+                o["kind"].as_str().unwrap_or(""),
+                o["name"].as_str().unwrap_or(""),
+                o["started"].as_str().unwrap_or(""),
+                o["progress"],
+                o["requestId"].as_str().unwrap_or("")
+            );
+        }
+    }
+    if let Some(l) = status.get("lastOperation").filter(|l| !l.is_null()) {
+        out += &format!(
+            "Last operation: {} {} code={} {} request={} at {}\n",
+            l["type"].as_str().unwrap_or(""),
+            l["state"].as_str().unwrap_or(""),
+            l["code"].as_str().unwrap_or(""),
+            l["reason"].as_str().map(|r| format!("reason={r}")).unwrap_or_default(),
+            l["requestId"].as_str().unwrap_or(""),
+            l["time"].as_str().unwrap_or("")
+        );
+        if let Some(m) = l["message"].as_str() {
+            out += &format!("  message: {m}\n");
+        }
+    }
+    if let Some(ids) = status["requestIds"].as_array() {
+        out +=
+            &format!("Recent request IDs: {}\n", ids.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", "));
+    }
+    if let Some(f) = status.get("failure").filter(|f| !f.is_null()) {
+        out += &format!(
+            "Failure:      {} {}: {}\n",
+            f["code"].as_str().unwrap_or(""),
+            f["reason"].as_str().unwrap_or(""),
+            f["message"].as_str().unwrap_or("")
+        );
+    }
+    if kind == Kind::MachineDeployment {
+        let other: serde_json::Map<String, Value> = status
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "revisionHistory"))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out += "Status:\n";
+        out += &indent(&serde_yaml_ng::to_string(&Value::Object(other)).unwrap_or_default());
+    }
+    let events = store.backend().events(&key, 15).await?;
+    out += "Events:\n";
+    if events.is_empty() {
+        out += "  <none>\n";
+    }
+    for e in events {
+        out += &format!("  {}  {:<7} {:<22} {}\n", e.time.format("%H:%M:%S%.3f"), e.event_type, e.reason, e.message);
+    }
+    print!("{out}");
+    Ok(())
+}
+
+fn indent(s: &str) -> String {
+    s.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+async fn rollout_status(
+    store: &Store,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
+    watch: bool,
+) -> Result<(), Failure> {
+    use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+    let deadline = tokio::time::Instant::now() + timeout;
+    let bars = MultiProgress::new();
+    let style = ProgressStyle::with_template("{prefix:>10} [{bar:40}] {pos}/{len} {msg}")
+        .map_err(|e| fail(e.to_string()))?
+        .progress_chars("=> ");
+    let updated = bars.add(ProgressBar::new(0).with_style(style.clone()).with_prefix("updated"));
+    let available = bars.add(ProgressBar::new(0).with_style(style).with_prefix("available"));
+    loop {
+        let Some(md) = store.get::<MachineDeployment>(namespace, name).await? else {
+            return Err(fail(format!("MachineDeployment {name} not found in namespace {namespace}")));
+        };
+        let desired = md.spec.replicas.max(0) as u64;
+        updated.set_length(desired);
+        available.set_length(desired);
+        updated.set_position((md.status.updated_replicas.max(0) as u64).min(desired));
+        available.set_position((md.status.available_replicas.max(0) as u64).min(desired));
+        let progressing = md.status.conditions.iter().find(|c| c.condition_type == "Progressing");
+        let msg = progressing.map(|c| format!("{}: {}", c.reason, c.message)).unwrap_or_default();
+        available.set_message(msg.clone());
+        updated.set_message(format!("revision {} ({} machines total)", md.status.target_revision, md.status.replicas));
+        let observed = md.status.observed_generation >= md.metadata.generation;
+        if observed && progressing.is_some_and(|c| c.reason == "RolloutAborted" || c.reason == "NoGoodRevision") {
+            bars.clear().ok();
+            return Err(Failure { message: format!("rollout of {name} aborted: {msg}"), code: 1 });
+        }
+        let done = observed
+            && md.status.available_replicas == md.spec.replicas
+            && md.status.replicas == md.spec.replicas
+            && md.status.updated_replicas == md.spec.replicas;
+        if done {
+            updated.finish();
+            available.finish();
+            println!("machinedeployment {name} successfully rolled out (revision {})", md.status.target_revision);
+            return Ok(());
+        }
+        if !watch {
+            bars.clear().ok();
+            println!(
+                "waiting for rollout of {name}: {} of {} updated machines available",
+                md.status.available_replicas, md.spec.replicas
+            );
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bars.clear().ok();
+            return Err(Failure { message: format!("rollout of {name} not finished after {timeout:?}"), code: 2 });
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+}
+
+/// Runs the controller until SIGTERM / SIGINT.
+async fn run(store_path: &std::path::Path, args: &RunArgs) -> Result<(), Failure> {
+    let store = open(store_path)?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let ctx = runtime::Ctx::new(store, &args.drivers, args.config(), &mut registry)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(addr) = args.metrics_addr {
+        let listener =
+            driver_sdk::metrics::bind(addr).await.map_err(|e| fail(format!("metrics address {addr}: {e}")))?;
+        tracing::info!(
+            "metrics on http://{}/metrics",
+            listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
+        );
+        let mut stop = stop_rx.clone();
+        let ready_ctx = ctx.clone();
+        tokio::spawn(driver_sdk::metrics::serve_http(
+            listener,
+            Arc::new(registry),
+            Arc::new(move || !ready_ctx.drivers.is_empty()),
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
+        ));
+    }
+    let names: Vec<String> = args.drivers.iter().map(|(n, e)| format!("{n}={e}")).collect();
+    tracing::info!(workers = args.workers, drivers = ?names, store = %store_path.display(), "machine-controller running");
+    runtime::run(ctx, shutdown_signal()).await;
+    let _ = stop_tx.send(true);
+    Ok(())
+}
+
+/// SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => futures::future::pending::<()>().await,
+    }
+}

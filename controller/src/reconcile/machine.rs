@@ -1,0 +1,679 @@
+//! The Machine lifecycle: create through the driver, keep the operation in status before
+//! anything else, poll it at `poll_after`, health-check Running machines, update in place,
+//! delete behind a finalizer.
+
+use std::time::Duration;
+
+use base64::Engine;
+use chrono::Utc;
+use driver_sdk::proto as pb;
+use driver_sdk::{CallError, OperationExt};
+
+use super::{resolve, Resolved};
+use crate::resources::*;
+use crate::runtime::{classify, Action, Ctx, ReconcileError, Verdict};
+use crate::store::{Error as StoreError, Key};
+
+type Result<T> = std::result::Result<T, ReconcileError>;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+const KEEP_REQUEST_IDS: usize = 5;
+
+/// Reconciles one Machine.
+///
+/// # Errors
+/// Store failures (driver failures become status).
+pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
+    let Some(m) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
+        ctx.forget(key);
+        return Ok(Action::AwaitChange);
+    };
+    if m.spec.pool_ref.is_some() {
+        return super::pool::reconcile_machine(ctx, key, m).await;
+    }
+    if m.is_deleting() {
+        return delete(ctx, key, m).await;
+    }
+    if !m.metadata.finalizers.iter().any(|f| f == FINALIZER) {
+        // The finalizer goes on before any cloud call, so a delete can never skip cleanup.
+        let mut with = m.clone();
+        with.metadata.finalizers.push(FINALIZER.into());
+        return match ctx.store.update(&with).await {
+            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+            Err(e) => Err(e.into()),
+        };
+    }
+    let wait = ctx.wait_before_call(key);
+    if !wait.is_zero() {
+        return Ok(Action::Requeue(wait));
+    }
+    let r = match resolve(ctx, &m.metadata.namespace, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await? {
+        Ok(r) => r,
+        Err((reason, message)) => {
+            let mut next = m.clone();
+            set_condition(&mut next.status.conditions, "Ready", false, reason, &message);
+            save(ctx, &m, next).await?;
+            return Ok(Action::Requeue(Duration::from_secs(10)));
+        }
+    };
+    if let Some(op) = m.status.operations.first().cloned() {
+        return poll(ctx, key, m, &r, op).await;
+    }
+    if let Some(f) = &m.status.failure {
+        if f.generation == m.metadata.generation && f.class_generation == r.class.metadata.generation {
+            // Permanent failure for this spec: no retries until the spec or class changes.
+            return Ok(Action::AwaitChange);
+        }
+    }
+    match m.status.phase {
+        Phase::Failed if m.status.failure.is_none() => Ok(Action::AwaitChange),
+        Phase::Running | Phase::Unknown | Phase::Updating if !m.status.provider_id.is_empty() => {
+            let desired = driver_sdk::convert::spec_hash(&r.provider_spec);
+            if !m.status.spec_hash.is_empty() && m.status.spec_hash != desired {
+                update(ctx, key, m, &r).await
+            } else {
+                health(ctx, key, m, &r).await
+            }
+        }
+        _ => create(ctx, key, m, &r).await,
+    }
+}
+
+/// Writes status when it changed. `Ok(false)` on a conflict (the caller requeues).
+async fn save(ctx: &Ctx, before: &Machine, after: Machine) -> Result<bool> {
+    if after.status == before.status {
+        return Ok(true);
+    }
+    match ctx.store.update_status(&after).await {
+        Ok(_) => Ok(true),
+        Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn remember(status: &mut MachineStatus, request_id: &str) {
+    status.request_ids.push(request_id.to_string());
+    let n = status.request_ids.len();
+    if n > KEEP_REQUEST_IDS {
+        status.request_ids.drain(..n - KEEP_REQUEST_IDS);
+    }
+}
+
+fn last_ok(op_type: &str, state: &str, request_id: &str) -> LastOperation {
+    LastOperation {
+        op_type: op_type.into(),
+        state: state.into(),
+        code: "OK".into(),
+        reason: String::new(),
+        message: String::new(),
+        request_id: request_id.into(),
+        time: Utc::now(),
+    }
+}
+
+fn last_err(op_type: &str, e: &driver_sdk::ErrorReport) -> LastOperation {
+    LastOperation {
+        op_type: op_type.into(),
+        state: "Failed".into(),
+        code: format!("{:?}", e.code),
+        reason: e.reason.clone(),
+        message: e.message.clone(),
+        request_id: e.request_id.clone(),
+        time: Utc::now(),
+    }
+}
+
+fn stored(kind: &str, op: &pb::Operation, request_id: &str) -> StoredOperation {
+    StoredOperation {
+        kind: kind.into(),
+        name: op.name.clone(),
+        token: B64.encode(&op.token),
+        started: Utc::now(),
+        request_id: request_id.into(),
+        progress: op.progress_percent,
+    }
+}
+
+fn labels_for(ctx: &Ctx, m: &Machine) -> std::collections::HashMap<String, String> {
+    let mut labels: std::collections::HashMap<String, String> =
+        m.metadata.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    labels.insert(TAG_CONTROLLER.into(), ctx.config.controller_id.clone());
+    labels.insert(TAG_MACHINE.into(), format!("{}.{}", m.metadata.namespace, m.metadata.name));
+    labels
+}
+
+fn creation_timeout(m: &Machine) -> Duration {
+    Duration::from_secs(m.spec.creation_timeout_seconds.unwrap_or(1200))
+}
+
+fn health_timeout(m: &Machine) -> Duration {
+    Duration::from_secs(m.spec.health_timeout_seconds.unwrap_or(600))
+}
+
+fn elapsed_since(t: Option<Time>) -> Duration {
+    t.and_then(|t| (Utc::now() - t).to_std().ok()).unwrap_or_default()
+}
+
+fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, message: &str) {
+    m.status.phase = Phase::Failed;
+    m.status.failure = Some(Failure {
+        code: code.into(),
+        reason: reason.into(),
+        message: message.into(),
+        generation: m.metadata.generation,
+        class_generation,
+    });
+    set_condition(&mut m.status.conditions, "Ready", false, "Failed", message);
+    set_condition(&mut m.status.conditions, "Failed", true, &upper_camel(reason), message);
+}
+
+/// `QUOTA_EXCEEDED` → `QuotaExceeded` (condition reasons are UpperCamel).
+fn upper_camel(reason: &str) -> String {
+    reason
+        .split('_')
+        .filter(|s| !s.is_empty())
+        .map(|w| {
+            let mut c = w.chars();
+            c.next().map(|f| f.to_ascii_uppercase().to_string() + &c.as_str().to_ascii_lowercase()).unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Reacts to a failed mutating call (create / update / delete).
+async fn call_failed(
+    ctx: &Ctx,
+    key: &Key,
+    before: &Machine,
+    mut m: Machine,
+    r: &Resolved<'_>,
+    op_type: &str,
+    e: &CallError,
+) -> Result<Action> {
+    m.status.last_operation = Some(last_err(op_type, &e.report));
+    remember(&mut m.status, e.request_id());
+    let action = match classify(&e.report) {
+        Verdict::Permanent => {
+            fail(&mut m, r.class.metadata.generation, &format!("{:?}", e.code()), &e.report.reason, &e.report.message);
+            ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), e.report.to_string()).await;
+            Action::AwaitChange
+        }
+        Verdict::Quota => {
+            let delay = ctx.backoff(key, e);
+            set_condition(&mut m.status.conditions, "Ready", false, "QuotaExceeded", &e.report.message);
+            ctx.hold(key, delay);
+            Action::Requeue(delay)
+        }
+        Verdict::Retry(_) | Verdict::NotFound => {
+            let delay = ctx.backoff(key, e);
+            set_condition(
+                &mut m.status.conditions,
+                "Ready",
+                false,
+                &format!("{op_type}Retrying"),
+                &e.report.to_string(),
+            );
+            ctx.hold(key, delay);
+            Action::Requeue(delay)
+        }
+    };
+    save(ctx, before, m).await?;
+    Ok(action)
+}
+
+async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
+    let mut m = before.clone();
+    if let Some(started) = m.status.create_started {
+        if elapsed_since(Some(started)) > creation_timeout(&m) {
+            let msg = format!("not Running {}s after its create started", creation_timeout(&m).as_secs());
+            fail(&mut m, r.class.metadata.generation, "DeadlineExceeded", "CREATION_TIMEOUT", &msg);
+            ctx.store.event(Kind::Machine, &m.metadata, true, "CreationTimeout", msg).await;
+            save(ctx, &before, m).await?;
+            return Ok(Action::AwaitChange);
+        }
+    }
+    m.status.failure = None;
+    let req = pb::CreateMachineRequest {
+        name: m.metadata.name.clone(),
+        provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+        secrets: r.secrets.clone(),
+        labels: labels_for(ctx, &m),
+        uid: m.metadata.uid.clone(),
+    };
+    let reply = match ctx.call(r.driver, "CreateMachine", |c| async move { c.create_machine(req).await }).await {
+        Ok(reply) => reply,
+        Err(e) => return call_failed(ctx, key, &before, m, r, "Create", &e).await,
+    };
+    let op = reply.value;
+    m.status.create_started.get_or_insert_with(Utc::now);
+    m.status.last_operation =
+        Some(last_ok("Create", if op.done { "Succeeded" } else { "Processing" }, &reply.request_id));
+    remember(&mut m.status, &reply.request_id);
+    if op.done {
+        return finished(ctx, key, &before, m, r, "CreateMachine", op).await;
+    }
+    // The operation is stored before anything else happens.
+    m.status.operations = vec![stored("CreateMachine", &op, &reply.request_id)];
+    m.status.phase = Phase::Creating;
+    set_condition(&mut m.status.conditions, "Ready", false, "Creating", "the cloud is creating the machine");
+    if !save(ctx, &before, m.clone()).await? {
+        // Someone else wrote first; the create is idempotent, so run again.
+        return Ok(Action::Requeue(Duration::ZERO));
+    }
+    ctx.succeeded(key);
+    if ctx.config.blocking {
+        return block_on(ctx, key, m, r, op).await;
+    }
+    ctx.hold(key, op.poll_after());
+    Ok(Action::Requeue(op.poll_after()))
+}
+
+/// Benchmark-only comparison mode: the worker waits for the operation itself.
+async fn block_on(ctx: &Ctx, key: &Key, m: Machine, r: &Resolved<'_>, mut op: pb::Operation) -> Result<Action> {
+    while !op.done {
+        // Deliberate: this mode exists to measure what waiting inside a worker costs.
+        tokio::time::sleep(op.poll_after()).await;
+        let token = op.token.clone();
+        let secrets = r.secrets.clone();
+        match ctx
+            .call(r.driver, "GetOperation", |c| async move {
+                c.get_operation(pb::GetOperationRequest { token, secrets }).await
+            })
+            .await
+        {
+            Ok(reply) => op = reply.value,
+            Err(_) => return Ok(Action::Requeue(Duration::from_millis(100))),
+        }
+    }
+    let Some(current) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
+        return Ok(Action::AwaitChange);
+    };
+    let _ = m;
+    let mut next = current.clone();
+    next.status.operations.clear();
+    finished(ctx, key, &current, next, r, "CreateMachine", op).await
+}
+
+/// One poll of the stored operation.
+async fn poll(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>, stored_op: StoredOperation) -> Result<Action> {
+    let token = B64.decode(&stored_op.token).unwrap_or_default();
+    let secrets = r.secrets.clone();
+    let reply =
+        ctx.call(r.driver, "GetOperation", |c| async move {
+            c.get_operation(pb::GetOperationRequest { token, secrets }).await
+        })
+        .await;
+    let mut m = before.clone();
+    let reply = match reply {
+        Ok(reply) => reply,
+        Err(e) if e.reason() == driver_sdk::reason::OPERATION_TOKEN_INVALID => {
+            // Drivers are idempotent by name: dropping an unusable token and asking again is safe.
+            m.status.operations.clear();
+            m.status.last_operation = Some(last_err("Poll", &e.report));
+            ctx.store.event(Kind::Machine, &m.metadata, true, "OperationTokenRefused", e.report.to_string()).await;
+            save(ctx, &before, m).await?;
+            return Ok(Action::Requeue(Duration::ZERO));
+        }
+        Err(e) => {
+            let delay = ctx.backoff(key, &e);
+            m.status.last_operation = Some(last_err("Poll", &e.report));
+            save(ctx, &before, m).await?;
+            ctx.hold(key, delay);
+            return Ok(Action::Requeue(delay));
+        }
+    };
+    let op = reply.value;
+    if !op.done {
+        // Progress is written in coarse steps only, to keep status writes rare.
+        if let Some(s) = m.status.operations.first_mut() {
+            if op.progress_percent / 25 != s.progress / 25 {
+                s.progress = op.progress_percent;
+            }
+        }
+        save(ctx, &before, m).await?;
+        ctx.hold(key, op.poll_after());
+        return Ok(Action::Requeue(op.poll_after()));
+    }
+    m.status.operations.clear();
+    remember(&mut m.status, &reply.request_id);
+    finished(ctx, key, &before, m, r, &stored_op.kind, op).await
+}
+
+/// Applies a done operation's outcome.
+async fn finished(
+    ctx: &Ctx,
+    key: &Key,
+    before: &Machine,
+    mut m: Machine,
+    r: &Resolved<'_>,
+    kind: &str,
+    op: pb::Operation,
+) -> Result<Action> {
+    let op_type = match kind {
+        "CreateMachine" => "Create",
+        "UpdateMachine" => "Update",
+        _ => "Delete",
+    };
+    if let Some(err) = op.error_report() {
+        m.status.last_operation = Some(last_err(op_type, &err));
+        let action = match (classify(&err), err.reason.as_str()) {
+            (_, driver_sdk::reason::OPERATION_NOT_FOUND) | (Verdict::Retry(_), _) => {
+                // The cloud lost the operation or it failed transiently: ask again (idempotent).
+                let delay = ctx.exponential(key);
+                ctx.hold(key, delay);
+                set_condition(
+                    &mut m.status.conditions,
+                    "Ready",
+                    false,
+                    &format!("{op_type}Retrying"),
+                    &err.to_string(),
+                );
+                Action::Requeue(delay)
+            }
+            _ if op_type == "Update" => {
+                set_condition(&mut m.status.conditions, "UpToDate", false, "UpdateFailed", &err.to_string());
+                m.status.phase = Phase::Running;
+                fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
+                Action::AwaitChange
+            }
+            _ => {
+                fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
+                Action::AwaitChange
+            }
+        };
+        ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), err.to_string()).await;
+        save(ctx, before, m).await?;
+        return Ok(action);
+    }
+    ctx.succeeded(key);
+    m.status.last_operation = Some(LastOperation {
+        state: "Succeeded".into(),
+        time: Utc::now(),
+        ..last_ok(op_type, "Succeeded", &op_request_id(&m))
+    });
+    if let Some(machine) = op.machine() {
+        apply_cloud_view(&mut m, machine);
+    }
+    m.status.phase = Phase::Running;
+    m.status.failure = None;
+    m.status.unhealthy_since = None;
+    set_condition(&mut m.status.conditions, "Ready", true, "Running", "");
+    set_condition(&mut m.status.conditions, "UpToDate", true, "SpecApplied", "");
+    let reason = if op_type == "Create" { "Created" } else { "Updated" };
+    ctx.store
+        .event(
+            Kind::Machine,
+            &m.metadata,
+            false,
+            reason,
+            format!("{} is running ({})", m.metadata.name, m.status.provider_id),
+        )
+        .await;
+    save(ctx, before, m).await?;
+    ctx.hold(key, ctx.config.health_check_interval);
+    Ok(Action::Requeue(ctx.config.health_check_interval))
+}
+
+fn op_request_id(m: &Machine) -> String {
+    m.status.request_ids.last().cloned().unwrap_or_default()
+}
+
+fn apply_cloud_view(m: &mut Machine, machine: &pb::Machine) {
+    m.status.provider_id = machine.provider_id.clone();
+    m.status.addresses = machine
+        .addresses
+        .iter()
+        .map(|a| Address { address_type: a.r#type.clone(), address: a.address.clone() })
+        .collect();
+    if !machine.spec_hash.is_empty() {
+        m.status.spec_hash = machine.spec_hash.clone();
+    }
+}
+
+/// Checks a Running machine: missing or unhealthy for longer than the health timeout → Failed.
+async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
+    let req = pb::GetMachineStatusRequest {
+        name: before.metadata.name.clone(),
+        provider_id: before.status.provider_id.clone(),
+        provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+        secrets: r.secrets.clone(),
+    };
+    let mut m = before.clone();
+    let interval = ctx.config.health_check_interval;
+    let healthy = match ctx.call(r.driver, "GetMachineStatus", |c| async move { c.get_machine_status(req).await }).await
+    {
+        Ok(reply) => {
+            let cloud = reply.value;
+            apply_cloud_view(&mut m, &cloud);
+            let state = pb::MachineState::try_from(cloud.state).unwrap_or(pb::MachineState::Unknown);
+            match state {
+                pb::MachineState::Running | pb::MachineState::Updating | pb::MachineState::Creating => Ok(()),
+                other => Err(("MachineUnhealthy", format!("the cloud reports the machine {other:?}"))),
+            }
+        }
+        Err(e) if e.code() == tonic::Code::NotFound => {
+            Err(("MachineMissing", "the cloud no longer has this machine".to_string()))
+        }
+        Err(e) => {
+            // Cannot tell: keep the phase, look again later.
+            let delay = ctx.backoff(key, &e);
+            ctx.hold(key, delay);
+            return Ok(Action::Requeue(delay));
+        }
+    };
+    match healthy {
+        Ok(()) => {
+            m.status.phase = Phase::Running;
+            m.status.unhealthy_since = None;
+            set_condition(&mut m.status.conditions, "Ready", true, "Running", "");
+        }
+        Err((reason, message)) => {
+            let since = *m.status.unhealthy_since.get_or_insert_with(Utc::now);
+            if elapsed_since(Some(since)) >= health_timeout(&m) {
+                let msg = format!("{message} for more than {}s", health_timeout(&m).as_secs());
+                fail(&mut m, r.class.metadata.generation, "Unavailable", "HEALTH_TIMEOUT", &msg);
+                ctx.store.event(Kind::Machine, &m.metadata, true, "HealthTimeout", msg).await;
+                save(ctx, &before, m).await?;
+                return Ok(Action::AwaitChange);
+            }
+            m.status.phase = Phase::Unknown;
+            set_condition(&mut m.status.conditions, "Ready", false, reason, &message);
+            let left = health_timeout(&m).saturating_sub(elapsed_since(Some(since)));
+            save(ctx, &before, m).await?;
+            let next = interval.min(left).max(Duration::from_millis(100));
+            ctx.hold(key, next);
+            return Ok(Action::Requeue(next));
+        }
+    }
+    save(ctx, &before, m).await?;
+    ctx.hold(key, interval);
+    Ok(Action::Requeue(interval))
+}
+
+async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
+    let mut m = before.clone();
+    let req = pb::UpdateMachineRequest {
+        name: m.metadata.name.clone(),
+        provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+        secrets: r.secrets.clone(),
+    };
+    let reply = match ctx.call(r.driver, "UpdateMachine", |c| async move { c.update_machine(req).await }).await {
+        Ok(reply) => reply,
+        Err(e) => return call_failed(ctx, key, &before, m, r, "Update", &e).await,
+    };
+    let op = reply.value;
+    m.status.last_operation =
+        Some(last_ok("Update", if op.done { "Succeeded" } else { "Processing" }, &reply.request_id));
+    remember(&mut m.status, &reply.request_id);
+    if op.done {
+        return finished(ctx, key, &before, m, r, "UpdateMachine", op).await;
+    }
+    m.status.operations = vec![stored("UpdateMachine", &op, &reply.request_id)];
+    m.status.phase = Phase::Updating;
+    set_condition(&mut m.status.conditions, "UpToDate", false, "Updating", "updating in place");
+    if !save(ctx, &before, m).await? {
+        return Ok(Action::Requeue(Duration::ZERO));
+    }
+    ctx.hold(key, op.poll_after());
+    Ok(Action::Requeue(op.poll_after()))
+}
+
+/// Deletes the cloud machine, then lets the object go by removing the finalizer.
+async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
+    if !before.metadata.finalizers.iter().any(|f| f == FINALIZER) {
+        return Ok(Action::AwaitChange);
+    }
+    let never_created = before.status.provider_id.is_empty()
+        && before.status.operations.is_empty()
+        && before.status.create_started.is_none();
+    if never_created {
+        return release(ctx, key, before).await;
+    }
+    let wait = ctx.wait_before_call(key);
+    let deleting = before.status.operations.first().is_some_and(|o| o.kind == "DeleteMachine");
+    if deleting && !wait.is_zero() {
+        return Ok(Action::Requeue(wait));
+    }
+    let r =
+        match resolve(ctx, &before.metadata.namespace, &before.spec.class_ref.name, before.spec.provider_spec.as_ref())
+            .await?
+        {
+            Ok(r) => r,
+            Err((reason, message)) => {
+                let mut m = before.clone();
+                m.status.phase = Phase::Terminating;
+                set_condition(&mut m.status.conditions, "DeletionFailed", true, reason, &message);
+                save(ctx, &before, m).await?;
+                return Ok(Action::Requeue(Duration::from_secs(30)));
+            }
+        };
+    if deleting {
+        let stored_op = before.status.operations[0].clone();
+        let token = B64.decode(&stored_op.token).unwrap_or_default();
+        let secrets = r.secrets.clone();
+        match ctx
+            .call(r.driver, "GetOperation", |c| async move {
+                c.get_operation(pb::GetOperationRequest { token, secrets }).await
+            })
+            .await
+        {
+            Ok(reply) if reply.value.done => {
+                if let Some(err) = reply.value.error_report() {
+                    if classify(&err) != Verdict::NotFound {
+                        let mut m = before.clone();
+                        m.status.operations.clear();
+                        m.status.last_operation = Some(last_err("Delete", &err));
+                        set_condition(
+                            &mut m.status.conditions,
+                            "DeletionFailed",
+                            true,
+                            &upper_camel(&err.reason),
+                            &err.message,
+                        );
+                        save(ctx, &before, m).await?;
+                        let delay = ctx.exponential(key);
+                        ctx.hold(key, delay);
+                        return Ok(Action::Requeue(delay));
+                    }
+                }
+                return release(ctx, key, before).await;
+            }
+            Ok(reply) => {
+                let d = reply.value.poll_after();
+                ctx.hold(key, d);
+                return Ok(Action::Requeue(d));
+            }
+            Err(e) if e.reason() == driver_sdk::reason::OPERATION_TOKEN_INVALID => {}
+            Err(e) => {
+                let d = ctx.backoff(key, &e);
+                ctx.hold(key, d);
+                return Ok(Action::Requeue(d));
+            }
+        }
+    }
+    let mut m = before.clone();
+    let req = pb::DeleteMachineRequest {
+        name: m.metadata.name.clone(),
+        provider_id: m.status.provider_id.clone(),
+        provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+        secrets: r.secrets.clone(),
+    };
+    match ctx.call(r.driver, "DeleteMachine", |c| async move { c.delete_machine(req).await }).await {
+        Ok(reply) => {
+            let op = reply.value;
+            remember(&mut m.status, &reply.request_id);
+            m.status.last_operation =
+                Some(last_ok("Delete", if op.done { "Succeeded" } else { "Processing" }, &reply.request_id));
+            if op.done && op.error_report().is_none() {
+                save(ctx, &before, m.clone()).await?;
+                let Some(fresh) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
+                    return Ok(Action::AwaitChange);
+                };
+                return release(ctx, key, fresh).await;
+            }
+            m.status.operations = vec![stored("DeleteMachine", &op, &reply.request_id)];
+            m.status.phase = Phase::Terminating;
+            set_condition(&mut m.status.conditions, "Ready", false, "Deleting", "the cloud is deleting the machine");
+            if !save(ctx, &before, m).await? {
+                return Ok(Action::Requeue(Duration::ZERO));
+            }
+            ctx.hold(key, op.poll_after());
+            Ok(Action::Requeue(op.poll_after()))
+        }
+        Err(e) if e.code() == tonic::Code::NotFound => release(ctx, key, before).await,
+        Err(e) => {
+            m.status.last_operation = Some(last_err("Delete", &e.report));
+            remember(&mut m.status, e.request_id());
+            m.status.phase = Phase::Terminating;
+            set_condition(
+                &mut m.status.conditions,
+                "DeletionFailed",
+                true,
+                &upper_camel(&e.report.reason),
+                &e.report.message,
+            );
+            save(ctx, &before, m).await?;
+            // Deletion keeps trying (slowly for permanent errors): a machine must not leak.
+            let delay = match classify(&e.report) {
+                Verdict::Permanent => ctx.config.backoff_max.min(Duration::from_secs(60)),
+                _ => ctx.backoff(key, &e),
+            };
+            ctx.hold(key, delay);
+            Ok(Action::Requeue(delay))
+        }
+    }
+}
+
+/// Removes the finalizer: the store then removes the object.
+async fn release(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
+    let mut done = m.clone();
+    done.metadata.finalizers.retain(|f| f != FINALIZER);
+    match ctx.store.update(&done).await {
+        Ok(_) => {
+            ctx.store
+                .event(
+                    Kind::Machine,
+                    &m.metadata,
+                    false,
+                    "Deleted",
+                    format!("{} is gone from the cloud", m.metadata.name),
+                )
+                .await;
+            ctx.forget(key);
+            Ok(Action::AwaitChange)
+        }
+        Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+        Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_become_upper_camel() {
+        assert_eq!(upper_camel("QUOTA_EXCEEDED"), "QuotaExceeded");
+        assert_eq!(upper_camel("INVALID_PROVIDER_SPEC"), "InvalidProviderSpec");
+    }
+}

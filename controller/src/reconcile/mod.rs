@@ -1,0 +1,149 @@
+//! Reconcilers, one per kind, plus orphan collection.
+
+use std::time::Duration;
+
+use driver_sdk::proto as pb;
+use serde_json::Value;
+
+use crate::resources::*;
+use crate::runtime::{Action, Ctx, DriverHandle, ReconcileError};
+use crate::store::Key;
+
+pub mod deployment;
+pub mod machine;
+pub mod orphans;
+pub mod pool;
+
+/// Runs the reconciler of `key`'s kind.
+///
+/// # Errors
+/// Store failures.
+pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
+    match key.kind {
+        Kind::Machine => machine::reconcile(ctx, key).await,
+        Kind::MachineDeployment => deployment::reconcile(ctx, key).await,
+        Kind::MachinePool => pool::reconcile(ctx, key).await,
+        Kind::MachineClass => class(ctx, key).await,
+        Kind::Secret => Ok(Action::AwaitChange),
+    }
+}
+
+/// A class resolved for a call: its driver, secrets and the merged provider spec.
+pub struct Resolved<'a> {
+    /// The class.
+    pub class: MachineClass,
+    /// Its driver.
+    pub driver: &'a DriverHandle,
+    /// Secrets from its secretRef.
+    pub secrets: Option<pb::Secrets>,
+    /// Class provider spec with the object's overrides merged in.
+    pub provider_spec: Value,
+}
+
+/// Why a class could not be resolved: (condition reason, message).
+pub type Unresolved = (&'static str, String);
+
+/// Resolves `class_name` in `namespace` with `overrides` merged over its provider spec.
+///
+/// # Errors
+/// Store failures; an unresolvable class is `Ok(Err(..))`.
+pub async fn resolve<'a>(
+    ctx: &'a Ctx,
+    namespace: &str,
+    class_name: &str,
+    overrides: Option<&Value>,
+) -> Result<Result<Resolved<'a>, Unresolved>, ReconcileError> {
+    let Some(class) = ctx.store.get::<MachineClass>(namespace, class_name).await? else {
+        return Ok(Err(("ClassNotFound", format!("MachineClass {class_name} does not exist"))));
+    };
+    let Some(driver) = ctx.drivers.get(&class.spec.driver) else {
+        let known: Vec<&String> = ctx.drivers.keys().collect();
+        return Ok(Err((
+            "DriverNotConfigured",
+            format!("MachineClass {class_name} uses driver {:?}, but the controller runs with {known:?} (run --driver NAME=ENDPOINT)", class.spec.driver),
+        )));
+    };
+    let secrets = match &class.spec.secret_ref {
+        None => None,
+        Some(r) => match ctx.store.get::<Secret>(namespace, &r.name).await? {
+            Some(s) => Some(pb::Secrets { data: s.values().into_iter().collect() }),
+            None => {
+                return Ok(Err((
+                    "SecretNotFound",
+                    format!("Secret {} (of MachineClass {class_name}) does not exist", r.name),
+                )))
+            }
+        },
+    };
+    let provider_spec = match overrides {
+        Some(o) => merge(&class.spec.provider_spec, o),
+        None => class.spec.provider_spec.clone(),
+    };
+    Ok(Ok(Resolved { class, driver, secrets, provider_spec }))
+}
+
+/// Validates a class with its driver once per generation (ValidateMachineClass).
+async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
+    let Some(before) = ctx.store.get::<MachineClass>(&key.namespace, &key.name).await? else {
+        return Ok(Action::AwaitChange);
+    };
+    if before.status.validated_generation == before.metadata.generation {
+        return Ok(Action::AwaitChange);
+    }
+    let r = match resolve(ctx, &key.namespace, &key.name, None).await? {
+        Ok(r) => r,
+        Err((reason, message)) => {
+            let mut c = before.clone();
+            if set_condition(&mut c.status.conditions, "Valid", false, reason, &message) {
+                let _ = ctx.store.update_status(&c).await;
+            }
+            return Ok(Action::Requeue(Duration::from_secs(30)));
+        }
+    };
+    let caps = match ctx
+        .call(r.driver, "GetCapabilities", |c| async move { c.get_capabilities(Default::default()).await })
+        .await
+    {
+        Ok(reply) => reply.value.capabilities,
+        Err(e) => return Ok(Action::Requeue(ctx.backoff(key, &e))),
+    };
+    let mut c = before.clone();
+    if caps.contains(&(pb::Capability::ValidateMachineClass as i32)) {
+        let req = pb::ValidateMachineClassRequest {
+            provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+            secrets: r.secrets.clone(),
+        };
+        match ctx.call(r.driver, "ValidateMachineClass", |cl| async move { cl.validate_machine_class(req).await }).await
+        {
+            Ok(reply) => {
+                let warnings = reply.value.warnings.join("; ");
+                set_condition(&mut c.status.conditions, "Valid", true, "Validated", &warnings);
+                ctx.store
+                    .event(
+                        Kind::MachineClass,
+                        &c.metadata,
+                        false,
+                        "Validated",
+                        format!("the driver accepted the class {warnings}"),
+                    )
+                    .await;
+            }
+            Err(e) if crate::runtime::classify(&e.report) == crate::runtime::Verdict::Permanent => {
+                let fields: Vec<String> =
+                    e.report.violations.iter().map(|v| format!("{}: {}", v.field, v.description)).collect();
+                let msg = if fields.is_empty() { e.report.message.clone() } else { fields.join("; ") };
+                set_condition(&mut c.status.conditions, "Valid", false, "Invalid", &msg);
+                ctx.store.event(Kind::MachineClass, &c.metadata, true, "Invalid", msg).await;
+            }
+            Err(e) => return Ok(Action::Requeue(ctx.backoff(key, &e))),
+        }
+    } else {
+        set_condition(&mut c.status.conditions, "Valid", true, "NotValidated", "the driver does not validate classes");
+    }
+    c.status.validated_generation = c.metadata.generation;
+    match ctx.store.update_status(&c).await {
+        Ok(_) => Ok(Action::AwaitChange),
+        Err(crate::store::Error::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+        Err(e) => Err(e.into()),
+    }
+}

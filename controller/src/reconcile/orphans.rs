@@ -1,0 +1,100 @@
+//! Orphan collection: cloud machines tagged as this controller's but with no Machine object are
+//! deleted after a grace period, with an event and a metric.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use driver_sdk::proto as pb;
+use tokio::time::Instant;
+
+use super::resolve;
+use crate::resources::*;
+use crate::runtime::Ctx;
+
+/// Runs collection every `orphan_interval` until aborted.
+pub async fn run(ctx: Arc<Ctx>) {
+    let mut tick = tokio::time::interval(ctx.config.orphan_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = collect(&ctx).await {
+            tracing::warn!("orphan collection: {}", driver_sdk::error_chain(&e));
+        }
+    }
+}
+
+/// One pass over every class.
+///
+/// # Errors
+/// Store failures.
+pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError> {
+    let classes = ctx.store.list::<MachineClass>().await?;
+    let known: HashSet<String> = ctx
+        .store
+        .list::<Machine>()
+        .await?
+        .iter()
+        .map(|m| format!("{}.{}", m.metadata.namespace, m.metadata.name))
+        .collect();
+    let mut deleted = 0;
+    let mut seen_drivers = HashSet::new();
+    for class in classes {
+        // One listing per driver and credentials is enough.
+        if !seen_drivers.insert((class.spec.driver.clone(), class.spec.secret_ref.clone().map(|s| s.name))) {
+            continue;
+        }
+        let Ok(r) = resolve(ctx, &class.metadata.namespace, &class.metadata.name, None).await? else { continue };
+        let selector = [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into();
+        let cloud = match r.driver.client.list_all_machines(selector, 500).await {
+            Ok(list) => list,
+            Err(e) if e.code() == tonic::Code::Unimplemented => continue,
+            Err(e) => {
+                tracing::info!("listing machines of driver {}: {e}", r.driver.name);
+                continue;
+            }
+        };
+        let now = Instant::now();
+        let mut still: HashSet<(String, String)> = HashSet::new();
+        for cm in cloud {
+            let Some(owner) = cm.labels.get(TAG_MACHINE) else { continue };
+            if known.contains(owner) {
+                continue;
+            }
+            let k = (r.driver.name.clone(), cm.name.clone());
+            still.insert(k.clone());
+            let first = *ctx.orphans.lock().unwrap_or_else(|p| p.into_inner()).entry(k.clone()).or_insert(now);
+            if now.duration_since(first) < ctx.config.orphan_grace {
+                continue;
+            }
+            let req = pb::DeleteMachineRequest {
+                name: cm.name.clone(),
+                provider_id: cm.provider_id.clone(),
+                provider_spec: None,
+                secrets: r.secrets.clone(),
+            };
+            match ctx.call(r.driver, "DeleteMachine", |c| async move { c.delete_machine(req).await }).await {
+                Ok(reply) => {
+                    deleted += 1;
+                    ctx.metrics.orphans_deleted.inc();
+                    ctx.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                    ctx.store
+                        .event(
+                            Kind::MachineClass,
+                            &class.metadata,
+                            true,
+                            "OrphanDeleted",
+                            format!(
+                                "deleted cloud machine {} ({}) that has no Machine (request {})",
+                                cm.name, cm.provider_id, reply.request_id
+                            ),
+                        )
+                        .await;
+                }
+                Err(e) => tracing::info!("deleting orphan {}: {e}", cm.name),
+            }
+        }
+        // Forget candidates that disappeared or got a Machine meanwhile.
+        ctx.orphans.lock().unwrap_or_else(|p| p.into_inner()).retain(|k, _| k.0 != r.driver.name || still.contains(k));
+    }
+    Ok(deleted)
+}

@@ -1,0 +1,579 @@
+//! MachinePool: a scale set driven through the pool RPCs, mirrored as one Machine per instance.
+//!
+//! Rolling upgrades follow CAPZ: with maxSurge > 0 the pool grows to `replicas + maxSurge` on
+//! the new model, then old-model instances are deleted in CAPZ's order (failed, annotated,
+//! unready, then ready — within `ready − replicas + maxUnavailable`); with maxSurge = 0 old
+//! instances are upgraded in place, maxUnavailable at a time. Deleting one pool Machine deletes
+//! exactly that instance; the pool then refills to `replicas`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use base64::Engine;
+use chrono::Utc;
+use driver_sdk::proto as pb;
+use driver_sdk::OperationExt;
+
+use super::{resolve, Resolved};
+use crate::resources::*;
+use crate::runtime::{classify, Action, Ctx, ReconcileError, Verdict};
+use crate::store::{Error as StoreError, Key};
+
+type Result<T> = std::result::Result<T, ReconcileError>;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+fn stored(kind: &str, op: &pb::Operation, request_id: &str) -> StoredOperation {
+    StoredOperation {
+        kind: kind.into(),
+        name: op.name.clone(),
+        token: B64.encode(&op.token),
+        started: Utc::now(),
+        request_id: request_id.into(),
+        progress: op.progress_percent,
+    }
+}
+
+fn last(op_type: &str, state: &str, request_id: &str, err: Option<&driver_sdk::ErrorReport>) -> LastOperation {
+    LastOperation {
+        op_type: op_type.into(),
+        state: state.into(),
+        code: err.map_or("OK".into(), |e| format!("{:?}", e.code)),
+        reason: err.map(|e| e.reason.clone()).unwrap_or_default(),
+        message: err.map(|e| e.message.clone()).unwrap_or_default(),
+        request_id: request_id.into(),
+        time: Utc::now(),
+    }
+}
+
+fn machine_name(pool: &str, instance: &str) -> String {
+    format!("{pool}-{instance}")
+}
+
+async fn instances(
+    ctx: &Ctx,
+    r: &Resolved<'_>,
+    pool: &str,
+) -> std::result::Result<Vec<pb::PoolInstance>, driver_sdk::CallError> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let req = pb::ListPoolInstancesRequest {
+            pool_name: pool.into(),
+            page_size: 500,
+            page_token: token,
+            provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+            secrets: r.secrets.clone(),
+        };
+        match ctx.call(r.driver, "ListPoolInstances", |c| async move { c.list_pool_instances(req).await }).await {
+            Ok(reply) => {
+                out.extend(reply.value.instances);
+                if reply.value.next_page_token.is_empty() {
+                    return Ok(out);
+                }
+                token = reply.value.next_page_token;
+            }
+            Err(e) if e.code() == tonic::Code::NotFound => return Ok(out),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Reconciles one MachinePool.
+///
+/// # Errors
+/// Store failures.
+pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
+    let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
+        return Ok(Action::AwaitChange);
+    };
+    if !pool.metadata.finalizers.iter().any(|f| f == FINALIZER) && pool.metadata.deletion_timestamp.is_none() {
+        let mut with = pool.clone();
+        with.metadata.finalizers.push(FINALIZER.into());
+        return match ctx.store.update(&with).await {
+            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+            Err(e) => Err(e.into()),
+        };
+    }
+    let wait = ctx.wait_before_call(key);
+    if !wait.is_zero() {
+        return Ok(Action::Requeue(wait));
+    }
+    let t = &pool.spec.template.spec;
+    let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
+        Ok(r) => r,
+        Err((reason, message)) => {
+            let mut next = pool.clone();
+            set_condition(&mut next.status.conditions, "Ready", false, reason, &message);
+            save(ctx, &pool, next).await?;
+            return Ok(Action::Requeue(Duration::from_secs(10)));
+        }
+    };
+    // An operation in flight: poll it first.
+    if let Some(op) = pool.status.operations.first().cloned() {
+        let token = B64.decode(&op.token).unwrap_or_default();
+        let secrets = r.secrets.clone();
+        let mut next = pool.clone();
+        match ctx
+            .call(r.driver, "GetOperation", |c| async move {
+                c.get_operation(pb::GetOperationRequest { token, secrets }).await
+            })
+            .await
+        {
+            Ok(reply) if !reply.value.done => {
+                let d = reply.value.poll_after();
+                ctx.hold(key, d);
+                return Ok(Action::Requeue(d));
+            }
+            Ok(reply) => {
+                next.status.operations.clear();
+                let err = reply.value.error_report();
+                next.status.last_operation = Some(last(
+                    &op.kind,
+                    if err.is_some() { "Failed" } else { "Succeeded" },
+                    &reply.request_id,
+                    err.as_ref(),
+                ));
+                if let Some(e) = &err {
+                    set_condition(&mut next.status.conditions, "Ready", false, "OperationFailed", &e.to_string());
+                    ctx.store
+                        .event(Kind::MachinePool, &pool.metadata, true, "OperationFailed", format!("{}: {e}", op.kind))
+                        .await;
+                }
+                save(ctx, &pool, next).await?;
+                if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == "DeletePool" {
+                    return finish_delete(ctx, &pool).await;
+                }
+                return Ok(Action::Requeue(Duration::ZERO));
+            }
+            Err(e) if e.reason() == driver_sdk::reason::OPERATION_TOKEN_INVALID => {
+                next.status.operations.clear();
+                save(ctx, &pool, next).await?;
+                return Ok(Action::Requeue(Duration::ZERO));
+            }
+            Err(e) => {
+                let d = ctx.backoff(key, &e);
+                ctx.hold(key, d);
+                return Ok(Action::Requeue(d));
+            }
+        }
+    }
+    if pool.metadata.deletion_timestamp.is_some() {
+        let req =
+            pb::DeletePoolRequest { name: pool.metadata.name.clone(), provider_spec: None, secrets: r.secrets.clone() };
+        return match ctx.call(r.driver, "DeletePool", |c| async move { c.delete_pool(req).await }).await {
+            Ok(reply) if reply.value.done => finish_delete(ctx, &pool).await,
+            Ok(reply) => start(ctx, key, &pool, "DeletePool", reply).await,
+            Err(e) => Ok(Action::Requeue(ctx.backoff(key, &e))),
+        };
+    }
+
+    let list = match instances(ctx, &r, &pool.metadata.name).await {
+        Ok(l) => l,
+        Err(e) => return Ok(Action::Requeue(ctx.backoff(key, &e))),
+    };
+    let machines: Vec<Machine> = ctx
+        .store
+        .list::<Machine>()
+        .await?
+        .into_iter()
+        .filter(|m| {
+            m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool.metadata.name)
+                && m.metadata.namespace == pool.metadata.namespace
+        })
+        .collect();
+    mirror(ctx, &pool, &r, &list, &machines).await?;
+
+    let replicas = pool.spec.replicas;
+    let mut surge = pool.spec.strategy.max_surge.resolve(replicas, true).unwrap_or(1);
+    let mut unavailable = pool.spec.strategy.max_unavailable.resolve(replicas, false).unwrap_or(0);
+    if surge == 0 && unavailable == 0 {
+        unavailable = 1;
+    }
+    let rev = short_hash(&pool.spec.template);
+    let template_changed = pool.status.applied_revision != rev;
+    let deleting: HashSet<&str> = machines
+        .iter()
+        .filter(|m| m.is_deleting())
+        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.as_str()))
+        .collect();
+    let live: Vec<&pb::PoolInstance> = list
+        .iter()
+        .filter(|i| i.provisioning_state != "Deleting" && !deleting.contains(i.instance_id.as_str()))
+        .collect();
+    let old: Vec<&pb::PoolInstance> =
+        live.iter().copied().filter(|i| !i.latest_model_applied || template_changed).collect();
+    let ready =
+        |i: &pb::PoolInstance| i.provisioning_state == "Succeeded" && i.power_state == pb::PowerState::Running as i32;
+    surge = surge.min(old.len() as i64);
+    let capacity = if old.is_empty() { replicas } else { replicas + surge };
+
+    let mut next = pool.clone();
+    next.status.replicas = live.len() as i64;
+    next.status.ready_replicas = live.iter().filter(|i| ready(i)).count() as i64;
+    next.status.updated_replicas = live.iter().filter(|i| i.latest_model_applied && !template_changed).count() as i64;
+    if template_changed
+        || pool.status.applied_capacity != capacity
+        || (live.len() as i64) < capacity && deleting.is_empty()
+    {
+        let req = pb::ApplyPoolRequest {
+            name: pool.metadata.name.clone(),
+            provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+            capacity: capacity as i32,
+            secrets: r.secrets.clone(),
+            labels: [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into(),
+        };
+        next.status.applied_revision = rev.clone();
+        next.status.applied_capacity = capacity;
+        save(ctx, &pool, next.clone()).await?;
+        let Some(fresh) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
+            return Ok(Action::AwaitChange);
+        };
+        return match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
+            Ok(reply) if reply.value.done => Ok(Action::Requeue(Duration::from_millis(200))),
+            Ok(reply) => start(ctx, key, &fresh, "ApplyPool", reply).await,
+            Err(e) => failed(ctx, key, &fresh, "Apply", &e).await,
+        };
+    }
+    if !old.is_empty() {
+        let busy = live.iter().filter(|i| !ready(i)).count() as i64;
+        if surge > 0 {
+            // CAPZ: delete old-model instances within ready − replicas + maxUnavailable.
+            let ready_count = live.iter().filter(|i| ready(i)).count() as i64;
+            let budget = ready_count - replicas + unavailable;
+            let annotated: HashSet<&str> = machines
+                .iter()
+                .filter(|m| m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"))
+                .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.as_str()))
+                .collect();
+            let mut order: Vec<&pb::PoolInstance> = old.clone();
+            order.sort_by_key(|i| {
+                let rank = if i.provisioning_state == "Failed" {
+                    0
+                } else if annotated.contains(i.instance_id.as_str()) {
+                    1
+                } else if !ready(i) {
+                    2
+                } else {
+                    3
+                };
+                (rank, i.instance_id.parse::<u64>().unwrap_or(u64::MAX))
+            });
+            // Unready old instances cost no availability; ready ones only within the budget.
+            let mut left = budget;
+            let mut victims: Vec<String> = Vec::new();
+            for i in order {
+                if !ready(i) {
+                    victims.push(i.instance_id.clone());
+                } else if left > 0 {
+                    victims.push(i.instance_id.clone());
+                    left -= 1;
+                }
+            }
+            if !victims.is_empty() {
+                return pool_instances_call(ctx, key, &pool, &r, "DeletePoolInstances", victims).await;
+            }
+        } else {
+            let budget = (unavailable - busy).max(0) as usize;
+            let ids: Vec<String> =
+                old.iter().filter(|i| ready(i)).take(budget).map(|i| i.instance_id.clone()).collect();
+            if !ids.is_empty() {
+                return pool_instances_call(ctx, key, &pool, &r, "UpgradePoolInstances", ids).await;
+            }
+        }
+    }
+    let done = old.is_empty() && live.len() as i64 == replicas && next.status.ready_replicas == replicas;
+    set_condition(
+        &mut next.status.conditions,
+        "Ready",
+        done,
+        if done { "Ready" } else { "Rolling" },
+        &format!(
+            "{} of {replicas} ready, {} on the latest model",
+            next.status.ready_replicas, next.status.updated_replicas
+        ),
+    );
+    save(ctx, &pool, next).await?;
+    ctx.succeeded(key);
+    Ok(Action::Requeue(if done { Duration::from_secs(30) } else { Duration::from_secs(1) }))
+}
+
+async fn pool_instances_call(
+    ctx: &Ctx,
+    key: &Key,
+    pool: &MachinePool,
+    r: &Resolved<'_>,
+    method: &'static str,
+    ids: Vec<String>,
+) -> Result<Action> {
+    let name = pool.metadata.name.clone();
+    let secrets = r.secrets.clone();
+    let result = if method == "DeletePoolInstances" {
+        ctx.call(r.driver, method, |c| async move {
+            c.delete_pool_instances(pb::DeletePoolInstancesRequest {
+                pool_name: name,
+                instance_ids: ids,
+                provider_spec: None,
+                secrets,
+            })
+            .await
+        })
+        .await
+    } else {
+        ctx.call(r.driver, method, |c| async move {
+            c.upgrade_pool_instances(pb::UpgradePoolInstancesRequest {
+                pool_name: name,
+                instance_ids: ids,
+                provider_spec: None,
+                secrets,
+            })
+            .await
+        })
+        .await
+    };
+    match result {
+        Ok(reply) if reply.value.done => Ok(Action::Requeue(Duration::from_millis(200))),
+        Ok(reply) => start(ctx, key, pool, method, reply).await,
+        Err(e) => failed(ctx, key, pool, method, &e).await,
+    }
+}
+
+/// Stores a started operation before anything else.
+async fn start(
+    ctx: &Ctx,
+    key: &Key,
+    pool: &MachinePool,
+    kind: &str,
+    reply: driver_sdk::Reply<pb::Operation>,
+) -> Result<Action> {
+    let mut next = pool.clone();
+    next.status.operations = vec![stored(kind, &reply.value, &reply.request_id)];
+    next.status.last_operation = Some(last(kind, "Processing", &reply.request_id, None));
+    save(ctx, pool, next).await?;
+    let d = reply.value.poll_after();
+    ctx.hold(key, d);
+    Ok(Action::Requeue(d))
+}
+
+async fn failed(ctx: &Ctx, key: &Key, pool: &MachinePool, kind: &str, e: &driver_sdk::CallError) -> Result<Action> {
+    let mut next = pool.clone();
+    next.status.last_operation = Some(last(kind, "Failed", e.request_id(), Some(&e.report)));
+    set_condition(&mut next.status.conditions, "Ready", false, "CallFailed", &e.report.to_string());
+    save(ctx, pool, next).await?;
+    let d = match classify(&e.report) {
+        Verdict::Permanent => Duration::from_secs(60),
+        _ => ctx.backoff(key, e),
+    };
+    ctx.hold(key, d);
+    Ok(Action::Requeue(d))
+}
+
+async fn save(ctx: &Ctx, before: &MachinePool, after: MachinePool) -> Result<()> {
+    if before.status == after.status {
+        return Ok(());
+    }
+    match ctx.store.update_status(&after).await {
+        Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One Machine per instance: created for new instances, removed for gone ones, status mirrored.
+async fn mirror(
+    ctx: &Ctx,
+    pool: &MachinePool,
+    r: &Resolved<'_>,
+    list: &[pb::PoolInstance],
+    machines: &[Machine],
+) -> Result<()> {
+    let by_instance: HashMap<&str, &Machine> =
+        machines.iter().filter_map(|m| m.spec.pool_ref.as_ref().map(|p| (p.instance_id.as_str(), m))).collect();
+    let present: HashSet<&str> = list.iter().map(|i| i.instance_id.as_str()).collect();
+    for i in list {
+        let phase = match i.provisioning_state.as_str() {
+            "Succeeded" => Phase::Running,
+            "Failed" => Phase::Failed,
+            "Deleting" => Phase::Terminating,
+            "Updating" => Phase::Updating,
+            _ => Phase::Creating,
+        };
+        match by_instance.get(i.instance_id.as_str()) {
+            None => {
+                let mut m = Machine::new(
+                    &pool.metadata.namespace,
+                    &machine_name(&pool.metadata.name, &i.instance_id),
+                    MachineSpec {
+                        class_ref: pool.spec.template.spec.class_ref.clone(),
+                        provider_spec: pool.spec.template.spec.provider_spec.clone(),
+                        pool_ref: Some(PoolInstanceRef {
+                            name: pool.metadata.name.clone(),
+                            instance_id: i.instance_id.clone(),
+                        }),
+                        creation_timeout_seconds: None,
+                        health_timeout_seconds: None,
+                    },
+                );
+                m.metadata.labels.insert(LABEL_POOL.into(), pool.metadata.name.clone());
+                m.metadata.finalizers = vec![FINALIZER.into()];
+                m.metadata.owner_references = vec![OwnerReference {
+                    api_version: API_VERSION.into(),
+                    kind: Kind::MachinePool.as_str().into(),
+                    name: pool.metadata.name.clone(),
+                    uid: pool.metadata.uid.clone(),
+                    controller: true,
+                }];
+                match ctx.store.create(&m).await {
+                    Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Some(m) if !m.is_deleting() => {
+                let mut next = (*m).clone();
+                next.status.phase = phase;
+                next.status.provider_id = i.provider_id.clone();
+                next.status.addresses = i
+                    .addresses
+                    .iter()
+                    .map(|a| Address { address_type: a.r#type.clone(), address: a.address.clone() })
+                    .collect();
+                set_condition(&mut next.status.conditions, "Ready", phase == Phase::Running, &format!("{phase}"), "");
+                set_condition(
+                    &mut next.status.conditions,
+                    "UpToDate",
+                    i.latest_model_applied,
+                    if i.latest_model_applied { "LatestModel" } else { "OldModel" },
+                    "",
+                );
+                if next.status != m.status {
+                    match ctx.store.update_status(&next).await {
+                        Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    // Instances gone from the cloud (scale-in, upgrades by deletion): their Machines go too.
+    for m in machines {
+        let id = m.spec.pool_ref.as_ref().map(|p| p.instance_id.as_str()).unwrap_or("");
+        if !present.contains(id) && !m.is_deleting() {
+            ctx.store.delete(&Key::of(m)).await?;
+        }
+    }
+    let _ = r;
+    Ok(())
+}
+
+async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
+    let machines: Vec<Machine> = ctx
+        .store
+        .list::<Machine>()
+        .await?
+        .into_iter()
+        .filter(|m| m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool.metadata.name))
+        .collect();
+    for m in &machines {
+        ctx.store.delete(&Key::of(m)).await?;
+    }
+    let mut done = pool.clone();
+    done.metadata.finalizers.retain(|f| f != FINALIZER);
+    match ctx.store.update(&done).await {
+        Ok(_) | Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
+        Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A pool Machine: deleting it deletes exactly its instance.
+///
+/// # Errors
+/// Store failures.
+pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
+    if !m.is_deleting() || !m.metadata.finalizers.iter().any(|f| f == FINALIZER) {
+        return Ok(Action::AwaitChange);
+    }
+    let Some(pref) = m.spec.pool_ref.clone() else { return Ok(Action::AwaitChange) };
+    let release = |m: Machine| async move {
+        let mut done = m;
+        done.metadata.finalizers.retain(|f| f != FINALIZER);
+        match ctx.store.update(&done).await {
+            Ok(_) | Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
+            Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+            Err(e) => Err(ReconcileError::from(e)),
+        }
+    };
+    let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &pref.name).await? else { return release(m).await };
+    let wait = ctx.wait_before_call(key);
+    if !wait.is_zero() {
+        return Ok(Action::Requeue(wait));
+    }
+    let t = &pool.spec.template.spec;
+    let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
+        Ok(r) => r,
+        Err(_) => return Ok(Action::Requeue(Duration::from_secs(10))),
+    };
+    if let Some(op) = m.status.operations.first().cloned() {
+        let token = B64.decode(&op.token).unwrap_or_default();
+        let secrets = r.secrets.clone();
+        return match ctx
+            .call(r.driver, "GetOperation", |c| async move {
+                c.get_operation(pb::GetOperationRequest { token, secrets }).await
+            })
+            .await
+        {
+            Ok(reply) if reply.value.done && reply.value.error_report().is_none() => release(m).await,
+            Ok(reply) if reply.value.done => {
+                let mut next = m.clone();
+                next.status.operations.clear();
+                let _ = ctx.store.update_status(&next).await;
+                Ok(Action::Requeue(ctx.exponential(key)))
+            }
+            Ok(reply) => {
+                let d = reply.value.poll_after();
+                ctx.hold(key, d);
+                Ok(Action::Requeue(d))
+            }
+            Err(e) => Ok(Action::Requeue(ctx.backoff(key, &e))),
+        };
+    }
+    let req = pb::DeletePoolInstancesRequest {
+        pool_name: pref.name.clone(),
+        instance_ids: vec![pref.instance_id.clone()],
+        provider_spec: None,
+        secrets: r.secrets.clone(),
+    };
+    match ctx.call(r.driver, "DeletePoolInstances", |c| async move { c.delete_pool_instances(req).await }).await {
+        Ok(reply) if reply.value.done => release(m).await,
+        Ok(reply) => {
+            let mut next = m.clone();
+            next.status.operations = vec![stored("DeletePoolInstances", &reply.value, &reply.request_id)];
+            next.status.phase = Phase::Terminating;
+            next.status.last_operation = Some(last("Delete", "Processing", &reply.request_id, None));
+            match ctx.store.update_status(&next).await {
+                Ok(_) => {}
+                Err(StoreError::Conflict { .. }) => return Ok(Action::Requeue(Duration::ZERO)),
+                Err(StoreError::NotFound(_)) => return Ok(Action::AwaitChange),
+                Err(e) => return Err(e.into()),
+            }
+            ctx.store
+                .event(
+                    Kind::Machine,
+                    &m.metadata,
+                    false,
+                    "DeletingInstance",
+                    format!("deleting instance {} of pool {}", pref.instance_id, pref.name),
+                )
+                .await;
+            let d = reply.value.poll_after();
+            ctx.hold(key, d);
+            Ok(Action::Requeue(d))
+        }
+        Err(e) if e.code() == tonic::Code::NotFound => release(m).await,
+        Err(e) => {
+            let d = ctx.backoff(key, &e);
+            ctx.hold(key, d);
+            Ok(Action::Requeue(d))
+        }
+    }
+}

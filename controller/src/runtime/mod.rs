@@ -1,0 +1,500 @@
+//! The controller runtime: workers pulling keys from a [`queue::WorkQueue`] fed by store change
+//! notifications (debounced), driver handles with a token-bucket rate limit and per-call
+//! deadlines, the error policy (backoff with jitter, RetryInfo honoured, permanent errors not
+//! retried), and metrics.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use driver_sdk::{CallError, CallResult, DriverClient, ErrorReport};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::resources::Kind;
+use crate::store::{Key, Store};
+
+pub mod queue;
+
+/// Runtime settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Concurrent reconciles.
+    pub workers: usize,
+    /// Deadline of one driver call.
+    pub call_timeout: Duration,
+    /// Deadline of one reconcile.
+    pub reconcile_timeout: Duration,
+    /// Changes within this window coalesce into one reconcile.
+    pub debounce: Duration,
+    /// Driver calls per second allowed per driver.
+    pub driver_qps: f64,
+    /// Burst of the per-driver rate limit.
+    pub driver_burst: u32,
+    /// Wait for each operation inside the worker (for comparison benchmarks only).
+    pub blocking: bool,
+    /// How often a Running machine's status is checked.
+    pub health_check_interval: Duration,
+    /// How often each class is listed for orphans.
+    pub orphan_interval: Duration,
+    /// How long an orphan is left alone before it is deleted.
+    pub orphan_grace: Duration,
+    /// The tag value that marks cloud machines as this controller's.
+    pub controller_id: String,
+    /// First retry delay.
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            workers: 10,
+            call_timeout: Duration::from_secs(5),
+            reconcile_timeout: Duration::from_secs(30),
+            debounce: Duration::from_millis(100),
+            driver_qps: 200.0,
+            driver_burst: 400,
+            blocking: false,
+            health_check_interval: Duration::from_secs(30),
+            orphan_interval: Duration::from_secs(60),
+            orphan_grace: Duration::from_secs(300),
+            controller_id: "machine-controller".into(),
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A token bucket: `rate` per second, up to `burst` at once.
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn new(rate: f64, burst: u32) -> Self {
+        let burst = f64::from(burst.max(1));
+        Self { rate: rate.max(0.001), burst, state: Mutex::new((burst, Instant::now())) }
+    }
+
+    /// Takes a token, waiting for one if needed.
+    pub async fn acquire(&self) {
+        loop {
+            let wait = {
+                let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                let now = Instant::now();
+                s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * self.rate).min(self.burst);
+                s.1 = now;
+                if s.0 >= 1.0 {
+                    s.0 -= 1.0;
+                    return;
+                }
+                Duration::from_secs_f64((1.0 - s.0) / self.rate)
+            };
+            // Deliberate: the rate limit's wait for the next token.
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// One driver sidecar.
+pub struct DriverHandle {
+    /// The name classes use.
+    pub name: String,
+    /// The client (short per-call deadline).
+    pub client: DriverClient,
+    limiter: TokenBucket,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    driver: String,
+    method: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
+}
+
+/// Controller metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    calls: Family<CallLabels, Counter>,
+    call_seconds: Family<CallLabels, Histogram>,
+    reconciles: Family<KindLabels, Counter>,
+    reconcile_errors: Family<KindLabels, Counter>,
+    reconcile_seconds: Family<KindLabels, Histogram>,
+    /// Machines by phase.
+    phases: Family<PhaseLabels, Gauge>,
+    /// Operations stored in status, not done yet.
+    pub operations_in_flight: Gauge,
+    /// Orphans deleted.
+    pub orphans_deleted: Counter,
+    /// Keys waiting in the work queue.
+    pub queue_depth: Gauge,
+}
+
+impl Metrics {
+    /// Registers the metrics.
+    pub fn register(r: &mut Registry) -> Self {
+        let hist = || Histogram::new(exponential_buckets(0.0005, 2.5, 14));
+        let m = Self {
+            calls: Family::default(),
+            call_seconds: Family::new_with_constructor(hist),
+            reconciles: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_seconds: Family::new_with_constructor(hist),
+            phases: Family::default(),
+            operations_in_flight: Gauge::default(),
+            orphans_deleted: Counter::default(),
+            queue_depth: Gauge::default(),
+        };
+        r.register("controller_driver_calls", "Driver calls by driver, method and gRPC code", m.calls.clone());
+        r.register("controller_driver_call_duration_seconds", "Driver call latency", m.call_seconds.clone());
+        r.register("controller_reconciles", "Reconciles by kind", m.reconciles.clone());
+        r.register("controller_reconcile_errors", "Reconciles that failed, by kind", m.reconcile_errors.clone());
+        r.register("controller_reconcile_duration_seconds", "Reconcile duration by kind", m.reconcile_seconds.clone());
+        r.register("controller_machines", "Machines by phase", m.phases.clone());
+        r.register(
+            "controller_operations_in_flight",
+            "Operations kept in status, not done",
+            m.operations_in_flight.clone(),
+        );
+        r.register("controller_orphans_deleted", "Cloud machines deleted as orphans", m.orphans_deleted.clone());
+        r.register("controller_work_queue_depth", "Keys waiting in the work queue", m.queue_depth.clone());
+        m
+    }
+}
+
+/// Everything a reconciler needs.
+pub struct Ctx {
+    /// The store.
+    pub store: Store,
+    /// Drivers by name.
+    pub drivers: HashMap<String, DriverHandle>,
+    /// Settings.
+    pub config: Config,
+    /// The work queue.
+    pub queue: Arc<queue::WorkQueue>,
+    /// Metrics.
+    pub metrics: Metrics,
+    attempts: Mutex<HashMap<Key, u32>>,
+    not_before: Mutex<HashMap<Key, Instant>>,
+    /// Cloud machines without a Machine, and when they were first seen.
+    pub orphans: Mutex<HashMap<(String, String), Instant>>,
+}
+
+/// What to do after a reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Run again after this long.
+    Requeue(Duration),
+    /// Run again when something changes.
+    AwaitChange,
+}
+
+impl Action {
+    /// Run again after `d`.
+    pub fn requeue(d: Duration) -> Self {
+        Action::Requeue(d)
+    }
+}
+
+/// How to react to a driver error (design.md's error policy table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Retry the same request after a backoff (or the delay the driver asked for).
+    Retry(Option<Duration>),
+    /// Quota or capacity: retry, but slowly.
+    Quota,
+    /// Will not succeed unchanged: mark Failed, retry only on a spec change.
+    Permanent,
+    /// The thing is gone (delete = done).
+    NotFound,
+}
+
+/// Classifies a driver error.
+pub fn classify(e: &ErrorReport) -> Verdict {
+    use tonic::Code::*;
+    if let Some(d) = e.retry_after {
+        return Verdict::Retry(Some(d));
+    }
+    match e.code {
+        NotFound => Verdict::NotFound,
+        ResourceExhausted => Verdict::Quota,
+        InvalidArgument | FailedPrecondition | PermissionDenied | Unauthenticated | AlreadyExists | Unimplemented
+        | OutOfRange => Verdict::Permanent,
+        _ => Verdict::Retry(None),
+    }
+}
+
+impl Ctx {
+    /// A context; `drivers` maps names to endpoints.
+    ///
+    /// # Errors
+    /// A malformed endpoint.
+    pub fn new(
+        store: Store,
+        drivers: &[(String, String)],
+        config: Config,
+        registry: &mut Registry,
+    ) -> Result<Arc<Self>, driver_sdk::endpoint::EndpointError> {
+        let mut map = HashMap::new();
+        for (name, endpoint) in drivers {
+            let client = DriverClient::connect_lazy(endpoint)?.with_call_timeout(config.call_timeout);
+            map.insert(
+                name.clone(),
+                DriverHandle {
+                    name: name.clone(),
+                    client,
+                    limiter: TokenBucket::new(config.driver_qps, config.driver_burst),
+                },
+            );
+        }
+        Ok(Arc::new(Self {
+            store,
+            drivers: map,
+            queue: Arc::new(queue::WorkQueue::default()),
+            metrics: Metrics::register(registry),
+            config,
+            attempts: Mutex::new(HashMap::new()),
+            not_before: Mutex::new(HashMap::new()),
+            orphans: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Calls a driver: waits for the rate limit, records metrics, logs the request ID.
+    pub async fn call<T, F, Fut>(&self, driver: &DriverHandle, method: &'static str, f: F) -> CallResult<T>
+    where
+        F: FnOnce(DriverClient) -> Fut,
+        Fut: std::future::Future<Output = CallResult<T>>,
+    {
+        driver.limiter.acquire().await;
+        let started = Instant::now();
+        let result = f(driver.client.clone()).await;
+        let (code, request_id) = match &result {
+            Ok(r) => ("OK".to_string(), r.request_id.clone()),
+            Err(e) => (format!("{:?}", e.code()), e.request_id().to_string()),
+        };
+        let labels = CallLabels { driver: driver.name.clone(), method: method.into(), code: code.clone() };
+        self.metrics.calls.get_or_create(&labels).inc();
+        self.metrics.call_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => tracing::debug!("request.id" = %request_id, "driver call {method} ok"),
+            Err(e) => tracing::info!("request.id" = %request_id, "driver call {method} failed: {}", e.report),
+        }
+        result
+    }
+
+    /// The delay before retrying after `e` (and counts the attempt).
+    pub fn backoff(&self, key: &Key, e: &CallError) -> Duration {
+        match classify(&e.report) {
+            Verdict::Retry(Some(d)) => {
+                self.bump(key);
+                d + jitter(d / 10)
+            }
+            Verdict::Quota => self.exponential(key).max(Duration::from_secs(10).min(self.config.backoff_max)),
+            _ => self.exponential(key),
+        }
+    }
+
+    fn bump(&self, key: &Key) -> u32 {
+        let mut a = self.attempts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = a.entry(key.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// Exponential backoff with jitter for the next attempt on `key`.
+    pub fn exponential(&self, key: &Key) -> Duration {
+        let n = self.bump(key).min(20);
+        let base = self.config.backoff_base.as_secs_f64() * 2f64.powi(n as i32 - 1);
+        let d = Duration::from_secs_f64(base.min(self.config.backoff_max.as_secs_f64()));
+        // Jitter: 50–100 % of the delay.
+        d / 2 + jitter(d / 2)
+    }
+
+    /// Forgets the retry count of `key` after a success.
+    pub fn succeeded(&self, key: &Key) {
+        self.attempts.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+
+    /// How long until `key` may call its driver again (zero = now).
+    pub fn wait_before_call(&self, key: &Key) -> Duration {
+        let nb = self.not_before.lock().unwrap_or_else(|p| p.into_inner());
+        nb.get(key).map(|at| at.saturating_duration_since(Instant::now())).unwrap_or_default()
+    }
+
+    /// `key` must not call its driver before `delay` passes.
+    pub fn hold(&self, key: &Key, delay: Duration) {
+        self.not_before.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), Instant::now() + delay);
+    }
+
+    /// Forgets everything kept for `key`.
+    pub fn forget(&self, key: &Key) {
+        self.not_before.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.attempts.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+}
+
+fn jitter(max: Duration) -> Duration {
+    if max.is_zero() {
+        return max;
+    }
+    max.mul_f64(rand::random::<f64>())
+}
+
+/// Runs the workers and the change watcher until `shutdown` resolves.
+pub async fn run(ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()>) {
+    // Everything is reconciled once at start: in-flight operations resume from status.
+    for kind in [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
+        for key in keys_of(&ctx.store, kind).await {
+            ctx.queue.add(key);
+        }
+    }
+    let watcher = tokio::spawn(watch(ctx.clone()));
+    let mut workers = Vec::new();
+    for i in 0..ctx.config.workers.max(1) {
+        workers.push(tokio::spawn(worker(ctx.clone(), i)));
+    }
+    let orphans = tokio::spawn(crate::reconcile::orphans::run(ctx.clone()));
+    let gauges = tokio::spawn(gauges(ctx.clone()));
+    shutdown.await;
+    tracing::info!("stopping: finishing reconciles in progress");
+    ctx.queue.close();
+    watcher.abort();
+    orphans.abort();
+    gauges.abort();
+    for w in workers {
+        let _ = w.await;
+    }
+}
+
+async fn keys_of(store: &Store, kind: Kind) -> Vec<Key> {
+    let list = store.backend().list(kind).await.unwrap_or_default();
+    list.iter()
+        .filter_map(|j| {
+            let v: serde_json::Value = serde_json::from_str(j).ok()?;
+            let m = v.get("metadata")?;
+            Some(Key::new(kind, m.get("namespace")?.as_str()?, m.get("name")?.as_str()?))
+        })
+        .collect()
+}
+
+async fn watch(ctx: Arc<Ctx>) {
+    let mut rx = ctx.store.subscribe();
+    loop {
+        match rx.recv().await {
+            Ok(change) => {
+                if change.key.kind != Kind::Secret {
+                    ctx.queue.add_after(change.key.clone(), ctx.config.debounce);
+                }
+                if change.deleted {
+                    ctx.forget(&change.key);
+                }
+                if let Some(owner) = change.owner {
+                    ctx.queue.add_after(owner, ctx.config.debounce);
+                }
+                if change.key.kind == Kind::MachineClass {
+                    // Machines and deployments of a changed class get another look.
+                    for kind in [Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
+                        for key in keys_of(&ctx.store, kind).await {
+                            ctx.queue.add_after(key, ctx.config.debounce);
+                        }
+                    }
+                }
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!("missed {n} change notifications; resyncing everything");
+                for kind in [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
+                    for key in keys_of(&ctx.store, kind).await {
+                        ctx.queue.add(key);
+                    }
+                }
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+async fn worker(ctx: Arc<Ctx>, id: usize) {
+    while let Some(key) = ctx.queue.next().await {
+        let span = tracing::info_span!("reconcile", worker = id, kind = %key.kind, "object.name" = %key.name);
+        let started = Instant::now();
+        let result = tokio::time::timeout(ctx.config.reconcile_timeout, crate::reconcile::reconcile(&ctx, &key))
+            .instrument(span.clone())
+            .await;
+        let labels = KindLabels { kind: key.kind.as_str().into() };
+        ctx.metrics.reconciles.get_or_create(&labels).inc();
+        ctx.metrics.reconcile_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(Ok(Action::Requeue(d))) => ctx.queue.add_after(key.clone(), d),
+            Ok(Ok(Action::AwaitChange)) => {}
+            Ok(Err(e)) => {
+                ctx.metrics.reconcile_errors.get_or_create(&labels).inc();
+                let delay = ctx.exponential(&key);
+                span.in_scope(|| {
+                    tracing::warn!("reconcile failed, retrying in {delay:?}: {}", driver_sdk::error_chain(&e))
+                });
+                ctx.queue.add_after(key.clone(), delay);
+            }
+            Err(_) => {
+                ctx.metrics.reconcile_errors.get_or_create(&labels).inc();
+                span.in_scope(|| {
+                    tracing::warn!("reconcile took longer than {:?}; retrying", ctx.config.reconcile_timeout)
+                });
+                ctx.queue.add_after(key.clone(), Duration::from_secs(1));
+            }
+        }
+        ctx.queue.done(&key);
+    }
+}
+
+/// Keeps the phase and in-flight gauges current.
+async fn gauges(ctx: Arc<Ctx>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let Ok(machines) = ctx.store.list::<crate::resources::Machine>().await else { continue };
+        let mut counts: HashMap<String, i64> = HashMap::new();
+        let mut in_flight = 0;
+        for m in &machines {
+            *counts.entry(m.status.phase.to_string()).or_default() += 1;
+            in_flight += m.status.operations.len() as i64;
+        }
+        for phase in ["Pending", "Creating", "Running", "Updating", "Terminating", "Failed", "Unknown"] {
+            ctx.metrics
+                .phases
+                .get_or_create(&PhaseLabels { phase: phase.into() })
+                .set(counts.get(phase).copied().unwrap_or(0));
+        }
+        ctx.metrics.operations_in_flight.set(in_flight);
+        ctx.metrics.queue_depth.set(ctx.queue.depth() as i64);
+    }
+}
+
+/// Errors a reconcile returns (everything else is handled inside, as status).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReconcileError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+}

@@ -1,0 +1,199 @@
+//! A work queue of object keys: deduplicated, delayed requeues, and never the same key on two
+//! workers at once (a key changed while processing runs again afterwards).
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::store::Key;
+
+#[derive(Default)]
+struct State {
+    ready: VecDeque<Key>,
+    queued: HashSet<Key>,
+    processing: HashSet<Key>,
+    dirty: HashSet<Key>,
+    delayed: BTreeSet<(Instant, u64, Key)>,
+    due: HashMap<Key, (Instant, u64)>,
+    seq: u64,
+    closed: bool,
+}
+
+impl State {
+    fn add(&mut self, key: Key) -> bool {
+        if self.processing.contains(&key) {
+            self.dirty.insert(key);
+            false
+        } else if self.queued.insert(key.clone()) {
+            self.ready.push_back(key);
+            true
+        } else {
+            false
+        }
+    }
+
+    fn promote_due(&mut self, now: Instant) {
+        while let Some((at, _, _)) = self.delayed.first() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, _, key)) = self.delayed.pop_first() {
+                self.due.remove(&key);
+                self.add(key);
+            }
+        }
+    }
+}
+
+/// The queue.
+#[derive(Default)]
+pub struct WorkQueue {
+    state: Mutex<State>,
+    notify: Notify,
+}
+
+impl WorkQueue {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `key` now.
+    pub fn add(&self, key: Key) {
+        if self.state().add(key) {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Queues `key` after `delay`, unless it is already due sooner (so bursts of changes
+    /// coalesce into one reconcile: the debounce).
+    pub fn add_after(&self, key: Key, delay: Duration) {
+        if delay.is_zero() {
+            return self.add(key);
+        }
+        let at = Instant::now() + delay;
+        let mut s = self.state();
+        if s.queued.contains(&key) {
+            return;
+        }
+        if let Some((current, seq)) = s.due.get(&key).copied() {
+            if current <= at {
+                return;
+            }
+            s.delayed.remove(&(current, seq, key.clone()));
+        }
+        s.seq += 1;
+        let seq = s.seq;
+        s.delayed.insert((at, seq, key.clone()));
+        s.due.insert(key, (at, seq));
+        drop(s);
+        // Wake a waiter so it re-computes its sleep.
+        self.notify.notify_one();
+    }
+
+    /// The next key to work on; `None` once closed.
+    pub async fn next(&self) -> Option<Key> {
+        loop {
+            let next_due = {
+                let mut s = self.state();
+                if s.closed {
+                    return None;
+                }
+                s.promote_due(Instant::now());
+                if let Some(key) = s.ready.pop_front() {
+                    s.queued.remove(&key);
+                    // A pending delayed run is superseded: the reconcile decides the next one.
+                    if let Some((at, seq)) = s.due.remove(&key) {
+                        s.delayed.remove(&(at, seq, key.clone()));
+                    }
+                    s.processing.insert(key.clone());
+                    if !s.ready.is_empty() {
+                        self.notify.notify_one();
+                    }
+                    return Some(key);
+                }
+                s.delayed.first().map(|(at, _, _)| *at)
+            };
+            match next_due {
+                Some(at) => {
+                    tokio::select! {
+                        () = self.notify.notified() => {}
+                        () = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => self.notify.notified().await,
+            }
+        }
+    }
+
+    /// Marks `key` finished; it runs again if it changed meanwhile.
+    pub fn done(&self, key: &Key) {
+        let mut s = self.state();
+        s.processing.remove(key);
+        if s.dirty.remove(key) && s.add(key.clone()) {
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Stops handing out keys.
+    pub fn close(&self) {
+        self.state().closed = true;
+        self.notify.notify_waiters();
+    }
+
+    /// Keys waiting (ready or delayed).
+    pub fn depth(&self) -> usize {
+        let s = self.state();
+        s.ready.len() + s.delayed.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::Kind;
+
+    fn k(n: &str) -> Key {
+        Key::new(Kind::Machine, "default", n)
+    }
+
+    #[tokio::test]
+    async fn dedups_and_never_hands_out_a_key_twice_at_once() {
+        let q = WorkQueue::default();
+        q.add(k("a"));
+        q.add(k("a"));
+        q.add(k("b"));
+        assert_eq!(q.next().await, Some(k("a")));
+        assert_eq!(q.next().await, Some(k("b")));
+        q.add(k("a")); // changed while processing
+        assert_eq!(q.depth(), 0);
+        q.done(&k("a"));
+        assert_eq!(q.next().await, Some(k("a")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delays_coalesce_to_the_earliest() {
+        let q = WorkQueue::default();
+        q.add_after(k("a"), Duration::from_secs(5));
+        q.add_after(k("a"), Duration::from_secs(10));
+        q.add_after(k("a"), Duration::from_secs(1));
+        let started = Instant::now();
+        assert_eq!(q.next().await, Some(k("a")));
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        q.done(&k("a"));
+        assert_eq!(q.depth(), 0, "the superseded delays are gone");
+    }
+
+    #[tokio::test]
+    async fn close_ends_next() {
+        let q = std::sync::Arc::new(WorkQueue::default());
+        let q2 = q.clone();
+        let waiter = tokio::spawn(async move { q2.next().await });
+        tokio::task::yield_now().await;
+        q.close();
+        assert_eq!(tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap(), None);
+    }
+}
