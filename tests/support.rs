@@ -66,9 +66,19 @@ impl Sidecar {
 
     /// Like [`Sidecar::start`], in a given folder (to restart on the same socket and state).
     pub async fn start_in(dir: tempfile::TempDir, binary: &str, args: &[&str]) -> Sidecar {
+        Self::start_in_with_env(dir, binary, args, &[]).await
+    }
+
+    /// Like [`Sidecar::start`], with extra environment variables for the process.
+    pub async fn start_with_env(binary: &str, args: &[&str], envs: &[(&str, &str)]) -> Sidecar {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in_with_env(dir, binary, args, envs).await
+    }
+
+    async fn start_in_with_env(dir: tempfile::TempDir, binary: &str, args: &[&str], envs: &[(&str, &str)]) -> Sidecar {
         let socket = dir.path().join("driver.sock");
         let log = dir.path().join(format!("{binary}.log"));
-        let child = spawn(binary, &socket, &log, args);
+        let child = spawn(binary, &socket, &log, args, envs);
         let s = Sidecar { child, dir, socket, log };
         s.wait_ready().await;
         s
@@ -119,13 +129,14 @@ impl Sidecar {
     }
 }
 
-fn spawn(binary: &str, socket: &Path, log: &Path, args: &[&str]) -> Child {
+fn spawn(binary: &str, socket: &Path, log: &Path, args: &[&str], envs: &[(&str, &str)]) -> Child {
     let log_file = std::fs::File::create(log).expect("log file");
     Command::new(bin(binary))
         .arg("--endpoint")
         .arg(format!("unix://{}", socket.display()))
         .args(args)
         .env("RUST_LOG", "info")
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().expect("log"))
         .stderr(log_file)
