@@ -355,8 +355,13 @@ async fn finished(
     };
     if let Some(err) = op.error_report() {
         m.status.last_operation = Some(last_err(op_type, &err));
-        let action = match (classify(&err), err.reason.as_str()) {
-            (_, driver_sdk::reason::OPERATION_NOT_FOUND) | (Verdict::Retry(_), _) => {
+        // An operation that ran and failed in the cloud is final for this machine (its owner
+        // replaces it); only a lost operation or a transient failure is asked again.
+        let retry = err.reason == driver_sdk::reason::OPERATION_NOT_FOUND
+            || err.retry_after.is_some()
+            || matches!(err.code, tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Aborted);
+        let action = match retry {
+            true => {
                 // The cloud lost the operation or it failed transiently: ask again (idempotent).
                 let delay = ctx.exponential(key);
                 ctx.hold(key, delay);
@@ -369,13 +374,13 @@ async fn finished(
                 );
                 Action::Requeue(delay)
             }
-            _ if op_type == "Update" => {
+            false if op_type == "Update" => {
                 set_condition(&mut m.status.conditions, "UpToDate", false, "UpdateFailed", &err.to_string());
                 m.status.phase = Phase::Running;
                 fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
                 Action::AwaitChange
             }
-            _ => {
+            false => {
                 fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
                 Action::AwaitChange
             }

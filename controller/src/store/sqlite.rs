@@ -69,7 +69,12 @@ impl SqliteBackend {
         }
         let conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // Switching to WAL needs an exclusive lock; only do it when the file is not WAL yet, so a
+        // second process (the CLI) can open the store while `run` writes to it.
+        let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+        }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS objects(

@@ -507,7 +507,8 @@ impl Driver for FakeDriver {
         let now = now_ms();
         let mut st = self.cloud();
         if let Some(m) = st.machines.get(&req.name) {
-            if m.hash != hash && m.pending_spec.is_none() {
+            let pending = m.pending_spec.as_ref().map(convert::spec_hash);
+            if m.hash != hash && pending.as_ref() != Some(&hash) {
                 return Err(DriverError::already_exists(
                     reason::MACHINE_SPEC_CONFLICT,
                     format!("machine {} exists with another provider spec", req.name),
@@ -518,6 +519,14 @@ impl Driver for FakeDriver {
                     Err(DriverError::operation_pending(format!("machine {} is being deleted", req.name)))
                 }
                 (MState::Creating, Some(op)) => Ok(Self::op_view(&st, op)),
+                (MState::Failed, _) => {
+                    let err = m.failure.as_ref().map(CloudError::to_driver_error).unwrap_or_else(|| {
+                        DriverError::new(tonic::Code::Internal, reason::CLOUD_OPERATION_FAILED, "the machine failed")
+                    });
+                    let failed =
+                        Operation::running(OperationKind::CreateMachine, req.name.clone(), json!({"op": null}));
+                    Ok(failed.finish(Err(err)))
+                }
                 _ => Ok(done_now(
                     OperationKind::CreateMachine,
                     req.name,

@@ -1,0 +1,615 @@
+//! The controller as a user runs it: `machine-controller run` and `fake-driver` as real
+//! processes over a Unix socket, manifests applied with `machine-controller apply`, and the fake
+//! cloud's inspection API as the ground truth.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use e2e_tests::{bin, eventually, run, Sidecar};
+use fake_driver::pb as fake;
+use machine_controller::resources::*;
+use machine_controller::store::Store;
+use tokio::process::{Child, Command};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// One test's world: a fake sidecar, a store file, and (usually) a running controller.
+struct World {
+    sidecar: Option<Sidecar>,
+    dir: tempfile::TempDir,
+    controller: Option<Child>,
+    fake_args: Vec<String>,
+}
+
+impl World {
+    async fn new(fake_args: &[&str]) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let fake_args: Vec<String> = fake_args.iter().map(|s| s.to_string()).collect();
+        let args: Vec<&str> = fake_args.iter().map(String::as_str).collect();
+        let sidecar = Sidecar::start("fake-driver", &args).await;
+        let mut w = World { sidecar: Some(sidecar), dir, controller: None, fake_args };
+        w.start_controller(&[]);
+        w
+    }
+
+    fn sidecar(&self) -> &Sidecar {
+        self.sidecar.as_ref().unwrap()
+    }
+
+    fn store_path(&self) -> PathBuf {
+        self.dir.path().join("store.db")
+    }
+
+    fn start_controller(&mut self, extra: &[&str]) {
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("controller.log")).unwrap();
+        let child = Command::new(bin("machine-controller"))
+            .arg("--store")
+            .arg(self.store_path())
+            .args(["run", "--driver", &format!("fake={}", self.sidecar().endpoint())])
+            .args(["--debounce", "20ms", "--health-check-interval", "1s"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        self.controller = Some(child);
+    }
+
+    async fn kill9_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.kill().await.unwrap();
+        }
+    }
+
+    /// SIGKILLs the sidecar and starts a new one on the same socket (and state file).
+    async fn restart_sidecar(&mut self) {
+        let old = self.sidecar.take().unwrap();
+        let dir = old.kill9().await;
+        let args: Vec<&str> = self.fake_args.iter().map(String::as_str).collect();
+        self.sidecar = Some(Sidecar::start_in(dir, "fake-driver", &args).await);
+    }
+
+    fn controller_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("controller.log")).unwrap_or_default()
+    }
+
+    async fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let store = self.store_path();
+        let mut all = vec!["--store", store.to_str().unwrap()];
+        all.extend_from_slice(args);
+        run(&bin("machine-controller"), &all).await
+    }
+
+    async fn apply(&self, yaml: &str) {
+        let file = self.dir.path().join(format!("m-{}.yaml", uuid::Uuid::new_v4()));
+        std::fs::write(&file, yaml).unwrap();
+        let (code, out, err) = self.cli(&["apply", "-f", file.to_str().unwrap()]).await;
+        assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+    }
+
+    fn store(&self) -> Store {
+        Store::open(&self.store_path()).unwrap()
+    }
+
+    async fn inspect(&self) -> fake::InspectResponse {
+        let c = self.sidecar().client().await;
+        let mut f = fake::fake_cloud_client::FakeCloudClient::new(c.channel());
+        f.inspect(fake::InspectRequest::default()).await.unwrap().into_inner()
+    }
+
+    async fn set_faults(&self, rules: Vec<fake::FaultRule>) {
+        let c = self.sidecar().client().await;
+        let mut f = fake::fake_cloud_client::FakeCloudClient::new(c.channel());
+        f.set_faults(fake::SetFaultsRequest { rules }).await.unwrap();
+    }
+
+    async fn md(&self, name: &str) -> MachineDeployment {
+        self.store().get::<MachineDeployment>("default", name).await.unwrap().expect("deployment")
+    }
+
+    /// Waits until `name` has `replicas` available machines of its target revision and no others.
+    async fn converged(&self, name: &str, within: Duration) -> MachineDeployment {
+        let store = self.store();
+        eventually(within, &format!("deployment {name} converged"), || {
+            let store = store.clone();
+            async move {
+                let md = store.get::<MachineDeployment>("default", name).await.ok()??;
+                let ok = md.status.observed_generation >= md.metadata.generation
+                    && md.status.available_replicas == md.spec.replicas
+                    && md.status.replicas == md.spec.replicas
+                    && md.status.updated_replicas == md.spec.replicas;
+                ok.then_some(md)
+            }
+        })
+        .await
+    }
+
+    async fn machines(&self) -> Vec<Machine> {
+        self.store().list::<Machine>().await.unwrap()
+    }
+
+    /// The cloud and the store agree: every Machine has exactly one cloud machine created once,
+    /// and no cloud machine is without a Machine.
+    async fn assert_consistent(&self, replicas: usize) {
+        let cloud = self.inspect().await;
+        let machines = self.machines().await;
+        let names: HashSet<String> = machines.iter().map(|m| m.metadata.name.clone()).collect();
+        let cloud_names: HashSet<String> = cloud.machines.iter().map(|m| m.name.clone()).collect();
+        assert_eq!(names, cloud_names, "store and cloud disagree");
+        assert_eq!(machines.len(), replicas);
+        for m in &cloud.machines {
+            assert_eq!(m.times_created, 1, "{} was created {} times", m.name, m.times_created);
+        }
+        let c = cloud.counters.unwrap();
+        assert_eq!(
+            c.machines_created - c.machines_deleted,
+            replicas as u64,
+            "creates {} − deletes {} ≠ {replicas}",
+            c.machines_created,
+            c.machines_deleted
+        );
+    }
+}
+
+fn class_yaml(spec: &str) -> String {
+    format!(
+        "apiVersion: machine.driver.dev/v1alpha1\nkind: MachineClass\nmetadata: {{name: small}}\nspec:\n  driver: fake\n  providerSpec: {spec}\n"
+    )
+}
+
+fn md_yaml(name: &str, replicas: i64, image: &str, surge: &str, unavailable: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: machine.driver.dev/v1alpha1
+kind: MachineDeployment
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  template:
+    spec:
+      classRef: {{name: small}}
+      providerSpec: {{image: {image}}}
+  strategy:
+    rollingUpdate: {{maxSurge: \"{surge}\", maxUnavailable: \"{unavailable}\"}}
+{extra}"
+    )
+}
+
+const FAST: &[&str] =
+    &["--create-latency", "300ms", "--delete-latency", "200ms", "--update-latency", "200ms", "--pool-latency", "300ms"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_update_stays_within_max_surge_and_max_unavailable() {
+    let w = World::new(FAST).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 10, "os-1", "30%", "20%", "")).await;
+    w.converged("web", MINUTE).await;
+    w.assert_consistent(10).await;
+
+    // Watch the cloud while the rollout runs: the fake counts the peak itself (exact), and a
+    // sampler records the fewest Running machines seen.
+    let c = w.sidecar().client().await;
+    let mut f = fake::fake_cloud_client::FakeCloudClient::new(c.channel());
+    f.inspect(fake::InspectRequest { reset_peak: true }).await.unwrap();
+    let min_running = Arc::new(AtomicI64::new(i64::MAX));
+    let samples = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (min_running, samples, mut f) = (min_running.clone(), samples.clone(), f.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(r) = f.inspect(fake::InspectRequest::default()).await {
+                    let running = r.into_inner().machines.iter().filter(|m| m.state == "RUNNING").count() as i64;
+                    min_running.fetch_min(running, Ordering::SeqCst);
+                    samples.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    w.apply(&md_yaml("web", 10, "os-2", "30%", "20%", "")).await;
+    let md = w.converged("web", MINUTE).await;
+    sampler.abort();
+    let peak = f.inspect(fake::InspectRequest::default()).await.unwrap().into_inner().counters.unwrap().peak_machines;
+    // maxSurge 30% of 10 rounds up to 3; maxUnavailable 20% rounds down to 2.
+    assert!(peak <= 13, "the cloud held {peak} machines, more than replicas + maxSurge = 13");
+    assert!(peak >= 11, "the rollout never surged (peak {peak}); the check would prove nothing");
+    let min = min_running.load(Ordering::SeqCst);
+    assert!(samples.load(Ordering::SeqCst) > 10, "too few samples");
+    assert!(min >= 8, "only {min} machines were running at one point, fewer than replicas − maxUnavailable = 8");
+    assert_ne!(md.status.current_revision, "");
+    assert!(w
+        .machines()
+        .await
+        .iter()
+        .all(|m| m.metadata.labels.get(LABEL_REVISION) == Some(&md.status.current_revision)));
+    w.assert_consistent(10).await;
+    let cloud = w.inspect().await;
+    assert!(cloud.machines.iter().all(|m| m.state == "RUNNING"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_the_controller_mid_rollout_loses_and_duplicates_nothing() {
+    let mut w = World::new(&["--create-latency", "1s", "--delete-latency", "500ms"]).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 8, "os-1", "50%", "25%", "")).await;
+    // Kill it while creates are in flight.
+    eventually(MINUTE, "creates in flight", || {
+        let w = &w;
+        async move { (w.inspect().await.machines.iter().filter(|m| m.state == "CREATING").count() >= 3).then_some(()) }
+    })
+    .await;
+    w.kill9_controller().await;
+    w.start_controller(&[]);
+    w.converged("web", MINUTE).await;
+    w.assert_consistent(8).await;
+
+    // And again in the middle of a rolling update.
+    w.apply(&md_yaml("web", 8, "os-2", "50%", "25%", "")).await;
+    eventually(MINUTE, "rollout under way", || {
+        let w = &w;
+        async move {
+            let cloud = w.inspect().await;
+            (cloud.machines.iter().any(|m| m.state == "CREATING") && cloud.machines.len() > 8).then_some(())
+        }
+    })
+    .await;
+    w.kill9_controller().await;
+    w.start_controller(&[]);
+    let md = w.converged("web", MINUTE).await;
+    w.assert_consistent(8).await;
+    assert_eq!(md.status.replicas, 8);
+    assert!(w.controller_log().contains("machine-controller running"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_restart_mid_operation_resumes_from_the_stored_token() {
+    let dir_state = tempfile::tempdir().unwrap();
+    let state = dir_state.path().join("cloud.json");
+    let mut w = World::new(&["--create-latency", "2s", "--state-file", state.to_str().unwrap()]).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 3, "os-1", "1", "0", "")).await;
+    // Wait until the three creates are stored in status, then crash the sidecar.
+    let store = w.store();
+    let ops: HashMap<String, String> = eventually(MINUTE, "operations stored in status", || {
+        let store = store.clone();
+        async move {
+            let ms = store.list::<Machine>().await.ok()?;
+            let ops: HashMap<String, String> = ms
+                .iter()
+                .filter_map(|m| m.status.operations.first().map(|o| (m.metadata.name.clone(), o.name.clone())))
+                .collect();
+            (ops.len() == 3).then_some(ops)
+        }
+    })
+    .await;
+    w.restart_sidecar().await;
+    w.converged("web", MINUTE).await;
+    w.assert_consistent(3).await;
+    // The same operations finished: the request IDs of their final polls are in status, and the
+    // cloud created each machine once.
+    let cloud = w.inspect().await;
+    assert_eq!(cloud.counters.unwrap().machines_created, 3);
+    for m in w.machines().await {
+        assert!(ops.contains_key(&m.metadata.name));
+        assert_eq!(m.status.phase, Phase::Running);
+        assert!(m.status.operations.is_empty());
+    }
+}
+
+fn rule(rpc: &str, action: &str, code: &str, times: u32, retry_after_ms: u32) -> fake::FaultRule {
+    fake::FaultRule {
+        rpc: rpc.into(),
+        target: "*".into(),
+        action: action.into(),
+        code: code.into(),
+        times,
+        retry_after_ms,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_errors_and_throttling_back_off_then_converge() {
+    let w = World::new(&["--create-latency", "200ms", "--rate-limit", "8", "--burst", "3"]).await;
+    w.set_faults(vec![rule("CreateMachine", "error", "UNAVAILABLE", 4, 0)]).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 6, "os-1", "1", "0", "")).await;
+    w.converged("web", MINUTE).await;
+    w.assert_consistent(6).await;
+    let c = w.inspect().await.counters.unwrap();
+    assert_eq!(c.faults_fired, 4, "every injected failure was retried");
+    // Throttled calls came back with RetryInfo and were retried after it.
+    assert!(c.throttled > 0, "the rate limit never bit; the test proves nothing");
+    let retried = w.machines().await.iter().any(|m| m.status.request_ids.len() > 2);
+    assert!(retried, "no machine shows more than one call");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_and_invalid_specs_become_conditions_without_a_hot_loop() {
+    let w = World::new(&["--create-latency", "200ms", "--max-machines", "2"]).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 3, "os-1", "0", "1", "")).await;
+    let store = w.store();
+    let quota_blocked = eventually(MINUTE, "a machine blocked by quota", || {
+        let store = store.clone();
+        async move {
+            let ms = store.list::<Machine>().await.ok()?;
+            ms.into_iter().find(|m| {
+                m.status
+                    .last_operation
+                    .as_ref()
+                    .is_some_and(|l| l.reason == "QUOTA_EXCEEDED" && l.code == "ResourceExhausted")
+                    && m.status.conditions.iter().any(|c| c.reason == "QuotaExceeded")
+            })
+        }
+    })
+    .await;
+    assert_eq!(quota_blocked.status.phase, Phase::Pending, "quota is not a permanent failure");
+    let running = w.machines().await.iter().filter(|m| m.status.phase == Phase::Running).count();
+    assert!(running <= 2);
+
+    // A provider spec the driver rejects: Failed with the reason, and no retries.
+    w.apply(&class_yaml("{machineType: huge}").replace("name: small", "name: invalid")).await;
+    w.apply("apiVersion: machine.driver.dev/v1alpha1\nkind: Machine\nmetadata: {name: lonely}\nspec:\n  classRef: {name: invalid}\n").await;
+    let failed = eventually(MINUTE, "machine Failed with INVALID_PROVIDER_SPEC", || {
+        let store = store.clone();
+        async move {
+            let m = store.get::<Machine>("default", "lonely").await.ok()??;
+            (m.status.phase == Phase::Failed).then_some(vec![m])
+        }
+    })
+    .await;
+    // No hot loop: over a 3 s window, the number of cloud API calls stays small. (Observing that
+    // nothing happens needs a window of time; nothing is synchronised by it.)
+    let before = w.inspect().await.counters.unwrap().api_calls;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = w.inspect().await.counters.unwrap().api_calls;
+    assert!(after - before < 40, "{} cloud calls in 3 s: a hot loop", after - before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_rollout_is_aborted_rolled_back_and_not_retried() {
+    let w = World::new(FAST).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 4, "os-1", "1", "0", "  failureBudget: 2\n  maxConcurrentReplacements: 1\n")).await;
+    let good = w.converged("web", MINUTE).await.status.current_revision;
+    let bad_md = md_yaml("web", 4, "os-bad", "1", "0", "  failureBudget: 2\n  maxConcurrentReplacements: 1\n")
+        .replace("providerSpec: {image: os-bad}", "providerSpec: {image: os-bad, simulateFailure: provisioning}");
+    w.apply(&bad_md).await;
+    let md = eventually(MINUTE, "rollout aborted", || {
+        let w = &w;
+        async move {
+            let md = w.md("web").await;
+            (!md.status.bad_revisions.is_empty()).then_some(md)
+        }
+    })
+    .await;
+    let bad_rev = md.status.bad_revisions[0].revision.clone();
+    assert_ne!(bad_rev, good);
+    // Rolled back: every machine on the good revision, running.
+    let md = w.converged("web", MINUTE).await;
+    assert_eq!(md.status.current_revision, good);
+    assert_eq!(md.status.target_revision, good);
+    assert!(md.status.conditions.iter().any(|c| c.condition_type == "Progressing" && c.reason == "RolledBack"));
+    w.assert_consistent(4).await;
+    // The bad revision is not applied again.
+    let created = w.inspect().await.counters.unwrap().machines_created;
+    w.apply(&bad_md.replace("replicas: 4", "replicas: 4\n  paused: false")).await;
+    let md = w.converged("web", MINUTE).await;
+    assert_eq!(md.status.target_revision, good);
+    assert_eq!(w.inspect().await.counters.unwrap().machines_created, created, "the bad revision was tried again");
+    let (code, out, _) = w.cli(&["describe", "md", "web"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("RolloutAborted") && out.contains(&bad_rev), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_yaml_and_invalid_fields_are_refused_and_change_nothing() {
+    let w = World::new(FAST).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    let (_, before, _) = w.cli(&["get", "mc", "small", "-o", "json"]).await;
+    let cases = [
+        ("broken.yaml", "kind: MachineClass\nmetadata: {name: [oops\n", "not valid YAML"),
+        ("field.yaml", &md_yaml("web", 3, "os-1", "lots", "0", ""), "spec.strategy.rollingUpdate.maxSurge"),
+        ("unknown.yaml", &md_yaml("web", 3, "os-1", "1", "0", "  colour: blue\n"), "unknown field `colour`"),
+        ("replicas.yaml", &md_yaml("web", -1, "os-1", "1", "0", ""), "spec.replicas"),
+        ("kind.yaml", "apiVersion: machine.driver.dev/v1alpha1\nkind: Gizmo\nmetadata: {name: x}\n", "unknown kind"),
+    ];
+    for (file, text, needle) in cases {
+        // A valid class change travels with the bad document: it must not be applied either.
+        let path = w.dir.path().join(file);
+        std::fs::write(&path, format!("{}---\n{text}", class_yaml("{machineType: large}"))).unwrap();
+        let (code, out, err) = w.cli(&["apply", "-f", path.to_str().unwrap()]).await;
+        assert_eq!(code, 1, "{file}: {out}{err}");
+        assert!(err.contains(needle) && err.contains(file), "{file}: error does not name the problem: {err}");
+        assert!(err.contains("nothing was applied"), "{err}");
+    }
+    let (_, after, _) = w.cli(&["get", "mc", "small", "-o", "json"]).await;
+    assert_eq!(before, after, "the store changed");
+    assert!(w.store().list::<MachineDeployment>().await.unwrap().is_empty());
+    let (code, _, err) = w.cli(&["get", "machines", "nope"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("not found"), "{err}");
+    let (code, _, err) = w.cli(&["get", "gizmos"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("unknown kind"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_place_strategy_updates_machines_without_replacing_them() {
+    let w = World::new(FAST).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    let strategy = |ty: &str| {
+        format!(
+            "apiVersion: machine.driver.dev/v1alpha1
+kind: MachineDeployment
+metadata: {{name: web}}
+spec:
+  replicas: 3
+  template:
+    spec:
+      classRef: {{name: small}}
+      providerSpec: {{machineType: {ty}}}
+  strategy:
+    type: InPlace
+    inPlace: {{maxUnavailable: 1, fallbackToReplace: true}}
+"
+        )
+    };
+    w.apply(&strategy("small")).await;
+    w.converged("web", MINUTE).await;
+    let ids: HashSet<String> = w.machines().await.iter().map(|m| m.status.provider_id.clone()).collect();
+    w.apply(&strategy("medium")).await;
+    let md = w.converged("web", MINUTE).await;
+    let after: HashSet<String> = w.machines().await.iter().map(|m| m.status.provider_id.clone()).collect();
+    assert_eq!(ids, after, "machines were replaced instead of updated in place");
+    assert_eq!(w.inspect().await.counters.unwrap().machines_created, 3);
+    assert!(w
+        .machines()
+        .await
+        .iter()
+        .all(|m| m.metadata.labels.get(LABEL_REVISION) == Some(&md.status.current_revision)));
+    let hashes: HashSet<String> = w.inspect().await.machines.iter().map(|m| m.spec_hash.clone()).collect();
+    assert_eq!(hashes.len(), 1, "all machines run the same spec");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_pool_scales_rolls_and_deletes_one_instance() {
+    let w = World::new(FAST).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    let pool = |ty: &str, replicas: i64| {
+        format!(
+            "apiVersion: machine.driver.dev/v1alpha1
+kind: MachinePool
+metadata: {{name: workers}}
+spec:
+  replicas: {replicas}
+  template:
+    spec:
+      classRef: {{name: small}}
+      providerSpec: {{machineType: {ty}}}
+  strategy: {{maxSurge: 1, maxUnavailable: 0}}
+"
+        )
+    };
+    w.apply(&pool("small", 3)).await;
+    let store = w.store();
+    let ready = |n: usize| {
+        let store = store.clone();
+        move || {
+            let store = store.clone();
+            async move {
+                let p = store.get::<MachinePool>("default", "workers").await.ok()??;
+                let ms = store.list::<Machine>().await.ok()?;
+                let live = ms.iter().filter(|m| !m.is_deleting() && m.status.phase == Phase::Running).count();
+                (p.status.ready_replicas == n as i64
+                    && p.status.updated_replicas == n as i64
+                    && p.status.replicas == n as i64
+                    && live == n)
+                    .then_some(())
+            }
+        }
+    };
+    eventually(MINUTE, "pool scaled out to 3", ready(3)).await;
+    w.apply(&pool("large", 3)).await;
+    eventually(MINUTE, "pool rolled to the new model", ready(3)).await;
+    let cloud = w.inspect().await;
+    let p = &cloud.pools[0];
+    assert_eq!(p.instances.len(), 3);
+    assert!(p.instances.iter().all(|i| i.latest_model_applied));
+
+    // Delete exactly one pool machine: that instance goes, and the pool refills to 3.
+    let victim = w.machines().await.into_iter().next().unwrap();
+    let victim_id = victim.spec.pool_ref.clone().unwrap().instance_id;
+    let (code, out, err) = w.cli(&["delete", "machine", &victim.metadata.name]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    eventually(MINUTE, "the instance deleted and replaced", || {
+        let w = &w;
+        let victim_id = victim_id.clone();
+        async move {
+            let cloud = w.inspect().await;
+            let p = cloud.pools.first()?;
+            let ids: Vec<&str> = p.instances.iter().map(|i| i.instance_id.as_str()).collect();
+            (!ids.contains(&victim_id.as_str()) && ids.len() == 3).then_some(())
+        }
+    })
+    .await;
+    eventually(MINUTE, "pool ready again", ready(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_tagged_by_this_controller_are_collected() {
+    let mut w = World::new(FAST).await;
+    w.kill9_controller().await;
+    w.start_controller(&["--orphan-interval", "300ms", "--orphan-grace", "1s"]);
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 1, "os-1", "1", "0", "")).await;
+    w.converged("web", MINUTE).await;
+    // A machine in the cloud tagged as ours with no Machine, and one that is not ours.
+    let client = w.sidecar().client().await;
+    let spec = Some(driver_sdk::convert::json_to_struct(&serde_json::json!({"machineType": "small"})));
+    for (name, tags) in [
+        ("orphan-1", vec![(TAG_CONTROLLER, "machine-controller"), (TAG_MACHINE, "default.gone")]),
+        ("foreign-1", vec![("owner", "someone-else")]),
+    ] {
+        let labels = tags.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        client
+            .create_machine(driver_sdk::proto::CreateMachineRequest {
+                name: name.into(),
+                provider_spec: spec.clone(),
+                labels,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    eventually(MINUTE, "the orphan deleted", || {
+        let w = &w;
+        async move {
+            let names: Vec<String> = w.inspect().await.machines.into_iter().map(|m| m.name).collect();
+            (!names.iter().any(|n| n == "orphan-1")).then_some(names)
+        }
+    })
+    .await;
+    let names: Vec<String> = w.inspect().await.machines.into_iter().map(|m| m.name).collect();
+    assert!(names.contains(&"foreign-1".to_string()), "a machine not tagged as ours was deleted");
+    assert_eq!(names.len(), 2, "{names:?}");
+    let (_, out, _) = w.cli(&["describe", "mc", "small"]).await;
+    assert!(out.contains("OrphanDeleted") && out.contains("orphan-1"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_shows_status_request_ids_and_deletes_through_the_cloud() {
+    let w = World::new(FAST).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 2, "os-1", "1", "0", "")).await;
+    w.converged("web", MINUTE).await;
+    let (code, out, _) = w.cli(&["get", "machines", "-o", "wide"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("PROVIDER-ID") && out.contains("fake:///zone-a/") && out.contains("Running"), "{out}");
+    let m = w.machines().await.remove(0);
+    let (code, out, _) = w.cli(&["describe", "machine", &m.metadata.name]).await;
+    assert_eq!(code, 0);
+    let last = m.status.last_operation.unwrap();
+    assert!(out.contains(&last.request_id) && out.contains("Created") && out.contains("Ready"), "{out}");
+    // The request ID the controller recorded is in the sidecar's log for the same call.
+    let rid = m.status.request_ids[0].clone();
+    assert!(w.sidecar().log_text().contains(&rid), "request {rid} not in the sidecar log");
+    let (code, out, _) = w.cli(&["rollout", "status", "web", "--timeout", "30s"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("successfully rolled out"), "{out}");
+    let (code, _, _) = w.cli(&["delete", "md", "web"]).await;
+    assert_eq!(code, 0);
+    eventually(MINUTE, "everything deleted", || {
+        let w = &w;
+        async move { (w.inspect().await.machines.is_empty() && w.machines().await.is_empty()).then_some(()) }
+    })
+    .await;
+}
