@@ -835,6 +835,11 @@ pub struct MachineStatus {
     /// Hash of the provider spec the cloud machine runs.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub spec_hash: String,
+    /// The Machine generation the cloud machine was last created or updated from. A newer
+    /// generation with a different spec is applied in place (class edits alone are not: they
+    /// reach new machines, as in MCM).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub observed_generation: i64,
     /// When the first create call was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_started: Option<Time>,

@@ -49,7 +49,7 @@ pub struct ServeArgs {
     #[arg(long, env = "DRIVER_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// File holding the operation-token HMAC key (else $DRIVER_TOKEN_KEY_FILE / $DRIVER_TOKEN_KEY).
-    #[arg(long, env = "DRIVER_TOKEN_KEY_FILE_PATH")]
+    #[arg(long, env = "DRIVER_TOKEN_KEY_FILE")]
     pub token_key_file: Option<PathBuf>,
     /// Development mode: use a well-known token key when none is configured.
     #[arg(long, env = "DRIVER_DEV_MODE")]
@@ -127,6 +127,9 @@ pub enum ServeError {
     /// TLS files could not be read or used.
     #[error("configuring TLS")]
     Tls(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The driver's name is not DNS-style or longer than 63 characters.
+    #[error("driver name {0:?} must be 1 to 63 characters of letters, digits, '-' and '.'")]
+    DriverName(String),
     /// TLS was asked for on a Unix socket.
     #[error("TLS is only supported on tcp:// endpoints")]
     TlsOnUnix,
@@ -229,6 +232,10 @@ impl<D: Driver> DriverServer<D> {
         let metrics = RpcMetrics::register(&mut registry);
         let service = DriverService::new(self.driver.clone(), key);
         let driver_name = service.shared().info.name.clone();
+        let dns = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.';
+        if driver_name.is_empty() || driver_name.len() > 63 || !driver_name.chars().all(dns) {
+            return Err(ServeError::DriverName(driver_name));
+        }
 
         // Health: NOT_SERVING until the first successful ready probe.
         let (health, health_service) = tonic_health::server::health_reporter();
@@ -299,6 +306,7 @@ impl<D: Driver> DriverServer<D> {
             let health = health.clone();
             let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
             let draining = draining.clone();
+            let ready = ready.clone();
             async move {
                 let why = match external {
                     Some(f) => tokio::select! { w = os_signal() => w, () = f => "shutdown requested" },
@@ -306,6 +314,8 @@ impl<D: Driver> DriverServer<D> {
                 };
                 tracing::info!("{why}: draining in-flight calls");
                 draining.store(true, Ordering::SeqCst);
+                // /readyz answers 503 while draining, like the health service.
+                ready.store(false, Ordering::SeqCst);
                 for n in &names {
                     health.set_service_status(n.as_str(), ServingStatus::NotServing).await;
                 }

@@ -43,10 +43,6 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             Err(e) => Err(e.into()),
         };
     }
-    let wait = ctx.wait_before_call(key);
-    if !wait.is_zero() {
-        return Ok(Action::Requeue(wait));
-    }
     let r = match resolve(ctx, &m.metadata.namespace, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await? {
         Ok(r) => r,
         Err((reason, message)) => {
@@ -56,6 +52,16 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             return Ok(Action::Requeue(Duration::from_secs(10)));
         }
     };
+    // The driver is called at most when it asked (poll_after, RetryInfo, backoff, the health
+    // interval) — except that a new spec for a running machine is acted on at once.
+    let spec_changed = m.status.operations.is_empty()
+        && m.metadata.generation > m.status.observed_generation
+        && !m.status.spec_hash.is_empty()
+        && m.status.spec_hash != driver_sdk::convert::spec_hash(&r.provider_spec);
+    let wait = ctx.wait_before_call(key);
+    if !wait.is_zero() && !spec_changed {
+        return Ok(Action::Requeue(wait));
+    }
     if let Some(op) = m.status.operations.first().cloned() {
         return poll(ctx, key, m, &r, op).await;
     }
@@ -68,8 +74,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     match m.status.phase {
         Phase::Failed if m.status.failure.is_none() => Ok(Action::AwaitChange),
         Phase::Running | Phase::Unknown | Phase::Updating if !m.status.provider_id.is_empty() => {
-            let desired = driver_sdk::convert::spec_hash(&r.provider_spec);
-            if !m.status.spec_hash.is_empty() && m.status.spec_hash != desired {
+            if spec_changed {
                 update(ctx, key, m, &r).await
             } else {
                 health(ctx, key, m, &r).await
@@ -399,6 +404,7 @@ async fn finished(
         apply_cloud_view(&mut m, machine);
     }
     m.status.phase = Phase::Running;
+    m.status.observed_generation = m.metadata.generation;
     m.status.failure = None;
     m.status.unhealthy_since = None;
     set_condition(&mut m.status.conditions, "Ready", true, "Running", "");

@@ -1,5 +1,5 @@
 //! `driver-conformance --endpoint ENDPOINT`: runs the conformance suite against a live driver,
-//! prints one line per check and a closing `N passed, N failed` line, and exits non-zero when any
+//! prints one line per check and a closing `N passed, N failed, N skipped` line, and exits non-zero when any
 //! check failed.
 
 use std::collections::HashMap;

@@ -848,7 +848,16 @@ impl Driver for FakeDriver {
         let t: TokenState = handle.state_as()?;
         let st = self.cloud();
         Ok(match &t.op {
-            Some(op) => Self::op_view(&st, op),
+            Some(op) if st.ops.contains_key(op) => Self::op_view(&st, op),
+            Some(op) => {
+                // The cloud lost the operation (no state file, or it expired): say so, for the
+                // operation the token names.
+                let err = DriverError::not_found(
+                    reason::OPERATION_NOT_FOUND,
+                    format!("the fake cloud has no operation {op}: it expired or the cloud lost its state"),
+                );
+                handle.resume().finish(Err(err))
+            }
             None => Self::current_view(&st, &handle),
         })
     }

@@ -1,0 +1,1311 @@
+//! # arm-emulator
+//!
+//! Test support: an in-memory emulator of the slice of Azure Resource Manager that the
+//! `azure-vmss-driver` uses — Microsoft.Compute virtual machine scale sets at
+//! `api-version=2024-07-01` — served at the root of a plain HTTP listener, the way the ARM
+//! endpoint is (`--arm-endpoint http://127.0.0.1:PORT`).
+//!
+//! It follows the ARM async contract recorded in `shared/docs/reference.md`:
+//!
+//! - `PUT` a scale set → 201 (new) / 200 (existing) with `provisioningState` `Creating` /
+//!   `Updating` and an `Azure-AsyncOperation` header;
+//! - `DELETE` a scale set, `POST …/delete` (`{"instanceIds":[…]}`), `POST …/manualupgrade` → 202
+//!   with `Location`, `Azure-AsyncOperation` and `Retry-After`; `DELETE` of a missing scale set →
+//!   204; a mutating call while another operation runs on the scale set → 409;
+//! - the async-operation URL
+//!   (`/subscriptions/{s}/providers/Microsoft.Compute/locations/{loc}/operations/{id}`) answers 200
+//!   `{id, name, status, startTime, endTime, percentComplete, error}`; the Location URL (the same
+//!   path with `monitor=true`) answers 202 until the operation is done;
+//! - `GET` the scale set, the VM list (`$expand=instanceView`, absolute `nextLink`), one VM and its
+//!   instance view;
+//! - every response carries `x-ms-request-id` and `x-ms-correlation-request-id`, echoes
+//!   `x-ms-client-request-id`, and has `x-ms-ratelimit-remaining-*` headers; any bearer token is
+//!   accepted, a missing one is 401; errors are `{"error":{"code","message","target"}}` plus the
+//!   `x-ms-error-code` header.
+//!
+//! Operations take a configurable time and are advanced lazily on every request, so the
+//! emulator is deterministic and keeps operation state across polls and across restarts of its
+//! clients (the state lives here, not in the driver).
+//!
+//! Test hooks under `/_emulator/`: `GET requests` (every ARM request received, with its
+//! `x-ms-client-request-id`), `DELETE requests`, `GET|PUT faults` (fault rules: immediate error
+//! responses such as 429 with `Retry-After`, 500, 503, 409; or operations that end `Failed` or
+//! `Canceled`), and `GET scalesets` (the emulated cloud).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::Response;
+use axum::Router;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// The only api-version served.
+pub const API_VERSION: &str = "2024-07-01";
+const MAX_BODY: usize = 4 * 1024 * 1024;
+/// Characters ARM refuses in tag names.
+const BAD_TAG_CHARS: &[char] = &['<', '>', '%', '&', '\\', '?', '/'];
+
+/// How the emulated cloud behaves.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How long a scale-set create or update takes.
+    pub operation_duration: Duration,
+    /// How long deletes (scale set or instances) take.
+    pub delete_duration: Duration,
+    /// How long a manual upgrade takes.
+    pub upgrade_duration: Duration,
+    /// `Retry-After` (seconds) sent with accepted operations and in-progress polls.
+    pub retry_after_secs: u64,
+    /// VMs per page of the VM list (the rest follows through `nextLink`).
+    pub page_size: usize,
+    /// Most VMs in the subscription; a PUT beyond it fails with a quota error (409).
+    pub max_instances: Option<u64>,
+    /// Fault rules active from the start.
+    pub faults: Vec<Fault>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            operation_duration: Duration::from_secs(2),
+            delete_duration: Duration::from_secs(1),
+            upgrade_duration: Duration::from_secs(1),
+            retry_after_secs: 1,
+            page_size: 2,
+            max_instances: None,
+            faults: Vec::new(),
+        }
+    }
+}
+
+/// What a fault rule does to a matching request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FaultAction {
+    /// Answer at once with `status` and a CloudError (429 adds `Retry-After` and
+    /// `x-ms-ratelimit-*` headers).
+    Respond,
+    /// Accept the mutating request; its operation ends `Failed` with `code` / `message`.
+    FailOperation,
+    /// Accept the mutating request; its operation ends `Canceled`.
+    CancelOperation,
+}
+
+/// A fault-injection rule. Matches by HTTP method and a substring of the lower-cased path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fault {
+    /// HTTP method to match (any when absent).
+    #[serde(default)]
+    pub method: Option<String>,
+    /// Substring of the lower-cased request path (any when absent).
+    #[serde(default)]
+    pub path_contains: Option<String>,
+    /// What to do.
+    pub action: FaultAction,
+    /// HTTP status for `respond` (default 500).
+    #[serde(default)]
+    pub status: Option<u16>,
+    /// ARM error code (defaults by status).
+    #[serde(default)]
+    pub code: Option<String>,
+    /// Error message.
+    #[serde(default)]
+    pub message: Option<String>,
+    /// Error target.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// `Retry-After` seconds for `respond` (429 defaults to 1).
+    #[serde(default)]
+    pub retry_after: Option<u64>,
+    /// How often the rule fires (forever when absent).
+    #[serde(default)]
+    pub times: Option<u32>,
+    /// How often it fired (reported by `GET /_emulator/faults`).
+    #[serde(default)]
+    pub fired: u32,
+}
+
+/// One ARM request as the emulator received it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedRequest {
+    /// HTTP method.
+    pub method: String,
+    /// Path.
+    pub path: String,
+    /// Query string.
+    pub query: String,
+    /// `x-ms-client-request-id` sent by the client.
+    pub client_request_id: Option<String>,
+    /// `x-ms-request-id` the emulator issued.
+    pub request_id: String,
+    /// `x-ms-correlation-request-id` of the response.
+    pub correlation_request_id: String,
+    /// Whether a bearer token was sent.
+    pub authorized: bool,
+    /// Response status.
+    pub status: u16,
+    /// The request body, when JSON.
+    #[serde(default)]
+    pub body: Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Succeed,
+    Fail,
+    Cancel,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum OpKind {
+    Apply { created: Vec<u64>, removed: Vec<u64> },
+    DeleteScaleSet,
+    DeleteInstances(Vec<u64>),
+    Upgrade(Vec<u64>),
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    id: String,
+    subscription: String,
+    location: String,
+    vmss: String,
+    method: String,
+    kind: OpKind,
+    started: Instant,
+    start_time: SystemTime,
+    duration: Duration,
+    outcome: Outcome,
+    error: (String, String),
+    /// Set once finished: the final status and when.
+    done: Option<(&'static str, SystemTime)>,
+}
+
+#[derive(Debug, Clone)]
+struct Vm {
+    model_version: u64,
+    provisioning_state: String,
+    power_state: String,
+    time_created: SystemTime,
+    vm_id: String,
+}
+
+#[derive(Debug, Clone)]
+struct ScaleSet {
+    id: String,
+    name: String,
+    subscription: String,
+    location: String,
+    /// The stored resource as PUT (read-only properties are overlaid when shown).
+    body: Value,
+    capacity: u64,
+    model: Value,
+    model_version: u64,
+    provisioning_state: String,
+    vms: BTreeMap<u64, Vm>,
+    next_instance: u64,
+    unique_id: String,
+    time_created: SystemTime,
+    etag: u64,
+    op: Option<String>,
+}
+
+#[derive(Default)]
+struct Cloud {
+    scale_sets: BTreeMap<String, ScaleSet>,
+    ops: BTreeMap<String, Op>,
+    faults: Vec<Fault>,
+    requests: Vec<RecordedRequest>,
+}
+
+/// The emulator: shared state behind the router.
+#[derive(Clone)]
+pub struct Emulator {
+    config: Arc<Config>,
+    cloud: Arc<Mutex<Cloud>>,
+}
+
+/// Errors serving the emulator.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Binding the listener failed.
+    #[error("binding {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("serving HTTP")]
+    Serve(#[source] std::io::Error),
+}
+
+impl Emulator {
+    /// An emulator with `config`.
+    pub fn new(config: Config) -> Self {
+        let cloud = Cloud { faults: config.faults.clone(), ..Cloud::default() };
+        Self { config: Arc::new(config), cloud: Arc::new(Mutex::new(cloud)) }
+    }
+
+    /// The HTTP router (ARM paths at the root, test hooks under `/_emulator/`).
+    pub fn router(&self) -> Router {
+        Router::new().fallback(handle).with_state(self.clone())
+    }
+
+    /// Binds `addr` and returns the bound address and the server future.
+    ///
+    /// # Errors
+    /// Binding failures.
+    pub async fn bind(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<(SocketAddr, impl std::future::Future<Output = Result<(), Error>>), Error> {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
+        let local = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
+        let router = self.router();
+        Ok((local, async move { axum::serve(listener, router).await.map_err(Error::Serve) }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Cloud> {
+        // A panic while holding the lock would be a bug in the emulator; keep serving anyway.
+        self.cloud.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Everything a handler needs to know about the request.
+struct Call {
+    method: Method,
+    path: String,
+    query: BTreeMap<String, String>,
+    base: String,
+    body: Value,
+}
+
+/// An ARM answer before the common headers are added.
+struct Answer {
+    status: StatusCode,
+    headers: Vec<(String, String)>,
+    body: Option<Value>,
+}
+
+impl Answer {
+    fn json(status: StatusCode, body: Value) -> Self {
+        Self { status, headers: Vec::new(), body: Some(body) }
+    }
+
+    fn empty(status: StatusCode) -> Self {
+        Self { status, headers: Vec::new(), body: None }
+    }
+
+    fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Self::error_with_target(status, code, message, None)
+    }
+
+    fn error_with_target(status: StatusCode, code: &str, message: impl Into<String>, target: Option<&str>) -> Self {
+        let mut err = json!({"code": code, "message": message.into()});
+        if let Some(t) = target {
+            err["target"] = json!(t);
+        }
+        Self { status, headers: vec![("x-ms-error-code".into(), code.into())], body: Some(json!({ "error": err })) }
+    }
+
+    fn header(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.headers.push((name.to_string(), value.into()));
+        self
+    }
+}
+
+async fn handle(State(emu): State<Emulator>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let bytes = to_bytes(body, MAX_BODY).await.unwrap_or_default();
+    let body: Value =
+        if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
+    let path = parts.uri.path().to_string();
+    let raw_query = parts.uri.query().unwrap_or("").to_string();
+    let host = parts.headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1").to_string();
+    let call = Call {
+        method: parts.method.clone(),
+        path,
+        query: parse_query(&raw_query),
+        base: format!("http://{host}"),
+        body,
+    };
+
+    if call.path.starts_with("/_emulator/") {
+        return admin(&emu, &call);
+    }
+
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let client_request_id = header("x-ms-client-request-id");
+    let correlation = header("x-ms-correlation-request-id").unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let authorized = header("authorization")
+        .is_some_and(|a| a.len() > "Bearer ".len() && a.to_ascii_lowercase().starts_with("bearer "));
+
+    let answer = if !authorized {
+        Answer::error(
+            StatusCode::UNAUTHORIZED,
+            "AuthenticationFailed",
+            "Authentication failed. The 'Authorization' header is missing or is not a bearer token.",
+        )
+    } else {
+        serve(&emu, &call)
+    };
+
+    let status = answer.status;
+    emu.lock().requests.push(RecordedRequest {
+        method: call.method.to_string(),
+        path: call.path.clone(),
+        query: raw_query,
+        client_request_id: client_request_id.clone(),
+        request_id: request_id.clone(),
+        correlation_request_id: correlation.clone(),
+        authorized,
+        status: status.as_u16(),
+        body: call.body.clone(),
+    });
+
+    let mut headers = HeaderMap::new();
+    let mut put = |k: &str, v: &str| {
+        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+            headers.insert(k, v);
+        }
+    };
+    put("x-ms-request-id", &request_id);
+    put("x-ms-correlation-request-id", &correlation);
+    if let Some(id) = &client_request_id {
+        put("x-ms-client-request-id", id);
+    }
+    if call.method == Method::GET {
+        put("x-ms-ratelimit-remaining-subscription-reads", "11999");
+    } else {
+        put("x-ms-ratelimit-remaining-subscription-writes", "1199");
+    }
+    for (k, v) in &answer.headers {
+        put(k, v);
+    }
+    let body = match &answer.body {
+        Some(v) => {
+            put("content-type", "application/json; charset=utf-8");
+            Body::from(serde_json::to_vec(v).unwrap_or_default())
+        }
+        None => Body::empty(),
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    resp
+}
+
+fn parse_query(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter(|s| !s.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 3 <= bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn admin(emu: &Emulator, call: &Call) -> Response {
+    let ok = |v: Value| {
+        let mut r = Response::new(Body::from(serde_json::to_vec(&v).unwrap_or_default()));
+        r.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+        r
+    };
+    let status = |s: StatusCode, msg: &str| {
+        let mut r = Response::new(Body::from(msg.to_string()));
+        *r.status_mut() = s;
+        r
+    };
+    let mut cloud = emu.lock();
+    advance(&mut cloud);
+    match (call.method.as_str(), call.path.as_str()) {
+        ("GET", "/_emulator/requests") => ok(serde_json::to_value(&cloud.requests).unwrap_or_default()),
+        ("DELETE", "/_emulator/requests") => {
+            cloud.requests.clear();
+            ok(json!({}))
+        }
+        ("GET", "/_emulator/faults") => ok(serde_json::to_value(&cloud.faults).unwrap_or_default()),
+        ("PUT", "/_emulator/faults") => match serde_json::from_value::<Vec<Fault>>(call.body.clone()) {
+            Ok(rules) => {
+                cloud.faults = rules;
+                ok(json!({}))
+            }
+            Err(e) => status(StatusCode::BAD_REQUEST, &format!("bad fault rules: {e}")),
+        },
+        ("GET", "/_emulator/scalesets") => {
+            let sets: Vec<Value> = cloud
+                .scale_sets
+                .values()
+                .map(|s| {
+                    json!({
+                        "id": s.id, "name": s.name, "capacity": s.capacity, "modelVersion": s.model_version,
+                        "provisioningState": s.provisioning_state, "operation": s.op,
+                        "vms": s.vms.iter().map(|(id, vm)| json!({
+                            "instanceId": id.to_string(), "modelVersion": vm.model_version,
+                            "latestModelApplied": vm.model_version == s.model_version,
+                            "provisioningState": vm.provisioning_state, "powerState": vm.power_state,
+                        })).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            ok(json!(sets))
+        }
+        _ => status(StatusCode::NOT_FOUND, "unknown emulator endpoint"),
+    }
+}
+
+/// Finishes every operation whose time has come.
+fn advance(cloud: &mut Cloud) {
+    let now = Instant::now();
+    let due: Vec<String> = cloud
+        .ops
+        .values()
+        .filter(|o| o.done.is_none() && now >= o.started + o.duration)
+        .map(|o| o.id.clone())
+        .collect();
+    for id in due {
+        finish(cloud, &id);
+    }
+}
+
+fn finish(cloud: &mut Cloud, id: &str) {
+    let Some(op) = cloud.ops.get(id).cloned() else { return };
+    let status = match op.outcome {
+        Outcome::Succeed => "Succeeded",
+        Outcome::Fail => "Failed",
+        Outcome::Cancel => "Canceled",
+    };
+    let mut remove_set = false;
+    if let Some(s) = cloud.scale_sets.get_mut(&op.vmss) {
+        if s.op.as_deref() == Some(id) {
+            s.op = None;
+        }
+        let ok = op.outcome == Outcome::Succeed;
+        match &op.kind {
+            OpKind::Apply { created, removed } => {
+                for i in created {
+                    if let Some(vm) = s.vms.get_mut(i) {
+                        vm.provisioning_state = if ok { "Succeeded" } else { "Failed" }.into();
+                        vm.power_state = if ok { "running" } else { "stopped" }.into();
+                    }
+                }
+                for i in removed {
+                    s.vms.remove(i);
+                }
+                s.provisioning_state = status.into();
+            }
+            OpKind::DeleteScaleSet => {
+                if ok {
+                    remove_set = true;
+                } else {
+                    s.provisioning_state = "Failed".into();
+                }
+            }
+            OpKind::DeleteInstances(ids) => {
+                for i in ids {
+                    if ok {
+                        s.vms.remove(i);
+                    } else if let Some(vm) = s.vms.get_mut(i) {
+                        vm.provisioning_state = "Failed".into();
+                    }
+                }
+                s.provisioning_state = if ok { "Succeeded" } else { "Failed" }.into();
+            }
+            OpKind::Upgrade(ids) => {
+                let latest = s.model_version;
+                for i in ids {
+                    if let Some(vm) = s.vms.get_mut(i) {
+                        if ok {
+                            vm.model_version = latest;
+                            vm.provisioning_state = "Succeeded".into();
+                            vm.power_state = "running".into();
+                        } else {
+                            vm.provisioning_state = "Failed".into();
+                        }
+                    }
+                }
+                s.provisioning_state = if ok { "Succeeded" } else { "Failed" }.into();
+            }
+        }
+    }
+    if remove_set {
+        cloud.scale_sets.remove(&op.vmss);
+    }
+    if let Some(o) = cloud.ops.get_mut(id) {
+        o.done = Some((status, SystemTime::now()));
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    time::OffsetDateTime::from(t).format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}
+
+/// ARM path segments, with the fixed ones lower-cased for matching.
+fn segments(path: &str) -> Vec<&str> {
+    path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect()
+}
+
+fn eq(a: &str, b: &str) -> bool {
+    a.eq_ignore_ascii_case(b)
+}
+
+fn serve(emu: &Emulator, call: &Call) -> Answer {
+    let mut cloud = emu.lock();
+    advance(&mut cloud);
+    match call.query.get("api-version").map(String::as_str) {
+        None => {
+            return Answer::error(
+                StatusCode::BAD_REQUEST,
+                "MissingApiVersionParameter",
+                "The api-version query parameter (?api-version=) is required for all requests.",
+            )
+        }
+        Some(v) if v != API_VERSION => {
+            return Answer::error(
+                StatusCode::BAD_REQUEST,
+                "InvalidApiVersionParameter",
+                format!("The api-version '{v}' is invalid. This emulator supports '{API_VERSION}'."),
+            )
+        }
+        Some(_) => {}
+    }
+    if let Some(answer) = injected(&mut cloud, call, FaultAction::Respond) {
+        return answer;
+    }
+    let seg = segments(&call.path);
+    let m = &call.method;
+    // /subscriptions/{s}/providers/Microsoft.Compute/locations/{loc}/operations/{id}
+    if seg.len() == 8
+        && eq(seg[0], "subscriptions")
+        && eq(seg[2], "providers")
+        && eq(seg[3], "Microsoft.Compute")
+        && eq(seg[4], "locations")
+        && eq(seg[6], "operations")
+    {
+        if m != Method::GET {
+            return method_not_allowed(m);
+        }
+        let monitor = call.query.get("monitor").is_some_and(|v| v == "true");
+        return poll(emu, &cloud, seg[7], monitor, &call.base);
+    }
+    // /subscriptions/{s}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachineScaleSets/{name}[/...]
+    if seg.len() >= 8
+        && eq(seg[0], "subscriptions")
+        && eq(seg[2], "resourceGroups")
+        && eq(seg[4], "providers")
+        && eq(seg[5], "Microsoft.Compute")
+        && eq(seg[6], "virtualMachineScaleSets")
+    {
+        let (sub, rg, name) = (seg[1], seg[3], seg[7]);
+        let id = format!(
+            "/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachineScaleSets/{name}"
+        );
+        let key = id.to_ascii_lowercase();
+        let rest: Vec<&str> = seg[8..].to_vec();
+        return match (m.as_str(), rest.as_slice()) {
+            ("GET", []) => match cloud.scale_sets.get(&key) {
+                Some(s) => Answer::json(StatusCode::OK, view(s)),
+                None => not_found(rg, name),
+            },
+            ("PUT", []) => put_scale_set(emu, &mut cloud, call, &key, &id, sub, name, false),
+            ("PATCH", []) => put_scale_set(emu, &mut cloud, call, &key, &id, sub, name, true),
+            ("DELETE", []) => delete_scale_set(emu, &mut cloud, call, &key, name),
+            ("POST", [action]) if eq(action, "delete") || eq(action, "manualupgrade") => {
+                instances_action(emu, &mut cloud, call, &key, rg, name, eq(action, "delete"))
+            }
+            ("GET", [vms]) if eq(vms, "virtualMachines") => list_vms(emu, &cloud, call, &key, rg, name),
+            ("GET", [vms, iid]) if eq(vms, "virtualMachines") => get_vm(&cloud, call, &key, rg, name, iid, false),
+            ("GET", [vms, iid, iv]) if eq(vms, "virtualMachines") && eq(iv, "instanceView") => {
+                get_vm(&cloud, call, &key, rg, name, iid, true)
+            }
+            _ => Answer::error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("The emulator does not serve {} {}", call.method, call.path),
+            ),
+        };
+    }
+    Answer::error(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("The emulator does not serve {} {}", call.method, call.path),
+    )
+}
+
+fn method_not_allowed(m: &Method) -> Answer {
+    Answer::error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("The method {m} is not allowed here."))
+}
+
+fn not_found(rg: &str, name: &str) -> Answer {
+    Answer::error(
+        StatusCode::NOT_FOUND,
+        "ResourceNotFound",
+        format!(
+            "The Resource 'Microsoft.Compute/virtualMachineScaleSets/{name}' under resource group '{rg}' was not found."
+        ),
+    )
+}
+
+/// The first matching fault rule of `action`, consumed.
+fn take_fault(cloud: &mut Cloud, call: &Call, action: FaultAction) -> Option<Fault> {
+    let path = call.path.to_ascii_lowercase();
+    let rule = cloud.faults.iter_mut().find(|f| {
+        f.action == action
+            && f.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(call.method.as_str()))
+            && f.path_contains.as_deref().is_none_or(|p| path.contains(&p.to_ascii_lowercase()))
+            && f.times.is_none_or(|t| f.fired < t)
+    })?;
+    rule.fired += 1;
+    Some(rule.clone())
+}
+
+fn injected(cloud: &mut Cloud, call: &Call, action: FaultAction) -> Option<Answer> {
+    let f = take_fault(cloud, call, action)?;
+    let status = StatusCode::from_u16(f.status.unwrap_or(500)).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let code = f.code.clone().unwrap_or_else(|| {
+        match status.as_u16() {
+            429 => "TooManyRequests",
+            409 => "Conflict",
+            500 => "InternalServerError",
+            503 => "ServiceUnavailable",
+            _ => "FaultInjected",
+        }
+        .to_string()
+    });
+    let message = f.message.clone().unwrap_or_else(|| format!("injected fault: {code}"));
+    let mut a = Answer::error_with_target(status, &code, message, f.target.as_deref());
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let reads_or_writes = if call.method == Method::GET { "reads" } else { "writes" };
+        a = a
+            .header("retry-after", f.retry_after.unwrap_or(1).to_string())
+            .header(&format!("x-ms-ratelimit-remaining-subscription-{reads_or_writes}"), "0")
+            .header("x-ms-ratelimit-remaining-resource", "Microsoft.Compute/HighCostGet3Min;0");
+    } else if let Some(s) = f.retry_after {
+        a = a.header("retry-after", s.to_string());
+    }
+    Some(a)
+}
+
+fn view(s: &ScaleSet) -> Value {
+    let mut v = s.body.clone();
+    v["id"] = json!(s.id);
+    v["name"] = json!(s.name);
+    v["type"] = json!("Microsoft.Compute/virtualMachineScaleSets");
+    v["location"] = json!(s.location);
+    v["etag"] = json!(format!("\"{}\"", s.etag));
+    if !v["sku"].is_object() {
+        v["sku"] = json!({});
+    }
+    v["sku"]["capacity"] = json!(s.capacity);
+    if v["sku"].get("tier").is_none() {
+        v["sku"]["tier"] = json!("Standard");
+    }
+    if !v["properties"].is_object() {
+        v["properties"] = json!({});
+    }
+    let p = &mut v["properties"];
+    p["provisioningState"] = json!(s.provisioning_state);
+    p["uniqueId"] = json!(s.unique_id);
+    p["timeCreated"] = json!(rfc3339(s.time_created));
+    if p.get("orchestrationMode").is_none() {
+        p["orchestrationMode"] = json!("Uniform");
+    }
+    v
+}
+
+fn vm_view(s: &ScaleSet, id: u64, vm: &Vm, expand: bool) -> Value {
+    let mut v = json!({
+        "name": format!("{}_{id}", s.name),
+        "id": format!("{}/virtualMachines/{id}", s.id),
+        "type": "Microsoft.Compute/virtualMachineScaleSets/virtualMachines",
+        "location": s.location,
+        "instanceId": id.to_string(),
+        "sku": {"name": s.body["sku"]["name"], "tier": "Standard"},
+        "properties": {
+            "latestModelApplied": vm.model_version == s.model_version,
+            "vmId": vm.vm_id,
+            "provisioningState": vm.provisioning_state,
+            "timeCreated": rfc3339(vm.time_created),
+            "osProfile": {"computerName": format!("{}{:06x}", computer_prefix(s), id)},
+            "hardwareProfile": {"vmSize": s.body["sku"]["name"]},
+        },
+    });
+    if let Some(zones) = s.body.get("zones").and_then(Value::as_array).filter(|z| !z.is_empty()) {
+        v["zones"] = json!([zones[(id as usize) % zones.len()]]);
+    }
+    if expand {
+        v["properties"]["instanceView"] = instance_view(vm);
+    }
+    v
+}
+
+fn computer_prefix(s: &ScaleSet) -> String {
+    s.body["properties"]["virtualMachineProfile"]["osProfile"]["computerNamePrefix"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| s.name.chars().take(9).collect())
+}
+
+fn instance_view(vm: &Vm) -> Value {
+    let prov = vm.provisioning_state.to_ascii_lowercase();
+    json!({
+        "statuses": [
+            {"code": format!("ProvisioningState/{prov}"), "level": if prov == "failed" { "Error" } else { "Info" },
+             "displayStatus": format!("Provisioning {prov}")},
+            {"code": format!("PowerState/{}", vm.power_state), "level": "Info",
+             "displayStatus": format!("VM {}", vm.power_state)},
+        ]
+    })
+}
+
+fn new_vm(model_version: u64) -> Vm {
+    Vm {
+        model_version,
+        provisioning_state: "Creating".into(),
+        power_state: "starting".into(),
+        time_created: SystemTime::now(),
+        vm_id: uuid::Uuid::new_v4().to_string(),
+    }
+}
+
+fn conflict(s: &ScaleSet, method: &Method) -> Answer {
+    Answer::error(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!(
+            "Operation '{method}' is not allowed on virtual machine scale set '{}' since operation '{}' is in progress.",
+            s.name,
+            s.op.as_deref().unwrap_or("?")
+        ),
+    )
+}
+
+/// Starts an operation; returns its id.
+#[allow(clippy::too_many_arguments)]
+fn start_op(
+    emu: &Emulator,
+    cloud: &mut Cloud,
+    call: &Call,
+    subscription: &str,
+    location: &str,
+    vmss: &str,
+    kind: OpKind,
+    duration: Duration,
+) -> String {
+    let (outcome, error) = if let Some(f) = take_fault(cloud, call, FaultAction::FailOperation) {
+        (
+            Outcome::Fail,
+            (
+                f.code.unwrap_or_else(|| "InternalOperationError".into()),
+                f.message.unwrap_or_else(|| "The operation failed (injected).".into()),
+            ),
+        )
+    } else if let Some(f) = take_fault(cloud, call, FaultAction::CancelOperation) {
+        (
+            Outcome::Cancel,
+            (
+                f.code.unwrap_or_else(|| "OperationCanceled".into()),
+                f.message.unwrap_or_else(|| "The operation was canceled (injected).".into()),
+            ),
+        )
+    } else {
+        (Outcome::Succeed, (String::new(), String::new()))
+    };
+    let id = uuid::Uuid::new_v4().to_string();
+    let _ = emu;
+    cloud.ops.insert(
+        id.clone(),
+        Op {
+            id: id.clone(),
+            subscription: subscription.to_string(),
+            location: location.to_string(),
+            vmss: vmss.to_string(),
+            method: call.method.to_string(),
+            kind,
+            started: Instant::now(),
+            start_time: SystemTime::now(),
+            duration,
+            outcome,
+            error,
+            done: None,
+        },
+    );
+    id
+}
+
+fn op_urls(emu: &Emulator, call: &Call, op: &Op) -> (String, String) {
+    let _ = emu;
+    let base = format!(
+        "{}/subscriptions/{}/providers/Microsoft.Compute/locations/{}/operations/{}",
+        call.base, op.subscription, op.location, op.id
+    );
+    (format!("{base}?api-version={API_VERSION}"), format!("{base}?monitor=true&api-version={API_VERSION}"))
+}
+
+fn validate_put(body: &Value) -> Option<Answer> {
+    let bad = |code: &str, msg: &str, target: &str| {
+        Some(Answer::error_with_target(StatusCode::BAD_REQUEST, code, msg.to_string(), Some(target)))
+    };
+    if !body.is_object() {
+        return Some(Answer::error(
+            StatusCode::BAD_REQUEST,
+            "InvalidRequestContent",
+            "The request content was invalid and could not be deserialized.",
+        ));
+    }
+    if let Some(tags) = body.get("tags").and_then(Value::as_object) {
+        for k in tags.keys() {
+            if k.contains(BAD_TAG_CHARS) {
+                return Some(Answer::error(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidTagNameCharacters",
+                    format!("The tag names '{k}' have reserved characters '<,>,%,&,\\,?,/' or control characters."),
+                ));
+            }
+        }
+    }
+    let sku = body["sku"]["name"].as_str().unwrap_or("");
+    if !sku.starts_with("Standard_") && !sku.starts_with("Basic_") {
+        return bad(
+            "InvalidParameter",
+            &format!("The value '{sku}' provided for the VM size is not valid. Use a size such as Standard_D2s_v5."),
+            "sku.name",
+        );
+    }
+    let image = &body["properties"]["virtualMachineProfile"]["storageProfile"]["imageReference"];
+    if !image.is_object() {
+        return bad(
+            "InvalidParameter",
+            "Required parameter 'imageReference' is missing (null).",
+            "properties.virtualMachineProfile.storageProfile.imageReference",
+        );
+    }
+    if image["publisher"].as_str().is_some_and(|p| p.eq_ignore_ascii_case("NoSuchPublisher")) {
+        return Some(Answer::error(
+            StatusCode::NOT_FOUND,
+            "PlatformImageNotFound",
+            "The platform image 'NoSuchPublisher' is not available.",
+        ));
+    }
+    None
+}
+
+#[allow(clippy::too_many_arguments)]
+fn put_scale_set(
+    emu: &Emulator,
+    cloud: &mut Cloud,
+    call: &Call,
+    key: &str,
+    id: &str,
+    sub: &str,
+    name: &str,
+    patch: bool,
+) -> Answer {
+    let existing = cloud.scale_sets.get(key).cloned();
+    if let Some(s) = &existing {
+        if s.op.is_some() {
+            return conflict(s, &call.method);
+        }
+        if s.provisioning_state == "Deleting" {
+            return conflict(s, &call.method);
+        }
+    }
+    let desired = match (&existing, patch) {
+        (None, true) => {
+            let rg = segments(&call.path).get(3).copied().unwrap_or("").to_string();
+            return not_found(&rg, name);
+        }
+        (Some(s), true) => {
+            let mut merged = s.body.clone();
+            merge(&mut merged, &call.body);
+            merged
+        }
+        (_, false) => {
+            let mut b = call.body.clone();
+            if let Some(o) = b.as_object_mut() {
+                for k in ["id", "name", "type", "etag"] {
+                    o.remove(k);
+                }
+                if let Some(p) = o.get_mut("properties").and_then(Value::as_object_mut) {
+                    for k in ["provisioningState", "uniqueId", "timeCreated"] {
+                        p.remove(k);
+                    }
+                }
+            }
+            b
+        }
+    };
+    if let Some(a) = validate_put(&desired) {
+        return a;
+    }
+    let Some(location) = desired["location"].as_str().map(str::to_string) else {
+        return Answer::error(
+            StatusCode::BAD_REQUEST,
+            "LocationRequired",
+            "The location property is required for this definition.",
+        );
+    };
+    let capacity = desired["sku"]["capacity"].as_u64().unwrap_or(0);
+    if let Some(max) = emu.config.max_instances {
+        let others: u64 =
+            cloud.scale_sets.iter().filter(|(k, _)| k.as_str() != key).map(|(_, s)| s.vms.len() as u64).sum();
+        if others + capacity > max {
+            return Answer::error(
+                StatusCode::CONFLICT,
+                "OperationNotAllowed",
+                format!(
+                    "Operation could not be completed as it results in exceeding approved Total Regional Cores quota. \
+                     Location: {location}, Current Limit: {max} instances, Current Usage: {others}, Additional Required: {capacity}."
+                ),
+            );
+        }
+    }
+    let model = json!({"sku": desired["sku"]["name"], "profile": desired["properties"]["virtualMachineProfile"]});
+    let is_new = existing.is_none();
+    let mut s = existing.unwrap_or_else(|| ScaleSet {
+        id: id.to_string(),
+        name: name.to_string(),
+        subscription: sub.to_string(),
+        location: location.clone(),
+        body: Value::Null,
+        capacity: 0,
+        model: model.clone(),
+        model_version: 1,
+        provisioning_state: "Creating".into(),
+        vms: BTreeMap::new(),
+        next_instance: 0,
+        unique_id: uuid::Uuid::new_v4().to_string(),
+        time_created: SystemTime::now(),
+        etag: 0,
+        op: None,
+    });
+    if !is_new && s.model != model {
+        s.model = model;
+        s.model_version += 1;
+    }
+    s.body = desired;
+    s.etag += 1;
+    s.provisioning_state = if is_new { "Creating" } else { "Updating" }.into();
+    // Scale out with the latest model; scale in removes the highest instance IDs (after the
+    // ones already on their way out).
+    let live: Vec<u64> = s.vms.iter().filter(|(_, v)| v.provisioning_state != "Deleting").map(|(i, _)| *i).collect();
+    let mut created = Vec::new();
+    let mut removed = Vec::new();
+    if capacity > live.len() as u64 {
+        for _ in live.len() as u64..capacity {
+            let i = s.next_instance;
+            s.next_instance += 1;
+            s.vms.insert(i, new_vm(s.model_version));
+            created.push(i);
+        }
+    } else {
+        for i in live.iter().rev().take((live.len() as u64 - capacity) as usize) {
+            if let Some(vm) = s.vms.get_mut(i) {
+                vm.provisioning_state = "Deleting".into();
+                vm.power_state = "stopping".into();
+            }
+            removed.push(*i);
+        }
+    }
+    s.capacity = capacity;
+    let op_id = start_op(
+        emu,
+        cloud,
+        call,
+        sub,
+        &location,
+        key,
+        OpKind::Apply { created, removed },
+        emu.config.operation_duration,
+    );
+    s.op = Some(op_id.clone());
+    let body = view(&s);
+    cloud.scale_sets.insert(key.to_string(), s);
+    let op = cloud.ops.get(&op_id).cloned();
+    let mut a = Answer::json(if is_new { StatusCode::CREATED } else { StatusCode::OK }, body);
+    if let Some(op) = op {
+        let (async_url, _) = op_urls(emu, call, &op);
+        a = a.header("azure-asyncoperation", async_url);
+    }
+    a
+}
+
+fn merge(into: &mut Value, patch: &Value) {
+    match (into, patch) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v.clone(),
+    }
+}
+
+fn accepted(emu: &Emulator, call: &Call, cloud: &Cloud, op_id: &str) -> Answer {
+    let Some(op) = cloud.ops.get(op_id) else { return Answer::empty(StatusCode::ACCEPTED) };
+    let (async_url, location) = op_urls(emu, call, op);
+    Answer::empty(StatusCode::ACCEPTED)
+        .header("azure-asyncoperation", async_url)
+        .header("location", location)
+        .header("retry-after", emu.config.retry_after_secs.to_string())
+}
+
+fn delete_scale_set(emu: &Emulator, cloud: &mut Cloud, call: &Call, key: &str, name: &str) -> Answer {
+    let Some(s) = cloud.scale_sets.get(key).cloned() else { return Answer::empty(StatusCode::NO_CONTENT) };
+    let _ = name;
+    if let Some(op) = s.op.as_ref().and_then(|id| cloud.ops.get(id)) {
+        // A delete already running: hand out the same operation (ARM is idempotent here).
+        if op.kind == OpKind::DeleteScaleSet {
+            let id = op.id.clone();
+            return accepted(emu, call, cloud, &id);
+        }
+        return conflict(&s, &call.method);
+    }
+    let op_id = start_op(
+        emu,
+        cloud,
+        call,
+        &s.subscription,
+        &s.location,
+        key,
+        OpKind::DeleteScaleSet,
+        emu.config.delete_duration,
+    );
+    if let Some(s) = cloud.scale_sets.get_mut(key) {
+        s.provisioning_state = "Deleting".into();
+        s.op = Some(op_id.clone());
+        for vm in s.vms.values_mut() {
+            vm.provisioning_state = "Deleting".into();
+        }
+    }
+    accepted(emu, call, cloud, &op_id)
+}
+
+fn instances_action(
+    emu: &Emulator,
+    cloud: &mut Cloud,
+    call: &Call,
+    key: &str,
+    rg: &str,
+    name: &str,
+    delete: bool,
+) -> Answer {
+    let Some(s) = cloud.scale_sets.get(key).cloned() else { return not_found(rg, name) };
+    if s.op.is_some() {
+        return conflict(&s, &call.method);
+    }
+    let ids: Vec<String> = call.body["instanceIds"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    if ids.is_empty() {
+        return Answer::error_with_target(
+            StatusCode::BAD_REQUEST,
+            "InvalidParameter",
+            "Required parameter 'instanceIds' is missing (null).",
+            Some("instanceIds"),
+        );
+    }
+    let mut parsed = Vec::new();
+    for id in &ids {
+        match id.parse::<u64>().ok().filter(|i| s.vms.get(i).is_some_and(|v| v.provisioning_state != "Deleting")) {
+            Some(i) => parsed.push(i),
+            None => {
+                return Answer::error_with_target(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidParameter",
+                    format!("The provided instanceId {id} is not an active Virtual Machine Scale Set VM instanceId."),
+                    Some("instanceIds"),
+                )
+            }
+        }
+    }
+    parsed.sort_unstable();
+    parsed.dedup();
+    let (kind, duration) = if delete {
+        (OpKind::DeleteInstances(parsed.clone()), emu.config.delete_duration)
+    } else {
+        (OpKind::Upgrade(parsed.clone()), emu.config.upgrade_duration)
+    };
+    let op_id = start_op(emu, cloud, call, &s.subscription, &s.location, key, kind, duration);
+    if let Some(s) = cloud.scale_sets.get_mut(key) {
+        s.op = Some(op_id.clone());
+        s.provisioning_state = "Updating".into();
+        for i in &parsed {
+            if let Some(vm) = s.vms.get_mut(i) {
+                if delete {
+                    vm.provisioning_state = "Deleting".into();
+                    vm.power_state = "stopping".into();
+                } else {
+                    vm.provisioning_state = "Updating".into();
+                }
+            }
+        }
+        if delete {
+            // Deleting instances lowers the capacity (unlike a scale-in, the caller chose them).
+            s.capacity = s.capacity.saturating_sub(parsed.len() as u64);
+            s.etag += 1;
+        }
+    }
+    accepted(emu, call, cloud, &op_id)
+}
+
+fn list_vms(emu: &Emulator, cloud: &Cloud, call: &Call, key: &str, rg: &str, name: &str) -> Answer {
+    let Some(s) = cloud.scale_sets.get(key) else {
+        return Answer::error(
+            StatusCode::NOT_FOUND,
+            "ParentResourceNotFound",
+            format!("Can not perform requested operation on nested resource. Parent resource '{name}' not found."),
+        );
+    };
+    let _ = rg;
+    let expand = call.query.get("$expand").is_some_and(|e| e.eq_ignore_ascii_case("instanceView"));
+    let skip: usize = call.query.get("$skiptoken").and_then(|t| t.parse().ok()).unwrap_or(0);
+    let page = emu.config.page_size.max(1);
+    let all: Vec<(&u64, &Vm)> = s.vms.iter().collect();
+    let value: Vec<Value> = all.iter().skip(skip).take(page).map(|(i, vm)| vm_view(s, **i, vm, expand)).collect();
+    let mut body = json!({ "value": value });
+    if skip + page < all.len() {
+        let mut link = format!("{}{}?api-version={API_VERSION}", call.base, call.path);
+        if expand {
+            link.push_str("&$expand=instanceView");
+        }
+        link.push_str(&format!("&$skiptoken={}", skip + page));
+        body["nextLink"] = json!(link);
+    }
+    Answer::json(StatusCode::OK, body)
+        .header("x-ms-ratelimit-remaining-resource", "Microsoft.Compute/HighCostGet3Min;159")
+}
+
+fn get_vm(cloud: &Cloud, call: &Call, key: &str, rg: &str, name: &str, iid: &str, instance_view_only: bool) -> Answer {
+    let Some(s) = cloud.scale_sets.get(key) else { return not_found(rg, name) };
+    let found = iid.parse::<u64>().ok().and_then(|i| s.vms.get(&i).map(|vm| (i, vm)));
+    let Some((i, vm)) = found else {
+        return Answer::error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("The entity was not found in this Azure location. Instance '{iid}' of scale set '{name}'."),
+        );
+    };
+    if instance_view_only {
+        return Answer::json(StatusCode::OK, instance_view(vm));
+    }
+    let expand = call.query.get("$expand").is_some_and(|e| e.eq_ignore_ascii_case("instanceView"));
+    Answer::json(StatusCode::OK, vm_view(s, i, vm, expand))
+}
+
+fn poll(emu: &Emulator, cloud: &Cloud, id: &str, monitor: bool, base: &str) -> Answer {
+    let Some(op) = cloud.ops.get(id) else {
+        return Answer::error(StatusCode::NOT_FOUND, "NotFound", format!("Operation '{id}' was not found."));
+    };
+    let elapsed = op.started.elapsed();
+    let percent = if op.done.is_some() {
+        100.0
+    } else {
+        (elapsed.as_secs_f64() / op.duration.as_secs_f64().max(0.001) * 100.0).min(99.0).floor()
+    };
+    let status = op.done.map(|(s, _)| s).unwrap_or("InProgress");
+    let retry_after = emu.config.retry_after_secs.to_string();
+    if monitor {
+        let location =
+            format!("{base}/subscriptions/{}/providers/Microsoft.Compute/locations/{}/operations/{}?monitor=true&api-version={API_VERSION}", op.subscription, op.location, op.id);
+        return match status {
+            "InProgress" => {
+                Answer::empty(StatusCode::ACCEPTED).header("location", location).header("retry-after", retry_after)
+            }
+            "Succeeded" => {
+                if op.method == "PUT" || op.method == "PATCH" {
+                    match cloud.scale_sets.get(&op.vmss) {
+                        Some(s) => Answer::json(StatusCode::OK, view(s)),
+                        None => Answer::empty(StatusCode::OK),
+                    }
+                } else {
+                    Answer::empty(StatusCode::OK)
+                }
+            }
+            _ => Answer::error(StatusCode::BAD_REQUEST, &op.error.0, op.error.1.clone()),
+        };
+    }
+    let mut body = json!({
+        "id": format!("/subscriptions/{}/providers/Microsoft.Compute/locations/{}/operations/{}", op.subscription, op.location, op.id),
+        "name": op.id,
+        "status": status,
+        "startTime": rfc3339(op.start_time),
+        "percentComplete": percent,
+    });
+    if let Some((_, end)) = op.done {
+        body["endTime"] = json!(rfc3339(end));
+    }
+    if status == "Failed" || status == "Canceled" {
+        body["error"] = json!({"code": op.error.0, "message": op.error.1});
+    }
+    let mut a = Answer::json(StatusCode::OK, body);
+    if status == "InProgress" {
+        a = a.header("retry-after", retry_after);
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_query_strings() {
+        let q = parse_query("api-version=2024-07-01&%24expand=instanceView&$skiptoken=2");
+        assert_eq!(q.get("api-version").map(String::as_str), Some("2024-07-01"));
+        assert_eq!(q.get("$expand").map(String::as_str), Some("instanceView"));
+        assert_eq!(q.get("$skiptoken").map(String::as_str), Some("2"));
+    }
+
+    #[test]
+    fn merges_patches() {
+        let mut a = json!({"sku": {"name": "x", "capacity": 1}, "tags": {"a": "1"}});
+        merge(&mut a, &json!({"sku": {"capacity": 3}, "tags": {"b": "2"}}));
+        assert_eq!(a, json!({"sku": {"name": "x", "capacity": 3}, "tags": {"a": "1", "b": "2"}}));
+    }
+}

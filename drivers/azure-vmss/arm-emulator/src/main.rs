@@ -1,0 +1,113 @@
+//! `arm-emulator`: serves the emulated ARM VM Scale Sets API over HTTP (test support).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use arm_emulator::{Config, Emulator, Fault};
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "arm-emulator",
+    version,
+    about = "Emulates the Azure Resource Manager VM Scale Sets API (test support)"
+)]
+struct Cli {
+    /// Address to listen on (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Write the bound address (host:port) to this file once listening.
+    #[arg(long)]
+    addr_file: Option<PathBuf>,
+    /// How long a scale-set create or update takes.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    operation_duration: Duration,
+    /// How long deleting a scale set or instances takes.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    delete_duration: Duration,
+    /// How long a manual upgrade of instances takes.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    upgrade_duration: Duration,
+    /// Retry-After (seconds) on accepted operations and in-progress polls.
+    #[arg(long, default_value_t = 1)]
+    retry_after: u64,
+    /// VMs per page of the VM list.
+    #[arg(long, default_value_t = 2)]
+    page_size: usize,
+    /// Most VMs in the emulated subscription (quota).
+    #[arg(long)]
+    max_instances: Option<u64>,
+    /// JSON file of fault rules (see `arm_emulator::Fault`).
+    #[arg(long)]
+    faults: Option<PathBuf>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("invalid duration {s:?}: unit must be ms, s or m")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+    let faults: Vec<Fault> = match &cli.faults {
+        Some(p) => match std::fs::read_to_string(p)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+        {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("arm-emulator: faults file {}: {e}", p.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => Vec::new(),
+    };
+    let emu = Emulator::new(Config {
+        operation_duration: cli.operation_duration,
+        delete_duration: cli.delete_duration,
+        upgrade_duration: cli.upgrade_duration,
+        retry_after_secs: cli.retry_after,
+        page_size: cli.page_size,
+        max_instances: cli.max_instances,
+        faults,
+    });
+    let (addr, server) = match emu.bind(cli.listen).await {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!(
+                "arm-emulator: {e}: {}",
+                std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("arm-emulator listening on http://{addr}");
+    if let Some(p) = &cli.addr_file {
+        // Written atomically so a script polling for the file never reads half of it.
+        let tmp = p.with_extension("tmp");
+        if let Err(e) = std::fs::write(&tmp, addr.to_string()).and_then(|()| std::fs::rename(&tmp, p)) {
+            eprintln!("arm-emulator: writing {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    tokio::select! {
+        r = server => match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => { eprintln!("arm-emulator: {e}"); ExitCode::FAILURE }
+        },
+        _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
+    }
+}

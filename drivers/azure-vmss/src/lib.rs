@@ -1,0 +1,655 @@
+//! # azure-vmss-driver
+//!
+//! Azure Virtual Machine Scale Sets behind the `machinedriver.v1` protocol.
+//!
+//! **What it implements.** The pool RPCs on Uniform scale sets with a manual upgrade policy, and
+//! `ValidateMachineClass`; it advertises exactly `Pools` and `ValidateMachineClass`, so the SDK
+//! answers `UNIMPLEMENTED` for the machine and in-place-update RPCs (single VMs in Flexible scale
+//! sets are not implemented yet).
+//!
+//! | RPC | ARM call |
+//! |---|---|
+//! | `ApplyPool` | `GET` the scale set; when it already has the spec (tag `machinedriver.dev:spec-hash`), capacity and labels, report it (or its in-flight change) — else `PUT` it (`create_or_update`) |
+//! | `GetPool` | `GET` the scale set |
+//! | `ListPoolInstances` | `GET …/virtualMachines?$expand=instanceView`; ARM's absolute `nextLink` (plus an offset within ARM's page) is the page token |
+//! | `DeletePoolInstances` | `POST …/delete {"instanceIds":[…]}` (instances already gone are dropped from the request) |
+//! | `UpgradePoolInstances` | `POST …/manualupgrade {"instanceIds":[…]}` |
+//! | `DeletePool` | `DELETE` the scale set (204 = already gone = a done operation) |
+//!
+//! **Operations.** A mutating RPC sends its ARM request exactly once and returns. The operation
+//! token (sealed by the SDK) holds the protocol kind, the HTTP method, the `Azure-AsyncOperation`
+//! URL, the `Location` URL, the original URL and the scale set's identity (subscription, resource
+//! group, name). `GetOperation` is one authenticated `GET` of the async-operation URL (else the
+//! Location URL, else the resource itself), plus, for a `PUT` that `Succeeded`, a final `GET` of
+//! the scale set; `poll_after` comes from `Retry-After`. The driver keeps no operation table, so
+//! a restarted sidecar resumes any operation from its token. A 4xx/5xx while polling means the
+//! status read failed (the RPC fails, the operation goes on); a `Failed` or `Canceled` operation
+//! ends with its ARM error code in ErrorInfo metadata `armErrorCode` (see [`errors`]).
+//!
+//! **Why raw requests instead of the SDK's operation builders.** `azure_mgmt_compute` 0.21's
+//! builders must not be `.await`ed (their LRO loop re-sends the request and mis-reads provisioning
+//! states), their errors drop the response headers we need, and they give no way to set a
+//! per-call `x-ms-client-request-id`. So every ARM call goes through `azure_core`'s HTTP
+//! transport with a bearer token from an `azure_identity` credential ([`arm`]); request and
+//! response bodies are the typed models of `azure_mgmt_compute` (`VirtualMachineScaleSet`,
+//! `VirtualMachineScaleSetVmListResult`, `VirtualMachineScaleSetVmInstanceRequiredIDs`, …).
+//! Retries inside the driver are limited to one retry of a request that got no response;
+//! throttling and server errors go back to the controller, which owns backoff.
+//!
+//! **Correlation.** The call's request ID (`x-request-id`) is sent as `x-ms-client-request-id`
+//! on every ARM request, polls included. ARM's `x-ms-request-id` is returned as the operation's
+//! and error's cloud request ID, `x-ms-correlation-request-id` as ErrorInfo metadata
+//! `correlationRequestId`, and both are logged next to ours.
+//!
+//! **Credentials** ([`credential`]): `DefaultAzureCredential`, client secret, workload identity
+//! (the projected token file is re-read on refresh), system-assigned managed identity, and a
+//! fixed token for tests against the ARM emulator. The ARM endpoint and token scopes are
+//! configurable for sovereign clouds and the emulator.
+
+use std::time::Duration;
+
+use azure_core::{Method, Url};
+use azure_mgmt_compute::package_2024_07_01::models::{
+    VirtualMachineScaleSet, VirtualMachineScaleSetVmInstanceIDs, VirtualMachineScaleSetVmInstanceRequiredIDs,
+    VirtualMachineScaleSetVmListResult,
+};
+use base64::Engine;
+use driver_sdk::{
+    async_trait, convert, reason, ApplyPool, Capability, Driver, DriverError, DriverInfo, ListPoolInstances, Operation,
+    OperationHandle, OperationKind, OperationOutput, Page, Pool, PoolInstance, PoolInstances, PoolRef, Probe,
+    RequestContext, Result, Secrets, ValidateMachineClass,
+};
+use serde::{Deserialize, Serialize};
+
+pub mod arm;
+pub mod credential;
+pub mod errors;
+pub mod model;
+
+use arm::{ArmClient, ArmError, ArmResponse};
+use errors::{operation_failed, to_driver_error};
+
+/// The driver's name (and ErrorInfo domain).
+pub const DRIVER_NAME: &str = "azure-vmss.machinedriver.dev";
+
+/// Where the driver's pools live and how it polls.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Subscription of the scale sets.
+    pub subscription_id: String,
+    /// Resource group of the scale sets.
+    pub resource_group: String,
+    /// `poll_after` when ARM sends no `Retry-After`.
+    pub default_poll: Duration,
+    /// Lower bound of `poll_after`, so a `Retry-After: 0` cannot make callers spin.
+    pub min_poll: Duration,
+}
+
+/// The scale set an operation works on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceId {
+    /// Subscription.
+    pub subscription: String,
+    /// Resource group.
+    pub resource_group: String,
+    /// Scale set name.
+    pub name: String,
+}
+
+/// Everything needed to resume an ARM operation: sealed into the operation token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpState {
+    /// The protocol operation (`ApplyPool`, `DeletePool`, …).
+    pub kind: String,
+    /// The HTTP method that started it.
+    pub method: String,
+    /// `Azure-AsyncOperation` of the response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub async_url: Option<String>,
+    /// `Location` of the response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location_url: Option<String>,
+    /// The URL the request went to (final GET of a PUT; resource polling when ARM gave no URL).
+    pub original_url: String,
+    /// The scale set.
+    pub resource: ResourceId,
+    /// The instances of an instance operation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instance_ids: Vec<String>,
+}
+
+/// A page token: the ARM page's URL and how many of its VMs were already returned.
+#[derive(Debug, Serialize, Deserialize)]
+struct PageToken {
+    l: String,
+    o: usize,
+}
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+/// The Azure VMSS driver.
+#[derive(Debug)]
+pub struct AzureVmssDriver {
+    arm: ArmClient,
+    config: Config,
+}
+
+fn kind_name(kind: OperationKind) -> &'static str {
+    match kind {
+        OperationKind::ApplyPool => "ApplyPool",
+        OperationKind::DeletePool => "DeletePool",
+        OperationKind::DeletePoolInstances => "DeletePoolInstances",
+        OperationKind::UpgradePoolInstances => "UpgradePoolInstances",
+        OperationKind::CreateMachine => "CreateMachine",
+        OperationKind::DeleteMachine => "DeleteMachine",
+        OperationKind::UpdateMachine => "UpdateMachine",
+    }
+}
+
+impl AzureVmssDriver {
+    /// A driver calling ARM through `arm`.
+    pub fn new(arm: ArmClient, config: Config) -> Self {
+        Self { arm, config }
+    }
+
+    fn resource(&self, name: &str) -> ResourceId {
+        ResourceId {
+            subscription: self.config.subscription_id.clone(),
+            resource_group: self.config.resource_group.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    fn path(r: &ResourceId) -> String {
+        format!(
+            "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Compute/virtualMachineScaleSets/{}",
+            r.subscription, r.resource_group, r.name
+        )
+    }
+
+    fn url(&self, name: &str, suffix: &str, query: &[(&str, &str)]) -> Result<Url> {
+        let path = format!("{}{suffix}", Self::path(&self.resource(name)));
+        self.arm.url(&path, query).map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))
+    }
+
+    /// One ARM call on behalf of `ctx`, bounded by the caller's deadline.
+    async fn call(
+        &self,
+        ctx: &RequestContext,
+        method: Method,
+        url: Url,
+        body: Option<&serde_json::Value>,
+    ) -> Result<ArmResponse, ArmError> {
+        // Leave a little of the caller's deadline for answering.
+        let budget = ctx.remaining().map(|d| d.saturating_sub(Duration::from_millis(100)));
+        self.arm.send(method, url, body, ctx.request_id(), budget).await
+    }
+
+    fn poll_after(&self, resp: &ArmResponse) -> Duration {
+        resp.retry_after().unwrap_or(self.config.default_poll).max(self.config.min_poll)
+    }
+
+    /// The scale set, or `None` when ARM says 404.
+    async fn get_scale_set(
+        &self,
+        ctx: &RequestContext,
+        name: &str,
+    ) -> Result<Option<(VirtualMachineScaleSet, ArmResponse)>> {
+        let url = self.url(name, "", &[])?;
+        let resp =
+            self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        match resp.status {
+            404 => Ok(None),
+            s if (200..300).contains(&s) => {
+                let v = resp.json("scale set").map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+                Ok(Some((v, resp)))
+            }
+            _ => Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND)),
+        }
+    }
+
+    /// A running operation for an accepted ARM request.
+    fn started(
+        &self,
+        kind: OperationKind,
+        target: &str,
+        method: &Method,
+        original_url: &Url,
+        resp: &ArmResponse,
+        instance_ids: Vec<String>,
+    ) -> Operation {
+        // Only URLs on our ARM endpoint are kept: a token never sends credentials elsewhere.
+        let trusted = |h: &str| {
+            resp.header(h).and_then(|u| match self.arm.trusted_url(u) {
+                Ok(u) => Some(u.to_string()),
+                Err(e) => {
+                    tracing::warn!(header = h, error = %e, "ignoring an operation URL");
+                    None
+                }
+            })
+        };
+        let state = OpState {
+            kind: kind_name(kind).into(),
+            method: method.to_string(),
+            async_url: trusted("azure-asyncoperation"),
+            location_url: trusted("location"),
+            original_url: original_url.to_string(),
+            resource: self.resource(target),
+            instance_ids,
+        };
+        let mut op = Operation::running(kind, target, serde_json::to_value(&state).unwrap_or_default())
+            .with_poll_after(self.poll_after(resp));
+        if let Some(id) = resp.request_id() {
+            op = op.with_cloud_request_id(id);
+        }
+        // The ARM operation ID (last segment of the async URL) names the operation in logs.
+        if let Some(id) = state
+            .async_url
+            .as_deref()
+            .and_then(|u| Url::parse(u).ok())
+            .and_then(|u| u.path_segments().and_then(|mut s| s.next_back().map(str::to_string)))
+        {
+            op = op.named(format!("{}-{id}", kind_name(kind).to_ascii_lowercase()));
+        }
+        op
+    }
+
+    /// Finishes a succeeded operation: PUT/PATCH end with a GET of the scale set.
+    async fn succeeded(
+        &self,
+        ctx: &RequestContext,
+        handle: &OperationHandle,
+        st: &OpState,
+        op: Operation,
+    ) -> Result<Operation> {
+        if st.method != "PUT" && st.method != "PATCH" {
+            return Ok(op.finish(Ok(OperationOutput::None)));
+        }
+        let url = self.arm.trusted_url(&st.original_url).map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        let resp =
+            self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        let op = match resp.request_id() {
+            Some(id) => op.with_cloud_request_id(id),
+            None => op,
+        };
+        if resp.status == 404 {
+            let err =
+                DriverError::not_found(reason::POOL_NOT_FOUND, format!("scale set {} no longer exists", handle.target));
+            return Ok(op.finish(Err(err)));
+        }
+        if !resp.is_success() {
+            return Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND));
+        }
+        let vmss: VirtualMachineScaleSet =
+            resp.json("scale set").map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        Ok(op.finish(Ok(OperationOutput::Pool(model::pool_of(&vmss)))))
+    }
+
+    /// Every instance of a pool (following `nextLink`, bounded).
+    async fn all_instances(&self, ctx: &RequestContext, name: &str) -> Result<Vec<PoolInstance>> {
+        let mut out = Vec::new();
+        let mut url = self.url(name, "/virtualMachines", &[("$expand", "instanceView")])?;
+        for _ in 0..100 {
+            let page = self.vm_page(ctx, url).await?;
+            out.extend(page.value.iter().map(model::instance_of));
+            match page.next_link.filter(|l| !l.is_empty()) {
+                Some(next) => {
+                    url = self.arm.trusted_url(&next).map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?
+                }
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn vm_page(&self, ctx: &RequestContext, url: Url) -> Result<VirtualMachineScaleSetVmListResult> {
+        let resp =
+            self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        if !resp.is_success() {
+            return Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND));
+        }
+        resp.json("VM list").map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))
+    }
+
+    /// POSTs an instance action; the response must be an accepted operation.
+    async fn instance_action(
+        &self,
+        ctx: &RequestContext,
+        req: &PoolInstances,
+        action: &str,
+        kind: OperationKind,
+        ids: Vec<String>,
+    ) -> Result<std::result::Result<Operation, ArmResponse>> {
+        let url = self.url(&req.pool.name, &format!("/{action}"), &[])?;
+        let body = if kind == OperationKind::DeletePoolInstances {
+            serde_json::to_value(VirtualMachineScaleSetVmInstanceRequiredIDs::new(ids.clone()))
+        } else {
+            let mut b = VirtualMachineScaleSetVmInstanceIDs::new();
+            b.instance_ids = ids.clone();
+            serde_json::to_value(b)
+        }
+        .map_err(|e| DriverError::internal("serializing instance IDs").with_source(e))?;
+        let resp = self
+            .call(ctx, Method::Post, url.clone(), Some(&body))
+            .await
+            .map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        if resp.is_success() {
+            return Ok(Ok(self.started(kind, &req.pool.name, &Method::Post, &url, &resp, ids)));
+        }
+        Ok(Err(resp))
+    }
+}
+
+/// Records ARM's request ID on an operation, when ARM sent one.
+fn with_rid(op: Operation, rid: Option<&str>) -> Operation {
+    match rid {
+        Some(id) => op.with_cloud_request_id(id),
+        None => op,
+    }
+}
+
+fn instance_target(resp: &ArmResponse) -> bool {
+    let v = resp.value();
+    resp.status == 400 && v["error"]["target"].as_str().is_some_and(|t| t.eq_ignore_ascii_case("instanceIds"))
+}
+
+#[async_trait]
+impl Driver for AzureVmssDriver {
+    fn info(&self) -> DriverInfo {
+        DriverInfo {
+            name: DRIVER_NAME.into(),
+            vendor_version: env!("CARGO_PKG_VERSION").into(),
+            provider_spec_schema: model::schema(),
+        }
+    }
+
+    fn capabilities(&self) -> Vec<Capability> {
+        vec![Capability::Pools, Capability::ValidateMachineClass]
+    }
+
+    async fn probe(&self, _ctx: &RequestContext) -> Result<Probe> {
+        // Ready once the credential yields a token: without one every call would fail.
+        match tokio::time::timeout(Duration::from_secs(10), self.arm.check_credential()).await {
+            Ok(Ok(())) => Ok(Probe::ready()),
+            Ok(Err(e)) => Ok(Probe::starting(format!("no ARM token yet: {}", driver_sdk::error_chain(&e)))),
+            Err(_) => Ok(Probe::starting("no ARM token yet: the credential did not answer within 10s")),
+        }
+    }
+
+    async fn validate_machine_class(&self, _ctx: &RequestContext, req: ValidateMachineClass) -> Result<Vec<String>> {
+        let spec = model::parse_spec(&req.provider_spec)?;
+        let mut warnings = Vec::new();
+        if spec.ssh_public_key.is_none() {
+            warnings.push("no sshPublicKey: password login is disabled, so nobody can log in to the VMs".into());
+        }
+        if spec.subnet_id.is_none() {
+            warnings.push("no subnetId: the scale set gets no network interface configuration".into());
+        }
+        Ok(warnings)
+    }
+
+    async fn apply_pool(&self, ctx: &RequestContext, req: ApplyPool) -> Result<Operation> {
+        let spec = model::parse_spec(&req.provider_spec)?;
+        let hash = convert::spec_hash(&req.provider_spec);
+        let url = self.url(&req.name, "", &[])?;
+        if let Some((vmss, resp)) = self.get_scale_set(ctx, &req.name).await? {
+            if model::matches(&vmss, &hash, req.capacity, &req.labels) {
+                let rid = resp.request_id();
+                match model::provisioning_state(&vmss).as_str() {
+                    "Succeeded" => {
+                        let out = OperationOutput::Pool(model::pool_of(&vmss));
+                        return Ok(with_rid(Operation::succeeded(OperationKind::ApplyPool, req.name, out), rid));
+                    }
+                    // Already being applied (a repeated call): follow the resource itself.
+                    "Creating" | "Updating" => {
+                        let mut op =
+                            self.started(OperationKind::ApplyPool, &req.name, &Method::Put, &url, &resp, vec![]);
+                        op.poll_after = self.poll_after(&resp);
+                        return Ok(op);
+                    }
+                    "Deleting" => {
+                        return Err(DriverError::operation_pending(format!("scale set {} is being deleted", req.name)))
+                    }
+                    _ => {} // Failed: apply again.
+                }
+            }
+        }
+        let body = model::scale_set_body(&req.name, &spec, &hash, req.capacity, &req.labels)?;
+        let resp = self
+            .call(ctx, Method::Put, url.clone(), Some(&body))
+            .await
+            .map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        if !resp.is_success() {
+            return Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND));
+        }
+        let vmss: VirtualMachineScaleSet =
+            resp.json("scale set").map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        let no_urls = resp.header("azure-asyncoperation").is_none() && resp.header("location").is_none();
+        if no_urls && model::provisioning_state(&vmss) == "Succeeded" {
+            let out = OperationOutput::Pool(model::pool_of(&vmss));
+            let rid = resp.request_id();
+            return Ok(with_rid(Operation::succeeded(OperationKind::ApplyPool, req.name, out), rid));
+        }
+        Ok(self.started(OperationKind::ApplyPool, &req.name, &Method::Put, &url, &resp, vec![]))
+    }
+
+    async fn get_pool(&self, ctx: &RequestContext, req: PoolRef) -> Result<Pool> {
+        match self.get_scale_set(ctx, &req.name).await? {
+            Some((vmss, _)) => Ok(model::pool_of(&vmss)),
+            None => {
+                Err(DriverError::not_found(reason::POOL_NOT_FOUND, format!("scale set {} does not exist", req.name)))
+            }
+        }
+    }
+
+    async fn list_pool_instances(&self, ctx: &RequestContext, req: ListPoolInstances) -> Result<Page<PoolInstance>> {
+        let bad_token = || {
+            DriverError::invalid_argument(reason::FIELD_INVALID, "page_token is not one this driver issued")
+                .with_violation("page_token", "unknown token")
+        };
+        let (mut url, mut offset) = if req.page_token.is_empty() {
+            (self.url(&req.pool.name, "/virtualMachines", &[("$expand", "instanceView")])?, 0)
+        } else {
+            let bytes = B64.decode(&req.page_token).map_err(|_| bad_token())?;
+            let t: PageToken = serde_json::from_slice(&bytes).map_err(|_| bad_token())?;
+            (self.arm.trusted_url(&t.l).map_err(|_| bad_token())?, t.o)
+        };
+        // Skip ARM pages with nothing left on them (bounded).
+        for _ in 0..20 {
+            let page = self.vm_page(ctx, url.clone()).await?;
+            let rest: Vec<PoolInstance> = page.value.iter().skip(offset).map(model::instance_of).collect();
+            if rest.len() > req.page_size {
+                let token = PageToken { l: url.to_string(), o: offset + req.page_size };
+                let next = B64.encode(serde_json::to_vec(&token).unwrap_or_default());
+                return Ok(Page { items: rest.into_iter().take(req.page_size).collect(), next_page_token: next });
+            }
+            let next_link = page.next_link.filter(|l| !l.is_empty());
+            match next_link {
+                Some(link) if rest.is_empty() => {
+                    url = self.arm.trusted_url(&link).map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+                    offset = 0;
+                }
+                Some(link) => {
+                    self.arm.trusted_url(&link).map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+                    let next = B64.encode(serde_json::to_vec(&PageToken { l: link, o: 0 }).unwrap_or_default());
+                    return Ok(Page { items: rest, next_page_token: next });
+                }
+                None => return Ok(Page { items: rest, next_page_token: String::new() }),
+            }
+        }
+        Ok(Page { items: Vec::new(), next_page_token: String::new() })
+    }
+
+    async fn delete_pool_instances(&self, ctx: &RequestContext, req: PoolInstances) -> Result<Operation> {
+        let kind = OperationKind::DeletePoolInstances;
+        let resp = match self.instance_action(ctx, &req, "delete", kind, req.instance_ids.clone()).await? {
+            Ok(op) => return Ok(op),
+            Err(resp) => resp,
+        };
+        if !instance_target(&resp) {
+            return Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND));
+        }
+        // Some instances are gone already (a repeated delete): delete the rest, if any.
+        let live: Vec<String> = self
+            .all_instances(ctx, &req.pool.name)
+            .await?
+            .into_iter()
+            .filter(|i| i.provisioning_state != "Deleting" && req.instance_ids.contains(&i.instance_id))
+            .map(|i| i.instance_id)
+            .collect();
+        if live.is_empty() {
+            let rid = resp.request_id();
+            return Ok(with_rid(Operation::succeeded(kind, req.pool.name, OperationOutput::None), rid));
+        }
+        match self.instance_action(ctx, &req, "delete", kind, live).await? {
+            Ok(op) => Ok(op),
+            Err(resp) => Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND)),
+        }
+    }
+
+    async fn upgrade_pool_instances(&self, ctx: &RequestContext, req: PoolInstances) -> Result<Operation> {
+        let kind = OperationKind::UpgradePoolInstances;
+        match self.instance_action(ctx, &req, "manualupgrade", kind, req.instance_ids.clone()).await? {
+            Ok(op) => Ok(op),
+            Err(resp) => Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND)),
+        }
+    }
+
+    async fn delete_pool(&self, ctx: &RequestContext, req: PoolRef) -> Result<Operation> {
+        let url = self.url(&req.name, "", &[])?;
+        let resp = self
+            .call(ctx, Method::Delete, url.clone(), None)
+            .await
+            .map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        match resp.status {
+            // Gone already: delete is idempotent.
+            204 | 404 => {
+                let done = Operation::succeeded(OperationKind::DeletePool, req.name, OperationOutput::None);
+                Ok(with_rid(done, resp.request_id()))
+            }
+            s if (200..300).contains(&s) => {
+                Ok(self.started(OperationKind::DeletePool, &req.name, &Method::Delete, &url, &resp, vec![]))
+            }
+            _ => Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND)),
+        }
+    }
+
+    async fn get_operation(
+        &self,
+        ctx: &RequestContext,
+        handle: OperationHandle,
+        _secrets: Secrets,
+    ) -> Result<Operation> {
+        let st: OpState = handle.state_as()?;
+        let not_found = reason::OPERATION_NOT_FOUND;
+        let op = handle.resume();
+        if let Some(u) = &st.async_url {
+            let url = self.arm.trusted_url(u).map_err(|e| to_driver_error(e, not_found))?;
+            let resp = self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, not_found))?;
+            // A failed read of the status is not a failed operation: the RPC fails, the
+            // operation goes on, the caller polls again.
+            if !resp.is_success() {
+                return Err(to_driver_error(resp.into_error(), not_found));
+            }
+            let op = match resp.request_id() {
+                Some(id) => op.with_cloud_request_id(id),
+                None => op,
+            };
+            let body = resp.value();
+            let status = body["status"].as_str().unwrap_or("InProgress");
+            return match status {
+                s if s.eq_ignore_ascii_case("Succeeded") => self.succeeded(ctx, &handle, &st, op).await,
+                s if s.eq_ignore_ascii_case("Failed") || s.eq_ignore_ascii_case("Canceled") => {
+                    let code = body["error"]["code"].as_str().unwrap_or_default();
+                    let message = body["error"]["message"].as_str().unwrap_or_default();
+                    tracing::warn!(
+                        arm.status = s,
+                        arm.error_code = code,
+                        arm.request_id = resp.request_id().unwrap_or(""),
+                        "ARM operation ended unsuccessfully"
+                    );
+                    Ok(op.finish(Err(operation_failed(s, code, message, resp.request_id()))))
+                }
+                _ => {
+                    let pct = body["percentComplete"].as_f64().unwrap_or(0.0).clamp(0.0, 99.0) as u8;
+                    Ok(op.with_progress(pct).with_poll_after(self.poll_after(&resp)))
+                }
+            };
+        }
+        if let Some(u) = &st.location_url {
+            let url = self.arm.trusted_url(u).map_err(|e| to_driver_error(e, not_found))?;
+            let resp = self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, not_found))?;
+            let op = match resp.request_id() {
+                Some(id) => op.with_cloud_request_id(id),
+                None => op,
+            };
+            return match resp.status {
+                202 => Ok(op.with_poll_after(self.poll_after(&resp))),
+                s if (200..300).contains(&s) => self.succeeded(ctx, &handle, &st, op).await,
+                s if s == 429 || s >= 500 || s == 401 || s == 403 => Err(to_driver_error(resp.into_error(), not_found)),
+                _ => {
+                    let rid = resp.request_id().map(str::to_string);
+                    let v = resp.value();
+                    let code = v["error"]["code"].as_str().unwrap_or_default();
+                    let message = v["error"]["message"].as_str().unwrap_or_default();
+                    Ok(op.finish(Err(operation_failed("Failed", code, message, rid.as_deref()))))
+                }
+            };
+        }
+        // No operation URL: follow the resource's provisioning state.
+        let url = self.arm.trusted_url(&st.original_url).map_err(|e| to_driver_error(e, not_found))?;
+        let resp = self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, not_found))?;
+        let op = match resp.request_id() {
+            Some(id) => op.with_cloud_request_id(id),
+            None => op,
+        };
+        if resp.status == 404 {
+            return Ok(if st.method == "DELETE" {
+                op.finish(Ok(OperationOutput::None))
+            } else {
+                op.finish(Err(DriverError::not_found(
+                    reason::POOL_NOT_FOUND,
+                    format!("scale set {} does not exist", handle.target),
+                )))
+            });
+        }
+        if !resp.is_success() {
+            return Err(to_driver_error(resp.into_error(), not_found));
+        }
+        let vmss: VirtualMachineScaleSet = resp.json("scale set").map_err(|e| to_driver_error(e, not_found))?;
+        match model::provisioning_state(&vmss).as_str() {
+            "Succeeded" if st.method == "PUT" || st.method == "PATCH" => {
+                Ok(op.finish(Ok(OperationOutput::Pool(model::pool_of(&vmss)))))
+            }
+            "Succeeded" if st.method != "DELETE" => Ok(op.finish(Ok(OperationOutput::None))),
+            s @ ("Failed" | "Canceled") => Ok(op.finish(Err(operation_failed(
+                s,
+                "ProvisioningStateFailed",
+                "the scale set's provisioning state is Failed",
+                resp.request_id(),
+            )))),
+            _ => Ok(op.with_poll_after(self.poll_after(&resp))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_state_round_trips_and_stays_small() {
+        let st = OpState {
+            kind: "ApplyPool".into(),
+            method: "PUT".into(),
+            async_url: Some("https://management.azure.com/subscriptions/s/providers/Microsoft.Compute/locations/westeurope/operations/1?api-version=2024-07-01".into()),
+            location_url: None,
+            original_url: "https://management.azure.com/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachineScaleSets/p?api-version=2024-07-01".into(),
+            resource: ResourceId { subscription: "s".into(), resource_group: "rg".into(), name: "p".into() },
+            instance_ids: vec![],
+        };
+        let v = serde_json::to_value(&st).unwrap();
+        assert!(v.get("location_url").is_none() && v.get("instance_ids").is_none());
+        assert_eq!(serde_json::from_value::<OpState>(v).unwrap(), st);
+    }
+}

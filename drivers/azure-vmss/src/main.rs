@@ -1,0 +1,98 @@
+//! `azure-vmss-driver`: the Azure VM Scale Sets driver as a sidecar.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use azure_core::Url;
+use azure_vmss_driver::arm::{ArmClient, ArmConfig};
+use azure_vmss_driver::credential::{self, CredentialKind};
+use azure_vmss_driver::{AzureVmssDriver, Config};
+use clap::Parser;
+use driver_sdk::{telemetry, DriverServer, ServeArgs};
+
+#[derive(Debug, Parser)]
+#[command(name = "azure-vmss-driver", version, about = "Azure VM Scale Sets behind the machinedriver.v1 protocol")]
+struct Cli {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Subscription of the scale sets.
+    #[arg(long, env = "AZURE_SUBSCRIPTION_ID")]
+    subscription_id: String,
+    /// Resource group of the scale sets.
+    #[arg(long, env = "AZURE_RESOURCE_GROUP")]
+    resource_group: String,
+    /// ARM endpoint (sovereign clouds: e.g. https://management.usgovcloudapi.net; tests: the emulator).
+    #[arg(long, env = "AZURE_ARM_ENDPOINT", default_value = "https://management.azure.com")]
+    arm_endpoint: String,
+    /// Token scopes (comma-separated; default `{arm-endpoint}/.default`).
+    #[arg(long = "scope", env = "AZURE_ARM_SCOPES", value_delimiter = ',')]
+    scopes: Vec<String>,
+    /// Which credential to use.
+    #[arg(long, env = "AZURE_VMSS_CREDENTIAL", value_enum, default_value = "default")]
+    credential: CredentialKind,
+    /// Microsoft Entra authority host (sovereign clouds), e.g. https://login.microsoftonline.us.
+    #[arg(long, env = "AZURE_AUTHORITY_HOST")]
+    authority_host: Option<String>,
+    /// TEST ONLY: the bearer token of `--credential static-token`.
+    #[arg(long, env = "AZURE_VMSS_STATIC_TOKEN", hide_env_values = true)]
+    static_token: Option<String>,
+    /// Time limit of one ARM request.
+    #[arg(long, default_value = "30s", value_parser = driver_sdk::parse_duration)]
+    request_timeout: Duration,
+    /// Retries of an ARM request that got no response (statuses are never retried here).
+    #[arg(long, default_value_t = 1)]
+    max_retries: u32,
+    /// `poll_after` when ARM sends no Retry-After.
+    #[arg(long, default_value = "15s", value_parser = driver_sdk::parse_duration)]
+    default_poll_interval: Duration,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _telemetry = telemetry::init("azure-vmss-driver", cli.serve.log_format);
+    let endpoint = match Url::parse(&cli.arm_endpoint) {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("azure-vmss-driver: --arm-endpoint {}: {e}", cli.arm_endpoint);
+            return ExitCode::from(2);
+        }
+    };
+    let scopes = if cli.scopes.is_empty() {
+        vec![format!("{}/.default", cli.arm_endpoint.trim_end_matches('/'))]
+    } else {
+        cli.scopes.clone()
+    };
+    if cli.credential == CredentialKind::StaticToken {
+        tracing::warn!(
+            "using a fixed bearer token (--credential static-token): for tests against an ARM emulator only"
+        );
+    }
+    let cred = match credential::build(cli.credential, cli.static_token.as_deref(), cli.authority_host.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("azure-vmss-driver: {}", driver_sdk::error_chain(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let arm = ArmClient::new(
+        ArmConfig { endpoint, scopes, request_timeout: cli.request_timeout, max_retries: cli.max_retries },
+        cred,
+    );
+    let driver = AzureVmssDriver::new(
+        arm,
+        Config {
+            subscription_id: cli.subscription_id.clone(),
+            resource_group: cli.resource_group.clone(),
+            default_poll: cli.default_poll_interval,
+            min_poll: Duration::from_millis(200),
+        },
+    );
+    match DriverServer::new(driver).serve(&cli.serve).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("azure-vmss-driver: {}", driver_sdk::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! The provider spec, and conversions between it and the VMSS models of `azure_mgmt_compute`.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use azure_mgmt_compute::package_2024_07_01::models::{VirtualMachineScaleSet, VirtualMachineScaleSetVm};
+use driver_sdk::{Address, DriverError, Labels, Pool, PoolInstance, PowerState, Violation};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+/// Tag holding the hash of the provider spec the scale set's model was built from.
+pub const SPEC_HASH_TAG: &str = "machinedriver.dev:spec-hash";
+
+/// The provider spec: the VM template of a scale set. The subscription and resource group are
+/// the sidecar's (flags), so that calls without a spec can still address the pool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderSpec {
+    /// Azure region, e.g. `westeurope`.
+    pub location: String,
+    /// VM size (the scale set's SKU), e.g. `Standard_D2s_v5`.
+    pub vm_size: String,
+    /// The image.
+    pub image: Image,
+    /// Admin user.
+    #[serde(default)]
+    pub admin_username: Option<String>,
+    /// OpenSSH public key for the admin user.
+    #[serde(default)]
+    pub ssh_public_key: Option<String>,
+    /// OS disk size in GiB.
+    #[serde(default)]
+    pub os_disk_size_gb: Option<i64>,
+    /// OS disk storage account type.
+    #[serde(default)]
+    pub os_disk_type: Option<String>,
+    /// Subnet resource ID for the NIC.
+    #[serde(default)]
+    pub subnet_id: Option<String>,
+    /// Availability zones.
+    #[serde(default)]
+    pub zones: Vec<String>,
+    /// `Regular` or `Spot`.
+    #[serde(default)]
+    pub priority: Option<String>,
+    /// Extra tags on the scale set.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// A marketplace image (publisher/offer/sku/version) or an image resource ID.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Image {
+    /// Marketplace publisher.
+    #[serde(default)]
+    pub publisher: Option<String>,
+    /// Marketplace offer.
+    #[serde(default)]
+    pub offer: Option<String>,
+    /// Marketplace SKU.
+    #[serde(default)]
+    pub sku: Option<String>,
+    /// Version (default `latest`).
+    #[serde(default)]
+    pub version: Option<String>,
+    /// Image (or gallery image version) resource ID.
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+/// The provider-spec JSON Schema, with two valid examples (for the conformance suite).
+pub fn schema() -> Value {
+    let s = |d: &str| json!({"type": "string", "minLength": 1, "description": d});
+    json!({
+        "type": "object",
+        "description": "An Azure VM Scale Set model (orchestration mode Uniform, manual upgrade policy). \
+                        Subscription and resource group are the sidecar's.",
+        "required": ["location", "vmSize", "image"],
+        "additionalProperties": false,
+        "properties": {
+            "location": {"type": "string", "pattern": "^[a-z0-9]+$", "description": "Azure region, e.g. westeurope"},
+            "vmSize": {"type": "string", "pattern": "^[A-Za-z0-9_]+$", "description": "VM size, e.g. Standard_D2s_v5"},
+            "image": {
+                "type": "object", "additionalProperties": false,
+                "description": "marketplace image (publisher, offer, sku, version) or an image resource id",
+                "properties": {
+                    "publisher": s("marketplace publisher"), "offer": s("marketplace offer"),
+                    "sku": s("marketplace SKU"), "version": s("image version (default latest)"),
+                    "id": s("image or gallery image version resource ID"),
+                },
+            },
+            "adminUsername": {"type": "string", "pattern": "^[a-z_][a-z0-9_-]{0,31}$"},
+            "sshPublicKey": {"type": "string", "pattern": "^(ssh-|ecdsa-)", "description": "OpenSSH public key of the admin user"},
+            "osDiskSizeGB": {"type": "integer", "minimum": 30, "maximum": 4095},
+            "osDiskType": {"type": "string", "enum": ["Standard_LRS", "StandardSSD_LRS", "Premium_LRS", "PremiumV2_LRS"]},
+            "subnetId": {"type": "string", "pattern": "^/subscriptions/"},
+            "zones": {"type": "array", "items": {"type": "string", "enum": ["1", "2", "3"]}, "maxItems": 3},
+            "priority": {"type": "string", "enum": ["Regular", "Spot"]},
+            "tags": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+        "examples": [
+            {
+                "location": "westeurope", "vmSize": "Standard_D2s_v5",
+                "image": {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"},
+                "adminUsername": "azureuser",
+                "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LW5vdC1mb3ItdXNlLWV4YW1wbGU example",
+            },
+            {
+                "location": "westeurope", "vmSize": "Standard_D4s_v5",
+                "image": {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"},
+                "adminUsername": "azureuser", "osDiskSizeGB": 64, "osDiskType": "Premium_LRS",
+                "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LW5vdC1mb3ItdXNlLWV4YW1wbGU example",
+            },
+        ],
+    })
+}
+
+/// Decodes a spec the SDK has checked against [`schema`], plus the checks a schema cannot say.
+///
+/// # Errors
+/// INVALID_ARGUMENT / INVALID_PROVIDER_SPEC with one violation per problem.
+pub fn parse_spec(spec: &Value) -> Result<ProviderSpec, DriverError> {
+    let parsed: ProviderSpec = serde_json::from_value(spec.clone()).map_err(|e| {
+        DriverError::invalid_provider_spec(vec![Violation::new("provider_spec", e.to_string())]).with_source(e)
+    })?;
+    let img = &parsed.image;
+    let marketplace = img.publisher.is_some() && img.offer.is_some() && img.sku.is_some();
+    if marketplace == img.id.is_some() {
+        return Err(DriverError::invalid_provider_spec(vec![Violation::new(
+            "provider_spec.image",
+            "give either publisher, offer and sku, or id (not both)",
+        )]));
+    }
+    for k in parsed.tags.keys() {
+        if k.contains(['<', '>', '%', '&', '\\', '?', '/']) {
+            return Err(DriverError::invalid_provider_spec(vec![Violation::new(
+                format!("provider_spec.tags.{k}"),
+                "Azure tag names may not contain < > % & \\ ? /",
+            )]));
+        }
+    }
+    Ok(parsed)
+}
+
+/// Label key → tag name: Azure refuses `/` in tag names, Kubernetes-style keys never hold `:`.
+pub fn tag_name(label: &str) -> String {
+    label.replace('/', ":")
+}
+
+/// Tag name → label key.
+pub fn label_name(tag: &str) -> String {
+    tag.replace(':', "/")
+}
+
+/// The scale set for `name` with `capacity` instances, checked against the
+/// `azure_mgmt_compute` model (so a typo in a field name fails here, not at ARM).
+///
+/// # Errors
+/// INTERNAL when the body does not fit the model (a driver bug).
+pub fn scale_set_body(
+    name: &str,
+    spec: &ProviderSpec,
+    spec_hash: &str,
+    capacity: u32,
+    labels: &Labels,
+) -> Result<Value, DriverError> {
+    let admin = spec.admin_username.clone().unwrap_or_else(|| "azureuser".into());
+    let mut tags: Map<String, Value> = spec.tags.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    for (k, v) in labels {
+        tags.insert(tag_name(k), json!(v));
+    }
+    tags.insert(SPEC_HASH_TAG.into(), json!(spec_hash));
+    let image = match &spec.image.id {
+        Some(id) => json!({"id": id}),
+        None => json!({
+            "publisher": spec.image.publisher, "offer": spec.image.offer, "sku": spec.image.sku,
+            "version": spec.image.version.clone().unwrap_or_else(|| "latest".into()),
+        }),
+    };
+    let mut linux = json!({"disablePasswordAuthentication": true});
+    if let Some(key) = &spec.ssh_public_key {
+        linux["ssh"] = json!({"publicKeys": [{"path": format!("/home/{admin}/.ssh/authorized_keys"), "keyData": key}]});
+    }
+    let mut os_disk = json!({
+        "createOption": "FromImage", "caching": "ReadWrite",
+        "managedDisk": {"storageAccountType": spec.os_disk_type.clone().unwrap_or_else(|| "StandardSSD_LRS".into())},
+    });
+    if let Some(gb) = spec.os_disk_size_gb {
+        os_disk["diskSizeGB"] = json!(gb);
+    }
+    // Linux computer names may be 64 characters; the prefix leaves room for the 6-character suffix.
+    let prefix: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(58).collect();
+    let mut profile = json!({
+        "osProfile": {"computerNamePrefix": prefix, "adminUsername": admin, "linuxConfiguration": linux},
+        "storageProfile": {"imageReference": image, "osDisk": os_disk},
+    });
+    if let Some(subnet) = &spec.subnet_id {
+        profile["networkProfile"] = json!({"networkInterfaceConfigurations": [{
+            "name": format!("{name}-nic"),
+            "properties": {"primary": true, "ipConfigurations": [{"name": "ipconfig1", "properties": {"subnet": {"id": subnet}}}]},
+        }]});
+    }
+    if spec.priority.as_deref() == Some("Spot") {
+        profile["priority"] = json!("Spot");
+        profile["evictionPolicy"] = json!("Delete");
+    }
+    let mut body = json!({
+        "location": spec.location,
+        "tags": tags,
+        "sku": {"name": spec.vm_size, "tier": "Standard", "capacity": capacity},
+        "properties": {
+            "orchestrationMode": "Uniform",
+            // Manual: a model change marks instances not-latest; the controller upgrades them.
+            "upgradePolicy": {"mode": "Manual"},
+            "overprovision": false,
+            "singlePlacementGroup": false,
+            "virtualMachineProfile": profile,
+        },
+    });
+    if !spec.zones.is_empty() {
+        body["zones"] = json!(spec.zones);
+    }
+    let typed: VirtualMachineScaleSet = serde_json::from_value(body)
+        .map_err(|e| DriverError::internal("the scale set body does not fit the VMSS model").with_source(e))?;
+    serde_json::to_value(&typed).map_err(|e| DriverError::internal("serializing the scale set").with_source(e))
+}
+
+/// `azure://` + the resource ID, as Cluster API providers write it.
+pub fn provider_id(resource_id: &str) -> String {
+    format!("azure://{resource_id}")
+}
+
+/// The tags of a scale set.
+pub fn tags_of(vmss: &VirtualMachineScaleSet) -> BTreeMap<String, String> {
+    vmss.resource
+        .tags
+        .as_ref()
+        .and_then(Value::as_object)
+        .map(|o| o.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
+        .unwrap_or_default()
+}
+
+/// The scale set's provisioning state (`Creating`, `Updating`, `Succeeded`, `Failed`, `Deleting`).
+pub fn provisioning_state(vmss: &VirtualMachineScaleSet) -> String {
+    vmss.properties.as_ref().and_then(|p| p.provisioning_state.clone()).unwrap_or_default()
+}
+
+/// The scale set as a protocol pool.
+pub fn pool_of(vmss: &VirtualMachineScaleSet) -> Pool {
+    let tags = tags_of(vmss);
+    let model_version = tags.get(SPEC_HASH_TAG).cloned().unwrap_or_default();
+    Pool {
+        name: vmss.resource.name.clone().unwrap_or_default(),
+        provider_id: provider_id(vmss.resource.id.as_deref().unwrap_or_default()),
+        capacity: vmss.sku.as_ref().and_then(|s| s.capacity).map_or(0, |c| c.max(0) as u32),
+        model_version,
+        provisioning_state: provisioning_state(vmss),
+        labels: tags
+            .iter()
+            .filter(|(k, _)| k.as_str() != SPEC_HASH_TAG)
+            .map(|(k, v)| (label_name(k), v.clone()))
+            .collect(),
+    }
+}
+
+/// Whether the scale set already is what `ApplyPool` asks for.
+pub fn matches(vmss: &VirtualMachineScaleSet, spec_hash: &str, capacity: u32, labels: &Labels) -> bool {
+    let tags = tags_of(vmss);
+    let cap = vmss.sku.as_ref().and_then(|s| s.capacity).unwrap_or(-1);
+    tags.get(SPEC_HASH_TAG).map(String::as_str) == Some(spec_hash)
+        && cap == i64::from(capacity)
+        && labels.iter().all(|(k, v)| tags.get(&tag_name(k)) == Some(v))
+}
+
+/// A VMSS VM (listed with `$expand=instanceView`) as a protocol pool instance.
+pub fn instance_of(vm: &VirtualMachineScaleSetVm) -> PoolInstance {
+    let props = vm.properties.as_ref();
+    let statuses = props.and_then(|p| p.instance_view.as_ref()).map(|iv| iv.statuses.as_slice()).unwrap_or_default();
+    let code = |prefix: &str| {
+        statuses
+            .iter()
+            .filter_map(|s| s.code.as_deref())
+            .find_map(|c| c.strip_prefix(prefix))
+            .map(str::to_ascii_lowercase)
+    };
+    let power_state = match code("PowerState/").as_deref() {
+        Some("starting") => PowerState::Starting,
+        Some("running") => PowerState::Running,
+        Some("stopping") => PowerState::Stopping,
+        Some("stopped") => PowerState::Stopped,
+        Some("deallocating") => PowerState::Deallocating,
+        Some("deallocated") => PowerState::Deallocated,
+        _ => PowerState::Unknown,
+    };
+    let computer_name = props.and_then(|p| p.os_profile.as_ref()).and_then(|o| o.computer_name.clone());
+    PoolInstance {
+        instance_id: vm.instance_id.clone().unwrap_or_default(),
+        name: computer_name.clone().or_else(|| vm.resource.name.clone()).unwrap_or_default(),
+        provider_id: provider_id(vm.resource.id.as_deref().unwrap_or_default()),
+        provisioning_state: props.and_then(|p| p.provisioning_state.clone()).unwrap_or_default(),
+        power_state,
+        latest_model_applied: props.and_then(|p| p.latest_model_applied).unwrap_or(false),
+        addresses: computer_name.map(|n| vec![Address { kind: "Hostname".into(), address: n }]).unwrap_or_default(),
+        create_time: props.and_then(|p| p.time_created).map(SystemTime::from),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn examples_are_valid_and_build_a_scale_set() {
+        let schema = schema();
+        let examples = schema["examples"].as_array().unwrap();
+        assert_eq!(examples.len(), 2);
+        for ex in examples {
+            assert!(driver_sdk::schema::validate(&schema, ex, "provider_spec").is_empty(), "{ex}");
+            let spec = parse_spec(ex).unwrap();
+            let labels: Labels = [("machinedriver.dev/run".to_string(), "x".to_string())].into();
+            let body = scale_set_body("pool-a", &spec, "h1", 3, &labels).unwrap();
+            assert_eq!(body["sku"]["capacity"], 3);
+            assert_eq!(body["tags"]["machinedriver.dev:run"], "x");
+            assert_eq!(body["properties"]["upgradePolicy"]["mode"], "Manual");
+            let typed: VirtualMachineScaleSet = serde_json::from_value(body).unwrap();
+            assert!(matches(&typed, "h1", 3, &labels));
+            assert!(!matches(&typed, "h2", 3, &labels));
+            assert!(!matches(&typed, "h1", 4, &labels));
+            assert_eq!(pool_of(&typed).labels.get("machinedriver.dev/run").map(String::as_str), Some("x"));
+        }
+    }
+
+    #[test]
+    fn image_needs_marketplace_or_id() {
+        let bad = json!({"location": "westeurope", "vmSize": "Standard_D2s_v5", "image": {"publisher": "Canonical"}});
+        let err = parse_spec(&bad).unwrap_err();
+        assert_eq!(err.violations()[0].field, "provider_spec.image");
+    }
+
+    #[test]
+    fn instance_view_maps_to_states() {
+        let vm: VirtualMachineScaleSetVm = serde_json::from_value(json!({
+            "location": "westeurope", "instanceId": "3", "name": "p_3", "id": "/subscriptions/s/x/virtualMachines/3",
+            "properties": {"provisioningState": "Succeeded", "latestModelApplied": true,
+                "timeCreated": "2026-01-01T00:00:00Z", "osProfile": {"computerName": "p000003"},
+                "instanceView": {"statuses": [
+                    {"code": "ProvisioningState/succeeded", "level": "Info"},
+                    {"code": "PowerState/running", "level": "Info"}]}}
+        }))
+        .unwrap();
+        let i = instance_of(&vm);
+        assert_eq!((i.instance_id.as_str(), i.power_state, i.latest_model_applied), ("3", PowerState::Running, true));
+        assert_eq!(i.provider_id, "azure:///subscriptions/s/x/virtualMachines/3");
+        assert!(i.create_time.is_some());
+    }
+}

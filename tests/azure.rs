@@ -1,0 +1,543 @@
+//! The Azure VMSS driver as a user runs it: `azure-vmss-driver` as a real sidecar process on a
+//! Unix socket, talking HTTP to the real `arm-emulator` process, and (last test) the controller
+//! driving a MachinePool through it. The emulator's record of received requests is the ground
+//! truth for what went to "ARM".
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use driver_sdk::proto as pb;
+use driver_sdk::{convert, reason, DriverClient, OperationExt};
+use e2e_tests::{bin, eventually, free_port, run, Sidecar};
+use machine_controller::resources::*;
+use machine_controller::store::Store;
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+const MINUTE: Duration = Duration::from_secs(60);
+const SUB: &str = "00000000-0000-0000-0000-0000000000e2";
+const RG: &str = "e2e";
+
+/// A running `arm-emulator`. Killed when dropped.
+struct Arm {
+    _child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Arm {
+    async fn start(args: &[&str]) -> Arm {
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(dir.path().join("arm.log")).unwrap();
+        let port = free_port();
+        let child = Command::new(bin("arm-emulator"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start arm-emulator");
+        let arm = Arm { _child: child, port, _dir: dir };
+        eventually(Duration::from_secs(30), "arm-emulator listening", || async {
+            http(port, "GET", "/_emulator/faults", None).await.filter(|(s, _)| *s == 200).map(|_| ())
+        })
+        .await;
+        arm
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn requests(&self) -> Vec<Value> {
+        let (_, body) = http(self.port, "GET", "/_emulator/requests", None).await.expect("requests");
+        serde_json::from_str(&body).expect("requests JSON")
+    }
+
+    async fn faults(&self, rules: Value) {
+        let (status, body) = http(self.port, "PUT", "/_emulator/faults", Some(rules)).await.expect("set faults");
+        assert_eq!(status, 200, "{body}");
+    }
+
+    async fn scale_sets(&self) -> Vec<Value> {
+        let (_, body) = http(self.port, "GET", "/_emulator/scalesets", None).await.expect("scalesets");
+        serde_json::from_str(&body).expect("scalesets JSON")
+    }
+
+    /// Starts `azure-vmss-driver` against this emulator.
+    async fn driver(&self) -> Sidecar {
+        Sidecar::start("azure-vmss-driver", &self.driver_args()).await
+    }
+
+    fn driver_args(&self) -> Vec<&'static str> {
+        let endpoint: &'static str = Box::leak(self.endpoint().into_boxed_str());
+        vec![
+            "--dev",
+            "--arm-endpoint",
+            endpoint,
+            "--subscription-id",
+            SUB,
+            "--resource-group",
+            RG,
+            "--credential",
+            "static-token",
+            "--static-token",
+            "e2e-test-token",
+        ]
+    }
+}
+
+/// One plain HTTP/1.1 request to the emulator; returns (status, body).
+async fn http(port: u16, method: &str, path: &str, body: Option<Value>) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await.ok()?.ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let (_head, rest) = text.split_once("\r\n\r\n")?;
+    Some((status, rest.to_string()))
+}
+
+fn spec(vm_size: &str) -> driver_sdk::prost_types::Struct {
+    convert::json_to_struct(&json!({
+        "location": "westeurope", "vmSize": vm_size,
+        "image": {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"},
+    }))
+}
+
+async fn apply(c: &DriverClient, name: &str, vm_size: &str, capacity: i32) -> driver_sdk::Reply<pb::Operation> {
+    c.apply_pool(pb::ApplyPoolRequest {
+        name: name.into(),
+        provider_spec: Some(spec(vm_size)),
+        capacity,
+        ..Default::default()
+    })
+    .await
+    .expect("ApplyPool")
+}
+
+/// Polls GetOperation (at the operation's own poll_after, within a deadline) until done.
+async fn wait_done(c: &DriverClient, op: pb::Operation) -> pb::Operation {
+    let token = op.token.clone();
+    let mut op = op;
+    let deadline = tokio::time::Instant::now() + MINUTE;
+    while !op.done {
+        assert!(tokio::time::Instant::now() < deadline, "operation {} not done within a minute", op.name);
+        tokio::time::sleep(op.poll_after().min(Duration::from_secs(2))).await; // the driver's poll_after, by design
+        op = c
+            .get_operation(pb::GetOperationRequest { token: token.clone(), secrets: None })
+            .await
+            .expect("GetOperation")
+            .value;
+    }
+    op
+}
+
+async fn instances(c: &DriverClient, pool: &str) -> Vec<pb::PoolInstance> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .list_pool_instances(pb::ListPoolInstancesRequest {
+                pool_name: pool.into(),
+                page_size: 2,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .expect("ListPoolInstances")
+            .value;
+        out.extend(page.instances);
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        token = page.next_page_token;
+    }
+}
+
+fn is(r: &Value, method: &str, path_has: &str) -> bool {
+    r["method"] == method
+        && r["path"].as_str().is_some_and(|p| p.to_ascii_lowercase().contains(&path_has.to_ascii_lowercase()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_passes_against_the_emulator() {
+    let arm =
+        Arm::start(&["--operation-duration", "300ms", "--delete-duration", "200ms", "--upgrade-duration", "200ms"])
+            .await;
+    let driver = arm.driver().await;
+    let endpoint = driver.endpoint();
+    let (code, out, err) = run(&bin("driver-conformance"), &["--endpoint", &endpoint]).await;
+    assert_eq!(code, 0, "conformance failed:\n{out}\n{err}\nsidecar log:\n{}", driver.log_text());
+    for check in [
+        "pools.apply_idempotent",
+        "pools.get_missing",
+        "pools.upgrade_instances",
+        "pools.delete_one_instance",
+        "pools.delete_pool",
+    ] {
+        assert!(out.contains(&format!("PASS  {check}")), "{check} did not pass:\n{out}");
+    }
+    assert!(out.contains(" 0 failed"), "{out}");
+    // Every ARM call carried a bearer token and a client request ID, and nothing is left.
+    let reqs = arm.requests().await;
+    assert!(!reqs.is_empty());
+    for r in &reqs {
+        assert_eq!(r["authorized"], true, "{r}");
+        assert!(r["clientRequestId"].as_str().is_some_and(|s| !s.is_empty()), "no x-ms-client-request-id: {r}");
+    }
+    assert!(arm.scale_sets().await.is_empty(), "the suite left scale sets behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_out_resumes_from_its_token_after_the_sidecar_is_killed() {
+    let arm = Arm::start(&["--operation-duration", "2s"]).await;
+    let driver = arm.driver().await;
+    let c = driver.client().await;
+    let first = apply(&c, "resume", "Standard_D2s_v5", 1).await;
+    wait_done(&c, first.value).await;
+
+    // Scale out to 3; the operation is running when the sidecar dies.
+    let reply = apply(&c, "resume", "Standard_D2s_v5", 3).await;
+    let op = reply.value;
+    assert!(!op.done, "scale-out finished at once");
+    let put_rid = reply.request_id.clone();
+    let dir = driver.kill9().await;
+    let driver = Sidecar::start_in(dir, "azure-vmss-driver", &arm.driver_args()).await;
+    let c = driver.client().await;
+
+    // The new process finishes the operation from the token alone.
+    let done = wait_done(&c, op).await;
+    assert!(done.error_report().is_none(), "{:?}", done.error_report());
+    let pool = match done.result {
+        Some(pb::operation::Result::Response(r)) => r.pool.expect("a pool in the result"),
+        other => panic!("unexpected result {other:?}"),
+    };
+    assert_eq!(pool.capacity, 3);
+    let list = instances(&c, "resume").await;
+    assert_eq!(list.len(), 3);
+    assert!(list
+        .iter()
+        .all(|i| i.provisioning_state == "Succeeded" && i.power_state == pb::PowerState::Running as i32));
+
+    // ARM saw exactly two PUTs (never re-sent), and our request ID on the scale-out PUT.
+    let reqs = arm.requests().await;
+    let puts: Vec<&Value> = reqs.iter().filter(|r| is(r, "PUT", "/virtualMachineScaleSets/resume")).collect();
+    assert_eq!(puts.len(), 2, "{puts:?}");
+    assert_eq!(puts[1]["clientRequestId"], put_rid.as_str(), "x-ms-client-request-id is not our x-request-id");
+    assert!(reqs.iter().any(|r| is(r, "GET", "/operations/")), "no async-operation polls");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polls_carry_our_request_id_and_arm_request_ids_come_back() {
+    let arm = Arm::start(&["--operation-duration", "300ms"]).await;
+    let driver = arm.driver().await;
+    let c = driver.client().await;
+    let op = apply(&c, "corr", "Standard_D2s_v5", 1).await.value;
+    assert!(!op.cloud_request_ids.is_empty(), "no x-ms-request-id on the operation");
+    let done = wait_done(&c, op.clone()).await;
+    assert!(done.error_report().is_none());
+    // Polling a finished operation again still asks ARM (async-operation URL + final GET).
+    let poll = c.get_operation(pb::GetOperationRequest { token: op.token.clone(), secrets: None }).await.unwrap();
+    let reqs = arm.requests().await;
+    let polled: Vec<&Value> = reqs.iter().filter(|r| r["clientRequestId"] == poll.request_id.as_str()).collect();
+    assert!(!polled.is_empty(), "the poll's x-request-id {} never reached ARM", poll.request_id);
+    assert!(polled.iter().any(|r| is(r, "GET", "/operations/")), "{polled:?}");
+    // The sidecar logs ARM's request ID beside ours.
+    let arm_rid = polled[0]["requestId"].as_str().unwrap().to_string();
+    eventually(Duration::from_secs(10), "ARM request ID in the sidecar log", || {
+        let log = driver.log_text();
+        let rid = poll.request_id.clone();
+        let arm_rid = arm_rid.clone();
+        async move { (log.contains(&arm_rid) && log.contains(&rid)).then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_and_server_errors_are_surfaced_not_retried() {
+    let arm = Arm::start(&["--operation-duration", "300ms"]).await;
+    let driver = arm.driver().await;
+    let c = driver.client().await;
+    wait_done(&c, apply(&c, "thr", "Standard_D2s_v5", 1).await.value).await;
+
+    arm.faults(json!([{"method": "GET", "pathContains": "/virtualmachinescalesets/thr", "action": "respond", "status": 429, "retryAfter": 7, "times": 1}])).await;
+    let err = c.get_pool(pb::GetPoolRequest { name: "thr".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!((err.code(), err.reason()), (tonic::Code::Unavailable, reason::THROTTLED), "{err}");
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(7)), "RetryInfo must come from Retry-After");
+    assert_eq!(err.report.metadata.get("armErrorCode").map(String::as_str), Some("TooManyRequests"));
+    assert!(!err.report.cloud_request_ids.is_empty(), "no x-ms-request-id in the error");
+    assert!(err.report.metadata.contains_key("correlationRequestId"));
+    // The driver did not retry on its own: exactly one GET reached ARM for that call.
+    let gets = arm.requests().await.into_iter().filter(|r| r["clientRequestId"] == err.request_id()).count();
+    assert_eq!(gets, 1);
+    // The next call (the fault fired once) succeeds.
+    assert_eq!(
+        c.get_pool(pb::GetPoolRequest { name: "thr".into(), ..Default::default() }).await.unwrap().value.capacity,
+        1
+    );
+
+    arm.faults(json!([{"method": "GET", "pathContains": "/virtualmachinescalesets/thr", "action": "respond", "status": 503, "times": 1}])).await;
+    let err = c.get_pool(pb::GetPoolRequest { name: "thr".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!((err.code(), err.reason()), (tonic::Code::Unavailable, reason::CLOUD_UNAVAILABLE), "{err}");
+
+    // A throttled poll fails the poll, not the operation.
+    let op = c.delete_pool(pb::DeletePoolRequest { name: "thr".into(), ..Default::default() }).await.unwrap().value;
+    arm.faults(json!([{"method": "GET", "pathContains": "/operations/", "action": "respond", "status": 429, "retryAfter": 2, "times": 1}])).await;
+    let err = c.get_operation(pb::GetOperationRequest { token: op.token.clone(), secrets: None }).await.unwrap_err();
+    assert_eq!((err.reason(), err.retry_after()), (reason::THROTTLED, Some(Duration::from_secs(2))));
+    let done = wait_done(&c, op).await;
+    assert!(done.error_report().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arm_errors_map_to_protocol_errors() {
+    let arm = Arm::start(&["--operation-duration", "500ms", "--max-instances", "5"]).await;
+    let driver = arm.driver().await;
+    let c = driver.client().await;
+
+    // A failed ARM operation ends with its ARM error code.
+    arm.faults(json!([{"method": "PUT", "action": "failOperation", "code": "OSProvisioningTimedOut", "message": "the OS did not boot", "times": 1}])).await;
+    let done = wait_done(&c, apply(&c, "errs", "Standard_D2s_v5", 1).await.value).await;
+    let e = done.error_report().expect("the operation failed");
+    assert_eq!((e.code, e.reason.as_str()), (tonic::Code::Internal, reason::CLOUD_OPERATION_FAILED), "{e}");
+    assert_eq!(e.metadata.get("armErrorCode").map(String::as_str), Some("OSProvisioningTimedOut"));
+    assert!(e.message.contains("the OS did not boot"), "{e}");
+
+    // A canceled one ends CANCELLED.
+    arm.faults(json!([{"method": "PUT", "action": "cancelOperation", "times": 1}])).await;
+    let done = wait_done(&c, apply(&c, "errs", "Standard_D2s_v5", 2).await.value).await;
+    assert_eq!(done.error_report().expect("canceled").code, tonic::Code::Cancelled);
+
+    // Applying again repairs the pool.
+    let done = wait_done(&c, apply(&c, "errs", "Standard_D2s_v5", 2).await.value).await;
+    assert!(done.error_report().is_none(), "{:?}", done.error_report());
+
+    // Quota: RESOURCE_EXHAUSTED / QUOTA_EXCEEDED.
+    let err = c
+        .apply_pool(pb::ApplyPoolRequest {
+            name: "errs".into(),
+            provider_spec: Some(spec("Standard_D2s_v5")),
+            capacity: 9,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!((err.code(), err.reason()), (tonic::Code::ResourceExhausted, reason::QUOTA_EXCEEDED), "{err}");
+    assert_eq!(err.report.metadata.get("armErrorCode").map(String::as_str), Some("OperationNotAllowed"));
+
+    // A bad VM size: INVALID_ARGUMENT naming the field.
+    let err = c
+        .apply_pool(pb::ApplyPoolRequest {
+            name: "errs".into(),
+            provider_spec: Some(spec("Huge_Size")),
+            capacity: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!((err.code(), err.reason()), (tonic::Code::InvalidArgument, reason::INVALID_PROVIDER_SPEC), "{err}");
+    assert!(err.report.violations.iter().any(|v| v.field == "provider_spec.vmSize"), "{:?}", err.report.violations);
+
+    // A conflicting operation: ABORTED / OPERATION_PENDING.
+    let upgrade = c
+        .delete_pool_instances(pb::DeletePoolInstancesRequest {
+            pool_name: "errs".into(),
+            instance_ids: vec![instances(&c, "errs").await[0].instance_id.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .value;
+    let err = c
+        .apply_pool(pb::ApplyPoolRequest {
+            name: "errs".into(),
+            provider_spec: Some(spec("Standard_D4s_v5")),
+            capacity: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!((err.code(), err.reason()), (tonic::Code::Aborted, reason::OPERATION_PENDING), "{err}");
+    wait_done(&c, upgrade).await;
+
+    // 401 from ARM: UNAUTHENTICATED; 403: PERMISSION_DENIED / CLOUD_AUTH_FAILED.
+    arm.faults(
+        json!([{"method": "GET", "action": "respond", "status": 403, "code": "AuthorizationFailed", "times": 1}]),
+    )
+    .await;
+    let err = c.get_pool(pb::GetPoolRequest { name: "errs".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!((err.code(), err.reason()), (tonic::Code::PermissionDenied, reason::CLOUD_AUTH_FAILED), "{err}");
+    let err = c.get_pool(pb::GetPoolRequest { name: "missing".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!((err.code(), err.reason()), (tonic::Code::NotFound, reason::POOL_NOT_FOUND), "{err}");
+}
+
+/// The controller, the Azure sidecar and the emulator: a MachinePool end to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_pool_through_the_controller() {
+    let arm =
+        Arm::start(&["--operation-duration", "500ms", "--delete-duration", "300ms", "--upgrade-duration", "300ms"])
+            .await;
+    let driver = arm.driver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store_path: PathBuf = dir.path().join("store.db");
+    let log = std::fs::File::create(dir.path().join("controller.log")).unwrap();
+    let _controller = Command::new(bin("machine-controller"))
+        .arg("--store")
+        .arg(&store_path)
+        .args(["run", "--driver", &format!("azure={}", driver.endpoint())])
+        .args(["--debounce", "20ms", "--health-check-interval", "1s"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let cli = |args: Vec<String>| {
+        let store = store_path.clone();
+        async move {
+            let mut all = vec!["--store".to_string(), store.display().to_string()];
+            all.extend(args);
+            let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+            run(&bin("machine-controller"), &refs).await
+        }
+    };
+    let apply_yaml = |yaml: String| {
+        let file = dir.path().join(format!("m-{}.yaml", uuid::Uuid::new_v4()));
+        std::fs::write(&file, yaml).unwrap();
+        let cli = cli.clone();
+        async move {
+            let (code, out, err) = cli(vec!["apply".into(), "-f".into(), file.display().to_string()]).await;
+            assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+        }
+    };
+    apply_yaml(
+        "apiVersion: machine.driver.dev/v1alpha1
+kind: MachineClass
+metadata: {name: azure-d2}
+spec:
+  driver: azure
+  providerSpec:
+    location: westeurope
+    vmSize: Standard_D2s_v5
+    image: {publisher: Canonical, offer: ubuntu-24_04-lts, sku: server, version: latest}
+"
+        .into(),
+    )
+    .await;
+    let pool = |size: &str| {
+        format!(
+            "apiVersion: machine.driver.dev/v1alpha1
+kind: MachinePool
+metadata: {{name: workers}}
+spec:
+  replicas: 3
+  template:
+    spec:
+      classRef: {{name: azure-d2}}
+      providerSpec: {{vmSize: {size}}}
+  strategy: {{maxSurge: 1, maxUnavailable: 0}}
+"
+        )
+    };
+    let store = Store::open(&store_path).unwrap();
+    let ready = |n: i64| {
+        let store = store.clone();
+        move || {
+            let store = store.clone();
+            async move {
+                let p = store.get::<MachinePool>("default", "workers").await.ok()??;
+                let ms = store.list::<Machine>().await.ok()?;
+                let live = ms.iter().filter(|m| !m.is_deleting() && m.status.phase == Phase::Running).count() as i64;
+                (p.status.ready_replicas == n && p.status.updated_replicas == n && p.status.replicas == n && live == n)
+                    .then_some(())
+            }
+        }
+    };
+    let controller_log = || std::fs::read_to_string(dir.path().join("controller.log")).unwrap_or_default();
+
+    // Scale out to 3.
+    apply_yaml(pool("Standard_D2s_v5")).await;
+    tokio::time::timeout(2 * MINUTE, eventually(2 * MINUTE, "pool scaled out to 3", ready(3)))
+        .await
+        .unwrap_or_else(|_| panic!("controller log:\n{}", controller_log()));
+    let sets = arm.scale_sets().await;
+    assert_eq!(sets.len(), 1);
+    assert_eq!(sets[0]["vms"].as_array().unwrap().len(), 3);
+    let before: HashSet<String> =
+        sets[0]["vms"].as_array().unwrap().iter().map(|v| v["instanceId"].as_str().unwrap().to_string()).collect();
+
+    // Template change: a rolling instance upgrade with maxSurge 1 / maxUnavailable 0.
+    apply_yaml(pool("Standard_D4s_v5")).await;
+    eventually(2 * MINUTE, "pool rolled to the new model", || {
+        let arm = &arm;
+        let ready = ready(3);
+        let before = before.clone();
+        async move {
+            ready().await?;
+            let sets = arm.scale_sets().await;
+            let vms = sets.first()?["vms"].as_array()?.clone();
+            let ids: HashSet<String> = vms.iter().map(|v| v["instanceId"].as_str().unwrap_or("").to_string()).collect();
+            (vms.len() == 3 && vms.iter().all(|v| v["latestModelApplied"] == true) && ids.is_disjoint(&before))
+                .then_some(())
+        }
+    })
+    .await;
+    // ARM never held more than replicas + maxSurge instances: no PUT asked for more than 4,
+    // and old instances went through POST …/delete.
+    let reqs = arm.requests().await;
+    let capacities: Vec<u64> = reqs
+        .iter()
+        .filter(|r| is(r, "PUT", "/virtualMachineScaleSets/workers"))
+        .filter_map(|r| r["body"]["sku"]["capacity"].as_u64())
+        .collect();
+    assert!(capacities.iter().all(|c| *c <= 4), "capacities {capacities:?}");
+    assert!(capacities.contains(&4), "the rollout never surged: {capacities:?}");
+    assert!(reqs.iter().any(|r| is(r, "POST", "/virtualMachineScaleSets/workers/delete")));
+
+    // Delete exactly one pool Machine: exactly that instance is deleted, and the pool refills.
+    let victim = store
+        .list::<Machine>()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|m| m.spec.pool_ref.is_some() && !m.is_deleting())
+        .expect("a pool machine");
+    let victim_id = victim.spec.pool_ref.clone().unwrap().instance_id;
+    let posts_before = arm.requests().await.iter().filter(|r| is(r, "POST", "/workers/delete")).count();
+    let (code, out, err) = cli(vec!["delete".into(), "machine".into(), victim.metadata.name.clone()]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    eventually(2 * MINUTE, "the instance deleted and replaced", || {
+        let arm = &arm;
+        let victim_id = victim_id.clone();
+        async move {
+            let sets = arm.scale_sets().await;
+            let ids: Vec<String> = sets.first()?["vms"]
+                .as_array()?
+                .iter()
+                .map(|v| v["instanceId"].as_str().unwrap_or("").to_string())
+                .collect();
+            (!ids.contains(&victim_id) && ids.len() == 3).then_some(())
+        }
+    })
+    .await;
+    let reqs = arm.requests().await;
+    let deletes: Vec<&Value> = reqs.iter().filter(|r| is(r, "POST", "/workers/delete")).skip(posts_before).collect();
+    assert!(!deletes.is_empty());
+    for d in &deletes {
+        assert_eq!(d["body"]["instanceIds"], json!([victim_id]), "deleted more than the one instance: {d}");
+    }
+    eventually(2 * MINUTE, "pool ready again", ready(3)).await;
+}
