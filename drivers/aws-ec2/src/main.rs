@@ -1,0 +1,61 @@
+//! `aws-ec2-driver`: the AWS EC2 driver as a sidecar.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use aws_ec2_driver::{AwsEc2Driver, Config};
+use clap::Parser;
+use driver_sdk::{telemetry, DriverServer, ServeArgs};
+
+#[derive(Debug, Parser)]
+#[command(name = "aws-ec2-driver", version, about = "AWS EC2 driver sidecar for machinedriver.v1")]
+struct Cli {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// AWS region for specs that name none (default: AWS_REGION, AWS_DEFAULT_REGION, the
+    /// profile, instance metadata).
+    #[arg(long, env = "AWS_EC2_DRIVER_REGION")]
+    region: Option<String>,
+    /// poll_after of running operations.
+    #[arg(long, env = "AWS_EC2_DRIVER_POLL_INTERVAL", default_value = "3s", value_parser = driver_sdk::parse_duration)]
+    poll_interval: Duration,
+    /// Attempts per EC2 call, including the first. Small on purpose: the controller owns backoff.
+    #[arg(long, env = "AWS_EC2_DRIVER_MAX_ATTEMPTS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=10))]
+    max_attempts: u32,
+    /// Bound on one EC2 call, retries included.
+    #[arg(long, env = "AWS_EC2_DRIVER_CALL_TIMEOUT", default_value = "10s", value_parser = driver_sdk::parse_duration)]
+    call_timeout: Duration,
+    /// How long a launched instance may stay invisible to DescribeInstances before its create
+    /// operation fails.
+    #[arg(long, env = "AWS_EC2_DRIVER_VISIBILITY_TIMEOUT", default_value = "5m", value_parser = driver_sdk::parse_duration)]
+    visibility_timeout: Duration,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _telemetry = telemetry::init("aws-ec2-driver", cli.serve.log_format);
+    let config = Config {
+        region: cli.region.clone(),
+        poll_interval: cli.poll_interval,
+        max_attempts: cli.max_attempts,
+        call_timeout: cli.call_timeout,
+        visibility_timeout: cli.visibility_timeout,
+    };
+    let driver = match AwsEc2Driver::from_env(config).await {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("aws-ec2-driver: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing::info!(region = %driver.default_region(), "aws-ec2-driver configured");
+    match DriverServer::new(driver).serve(&cli.serve).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aws-ec2-driver: {}", driver_sdk::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

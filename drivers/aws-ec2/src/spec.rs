@@ -1,0 +1,319 @@
+//! The provider spec: its JSON schema, its typed form, and the RunInstances request built from
+//! it.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder;
+use aws_sdk_ec2::types::{
+    BlockDeviceMapping, EbsBlockDevice, IamInstanceProfileSpecification, InstanceType, LaunchTemplateSpecification,
+    ResourceType, Tag, TagSpecification, VolumeType,
+};
+use base64::Engine;
+use driver_sdk::{DriverError, Violation};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// A provider spec, as the schema allows it. The SDK has validated it against [`schema`] before
+/// the driver sees it; [`ProviderSpec::parse`] adds the checks JSON Schema cannot express here.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderSpec {
+    /// Region; else the sidecar's region (flag, environment or profile).
+    pub region: Option<String>,
+    /// AMI ID; required unless the launch template names one.
+    pub image_id: Option<String>,
+    /// Instance type, e.g. `t3.micro`.
+    pub instance_type: String,
+    /// Subnet ID.
+    pub subnet_id: Option<String>,
+    /// Security group IDs.
+    #[serde(default)]
+    pub security_group_ids: Vec<String>,
+    /// EC2 key pair name.
+    pub key_name: Option<String>,
+    /// User data as plain text; the driver base64-encodes it.
+    pub user_data: Option<String>,
+    /// IAM instance profile: a name, or an ARN (`arn:…`).
+    pub iam_instance_profile: Option<String>,
+    /// EBS block devices.
+    #[serde(default)]
+    pub block_devices: Vec<BlockDevice>,
+    /// Extra instance tags (besides the owner labels).
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// Launch template to start from.
+    pub launch_template: Option<LaunchTemplate>,
+}
+
+/// One EBS block device.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockDevice {
+    /// e.g. `/dev/xvda`.
+    pub device_name: String,
+    /// Size in GiB.
+    pub volume_size: Option<i32>,
+    /// gp2, gp3, io1, io2, st1, sc1, standard.
+    pub volume_type: Option<String>,
+    /// Provisioned IOPS.
+    pub iops: Option<i32>,
+    /// Throughput in MiB/s (gp3).
+    pub throughput: Option<i32>,
+    /// Encrypt the volume.
+    pub encrypted: Option<bool>,
+    /// KMS key for encryption.
+    pub kms_key_id: Option<String>,
+    /// Delete the volume with the instance (default true).
+    pub delete_on_termination: Option<bool>,
+}
+
+/// A launch template reference.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchTemplate {
+    /// `lt-…`.
+    pub id: Option<String>,
+    /// The template's name.
+    pub name: Option<String>,
+    /// A version number, `$Latest` or `$Default`.
+    pub version: Option<String>,
+}
+
+/// Tag keys the driver owns; they are not reported back as labels.
+pub const TAG_NAME: &str = "machinedriver.dev/name";
+/// Tag holding the hash of the provider spec the instance was launched from.
+pub const TAG_SPEC_HASH: &str = "machinedriver.dev/spec-hash";
+
+/// The JSON schema served in `GetDriverInfo`. Its two `examples` are valid against moto's default
+/// AMIs; real accounts pass their own specs.
+pub fn schema() -> Value {
+    let id = |prefix: &str| json!({"type": "string", "pattern": format!("^{prefix}-[0-9a-f]{{8,17}}$")});
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "AWS EC2 machine",
+        "description": "One EC2 instance. imageId is required unless launchTemplate provides the AMI.",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["instanceType"],
+        "properties": {
+            "region": {"type": "string", "pattern": "^[a-z]{2}(-[a-z]+)+-[0-9]+$",
+                       "description": "AWS region; default: the sidecar's --region / AWS_REGION / profile"},
+            "imageId": id("ami"),
+            "instanceType": {"type": "string", "pattern": "^[a-z0-9-]+\\.[a-z0-9-]+$"},
+            "subnetId": id("subnet"),
+            "securityGroupIds": {"type": "array", "maxItems": 16, "items": id("sg")},
+            "keyName": {"type": "string", "minLength": 1, "maxLength": 255},
+            "userData": {"type": "string", "maxLength": 16384,
+                         "description": "plain text; the driver base64-encodes it"},
+            "iamInstanceProfile": {"type": "string", "minLength": 1,
+                                   "description": "instance profile name or ARN (needs iam:PassRole)"},
+            "blockDevices": {"type": "array", "maxItems": 16, "items": {
+                "type": "object", "additionalProperties": false, "required": ["deviceName"],
+                "properties": {
+                    "deviceName": {"type": "string", "pattern": "^/dev/[a-z0-9]+$"},
+                    "volumeSize": {"type": "integer", "minimum": 1, "maximum": 65536},
+                    "volumeType": {"type": "string", "enum": ["gp2", "gp3", "io1", "io2", "st1", "sc1", "standard"]},
+                    "iops": {"type": "integer", "minimum": 100, "maximum": 256000},
+                    "throughput": {"type": "integer", "minimum": 125, "maximum": 2000},
+                    "encrypted": {"type": "boolean"},
+                    "kmsKeyId": {"type": "string", "minLength": 1},
+                    "deleteOnTermination": {"type": "boolean"}
+                }
+            }},
+            "tags": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 256}},
+            "launchTemplate": {
+                "type": "object", "additionalProperties": false,
+                "description": "exactly one of id or name; version defaults to $Default",
+                "properties": {
+                    "id": id("lt"),
+                    "name": {"type": "string", "pattern": "^[a-zA-Z0-9().\\-/_]{3,128}$"},
+                    "version": {"type": "string", "pattern": "^([0-9]+|\\$Latest|\\$Default)$"}
+                }
+            }
+        },
+        "examples": [
+            {"imageId": "ami-12c6146b", "instanceType": "t3.micro",
+             "tags": {"team": "platform"},
+             "blockDevices": [{"deviceName": "/dev/xvda", "volumeSize": 20, "volumeType": "gp3"}]},
+            {"imageId": "ami-12c6146b", "instanceType": "t3.small", "userData": "#!/bin/sh\necho hello\n"}
+        ]
+    })
+}
+
+impl ProviderSpec {
+    /// The typed spec, with the rules the schema cannot express (imageId or launchTemplate; a
+    /// launch template names exactly one of id and name).
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT / INVALID_PROVIDER_SPEC naming each offending field.
+    pub fn parse(spec: &Value) -> Result<Self, DriverError> {
+        let parsed: ProviderSpec = serde_json::from_value(spec.clone()).map_err(|e| {
+            DriverError::invalid_provider_spec(vec![Violation::new("provider_spec", e.to_string())]).with_source(e)
+        })?;
+        let mut violations = Vec::new();
+        match &parsed.launch_template {
+            None if parsed.image_id.is_none() => {
+                violations.push(Violation::new("provider_spec.imageId", "is required unless launchTemplate is set"))
+            }
+            Some(lt) if lt.id.is_some() == lt.name.is_some() => {
+                violations.push(Violation::new("provider_spec.launchTemplate", "set exactly one of id and name"))
+            }
+            _ => {}
+        }
+        for (k, _) in parsed.tags.iter().filter(|(k, _)| k.starts_with("aws:") || k.starts_with("machinedriver.dev/")) {
+            violations.push(Violation::new(
+                format!("provider_spec.tags.{k}"),
+                "the aws: and machinedriver.dev/ prefixes are reserved",
+            ));
+        }
+        if !violations.is_empty() {
+            return Err(DriverError::invalid_provider_spec(violations));
+        }
+        Ok(parsed)
+    }
+
+    /// Fills a RunInstances request for one instance. Tags are the spec's `tags`, then the owner
+    /// labels, then the driver's own (name, spec hash); later ones win on equal keys.
+    pub fn apply(
+        &self,
+        mut req: RunInstancesFluentBuilder,
+        tags: &BTreeMap<String, String>,
+    ) -> RunInstancesFluentBuilder {
+        req = req.min_count(1).max_count(1).instance_type(InstanceType::from(self.instance_type.as_str()));
+        if let Some(v) = &self.image_id {
+            req = req.image_id(v);
+        }
+        if let Some(v) = &self.subnet_id {
+            req = req.subnet_id(v);
+        }
+        for sg in &self.security_group_ids {
+            req = req.security_group_ids(sg);
+        }
+        if let Some(v) = &self.key_name {
+            req = req.key_name(v);
+        }
+        if let Some(v) = &self.user_data {
+            req = req.user_data(base64::engine::general_purpose::STANDARD.encode(v));
+        }
+        if let Some(v) = &self.iam_instance_profile {
+            let p = IamInstanceProfileSpecification::builder();
+            let p = if v.starts_with("arn:") { p.arn(v) } else { p.name(v) };
+            req = req.iam_instance_profile(p.build());
+        }
+        for d in &self.block_devices {
+            let ebs = EbsBlockDevice::builder()
+                .set_volume_size(d.volume_size)
+                .set_volume_type(d.volume_type.as_deref().map(VolumeType::from))
+                .set_iops(d.iops)
+                .set_throughput(d.throughput)
+                .set_encrypted(d.encrypted)
+                .set_kms_key_id(d.kms_key_id.clone())
+                .delete_on_termination(d.delete_on_termination.unwrap_or(true))
+                .build();
+            req = req.block_device_mappings(BlockDeviceMapping::builder().device_name(&d.device_name).ebs(ebs).build());
+        }
+        if let Some(lt) = &self.launch_template {
+            req = req.launch_template(
+                LaunchTemplateSpecification::builder()
+                    .set_launch_template_id(lt.id.clone())
+                    .set_launch_template_name(lt.name.clone())
+                    .version(lt.version.clone().unwrap_or_else(|| "$Default".into()))
+                    .build(),
+            );
+        }
+        let mut spec = TagSpecification::builder().resource_type(ResourceType::Instance);
+        for (k, v) in tags {
+            spec = spec.tags(Tag::builder().key(k).value(v).build());
+        }
+        req.tag_specifications(spec.build())
+    }
+}
+
+/// The provider-spec field an AWS error code points at, for BadRequest field violations.
+pub fn field_for_code(code: &str, message: &str) -> &'static str {
+    let by_code = [
+        ("InvalidAMIID", "imageId"),
+        ("InvalidSubnet", "subnetId"),
+        ("InvalidGroup", "securityGroupIds"),
+        ("InvalidSecurityGroup", "securityGroupIds"),
+        ("InvalidKeyPair", "keyName"),
+        ("InvalidLaunchTemplate", "launchTemplate"),
+        ("InvalidUserData", "userData"),
+        ("InvalidBlockDeviceMapping", "blockDevices"),
+        ("InvalidIamInstanceProfile", "iamInstanceProfile"),
+        ("InvalidInstanceType", "instanceType"),
+        ("InvalidTag", "tags"),
+        ("InvalidKmsKey", "blockDevices"),
+    ];
+    if let Some((_, f)) = by_code.iter().find(|(prefix, _)| code.starts_with(prefix)) {
+        return f;
+    }
+    // Generic codes (InvalidParameterValue, InvalidParameterCombination, Unsupported, ...) name
+    // the request parameter in the message only; map EC2 parameter names to spec fields.
+    let lower = message.to_ascii_lowercase();
+    let by_param = [
+        ("instancetype", "instanceType"),
+        ("instance type", "instanceType"),
+        ("imageid", "imageId"),
+        ("ami-", "imageId"),
+        ("image", "imageId"),
+        ("subnet", "subnetId"),
+        ("securitygroup", "securityGroupIds"),
+        ("security group", "securityGroupIds"),
+        ("keyname", "keyName"),
+        ("userdata", "userData"),
+        ("blockdevice", "blockDevices"),
+        ("volume", "blockDevices"),
+        ("iops", "blockDevices"),
+        ("launchtemplate", "launchTemplate"),
+        ("launch template", "launchTemplate"),
+        ("iaminstanceprofile", "iamInstanceProfile"),
+        ("tag", "tags"),
+    ];
+    by_param.iter().find(|(p, _)| lower.contains(p)).map_or("", |(_, f)| f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn examples_match_the_schema_and_parse() {
+        let schema = schema();
+        let examples = schema["examples"].as_array().unwrap();
+        assert_eq!(examples.len(), 2);
+        assert_ne!(examples[0], examples[1]);
+        for e in examples {
+            assert!(driver_sdk::schema::validate(&schema, e, "provider_spec").is_empty(), "{e}");
+            ProviderSpec::parse(e).unwrap();
+        }
+    }
+
+    #[test]
+    fn image_or_launch_template_is_required() {
+        let err = ProviderSpec::parse(&json!({"instanceType": "t3.micro"})).unwrap_err();
+        assert_eq!(err.violations()[0].field, "provider_spec.imageId");
+        ProviderSpec::parse(&json!({"instanceType": "t3.micro", "launchTemplate": {"name": "web"}})).unwrap();
+        let err = ProviderSpec::parse(
+            &json!({"instanceType": "t3.micro", "launchTemplate": {"name": "web", "id": "lt-0123456789abcdef0"}}),
+        )
+        .unwrap_err();
+        assert_eq!(err.violations()[0].field, "provider_spec.launchTemplate");
+        let err = ProviderSpec::parse(
+            &json!({"instanceType": "t3.micro", "imageId": "ami-12345678", "tags": {"aws:x": "1"}}),
+        )
+        .unwrap_err();
+        assert_eq!(err.violations()[0].field, "provider_spec.tags.aws:x");
+    }
+
+    #[test]
+    fn error_codes_name_spec_fields() {
+        assert_eq!(field_for_code("InvalidAMIID.NotFound", ""), "imageId");
+        assert_eq!(field_for_code("InvalidSubnetID.NotFound", ""), "subnetId");
+        assert_eq!(
+            field_for_code("InvalidParameterValue", "Invalid value 'x9.huge' for InstanceType."),
+            "instanceType"
+        );
+        assert_eq!(field_for_code("InvalidParameterValue", "something else"), "");
+    }
+}

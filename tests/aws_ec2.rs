@@ -1,0 +1,584 @@
+//! `aws-ec2-driver` as a user runs it: a real sidecar process with the real AWS SDK, against
+//! moto's EC2 server (conformance suite, the controller end to end) and against a loopback EC2
+//! stub for what moto cannot emulate (ClientToken dedupe, pending → running, eventual
+//! consistency, capacity / throttling / auth / parameter-mismatch errors, lost responses).
+
+#[path = "aws_support.rs"]
+mod aws_support;
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use aws_support::{start_driver, Ec2Stub, Fault, Moto};
+use driver_sdk::convert::json_to_struct;
+use driver_sdk::proto as pb;
+use driver_sdk::{reason, DriverClient, OperationExt};
+use e2e_tests::{bin, eventually, run};
+use machine_controller::resources::{Machine, MachineDeployment, Phase};
+use machine_controller::store::Store;
+use serde_json::json;
+use tokio::process::Command;
+use tonic::Code;
+
+const MINUTE: Duration = Duration::from_secs(60);
+/// The AMI of the schema's examples; moto 5.2.5 ships it in every region.
+const MOTO_AMI: &str = "ami-12c6146b";
+
+fn spec() -> serde_json::Value {
+    json!({"imageId": MOTO_AMI, "instanceType": "t3.micro"})
+}
+
+fn create_req(name: &str, spec: serde_json::Value) -> pb::CreateMachineRequest {
+    pb::CreateMachineRequest {
+        name: name.into(),
+        provider_spec: Some(json_to_struct(&spec)),
+        labels: HashMap::from([("cluster".to_string(), "c1".to_string())]),
+        uid: "uid-1".into(),
+        ..Default::default()
+    }
+}
+
+/// Polls GetOperation until done (bounded).
+async fn wait_done(c: &DriverClient, op: pb::Operation) -> pb::Operation {
+    let mut op = op;
+    let deadline = tokio::time::Instant::now() + MINUTE;
+    while !op.done {
+        assert!(tokio::time::Instant::now() < deadline, "operation {} not done within a minute", op.name);
+        // Deliberate: honour the driver's poll_after between polls.
+        tokio::time::sleep(op.poll_after().min(Duration::from_millis(500))).await;
+        op = c.get_operation(pb::GetOperationRequest { token: op.token.clone(), secrets: None }).await.unwrap().value;
+    }
+    op
+}
+
+// ------------------------------------------------------------------------------------------ moto
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_passes_against_moto() {
+    let region = "eu-west-1";
+    let moto = Moto::shared().await;
+    assert!(
+        moto.has_image(region, MOTO_AMI).await,
+        "moto has no {MOTO_AMI} in {region}: the schema examples are stale"
+    );
+    let driver = start_driver(&moto.url(), region, &[]).await;
+    let (code, out, err) = run(
+        &bin("driver-conformance"),
+        &["--endpoint", &driver.endpoint(), "--operation-timeout", "60s", "--repeat", "2"],
+    )
+    .await;
+    assert_eq!(code, 0, "conformance failed:\n{out}\n{err}\ndriver log:\n{}", driver.log_text());
+    assert!(out.contains(" 0 failed"), "{out}");
+    assert!(!out.contains("SKIP"), "a check was skipped:\n{out}");
+    // It cleaned up after itself: nothing of it is left running in moto.
+    let live: Vec<_> = moto
+        .instances(region)
+        .await
+        .into_iter()
+        .filter(|i| i["state"] != "terminated" && i["tags"]["machinedriver.dev/conformance-run"].is_string())
+        .collect();
+    assert!(live.is_empty(), "conformance left instances behind: {live:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_tags_at_launch_and_a_repeated_create_reuses_the_instance_on_moto() {
+    let region = "eu-central-1";
+    let moto = Moto::shared().await;
+    let driver = start_driver(&moto.url(), region, &[]).await;
+    let c = driver.client().await;
+    let spec = json!({"imageId": MOTO_AMI, "instanceType": "t3.micro", "tags": {"team": "platform"}});
+    let op = c.create_machine(create_req("web-0", spec.clone())).await.unwrap().value;
+    let m = wait_done(&c, op).await.machine().cloned().expect("machine");
+    assert!(m.provider_id.starts_with(&format!("aws:///{region}")), "{}", m.provider_id);
+    let again = wait_done(&c, c.create_machine(create_req("web-0", spec.clone())).await.unwrap().value).await;
+    assert_eq!(again.machine().unwrap().provider_id, m.provider_id);
+    let instances = moto.instances(region).await;
+    assert_eq!(instances.len(), 1, "{instances:?}");
+    let tags = &instances[0]["tags"];
+    assert_eq!(tags["machinedriver.dev/name"], "web-0");
+    assert_eq!(tags["cluster"], "c1");
+    assert_eq!(tags["team"], "platform");
+    assert!(tags["machinedriver.dev/spec-hash"].is_string());
+    // Another spec under the same name is a conflict, not a second instance.
+    let other = json!({"imageId": MOTO_AMI, "instanceType": "t3.large"});
+    let e = c.create_machine(create_req("web-0", other)).await.unwrap_err();
+    assert_eq!((e.code(), e.reason()), (Code::AlreadyExists, reason::MACHINE_SPEC_CONFLICT), "{e}");
+    assert_eq!(moto.instances(region).await.len(), 1);
+    // Status by name and by provider ID; delete; gone.
+    let st = c
+        .get_machine_status(pb::GetMachineStatusRequest { name: "web-0".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .value;
+    assert_eq!(st.state, pb::MachineState::Running as i32);
+    let del = c.delete_machine(pb::DeleteMachineRequest { name: "web-0".into(), ..Default::default() }).await.unwrap();
+    assert!(wait_done(&c, del.value).await.error_report().is_none());
+    assert!(moto.instances(region).await.iter().all(|i| i["state"] == "terminated"));
+    let e = c
+        .get_machine_status(pb::GetMachineStatusRequest { name: "web-0".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_template_spec_launches_on_moto() {
+    let region = "ap-northeast-1";
+    let moto = Moto::shared().await;
+    moto.boto3(
+        region,
+        &format!(
+            "ec2.create_launch_template(LaunchTemplateName='web-lt', LaunchTemplateData={{'ImageId': '{MOTO_AMI}'}})\nprint('{{}}')"
+        ),
+    )
+    .await;
+    let driver = start_driver(&moto.url(), region, &[]).await;
+    let c = driver.client().await;
+    let spec = json!({"instanceType": "t3.micro", "launchTemplate": {"name": "web-lt", "version": "$Latest"}});
+    c.validate_machine_class(pb::ValidateMachineClassRequest {
+        provider_spec: Some(json_to_struct(&spec)),
+        secrets: None,
+    })
+    .await
+    .unwrap();
+    let op = wait_done(&c, c.create_machine(create_req("lt-0", spec)).await.unwrap().value).await;
+    assert!(op.error_report().is_none(), "{:?}", op.error_report());
+    let instances = moto.instances(region).await;
+    assert_eq!(instances.len(), 1, "{instances:?}");
+    assert_eq!(instances[0]["tags"]["machinedriver.dev/name"], "lt-0");
+    // Neither an AMI nor a template: refused before any EC2 call.
+    let e = c.create_machine(create_req("lt-1", json!({"instanceType": "t3.micro"}))).await.unwrap_err();
+    assert_eq!(e.reason(), reason::INVALID_PROVIDER_SPEC);
+    assert_eq!(e.report.violations[0].field, "provider_spec.imageId");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_without_a_region_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tokio::time::timeout(
+        MINUTE,
+        Command::new(bin("aws-ec2-driver"))
+            .args(["--dev", "--endpoint", &format!("unix://{}/d.sock", dir.path().display())])
+            .env_remove("AWS_REGION")
+            .env_remove("AWS_DEFAULT_REGION")
+            .env_remove("AWS_EC2_DRIVER_REGION")
+            .env_remove("AWS_PROFILE")
+            .env("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+            .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("exits")
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no AWS region configured") && stderr.contains("--region"), "{stderr}");
+}
+
+// ------------------------------------------------------------------------------ controller on moto
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_runs_a_deployment_through_aws_ec2_driver_on_moto() {
+    let region = "us-west-2";
+    let moto = Moto::shared().await;
+    let driver = start_driver(&moto.url(), region, &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store_path = dir.path().join("store.db");
+    let log_path = dir.path().join("controller.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let _controller = Command::new(bin("machine-controller"))
+        .arg("--store")
+        .arg(&store_path)
+        .args(["run", "--driver", &format!("aws={}", driver.endpoint())])
+        .args(["--debounce", "20ms", "--health-check-interval", "1s", "--controller-id", "e2e-aws"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let cli = |args: Vec<String>| {
+        let store = store_path.clone();
+        async move {
+            let mut all = vec!["--store".to_string(), store.display().to_string()];
+            all.extend(args);
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            run(&bin("machine-controller"), &all).await
+        }
+    };
+    let manifest = dir.path().join("aws.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: machine.driver.dev/v1alpha1
+kind: MachineClass
+metadata: {{name: aws-small}}
+spec:
+  driver: aws
+  providerSpec: {{imageId: {MOTO_AMI}, instanceType: t3.micro, tags: {{team: platform}}}}
+---
+apiVersion: machine.driver.dev/v1alpha1
+kind: MachineDeployment
+metadata: {{name: web}}
+spec:
+  replicas: 3
+  template:
+    spec:
+      classRef: {{name: aws-small}}
+"
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = cli(vec!["apply".into(), "-f".into(), manifest.display().to_string()]).await;
+    assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+
+    let store = Store::open(&store_path).unwrap();
+    let controller_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    eventually(2 * MINUTE, "3 machines Running", || {
+        let store = store.clone();
+        async move {
+            let md = store.get::<MachineDeployment>("default", "web").await.ok()??;
+            (md.status.available_replicas == 3 && md.status.replicas == 3).then_some(())
+        }
+    })
+    .await;
+    let machines = store.list::<Machine>().await.unwrap();
+    assert_eq!(machines.len(), 3, "log:\n{}", controller_log());
+    for m in &machines {
+        assert_eq!(m.status.phase, Phase::Running, "{}: {:?}", m.metadata.name, m.status);
+        assert!(m.status.provider_id.starts_with("aws:///us-west-2"), "{}", m.status.provider_id);
+    }
+
+    // moto, read with boto3, is the ground truth: 3 running instances with the owner tags.
+    let instances = moto.instances(region).await;
+    let running: Vec<_> = instances.iter().filter(|i| i["state"] == "running").collect();
+    assert_eq!(running.len(), 3, "{instances:?}");
+    let mut names: Vec<String> =
+        running.iter().map(|i| i["tags"]["machinedriver.dev/name"].as_str().unwrap_or_default().to_string()).collect();
+    names.sort();
+    let mut want: Vec<String> = machines.iter().map(|m| m.metadata.name.clone()).collect();
+    want.sort();
+    assert_eq!(names, want);
+    for i in &running {
+        assert_eq!(i["tags"]["machine.driver.dev/deployment"], "web", "{i}");
+        assert_eq!(i["tags"]["machine.driver.dev/controller"], "e2e-aws", "{i}");
+        assert_eq!(i["tags"]["team"], "platform", "{i}");
+    }
+    for m in &machines {
+        let id = m.status.provider_id.rsplit('/').next().unwrap_or_default().to_string();
+        assert!(
+            running.iter().any(|i| i["id"] == id.as_str()),
+            "{} has provider ID {:?}",
+            m.metadata.name,
+            m.status.provider_id
+        );
+    }
+
+    let (code, out, err) = cli(vec!["delete".into(), "md".into(), "web".into()]).await;
+    assert_eq!(code, 0, "delete failed:\n{out}\n{err}");
+    eventually(2 * MINUTE, "machines gone from the store", || {
+        let store = store.clone();
+        async move { store.list::<Machine>().await.ok().filter(|m| m.is_empty()).map(|_| ()) }
+    })
+    .await;
+    let instances = moto.instances(region).await;
+    assert_eq!(instances.len(), 3, "{instances:?}");
+    assert!(instances.iter().all(|i| i["state"] == "terminated"), "{instances:?}\nlog:\n{}", controller_log());
+}
+
+// ------------------------------------------------------------------------------------------ stub
+
+async fn stub_driver(stub: &Ec2Stub) -> e2e_tests::Sidecar {
+    start_driver(&stub.url(), "us-stub-1", &["--max-attempts", "1", "--poll-interval", "50ms"]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_errors_map_to_typed_errors_with_the_aws_code_and_request_id() {
+    let stub = Ec2Stub::start().await;
+    let driver = stub_driver(&stub).await;
+    let c = driver.client().await;
+    // (status, AWS code, gRPC code, reason, RetryInfo?, violation field)
+    let cases: &[(u16, &str, Code, &str, bool, Option<&str>)] = &[
+        (500, "InsufficientInstanceCapacity", Code::ResourceExhausted, reason::QUOTA_EXCEEDED, false, None),
+        (400, "InstanceLimitExceeded", Code::ResourceExhausted, reason::QUOTA_EXCEEDED, false, None),
+        (400, "VcpuLimitExceeded", Code::ResourceExhausted, reason::QUOTA_EXCEEDED, false, None),
+        (503, "RequestLimitExceeded", Code::Unavailable, reason::THROTTLED, true, None),
+        (400, "Throttling", Code::Unavailable, reason::THROTTLED, true, None),
+        (500, "InternalError", Code::Unavailable, reason::CLOUD_UNAVAILABLE, true, None),
+        (503, "Unavailable", Code::Unavailable, reason::CLOUD_UNAVAILABLE, true, None),
+        (403, "UnauthorizedOperation", Code::PermissionDenied, reason::CLOUD_AUTH_FAILED, false, None),
+        (401, "AuthFailure", Code::PermissionDenied, reason::CLOUD_AUTH_FAILED, false, None),
+        (400, "IdempotentParameterMismatch", Code::AlreadyExists, reason::MACHINE_SPEC_CONFLICT, false, None),
+        (
+            400,
+            "InvalidAMIID.NotFound",
+            Code::InvalidArgument,
+            reason::INVALID_PROVIDER_SPEC,
+            false,
+            Some("provider_spec.imageId"),
+        ),
+        (
+            400,
+            "InvalidAMIID.Malformed",
+            Code::InvalidArgument,
+            reason::INVALID_PROVIDER_SPEC,
+            false,
+            Some("provider_spec.imageId"),
+        ),
+        (
+            400,
+            "InvalidSubnetID.NotFound",
+            Code::InvalidArgument,
+            reason::INVALID_PROVIDER_SPEC,
+            false,
+            Some("provider_spec.subnetId"),
+        ),
+        (
+            400,
+            "InvalidKeyPair.NotFound",
+            Code::InvalidArgument,
+            reason::INVALID_PROVIDER_SPEC,
+            false,
+            Some("provider_spec.keyName"),
+        ),
+    ];
+    for (i, (status, aws_code, code, why, retry, field)) in cases.iter().enumerate() {
+        let aws_request_id = format!("aws-req-{i}-{aws_code}");
+        stub.fail_next("RunInstances", Fault::error(*status, aws_code, &aws_request_id));
+        let e = c.create_machine(create_req(&format!("m-{i}"), spec())).await.unwrap_err();
+        let r = &e.report;
+        assert_eq!((r.code, r.reason.as_str()), (*code, *why), "{aws_code}: {e}");
+        assert_eq!(r.domain, "aws-ec2.machinedriver.dev");
+        assert_eq!(r.metadata.get("awsErrorCode").map(String::as_str), Some(*aws_code), "{aws_code}: {r:?}");
+        assert_eq!(r.metadata.get("awsOperation").map(String::as_str), Some("RunInstances"));
+        assert_eq!(r.cloud_request_ids, vec![aws_request_id.clone()], "{aws_code}");
+        assert!(!r.request_id.is_empty());
+        assert_eq!(r.retry_after.is_some(), *retry, "{aws_code}: RetryInfo {:?}", r.retry_after);
+        if let Some(f) = field {
+            assert!(r.violations.iter().any(|v| v.field == *f), "{aws_code}: {:?}", r.violations);
+        }
+        assert!(r.causes.iter().any(|c| c.contains(aws_code)) || r.message.contains(aws_code), "{aws_code}: {r:?}");
+        // Our request ID and AWS's on one log line.
+        let log = driver.log_text();
+        assert!(
+            log.lines().any(|l| l.contains(&r.request_id) && l.contains(&aws_request_id) && l.contains(aws_code)),
+            "no log line with request {} and AWS request {aws_request_id}:\n{log}",
+            r.request_id
+        );
+    }
+    // A generic bad parameter names the spec field from EC2's message.
+    stub.fail_next(
+        "RunInstances",
+        Fault::Error {
+            status: 400,
+            code: "InvalidParameterValue".into(),
+            message: "Invalid value 'x9.huge' for InstanceType.".into(),
+            request_id: "aws-req-param".into(),
+            header: true,
+        },
+    );
+    let e = c.create_machine(create_req("m-param", spec())).await.unwrap_err();
+    assert_eq!(e.reason(), reason::INVALID_PROVIDER_SPEC);
+    assert_eq!(e.report.violations[0].field, "provider_spec.instanceType", "{:?}", e.report.violations);
+    // Some endpoints put the request ID only in the XML body; it is still found.
+    stub.fail_next(
+        "RunInstances",
+        Fault::Error {
+            status: 503,
+            code: "RequestLimitExceeded".into(),
+            message: "Request limit exceeded.".into(),
+            request_id: "aws-req-body-only".into(),
+            header: false,
+        },
+    );
+    let e = c.create_machine(create_req("m-body", spec())).await.unwrap_err();
+    assert_eq!(e.report.cloud_request_ids, vec!["aws-req-body-only".to_string()]);
+    // Errors of the reads map the same way.
+    stub.fail_next("DescribeInstances", Fault::error(503, "RequestLimitExceeded", "aws-req-describe"));
+    let e = c
+        .get_machine_status(pb::GetMachineStatusRequest { name: "m-0".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!((e.code(), e.reason()), (Code::Unavailable, reason::THROTTLED));
+    assert_eq!(e.report.metadata.get("awsOperation").map(String::as_str), Some("DescribeInstances"));
+    assert_eq!(e.report.cloud_request_ids, vec!["aws-req-describe".to_string()]);
+    stub.fail_next("DescribeInstances", Fault::error(403, "UnauthorizedOperation", "aws-req-list"));
+    let e = c.list_machines(pb::ListMachinesRequest::default()).await.unwrap_err();
+    assert_eq!((e.code(), e.reason()), (Code::PermissionDenied, reason::CLOUD_AUTH_FAILED));
+    // No instance was launched by any of this.
+    assert!(stub.instances().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_credentials_are_permission_denied_without_calling_ec2() {
+    let stub = Ec2Stub::start().await;
+    let mut env = aws_support::aws_env(&stub.url(), "us-stub-1");
+    env.retain(|(k, _)| k != "AWS_ACCESS_KEY_ID" && k != "AWS_SECRET_ACCESS_KEY");
+    // Empty keys count as none; the profile files do not exist and instance metadata is off.
+    env.push(("AWS_ACCESS_KEY_ID".into(), String::new()));
+    env.push(("AWS_SECRET_ACCESS_KEY".into(), String::new()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let driver = e2e_tests::Sidecar::start_with_env("aws-ec2-driver", &["--dev", "--max-attempts", "1"], &env).await;
+    let c = driver.client().await;
+    let e = c.create_machine(create_req("web-0", spec())).await.unwrap_err();
+    assert_eq!((e.code(), e.reason()), (Code::PermissionDenied, reason::CLOUD_AUTH_FAILED), "{e}");
+    assert!(stub.requests("DescribeInstances").is_empty() && stub.requests("RunInstances").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_and_not_yet_visible_instances_keep_the_operation_running() {
+    let stub = Ec2Stub::start().await;
+    stub.with(|s| {
+        s.new_invisible_by_id = 2; // InvalidInstanceID.NotFound twice right after launch
+        s.new_pending_polls = 2; // then pending twice, then running
+    });
+    let driver = stub_driver(&stub).await;
+    let c = driver.client().await;
+    let op = c.create_machine(create_req("web-0", spec())).await.unwrap().value;
+    assert!(!op.done, "a pending instance is not done");
+    let mut seen_running_polls = 0;
+    let mut op = op;
+    let deadline = tokio::time::Instant::now() + MINUTE;
+    while !op.done {
+        assert!(tokio::time::Instant::now() < deadline);
+        let before = stub.requests("DescribeInstances").len();
+        op = c.get_operation(pb::GetOperationRequest { token: op.token.clone(), secrets: None }).await.unwrap().value;
+        assert_eq!(stub.requests("DescribeInstances").len(), before + 1, "one GetOperation = one DescribeInstances");
+        if !op.done {
+            seen_running_polls += 1;
+            assert!(op.error_report().is_none());
+        }
+    }
+    assert!(seen_running_polls >= 4, "NotFound ×2 and pending ×2 must each poll as running ({seen_running_polls})");
+    let m = op.machine().expect("machine");
+    let id = &stub.instances()[0].id;
+    assert_eq!(m.provider_id, format!("aws:///us-stub-1a/{id}"));
+    assert_eq!(m.state, pb::MachineState::Running as i32);
+    assert_eq!(stub.requests("RunInstances").len(), 1);
+    // The operation resumes from its token alone in a restarted sidecar.
+    let token = op.token.clone();
+    drop(c);
+    let (_, _) = driver.terminate().await;
+    let driver = stub_driver(&stub).await;
+    let c = driver.client().await;
+    let again = c.get_operation(pb::GetOperationRequest { token, secrets: None }).await.unwrap().value;
+    assert!(again.done);
+    assert_eq!(again.machine().unwrap().provider_id, m.provider_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_retried_after_a_lost_response_does_not_launch_twice() {
+    let stub = Ec2Stub::start().await;
+    // EC2 is eventually consistent: the new instance is missing from the next tag query.
+    stub.with(|s| s.new_invisible_by_filter = 1);
+    let driver = stub_driver(&stub).await;
+    let c = driver.client().await;
+    stub.fail_next("RunInstances", Fault::DropAfterApply);
+    let e = c.create_machine(create_req("web-0", spec())).await.unwrap_err();
+    assert_eq!((e.code(), e.reason()), (Code::Unavailable, reason::CLOUD_UNAVAILABLE), "{e}");
+    assert_eq!(stub.instances().len(), 1, "the launch happened; only its answer was lost");
+
+    // The caller retries: the tag lookup misses the instance, so RunInstances goes out again with
+    // the same ClientToken and EC2 answers with the original launch.
+    let op = c.create_machine(create_req("web-0", spec())).await.unwrap().value;
+    let runs = stub.requests("RunInstances");
+    assert_eq!(runs.len(), 2);
+    let token = runs[0].get("ClientToken").expect("ClientToken sent").to_string();
+    assert_eq!(runs[1].get("ClientToken"), Some(token.as_str()), "the retry must reuse the ClientToken");
+    assert!(token.len() <= 64 && token.is_ascii());
+    let op = wait_done(&c, op).await;
+    let instances = stub.instances();
+    assert_eq!(instances.len(), 1, "launched twice: {instances:?}");
+    assert!(op.machine().unwrap().provider_id.ends_with(&instances[0].id));
+
+    // Once visible, a create finds it by tag and does not call RunInstances at all.
+    let again = c.create_machine(create_req("web-0", spec())).await.unwrap().value;
+    assert!(again.done);
+    assert_eq!(stub.requests("RunInstances").len(), 2);
+    assert_eq!(stub.instances().len(), 1);
+    // Owner tags went out with the launch.
+    let tags = &instances[0].tags;
+    assert_eq!(tags.get("machinedriver.dev/name").map(String::as_str), Some("web-0"));
+    assert_eq!(tags.get("cluster").map(String::as_str), Some("c1"));
+    assert!(tags.contains_key("machinedriver.dev/spec-hash"));
+
+    // A different incarnation (uid) gets a different token.
+    let other = stub.requests("RunInstances").len();
+    let mut req = create_req("web-1", spec());
+    req.uid = "uid-2".into();
+    wait_done(&c, c.create_machine(req).await.unwrap().value).await;
+    assert_ne!(stub.requests("RunInstances")[other].get("ClientToken"), Some(token.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_retry_of_a_lost_response_reuses_the_client_token() {
+    let stub = Ec2Stub::start().await;
+    let driver = start_driver(&stub.url(), "us-stub-1", &["--max-attempts", "2", "--poll-interval", "50ms"]).await;
+    let c = driver.client().await;
+    stub.fail_next("RunInstances", Fault::DropAfterApply);
+    let op = c.create_machine(create_req("web-0", spec())).await.unwrap().value;
+    let runs = stub.requests("RunInstances");
+    assert_eq!(runs.len(), 2, "the SDK retried once");
+    assert_eq!(runs[0].get("ClientToken"), runs[1].get("ClientToken"));
+    wait_done(&c, op).await;
+    assert_eq!(stub.instances().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_waits_for_terminated_and_a_missing_instance_is_done() {
+    let stub = Ec2Stub::start().await;
+    let driver = stub_driver(&stub).await;
+    let c = driver.client().await;
+    wait_done(&c, c.create_machine(create_req("web-0", spec())).await.unwrap().value).await;
+    let op =
+        c.delete_machine(pb::DeleteMachineRequest { name: "web-0".into(), ..Default::default() }).await.unwrap().value;
+    assert!(!op.done, "shutting-down is not done");
+    assert_eq!(stub.requests("TerminateInstances").len(), 1);
+    let op = wait_done(&c, op).await;
+    assert!(op.error_report().is_none());
+    assert_eq!(stub.instances()[0].code, 48);
+    // Absent machine: a done operation, no TerminateInstances.
+    let op =
+        c.delete_machine(pb::DeleteMachineRequest { name: "web-0".into(), ..Default::default() }).await.unwrap().value;
+    assert!(op.done && op.error_report().is_none());
+    assert_eq!(stub.requests("TerminateInstances").len(), 1);
+    // The instance vanished between lookup and terminate (InvalidInstanceID.NotFound): done.
+    wait_done(&c, c.create_machine(create_req("web-1", spec())).await.unwrap().value).await;
+    stub.fail_next("TerminateInstances", Fault::error(400, "InvalidInstanceID.NotFound", "aws-req-gone"));
+    let op =
+        c.delete_machine(pb::DeleteMachineRequest { name: "web-1".into(), ..Default::default() }).await.unwrap().value;
+    assert!(op.done && op.error_report().is_none());
+    // A poll of a delete whose instance is no longer known is done too.
+    let op =
+        c.delete_machine(pb::DeleteMachineRequest { name: "web-1".into(), ..Default::default() }).await.unwrap().value;
+    assert!(!op.done);
+    stub.fail_next("DescribeInstances", Fault::error(400, "InvalidInstanceID.NotFound", "aws-req-gone-2"));
+    let op = c.get_operation(pb::GetOperationRequest { token: op.token, secrets: None }).await.unwrap().value;
+    assert!(op.done && op.error_report().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recreating_a_deleted_machine_does_not_get_the_terminated_instance_back() {
+    let stub = Ec2Stub::start().await;
+    let driver = stub_driver(&stub).await;
+    let c = driver.client().await;
+    let first = wait_done(&c, c.create_machine(create_req("web-0", spec())).await.unwrap().value).await;
+    let del = c.delete_machine(pb::DeleteMachineRequest { name: "web-0".into(), ..Default::default() }).await.unwrap();
+    wait_done(&c, del.value).await;
+    // Same name, uid and spec: the first ClientToken replays the terminated launch (EC2 keeps
+    // tokens for at least 24 h), so the driver moves on to the next token of its chain.
+    let second = wait_done(&c, c.create_machine(create_req("web-0", spec())).await.unwrap().value).await;
+    let m = second.machine().expect("machine");
+    assert_ne!(m.provider_id, first.machine().unwrap().provider_id);
+    assert_eq!(m.state, pb::MachineState::Running as i32);
+    let runs = stub.requests("RunInstances");
+    assert_eq!(runs.len(), 3, "launch, replay of the terminated launch, relaunch");
+    assert_eq!(runs[0].get("ClientToken"), runs[1].get("ClientToken"));
+    assert_ne!(runs[1].get("ClientToken"), runs[2].get("ClientToken"));
+    assert_eq!(stub.instances().len(), 2);
+}
