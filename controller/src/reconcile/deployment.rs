@@ -81,7 +81,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     for json in ctx.store.backend().list(Kind::Machine).await? {
         if json.contains(md.metadata.uid.as_str()) {
             let m: Machine = serde_json::from_str(&json).map_err(crate::store::Error::from)?;
-            if m.metadata.namespace == md.metadata.namespace && m.metadata.owner_references.iter().any(|o| o.uid == md.metadata.uid) {
+            if m.metadata.namespace == md.metadata.namespace
+                && m.metadata.owner_references.iter().any(|o| o.uid == md.metadata.uid)
+            {
                 machines.push(m);
             }
         }
