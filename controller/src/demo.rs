@@ -95,7 +95,9 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
         .arg(format!("{}ms", args.create_latency.as_millis()))
         .arg("--delete-latency")
         .arg("1s")
-        .env("RUST_LOG", "warn")
+        // Quiet: the demo prints its own story (the sidecar logs every call with its request ID
+        // at RUST_LOG=info).
+        .env("RUST_LOG", "error")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -297,7 +299,7 @@ async fn steps(
         up.as_secs_f64(),
         down.as_secs_f64()
     );
-    println!("   a few driver calls and their request IDs (also in the sidecar's log lines):");
+    println!("   a few driver calls and their request IDs (the sidecar logs each call with its ID at RUST_LOG=info):");
     for m in machines.iter().take(4) {
         if let Some(l) = &m.status.last_operation {
             println!(
