@@ -22,51 +22,87 @@ const FLAG_PRIORITY: u8 = 0x20;
 /// Wraps an accepted connection's IO.
 pub(crate) struct AuthorityFix<IO> {
     io: IO,
-    preface_left: usize,
-    /// Bytes read but not yet handed out (an incomplete frame).
+    frames: FrameScanner,
+    /// Bytes read but not yet handed out: the start of a frame that must be complete before it
+    /// can go (a partial frame header, or a HEADERS frame that may need fixing).
     pending: Vec<u8>,
     /// Bytes ready to hand out, and how many were handed out already.
     ready: Vec<u8>,
     ready_pos: usize,
+    /// Read buffer for completing a held-back frame (allocated on first use, then reused).
+    scratch: Vec<u8>,
+}
+
+/// Where the frame boundaries are in the inbound byte stream.
+struct FrameScanner {
+    /// Bytes of the client preface still to come.
+    preface_left: usize,
+    /// Bytes still to come of a frame that was let through before it was complete (a frame that
+    /// is never rewritten).
+    passthrough_left: usize,
+}
+
+impl FrameScanner {
+    /// Walks the frames of `data`, which starts where the previous call stopped, and fixes every
+    /// complete HEADERS frame in place. Returns how many leading bytes may be handed out; the rest
+    /// (a partial frame header, or an incomplete HEADERS frame) must be kept and passed again,
+    /// with more bytes after it, to the next call.
+    fn scan(&mut self, data: &mut [u8]) -> usize {
+        let mut i = 0;
+        loop {
+            if self.preface_left > 0 {
+                let n = self.preface_left.min(data.len() - i);
+                self.preface_left -= n;
+                i += n;
+            }
+            if self.passthrough_left > 0 {
+                let n = self.passthrough_left.min(data.len() - i);
+                self.passthrough_left -= n;
+                i += n;
+            }
+            let rest = &mut data[i..];
+            if rest.len() < 9 || self.preface_left > 0 {
+                // Everything is consumed, or a frame header is incomplete: keep it.
+                return i;
+            }
+            let len = (usize::from(rest[0]) << 16) | (usize::from(rest[1]) << 8) | usize::from(rest[2]);
+            let (kind, flags) = (rest[3], rest[4]);
+            if kind == FRAME_HEADERS && flags & FLAG_END_HEADERS != 0 {
+                if rest.len() < 9 + len {
+                    return i;
+                }
+                fix_headers_payload(&mut rest[9..9 + len], flags);
+                i += 9 + len;
+            } else {
+                // Never rewritten: let it through even if only part of it is here.
+                let n = (9 + len).min(rest.len());
+                self.passthrough_left = 9 + len - n;
+                i += n;
+            }
+        }
+    }
 }
 
 impl<IO> AuthorityFix<IO> {
     pub(crate) fn new(io: IO) -> Self {
-        Self { io, preface_left: PREFACE_LEN, pending: Vec::new(), ready: Vec::new(), ready_pos: 0 }
+        Self {
+            io,
+            frames: FrameScanner { preface_left: PREFACE_LEN, passthrough_left: 0 },
+            pending: Vec::new(),
+            ready: Vec::new(),
+            ready_pos: 0,
+            scratch: Vec::new(),
+        }
     }
 
-    /// Moves every complete frame from `pending` to `ready`, fixing HEADERS frames on the way.
+    /// Moves what can go from `pending` to `ready`, fixing HEADERS frames on the way.
     fn process(&mut self) {
-        let mut start = 0;
-        loop {
-            let rest = &mut self.pending[start..];
-            if self.preface_left > 0 {
-                let n = self.preface_left.min(rest.len());
-                self.preface_left -= n;
-                start += n;
-                if self.preface_left > 0 {
-                    break;
-                }
-                continue;
-            }
-            if rest.len() < 9 {
-                break;
-            }
-            let len = (usize::from(rest[0]) << 16) | (usize::from(rest[1]) << 8) | usize::from(rest[2]);
-            if rest.len() < 9 + len {
-                break;
-            }
-            let (kind, flags) = (rest[3], rest[4]);
-            if kind == FRAME_HEADERS && flags & FLAG_END_HEADERS != 0 {
-                fix_headers_payload(&mut rest[9..9 + len], flags);
-            }
-            start += 9 + len;
-        }
+        let n = self.frames.scan(&mut self.pending);
         if self.ready_pos >= self.ready.len() {
             self.ready.clear();
             self.ready_pos = 0;
         }
-        self.ready.extend(self.pending.drain(..start));
+        self.ready.extend(self.pending.drain(..n));
     }
 }
 
@@ -80,10 +116,34 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityFix<IO> {
                 this.ready_pos += n;
                 return Poll::Ready(Ok(()));
             }
-            let mut tmp = [0u8; 16 * 1024];
-            let mut rb = ReadBuf::new(&mut tmp);
+            if this.pending.is_empty() {
+                // The usual case: read straight into the caller's buffer and fix frames in place;
+                // only an incomplete frame header or HEADERS frame is taken back and kept.
+                let before = buf.filled().len();
+                ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+                let read = buf.filled().len() - before;
+                if read == 0 {
+                    // EOF (nothing is kept back).
+                    return Poll::Ready(Ok(()));
+                }
+                let keep = this.frames.scan(&mut buf.filled_mut()[before..]);
+                if keep < read {
+                    this.pending.extend_from_slice(&buf.filled()[before + keep..]);
+                    buf.set_filled(before + keep);
+                }
+                if keep > 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
+            // Completing a held-back frame.
+            if this.scratch.is_empty() {
+                this.scratch = vec![0u8; 16 * 1024];
+            }
+            let mut rb = ReadBuf::new(&mut this.scratch);
             ready!(Pin::new(&mut this.io).poll_read(cx, &mut rb))?;
-            if rb.filled().is_empty() {
+            let n = rb.filled().len();
+            if n == 0 {
                 // EOF: hand out whatever is left as it is.
                 this.ready.extend(this.pending.drain(..));
                 if this.ready_pos >= this.ready.len() {
@@ -91,7 +151,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityFix<IO> {
                 }
                 continue;
             }
-            this.pending.extend_from_slice(rb.filled());
+            this.pending.extend_from_slice(&this.scratch[..n]);
             this.process();
         }
     }
@@ -221,7 +281,7 @@ fn literal(b: &mut [u8], i: usize, prefix: u8) -> Option<usize> {
 /// Decodes an HPACK Huffman string (RFC 7541 §5.2); `None` when malformed.
 fn huffman_decode(src: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(src.len() * 8 / 5);
-    let (mut code, mut len) = (0u32, 0u8);
+    let (mut code, mut len) = (0u32, 0usize);
     for byte in src {
         for bit in (0..8).rev() {
             code = (code << 1) | u32::from((byte >> bit) & 1);
@@ -229,8 +289,8 @@ fn huffman_decode(src: &[u8]) -> Option<Vec<u8>> {
             if len > 30 {
                 return None;
             }
-            if let Some(sym) = (0..256).find(|&s| ENCODE_CODE_LENGTHS[s] == len && ENCODE_CODES[s] == code) {
-                out.push(sym as u8);
+            if let Some(sym) = DECODE.symbol(len, code) {
+                out.push(sym);
                 code = 0;
                 len = 0;
             }
@@ -239,6 +299,51 @@ fn huffman_decode(src: &[u8]) -> Option<Vec<u8>> {
     // The leftover must be padding: fewer than 8 bits, all ones.
     (len < 8 && code == (1u32 << len) - 1).then_some(out)
 }
+
+/// The code table by code length: for each length, its (code, symbol) pairs sorted by code.
+struct DecodeTable {
+    entries: [(u32, u8); 256],
+    /// `entries[start[len]..start[len + 1]]` are the codes `len` bits long.
+    start: [u16; 32],
+}
+
+impl DecodeTable {
+    const fn build() -> Self {
+        let mut entries = [(0u32, 0u8); 256];
+        let mut start = [0u16; 32];
+        let mut n = 0usize;
+        let mut len = 1;
+        while len <= 30 {
+            start[len] = n as u16;
+            let mut sym = 0;
+            while sym < 256 {
+                if ENCODE_CODE_LENGTHS[sym] as usize == len {
+                    // Insertion sort by code within this length.
+                    let code = ENCODE_CODES[sym];
+                    let mut j = n;
+                    while j > start[len] as usize && entries[j - 1].0 > code {
+                        entries[j] = entries[j - 1];
+                        j -= 1;
+                    }
+                    entries[j] = (code, sym as u8);
+                    n += 1;
+                }
+                sym += 1;
+            }
+            len += 1;
+        }
+        start[31] = n as u16;
+        Self { entries, start }
+    }
+
+    /// The symbol whose code is `code`, `len` bits long.
+    fn symbol(&self, len: usize, code: u32) -> Option<u8> {
+        let codes = &self.entries[usize::from(self.start[len])..usize::from(self.start[len + 1])];
+        codes.binary_search_by_key(&code, |e| e.0).ok().map(|i| codes[i].1)
+    }
+}
+
+static DECODE: DecodeTable = DecodeTable::build();
 
 /// Huffman-encodes `src` into `dst`, padding with ones. `dst` must be exactly the encoded size.
 fn huffman_encode_into(src: &[u8], dst: &mut [u8]) {
@@ -345,5 +450,186 @@ mod tests {
             let mut j = junk.clone();
             fix_header_block(&mut j);
         }
+    }
+
+    /// The original decoder: a linear search of the code table at every bit.
+    fn huffman_decode_reference(src: &[u8]) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        let (mut code, mut len) = (0u32, 0u8);
+        for byte in src {
+            for bit in (0..8).rev() {
+                code = (code << 1) | u32::from((byte >> bit) & 1);
+                len += 1;
+                if len > 30 {
+                    return None;
+                }
+                if let Some(sym) = (0..256).find(|&s| ENCODE_CODE_LENGTHS[s] == len && ENCODE_CODES[s] == code) {
+                    out.push(sym as u8);
+                    code = 0;
+                    len = 0;
+                }
+            }
+        }
+        (len < 8 && code == (1u32 << len) - 1).then_some(out)
+    }
+
+    /// A small deterministic PRNG (xorshift64*), so failures reproduce.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn table_decoder_matches_the_linear_search() {
+        // Every symbol alone, padded with ones.
+        for sym in 0..=255u8 {
+            let bits = usize::from(ENCODE_CODE_LENGTHS[usize::from(sym)]);
+            let mut enc = vec![0u8; bits.div_ceil(8)];
+            huffman_encode_into(&[sym], &mut enc);
+            assert_eq!(huffman_decode(&enc), Some(vec![sym]), "symbol {sym}");
+        }
+        // Random text and random garbage decode (or fail) exactly as before.
+        let mut rng = Rng(0x1234_5678_9abc_def1);
+        for _ in 0..2000 {
+            let text: Vec<u8> = (0..rng.below(40)).map(|_| rng.next() as u8).collect();
+            let bits: usize = text.iter().map(|c| usize::from(ENCODE_CODE_LENGTHS[usize::from(*c)])).sum();
+            let mut enc = vec![0u8; bits.div_ceil(8)];
+            huffman_encode_into(&text, &mut enc);
+            assert_eq!(huffman_decode(&enc).as_deref(), Some(text.as_slice()));
+            let junk: Vec<u8> = (0..rng.below(12)).map(|_| rng.next() as u8).collect();
+            assert_eq!(huffman_decode(&junk), huffman_decode_reference(&junk), "{junk:02x?}");
+        }
+    }
+
+    /// Inbound bytes handed out in random pieces, with random `Pending`s.
+    struct Chunked {
+        data: Vec<u8>,
+        pos: usize,
+        max_chunk: usize,
+        rng: Rng,
+    }
+
+    impl AsyncRead for Chunked {
+        fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+            if self.rng.below(8) == 0 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let max_chunk = self.max_chunk;
+            let chunk = 1 + self.rng.below(max_chunk);
+            let n = chunk.min(self.data.len() - self.pos).min(buf.remaining());
+            let pos = self.pos;
+            buf.put_slice(&self.data[pos..pos + n]);
+            self.pos += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len();
+        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags, 0, 0, 0, 1];
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// A random connection: the preface, then HEADERS (with socket-path authorities, padded or
+    /// not, with or without END_HEADERS), CONTINUATION, DATA of many sizes and SETTINGS frames.
+    /// Returns (inbound bytes, what the server must read).
+    fn random_connection(rng: &mut Rng) -> (Vec<u8>, Vec<u8>) {
+        let mut wire = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        let mut want = wire.clone();
+        let mut fixable = Vec::new();
+        for _ in 0..rng.below(60) {
+            let (kind, flags, payload) = match rng.below(6) {
+                0 | 1 => {
+                    let mut block = if rng.below(2) == 0 {
+                        unhex(GRPCURL_BLOCK)
+                    } else {
+                        vec![0x01, 0x06, b'/', b'a', b'/', b'b', b'/', b'c']
+                    };
+                    let mut flags = if rng.below(5) == 0 { 0 } else { FLAG_END_HEADERS };
+                    if rng.below(3) == 0 {
+                        block.splice(0..0, [0, 0, 0, 1, 16]);
+                        flags |= FLAG_PRIORITY;
+                    }
+                    if rng.below(3) == 0 {
+                        let pad = rng.below(20);
+                        block.insert(0, pad as u8);
+                        block.extend(std::iter::repeat_n(0, pad));
+                        flags |= FLAG_PADDED;
+                    }
+                    (FRAME_HEADERS, flags, block)
+                }
+                2 => (0x9, FLAG_END_HEADERS, vec![0x01, 0x02, b'/', b'x']),
+                3 | 4 => {
+                    let len = if rng.below(8) == 0 { rng.below(20_000) } else { rng.below(64) };
+                    (0x0, 0, (0..len).map(|_| rng.next() as u8).collect())
+                }
+                _ => (0x4, 0, vec![0, 3, 0, 0, 0, 100]),
+            };
+            let f = frame(kind, flags, &payload);
+            let start = wire.len();
+            wire.extend_from_slice(&f);
+            let mut fixed = f;
+            if kind == FRAME_HEADERS && flags & FLAG_END_HEADERS != 0 {
+                fix_headers_payload(&mut fixed[9..], flags);
+                fixable.push(start..wire.len());
+            }
+            want.extend_from_slice(&fixed);
+        }
+        // Sometimes the connection ends in the middle of a frame; an incomplete HEADERS frame is
+        // handed out as it came.
+        if rng.below(4) == 0 && wire.len() > 24 {
+            let cut = rng.below(wire.len() - 24) + 24;
+            wire.truncate(cut);
+            want.truncate(cut);
+            if let Some(r) = fixable.iter().find(|r| r.start < cut && cut < r.end) {
+                want[r.start..].copy_from_slice(&wire[r.start..]);
+            }
+        }
+        (wire, want)
+    }
+
+    #[tokio::test]
+    async fn any_read_pattern_yields_the_same_fixed_stream() {
+        use tokio::io::AsyncReadExt;
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for round in 0..300 {
+            let (wire, want) = random_connection(&mut rng);
+            let sizes = [1, 5, 9, 64, 1500, 20_000];
+            let max_chunk = sizes[rng.below(sizes.len())];
+            let max_buf = sizes[rng.below(sizes.len())];
+            let mut fix = AuthorityFix::new(Chunked { data: wire, pos: 0, max_chunk, rng: Rng(rng.next() | 1) });
+            let mut got = Vec::new();
+            loop {
+                let mut buf = vec![0u8; 1 + rng.below(max_buf)];
+                let n = fix.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            let first_diff = got.iter().zip(&want).position(|(a, b)| a != b);
+            assert!(
+                got == want,
+                "round {round} (chunks <= {max_chunk}, reads <= {max_buf}): streams differ: got {} bytes, want {}, first difference at {first_diff:?}",
+                got.len(),
+                want.len()
+            );
+        }
+        // The fixture really contains authorities that get fixed.
+        let mut raw = frame(FRAME_HEADERS, FLAG_END_HEADERS, &[0x01, 0x04, b'/', b'a', b'/', b'b']);
+        fix_headers_payload(&mut raw[9..], FLAG_END_HEADERS);
+        assert_eq!(&raw[11..], b"-a-b");
     }
 }

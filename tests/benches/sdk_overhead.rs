@@ -1,0 +1,697 @@
+//! Benchmark for issue "SDK overhead": unary `GetMachineStatus` throughput and latency over a
+//! Unix socket through the full SDK stack (the real `fake-driver` sidecar: request-ID layer,
+//! tracing, metrics, validation, concurrency limit, the Unix-socket authority filter) versus a
+//! bare tonic server of the same proto (`MachinesServer` with a trivial in-memory impl that
+//! returns a fixed `Machine`, no SDK layers), in the same run, plus the sidecar's RSS.
+//!
+//! Both servers are child processes on temporary Unix sockets with the default tokio
+//! multi-threaded runtime; the bare one is this executable re-run with `--serve-bare`. Every
+//! server gets the identical client load (raw generated `MachinesClient`, fixed concurrency over
+//! a fixed number of HTTP/2 connections, `x-request-id` and `grpc-timeout` on every call as
+//! `DriverClient` sends them). Rounds run in the order A B C, C B A so linear drift cancels out.
+//!
+//! ```text
+//! cargo build --release -p fake-driver && cargo bench -p e2e-tests --bench sdk_overhead
+//! ```
+//!
+//! Environment: `BENCH_OUT=<file>` also writes the markdown report there; `BENCH_FAKE_DRIVER=<path>`
+//! benchmarks another fake-driver build (e.g. before / after a change). For quick checks:
+//! `BENCH_WARMUP_S`, `BENCH_MEASURE_S`, `BENCH_ROUNDS`, `BENCH_CONCURRENCY`, `BENCH_CONNECTIONS`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use driver_sdk::prost::Message as _;
+use driver_sdk::proto as pb;
+use driver_sdk::{DriverClient, OperationExt as _};
+use hyper_util::rt::TokioIo;
+use pb::machines_client::MachinesClient;
+use tokio::process::{Child, Command};
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Request, Response, Status};
+
+const MACHINE: &str = "bench-0";
+const READY: Duration = Duration::from_secs(30);
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// The RSS target of the fake sidecar, in bytes (30 MB, decimal: the stricter reading).
+const RSS_TARGET_BYTES: u64 = 30_000_000;
+/// The throughput the SDK stack must keep, relative to bare tonic.
+const THROUGHPUT_TARGET: f64 = 0.85;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    // `cargo bench` passes `--bench` (and maybe a filter); only `--serve-bare` is ours.
+    if let Some(i) = args.iter().position(|a| a == "--serve-bare") {
+        let (Some(socket), Some(machine)) = (args.get(i + 1), args.get(i + 2)) else {
+            eprintln!("usage: sdk_overhead --serve-bare <socket> <machine.pb>");
+            return ExitCode::from(2);
+        };
+        // The same runtime `#[tokio::main]` gives the fake-driver.
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+        return match rt.block_on(serve_bare(PathBuf::from(socket), PathBuf::from(machine))) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bare server: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    match rt.block_on(bench()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sdk_overhead: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------ bare server
+
+/// The bare server: the generated `MachinesServer`, a fixed `Machine`, nothing else.
+struct Bare {
+    machine: pb::Machine,
+}
+
+fn unimplemented<T>() -> Result<Response<T>, Status> {
+    Err(Status::unimplemented("not in the bare benchmark server"))
+}
+
+#[tonic::async_trait]
+impl pb::machines_server::Machines for Bare {
+    async fn get_machine_status(
+        &self,
+        req: Request<pb::GetMachineStatusRequest>,
+    ) -> Result<Response<pb::Machine>, Status> {
+        if req.get_ref().name == self.machine.name {
+            Ok(Response::new(self.machine.clone()))
+        } else {
+            Err(Status::not_found("no such machine"))
+        }
+    }
+
+    async fn create_machine(&self, _: Request<pb::CreateMachineRequest>) -> Result<Response<pb::Operation>, Status> {
+        unimplemented()
+    }
+
+    async fn delete_machine(&self, _: Request<pb::DeleteMachineRequest>) -> Result<Response<pb::Operation>, Status> {
+        unimplemented()
+    }
+
+    async fn list_machines(
+        &self,
+        _: Request<pb::ListMachinesRequest>,
+    ) -> Result<Response<pb::ListMachinesResponse>, Status> {
+        unimplemented()
+    }
+
+    async fn validate_machine_class(
+        &self,
+        _: Request<pb::ValidateMachineClassRequest>,
+    ) -> Result<Response<pb::ValidateMachineClassResponse>, Status> {
+        unimplemented()
+    }
+
+    async fn can_update_machine(
+        &self,
+        _: Request<pb::CanUpdateMachineRequest>,
+    ) -> Result<Response<pb::CanUpdateMachineResponse>, Status> {
+        unimplemented()
+    }
+
+    async fn update_machine(&self, _: Request<pb::UpdateMachineRequest>) -> Result<Response<pb::Operation>, Status> {
+        unimplemented()
+    }
+}
+
+async fn serve_bare(socket: PathBuf, machine_file: PathBuf) -> Result<(), Box<dyn std::error::Error>> {
+    let bytes = std::fs::read(&machine_file)?;
+    let machine = pb::Machine::decode(bytes.as_slice())?;
+    let listener = tokio::net::UnixListener::bind(&socket)?;
+    tonic::transport::Server::builder()
+        .add_service(pb::machines_server::MachinesServer::new(Bare { machine }))
+        .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+        .await?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------ the bench
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+struct Settings {
+    warmup: Duration,
+    measure: Duration,
+    rounds: usize,
+    concurrency: usize,
+    connections: usize,
+}
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|v| *v > 0).unwrap_or(default)
+}
+
+impl Settings {
+    fn from_env() -> Self {
+        Self {
+            warmup: Duration::from_secs(env_num("BENCH_WARMUP_S", 2)),
+            measure: Duration::from_secs(env_num("BENCH_MEASURE_S", 10)),
+            rounds: env_num("BENCH_ROUNDS", 2) as usize,
+            concurrency: env_num("BENCH_CONCURRENCY", 32) as usize,
+            connections: env_num("BENCH_CONNECTIONS", 4) as usize,
+        }
+    }
+}
+
+/// A server under test: a child process on a Unix socket.
+struct Server {
+    label: &'static str,
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+    idle_rss_kib: u64,
+}
+
+impl Server {
+    fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+}
+
+fn spawn(program: &Path, args: &[&str], envs: &[(&str, &str)], log: &Path) -> Result<Child, BoxError> {
+    let log_file = std::fs::File::create(log)?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .kill_on_drop(true);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    Ok(cmd.spawn().map_err(|e| format!("starting {}: {e}", program.display()))?)
+}
+
+/// A channel over one new HTTP/2 connection on `socket`, built the same way for every server.
+async fn channel(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = socket.to_path_buf();
+    Endpoint::from_static("http://bench.sock")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
+
+fn status_request() -> Request<pb::GetMachineStatusRequest> {
+    // What `DriverClient` sends: a fresh request ID and a deadline.
+    let mut req = Request::new(pb::GetMachineStatusRequest { name: MACHINE.into(), ..Default::default() });
+    if let Ok(v) = uuid::Uuid::new_v4().to_string().parse() {
+        req.metadata_mut().insert("x-request-id", v);
+    }
+    req.set_timeout(CALL_TIMEOUT);
+    req
+}
+
+/// Waits until `server` answers GetMachineStatus for the bench machine.
+async fn wait_serving(server: &mut Server) -> Result<(), BoxError> {
+    let deadline = Instant::now() + READY;
+    loop {
+        if let Some(status) = server.child.try_wait()? {
+            return Err(format!("{} exited early ({status}); log:\n{}", server.label, log_text(&server.log)).into());
+        }
+        if server.socket.exists() {
+            if let Ok(ch) = channel(&server.socket).await {
+                if MachinesClient::new(ch).get_machine_status(status_request()).await.is_ok() {
+                    return Ok(());
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(
+                format!("{} not serving within {READY:?}; log:\n{}", server.label, log_text(&server.log)).into()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn log_text(p: &Path) -> String {
+    let text = std::fs::read_to_string(p).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(20).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+/// Starts a fake-driver sidecar with `RUST_LOG=rust_log`, creates the bench machine in it and
+/// waits until it is running.
+async fn start_sidecar(
+    label: &'static str,
+    fake: &Path,
+    dir: &Path,
+    rust_log: &str,
+) -> Result<(Server, pb::Machine), BoxError> {
+    let socket = dir.join(format!("{rust_log}.sock"));
+    let log = dir.join(format!("fake-driver-{rust_log}.log"));
+    let endpoint = format!("unix://{}", socket.display());
+    let child = spawn(
+        fake,
+        &["--endpoint", &endpoint, "--log-format", "json", "--create-latency", "100ms"],
+        &[("RUST_LOG", rust_log)],
+        &log,
+    )?;
+    let server = Server { label, child, socket, log, idle_rss_kib: 0 };
+    let deadline = Instant::now() + READY;
+    let client = loop {
+        if server.socket.exists() {
+            if let Ok(c) = DriverClient::connect(&endpoint).await {
+                if c.probe(Default::default()).await.is_ok() {
+                    break c;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{label} not ready within {READY:?}; log:\n{}", log_text(&server.log)).into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut op = client
+        .create_machine(pb::CreateMachineRequest {
+            name: MACHINE.into(),
+            provider_spec: Some(driver_sdk::convert::json_to_struct(&serde_json::json!({"machineType": "small"}))),
+            ..Default::default()
+        })
+        .await?
+        .value;
+    while !op.done {
+        if Instant::now() > deadline {
+            return Err(format!("{label}: CreateMachine {MACHINE} not done within {READY:?}").into());
+        }
+        tokio::time::sleep(op.poll_after().min(Duration::from_millis(50))).await;
+        op = client.get_operation(pb::GetOperationRequest { token: op.token.clone(), secrets: None }).await?.value;
+    }
+    if let Some(err) = op.error_report() {
+        return Err(format!("{label}: CreateMachine {MACHINE} failed: {err:?}").into());
+    }
+    let machine =
+        client.get_machine_status(pb::GetMachineStatusRequest { name: MACHINE.into(), ..Default::default() }).await?;
+    Ok((server, machine.value))
+}
+
+/// The process's CPU time (user + system, all threads) from /proc/<pid>/stat.
+fn cpu_time(pid: &str, tick: f64) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); `rest` starts at field 3.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_secs_f64(ticks as f64 / tick))
+}
+
+/// A `/proc/<pid>/status` field in KiB (VmRSS, VmHWM).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Busy time of the whole machine (all CPUs, including steal) from /proc/stat.
+fn machine_busy(tick: f64) -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let f: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).map(|v| v.parse().unwrap_or(0)).collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let busy = f.first()? + f.get(1)? + f.get(2)? + f.get(5)? + f.get(6)? + f.get(7)?;
+    Some(Duration::from_secs_f64(busy as f64 / tick))
+}
+
+fn clock_tick() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+struct RoundResult {
+    round: usize,
+    server: usize,
+    ok: usize,
+    errors: usize,
+    window: Duration,
+    /// Sorted latencies of the successful calls in the window, in microseconds.
+    lat: Vec<u32>,
+    server_cpu: Duration,
+    client_cpu: Duration,
+    /// CPU used by everything else on the machine during the window (other processes, steal).
+    other_cpu: Duration,
+}
+
+impl RoundResult {
+    /// Other CPU use as a share of the machine's capacity during the window.
+    fn other_share(&self) -> f64 {
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+        self.other_cpu.as_secs_f64() / (self.window.as_secs_f64() * cpus)
+    }
+
+    fn rate(&self) -> f64 {
+        self.ok as f64 / self.window.as_secs_f64()
+    }
+
+    fn pct(&self, p: f64) -> u32 {
+        percentile(&self.lat, p)
+    }
+
+    fn server_us_per_call(&self) -> f64 {
+        self.server_cpu.as_secs_f64() * 1e6 / self.ok.max(1) as f64
+    }
+
+    fn client_us_per_call(&self) -> f64 {
+        self.client_cpu.as_secs_f64() * 1e6 / self.ok.max(1) as f64
+    }
+}
+
+fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Drives one server for warm-up + measure; records calls that start and finish in the window.
+async fn drive(server: &Server, idx: usize, round: usize, s: &Settings, tick: f64) -> Result<RoundResult, BoxError> {
+    let mut channels = Vec::new();
+    for _ in 0..s.connections {
+        channels.push(channel(&server.socket).await?);
+    }
+    let start = Instant::now();
+    let measure_start = start + s.warmup;
+    let end = measure_start + s.measure;
+    let mut tasks = Vec::new();
+    for i in 0..s.concurrency {
+        let mut client = MachinesClient::new(channels[i % channels.len()].clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(1 << 16);
+            let mut errors = 0usize;
+            loop {
+                let t0 = Instant::now();
+                if t0 >= end {
+                    break;
+                }
+                let r = client.get_machine_status(status_request()).await;
+                let t1 = Instant::now();
+                if t0 < measure_start || t1 > end {
+                    continue;
+                }
+                match r {
+                    Ok(m) if m.get_ref().name == MACHINE => {
+                        lat.push(u32::try_from(t1.duration_since(t0).as_micros()).unwrap_or(u32::MAX))
+                    }
+                    _ => errors += 1,
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let pid = server.pid().to_string();
+    tokio::time::sleep_until(measure_start.into()).await;
+    let (srv0, cli0, all0) = (cpu_time(&pid, tick), cpu_time("self", tick), machine_busy(tick));
+    tokio::time::sleep_until(end.into()).await;
+    let (srv1, cli1, all1) = (cpu_time(&pid, tick), cpu_time("self", tick), machine_busy(tick));
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await?;
+        lat.extend(l);
+        errors += e;
+    }
+    lat.sort_unstable();
+    let diff = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => Duration::ZERO,
+    };
+    let (server_cpu, client_cpu) = (diff(srv0, srv1), diff(cli0, cli1));
+    Ok(RoundResult {
+        round,
+        server: idx,
+        ok: lat.len(),
+        errors,
+        window: s.measure,
+        lat,
+        server_cpu,
+        client_cpu,
+        other_cpu: diff(all0, all1).saturating_sub(server_cpu + client_cpu),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().into())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
+async fn bench() -> Result<(), BoxError> {
+    let s = Settings::from_env();
+    let exe = std::env::current_exe()?;
+    // The bench executable is target/<profile>/deps/sdk_overhead-<hash>.
+    let bin_dir = exe.parent().and_then(Path::parent).ok_or("cannot locate the target dir")?.to_path_buf();
+    // BENCH_FAKE_DRIVER: another fake-driver build, e.g. to compare before / after a change.
+    let fake = std::env::var_os("BENCH_FAKE_DRIVER").map(PathBuf::from).unwrap_or_else(|| bin_dir.join("fake-driver"));
+    if !fake.exists() {
+        return Err(format!(
+            "{} is missing: build it first, into the same target dir, with `cargo build --release -p fake-driver`",
+            fake.display()
+        )
+        .into());
+    }
+    let tick = clock_tick();
+    let started = Instant::now();
+    let load_before = loadavg();
+    let dir = tempfile::Builder::new().prefix("sdk-overhead-").tempdir()?;
+
+    eprintln!("starting servers in {}", dir.path().display());
+    let (mut warn, machine) = start_sidecar("SDK (fake-driver), RUST_LOG=warn", &fake, dir.path(), "warn").await?;
+    let (mut info, _) = start_sidecar("SDK (fake-driver), RUST_LOG=info", &fake, dir.path(), "info").await?;
+    // The bare server answers with exactly the Machine the sidecar returns: same payload size.
+    let machine_file = dir.path().join("machine.pb");
+    std::fs::write(&machine_file, machine.encode_to_vec())?;
+    let bare_socket = dir.path().join("bare.sock");
+    let bare_log = dir.path().join("bare.log");
+    let bare_child = spawn(
+        &exe,
+        &["--serve-bare", bare_socket.to_str().ok_or("non-UTF-8 temp path")?, machine_file.to_str().unwrap_or("")],
+        &[],
+        &bare_log,
+    )?;
+    let mut bare =
+        Server { label: "bare tonic", child: bare_child, socket: bare_socket, log: bare_log, idle_rss_kib: 0 };
+    wait_serving(&mut bare).await?;
+    wait_serving(&mut warn).await?;
+    wait_serving(&mut info).await?;
+    for srv in [&mut bare, &mut warn, &mut info] {
+        srv.idle_rss_kib = status_kib(srv.pid(), "VmRSS");
+    }
+    let servers = [bare, warn, info];
+    let log_size = |srv: &Server| std::fs::metadata(&srv.log).map(|m| m.len()).unwrap_or(0);
+    let log_before: Vec<u64> = servers.iter().map(log_size).collect();
+
+    // A B C, C B A, A B C, ...
+    let mut results = Vec::new();
+    for round in 1..=s.rounds {
+        let order: Vec<usize> = if round % 2 == 1 { vec![0, 1, 2] } else { vec![2, 1, 0] };
+        for idx in order {
+            let srv = &servers[idx];
+            eprintln!("round {round}: {} ...", srv.label);
+            let r = drive(srv, idx, round, &s, tick).await?;
+            eprintln!(
+                "round {round}: {}: {:.0} calls/s, p50 {} us, p99 {} us, server {:.1} us/call, other CPU {:.0}%, errors {}",
+                srv.label,
+                r.rate(),
+                r.pct(0.50),
+                r.pct(0.99),
+                r.server_us_per_call(),
+                r.other_share() * 100.0,
+                r.errors
+            );
+            results.push(r);
+        }
+    }
+    let peak: Vec<u64> = servers.iter().map(|srv| status_kib(srv.pid(), "VmHWM")).collect();
+    let log_bytes: Vec<u64> =
+        servers.iter().zip(&log_before).map(|(srv, b)| log_size(srv).saturating_sub(*b)).collect();
+    let calls: Vec<usize> =
+        (0..servers.len()).map(|i| results.iter().filter(|r| r.server == i).map(|r| r.ok).sum()).collect();
+    let load_after = loadavg();
+    let total = started.elapsed();
+
+    // ------------------------------------------------------------------ report
+    let mut out = String::new();
+    let w = &mut out;
+    let _ = writeln!(w, "### Results: unary GetMachineStatus over a Unix socket\n");
+    let _ = writeln!(
+        w,
+        "- Host: {} x {}; load average before / after the run: {load_before} / {load_after}.",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        cpu_model()
+    );
+    let _ = writeln!(
+        w,
+        "- Client: this process (tokio multi-threaded runtime, default workers), {} calls in flight over {} \
+         HTTP/2 connections, raw generated `MachinesClient` for every server, `x-request-id` + `grpc-timeout` \
+         on every call (as `DriverClient` sends them). Warm-up {} s, measurement {} s per round; {} rounds, \
+         order A B C then C B A.",
+        s.concurrency,
+        s.connections,
+        s.warmup.as_secs(),
+        s.measure.as_secs(),
+        s.rounds
+    );
+    let _ = writeln!(
+        w,
+        "- **The client runs on the same 2-core machine as the server**: calls/s is what client + server \
+         together sustain, so the client's own CPU dilutes the difference between servers. \
+         *Server CPU µs/call* (user + system time of the server process over the window, from \
+         /proc/<pid>/stat) isolates the server's cost. *Other CPU* is what the rest of the machine \
+         (other processes, hypervisor steal) used during the window, as a share of both cores: rounds \
+         with a high value were disturbed."
+    );
+    let _ = writeln!(
+        w,
+        "- Servers: A = bare tonic (`MachinesServer`, fixed `Machine`, no SDK layers; this bench re-executed \
+         with `--serve-bare`); B = SDK stack (real `fake-driver`, `--log-format json`, RUST_LOG=warn, the \
+         production default under load); C = the same with RUST_LOG=info (one JSON log line per RPC). \
+         Each is its own process with tokio's default multi-threaded runtime; logs go to a file. The bare \
+         server returns the exact `Machine` the sidecar returns ({} bytes encoded). fake-driver: `{}`.",
+        machine.encoded_len(),
+        fake.display()
+    );
+    let _ = writeln!(w);
+    let _ = writeln!(
+        w,
+        "| Round | Server | calls/s | p50 µs | p99 µs | p99.9 µs | max µs | server CPU µs/call | client CPU µs/call | other CPU | errors |"
+    );
+    let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &results {
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {:.1} | {:.1} | {:.0}% | {} |",
+            r.round,
+            servers[r.server].label,
+            r.rate(),
+            r.pct(0.50),
+            r.pct(0.99),
+            r.pct(0.999),
+            r.lat.last().copied().unwrap_or(0),
+            r.server_us_per_call(),
+            r.client_us_per_call(),
+            r.other_share() * 100.0,
+            r.errors
+        );
+    }
+    let med = |idx: usize, f: &dyn Fn(&RoundResult) -> f64| {
+        median(results.iter().filter(|r| r.server == idx).map(f).collect())
+    };
+    let bare_rate = med(0, &|r| r.rate());
+    let bare_cpu = med(0, &|r| r.server_us_per_call());
+    let _ = writeln!(w, "\nMedian over rounds:\n");
+    let _ = writeln!(
+        w,
+        "| Server | calls/s | vs bare | p50 µs | p99 µs | server CPU µs/call | RSS idle (after start + 1 machine) | peak RSS (VmHWM) | log bytes/call |"
+    );
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, srv) in servers.iter().enumerate() {
+        let _ = writeln!(
+            w,
+            "| {} | {:.0} | {:.1}% | {:.0} | {:.0} | {:.1} ({:.2}x) | {} MiB | {} MiB | {:.0} |",
+            srv.label,
+            med(i, &|r| r.rate()),
+            100.0 * med(i, &|r| r.rate()) / bare_rate.max(1e-9),
+            med(i, &|r| f64::from(r.pct(0.50))),
+            med(i, &|r| f64::from(r.pct(0.99))),
+            med(i, &|r| r.server_us_per_call()),
+            med(i, &|r| r.server_us_per_call()) / bare_cpu.max(1e-9),
+            mib(srv.idle_rss_kib),
+            mib(peak[i]),
+            log_bytes[i] as f64 / calls[i].max(1) as f64,
+        );
+    }
+    let ratio = med(1, &|r| r.rate()) / bare_rate.max(1e-9);
+    let ratio_info = med(2, &|r| r.rate()) / bare_rate.max(1e-9);
+    let fake_peak = peak[1].max(peak[2]) * 1024;
+    let verdict = |ok: bool| if ok { "**met**" } else { "**NOT met**" };
+    let _ = writeln!(w);
+    let _ = writeln!(
+        w,
+        "- Throughput target (SDK >= {:.0}% of bare tonic, RUST_LOG=warn): {:.1}% — {}. With RUST_LOG=info: {:.1}%. \
+         Server CPU per call vs bare: {:.2}x (warn), {:.2}x (info).",
+        THROUGHPUT_TARGET * 100.0,
+        ratio * 100.0,
+        verdict(ratio >= THROUGHPUT_TARGET),
+        ratio_info * 100.0,
+        med(1, &|r| r.server_us_per_call()) / bare_cpu.max(1e-9),
+        med(2, &|r| r.server_us_per_call()) / bare_cpu.max(1e-9),
+    );
+    let _ = writeln!(
+        w,
+        "- RSS target (fake sidecar < 30 MB): peak {:.1} MB ({} MiB), idle {} MiB — {}.",
+        fake_peak as f64 / 1e6,
+        mib(fake_peak / 1024),
+        mib(servers[1].idle_rss_kib.max(servers[2].idle_rss_kib)),
+        verdict(fake_peak < RSS_TARGET_BYTES)
+    );
+    let errors: usize = results.iter().map(|r| r.errors).sum();
+    let _ = writeln!(
+        w,
+        "- Failed or wrong calls in the measurement windows: {errors}. Bench wall time: {:.0} s.",
+        total.as_secs_f64()
+    );
+
+    print!("{out}");
+    if let Some(path) = std::env::var_os("BENCH_OUT") {
+        std::fs::write(&path, &out).map_err(|e| format!("writing BENCH_OUT {}: {e}", Path::new(&path).display()))?;
+        eprintln!("report written to {}", Path::new(&path).display());
+    }
+    drop(servers); // kill_on_drop
+    dir.close()?;
+    Ok(())
+}
