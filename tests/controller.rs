@@ -51,7 +51,7 @@ impl World {
             .arg("--store")
             .arg(self.store_path())
             .args(["run", "--driver", &format!("fake={}", self.sidecar().endpoint())])
-            .args(["--debounce", "20ms", "--health-check-interval", "1s"])
+            .args(["--debounce", "20ms", "--health-check-interval", "1s", "--resync-interval", "5s"])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -118,18 +118,24 @@ impl World {
     /// Waits until `name` has `replicas` available machines of its target revision and no others.
     async fn converged(&self, name: &str, within: Duration) -> MachineDeployment {
         let store = self.store();
-        eventually(within, &format!("deployment {name} converged"), || {
-            let store = store.clone();
-            async move {
-                let md = store.get::<MachineDeployment>("default", name).await.ok()??;
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(md) = store.get::<MachineDeployment>("default", name).await.ok().flatten() {
                 let ok = md.status.observed_generation >= md.metadata.generation
                     && md.status.available_replicas == md.spec.replicas
                     && md.status.replicas == md.spec.replicas
                     && md.status.updated_replicas == md.spec.replicas;
-                ok.then_some(md)
+                if ok {
+                    return md;
+                }
             }
-        })
-        .await
+            assert!(
+                std::time::Instant::now() < deadline,
+                "deployment {name} not converged after {within:?}; controller log:\n{}",
+                tail(&self.controller_log(), 40)
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     }
 
     async fn machines(&self) -> Vec<Machine> {
@@ -157,6 +163,11 @@ impl World {
             c.machines_deleted
         );
     }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 fn class_yaml(spec: &str) -> String {

@@ -154,6 +154,9 @@ pub struct RunArgs {
     /// The tag value that marks cloud machines as this controller's.
     #[arg(long, default_value = "machine-controller")]
     pub controller_id: String,
+    /// Reconcile every object again this often, even without a change.
+    #[arg(long, default_value = "60s", value_parser = driver_sdk::parse_duration)]
+    pub resync_interval: Duration,
     /// Wait for each operation inside the worker (comparison benchmarks only).
     #[arg(long, hide = true)]
     pub blocking: bool,
@@ -173,6 +176,7 @@ impl RunArgs {
             orphan_interval: self.orphan_interval,
             orphan_grace: self.orphan_grace,
             controller_id: self.controller_id.clone(),
+            resync_interval: self.resync_interval,
             ..Config::default()
         }
     }

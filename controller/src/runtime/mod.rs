@@ -47,6 +47,8 @@ pub struct Config {
     pub orphan_grace: Duration,
     /// The tag value that marks cloud machines as this controller's.
     pub controller_id: String,
+    /// Every object is reconciled again this often, even without a change notification.
+    pub resync_interval: Duration,
     /// First retry delay.
     pub backoff_base: Duration,
     /// Longest retry delay.
@@ -67,6 +69,7 @@ impl Default for Config {
             orphan_interval: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(300),
             controller_id: "machine-controller".into(),
+            resync_interval: Duration::from_secs(60),
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
         }
@@ -376,12 +379,14 @@ pub async fn run(ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()>)
     }
     let orphans = tokio::spawn(crate::reconcile::orphans::run(ctx.clone()));
     let gauges = tokio::spawn(gauges(ctx.clone()));
+    let resync = tokio::spawn(resync(ctx.clone()));
     shutdown.await;
     tracing::info!("stopping: finishing reconciles in progress");
     ctx.queue.close();
     watcher.abort();
     orphans.abort();
     gauges.abort();
+    resync.abort();
     for w in workers {
         let _ = w.await;
     }
@@ -464,6 +469,22 @@ async fn worker(ctx: Arc<Ctx>, id: usize) {
             }
         }
         ctx.queue.done(&key);
+    }
+}
+
+/// Reconciles everything again every `resync_interval`: a missed notification (or a store
+/// written by a process whose change went unseen) delays a reconcile, never loses it.
+async fn resync(ctx: Arc<Ctx>) {
+    let mut tick = tokio::time::interval(ctx.config.resync_interval.max(Duration::from_secs(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        for kind in [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
+            for key in keys_of(&ctx.store, kind).await {
+                ctx.queue.add_after(key, ctx.config.debounce);
+            }
+        }
     }
 }
 

@@ -67,6 +67,30 @@ impl SqliteBackend {
             std::fs::create_dir_all(parent)
                 .map_err(|e| Error::Invalid(format!("creating {}: {e}", parent.display())))?;
         }
+        // Two processes opening a new file at once (`run` starting while `apply` writes) race
+        // for the exclusive lock that switching to WAL needs; SQLite's busy handler does not
+        // cover that, so the loser retries for a while.
+        let mut attempt = 0;
+        let conn = loop {
+            match Self::connect(path) {
+                Err(Error::Db(rusqlite::Error::SqliteFailure(e, _)))
+                    if attempt < 100
+                        && matches!(
+                            e.code,
+                            rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                        ) =>
+                {
+                    attempt += 1;
+                    // Deliberate: a short backoff before trying the lock again (open is synchronous).
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => break other?,
+            }
+        };
+        Self::from_connection(path, conn)
+    }
+
+    fn connect(path: &Path) -> Result<Connection> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(10))?;
         // Switching to WAL needs an exclusive lock; only do it when the file is not WAL yet, so a
@@ -91,6 +115,10 @@ impl SqliteBackend {
                 type TEXT, reason TEXT, message TEXT, time TEXT);
              CREATE INDEX IF NOT EXISTS events_object ON events(kind, namespace, name);",
         )?;
+        Ok(conn)
+    }
+
+    fn from_connection(path: &Path, conn: Connection) -> Result<Self> {
         let mut cache: Cache = HashMap::new();
         let mut synced = 0;
         {
@@ -126,18 +154,36 @@ impl SqliteBackend {
     /// Watches for commits by other processes and folds them into the cache.
     fn spawn_poller(&self, path: &Path, mut synced: u64) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
-        let Ok(conn) = Connection::open(path) else { return };
-        let _ = conn.busy_timeout(Duration::from_secs(10));
+        let path = path.to_path_buf();
         let cache = Arc::downgrade(&self.cache);
         let tx = self.tx.clone();
         handle.spawn(async move {
+            // Keep trying to open the watching connection: without it, other processes' writes
+            // would only be seen at the next resync.
+            let conn = loop {
+                match Connection::open(&path) {
+                    Ok(c) => break c,
+                    Err(e) => {
+                        tracing::warn!("store poller: opening {}: {e}; retrying", path.display());
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            };
+            let _ = conn.busy_timeout(Duration::from_secs(10));
             let mut last_version: i64 = -1;
             let mut tick = tokio::time::interval(Duration::from_millis(200));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let Some(cache) = cache.upgrade() else { return };
-                let version: i64 = conn.query_row("PRAGMA data_version", [], |r| r.get(0)).unwrap_or(last_version);
+                let version: i64 = match conn.query_row("PRAGMA data_version", [], |r| r.get(0)) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::warn!("store poller: {e}");
+                        // Unknown: look at the rows anyway.
+                        last_version - 1
+                    }
+                };
                 if version == last_version {
                     continue;
                 }

@@ -108,3 +108,26 @@ async fn events_are_kept_per_object() {
     let ev = store.backend().events(&Key::of(&c), 10).await.unwrap();
     assert_eq!(ev.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), vec!["Validated", "Invalid"]);
 }
+
+#[test]
+fn concurrent_opens_of_a_new_store_all_succeed() {
+    // `run` starting while `apply` creates the file: each opener has its own connection, as
+    // separate processes do.
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("s{round}.db"));
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(6));
+        let handles: Vec<_> = (0..6)
+            .map(|_| {
+                let (path, barrier) = (path.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    sqlite::SqliteBackend::open(&path).map(|_| ()).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), Ok(()));
+        }
+    }
+}
