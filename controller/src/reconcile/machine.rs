@@ -9,7 +9,7 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::{CallError, OperationExt};
 
-use super::{resolve, Resolved};
+use super::{resolve, stored, Resolved};
 use crate::resources::*;
 use crate::runtime::{classify, Action, Ctx, ReconcileError, Verdict};
 use crate::store::{Error as StoreError, Key};
@@ -125,17 +125,6 @@ fn last_err(op_type: &str, e: &driver_sdk::ErrorReport) -> LastOperation {
         message: e.message.clone(),
         request_id: e.request_id.clone(),
         time: Utc::now(),
-    }
-}
-
-fn stored(kind: &str, op: &pb::Operation, request_id: &str) -> StoredOperation {
-    StoredOperation {
-        kind: kind.into(),
-        name: op.name.clone(),
-        token: B64.encode(&op.token),
-        started: Utc::now(),
-        request_id: request_id.into(),
-        progress: op.progress_percent,
     }
 }
 

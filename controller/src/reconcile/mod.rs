@@ -14,6 +14,19 @@ pub mod machine;
 pub mod orphans;
 pub mod pool;
 
+/// An operation handle as kept in status (the token base64-encoded), stored before anything else.
+pub(crate) fn stored(kind: &str, op: &pb::Operation, request_id: &str) -> StoredOperation {
+    use base64::Engine;
+    StoredOperation {
+        kind: kind.into(),
+        name: op.name.clone(),
+        token: base64::engine::general_purpose::STANDARD.encode(&op.token),
+        started: chrono::Utc::now(),
+        request_id: request_id.into(),
+        progress: op.progress_percent,
+    }
+}
+
 /// Runs the reconciler of `key`'s kind.
 ///
 /// # Errors

@@ -14,7 +14,7 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
-use super::{resolve, Resolved};
+use super::{resolve, stored, Resolved};
 use crate::resources::*;
 use crate::runtime::{classify, Action, Ctx, ReconcileError, Verdict};
 use crate::store::{Error as StoreError, Key};
@@ -22,17 +22,6 @@ use crate::store::{Error as StoreError, Key};
 type Result<T> = std::result::Result<T, ReconcileError>;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
-fn stored(kind: &str, op: &pb::Operation, request_id: &str) -> StoredOperation {
-    StoredOperation {
-        kind: kind.into(),
-        name: op.name.clone(),
-        token: B64.encode(&op.token),
-        started: Utc::now(),
-        request_id: request_id.into(),
-        progress: op.progress_percent,
-    }
-}
 
 fn last(op_type: &str, state: &str, request_id: &str, err: Option<&driver_sdk::ErrorReport>) -> LastOperation {
     LastOperation {
