@@ -8,6 +8,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use driver_sdk::DriverClient;
+
+#[path = "kube_cluster.rs"]
+pub mod kube_cluster;
 use tokio::process::{Child, Command};
 
 /// How long anything in a test may take to become ready.

@@ -11,15 +11,16 @@ use serde_json::Value;
 use crate::manifest::{self, AnyObject};
 use crate::resources::*;
 use crate::runtime::{self, Config};
-use crate::store::{Key, Store};
+use crate::store::{Key, Store, StoreSpec};
 
 /// Reconciles machine resources through driver sidecars.
 #[derive(Debug, Parser)]
 #[command(name = "machine-controller", version)]
 pub struct Cli {
-    /// The embedded store file.
+    /// Where objects live: `sqlite://PATH` (or just PATH) for the embedded store, or
+    /// `kubernetes` for custom resources on the API server of the kubeconfig / in-cluster config.
     #[arg(long, global = true, env = "MACHINE_CONTROLLER_STORE", default_value = "machine-controller.db")]
-    pub store: PathBuf,
+    pub store: StoreSpec,
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = driver_sdk::telemetry::LogFormat::Text)]
     pub log_format: driver_sdk::telemetry::LogFormat,
@@ -95,6 +96,9 @@ pub enum Command {
     },
     /// Runs the reconcilers.
     Run(RunArgs),
+    /// Prints the CustomResourceDefinitions of the Kubernetes backend as YAML
+    /// (`machine-controller crds | kubectl apply -f -`).
+    Crds,
     /// Runs a demo: a fake driver sidecar, a 20-machine deployment, a rolling update, scaling.
     Demo(crate::demo::DemoArgs),
 }
@@ -160,6 +164,31 @@ pub struct RunArgs {
     /// Wait for each operation inside the worker (comparison benchmarks only).
     #[arg(long, hide = true)]
     pub blocking: bool,
+    /// With `--store kubernetes`: reconcile only this namespace (default: all namespaces).
+    #[arg(long, env = "MACHINE_CONTROLLER_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Run as one of several replicas: only the holder of a coordination.k8s.io/v1 Lease acts
+    /// (needs `--store kubernetes`).
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Namespace of the Lease (default: POD_NAMESPACE, else `--namespace`, else `default`).
+    #[arg(long)]
+    pub leader_elect_namespace: Option<String>,
+    /// Name of the Lease.
+    #[arg(long, default_value = "machine-controller")]
+    pub leader_elect_lease_name: String,
+    /// This replica's identity (default: POD_NAME, else the host name and a random suffix).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_elect_identity: Option<String>,
+    /// How long a Lease stays valid after its last renewal.
+    #[arg(long, default_value = "15s", value_parser = driver_sdk::parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// The leader stops acting when it could not renew for this long.
+    #[arg(long, default_value = "10s", value_parser = driver_sdk::parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often candidates try to acquire and the leader renews.
+    #[arg(long, default_value = "2s", value_parser = driver_sdk::parse_duration)]
+    pub leader_elect_retry_period: Duration,
 }
 
 impl RunArgs {
@@ -223,22 +252,28 @@ pub async fn execute(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Apply { files } => apply(&cli.store, &files).await,
         Command::Get { kind, name, namespace, output } => {
-            get(&open(&cli.store)?, kind_arg(&kind)?, name.as_deref(), &namespace, output).await
+            let kind = kind_arg(&kind)?;
+            get(&open(&cli.store).await?, kind, name.as_deref(), &namespace, output).await
         }
         Command::Describe { kind, name, namespace } => {
-            describe(&open(&cli.store)?, kind_arg(&kind)?, &name, &namespace).await
+            let kind = kind_arg(&kind)?;
+            describe(&open(&cli.store).await?, kind, &name, &namespace).await
         }
         Command::Delete { kind, name, files, namespace } => delete(&cli.store, kind, name, &files, &namespace).await,
         Command::Rollout { action: RolloutAction::Status { name, namespace, timeout, no_watch } } => {
-            rollout_status(&open(&cli.store)?, &namespace, &name, timeout, !no_watch).await
+            rollout_status(&open(&cli.store).await?, &namespace, &name, timeout, !no_watch).await
         }
         Command::Run(args) => run(&cli.store, &args).await,
+        Command::Crds => {
+            print!("{}", crate::crd::crds_yaml()?);
+            Ok(())
+        }
         Command::Demo(args) => crate::demo::run(args).await,
     }
 }
 
-fn open(path: &std::path::Path) -> Result<Store, Failure> {
-    Store::open(path).map_err(|e| fail(format!("opening store {}: {}", path.display(), driver_sdk::error_chain(&e))))
+async fn open(spec: &StoreSpec) -> Result<Store, Failure> {
+    Store::connect(spec).await.map_err(|e| fail(format!("opening store {spec}: {}", driver_sdk::error_chain(&e))))
 }
 
 /// Reads and validates every manifest; any error means nothing is applied.
@@ -265,9 +300,9 @@ pub fn read_manifests(files: &[PathBuf]) -> Result<Vec<AnyObject>, Failure> {
     Ok(objects)
 }
 
-async fn apply(store_path: &std::path::Path, files: &[PathBuf]) -> Result<(), Failure> {
+async fn apply(spec: &StoreSpec, files: &[PathBuf]) -> Result<(), Failure> {
     let mut objects = read_manifests(files)?;
-    let store = open(store_path)?;
+    let store = open(spec).await?;
     objects.sort_by_key(|o| o.kind());
     for o in objects {
         let meta = o.meta();
@@ -283,7 +318,7 @@ async fn apply(store_path: &std::path::Path, files: &[PathBuf]) -> Result<(), Fa
 }
 
 async fn delete(
-    store_path: &std::path::Path,
+    spec: &StoreSpec,
     kind: Option<String>,
     name: Option<String>,
     files: &[PathBuf],
@@ -301,7 +336,7 @@ async fn delete(
         _ if keys.is_empty() => return Err(fail("delete needs KIND NAME, or -f FILE")),
         _ => {}
     }
-    let store = open(store_path)?;
+    let store = open(spec).await?;
     for key in keys.iter().rev() {
         let exists = store.backend().get(key).await?.is_some();
         if !exists {
@@ -716,12 +751,22 @@ async fn rollout_status(
     }
 }
 
-/// Runs the controller until SIGTERM / SIGINT.
-async fn run(store_path: &std::path::Path, args: &RunArgs) -> Result<(), Failure> {
-    let store = open(store_path)?;
+/// Runs the controller until SIGTERM / SIGINT (or, with `--leader-elect`, until leadership is
+/// lost: then it stops acting at once and exits with an error, so its pod restarts as a follower).
+async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Failure> {
+    let spec = match spec {
+        StoreSpec::Kubernetes { .. } => StoreSpec::Kubernetes { namespace: args.namespace.clone() },
+        StoreSpec::Sqlite(_) if args.leader_elect => {
+            return Err(fail("--leader-elect needs --store kubernetes (the embedded store has one writer)"))
+        }
+        other => other.clone(),
+    };
+    let store = open(&spec).await?;
     let mut registry = prometheus_client::registry::Registry::default();
-    let ctx = runtime::Ctx::new(store, &args.drivers, args.config(), &mut registry)?;
+    let ctx = runtime::Ctx::new(store.clone(), &args.drivers, args.config(), &mut registry)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Ready = this replica acts: it has drivers and, with leader election, holds the lease.
+    let acting = Arc::new(std::sync::atomic::AtomicBool::new(!args.leader_elect));
     if let Some(addr) = args.metrics_addr {
         let listener =
             driver_sdk::metrics::bind(addr).await.map_err(|e| fail(format!("metrics address {addr}: {e}")))?;
@@ -731,20 +776,76 @@ async fn run(store_path: &std::path::Path, args: &RunArgs) -> Result<(), Failure
         );
         let mut stop = stop_rx.clone();
         let ready_ctx = ctx.clone();
+        let ready_acting = acting.clone();
         tokio::spawn(driver_sdk::metrics::serve_http(
             listener,
             Arc::new(registry),
-            Arc::new(move || !ready_ctx.drivers.is_empty()),
+            Arc::new(move || !ready_ctx.drivers.is_empty() && ready_acting.load(std::sync::atomic::Ordering::SeqCst)),
             async move {
                 let _ = stop.wait_for(|s| *s).await;
             },
         ));
     }
     let names: Vec<String> = args.drivers.iter().map(|(n, e)| format!("{n}={e}")).collect();
-    tracing::info!(workers = args.workers, drivers = ?names, store = %store_path.display(), "machine-controller running");
-    runtime::run(ctx, shutdown_signal()).await;
+    let result = if args.leader_elect {
+        let client = match store.backend().kube_client() {
+            Some(c) => c,
+            None => return Err(fail("--leader-elect needs --store kubernetes")),
+        };
+        let identity = args.leader_elect_identity.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), &uuid::Uuid::new_v4().simple().to_string()[..8])
+        });
+        let config = crate::leader::Config {
+            namespace: args
+                .leader_elect_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .or_else(|| args.namespace.clone())
+                .unwrap_or_else(|| "default".into()),
+            name: args.leader_elect_lease_name.clone(),
+            identity,
+            lease_duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+        };
+        tracing::info!(identity = %config.identity, lease = %format!("{}/{}", config.namespace, config.name), "waiting to become the leader");
+        let mut elector = crate::leader::Elector::new(client, config);
+        let shutdown = shutdown_signal();
+        tokio::pin!(shutdown);
+        tokio::select! {
+            _ = elector.acquire() => {}
+            _ = &mut shutdown => {
+                let _ = stop_tx.send(true);
+                return Ok(());
+            }
+        }
+        acting.store(true, std::sync::atomic::Ordering::SeqCst);
+        tracing::info!(workers = args.workers, drivers = ?names, store = %spec, "machine-controller running (leader)");
+        // The run ends on a signal (gracefully, still renewing meanwhile) or as soon as the lease
+        // is lost: then the runtime is dropped mid-flight; everything it did is resumable.
+        let lost = tokio::select! {
+            _ = runtime::run(ctx.clone(), &mut shutdown) => None,
+            lost = elector.hold() => Some(lost),
+        };
+        match lost {
+            None => {
+                elector.release().await;
+                Ok(())
+            }
+            Some(lost) => {
+                acting.store(false, std::sync::atomic::Ordering::SeqCst);
+                tracing::error!("leader election lost: {lost}; stopped acting");
+                Err(fail(format!("leader election lost: {lost}")))
+            }
+        }
+    } else {
+        tracing::info!(workers = args.workers, drivers = ?names, store = %spec, "machine-controller running");
+        runtime::run(ctx, shutdown_signal()).await;
+        Ok(())
+    };
     let _ = stop_tx.send(true);
-    Ok(())
+    result
 }
 
 /// SIGTERM or SIGINT.

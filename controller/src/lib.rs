@@ -6,7 +6,9 @@
 //! nothing: in-flight operations resume from status, no machine is created twice, none leaks.
 //!
 //! - [`resources`] and [`manifest`]: the model and validated YAML input;
-//! - [`store`]: the storage trait and the embedded SQLite store;
+//! - [`store`]: the storage trait, the embedded SQLite store and the Kubernetes backend;
+//! - [`crd`]: CustomResourceDefinitions generated from the resource types;
+//! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
 //! - [`runtime`]: work queue, workers, rate limits, backoff;
 //! - [`reconcile`]: the machine, deployment, pool and orphan reconcilers;
 //! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`.
@@ -14,7 +16,9 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod crd;
 pub mod demo;
+pub mod leader;
 pub mod manifest;
 pub mod reconcile;
 pub mod resources;

@@ -31,7 +31,7 @@ pub const TAG_MACHINE: &str = "machine.driver.dev/machine";
 pub type Time = chrono::DateTime<chrono::Utc>;
 
 /// The kinds this controller knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Kind {
     /// Credentials referenced by classes (Kubernetes `v1/Secret` shape).
     Secret,
@@ -99,7 +99,7 @@ fn is_default<T: Default + PartialEq>(v: &T) -> bool {
 }
 
 /// Standard object metadata (a subset of Kubernetes `ObjectMeta`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ObjectMeta {
     /// Name, unique per kind and namespace.
@@ -137,7 +137,7 @@ pub struct ObjectMeta {
 }
 
 /// A reference to an owning object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OwnerReference {
     /// apiVersion of the owner.
@@ -223,7 +223,7 @@ where
 // ----------------------------------------------------------------------------------------- Secret
 
 /// Credentials, in the shape of a Kubernetes `v1/Secret` (`stringData`, or base64 `data`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Secret {
     /// `v1`.
@@ -275,18 +275,20 @@ impl Resource for Secret {
 // ----------------------------------------------------------------------------------- MachineClass
 
 /// A reference by name (same namespace).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NameRef {
     /// The referenced object's name.
+    #[schemars(length(min = 1))]
     pub name: String,
 }
 
 /// Which driver, with which provider spec and credentials.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineClassSpec {
     /// Driver name, as registered with `run --driver NAME=ENDPOINT`.
+    #[schemars(length(min = 1))]
     pub driver: String,
     /// Cloud-specific spec (checked by the driver's schema).
     pub provider_spec: Value,
@@ -296,7 +298,7 @@ pub struct MachineClassSpec {
 }
 
 /// What the controller found out about a class.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineClassStatus {
     /// The generation last validated by the driver.
@@ -317,7 +319,7 @@ impl KindOf for MachineClass {
 // ------------------------------------------------------------------------------------- templates
 
 /// An integer or a percentage (`3`, `"25%"`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum IntOrPercent {
     /// An absolute number.
@@ -356,7 +358,7 @@ impl IntOrPercent {
 }
 
 /// Labels and annotations given to machines made from a template.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TemplateMeta {
     /// Labels.
@@ -368,7 +370,7 @@ pub struct TemplateMeta {
 }
 
 /// The machine part of a template.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineTemplateSpec {
     /// The MachineClass.
@@ -379,7 +381,7 @@ pub struct MachineTemplateSpec {
 }
 
 /// A machine template.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineTemplate {
     /// Labels and annotations.
@@ -392,7 +394,7 @@ pub struct MachineTemplate {
 // ------------------------------------------------------------------------------ MachineDeployment
 
 /// How a deployment moves machines to a new template.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum StrategyType {
     /// Replace machines, within maxSurge / maxUnavailable.
     #[default]
@@ -402,7 +404,7 @@ pub enum StrategyType {
 }
 
 /// RollingUpdate parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RollingUpdate {
     /// Machines above `replicas` allowed during a rollout (default 1; percentages round up).
@@ -428,7 +430,7 @@ impl Default for RollingUpdate {
 }
 
 /// InPlace parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InPlaceUpdate {
     /// Machines updated at once (they count as unavailable; default 1).
@@ -446,7 +448,7 @@ impl Default for InPlaceUpdate {
 }
 
 /// Update strategy.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Strategy {
     /// RollingUpdate (default) or InPlace.
@@ -461,7 +463,7 @@ pub struct Strategy {
 }
 
 /// Which machines go first on scale-down (after annotated, failed and unhealthy ones).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum DeletePolicy {
     /// Oldest first.
     #[default]
@@ -473,10 +475,11 @@ pub enum DeletePolicy {
 }
 
 /// Desired state of a MachineDeployment.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineDeploymentSpec {
     /// Number of machines.
+    #[schemars(range(min = 0))]
     pub replicas: i64,
     /// The machine template; a change starts a rollout.
     pub template: MachineTemplate,
@@ -523,7 +526,7 @@ fn default_health_timeout() -> u64 {
 }
 
 /// A revision that failed and is not applied again.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BadRevision {
     /// The template hash.
@@ -535,7 +538,7 @@ pub struct BadRevision {
 }
 
 /// A template that was fully rolled out once.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevisionRecord {
     /// The template hash.
@@ -545,7 +548,7 @@ pub struct RevisionRecord {
 }
 
 /// The rollout in progress.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutState {
     /// Revision being rolled out.
@@ -559,7 +562,7 @@ pub struct RolloutState {
 }
 
 /// Observed state of a MachineDeployment.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineDeploymentStatus {
     /// Generation the status describes.
@@ -610,10 +613,11 @@ impl KindOf for MachineDeployment {
 // ------------------------------------------------------------------------------------ MachinePool
 
 /// Desired state of a MachinePool.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachinePoolSpec {
     /// Number of instances.
+    #[schemars(range(min = 0))]
     pub replicas: i64,
     /// The instance template.
     pub template: MachineTemplate,
@@ -623,7 +627,7 @@ pub struct MachinePoolSpec {
 }
 
 /// Observed state of a MachinePool.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MachinePoolStatus {
     /// Instances in the pool.
@@ -665,7 +669,7 @@ impl KindOf for MachinePool {
 // ---------------------------------------------------------------------------------------- Machine
 
 /// Which pool instance a pool Machine stands for.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolInstanceRef {
     /// The MachinePool.
@@ -675,7 +679,7 @@ pub struct PoolInstanceRef {
 }
 
 /// Desired state of a Machine.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineSpec {
     /// The MachineClass.
@@ -695,7 +699,7 @@ pub struct MachineSpec {
 }
 
 /// Lifecycle phase of a Machine.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Phase {
     /// Accepted; nothing asked of the cloud yet.
     #[default]
@@ -721,7 +725,7 @@ impl fmt::Display for Phase {
 }
 
 /// A condition (Kubernetes shape).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     /// Type, e.g. `Ready`, `Creating`, `Failed`.
@@ -739,7 +743,7 @@ pub struct Condition {
 }
 
 /// An operation handle kept in status until the operation is done.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StoredOperation {
     /// Operation kind (`CreateMachine`, ...).
@@ -758,7 +762,7 @@ pub struct StoredOperation {
 }
 
 /// The last driver call made for an object.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LastOperation {
     /// `Create`, `Delete`, `Update`, `Poll`, `Status`, ...
@@ -781,7 +785,7 @@ pub struct LastOperation {
 }
 
 /// A network address.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Address {
     /// InternalIP, ExternalIP, Hostname, ...
     #[serde(rename = "type")]
@@ -791,7 +795,7 @@ pub struct Address {
 }
 
 /// A permanent failure, remembered so it is not retried until the spec changes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Failure {
     /// gRPC code name.
@@ -808,7 +812,7 @@ pub struct Failure {
 }
 
 /// Observed state of a Machine.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineStatus {
     /// Phase.

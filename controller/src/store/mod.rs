@@ -12,6 +12,7 @@ use tokio::sync::broadcast;
 
 use crate::resources::{Kind, ObjectMeta, Resource, Time};
 
+pub mod kubernetes;
 pub mod sqlite;
 
 /// Identifies an object.
@@ -101,6 +102,12 @@ pub enum Error {
     /// (De)serialization failed.
     #[error("store data error")]
     Json(#[from] serde_json::Error),
+    /// The Kubernetes API server failed or refused.
+    #[error("Kubernetes API error")]
+    Kube(#[source] Box<kube::Error>),
+    /// The store cannot serve now (e.g. its initial list did not complete).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// Store result.
@@ -130,6 +137,49 @@ pub trait Backend: Send + Sync + 'static {
     async fn record_event(&self, event: Event) -> Result<()>;
     /// The newest `limit` events of an object, oldest first.
     async fn events(&self, key: &Key, limit: usize) -> Result<Vec<Event>>;
+    /// The Kubernetes client, when the objects live on an API server (leader election uses it).
+    fn kube_client(&self) -> Option<kube::Client> {
+        None
+    }
+}
+
+/// Which backend to use (`--store`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// The embedded store in this file (`sqlite://PATH`, or just `PATH`).
+    Sqlite(std::path::PathBuf),
+    /// The Kubernetes API server of the kubeconfig or in-cluster config (`kubernetes`).
+    Kubernetes {
+        /// Watch only this namespace (`None`: all namespaces).
+        namespace: Option<String>,
+    },
+}
+
+impl std::str::FromStr for StoreSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "" => Err("the store is empty; use sqlite://PATH or kubernetes".into()),
+            "kubernetes" | "k8s" => Ok(StoreSpec::Kubernetes { namespace: None }),
+            _ => match s.strip_prefix("sqlite://") {
+                Some("") => Err(format!("{s:?}: sqlite:// needs a file path")),
+                Some(path) => Ok(StoreSpec::Sqlite(path.into())),
+                None if s.contains("://") => Err(format!("{s:?}: unknown store; use sqlite://PATH or kubernetes")),
+                None => Ok(StoreSpec::Sqlite(s.into())),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for StoreSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreSpec::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
+            StoreSpec::Kubernetes { namespace: None } => f.write_str("kubernetes (all namespaces)"),
+            StoreSpec::Kubernetes { namespace: Some(ns) } => write!(f, "kubernetes (namespace {ns})"),
+        }
+    }
 }
 
 /// Typed access over a backend. Cheap to clone.
@@ -150,6 +200,19 @@ impl Store {
     /// The file cannot be opened or is not a store.
     pub fn open(path: &std::path::Path) -> Result<Self> {
         Ok(Self::new(Arc::new(sqlite::SqliteBackend::open(path)?)))
+    }
+
+    /// The backend `spec` names.
+    ///
+    /// # Errors
+    /// The file cannot be opened; no Kubernetes configuration.
+    pub async fn connect(spec: &StoreSpec) -> Result<Self> {
+        match spec {
+            StoreSpec::Sqlite(path) => Self::open(path),
+            StoreSpec::Kubernetes { namespace } => {
+                Ok(Self::new(Arc::new(kubernetes::KubernetesBackend::connect(namespace.clone()).await?)))
+            }
+        }
     }
 
     /// The backend.

@@ -1,0 +1,283 @@
+//! CustomResourceDefinitions for the Kubernetes backend, generated from the resource types in
+//! [`crate::resources`] (the same types the embedded store and the reconcilers use).
+//!
+//! schemars describes each `spec` and `status`; [`structural`] rewrites that description into a
+//! Kubernetes *structural* schema (inlined, no `anyOf` for optional fields, int-or-string for
+//! `IntOrPercent`, `x-kubernetes-preserve-unknown-fields` for free-form provider specs).
+
+use schemars::JsonSchema;
+use serde_json::{json, Map, Value};
+
+use crate::resources::{
+    Kind, MachineClassSpec, MachineClassStatus, MachineDeploymentSpec, MachineDeploymentStatus, MachinePoolSpec,
+    MachinePoolStatus, MachineSpec, MachineStatus, GROUP,
+};
+
+/// The served and stored version.
+pub const VERSION: &str = "v1alpha1";
+
+/// Plural resource name of a kind (as in `kubectl get machines`).
+pub fn plural(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Secret => "secrets",
+        Kind::MachineClass => "machineclasses",
+        Kind::MachineDeployment => "machinedeployments",
+        Kind::MachinePool => "machinepools",
+        Kind::Machine => "machines",
+    }
+}
+
+fn schema_of<T: JsonSchema>() -> Value {
+    let mut settings = schemars::generate::SchemaSettings::openapi3();
+    settings.inline_subschemas = true;
+    structural(settings.into_generator().into_root_schema_for::<T>().to_value())
+}
+
+/// Rewrites a schemars (OpenAPI 3) schema into a Kubernetes structural schema.
+pub fn structural(schema: Value) -> Value {
+    let Value::Object(mut o) = schema else {
+        // `true` / `{}`: anything goes (serde_json::Value fields).
+        return json!({ "x-kubernetes-preserve-unknown-fields": true });
+    };
+    for k in ["$schema", "title", "default", "examples", "example", "deprecated", "readOnly", "writeOnly", "$defs"] {
+        o.remove(k);
+    }
+    if o.get("additionalProperties") == Some(&Value::Bool(false)) {
+        o.remove("additionalProperties");
+    }
+    for combinator in ["anyOf", "oneOf"] {
+        // A documented unit enum: one string `enum` per variant → one `enum`.
+        if let Some(Value::Array(variants)) = o.get(combinator) {
+            let values: Option<Vec<Value>> = variants
+                .iter()
+                .map(|v| match (v.get("type").and_then(Value::as_str), v.get("enum")) {
+                    (Some("string"), Some(Value::Array(e))) => Some(e.clone()),
+                    _ => None,
+                })
+                .collect::<Option<Vec<Vec<Value>>>>()
+                .map(|e| e.concat());
+            if let Some(values) = values {
+                o.remove(combinator);
+                o.insert("type".into(), json!("string"));
+                o.insert("enum".into(), Value::Array(values));
+                continue;
+            }
+        }
+        // An untagged integer-or-string enum (IntOrPercent).
+        if let Some(Value::Array(variants)) = o.get(combinator) {
+            let types: Vec<&str> = variants.iter().filter_map(|v| v.get("type").and_then(Value::as_str)).collect();
+            if types.len() == 2 && types.contains(&"integer") && types.contains(&"string") {
+                o.remove(combinator);
+                o.insert("x-kubernetes-int-or-string".into(), Value::Bool(true));
+            }
+        }
+    }
+    if let Some(Value::String(f)) = o.get("format") {
+        if f.starts_with("uint") || f == "int" {
+            o.insert("format".into(), json!("int64"));
+        }
+    }
+    if let Some(Value::Object(props)) = o.remove("properties") {
+        let props: Map<String, Value> = props.into_iter().map(|(k, v)| (k, structural(v))).collect();
+        o.insert("properties".into(), Value::Object(props));
+    }
+    for k in ["items", "additionalProperties"] {
+        if let Some(v) = o.remove(k) {
+            o.insert(k.into(), structural(v));
+        }
+    }
+    if o.is_empty() || (o.len() == 1 && o.contains_key("description")) {
+        o.insert("x-kubernetes-preserve-unknown-fields".into(), Value::Bool(true));
+    }
+    if o.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) && !o.contains_key("type") {
+        // Provider specs are JSON objects.
+        o.insert("type".into(), json!("object"));
+    }
+    Value::Object(o)
+}
+
+struct Def {
+    kind: Kind,
+    short: &'static [&'static str],
+    spec: Value,
+    status: Value,
+    columns: Value,
+    scale: bool,
+}
+
+fn col(name: &str, ty: &str, path: &str) -> Value {
+    json!({ "name": name, "type": ty, "jsonPath": path })
+}
+
+fn age() -> Value {
+    col("Age", "date", ".metadata.creationTimestamp")
+}
+
+fn defs() -> Vec<Def> {
+    vec![
+        Def {
+            kind: Kind::MachineClass,
+            short: &["mcl"],
+            spec: schema_of::<MachineClassSpec>(),
+            status: schema_of::<MachineClassStatus>(),
+            columns: json!([col("Driver", "string", ".spec.driver"), age()]),
+            scale: false,
+        },
+        Def {
+            kind: Kind::MachineDeployment,
+            short: &["md", "mcd"],
+            spec: schema_of::<MachineDeploymentSpec>(),
+            status: schema_of::<MachineDeploymentStatus>(),
+            columns: json!([
+                col("Desired", "integer", ".spec.replicas"),
+                col("Current", "integer", ".status.replicas"),
+                col("Updated", "integer", ".status.updatedReplicas"),
+                col("Ready", "integer", ".status.readyReplicas"),
+                col("Available", "integer", ".status.availableReplicas"),
+                age()
+            ]),
+            scale: true,
+        },
+        Def {
+            kind: Kind::MachinePool,
+            short: &["mp"],
+            spec: schema_of::<MachinePoolSpec>(),
+            status: schema_of::<MachinePoolStatus>(),
+            columns: json!([
+                col("Desired", "integer", ".spec.replicas"),
+                col("Ready", "integer", ".status.readyReplicas"),
+                col("Updated", "integer", ".status.updatedReplicas"),
+                col("Provider-ID", "string", ".status.providerId"),
+                age()
+            ]),
+            scale: true,
+        },
+        Def {
+            kind: Kind::Machine,
+            short: &["ma"],
+            spec: schema_of::<MachineSpec>(),
+            status: schema_of::<MachineStatus>(),
+            columns: json!([
+                col("Phase", "string", ".status.phase"),
+                col("Provider-ID", "string", ".status.providerId"),
+                col("Address", "string", ".status.addresses[0].address"),
+                age(),
+                col("Request-ID", "string", ".status.lastOperation.requestId"),
+            ]),
+            scale: false,
+        },
+    ]
+}
+
+/// The CustomResourceDefinitions of every kind but `Secret` (core v1), as JSON objects.
+pub fn crds() -> Vec<Value> {
+    defs()
+        .into_iter()
+        .map(|d| {
+            let plural = plural(d.kind);
+            let mut subresources = json!({ "status": {} });
+            if d.scale {
+                subresources["scale"] =
+                    json!({ "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas" });
+            }
+            json!({
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": { "name": format!("{plural}.{GROUP}") },
+                "spec": {
+                    "group": GROUP,
+                    "scope": "Namespaced",
+                    "names": {
+                        "kind": d.kind.as_str(),
+                        "listKind": format!("{}List", d.kind.as_str()),
+                        "plural": plural,
+                        "singular": d.kind.as_str().to_ascii_lowercase(),
+                        "shortNames": d.short,
+                        "categories": ["machine-driver"],
+                    },
+                    "versions": [{
+                        "name": VERSION,
+                        "served": true,
+                        "storage": true,
+                        "subresources": subresources,
+                        "additionalPrinterColumns": d.columns,
+                        "schema": { "openAPIV3Schema": {
+                            "type": "object",
+                            "description": format!("A {} (machine-driver).", d.kind.as_str()),
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": { "type": "string" },
+                                "kind": { "type": "string" },
+                                "metadata": { "type": "object" },
+                                "spec": d.spec,
+                                "status": d.status,
+                            }
+                        }}
+                    }]
+                }
+            })
+        })
+        .collect()
+}
+
+/// The CRDs as one multi-document YAML stream (`machine-controller crds`).
+///
+/// # Errors
+/// Serialization failures (not expected).
+pub fn crds_yaml() -> Result<String, serde_yaml_ng::Error> {
+    let mut out = String::new();
+    for crd in crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml_ng::to_string(&crd)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn walk(v: &Value, path: &str, f: &mut impl FnMut(&str, &Map<String, Value>)) {
+        if let Value::Object(o) = v {
+            f(path, o);
+            for (k, child) in o {
+                walk(child, &format!("{path}.{k}"), f);
+            }
+        } else if let Value::Array(a) = v {
+            for (i, child) in a.iter().enumerate() {
+                walk(child, &format!("{path}[{i}]"), f);
+            }
+        }
+    }
+
+    #[test]
+    fn schemas_are_structural() {
+        for crd in crds() {
+            let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+            walk(schema, "", &mut |path, o| {
+                for banned in ["$ref", "anyOf", "oneOf", "allOf", "$schema", "const"] {
+                    assert!(!o.contains_key(banned), "{path} has {banned}: {o:?}");
+                }
+                let is_schema = o.contains_key("type")
+                    || o.contains_key("x-kubernetes-int-or-string")
+                    || o.contains_key("x-kubernetes-preserve-unknown-fields");
+                let is_container = path.ends_with(".properties") || path.ends_with(".subresources");
+                if o.contains_key("description") && !is_container {
+                    assert!(is_schema, "{path} has no type: {o:?}");
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn int_or_percent_and_provider_spec() {
+        let crds = crds();
+        let md = &crds[1]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let surge = &md["properties"]["strategy"]["properties"]["rollingUpdate"]["properties"]["maxSurge"];
+        assert_eq!(surge["x-kubernetes-int-or-string"], json!(true), "{surge}");
+        assert_eq!(md["properties"]["replicas"]["minimum"], json!(0));
+        let class = &crds[0]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        assert_eq!(class["properties"]["providerSpec"]["x-kubernetes-preserve-unknown-fields"], json!(true));
+        assert_eq!(class["required"], json!(["driver", "providerSpec"]));
+    }
+}

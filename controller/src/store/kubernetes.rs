@@ -1,0 +1,572 @@
+//! The Kubernetes backend: MachineClass, MachineDeployment, MachinePool and Machine are custom
+//! resources of `machine.driver.dev/v1alpha1` (see [`crate::crd`]); Secrets are core v1 Secrets.
+//!
+//! - Reads are served from a per-kind cache kept current by kube-runtime's watcher (a list, then a
+//!   watch from the list's resourceVersion; re-listed after a watch error). A kind's cache starts
+//!   on first use, and reads wait until its initial list is complete.
+//! - Writes go to the API server (optimistic concurrency by `resourceVersion`: a stale write
+//!   gets 409 → [`Error::Conflict`], and the cache is refreshed from the server so the retry sees
+//!   the newest object). The object the server returns goes into the cache at once, so a
+//!   reconciler reads its own writes.
+//! - Status goes through the `status` subresource; deleting an object with finalizers sets its
+//!   `deletionTimestamp`; removing the last finalizer lets the API server delete it.
+//! - Metadata is trimmed to the fields the resource model knows: what a real API server adds
+//!   (`managedFields`, …) never reaches parsing, nor the cache's memory.
+//! - Events are posted as `events.k8s.io/v1` Events by a background task (a reconcile never
+//!   waits for one) and read back for `describe`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::{watcher, WatchStreamExt};
+use serde_json::{Map, Value};
+use tokio::sync::{broadcast, mpsc, watch, OnceCell};
+
+use super::{Backend, Change, Error, Event, Key, Result};
+use crate::resources::{Kind, API_VERSION, GROUP};
+
+/// How long a read waits for a kind's initial list.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Who reports events.
+const REPORTING_CONTROLLER: &str = "machine.driver.dev/machine-controller";
+
+#[derive(Clone)]
+struct Cached {
+    rv: u64,
+    json: Arc<str>,
+}
+
+struct KindCache {
+    objects: RwLock<HashMap<Key, Cached>>,
+    synced: watch::Sender<bool>,
+    started: OnceCell<()>,
+}
+
+/// Objects on a Kubernetes API server.
+pub struct KubernetesBackend {
+    client: kube::Client,
+    namespace: Option<String>,
+    caches: HashMap<Kind, Arc<KindCache>>,
+    tx: broadcast::Sender<Change>,
+    events: mpsc::Sender<(Event, String)>,
+}
+
+fn api_resource(kind: Kind) -> ApiResource {
+    match kind {
+        Kind::Secret => ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Secret"), "secrets"),
+        _ => ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(GROUP, crate::crd::VERSION, kind.as_str()),
+            crate::crd::plural(kind),
+        ),
+    }
+}
+
+fn lock_read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lock_write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A resourceVersion as a number, for "is this newer" checks (etcd revisions are numbers;
+/// anything else counts as newest so it is never ignored).
+fn rv_number(rv: Option<&str>) -> u64 {
+    rv.and_then(|s| s.parse().ok()).unwrap_or(u64::MAX)
+}
+
+/// Keeps the fields of the resource model and drops what the API server adds.
+fn normalize(kind: Kind, obj: Value) -> Option<(Key, Cached, Value)> {
+    let Value::Object(mut o) = obj else { return None };
+    let meta = match o.remove("metadata") {
+        Some(Value::Object(m)) => m,
+        _ => return None,
+    };
+    let mut m = Map::new();
+    for field in [
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "labels",
+        "annotations",
+        "finalizers",
+    ] {
+        if let Some(v) = meta.get(field) {
+            if !v.is_null() {
+                m.insert(field.into(), v.clone());
+            }
+        }
+    }
+    if let Some(Value::Array(refs)) = meta.get("ownerReferences") {
+        let refs: Vec<Value> = refs
+            .iter()
+            .map(|r| {
+                let mut keep = Map::new();
+                for f in ["apiVersion", "kind", "name", "uid", "controller"] {
+                    if let Some(v) = r.get(f) {
+                        keep.insert(f.into(), v.clone());
+                    }
+                }
+                Value::Object(keep)
+            })
+            .collect();
+        m.insert("ownerReferences".into(), Value::Array(refs));
+    }
+    let name = m.get("name")?.as_str()?.to_string();
+    let namespace = m.get("namespace").and_then(Value::as_str).unwrap_or("default").to_string();
+    let rv = rv_number(m.get("resourceVersion").and_then(Value::as_str));
+    let mut out = Map::new();
+    out.insert("apiVersion".into(), Value::String(kind.api_version().into()));
+    out.insert("kind".into(), Value::String(kind.as_str().into()));
+    out.insert("metadata".into(), Value::Object(m));
+    let fields: &[&str] = match kind {
+        Kind::Secret => &["data", "stringData", "type"],
+        _ => &["spec", "status"],
+    };
+    for f in fields {
+        if let Some(v) = o.remove(*f) {
+            if !v.is_null() {
+                out.insert((*f).into(), v);
+            }
+        }
+    }
+    let out = Value::Object(out);
+    let json: Arc<str> = serde_json::to_string(&out).ok()?.into();
+    Some((Key::new(kind, &namespace, &name), Cached { rv, json }, out))
+}
+
+fn owner_of(v: &Value, namespace: &str) -> Option<Key> {
+    let refs = v.get("metadata")?.get("ownerReferences")?.as_array()?;
+    let owner = refs.iter().find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))?;
+    let kind = Kind::parse(owner.get("kind")?.as_str()?)?;
+    Some(Key::new(kind, namespace, owner.get("name")?.as_str()?))
+}
+
+fn is_gone(v: &Value) -> bool {
+    let meta = &v["metadata"];
+    !meta["deletionTimestamp"].is_null() && meta["finalizers"].as_array().is_none_or(|f| f.is_empty())
+}
+
+fn map_err(e: kube::Error, key: &Key, expected: &str) -> Error {
+    match e {
+        kube::Error::Api(s) if s.is_not_found() => Error::NotFound(key.clone()),
+        kube::Error::Api(s) if s.is_already_exists() => Error::AlreadyExists(key.clone()),
+        kube::Error::Api(s) if s.is_conflict() => {
+            Error::Conflict { key: key.clone(), expected: expected.to_string(), actual: "a newer one".into() }
+        }
+        kube::Error::Api(s) if s.is_invalid() || s.code == 400 => Error::Invalid(s.message.clone()),
+        e => Error::Kube(Box::new(e)),
+    }
+}
+
+impl KubernetesBackend {
+    /// Connects with the kubeconfig (`KUBECONFIG`, `~/.kube/config`) or the in-cluster config.
+    /// `namespace` restricts watches to one namespace (`None`: all namespaces).
+    ///
+    /// # Errors
+    /// No usable configuration.
+    pub async fn connect(namespace: Option<String>) -> Result<Self> {
+        let client = kube::Client::try_default().await.map_err(|e| Error::Kube(Box::new(e)))?;
+        Ok(Self::new(client, namespace))
+    }
+
+    /// A backend over `client`.
+    pub fn new(client: kube::Client, namespace: Option<String>) -> Self {
+        let caches = Kind::ALL
+            .iter()
+            .map(|k| {
+                let (synced, _) = watch::channel(false);
+                (*k, Arc::new(KindCache { objects: RwLock::new(HashMap::new()), synced, started: OnceCell::new() }))
+            })
+            .collect();
+        let (tx, _) = broadcast::channel(1 << 16);
+        let (events, rx) = mpsc::channel(4096);
+        let backend = Self { client, namespace, caches, tx, events };
+        tokio::spawn(post_events(backend.client.clone(), rx));
+        backend
+    }
+
+    fn api(&self, kind: Kind, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), namespace, &api_resource(kind))
+    }
+
+    fn cache(&self, kind: Kind) -> &Arc<KindCache> {
+        // Every kind has a cache (built from Kind::ALL in `new`).
+        &self.caches[&kind]
+    }
+
+    /// The kind's cache, started on first use and fully listed.
+    async fn synced(&self, kind: Kind) -> Result<&Arc<KindCache>> {
+        let cache = self.cache(kind);
+        cache
+            .started
+            .get_or_init(|| async {
+                let api: Api<DynamicObject> = match &self.namespace {
+                    Some(ns) => Api::namespaced_with(self.client.clone(), ns, &api_resource(kind)),
+                    None => Api::all_with(self.client.clone(), &api_resource(kind)),
+                };
+                tokio::spawn(watch_kind(api, kind, cache.clone(), self.tx.clone()));
+            })
+            .await;
+        let mut rx = cache.synced.subscribe();
+        let synced = matches!(tokio::time::timeout(SYNC_TIMEOUT, rx.wait_for(|s| *s)).await, Ok(Ok(_)));
+        match synced {
+            true => Ok(cache),
+            false => Err(Error::Unavailable(format!(
+                "the initial list of {} did not complete within {SYNC_TIMEOUT:?} (are the CRDs installed? \
+                 `machine-controller crds | kubectl apply -f -`)",
+                crate::crd::plural(kind)
+            ))),
+        }
+    }
+
+    /// Puts an object the server returned into the cache (unless the cache already has a newer
+    /// one) and returns its JSON.
+    fn remember(&self, kind: Kind, obj: &DynamicObject) -> Result<(Key, Arc<str>)> {
+        let v = serde_json::to_value(obj)?;
+        let (key, cached, _) = normalize(kind, v)
+            .ok_or_else(|| Error::Invalid("the API server returned an object without a name".into()))?;
+        let json = cached.json.clone();
+        let mut objects = lock_write(&self.cache(kind).objects);
+        match objects.get(&key) {
+            Some(c) if c.rv != u64::MAX && c.rv > cached.rv => {}
+            _ => {
+                objects.insert(key.clone(), cached);
+            }
+        }
+        Ok((key, json))
+    }
+
+    fn forget(&self, key: &Key) {
+        lock_write(&self.cache(key.kind).objects).remove(key);
+    }
+
+    /// Reads the object from the server into the cache (after a conflict: the retry then starts
+    /// from the newest version instead of waiting for the watch).
+    async fn refresh(&self, key: &Key) {
+        match self.api(key.kind, &key.namespace).get_opt(&key.name).await {
+            Ok(Some(o)) => {
+                let _ = self.remember(key.kind, &o);
+            }
+            Ok(None) => self.forget(key),
+            Err(e) => tracing::debug!(object = %key, "refreshing after a conflict: {e}"),
+        }
+    }
+}
+
+fn key_of(kind: Kind, v: &Value) -> Result<Key> {
+    let meta = v.get("metadata").ok_or_else(|| Error::Invalid("metadata is missing".into()))?;
+    let name = meta.get("name").and_then(Value::as_str).filter(|n| !n.is_empty());
+    let name = name.ok_or_else(|| Error::Invalid("metadata.name is missing".into()))?;
+    let namespace = meta.get("namespace").and_then(Value::as_str).unwrap_or("default");
+    Ok(Key::new(kind, namespace, name))
+}
+
+fn to_dynamic(kind: Kind, mut v: Value) -> Result<DynamicObject> {
+    v["apiVersion"] = Value::String(kind.api_version().into());
+    v["kind"] = Value::String(kind.as_str().into());
+    Ok(serde_json::from_value(v)?)
+}
+
+#[async_trait::async_trait]
+impl Backend for KubernetesBackend {
+    async fn get(&self, key: &Key) -> Result<Option<Arc<str>>> {
+        let cache = self.synced(key.kind).await?;
+        Ok(lock_read(&cache.objects).get(key).map(|c| c.json.clone()))
+    }
+
+    async fn list(&self, kind: Kind) -> Result<Vec<Arc<str>>> {
+        let cache = self.synced(kind).await?;
+        let objects = lock_read(&cache.objects);
+        let mut keyed: Vec<(&Key, &Cached)> = objects.iter().collect();
+        keyed.sort_by(|a, b| a.0.cmp(b.0));
+        Ok(keyed.into_iter().map(|(_, c)| c.json.clone()).collect())
+    }
+
+    async fn create(&self, kind: Kind, mut obj: Value) -> Result<Arc<str>> {
+        let key = key_of(kind, &obj)?;
+        self.synced(kind).await?;
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            for f in ["uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp"] {
+                meta.remove(f);
+            }
+            meta.insert("namespace".into(), Value::String(key.namespace.clone()));
+        }
+        // The status subresource ignores status on create: write it separately.
+        let status = match obj.as_object_mut().and_then(|o| o.remove("status")) {
+            Some(Value::Object(s)) if !s.is_empty() && kind != Kind::Secret => Some(Value::Object(s)),
+            _ => None,
+        };
+        let api = self.api(kind, &key.namespace);
+        let created =
+            api.create(&PostParams::default(), &to_dynamic(kind, obj)?).await.map_err(|e| map_err(e, &key, ""))?;
+        let (_, mut json) = self.remember(kind, &created)?;
+        if let Some(status) = status {
+            let mut with: Value = serde_json::from_str(&json)?;
+            with["status"] = status;
+            let rv = with["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string();
+            let updated = api
+                .replace_status(&key.name, &PostParams::default(), &to_dynamic(kind, with)?)
+                .await
+                .map_err(|e| map_err(e, &key, &rv))?;
+            json = self.remember(kind, &updated)?.1;
+        }
+        Ok(json)
+    }
+
+    async fn update(&self, kind: Kind, obj: Value, status_only: bool) -> Result<Option<Arc<str>>> {
+        let key = key_of(kind, &obj)?;
+        let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string();
+        if rv.is_empty() {
+            return Err(Error::Invalid(format!("{key}: an update must carry the resourceVersion it read")));
+        }
+        self.synced(kind).await?;
+        let api = self.api(kind, &key.namespace);
+        let dynamic = to_dynamic(kind, obj)?;
+        let result = if status_only && kind != Kind::Secret {
+            api.replace_status(&key.name, &PostParams::default(), &dynamic).await
+        } else {
+            api.replace(&key.name, &PostParams::default(), &dynamic).await
+        };
+        match result {
+            Ok(o) => {
+                let (_, json) = self.remember(kind, &o)?;
+                if is_gone(&serde_json::to_value(&o)?) {
+                    // The last finalizer went: the API server deletes the object now.
+                    self.forget(&key);
+                    return Ok(None);
+                }
+                Ok(Some(json))
+            }
+            Err(e) => {
+                let err = map_err(e, &key, &rv);
+                match err {
+                    Error::Conflict { .. } => self.refresh(&key).await,
+                    Error::NotFound(_) => self.forget(&key),
+                    _ => {}
+                }
+                Err(err)
+            }
+        }
+    }
+
+    async fn delete(&self, key: &Key) -> Result<Option<Arc<str>>> {
+        self.synced(key.kind).await?;
+        match self.api(key.kind, &key.namespace).delete(&key.name, &DeleteParams::background()).await {
+            Ok(either::Either::Left(o)) => {
+                let (_, json) = self.remember(key.kind, &o)?;
+                Ok(Some(json))
+            }
+            Ok(either::Either::Right(_)) => {
+                self.forget(key);
+                Ok(None)
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {
+                self.forget(key);
+                Ok(None)
+            }
+            Err(e) => Err(map_err(e, key, "")),
+        }
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.tx.subscribe()
+    }
+
+    fn kube_client(&self) -> Option<kube::Client> {
+        Some(self.client.clone())
+    }
+
+    async fn record_event(&self, event: Event) -> Result<()> {
+        // The uid lets `kubectl describe` find the event; the cache has it without a request.
+        let mut uid = String::new();
+        if let Some(json) = lock_read(&self.cache(event.key.kind).objects).get(&event.key) {
+            let v: Value = serde_json::from_str(&json.json)?;
+            uid = v["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        }
+        if self.events.try_send((event, uid)).is_err() {
+            tracing::debug!("event queue full; an event was dropped");
+        }
+        Ok(())
+    }
+
+    async fn events(&self, key: &Key, limit: usize) -> Result<Vec<Event>> {
+        // events.k8s.io/v1 and core/v1 Events are one resource; core/v1 has the field selectors.
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &key.namespace,
+            &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Event"), "events"),
+        );
+        let selector = format!("involvedObject.kind={},involvedObject.name={}", key.kind.as_str(), key.name);
+        let list = api.list(&ListParams::default().fields(&selector)).await.map_err(|e| map_err(e, key, ""))?;
+        let mut out: Vec<Event> = list
+            .items
+            .iter()
+            .filter_map(|e| {
+                let d = &e.data;
+                let time = ["eventTime", "lastTimestamp", "firstTimestamp"]
+                    .iter()
+                    .find_map(|f| d.get(*f).and_then(Value::as_str).and_then(|s| s.parse().ok()))
+                    .or(e.metadata.creation_timestamp.as_ref().and_then(|t| t.0.to_string().parse().ok()))?;
+                Some(Event {
+                    key: key.clone(),
+                    event_type: d.get("type").and_then(Value::as_str).unwrap_or("Normal").into(),
+                    reason: d.get("reason").and_then(Value::as_str).unwrap_or_default().into(),
+                    message: d.get("message").and_then(Value::as_str).unwrap_or_default().into(),
+                    time,
+                })
+            })
+            .collect();
+        out.sort_by_key(|e| e.time);
+        let skip = out.len().saturating_sub(limit);
+        Ok(out.split_off(skip))
+    }
+}
+
+/// Keeps one kind's cache current and turns what the watch sees into change notifications.
+async fn watch_kind(api: Api<DynamicObject>, kind: Kind, cache: Arc<KindCache>, tx: broadcast::Sender<Change>) {
+    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut buffer: Option<HashMap<Key, (Cached, Option<Key>)>> = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Init) => buffer = Some(HashMap::new()),
+            Ok(watcher::Event::InitApply(o)) => {
+                if let (Some(b), Some((key, cached, v))) = (buffer.as_mut(), to_value(kind, &o)) {
+                    let owner = owner_of(&v, &key.namespace);
+                    b.insert(key, (cached, owner));
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                let fresh = buffer.take().unwrap_or_default();
+                let mut changes = Vec::new();
+                {
+                    let mut objects = lock_write(&cache.objects);
+                    for (key, c) in objects.iter() {
+                        if !fresh.contains_key(key) {
+                            changes.push(Change { key: key.clone(), owner: None, deleted: true });
+                        } else if fresh[key].0.rv != c.rv {
+                            changes.push(Change { key: key.clone(), owner: fresh[key].1.clone(), deleted: false });
+                        }
+                    }
+                    for (key, (_, owner)) in &fresh {
+                        if !objects.contains_key(key) {
+                            changes.push(Change { key: key.clone(), owner: owner.clone(), deleted: false });
+                        }
+                    }
+                    *objects = fresh.into_iter().map(|(k, (c, _))| (k, c)).collect();
+                }
+                cache.synced.send_replace(true);
+                for c in changes {
+                    let _ = tx.send(c);
+                }
+            }
+            Ok(watcher::Event::Apply(o)) => {
+                if let Some((key, cached, v)) = to_value(kind, &o) {
+                    let owner = owner_of(&v, &key.namespace);
+                    {
+                        let mut objects = lock_write(&cache.objects);
+                        match objects.get(&key) {
+                            Some(c) if c.rv != u64::MAX && c.rv > cached.rv => {}
+                            _ => {
+                                objects.insert(key.clone(), cached);
+                            }
+                        }
+                    }
+                    let _ = tx.send(Change { key, owner, deleted: false });
+                }
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                if let Some((key, _, v)) = to_value(kind, &o) {
+                    let owner = owner_of(&v, &key.namespace);
+                    lock_write(&cache.objects).remove(&key);
+                    let _ = tx.send(Change { key, owner, deleted: true });
+                }
+            }
+            Err(e) => tracing::warn!(kind = %kind, "watching {}: {e}", crate::crd::plural(kind)),
+        }
+    }
+}
+
+fn to_value(kind: Kind, o: &DynamicObject) -> Option<(Key, Cached, Value)> {
+    normalize(kind, serde_json::to_value(o).ok()?)
+}
+
+/// Posts events as `events.k8s.io/v1` Events, one at a time, off the reconcile path.
+async fn post_events(client: kube::Client, mut rx: mpsc::Receiver<(Event, String)>) {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::api::events::v1::Event as KubeEvent;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    let instance = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
+        .unwrap_or_else(|| "machine-controller".into());
+    while let Some((e, uid)) = rx.recv().await {
+        let api: Api<KubeEvent> = Api::namespaced(client.clone(), &e.key.namespace);
+        let suffix = uuid::Uuid::new_v4().simple().to_string();
+        let event = KubeEvent {
+            metadata: ObjectMeta {
+                name: Some(format!("{}.{}", e.key.name, &suffix[..16])),
+                namespace: Some(e.key.namespace.clone()),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            action: Some(e.reason.clone()),
+            reason: Some(e.reason.clone()),
+            note: Some(e.message.chars().take(1024).collect()),
+            type_: Some(e.event_type.clone()),
+            reporting_controller: Some(REPORTING_CONTROLLER.into()),
+            reporting_instance: Some(instance.clone()),
+            regarding: Some(ObjectReference {
+                api_version: Some(if e.key.kind == Kind::Secret { "v1".into() } else { API_VERSION.into() }),
+                kind: Some(e.key.kind.as_str().into()),
+                name: Some(e.key.name.clone()),
+                namespace: Some(e.key.namespace.clone()),
+                uid: (!uid.is_empty()).then_some(uid),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        if let Err(err) = api.create(&PostParams::default(), &event).await {
+            tracing::debug!(object = %e.key, "posting event {}: {err}", e.reason);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_drops_server_fields() {
+        let v = serde_json::json!({
+            "apiVersion": "machine.driver.dev/v1alpha1", "kind": "Machine",
+            "metadata": {
+                "name": "m", "namespace": "ns", "uid": "u", "resourceVersion": "42", "generation": 2,
+                "managedFields": [{"manager": "kubectl"}], "selfLink": "x",
+                "ownerReferences": [{"apiVersion": "a", "kind": "MachineDeployment", "name": "md", "uid": "1",
+                                     "controller": true, "blockOwnerDeletion": true}]
+            },
+            "spec": {"classRef": {"name": "c"}},
+            "status": {"phase": "Running"},
+            "extra": 1
+        });
+        let (key, cached, out) = normalize(Kind::Machine, v).unwrap();
+        assert_eq!(key, Key::new(Kind::Machine, "ns", "m"));
+        assert_eq!(cached.rv, 42);
+        assert!(out["metadata"].get("managedFields").is_none());
+        assert!(out.get("extra").is_none());
+        assert!(out["metadata"]["ownerReferences"][0].get("blockOwnerDeletion").is_none());
+        assert_eq!(owner_of(&out, "ns"), Some(Key::new(Kind::MachineDeployment, "ns", "md")));
+        let m: crate::resources::Machine = serde_json::from_str(&cached.json).unwrap();
+        assert_eq!(m.status.phase, crate::resources::Phase::Running);
+    }
+}
