@@ -556,3 +556,39 @@ async fn deploy_manifests_pass_server_side_dry_run() {
         assert!(checked.iter().any(|k| k == kind), "deploy/ has no {kind}: {checked:?}");
     }
 }
+
+/// Without the CRDs, or without a usable kubeconfig, the CLI says what is wrong at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_crds_and_a_bad_kubeconfig_are_clear_errors() {
+    let cluster = Cluster::start_with(false).await;
+    let started = Instant::now();
+    let out = tokio::time::timeout(
+        MINUTE,
+        Command::new(bin("machine-controller"))
+            .args(["--store", "kubernetes", "get", "machines"])
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("are the CRDs installed?"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+
+    let out = Command::new(bin("machine-controller"))
+        .args(["--store", "kubernetes", "get", "machines"])
+        .env("KUBECONFIG", cluster.dir.path().join("no-such-kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("opening store kubernetes"), "{err}");
+    let (code, _, err) = run(&bin("machine-controller"), &["--store", "mysql://x", "get", "machines"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unknown store; use sqlite://PATH or kubernetes"), "{err}");
+}

@@ -124,20 +124,17 @@ spec:
     )
 }
 
-/// Reads the deployment's status straight from the store file (cheap: one row).
-fn md_status(store: &Path) -> Option<serde_json::Value> {
-    let conn = rusqlite::Connection::open_with_flags(store, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
-    conn.busy_timeout(Duration::from_secs(5)).ok()?;
-    let body: String = conn
-        .query_row("SELECT body FROM objects WHERE kind = 'MachineDeployment' AND name = 'bench'", [], |r| r.get(0))
-        .ok()?;
-    serde_json::from_str(&body).ok()
+/// Reads the deployment through the store interface (the same one the controller uses).
+async fn md_status(store: &machine_controller::store::Store) -> Option<serde_json::Value> {
+    let md = store.get::<machine_controller::resources::MachineDeployment>("default", "bench").await.ok()??;
+    serde_json::to_value(md).ok()
 }
 
 async fn wait_converged(p: &Procs, replicas: usize, timeout: Duration) -> Option<Duration> {
     let started = Instant::now();
+    let store = machine_controller::store::Store::open(&p.store()).expect("store");
     loop {
-        if let Some(v) = md_status(&p.store()) {
+        if let Some(v) = md_status(&store).await {
             let st = &v["status"];
             let gen_ok = st["observedGeneration"].as_i64() >= v["metadata"]["generation"].as_i64();
             let n = replicas as i64;

@@ -76,18 +76,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(md) = ctx.store.get::<MachineDeployment>(&key.namespace, &key.name).await? else {
         return Ok(Action::AwaitChange);
     };
-    // Only machines whose text names this deployment's UID are parsed.
-    let mut machines: Vec<Machine> = Vec::new();
-    for json in ctx.store.backend().list(Kind::Machine).await? {
-        if json.contains(md.metadata.uid.as_str()) {
-            let m: Machine = serde_json::from_str(&json).map_err(crate::store::Error::from)?;
-            if m.metadata.namespace == md.metadata.namespace
-                && m.metadata.owner_references.iter().any(|o| o.uid == md.metadata.uid)
-            {
-                machines.push(m);
-            }
-        }
-    }
+    let machines: Vec<Machine> = ctx.store.list_owned(&md.metadata).await?;
     if md.metadata.deletion_timestamp.is_some() {
         return teardown(ctx, md, machines).await;
     }

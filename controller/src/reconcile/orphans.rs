@@ -29,24 +29,8 @@ pub async fn run(ctx: Arc<Ctx>) {
 /// Store failures.
 pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError> {
     let classes = ctx.store.list::<MachineClass>().await?;
-    #[derive(serde::Deserialize)]
-    struct Named {
-        metadata: NameOnly,
-    }
-    #[derive(serde::Deserialize)]
-    struct NameOnly {
-        name: String,
-        namespace: String,
-    }
-    let known: HashSet<String> = ctx
-        .store
-        .backend()
-        .list(Kind::Machine)
-        .await?
-        .iter()
-        .filter_map(|j| serde_json::from_str::<Named>(j).ok())
-        .map(|m| format!("{}.{}", m.metadata.namespace, m.metadata.name))
-        .collect();
+    let known: HashSet<String> =
+        ctx.store.keys(Kind::Machine).await?.into_iter().map(|k| format!("{}.{}", k.namespace, k.name)).collect();
     let mut deleted = 0;
     let mut seen_drivers = HashSet::new();
     for class in classes {

@@ -393,14 +393,13 @@ pub async fn run(ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()>)
 }
 
 async fn keys_of(store: &Store, kind: Kind) -> Vec<Key> {
-    let list = store.backend().list(kind).await.unwrap_or_default();
-    list.iter()
-        .filter_map(|j| {
-            let v: serde_json::Value = serde_json::from_str(j).ok()?;
-            let m = v.get("metadata")?;
-            Some(Key::new(kind, m.get("namespace")?.as_str()?, m.get("name")?.as_str()?))
-        })
-        .collect()
+    match store.keys(kind).await {
+        Ok(keys) => keys,
+        Err(e) => {
+            tracing::warn!("listing {kind}: {}", driver_sdk::error_chain(&e));
+            Vec::new()
+        }
+    }
 }
 
 async fn watch(ctx: Arc<Ctx>) {

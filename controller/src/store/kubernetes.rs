@@ -43,8 +43,37 @@ struct Cached {
 
 struct KindCache {
     objects: RwLock<HashMap<Key, Cached>>,
+    /// resourceVersions of deletions seen, so a write's late echo cannot resurrect an object.
+    tombstones: RwLock<HashMap<Key, u64>>,
     synced: watch::Sender<bool>,
+    /// Why the initial list cannot succeed (no CRD, not allowed): reads fail fast with it.
+    refused: watch::Sender<Option<String>>,
     started: OnceCell<()>,
+}
+
+impl KindCache {
+    /// Stores `cached` unless the cache holds a newer version or saw a newer deletion.
+    fn put(&self, key: &Key, cached: Cached) {
+        let mut objects = lock_write(&self.objects);
+        let newer_held = objects.get(key).is_some_and(|c| c.rv != u64::MAX && c.rv > cached.rv);
+        let deleted_after = lock_read(&self.tombstones).get(key).is_some_and(|rv| *rv >= cached.rv);
+        if !newer_held && !deleted_after {
+            objects.insert(key.clone(), cached);
+        }
+    }
+
+    /// Removes `key`; `rv` is the deletion's resourceVersion when a watch reported it.
+    fn remove(&self, key: &Key, rv: Option<u64>) {
+        lock_write(&self.objects).remove(key);
+        if let Some(rv) = rv {
+            let mut t = lock_write(&self.tombstones);
+            // Bounded: a relist (InitDone) clears them anyway.
+            if t.len() >= 100_000 {
+                t.clear();
+            }
+            t.insert(key.clone(), rv);
+        }
+    }
 }
 
 /// Objects on a Kubernetes API server.
@@ -185,7 +214,15 @@ impl KubernetesBackend {
             .iter()
             .map(|k| {
                 let (synced, _) = watch::channel(false);
-                (*k, Arc::new(KindCache { objects: RwLock::new(HashMap::new()), synced, started: OnceCell::new() }))
+                let (refused, _) = watch::channel(None);
+                let cache = KindCache {
+                    objects: RwLock::new(HashMap::new()),
+                    tombstones: RwLock::new(HashMap::new()),
+                    synced,
+                    refused,
+                    started: OnceCell::new(),
+                };
+                (*k, Arc::new(cache))
             })
             .collect();
         let (tx, _) = broadcast::channel(1 << 16);
@@ -217,14 +254,20 @@ impl KubernetesBackend {
                 tokio::spawn(watch_kind(api, kind, cache.clone(), self.tx.clone()));
             })
             .await;
-        let mut rx = cache.synced.subscribe();
-        let synced = matches!(tokio::time::timeout(SYNC_TIMEOUT, rx.wait_for(|s| *s)).await, Ok(Ok(_)));
-        match synced {
-            true => Ok(cache),
-            false => Err(Error::Unavailable(format!(
-                "the initial list of {} did not complete within {SYNC_TIMEOUT:?} (are the CRDs installed? \
-                 `machine-controller crds | kubectl apply -f -`)",
-                crate::crd::plural(kind)
+        let (mut synced, mut refused) = (cache.synced.subscribe(), cache.refused.subscribe());
+        let outcome = tokio::time::timeout(SYNC_TIMEOUT, async {
+            tokio::select! {
+                _ = synced.wait_for(|s| *s) => None,
+                r = refused.wait_for(|r| r.is_some()) => r.ok().and_then(|r| r.clone()),
+            }
+        })
+        .await;
+        let plural = crate::crd::plural(kind);
+        match outcome {
+            Ok(None) if *cache.synced.borrow() => Ok(cache),
+            Ok(Some(why)) => Err(Error::Unavailable(format!("listing {plural}: {why}"))),
+            _ => Err(Error::Unavailable(format!(
+                "the initial list of {plural} did not complete within {SYNC_TIMEOUT:?} (is the API server reachable?)"
             ))),
         }
     }
@@ -236,18 +279,12 @@ impl KubernetesBackend {
         let (key, cached, _) = normalize(kind, v)
             .ok_or_else(|| Error::Invalid("the API server returned an object without a name".into()))?;
         let json = cached.json.clone();
-        let mut objects = lock_write(&self.cache(kind).objects);
-        match objects.get(&key) {
-            Some(c) if c.rv != u64::MAX && c.rv > cached.rv => {}
-            _ => {
-                objects.insert(key.clone(), cached);
-            }
-        }
+        self.cache(kind).put(&key, cached);
         Ok((key, json))
     }
 
     fn forget(&self, key: &Key) {
-        lock_write(&self.cache(key.kind).objects).remove(key);
+        self.cache(key.kind).remove(key, None);
     }
 
     /// Reads the object from the server into the cache (after a conflict: the retry then starts
@@ -290,6 +327,13 @@ impl Backend for KubernetesBackend {
         let mut keyed: Vec<(&Key, &Cached)> = objects.iter().collect();
         keyed.sort_by(|a, b| a.0.cmp(b.0));
         Ok(keyed.into_iter().map(|(_, c)| c.json.clone()).collect())
+    }
+
+    async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
+        let cache = self.synced(kind).await?;
+        let mut keys: Vec<Key> = lock_read(&cache.objects).keys().cloned().collect();
+        keys.sort();
+        Ok(keys)
     }
 
     async fn create(&self, kind: Kind, mut obj: Value) -> Result<Arc<str>> {
@@ -463,8 +507,10 @@ async fn watch_kind(api: Api<DynamicObject>, kind: Kind, cache: Arc<KindCache>, 
                         }
                     }
                     *objects = fresh.into_iter().map(|(k, (c, _))| (k, c)).collect();
+                    lock_write(&cache.tombstones).clear();
                 }
                 cache.synced.send_replace(true);
+                cache.refused.send_replace(None);
                 for c in changes {
                     let _ = tx.send(c);
                 }
@@ -472,26 +518,34 @@ async fn watch_kind(api: Api<DynamicObject>, kind: Kind, cache: Arc<KindCache>, 
             Ok(watcher::Event::Apply(o)) => {
                 if let Some((key, cached, v)) = to_value(kind, &o) {
                     let owner = owner_of(&v, &key.namespace);
-                    {
-                        let mut objects = lock_write(&cache.objects);
-                        match objects.get(&key) {
-                            Some(c) if c.rv != u64::MAX && c.rv > cached.rv => {}
-                            _ => {
-                                objects.insert(key.clone(), cached);
-                            }
-                        }
-                    }
+                    cache.put(&key, cached);
                     let _ = tx.send(Change { key, owner, deleted: false });
                 }
             }
             Ok(watcher::Event::Delete(o)) => {
-                if let Some((key, _, v)) = to_value(kind, &o) {
+                if let Some((key, cached, v)) = to_value(kind, &o) {
                     let owner = owner_of(&v, &key.namespace);
-                    lock_write(&cache.objects).remove(&key);
+                    cache.remove(&key, Some(cached.rv));
                     let _ = tx.send(Change { key, owner, deleted: true });
                 }
             }
-            Err(e) => tracing::warn!(kind = %kind, "watching {}: {e}", crate::crd::plural(kind)),
+            Err(e) => {
+                tracing::warn!(kind = %kind, "watching {}: {e}", crate::crd::plural(kind));
+                if let watcher::Error::InitialListFailed(kube::Error::Api(s)) = &e {
+                    let why = match s.code {
+                        404 => Some(format!(
+                            "the API server does not serve them (are the CRDs installed? \
+                             `machine-controller crds | kubectl apply -f -`): {}",
+                            s.message
+                        )),
+                        401 | 403 => Some(format!("not allowed: {}", s.message)),
+                        _ => None,
+                    };
+                    if why.is_some() && !*cache.synced.borrow() {
+                        cache.refused.send_replace(why);
+                    }
+                }
+            }
         }
     }
 }
@@ -544,6 +598,29 @@ async fn post_events(client: kube::Client, mut rx: mpsc::Receiver<(Event, String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cache_never_goes_back_in_time() {
+        let (synced, _) = watch::channel(false);
+        let (refused, _) = watch::channel(None);
+        let cache = KindCache {
+            objects: RwLock::new(HashMap::new()),
+            tombstones: RwLock::new(HashMap::new()),
+            synced,
+            refused,
+            started: OnceCell::new(),
+        };
+        let key = Key::new(Kind::Machine, "ns", "m");
+        let v = |rv: u64| Cached { rv, json: format!("{rv}").into() };
+        cache.put(&key, v(5));
+        cache.put(&key, v(4)); // a late echo of an older write
+        assert_eq!(&*lock_read(&cache.objects)[&key].json, "5");
+        cache.remove(&key, Some(7)); // deleted at 7
+        cache.put(&key, v(6)); // an older write's echo arriving after the deletion
+        assert!(lock_read(&cache.objects).get(&key).is_none());
+        cache.put(&key, v(9)); // re-created under the same name
+        assert_eq!(&*lock_read(&cache.objects)[&key].json, "9");
+    }
 
     #[test]
     fn normalize_drops_server_fields() {

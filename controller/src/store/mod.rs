@@ -3,7 +3,9 @@
 //! The embedded backend ([`sqlite::SqliteBackend`]) is the default: one SQLite file in WAL mode,
 //! no server, durable across `kill -9`, optimistic concurrency by `resourceVersion`, and change
 //! notifications (including changes other processes — e.g. `machine-controller apply` — make).
-//! A Kubernetes backend implements the same trait with CRDs; reconcilers never know which runs.
+//! The Kubernetes backend ([`kubernetes::KubernetesBackend`]) implements the same trait with
+//! custom resources on an API server; reconcilers never know which runs. [`StoreSpec`] is the
+//! `--store` choice between them.
 
 use std::sync::Arc;
 
@@ -121,6 +123,25 @@ pub trait Backend: Send + Sync + 'static {
     async fn get(&self, key: &Key) -> Result<Option<Arc<str>>>;
     /// All objects of a kind.
     async fn list(&self, kind: Kind) -> Result<Vec<Arc<str>>>;
+    /// The keys of all objects of a kind (backends with an index answer without parsing).
+    async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
+        #[derive(serde::Deserialize)]
+        struct Named {
+            metadata: NameOnly,
+        }
+        #[derive(serde::Deserialize)]
+        struct NameOnly {
+            name: String,
+            namespace: String,
+        }
+        Ok(self
+            .list(kind)
+            .await?
+            .iter()
+            .filter_map(|j| serde_json::from_str::<Named>(j).ok())
+            .map(|n| Key::new(kind, &n.metadata.namespace, &n.metadata.name))
+            .collect())
+    }
     /// Creates; `AlreadyExists` if present.
     async fn create(&self, kind: Kind, obj: Value) -> Result<Arc<str>>;
     /// Replaces metadata (labels, annotations, finalizers, owners) and spec — or only status
@@ -237,6 +258,39 @@ impl Store {
     /// Database errors, or an object that does not parse as `T`.
     pub async fn list<T: Resource>(&self) -> Result<Vec<T>> {
         self.backend.list(T::KIND).await?.iter().map(|j| serde_json::from_str(j).map_err(Error::from)).collect()
+    }
+
+    /// The keys of all objects of a kind.
+    ///
+    /// # Errors
+    /// Backend errors.
+    pub async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
+        self.backend.keys(kind).await
+    }
+
+    /// The objects of type `T` in `owner`'s namespace whose controlling owner is `owner` (by uid).
+    /// Only objects whose text names the uid are parsed, so a deployment's reconcile does not
+    /// parse every Machine of every other deployment.
+    ///
+    /// # Errors
+    /// Backend errors, or an object that does not parse as `T`.
+    pub async fn list_owned<T: Resource>(&self, owner: &ObjectMeta) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        if owner.uid.is_empty() {
+            return Ok(out);
+        }
+        for json in self.backend.list(T::KIND).await? {
+            if json.contains(owner.uid.as_str()) {
+                let obj: T = serde_json::from_str(&json)?;
+                let meta = obj.meta();
+                if meta.namespace == owner.namespace
+                    && meta.owner_references.iter().any(|o| o.controller && o.uid == owner.uid)
+                {
+                    out.push(obj);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Creates `obj`.

@@ -355,6 +355,11 @@ impl Backend for SqliteBackend {
         Ok(c.get(&kind).map(|m| m.values().map(|e| e.json.clone()).collect()).unwrap_or_default())
     }
 
+    async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
+        let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        Ok(c.get(&kind).map(|m| m.keys().map(|(ns, name)| Key::new(kind, ns, name)).collect()).unwrap_or_default())
+    }
+
     async fn create(&self, kind: Kind, mut obj: Value) -> Result<Arc<str>> {
         let key = key_of(kind, &obj)?;
         let (rv, json) = self.write(|tx, rv| {

@@ -1,0 +1,260 @@
+//! The Kubernetes backend at scale (issue: Kubernetes backend), side by side with the embedded
+//! store in the same run. Real processes: `fake-driver` and `machine-controller run` (release
+//! builds) over a Unix socket; kube-apiserver + etcd from `tests/tools/install-kube-apiserver.sh`.
+//!
+//! 1. 1,000 machines from one MachineDeployment to Running (fake create latency 2 s, 10 workers):
+//!    through the API server vs through the embedded store.
+//! 2. API requests per reconciled machine (kube-apiserver's own `apiserver_request_total`,
+//!    minus the benchmark's own polling).
+//! 3. Controller peak RSS holding 10,000 Machines through the API server.
+//!
+//! ```text
+//! cargo build --release -p fake-driver -p machine-controller
+//! export KUBE_APISERVER_DIR=$(bash tests/tools/install-kube-apiserver.sh)
+//! cargo bench -p e2e-tests --bench kube_scale              # full run
+//! cargo bench -p e2e-tests --bench kube_scale -- --quick   # 200 / 2,000 machines
+//! ```
+//! Set BENCH_OUT=path to also write the markdown table there.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e_tests::kube_cluster::Cluster;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use machine_controller::resources::MachineDeployment;
+use machine_controller::store::Store;
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+fn release_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let p = dir.join(name);
+    assert!(p.exists(), "{} missing: run `cargo build --release -p fake-driver -p machine-controller`", p.display());
+    p
+}
+
+struct Fake {
+    _child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Fake {
+    fn endpoint(&self) -> String {
+        format!("unix://{}", self.dir.path().join("fake.sock").display())
+    }
+}
+
+async fn start_fake() -> Fake {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("fake.sock");
+    let child = Command::new(release_bin("fake-driver"))
+        .args(["--endpoint", &format!("unix://{}", sock.display())])
+        .args(["--create-latency", "2s", "--delete-latency", "1s"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "fake-driver did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Fake { _child: child, dir }
+}
+
+fn controller(store: &str, fake: &Fake, kubeconfig: Option<&Path>) -> Child {
+    let mut cmd = Command::new(release_bin("machine-controller"));
+    cmd.args(["--store", store, "run", "--driver", &format!("fake={}", fake.endpoint())])
+        .args(["--workers", "10", "--driver-qps", "100000", "--driver-burst", "100000"])
+        .args(["--health-check-interval", "300s", "--resync-interval", "600s"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    if let Some(k) = kubeconfig {
+        cmd.env("KUBECONFIG", k);
+    }
+    cmd.spawn().unwrap()
+}
+
+fn objects(replicas: usize) -> (serde_json::Value, serde_json::Value) {
+    (
+        json!({"apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "small"},
+               "spec": {"driver": "fake", "providerSpec": {"machineType": "small"}}}),
+        json!({"apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineDeployment", "metadata": {"name": "bench"},
+               "spec": {"replicas": replicas,
+                        "template": {"spec": {"classRef": {"name": "small"}, "providerSpec": {"image": "os-1"}}},
+                        "strategy": {"rollingUpdate": {"maxSurge": "10%", "maxUnavailable": 0}}}}),
+    )
+}
+
+fn converged(md: &MachineDeployment, n: i64) -> bool {
+    md.status.observed_generation >= md.metadata.generation
+        && md.status.available_replicas == n
+        && md.status.replicas == n
+        && md.status.updated_replicas == n
+}
+
+fn rss_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// 1,000 (or `n`) machines to Running through the embedded store.
+async fn embedded(n: usize) -> Duration {
+    let fake = start_fake().await;
+    let db = fake.dir.path().join("store.db");
+    let spec = format!("sqlite://{}", db.display());
+    let mut c = controller(&spec, &fake, None);
+    let store = Store::open(&db).unwrap();
+    let (class, md) = objects(n);
+    let started = Instant::now();
+    store.apply(machine_controller::resources::Kind::MachineClass, class).await.unwrap();
+    store.apply(machine_controller::resources::Kind::MachineDeployment, md).await.unwrap();
+    loop {
+        if let Some(md) = store.get::<MachineDeployment>("default", "bench").await.ok().flatten() {
+            if converged(&md, n as i64) {
+                break;
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(600), "embedded run did not converge");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t = started.elapsed();
+    let _ = c.kill().await;
+    t
+}
+
+/// Sum of kube-apiserver's `apiserver_request_total` (all verbs and resources).
+async fn api_requests(client: &kube::Client) -> f64 {
+    let text = client.request_text(http::Request::get("/metrics").body(Vec::new()).unwrap()).await.unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+struct KubeRun {
+    time: Duration,
+    requests_per_machine: f64,
+    peak_rss_mb: u64,
+}
+
+/// `n` machines to Running through the API server.
+async fn through_api_server(cluster: &Cluster, n: usize) -> KubeRun {
+    let fake = start_fake().await;
+    let ns = cluster.namespace("bench").await;
+    let mut c = controller("kubernetes", &fake, Some(&cluster.kubeconfig));
+    let ar = |kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("machine.driver.dev", "v1alpha1", kind), plural)
+    };
+    let mc: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client.clone(), &ns, &ar("MachineClass", "machineclasses"));
+    let mds: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client.clone(), &ns, &ar("MachineDeployment", "machinedeployments"));
+    let (class, md) = objects(n);
+    let before = api_requests(&cluster.client).await;
+    let started = Instant::now();
+    let pp = PatchParams::apply("bench").force();
+    mc.patch("small", &pp, &Patch::Apply(&class)).await.unwrap();
+    mds.patch("bench", &pp, &Patch::Apply(&md)).await.unwrap();
+    let mut polls = 0u64;
+    loop {
+        polls += 1;
+        if let Ok(o) = mds.get("bench").await {
+            let md: MachineDeployment = serde_json::from_value(json!({
+                "apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineDeployment",
+                "metadata": {"name": "bench", "generation": o.metadata.generation.unwrap_or(0)},
+                "spec": o.data["spec"], "status": o.data["status"]}))
+            .unwrap();
+            if converged(&md, n as i64) {
+                break;
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(900), "API server run did not converge");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let time = started.elapsed();
+    let after = api_requests(&cluster.client).await;
+    // The benchmark's own requests: 2 applies, the polls, 2 metrics reads.
+    let ours = 2.0 + polls as f64 + 2.0;
+    let pid = c.id().unwrap_or(0);
+    let peak_rss_mb = rss_kb(pid, "VmHWM:") / 1024;
+    let _ = c.kill().await;
+    KubeRun { time, requests_per_machine: (after - before - ours) / n as f64, peak_rss_mb }
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (n, big) = if quick { (200, 2_000) } else { (1_000, 10_000) };
+    let cluster = Arc::new(Cluster::start().await);
+    let mut out = format!(
+        "Machine: {} cores ({}), {} — fake create latency 2 s, 10 workers, release builds; \
+         kube-apiserver 1.37.2 + etcd 3.7.3 on the same machine (etcd --unsafe-no-fsync)\n\n",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        cpu_model(),
+        if quick { "quick run" } else { "full run" }
+    );
+    println!("[1a] {n} machines through the embedded store ...");
+    let emb = embedded(n).await;
+    println!("     {:.2} s", emb.as_secs_f64());
+    println!("[1b] {n} machines through the API server ...");
+    let api = through_api_server(&cluster, n).await;
+    println!("     {:.2} s, {:.1} API requests per machine", api.time.as_secs_f64(), api.requests_per_machine);
+    println!("[3] {big} machines through the API server ...");
+    let bigrun = through_api_server(&cluster, big).await;
+    println!(
+        "     {:.1} s, {:.1} API requests per machine, controller peak RSS {} MB",
+        bigrun.time.as_secs_f64(),
+        bigrun.requests_per_machine,
+        bigrun.peak_rss_mb
+    );
+    let yes = |b: bool| if b { "yes" } else { "NO" };
+    out += "| benchmark | result | target | met |\n|---|---|---|---|\n";
+    out += &format!("| {n} machines Running, embedded store | {:.2} s | — | |\n", emb.as_secs_f64());
+    out += &format!(
+        "| {n} machines Running, API server | {:.2} s | ≤ 20 s | {} |\n",
+        api.time.as_secs_f64(),
+        yes(api.time.as_secs_f64() <= 20.0)
+    );
+    out += &format!("| ratio (API server ÷ embedded) | {:.2}× | — | |\n", api.time.as_secs_f64() / emb.as_secs_f64());
+    out += &format!("| API requests per reconciled machine ({n}) | {:.1} | — | |\n", api.requests_per_machine);
+    out += &format!(
+        "| controller peak RSS holding {big} Machines, API server ({:.1} s to Running, {:.1} requests/machine) | {} MB | ≤ 150 MB | {} |\n",
+        bigrun.time.as_secs_f64(),
+        bigrun.requests_per_machine,
+        bigrun.peak_rss_mb,
+        yes(bigrun.peak_rss_mb <= 150)
+    );
+    println!("\n{out}");
+    if let Ok(path) = std::env::var("BENCH_OUT") {
+        std::fs::write(path, &out).unwrap();
+    }
+}
