@@ -13,6 +13,7 @@
 //! export KUBE_APISERVER_DIR=$(bash tests/tools/install-kube-apiserver.sh)
 //! cargo bench -p e2e-tests --bench kube_scale              # full run
 //! cargo bench -p e2e-tests --bench kube_scale -- --quick   # 200 / 2,000 machines
+//! cargo bench -p e2e-tests --bench kube_scale -- --rss-only  # only the 10,000-machine run
 //! ```
 //! Set BENCH_OUT=path to also write the markdown table there.
 
@@ -180,7 +181,7 @@ async fn through_api_server(cluster: &Cluster, n: usize) -> KubeRun {
             let md: MachineDeployment = serde_json::from_value(json!({
                 "apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineDeployment",
                 "metadata": {"name": "bench", "generation": o.metadata.generation.unwrap_or(0)},
-                "spec": o.data["spec"], "status": o.data["status"]}))
+                "spec": o.data["spec"], "status": o.data.get("status").filter(|s| !s.is_null()).cloned().unwrap_or(json!({}))}))
             .unwrap();
             if converged(&md, n as i64) {
                 break;
@@ -222,6 +223,16 @@ async fn main() {
         cpu_model(),
         if quick { "quick run" } else { "full run" }
     );
+    if std::env::args().any(|a| a == "--rss-only") {
+        let r = through_api_server(&cluster, big).await;
+        println!(
+            "{big} machines: {:.1} s, {:.1} requests/machine, peak RSS {} MB",
+            r.time.as_secs_f64(),
+            r.requests_per_machine,
+            r.peak_rss_mb
+        );
+        return;
+    }
     println!("[1a] {n} machines through the embedded store ...");
     let emb = embedded(n).await;
     println!("     {:.2} s", emb.as_secs_f64());

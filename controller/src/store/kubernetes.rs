@@ -225,7 +225,9 @@ impl KubernetesBackend {
                 (*k, Arc::new(cache))
             })
             .collect();
-        let (tx, _) = broadcast::channel(1 << 16);
+        // Bounded: a subscriber that falls behind gets `Lagged` and resyncs everything, so the
+        // ring only needs to absorb bursts (each slot is preallocated and keeps its last value).
+        let (tx, _) = broadcast::channel(1 << 13);
         let (events, rx) = mpsc::channel(4096);
         let backend = Self { client, namespace, caches, tx, events };
         tokio::spawn(post_events(backend.client.clone(), rx));
