@@ -322,6 +322,20 @@ async fn rolling_update_and_kill9_mid_rollout_lose_and_duplicate_nothing() {
     let c = w.sidecar.client().await;
     let mut f = fake::fake_cloud_client::FakeCloudClient::new(c.channel());
     f.inspect(fake::InspectRequest { reset_peak: true }).await.unwrap();
+    // Sample the cloud while the rollout runs: the fewest Running machines seen.
+    let min_running = Arc::new(std::sync::atomic::AtomicI64::new(i64::MAX));
+    let sampler = {
+        let (min_running, mut f) = (min_running.clone(), f.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(r) = f.inspect(fake::InspectRequest::default()).await {
+                    let running = r.into_inner().machines.iter().filter(|m| m.state == "RUNNING").count() as i64;
+                    min_running.fetch_min(running, std::sync::atomic::Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
     w.md("web", 6, "os-2", "2", "1").await;
     // Kill -9 the controller while the rollout's creates are in flight; start a new one.
     eventually(MINUTE, "rollout creates in flight", || {
@@ -332,8 +346,12 @@ async fn rolling_update_and_kill9_mid_rollout_lose_and_duplicate_nothing() {
     w.kill9(0).await;
     w.start_controller(&[]);
     let md = w.converged("web", 2 * MINUTE).await;
+    sampler.abort();
     let peak = f.inspect(fake::InspectRequest::default()).await.unwrap().into_inner().counters.unwrap().peak_machines;
     assert!(peak <= 8, "the cloud held {peak} machines, more than replicas + maxSurge = 8");
+    assert!(peak >= 7, "the rollout never surged (peak {peak}); the check would prove nothing");
+    let min = min_running.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(min >= 5, "only {min} machines were running at one point, fewer than replicas − maxUnavailable = 5");
     assert!(w
         .machines()
         .await
