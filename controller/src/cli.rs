@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::manifest::{self, AnyObject};
 use crate::resources::*;
 use crate::runtime::{self, Config};
-use crate::store::{Key, Store, StoreSpec};
+use crate::store::{Key, Store, StoreSpec, WatchEvent};
 
 /// Reconciles machine resources through driver sidecars.
 #[derive(Debug, Parser)]
@@ -705,6 +705,8 @@ async fn rollout_status(
         .progress_chars("=> ");
     let updated = bars.add(ProgressBar::new(0).with_style(style.clone()).with_prefix("updated"));
     let available = bars.add(ProgressBar::new(0).with_style(style).with_prefix("available"));
+    // Subscribed before the first read: every status change after it wakes this loop.
+    let mut changes = store.watch::<MachineDeployment>(None);
     loop {
         let Some(md) = store.get::<MachineDeployment>(namespace, name).await? else {
             return Err(fail(format!("MachineDeployment {name} not found in namespace {namespace}")));
@@ -745,8 +747,16 @@ async fn rollout_status(
             bars.clear().ok();
             return Err(Failure { message: format!("rollout of {name} not finished after {timeout:?}"), code: 2 });
         }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        // Wait for a change of this deployment (or the deadline).
+        loop {
+            match tokio::time::timeout_at(deadline, changes.next()).await {
+                Err(_) => break,
+                Ok(Ok(WatchEvent::Apply(m))) if m.metadata.name == name && m.metadata.namespace == namespace => break,
+                Ok(Ok(WatchEvent::Delete(k))) if k.name == name && k.namespace == namespace => break,
+                Ok(Ok(WatchEvent::InitDone)) => break,
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e.into()),
+            }
         }
     }
 }

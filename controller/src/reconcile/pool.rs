@@ -17,7 +17,7 @@ use driver_sdk::OperationExt;
 use super::{resolve, stored, Resolved};
 use crate::resources::*;
 use crate::runtime::{classify, Action, Ctx, ReconcileError, Verdict};
-use crate::store::{Error as StoreError, Key};
+use crate::store::{Error as StoreError, Key, ListParams};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
 
@@ -163,13 +163,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     };
     let machines: Vec<Machine> = ctx
         .store
-        .list::<Machine>()
+        .list_with::<Machine>(&pool_machines(&pool))
         .await?
         .into_iter()
-        .filter(|m| {
-            m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool.metadata.name)
-                && m.metadata.namespace == pool.metadata.namespace
-        })
+        .filter(|m| m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool.metadata.name))
         .collect();
     mirror(ctx, &pool, &r, &list, &machines).await?;
 
@@ -454,10 +451,15 @@ async fn mirror(
     Ok(())
 }
 
+/// The Machines of a pool carry its name as a label.
+fn pool_machines(pool: &MachinePool) -> ListParams {
+    ListParams::namespaced(&pool.metadata.namespace).label(LABEL_POOL, &pool.metadata.name)
+}
+
 async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
     let machines: Vec<Machine> = ctx
         .store
-        .list::<Machine>()
+        .list_with::<Machine>(&pool_machines(pool))
         .await?
         .into_iter()
         .filter(|m| m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool.metadata.name))

@@ -203,6 +203,106 @@ impl std::fmt::Display for StoreSpec {
     }
 }
 
+/// Which objects a [`Store::list_with`] returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListParams {
+    /// Only this namespace (`None`: all).
+    pub namespace: Option<String>,
+    /// Only objects with all of these labels (equality-based label selector).
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl ListParams {
+    /// Objects in `namespace`.
+    #[must_use]
+    pub fn namespaced(namespace: &str) -> Self {
+        Self { namespace: Some(namespace.into()), ..Self::default() }
+    }
+
+    /// Also requires label `key=value`.
+    #[must_use]
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    fn matches(&self, meta: &ObjectMeta) -> bool {
+        self.namespace.as_ref().is_none_or(|ns| *ns == meta.namespace)
+            && self.labels.iter().all(|(k, v)| meta.labels.get(k) == Some(v))
+    }
+}
+
+/// What a [`Watch`] reports, in the shape of kube-runtime's `watcher::Event`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchEvent<T> {
+    /// A (re)list starts: the `InitApply` objects that follow replace what the caller knew.
+    Init,
+    /// An object of the initial list.
+    InitApply(T),
+    /// The initial list is complete.
+    InitDone,
+    /// An object was created or changed.
+    Apply(T),
+    /// An object is gone.
+    Delete(Key),
+}
+
+/// A watch over one type: first the objects newer than a resourceVersion (all of them without
+/// one), then `InitDone`, then every change. A watcher that falls too far behind starts over
+/// with `Init` and a full list, so nothing is missed.
+pub struct Watch<T> {
+    store: Store,
+    rx: broadcast::Receiver<Change>,
+    since: u64,
+    pending: std::collections::VecDeque<WatchEvent<T>>,
+    listed: bool,
+}
+
+impl<T: Resource> Watch<T> {
+    /// The next event.
+    ///
+    /// # Errors
+    /// Backend errors; [`Error::Unavailable`] when the backend stopped.
+    pub async fn next(&mut self) -> Result<WatchEvent<T>> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                return Ok(e);
+            }
+            if !self.listed {
+                self.listed = true;
+                self.pending.push_back(WatchEvent::Init);
+                for obj in self.store.list::<T>().await? {
+                    if rv_of(obj.meta()) > self.since {
+                        self.pending.push_back(WatchEvent::InitApply(obj));
+                    }
+                }
+                self.pending.push_back(WatchEvent::InitDone);
+                continue;
+            }
+            match self.rx.recv().await {
+                Ok(change) if change.key.kind == T::KIND => {
+                    return Ok(match self.store.get::<T>(&change.key.namespace, &change.key.name).await? {
+                        Some(obj) => WatchEvent::Apply(obj),
+                        None => WatchEvent::Delete(change.key),
+                    });
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    self.since = 0;
+                    self.listed = false;
+                }
+                Err(broadcast::error::RecvError::Closed) => {
+                    return Err(Error::Unavailable("the store stopped sending changes".into()))
+                }
+            }
+        }
+    }
+}
+
+fn rv_of(meta: &ObjectMeta) -> u64 {
+    meta.resource_version.parse().unwrap_or(u64::MAX)
+}
+
 /// Typed access over a backend. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -258,6 +358,37 @@ impl Store {
     /// Database errors, or an object that does not parse as `T`.
     pub async fn list<T: Resource>(&self) -> Result<Vec<T>> {
         self.backend.list(T::KIND).await?.iter().map(|j| serde_json::from_str(j).map_err(Error::from)).collect()
+    }
+
+    /// The objects of type `T` that `params` selects. Only objects whose text contains every
+    /// selected label value are parsed.
+    ///
+    /// # Errors
+    /// Backend errors, or an object that does not parse as `T`.
+    pub async fn list_with<T: Resource>(&self, params: &ListParams) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        for json in self.backend.list(T::KIND).await? {
+            if params.labels.values().all(|v| json.contains(v.as_str())) {
+                let obj: T = serde_json::from_str(&json)?;
+                if params.matches(obj.meta()) {
+                    out.push(obj);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Watches objects of type `T` changed after `resource_version` (every object when `None`):
+    /// the initial list, `InitDone`, then each change. Subscribes before it lists, so no change
+    /// falls between the two.
+    pub fn watch<T: Resource>(&self, resource_version: Option<&str>) -> Watch<T> {
+        Watch {
+            store: self.clone(),
+            rx: self.backend.subscribe(),
+            since: resource_version.and_then(|v| v.parse().ok()).unwrap_or(0),
+            pending: Default::default(),
+            listed: false,
+        }
     }
 
     /// The keys of all objects of a kind.

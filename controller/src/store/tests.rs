@@ -131,3 +131,70 @@ fn concurrent_opens_of_a_new_store_all_succeed() {
         }
     }
 }
+
+#[tokio::test]
+async fn watch_lists_then_reports_changes_and_starts_from_a_resource_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let a = store.create(&class("a", "small")).await.unwrap();
+    store.create(&class("b", "small")).await.unwrap();
+    let within = Duration::from_secs(5);
+
+    let mut w = store.watch::<MachineClass>(None);
+    let mut initial = Vec::new();
+    loop {
+        match tokio::time::timeout(within, w.next()).await.unwrap().unwrap() {
+            WatchEvent::Init => {}
+            WatchEvent::InitApply(c) => initial.push(c.metadata.name),
+            WatchEvent::InitDone => break,
+            e => panic!("unexpected {e:?} before InitDone"),
+        }
+    }
+    initial.sort();
+    assert_eq!(initial, ["a", "b"]);
+    let mut changed = a.clone();
+    changed.spec.provider_spec = serde_json::json!({"machineType": "large"});
+    store.update(&changed).await.unwrap();
+    match tokio::time::timeout(within, w.next()).await.unwrap().unwrap() {
+        WatchEvent::Apply(c) => assert_eq!(c.spec.provider_spec["machineType"], "large"),
+        e => panic!("expected Apply, got {e:?}"),
+    }
+    store.delete(&Key::of(&a)).await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(within, w.next()).await.unwrap().unwrap(),
+        WatchEvent::Delete(Key::new(Kind::MachineClass, "default", "a"))
+    );
+
+    // From a resourceVersion: only what changed after it is listed.
+    let b = store.get::<MachineClass>("default", "b").await.unwrap().unwrap();
+    store.create(&class("c", "small")).await.unwrap();
+    let mut w = store.watch::<MachineClass>(Some(&b.metadata.resource_version));
+    let mut listed = Vec::new();
+    loop {
+        match tokio::time::timeout(within, w.next()).await.unwrap().unwrap() {
+            WatchEvent::InitApply(c) => listed.push(c.metadata.name),
+            WatchEvent::InitDone => break,
+            _ => {}
+        }
+    }
+    assert_eq!(listed, ["c"]);
+}
+
+#[tokio::test]
+async fn list_with_selects_by_namespace_and_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    for (ns, name, pool) in [("default", "m1", "p"), ("default", "m2", "q"), ("other", "m3", "p")] {
+        let mut c = class(name, "small");
+        c.metadata.namespace = ns.into();
+        c.metadata.labels.insert(LABEL_POOL.into(), pool.into());
+        store.create(&c).await.unwrap();
+    }
+    let names = |v: Vec<MachineClass>| v.into_iter().map(|c| c.metadata.name).collect::<Vec<_>>();
+    let sel = ListParams::namespaced("default").label(LABEL_POOL, "p");
+    assert_eq!(names(store.list_with(&sel).await.unwrap()), ["m1"]);
+    let all_p = ListParams::default().label(LABEL_POOL, "p");
+    let mut got = names(store.list_with(&all_p).await.unwrap());
+    got.sort();
+    assert_eq!(got, ["m1", "m3"]);
+}
