@@ -377,6 +377,8 @@ async fn quota_and_invalid_specs_become_conditions_without_a_hot_loop() {
         }
     })
     .await;
+    let failure = failed[0].status.failure.as_ref().expect("failure recorded");
+    assert_eq!(failure.reason, "INVALID_PROVIDER_SPEC", "{failure:?}");
     // No hot loop: over a 3 s window, the number of cloud API calls stays small. (Observing that
     // nothing happens needs a window of time; nothing is synchronised by it.)
     let before = w.inspect().await.counters.unwrap().api_calls;

@@ -198,3 +198,40 @@ pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     Some((status, body))
 }
+
+/// A release binary for benchmarks (`cargo build --release -p …` first); benches run from
+/// `target/release/deps`.
+pub fn release_bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo build --release -p fake-driver -p machine-controller` first",
+        p.display()
+    );
+    p
+}
+
+/// A field of `/proc/PID/status` in kB (`VmHWM:` = peak RSS, `VmRSS:` = now); 0 if unreadable.
+pub fn proc_status_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The CPU model, for benchmark reports.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default()
+}

@@ -16,23 +16,11 @@
 //! ```
 //! Set BENCH_OUT=path to also write the markdown table there.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
-
-fn release_bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let p = dir.join(name);
-    assert!(
-        p.exists(),
-        "{} missing: run `cargo build --release -p fake-driver -p machine-controller` first",
-        p.display()
-    );
-    p
-}
 
 struct Procs {
     fake: Child,
@@ -53,7 +41,7 @@ impl Procs {
 async fn start_fake() -> Procs {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("fake.sock");
-    let fake = Command::new(release_bin("fake-driver"))
+    let fake = Command::new(e2e_tests::release_bin("fake-driver"))
         .args(["--endpoint", &format!("unix://{}", sock.display())])
         .args(["--create-latency", "2s", "--delete-latency", "1s"])
         .env("RUST_LOG", "warn")
@@ -72,7 +60,7 @@ async fn start_fake() -> Procs {
 }
 
 fn start_controller(p: &mut Procs, blocking: bool) {
-    let mut cmd = Command::new(release_bin("machine-controller"));
+    let mut cmd = Command::new(e2e_tests::release_bin("machine-controller"));
     cmd.arg("--store")
         .arg(p.store())
         .args(["run", "--driver", &format!("fake=unix://{}", p.sock().display())])
@@ -92,7 +80,7 @@ fn start_controller(p: &mut Procs, blocking: bool) {
 async fn apply(p: &Procs, yaml: &str) {
     let f = p.dir.path().join(format!("{}.yaml", uuid::Uuid::new_v4()));
     std::fs::write(&f, yaml).unwrap();
-    let out = Command::new(release_bin("machine-controller"))
+    let out = Command::new(e2e_tests::release_bin("machine-controller"))
         .arg("--store")
         .arg(p.store())
         .args(["apply", "-f", f.to_str().unwrap()])
@@ -153,18 +141,6 @@ async fn wait_converged(p: &Procs, replicas: usize, timeout: Duration) -> Option
     }
 }
 
-fn rss_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 async fn fake_counters(p: &Procs, reset: bool) -> fake_driver::pb::Counters {
     let client = driver_sdk::DriverClient::connect(&format!("unix://{}", p.sock().display())).await.unwrap();
     let mut f = fake_driver::pb::fake_cloud_client::FakeCloudClient::new(client.channel());
@@ -180,17 +156,6 @@ async fn create_run(replicas: usize, blocking: bool, timeout: Duration) -> (Opti
     (t, p)
 }
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default()
-}
-
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -199,14 +164,18 @@ async fn main() {
     out += &format!(
         "Machine: {} cores ({}), {} — fake create latency 2 s, delete 1 s, 10 workers, release builds\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        cpu_model(),
+        e2e_tests::cpu_model(),
         if quick { "quick run" } else { "full run" }
     );
 
     if std::env::args().any(|a| a == "--rss-only") {
         let (t, mut pc) = create_run(big, false, Duration::from_secs(600)).await;
         let pid = pc.controller.as_ref().and_then(|c| c.id()).unwrap_or(0);
-        println!("{big} machines Running after {:?}; controller peak RSS {} MB", t, rss_kb(pid, "VmHWM:") / 1024);
+        println!(
+            "{big} machines Running after {:?}; controller peak RSS {} MB",
+            t,
+            e2e_tests::proc_status_kb(pid, "VmHWM:") / 1024
+        );
         if let Some(c) = pc.controller.as_mut() {
             let _ = c.kill().await;
         }
@@ -247,8 +216,8 @@ async fn main() {
     println!("[3] controller holding {big} machines ...");
     let (big_t, mut pc) = create_run(big, false, Duration::from_secs(600)).await;
     let pid = pc.controller.as_ref().and_then(|c| c.id()).unwrap_or(0);
-    let hwm = rss_kb(pid, "VmHWM:");
-    let rss = rss_kb(pid, "VmRSS:");
+    let hwm = e2e_tests::proc_status_kb(pid, "VmHWM:");
+    let rss = e2e_tests::proc_status_kb(pid, "VmRSS:");
     let machines_in_cloud = fake_counters(&pc, false).await.machines_now;
     println!(
         "    {big} Running after {:?}; controller peak RSS {} MB, now {} MB",

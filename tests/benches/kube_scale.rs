@@ -18,7 +18,7 @@
 //! Set BENCH_OUT=path to also write the markdown table there.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,14 +30,6 @@ use machine_controller::resources::MachineDeployment;
 use machine_controller::store::Store;
 use serde_json::json;
 use tokio::process::{Child, Command};
-
-fn release_bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let p = dir.join(name);
-    assert!(p.exists(), "{} missing: run `cargo build --release -p fake-driver -p machine-controller`", p.display());
-    p
-}
 
 struct Fake {
     _child: Child,
@@ -53,7 +45,7 @@ impl Fake {
 async fn start_fake() -> Fake {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("fake.sock");
-    let child = Command::new(release_bin("fake-driver"))
+    let child = Command::new(e2e_tests::release_bin("fake-driver"))
         .args(["--endpoint", &format!("unix://{}", sock.display())])
         .args(["--create-latency", "2s", "--delete-latency", "1s"])
         .env("RUST_LOG", "warn")
@@ -72,7 +64,7 @@ async fn start_fake() -> Fake {
 }
 
 fn controller(store: &str, fake: &Fake, kubeconfig: Option<&Path>) -> Child {
-    let mut cmd = Command::new(release_bin("machine-controller"));
+    let mut cmd = Command::new(e2e_tests::release_bin("machine-controller"));
     cmd.args(["--store", store, "run", "--driver", &format!("fake={}", fake.endpoint())])
         .args(["--workers", "10", "--driver-qps", "100000", "--driver-burst", "100000"])
         .args(["--health-check-interval", "300s", "--resync-interval", "600s"])
@@ -103,18 +95,6 @@ fn converged(md: &MachineDeployment, n: i64) -> bool {
         && md.status.available_replicas == n
         && md.status.replicas == n
         && md.status.updated_replicas == n
-}
-
-fn rss_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// 1,000 (or `n`) machines to Running through the embedded store.
@@ -218,20 +198,9 @@ async fn through_api_server(cluster: &Cluster, n: usize) -> KubeRun {
     let breakdown = breakdown(&before, &after, n);
     let (before, after): (f64, f64) = (before.values().sum(), after.values().sum());
     let pid = c.id().unwrap_or(0);
-    let peak_rss_mb = rss_kb(pid, "VmHWM:") / 1024;
+    let peak_rss_mb = e2e_tests::proc_status_kb(pid, "VmHWM:") / 1024;
     let _ = c.kill().await;
     KubeRun { breakdown, time, requests_per_machine: (after - before - ours) / n as f64, peak_rss_mb }
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default()
 }
 
 #[tokio::main]
@@ -243,7 +212,7 @@ async fn main() {
         "Machine: {} cores ({}), {} — fake create latency 2 s, 10 workers, release builds; \
          kube-apiserver 1.37.2 + etcd 3.7.3 on the same machine (etcd --unsafe-no-fsync)\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        cpu_model(),
+        e2e_tests::cpu_model(),
         if quick { "quick run" } else { "full run" }
     );
     if std::env::args().any(|a| a == "--rss-only") {

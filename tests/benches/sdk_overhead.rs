@@ -468,18 +468,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().into())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -572,7 +560,7 @@ async fn bench() -> Result<(), BoxError> {
         w,
         "- Host: {} x {}; load average before / after the run: {load_before} / {load_after}.",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        cpu_model()
+        e2e_tests::cpu_model()
     );
     let _ = writeln!(
         w,

@@ -52,6 +52,16 @@ struct KindCache {
 }
 
 impl KindCache {
+    fn new() -> Self {
+        Self {
+            objects: RwLock::new(HashMap::new()),
+            tombstones: RwLock::new(HashMap::new()),
+            synced: watch::channel(false).0,
+            refused: watch::channel(None).0,
+            started: OnceCell::new(),
+        }
+    }
+
     /// Stores `cached` unless the cache holds a newer version or saw a newer deletion.
     fn put(&self, key: &Key, cached: Cached) {
         let mut objects = lock_write(&self.objects);
@@ -210,21 +220,7 @@ impl KubernetesBackend {
 
     /// A backend over `client`.
     pub fn new(client: kube::Client, namespace: Option<String>) -> Self {
-        let caches = Kind::ALL
-            .iter()
-            .map(|k| {
-                let (synced, _) = watch::channel(false);
-                let (refused, _) = watch::channel(None);
-                let cache = KindCache {
-                    objects: RwLock::new(HashMap::new()),
-                    tombstones: RwLock::new(HashMap::new()),
-                    synced,
-                    refused,
-                    started: OnceCell::new(),
-                };
-                (*k, Arc::new(cache))
-            })
-            .collect();
+        let caches = Kind::ALL.iter().map(|k| (*k, Arc::new(KindCache::new()))).collect();
         // Bounded: a subscriber that falls behind gets `Lagged` and resyncs everything, so the
         // ring only needs to absorb bursts (each slot is preallocated and keeps its last value).
         let (tx, _) = broadcast::channel(1 << 13);
@@ -603,15 +599,7 @@ mod tests {
 
     #[test]
     fn the_cache_never_goes_back_in_time() {
-        let (synced, _) = watch::channel(false);
-        let (refused, _) = watch::channel(None);
-        let cache = KindCache {
-            objects: RwLock::new(HashMap::new()),
-            tombstones: RwLock::new(HashMap::new()),
-            synced,
-            refused,
-            started: OnceCell::new(),
-        };
+        let cache = KindCache::new();
         let key = Key::new(Kind::Machine, "ns", "m");
         let v = |rv: u64| Cached { rv, json: format!("{rv}").into() };
         cache.put(&key, v(5));
