@@ -631,3 +631,121 @@ async fn cli_shows_status_request_ids_and_deletes_through_the_cloud() {
     })
     .await;
 }
+
+fn md_condition<'a>(md: &'a MachineDeployment, kind: &str) -> Option<&'a Condition> {
+    md.status.conditions.iter().find(|c| c.condition_type == kind && c.status == "True")
+}
+
+/// A wrong API key in the class's Secret is the environment's fault, not the revision's: the
+/// deployment says so in a condition, nothing is marked Failed or bad, and fixing the Secret
+/// brings it to its replicas at once, with no template change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_recover_when_the_secret_is_fixed_without_a_template_change() {
+    let w = World::new(&["--api-key", "the-right-key", "--create-latency", "300ms", "--delete-latency", "200ms"]).await;
+    let secret =
+        |key: &str| format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: creds}}\nstringData: {{apiKey: {key}}}\n");
+    w.apply(&secret("a-wrong-key")).await;
+    w.apply(
+        &class_yaml("{machineType: small}").replace("  providerSpec:", "  secretRef: {name: creds}\n  providerSpec:"),
+    )
+    .await;
+    w.apply(&md_yaml("web", 2, "os-1", "1", "0", "  failureBudget: 1\n")).await;
+    let store = w.store();
+    // Let the refusals repeat until each machine's next retry is several seconds away.
+    let md = eventually(MINUTE, "credential refusals with a grown backoff", || {
+        let (w, store) = (&w, store.clone());
+        async move {
+            let md = w.md("web").await;
+            let machines = store.list::<Machine>().await.ok()?;
+            let retried = machines.len() == 2 && machines.iter().all(|m| m.status.request_ids.len() >= 4);
+            (retried && md_condition(&md, "CloudCredentialsRefused").is_some()).then_some(md)
+        }
+    })
+    .await;
+    let c = md_condition(&md, "CloudCredentialsRefused").unwrap();
+    assert_eq!(c.reason, "CloudAuthFailed", "{c:?}");
+    assert!(c.message.contains("request "), "the condition names a request ID: {c:?}");
+    let available = md.status.conditions.iter().find(|c| c.condition_type == "Available").unwrap();
+    assert_eq!((available.status.as_str(), available.reason.as_str()), ("False", "CloudCredentialsRefused"));
+    assert!(md.status.bad_revisions.is_empty(), "the revision was blamed: {:?}", md.status.bad_revisions);
+    let machines = w.machines().await;
+    assert_eq!(machines.len(), 2, "no replacements for a credential failure");
+    assert!(
+        machines.iter().all(|m| m.status.phase == Phase::Pending),
+        "{:?}",
+        machines.iter().map(|m| m.status.phase).collect::<Vec<_>>()
+    );
+    assert!(w.inspect().await.machines.is_empty());
+    let (code, out, err) = w.cli(&["describe", "md", "web"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("CloudCredentialsRefused") && out.contains("CloudAuthFailed"), "{out}");
+
+    // Fix the Secret: the machines retry at once (their backoff is forgotten), no template change.
+    let fixed = std::time::Instant::now();
+    w.apply(&secret("the-right-key")).await;
+    let after = w.converged("web", MINUTE).await;
+    let took = fixed.elapsed();
+    assert!(took < Duration::from_secs(6), "recovered {took:?} after the fix: it waited out the backoff");
+    assert_eq!(after.metadata.generation, md.metadata.generation, "the template did not change");
+    assert!(md_condition(&after, "CloudCredentialsRefused").is_none());
+    assert!(after.status.bad_revisions.is_empty());
+    w.assert_consistent(2).await;
+}
+
+/// Quota is the environment too: a condition while it lasts, then recovery when it is raised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_refusals_set_a_condition_and_recover_when_the_quota_is_raised() {
+    let w = World::new(FAST).await;
+    let mut quota = rule("CreateMachine", "error", "RESOURCE_EXHAUSTED", 0, 0);
+    quota.reason = "QUOTA_EXCEEDED".into();
+    quota.message = "vCPU quota of the region reached".into();
+    w.set_faults(vec![quota]).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 2, "os-1", "1", "0", "  failureBudget: 1\n")).await;
+    let md = eventually(MINUTE, "QuotaExceeded on the deployment", || {
+        let w = &w;
+        async move {
+            let md = w.md("web").await;
+            md_condition(&md, "QuotaExceeded").is_some().then_some(md)
+        }
+    })
+    .await;
+    assert!(md_condition(&md, "QuotaExceeded").unwrap().message.contains("vCPU quota"), "{:?}", md.status.conditions);
+    assert!(md.status.bad_revisions.is_empty());
+    let (_, out, _) = w.cli(&["describe", "md", "web"]).await;
+    assert!(out.contains("QuotaExceeded"), "{out}");
+    // The quota is raised.
+    w.set_faults(vec![]).await;
+    let after = w.converged("web", MINUTE).await;
+    assert!(md_condition(&after, "QuotaExceeded").is_none());
+    assert!(after.status.bad_revisions.is_empty());
+    w.assert_consistent(2).await;
+}
+
+/// A revision that genuinely fails (its machines fail provisioning) on a first rollout: aborted,
+/// remembered as bad, and the deployment says there is no earlier revision to roll back to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_first_revision_is_aborted_with_nothing_to_roll_back_to() {
+    let w = World::new(FAST).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.set_faults(vec![rule("CreateMachine", "fail_operation", "INTERNAL", 0, 0)]).await;
+    w.apply(&md_yaml("web", 2, "os-bad", "1", "0", "  failureBudget: 2\n  maxConcurrentReplacements: 1\n")).await;
+    let md = eventually(MINUTE, "rollout aborted", || {
+        let w = &w;
+        async move {
+            let md = w.md("web").await;
+            (!md.status.bad_revisions.is_empty()).then_some(md)
+        }
+    })
+    .await;
+    let progressing = md.status.conditions.iter().find(|c| c.condition_type == "Progressing").unwrap();
+    assert!(["RolloutAborted", "NoGoodRevision"].contains(&progressing.reason.as_str()), "{progressing:?}");
+    assert!(progressing.message.contains("no earlier revision to roll back to"), "{progressing:?}");
+    let available = md.status.conditions.iter().find(|c| c.condition_type == "Available").unwrap();
+    assert_eq!(available.status, "False", "{available:?}");
+    let (_, out, _) = w.cli(&["describe", "md", "web"]).await;
+    assert!(out.contains("no earlier revision to roll back to"), "{out}");
+    // Replacements were paced, not a burst: the budget of 2 took two failures, one replaced.
+    let c = w.inspect().await.counters.unwrap();
+    assert!(c.machines_created <= 4, "{} machines created for a budget of 2", c.machines_created);
+}

@@ -18,7 +18,7 @@ use std::time::Duration;
 use chrono::Utc;
 use driver_sdk::proto as pb;
 
-use super::resolve;
+use super::{machine, resolve};
 use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::{Error as StoreError, Key};
@@ -36,6 +36,57 @@ pub fn revision(t: &MachineTemplate) -> String {
 
 fn is_available(m: &Machine) -> bool {
     m.status.phase == Phase::Running && !m.is_deleting()
+}
+
+/// Whether a failed machine's failure is its revision's doing, and so counts against the
+/// failure budget: the driver rejected the spec, or the machine was created and then failed
+/// (provisioning, creation or health timeout, in-place update). Credentials, quota and an
+/// unavailable cloud belong to the environment and never do.
+pub fn attributable(m: &Machine) -> bool {
+    m.status.failure.as_ref().is_none_or(|f| {
+        !matches!(f.code.as_str(), "PermissionDenied" | "Unauthenticated" | "ResourceExhausted" | "Unavailable")
+    })
+}
+
+/// Conditions a deployment or pool lifts from its machines' Ready conditions: the environment
+/// keeps them from running (they are retried with backoff, never blamed on the revision).
+pub const ENVIRONMENT_CONDITIONS: [&str; 3] =
+    [machine::CONDITION_CREDENTIALS, machine::CONDITION_QUOTA, machine::CONDITION_UNAVAILABLE];
+
+/// Sets one condition per environment problem that keeps machines from running (with the
+/// driver's reason, message and request ID from one of them), and removes the others.
+/// Returns the first problem found.
+pub fn lift_environment_conditions(conditions: &mut Vec<Condition>, machines: &[&Machine]) -> Option<&'static str> {
+    let mut first = None;
+    for kind in ENVIRONMENT_CONDITIONS {
+        let waiting: Vec<&&Machine> = machines
+            .iter()
+            .filter(|m| m.status.conditions.iter().any(|c| c.condition_type == "Ready" && c.reason == kind))
+            .collect();
+        match waiting.first() {
+            Some(m) => {
+                first.get_or_insert(kind);
+                let reason = m
+                    .status
+                    .last_operation
+                    .as_ref()
+                    .filter(|o| !o.reason.is_empty())
+                    .map(|o| machine::upper_camel(&o.reason))
+                    .unwrap_or_else(|| kind.to_string());
+                let detail = m
+                    .status
+                    .conditions
+                    .iter()
+                    .find(|c| c.condition_type == "Ready")
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default();
+                let msg = format!("{} machine(s) waiting, e.g. {}: {detail}", waiting.len(), m.metadata.name);
+                set_condition(conditions, kind, true, &reason, &msg);
+            }
+            None => conditions.retain(|c| c.condition_type != kind),
+        }
+    }
+    first
 }
 
 fn rev_of(m: &Machine) -> &str {
@@ -145,27 +196,25 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
 
     // Failed machines: counted against the failure budget, replaced within the meltdown cap.
     let failed: Vec<&Machine> = live.iter().copied().filter(|m| m.status.phase == Phase::Failed).collect();
-    let new_failed_now = failed.iter().filter(|m| rev_of(m) == target_rev).count() as u32;
+    let new_failed_now = failed.iter().filter(|m| rev_of(m) == target_rev && attributable(m)).count() as u32;
     let budget_used = st.rollout.as_ref().map_or(0, |r| r.failures) + new_failed_now;
     if target.is_some()
         && target_rev == spec_rev
         && st.rollout.is_some()
         && budget_used >= md.spec.failure_budget.max(1)
     {
-        // Abort: remember the revision as bad and roll back.
+        // Abort: remember the revision as bad and roll back (if there is anything to roll back to).
         let reason =
             format!("{budget_used} machines of revision {target_rev} failed (budget {})", md.spec.failure_budget);
         st.bad_revisions.push(BadRevision { revision: target_rev.clone(), reason: reason.clone(), time: now });
         st.rollout = None;
-        set_condition(&mut st.conditions, "Progressing", false, "RolloutAborted", &format!("{reason}; rolling back"));
+        let then = match st.revision_history.last() {
+            Some(good) => format!("rolling back to the last good revision {}", good.revision),
+            None => "no earlier revision to roll back to; change the template".to_string(),
+        };
+        set_condition(&mut st.conditions, "Progressing", false, "RolloutAborted", &format!("{reason}; {then}"));
         ctx.store
-            .event(
-                Kind::MachineDeployment,
-                &md.metadata,
-                true,
-                "RolloutAborted",
-                format!("{reason}; rolling back to the last good revision"),
-            )
+            .event(Kind::MachineDeployment, &md.metadata, true, "RolloutAborted", format!("{reason}; {then}"))
             .await;
         save(ctx, &md, next).await?;
         return Ok(Action::Requeue(Duration::ZERO));
@@ -177,11 +226,13 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         .count() as i64;
     let mut room_for_replacements = i64::from(md.spec.max_concurrent_replacements) - replacing;
     let mut replaced: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // Replacements are paced by the error policy's backoff (per deployment), within the cap.
+    let pace = ctx.replacement_wait(key);
     for m in &failed {
-        if room_for_replacements <= 0 {
+        if room_for_replacements <= 0 || !pace.is_zero() {
             break;
         }
-        if rev_of(m) == target_rev {
+        if rev_of(m) == target_rev && attributable(m) {
             if let Some(r) = st.rollout.as_mut() {
                 r.failures += 1;
             }
@@ -189,6 +240,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         replace(ctx, m).await?;
         room_for_replacements -= 1;
         replaced.insert(m.metadata.name.clone());
+    }
+    ctx.replaced(key, replaced.len() as u32);
+    if failed.is_empty() {
+        ctx.replacements_settled(key);
     }
     let in_place_mode = md.spec.strategy.strategy_type == StrategyType::InPlace;
 
@@ -296,7 +351,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             "Progressing",
             false,
             "NoGoodRevision",
-            "the spec's revision failed and no earlier revision ever succeeded; change the template",
+            &format!(
+                "revision {spec_rev} failed ({}) and there is no earlier revision to roll back to; change the template",
+                st.bad_revisions.iter().rev().find(|b| b.revision == spec_rev).map_or("", |b| b.reason.as_str())
+            ),
         );
     } else if let Some(r) = &st.rollout {
         let stalled = (now - r.last_progress).to_std().unwrap_or_default()
@@ -327,16 +385,26 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             &format!("{new_available} of {desired} running"),
         );
     }
+    let waiting: Vec<&Machine> = live.iter().copied().filter(|m| !is_available(m)).collect();
+    let environment = lift_environment_conditions(&mut st.conditions, &waiting);
     let min_available = desired - unavailable;
+    let below_reason = environment.unwrap_or("BelowMinimum");
     set_condition(
         &mut st.conditions,
         "Available",
         available >= min_available,
-        if available >= min_available { "MinimumAvailable" } else { "BelowMinimum" },
+        if available >= min_available { "MinimumAvailable" } else { below_reason },
         &format!("{available} running, {min_available} required"),
     );
     save(ctx, &md, next.clone()).await?;
-    Ok(if complete && failed.is_empty() { Action::AwaitChange } else { Action::Requeue(Duration::from_secs(5)) })
+    Ok(if complete && failed.is_empty() {
+        Action::AwaitChange
+    } else if !failed.is_empty() {
+        // Come back when the next replacement may go.
+        Action::Requeue(ctx.replacement_wait(key).clamp(Duration::from_millis(100), Duration::from_secs(5)))
+    } else {
+        Action::Requeue(Duration::from_secs(5))
+    })
 }
 
 async fn save(ctx: &Ctx, before: &MachineDeployment, after: MachineDeployment) -> Result<()> {

@@ -148,6 +148,13 @@ fn elapsed_since(t: Option<Time>) -> Duration {
     t.and_then(|t| (Utc::now() - t).to_std().ok()).unwrap_or_default()
 }
 
+/// Ready-condition reason of a machine whose calls the cloud refuses for its credentials.
+pub const CONDITION_CREDENTIALS: &str = "CloudCredentialsRefused";
+/// Ready-condition reason of a machine whose calls find the cloud unavailable.
+pub const CONDITION_UNAVAILABLE: &str = "CloudUnavailable";
+/// Ready-condition reason of a machine refused for quota or capacity.
+pub const CONDITION_QUOTA: &str = "QuotaExceeded";
+
 fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, message: &str) {
     m.status.phase = Phase::Failed;
     m.status.failure = Some(Failure {
@@ -162,7 +169,7 @@ fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, messag
 }
 
 /// `QUOTA_EXCEEDED` → `QuotaExceeded` (condition reasons are UpperCamel).
-fn upper_camel(reason: &str) -> String {
+pub(crate) fn upper_camel(reason: &str) -> String {
     reason
         .split('_')
         .filter(|s| !s.is_empty())
@@ -191,21 +198,23 @@ async fn call_failed(
             ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), e.report.to_string()).await;
             Action::AwaitChange
         }
-        Verdict::Quota => {
+        Verdict::Quota | Verdict::Credentials | Verdict::Retry(_) | Verdict::NotFound => {
+            // The environment (quota, credentials, an unavailable cloud), not the spec: retry
+            // with the policy's backoff and say why in the Ready condition, which the owning
+            // deployment or pool lifts into a condition of its own.
             let delay = ctx.backoff(key, e);
-            set_condition(&mut m.status.conditions, "Ready", false, "QuotaExceeded", &e.report.message);
-            ctx.hold(key, delay);
-            Action::Requeue(delay)
-        }
-        Verdict::Retry(_) | Verdict::NotFound => {
-            let delay = ctx.backoff(key, e);
-            set_condition(
-                &mut m.status.conditions,
-                "Ready",
-                false,
-                &format!("{op_type}Retrying"),
-                &e.report.to_string(),
-            );
+            let reason = match (classify(&e.report), e.code()) {
+                (Verdict::Quota, _) => CONDITION_QUOTA.to_string(),
+                (Verdict::Credentials, _) => CONDITION_CREDENTIALS.to_string(),
+                (_, tonic::Code::Unavailable) => CONDITION_UNAVAILABLE.to_string(),
+                _ => format!("{op_type}Retrying"),
+            };
+            let message = format!("{} (request {})", e.report, e.request_id());
+            set_condition(&mut m.status.conditions, "Ready", false, &reason, &message);
+            let newly = !before.status.conditions.iter().any(|c| c.condition_type == "Ready" && c.reason == reason);
+            if newly && reason == CONDITION_CREDENTIALS {
+                ctx.store.event(Kind::Machine, &m.metadata, true, &reason, message).await;
+            }
             ctx.hold(key, delay);
             Action::Requeue(delay)
         }

@@ -148,6 +148,14 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
                 set_condition(&mut c.status.conditions, "Valid", false, "Invalid", &msg);
                 ctx.store.event(Kind::MachineClass, &c.metadata, true, "Invalid", msg).await;
             }
+            Err(e) if crate::runtime::classify(&e.report) == crate::runtime::Verdict::Credentials => {
+                // Not the class's fault: retried with backoff, and at once when its Secret changes.
+                let msg = format!("{} (request {})", e.report, e.request_id());
+                if set_condition(&mut c.status.conditions, "Valid", false, machine::CONDITION_CREDENTIALS, &msg) {
+                    let _ = ctx.store.update_status(&c).await;
+                }
+                return Ok(Action::Requeue(ctx.backoff(key, &e)));
+            }
             Err(e) => return Ok(Action::Requeue(ctx.backoff(key, &e))),
         }
     } else {

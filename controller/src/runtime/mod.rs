@@ -202,6 +202,8 @@ pub struct Ctx {
     not_before: Mutex<HashMap<Key, Instant>>,
     /// Cloud machines without a Machine, and when they were first seen.
     pub orphans: Mutex<HashMap<(String, String), Instant>>,
+    /// Per owner (deployment): failed machines replaced in a row, and when the next may go.
+    replacement_pace: Mutex<HashMap<Key, (u32, Instant)>>,
 }
 
 /// What to do after a reconcile.
@@ -227,6 +229,10 @@ pub enum Verdict {
     Retry(Option<Duration>),
     /// Quota or capacity: retry, but slowly.
     Quota,
+    /// The cloud refused the credentials (PERMISSION_DENIED / UNAUTHENTICATED): the
+    /// environment, not the spec — retry with backoff, surface a condition, and retry at once
+    /// when the class or its Secret changes. Never counts against a revision.
+    Credentials,
     /// Will not succeed unchanged: mark Failed, retry only on a spec change.
     Permanent,
     /// The thing is gone (delete = done).
@@ -242,8 +248,8 @@ pub fn classify(e: &ErrorReport) -> Verdict {
     match e.code {
         NotFound => Verdict::NotFound,
         ResourceExhausted => Verdict::Quota,
-        InvalidArgument | FailedPrecondition | PermissionDenied | Unauthenticated | AlreadyExists | Unimplemented
-        | OutOfRange => Verdict::Permanent,
+        PermissionDenied | Unauthenticated => Verdict::Credentials,
+        InvalidArgument | FailedPrecondition | AlreadyExists | Unimplemented | OutOfRange => Verdict::Permanent,
         _ => Verdict::Retry(None),
     }
 }
@@ -280,6 +286,7 @@ impl Ctx {
             attempts: Mutex::new(HashMap::new()),
             not_before: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashMap::new()),
+            replacement_pace: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -350,8 +357,35 @@ impl Ctx {
         self.not_before.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), Instant::now() + delay);
     }
 
+    /// How long `owner` must wait before replacing another failed machine (zero = now).
+    pub fn replacement_wait(&self, owner: &Key) -> Duration {
+        let pace = self.replacement_pace.lock().unwrap_or_else(|p| p.into_inner());
+        pace.get(owner).map(|(_, at)| at.saturating_duration_since(Instant::now())).unwrap_or_default()
+    }
+
+    /// `owner` replaced `n` failed machines: the next replacement waits the error policy's
+    /// exponential backoff (1 s, 2 s, 4 s, … up to the maximum), so a failure budget is spent
+    /// over time, not in one burst.
+    pub fn replaced(&self, owner: &Key, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let mut pace = self.replacement_pace.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = pace.entry(owner.clone()).or_insert((0, Instant::now()));
+        entry.0 = entry.0.saturating_add(n);
+        let exp = entry.0.min(20) as i32 - 1;
+        let delay = self.config.backoff_base.as_secs_f64() * 2f64.powi(exp);
+        entry.1 = Instant::now() + Duration::from_secs_f64(delay.min(self.config.backoff_max.as_secs_f64()));
+    }
+
+    /// `owner` has no failed machines: the pace starts over.
+    pub fn replacements_settled(&self, owner: &Key) {
+        self.replacement_pace.lock().unwrap_or_else(|p| p.into_inner()).remove(owner);
+    }
+
     /// Forgets everything kept for `key`.
     pub fn forget(&self, key: &Key) {
+        self.replacement_pace.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         self.not_before.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         self.attempts.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
     }
@@ -416,13 +450,8 @@ async fn watch(ctx: Arc<Ctx>) {
                 if let Some(owner) = change.owner {
                     ctx.queue.add_after(owner, ctx.config.debounce);
                 }
-                if change.key.kind == Kind::MachineClass {
-                    // Machines and deployments of a changed class get another look.
-                    for kind in [Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
-                        for key in keys_of(&ctx.store, kind).await {
-                            ctx.queue.add_after(key, ctx.config.debounce);
-                        }
-                    }
+                if matches!(change.key.kind, Kind::MachineClass | Kind::Secret) {
+                    wake_dependents(&ctx, &change.key).await;
                 }
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
@@ -435,6 +464,60 @@ async fn watch(ctx: Arc<Ctx>) {
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         }
+    }
+}
+
+/// A MachineClass or a Secret changed: every class that uses it, and every deployment, pool and
+/// machine of those classes, is reconciled again with its backoff forgotten — a machine waiting
+/// out a refused credential retries at once after the Secret is fixed.
+async fn wake_dependents(ctx: &Ctx, changed: &Key) {
+    use crate::resources::{MachineClass, MachineDeployment, MachinePool};
+    let classes: Vec<String> = match changed.kind {
+        Kind::MachineClass => vec![changed.name.clone()],
+        _ => match ctx.store.list::<MachineClass>().await {
+            Ok(all) => all
+                .into_iter()
+                .filter(|c| {
+                    c.metadata.namespace == changed.namespace
+                        && c.spec.secret_ref.as_ref().is_some_and(|r| r.name == changed.name)
+                })
+                .map(|c| c.metadata.name)
+                .collect(),
+            Err(e) => {
+                tracing::warn!("listing classes after a change of {changed}: {}", driver_sdk::error_chain(&e));
+                return;
+            }
+        },
+    };
+    if classes.is_empty() {
+        return;
+    }
+    let uses = |ns: &str, class: &str| ns == changed.namespace && classes.iter().any(|c| c == class);
+    let mut keys: Vec<Key> = classes.iter().map(|c| Key::new(Kind::MachineClass, &changed.namespace, c)).collect();
+    if let Ok(mds) = ctx.store.list::<MachineDeployment>().await {
+        keys.extend(
+            mds.iter()
+                .filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name))
+                .map(|d| Key::of(d)),
+        );
+    }
+    if let Ok(pools) = ctx.store.list::<MachinePool>().await {
+        keys.extend(
+            pools
+                .iter()
+                .filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name))
+                .map(|p| Key::of(p)),
+        );
+    }
+    if let Ok(machines) = ctx.store.list::<crate::resources::Machine>().await {
+        keys.extend(
+            machines.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(|m| Key::of(m)),
+        );
+    }
+    tracing::debug!(changed = %changed, objects = keys.len(), "waking the objects that use it");
+    for key in keys {
+        ctx.forget(&key);
+        ctx.queue.add_after(key, ctx.config.debounce);
     }
 }
 
@@ -532,4 +615,41 @@ pub enum ReconcileError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] crate::store::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> (Arc<Ctx>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let ctx = Ctx::new(store, &[], Config::default(), &mut Registry::default()).unwrap();
+        (ctx, dir)
+    }
+
+    #[tokio::test]
+    async fn replacements_are_paced_by_exponential_backoff_and_start_over_when_settled() {
+        let (ctx, _dir) = ctx();
+        let md = Key::new(Kind::MachineDeployment, "default", "web");
+        assert!(ctx.replacement_wait(&md).is_zero(), "the first replacement goes at once");
+        ctx.replaced(&md, 1);
+        let first = ctx.replacement_wait(&md);
+        assert!(first > Duration::from_millis(500) && first <= Duration::from_secs(1), "{first:?}");
+        ctx.replaced(&md, 2);
+        let third = ctx.replacement_wait(&md);
+        assert!(third > Duration::from_secs(3) && third <= Duration::from_secs(4), "{third:?}");
+        ctx.replacements_settled(&md);
+        assert!(ctx.replacement_wait(&md).is_zero());
+    }
+
+    #[test]
+    fn credentials_and_quota_are_the_environment_not_permanent() {
+        let report = |code| ErrorReport::from_status(&tonic::Status::new(code, "refused"));
+        assert_eq!(classify(&report(tonic::Code::PermissionDenied)), Verdict::Credentials);
+        assert_eq!(classify(&report(tonic::Code::Unauthenticated)), Verdict::Credentials);
+        assert_eq!(classify(&report(tonic::Code::ResourceExhausted)), Verdict::Quota);
+        assert_eq!(classify(&report(tonic::Code::InvalidArgument)), Verdict::Permanent);
+        assert_eq!(classify(&report(tonic::Code::Unavailable)), Verdict::Retry(None));
+    }
 }
