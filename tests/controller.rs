@@ -749,3 +749,56 @@ async fn a_bad_first_revision_is_aborted_with_nothing_to_roll_back_to() {
     let c = w.inspect().await.counters.unwrap();
     assert!(c.machines_created <= 4, "{} machines created for a budget of 2", c.machines_created);
 }
+
+/// The same for a MachinePool: a refused credential is a condition on the pool until the
+/// Secret is fixed, then the pool fills without a template change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_with_refused_credentials_recovers_when_the_secret_is_fixed() {
+    let w = World::new(&["--api-key", "the-right-key", "--pool-latency", "300ms", "--create-latency", "300ms"]).await;
+    let secret =
+        |key: &str| format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: creds}}\nstringData: {{apiKey: {key}}}\n");
+    w.apply(&secret("a-wrong-key")).await;
+    w.apply(
+        &class_yaml("{machineType: small}").replace("  providerSpec:", "  secretRef: {name: creds}\n  providerSpec:"),
+    )
+    .await;
+    w.apply(
+        "apiVersion: machine.driver.dev/v1alpha1
+kind: MachinePool
+metadata: {name: workers}
+spec:
+  replicas: 2
+  template:
+    spec:
+      classRef: {name: small}
+  strategy: {maxSurge: 1, maxUnavailable: 0}
+",
+    )
+    .await;
+    let store = w.store();
+    let pool = eventually(MINUTE, "CloudCredentialsRefused on the pool", || {
+        let store = store.clone();
+        async move {
+            let p = store.get::<MachinePool>("default", "workers").await.ok()??;
+            p.status
+                .conditions
+                .iter()
+                .any(|c| c.condition_type == "CloudCredentialsRefused" && c.reason == "CloudAuthFailed")
+                .then_some(p)
+        }
+    })
+    .await;
+    let (_, out, _) = w.cli(&["describe", "mp", "workers"]).await;
+    assert!(out.contains("CloudCredentialsRefused"), "{out}");
+    w.apply(&secret("the-right-key")).await;
+    let ready = eventually(MINUTE, "the pool filled", || {
+        let store = store.clone();
+        async move {
+            let p = store.get::<MachinePool>("default", "workers").await.ok()??;
+            (p.status.ready_replicas == 2).then_some(p)
+        }
+    })
+    .await;
+    assert_eq!(ready.metadata.generation, pool.metadata.generation);
+    assert!(ready.status.conditions.iter().all(|c| c.condition_type != "CloudCredentialsRefused"));
+}

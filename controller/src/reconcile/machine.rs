@@ -155,6 +155,17 @@ pub const CONDITION_UNAVAILABLE: &str = "CloudUnavailable";
 /// Ready-condition reason of a machine refused for quota or capacity.
 pub const CONDITION_QUOTA: &str = "QuotaExceeded";
 
+/// The environment problem a driver error reports, if it is one (credentials, quota, an
+/// unavailable cloud): retried with backoff and surfaced as a condition, never blamed on a spec.
+pub fn environment_condition(e: &driver_sdk::ErrorReport) -> Option<&'static str> {
+    match (classify(e), e.code) {
+        (Verdict::Quota, _) => Some(CONDITION_QUOTA),
+        (Verdict::Credentials, _) => Some(CONDITION_CREDENTIALS),
+        (_, tonic::Code::Unavailable) => Some(CONDITION_UNAVAILABLE),
+        _ => None,
+    }
+}
+
 fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, message: &str) {
     m.status.phase = Phase::Failed;
     m.status.failure = Some(Failure {
@@ -203,12 +214,8 @@ async fn call_failed(
             // with the policy's backoff and say why in the Ready condition, which the owning
             // deployment or pool lifts into a condition of its own.
             let delay = ctx.backoff(key, e);
-            let reason = match (classify(&e.report), e.code()) {
-                (Verdict::Quota, _) => CONDITION_QUOTA.to_string(),
-                (Verdict::Credentials, _) => CONDITION_CREDENTIALS.to_string(),
-                (_, tonic::Code::Unavailable) => CONDITION_UNAVAILABLE.to_string(),
-                _ => format!("{op_type}Retrying"),
-            };
+            let reason =
+                environment_condition(&e.report).map(str::to_string).unwrap_or_else(|| format!("{op_type}Retrying"));
             let message = format!("{} (request {})", e.report, e.request_id());
             set_condition(&mut m.status.conditions, "Ready", false, &reason, &message);
             let newly = !before.status.conditions.iter().any(|c| c.condition_type == "Ready" && c.reason == reason);

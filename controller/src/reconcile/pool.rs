@@ -14,6 +14,8 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
+use super::deployment::ENVIRONMENT_CONDITIONS;
+use super::machine::{environment_condition, upper_camel};
 use super::{resolve, stored, Resolved};
 use crate::resources::*;
 use crate::runtime::{classify, Action, Ctx, ReconcileError, Verdict};
@@ -159,7 +161,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
 
     let list = match instances(ctx, &r, &pool.metadata.name).await {
         Ok(l) => l,
-        Err(e) => return Ok(Action::Requeue(ctx.backoff(key, &e))),
+        Err(e) => return failed(ctx, key, &pool, "ListPoolInstances", &e).await,
     };
     let machines: Vec<Machine> = ctx
         .store
@@ -269,6 +271,8 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         }
     }
     let done = old.is_empty() && live.len() as i64 == replicas && next.status.ready_replicas == replicas;
+    // The driver answered: whatever the environment refused before is over.
+    next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type.as_str()));
     set_condition(
         &mut next.status.conditions,
         "Ready",
@@ -345,6 +349,11 @@ async fn failed(ctx: &Ctx, key: &Key, pool: &MachinePool, kind: &str, e: &driver
     let mut next = pool.clone();
     next.status.last_operation = Some(last(kind, "Failed", e.request_id(), Some(&e.report)));
     set_condition(&mut next.status.conditions, "Ready", false, "CallFailed", &e.report.to_string());
+    if let Some(kind) = environment_condition(&e.report) {
+        let reason = if e.report.reason.is_empty() { kind.to_string() } else { upper_camel(&e.report.reason) };
+        let message = format!("{} (request {})", e.report, e.request_id());
+        set_condition(&mut next.status.conditions, kind, true, &reason, &message);
+    }
     save(ctx, pool, next).await?;
     let d = match classify(&e.report) {
         Verdict::Permanent => Duration::from_secs(60),
