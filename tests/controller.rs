@@ -657,11 +657,18 @@ async fn wrong_credentials_recover_when_the_secret_is_fixed_without_a_template_c
         async move {
             let md = w.md("web").await;
             let machines = store.list::<Machine>().await.ok()?;
-            let retried = machines.len() == 2 && machines.iter().all(|m| m.status.request_ids.len() >= 4);
+            // Five refused attempts each: the next retry is 8–16 s away (1 s base, doubling, jitter).
+            let retried = machines.len() == 2 && machines.iter().all(|m| m.status.request_ids.len() >= 5);
             (retried && md_condition(&md, "CloudCredentialsRefused").is_some()).then_some(md)
         }
     })
     .await;
+    // Backoff, not a hot loop: over a 3 s window the refused calls stay few. (Observing that
+    // nothing happens needs a window of time; nothing is synchronised by it.)
+    let before = w.inspect().await.counters.unwrap().api_calls;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let calls = w.inspect().await.counters.unwrap().api_calls - before;
+    assert!(calls <= 4, "{calls} cloud calls in 3 s while the credentials are refused: a hot loop");
     let c = md_condition(&md, "CloudCredentialsRefused").unwrap();
     assert_eq!(c.reason, "CloudAuthFailed", "{c:?}");
     assert!(c.message.contains("request "), "the condition names a request ID: {c:?}");
@@ -685,7 +692,8 @@ async fn wrong_credentials_recover_when_the_secret_is_fixed_without_a_template_c
     w.apply(&secret("the-right-key")).await;
     let after = w.converged("web", MINUTE).await;
     let took = fixed.elapsed();
-    assert!(took < Duration::from_secs(6), "recovered {took:?} after the fix: it waited out the backoff");
+    // Without the wake-up the last machine to be refused would wait at least 8 s more.
+    assert!(took < Duration::from_secs(7), "recovered {took:?} after the fix: it waited out the backoff");
     assert_eq!(after.metadata.generation, md.metadata.generation, "the template did not change");
     assert!(md_condition(&after, "CloudCredentialsRefused").is_none());
     assert!(after.status.bad_revisions.is_empty());

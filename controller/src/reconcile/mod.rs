@@ -103,6 +103,11 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     if before.status.validated_generation == before.metadata.generation {
         return Ok(Action::AwaitChange);
     }
+    // A retry waits out its backoff even when the class's own status write wakes it.
+    let wait = ctx.wait_before_call(key);
+    if !wait.is_zero() {
+        return Ok(Action::Requeue(wait));
+    }
     let r = match resolve(ctx, &key.namespace, &key.name, None).await? {
         Ok(r) => r,
         Err((reason, message)) => {
@@ -118,7 +123,11 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         .await
     {
         Ok(reply) => reply.value.capabilities,
-        Err(e) => return Ok(Action::Requeue(ctx.backoff(key, &e))),
+        Err(e) => {
+            let delay = ctx.backoff(key, &e);
+            ctx.hold(key, delay);
+            return Ok(Action::Requeue(delay));
+        }
     };
     let mut c = before.clone();
     if caps.contains(&(pb::Capability::ValidateMachineClass as i32)) {
@@ -151,17 +160,24 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
             Err(e) if crate::runtime::classify(&e.report) == crate::runtime::Verdict::Credentials => {
                 // Not the class's fault: retried with backoff, and at once when its Secret changes.
                 let msg = format!("{} (request {})", e.report, e.request_id());
+                let delay = ctx.backoff(key, &e);
+                ctx.hold(key, delay);
                 if set_condition(&mut c.status.conditions, "Valid", false, machine::CONDITION_CREDENTIALS, &msg) {
                     let _ = ctx.store.update_status(&c).await;
                 }
-                return Ok(Action::Requeue(ctx.backoff(key, &e)));
+                return Ok(Action::Requeue(delay));
             }
-            Err(e) => return Ok(Action::Requeue(ctx.backoff(key, &e))),
+            Err(e) => {
+                let delay = ctx.backoff(key, &e);
+                ctx.hold(key, delay);
+                return Ok(Action::Requeue(delay));
+            }
         }
     } else {
         set_condition(&mut c.status.conditions, "Valid", true, "NotValidated", "the driver does not validate classes");
     }
     c.status.validated_generation = c.metadata.generation;
+    ctx.succeeded(key);
     match ctx.store.update_status(&c).await {
         Ok(_) => Ok(Action::AwaitChange),
         Err(crate::store::Error::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),

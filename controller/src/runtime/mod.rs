@@ -204,6 +204,9 @@ pub struct Ctx {
     pub orphans: Mutex<HashMap<(String, String), Instant>>,
     /// Per owner (deployment): failed machines replaced in a row, and when the next may go.
     replacement_pace: Mutex<HashMap<Key, (u32, Instant)>>,
+    /// The generation of each class when its dependents were last woken: a class's own status
+    /// writes must not wake them (that would undo their backoff in a loop).
+    class_generations: Mutex<HashMap<Key, i64>>,
 }
 
 /// What to do after a reconcile.
@@ -287,6 +290,7 @@ impl Ctx {
             not_before: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashMap::new()),
             replacement_pace: Mutex::new(HashMap::new()),
+            class_generations: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -473,7 +477,17 @@ async fn watch(ctx: Arc<Ctx>) {
 async fn wake_dependents(ctx: &Ctx, changed: &Key) {
     use crate::resources::{MachineClass, MachineDeployment, MachinePool};
     let classes: Vec<String> = match changed.kind {
-        Kind::MachineClass => vec![changed.name.clone()],
+        Kind::MachineClass => {
+            // Only a new generation (spec) wakes; the class's status writes do not.
+            let Ok(Some(class)) = ctx.store.get::<MachineClass>(&changed.namespace, &changed.name).await else {
+                return;
+            };
+            let mut seen = ctx.class_generations.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.insert(changed.clone(), class.metadata.generation) == Some(class.metadata.generation) {
+                return;
+            }
+            vec![changed.name.clone()]
+        }
         _ => match ctx.store.list::<MachineClass>().await {
             Ok(all) => all
                 .into_iter()
