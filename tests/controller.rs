@@ -810,3 +810,60 @@ spec:
     assert_eq!(ready.metadata.generation, pool.metadata.generation);
     assert!(ready.status.conditions.iter().all(|c| c.condition_type != "CloudCredentialsRefused"));
 }
+
+/// Every kind of unusable stored operation token takes the same safe path: dropped, an event
+/// says why, the driver is asked again by name, and each machine ends Running, created once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_stored_tokens_are_dropped_and_each_machine_is_created_once() {
+    use base64::Engine;
+    use driver_sdk::{Operation, OperationKind, TokenCodec, TokenKey};
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut w = World::new(&["--create-latency", "3s", "--delete-latency", "200ms"]).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 6, "os-1", "1", "0", "")).await;
+    eventually(MINUTE, "six creates in flight", || {
+        let w = &w;
+        async move {
+            let ms = w.machines().await;
+            (ms.len() == 6 && ms.iter().all(|m| !m.status.operations.is_empty())).then_some(())
+        }
+    })
+    .await;
+    w.kill9_controller().await;
+    let sealed_by = |key: TokenKey, driver: &str| {
+        let op = Operation::running(OperationKind::CreateMachine, "x", serde_json::json!({"id": "op-1"}));
+        b64.encode(TokenCodec::new(key, driver).seal(&op))
+    };
+    let other_key = TokenKey::try_new(b"a different key of enough length".to_vec()).unwrap();
+    let cases: Vec<(&str, Box<dyn Fn(&str) -> String>)> = vec![
+        ("undecodable", Box::new(|_| "%%% not base64 %%%".to_string())),
+        ("empty", Box::new(|_| String::new())),
+        ("truncated", Box::new(|t: &str| b64.encode(&b64.decode(t).unwrap()[..10]))),
+        (
+            "unknown version",
+            Box::new(|t: &str| {
+                let mut bytes = b64.decode(t).unwrap();
+                bytes[0] = 9;
+                b64.encode(bytes)
+            }),
+        ),
+        ("wrong key", Box::new(move |_| sealed_by(other_key.clone(), fake_driver::DRIVER_NAME))),
+        ("foreign driver", Box::new(move |_| sealed_by(TokenKey::dev(), "someone-elses-driver.example.com"))),
+    ];
+    let store = w.store();
+    let mut machines = w.machines().await;
+    machines.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for (m, (what, corrupt)) in machines.iter().zip(&cases) {
+        let mut next = m.clone();
+        next.status.operations[0].token = corrupt(&m.status.operations[0].token);
+        store.update_status(&next).await.unwrap_or_else(|e| panic!("planting the {what} token: {e}"));
+    }
+    w.start_controller(&[]);
+    w.converged("web", MINUTE).await;
+    w.assert_consistent(6).await;
+    for (m, (what, _)) in machines.iter().zip(&cases) {
+        let (code, out, err) = w.cli(&["describe", "machine", &m.metadata.name]).await;
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("OperationTokenUnusable"), "{what}: no event in\n{out}");
+    }
+}

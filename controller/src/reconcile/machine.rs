@@ -4,19 +4,17 @@
 
 use std::time::Duration;
 
-use base64::Engine;
 use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::{CallError, OperationExt};
 
-use super::{resolve, stored, Resolved};
+use super::{poll_stored, resolve, stored, Polled, Resolved};
 use crate::resources::*;
 use crate::runtime::{classify, Action, Ctx, ReconcileError, Verdict};
 use crate::store::{Error as StoreError, Key};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 const KEEP_REQUEST_IDS: usize = 5;
 
 /// Reconciles one Machine.
@@ -263,6 +261,8 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     }
     // The operation is stored before anything else happens.
     m.status.operations = vec![stored("CreateMachine", &op, &reply.request_id)];
+    // A new handle replaces one that was dropped as unusable (the event keeps the history).
+    m.status.conditions.retain(|c| c.condition_type != "OperationTokenUnusable");
     m.status.phase = Phase::Creating;
     set_condition(&mut m.status.conditions, "Ready", false, "Creating", "the cloud is creating the machine");
     if !save(ctx, &before, m.clone()).await? {
@@ -305,25 +305,26 @@ async fn block_on(ctx: &Ctx, key: &Key, m: Machine, r: &Resolved<'_>, mut op: pb
 
 /// One poll of the stored operation.
 async fn poll(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>, stored_op: StoredOperation) -> Result<Action> {
-    let token = B64.decode(&stored_op.token).unwrap_or_default();
-    let secrets = r.secrets.clone();
-    let reply =
-        ctx.call(r.driver, "GetOperation", |c| async move {
-            c.get_operation(pb::GetOperationRequest { token, secrets }).await
-        })
-        .await;
     let mut m = before.clone();
-    let reply = match reply {
-        Ok(reply) => reply,
-        Err(e) if e.reason() == driver_sdk::reason::OPERATION_TOKEN_INVALID => {
+    let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &stored_op).await {
+        Polled::Operation(reply) => reply,
+        Polled::Unusable(why) => {
             // Drivers are idempotent by name: dropping an unusable token and asking again is safe.
             m.status.operations.clear();
-            m.status.last_operation = Some(last_err("Poll", &e.report));
-            ctx.store.event(Kind::Machine, &m.metadata, true, "OperationTokenRefused", e.report.to_string()).await;
+            set_condition(&mut m.status.conditions, "OperationTokenUnusable", true, "Dropped", &why);
+            ctx.store
+                .event(
+                    Kind::Machine,
+                    &m.metadata,
+                    true,
+                    "OperationTokenUnusable",
+                    format!("{why}; asking the driver again"),
+                )
+                .await;
             save(ctx, &before, m).await?;
             return Ok(Action::Requeue(Duration::ZERO));
         }
-        Err(e) => {
+        Polled::Failed(e) => {
             let delay = ctx.backoff(key, &e);
             m.status.last_operation = Some(last_err("Poll", &e.report));
             save(ctx, &before, m).await?;
@@ -564,15 +565,8 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
         };
     if deleting {
         let stored_op = before.status.operations[0].clone();
-        let token = B64.decode(&stored_op.token).unwrap_or_default();
-        let secrets = r.secrets.clone();
-        match ctx
-            .call(r.driver, "GetOperation", |c| async move {
-                c.get_operation(pb::GetOperationRequest { token, secrets }).await
-            })
-            .await
-        {
-            Ok(reply) if reply.value.done => {
+        match poll_stored(ctx, r.driver, r.secrets.clone(), &stored_op).await {
+            Polled::Operation(reply) if reply.value.done => {
                 if let Some(err) = reply.value.error_report() {
                     if classify(&err) != Verdict::NotFound {
                         let mut m = before.clone();
@@ -593,13 +587,24 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                 }
                 return release(ctx, key, before).await;
             }
-            Ok(reply) => {
+            Polled::Operation(reply) => {
                 let d = reply.value.poll_after();
                 ctx.hold(key, d);
                 return Ok(Action::Requeue(d));
             }
-            Err(e) if e.reason() == driver_sdk::reason::OPERATION_TOKEN_INVALID => {}
-            Err(e) => {
+            Polled::Unusable(why) => {
+                // Delete again by name below (idempotent); the new operation replaces the old.
+                ctx.store
+                    .event(
+                        Kind::Machine,
+                        &before.metadata,
+                        true,
+                        "OperationTokenUnusable",
+                        format!("{why}; deleting again"),
+                    )
+                    .await;
+            }
+            Polled::Failed(e) => {
                 let d = ctx.backoff(key, &e);
                 ctx.hold(key, d);
                 return Ok(Action::Requeue(d));

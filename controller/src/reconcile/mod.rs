@@ -27,6 +27,50 @@ pub(crate) fn stored(kind: &str, op: &pb::Operation, request_id: &str) -> Stored
     }
 }
 
+/// What polling a stored operation found.
+pub(crate) enum Polled {
+    /// The driver answered with the operation.
+    Operation(driver_sdk::Reply<pb::Operation>),
+    /// The stored handle cannot be used — not base64, empty, or refused by the driver (truncated,
+    /// altered, sealed with another key, by another driver, or of an unknown version). The
+    /// caller drops it and asks the driver again by name: creates and deletes are idempotent.
+    Unusable(String),
+    /// The call failed otherwise: back off and poll again.
+    Failed(driver_sdk::CallError),
+}
+
+/// Polls a stored operation: the one way every reconciler reads a stored token.
+pub(crate) async fn poll_stored(
+    ctx: &Ctx,
+    driver: &DriverHandle,
+    secrets: Option<pb::Secrets>,
+    op: &StoredOperation,
+) -> Polled {
+    use base64::Engine;
+    let token = match base64::engine::general_purpose::STANDARD.decode(op.token.trim()) {
+        Ok(t) if !t.is_empty() => t,
+        Ok(_) => return Polled::Unusable("the stored operation token is empty".into()),
+        Err(e) => return Polled::Unusable(format!("the stored operation token is not base64 ({e})")),
+    };
+    match ctx
+        .call(
+            driver,
+            "GetOperation",
+            |c| async move { c.get_operation(pb::GetOperationRequest { token, secrets }).await },
+        )
+        .await
+    {
+        Ok(reply) => Polled::Operation(reply),
+        // The token is the only argument GetOperation checks: INVALID_ARGUMENT is about it.
+        Err(e) if e.code() == tonic::Code::InvalidArgument => Polled::Unusable(format!(
+            "the driver refused the stored operation token: {} (request {})",
+            e.report,
+            e.request_id()
+        )),
+        Err(e) => Polled::Failed(e),
+    }
+}
+
 /// Runs the reconciler of `key`'s kind.
 ///
 /// # Errors

@@ -9,21 +9,18 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use base64::Engine;
 use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
 use super::deployment::ENVIRONMENT_CONDITIONS;
 use super::machine::{environment_condition, upper_camel};
-use super::{resolve, stored, Resolved};
+use super::{poll_stored, resolve, stored, Polled, Resolved};
 use crate::resources::*;
 use crate::runtime::{classify, Action, Ctx, ReconcileError, Verdict};
 use crate::store::{Error as StoreError, Key, ListParams};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
-
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 fn last(op_type: &str, state: &str, request_id: &str, err: Option<&driver_sdk::ErrorReport>) -> LastOperation {
     LastOperation {
@@ -102,15 +99,28 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     };
     // An operation in flight: poll it first.
     if let Some(op) = pool.status.operations.first().cloned() {
-        let token = B64.decode(&op.token).unwrap_or_default();
-        let secrets = r.secrets.clone();
         let mut next = pool.clone();
-        match ctx
-            .call(r.driver, "GetOperation", |c| async move {
-                c.get_operation(pb::GetOperationRequest { token, secrets }).await
-            })
-            .await
-        {
+        let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &op).await {
+            Polled::Operation(reply) => Ok(reply),
+            Polled::Unusable(why) => {
+                // ApplyPool / DeletePool are idempotent: drop the handle and reconcile again.
+                next.status.operations.clear();
+                set_condition(&mut next.status.conditions, "OperationTokenUnusable", true, "Dropped", &why);
+                ctx.store
+                    .event(
+                        Kind::MachinePool,
+                        &pool.metadata,
+                        true,
+                        "OperationTokenUnusable",
+                        format!("{why}; asking the driver again"),
+                    )
+                    .await;
+                save(ctx, &pool, next).await?;
+                return Ok(Action::Requeue(Duration::ZERO));
+            }
+            Polled::Failed(e) => Err(e),
+        };
+        match reply {
             Ok(reply) if !reply.value.done => {
                 let d = reply.value.poll_after();
                 ctx.hold(key, d);
@@ -135,11 +145,6 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
                 if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == "DeletePool" {
                     return finish_delete(ctx, &pool).await;
                 }
-                return Ok(Action::Requeue(Duration::ZERO));
-            }
-            Err(e) if e.reason() == driver_sdk::reason::OPERATION_TOKEN_INVALID => {
-                next.status.operations.clear();
-                save(ctx, &pool, next).await?;
                 return Ok(Action::Requeue(Duration::ZERO));
             }
             Err(e) => {
@@ -514,14 +519,21 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
         Err(_) => return Ok(Action::Requeue(Duration::from_secs(10))),
     };
     if let Some(op) = m.status.operations.first().cloned() {
-        let token = B64.decode(&op.token).unwrap_or_default();
-        let secrets = r.secrets.clone();
-        return match ctx
-            .call(r.driver, "GetOperation", |c| async move {
-                c.get_operation(pb::GetOperationRequest { token, secrets }).await
-            })
-            .await
-        {
+        let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &op).await {
+            Polled::Operation(reply) => Ok(reply),
+            Polled::Unusable(why) => {
+                // DeletePoolInstances is idempotent: drop the handle and delete the instance again.
+                let mut next = m.clone();
+                next.status.operations.clear();
+                let _ = ctx.store.update_status(&next).await;
+                ctx.store
+                    .event(Kind::Machine, &m.metadata, true, "OperationTokenUnusable", format!("{why}; deleting again"))
+                    .await;
+                return Ok(Action::Requeue(Duration::ZERO));
+            }
+            Polled::Failed(e) => Err(e),
+        };
+        return match reply {
             Ok(reply) if reply.value.done && reply.value.error_report().is_none() => release(m).await,
             Ok(reply) if reply.value.done => {
                 let mut next = m.clone();
