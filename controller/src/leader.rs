@@ -97,12 +97,13 @@ impl Elector {
                         tracing::info!(leader = %holder, "following; the lease is held by another candidate");
                         logged_holder = holder;
                     }
-                    // Try again at the retry period, or right when the lease expires.
+                    // Deliberate: try again at the retry period, or right when the lease expires.
                     let wait = self.config.retry_period.min(expires_in.max(Duration::from_millis(50)));
                     tokio::time::sleep(wait).await;
                 }
                 Err(e) => {
                     tracing::warn!("leader election: {e}");
+                    // Deliberate: the retry period between attempts.
                     tokio::time::sleep(self.config.retry_period).await;
                 }
             }
@@ -113,6 +114,7 @@ impl Elector {
     pub async fn hold(&mut self) -> Lost {
         let mut last_renewal = Instant::now();
         loop {
+            // Deliberate: the leader renews once per retry period.
             tokio::time::sleep(self.config.retry_period).await;
             let remaining = self.config.renew_deadline.saturating_sub(last_renewal.elapsed());
             match tokio::time::timeout(remaining, self.try_acquire_or_renew()).await {
