@@ -632,6 +632,16 @@ async fn cli_shows_status_request_ids_and_deletes_through_the_cloud() {
     .await;
 }
 
+/// Secret `creds` with the fake's `apiKey`.
+fn creds_yaml(key: &str) -> String {
+    format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: creds}}\nstringData: {{apiKey: {key}}}\n")
+}
+
+/// Class `small` that sends Secret `creds` with every call.
+fn class_with_creds_yaml() -> String {
+    class_yaml("{machineType: small}").replace("  providerSpec:", "  secretRef: {name: creds}\n  providerSpec:")
+}
+
 fn md_condition<'a>(md: &'a MachineDeployment, kind: &str) -> Option<&'a Condition> {
     md.status.conditions.iter().find(|c| c.condition_type == kind && c.status == "True")
 }
@@ -642,13 +652,8 @@ fn md_condition<'a>(md: &'a MachineDeployment, kind: &str) -> Option<&'a Conditi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_recover_when_the_secret_is_fixed_without_a_template_change() {
     let w = World::new(&["--api-key", "the-right-key", "--create-latency", "300ms", "--delete-latency", "200ms"]).await;
-    let secret =
-        |key: &str| format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: creds}}\nstringData: {{apiKey: {key}}}\n");
-    w.apply(&secret("a-wrong-key")).await;
-    w.apply(
-        &class_yaml("{machineType: small}").replace("  providerSpec:", "  secretRef: {name: creds}\n  providerSpec:"),
-    )
-    .await;
+    w.apply(&creds_yaml("a-wrong-key")).await;
+    w.apply(&class_with_creds_yaml()).await;
     w.apply(&md_yaml("web", 2, "os-1", "1", "0", "  failureBudget: 1\n")).await;
     let store = w.store();
     // Let the refusals repeat until each machine's next retry is several seconds away.
@@ -689,7 +694,7 @@ async fn wrong_credentials_recover_when_the_secret_is_fixed_without_a_template_c
 
     // Fix the Secret: the machines retry at once (their backoff is forgotten), no template change.
     let fixed = std::time::Instant::now();
-    w.apply(&secret("the-right-key")).await;
+    w.apply(&creds_yaml("the-right-key")).await;
     let after = w.converged("web", MINUTE).await;
     let took = fixed.elapsed();
     // Without the wake-up the last machine to be refused would wait at least 8 s more.
@@ -763,13 +768,8 @@ async fn a_bad_first_revision_is_aborted_with_nothing_to_roll_back_to() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_with_refused_credentials_recovers_when_the_secret_is_fixed() {
     let w = World::new(&["--api-key", "the-right-key", "--pool-latency", "300ms", "--create-latency", "300ms"]).await;
-    let secret =
-        |key: &str| format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: creds}}\nstringData: {{apiKey: {key}}}\n");
-    w.apply(&secret("a-wrong-key")).await;
-    w.apply(
-        &class_yaml("{machineType: small}").replace("  providerSpec:", "  secretRef: {name: creds}\n  providerSpec:"),
-    )
-    .await;
+    w.apply(&creds_yaml("a-wrong-key")).await;
+    w.apply(&class_with_creds_yaml()).await;
     w.apply(
         "apiVersion: machine.driver.dev/v1alpha1
 kind: MachinePool
@@ -798,7 +798,7 @@ spec:
     .await;
     let (_, out, _) = w.cli(&["describe", "mp", "workers"]).await;
     assert!(out.contains("CloudCredentialsRefused"), "{out}");
-    w.apply(&secret("the-right-key")).await;
+    w.apply(&creds_yaml("the-right-key")).await;
     let ready = eventually(MINUTE, "the pool filled", || {
         let store = store.clone();
         async move {
