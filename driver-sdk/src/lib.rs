@@ -58,6 +58,7 @@ pub mod convert;
 mod driver;
 pub mod endpoint;
 pub mod error;
+mod hpack;
 pub mod layer;
 pub mod metrics;
 pub mod schema;

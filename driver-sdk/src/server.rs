@@ -75,6 +75,10 @@ pub struct ServeArgs {
     /// How often the driver's Probe drives the health service.
     #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
     pub probe_interval: Duration,
+    /// How often the token key file is checked for new keys (a rotated Secret takes effect
+    /// without a restart).
+    #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
+    pub token_key_reload_interval: Duration,
     /// Log format.
     #[arg(long, env = "DRIVER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -94,6 +98,7 @@ impl Default for ServeArgs {
             max_concurrent_calls: 256,
             drain_timeout: Duration::from_secs(30),
             probe_interval: Duration::from_secs(5),
+            token_key_reload_interval: Duration::from_secs(5),
             log_format: LogFormat::Text,
         }
     }
@@ -221,6 +226,8 @@ impl<D: Driver> DriverServer<D> {
     /// Startup problems (endpoint, key, socket in use, TLS, bind) and transport failures.
     pub async fn serve(self, args: &ServeArgs) -> Result<(), ServeError> {
         let endpoint: Endpoint = args.endpoint.parse()?;
+        // Keys given in code stay; keys from a file follow the file.
+        let key_file = if self.key.is_none() { TokenKey::file(args.token_key_file.as_deref()) } else { None };
         let key = match self.key {
             Some(k) => k,
             None => TokenKey::load(args.token_key_file.as_deref(), args.dev)?,
@@ -232,6 +239,9 @@ impl<D: Driver> DriverServer<D> {
         let metrics = RpcMetrics::register(&mut registry);
         let service = DriverService::new(self.driver.clone(), key);
         let driver_name = service.shared().info.name.clone();
+        let key_reloader = key_file.map(|path| {
+            tokio::spawn(reload_keys(path, service.shared().codec.clone(), args.token_key_reload_interval))
+        });
         let dns = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.';
         if driver_name.is_empty() || driver_name.len() > 63 || !driver_name.chars().all(dns) {
             return Err(ServeError::DriverName(driver_name));
@@ -358,7 +368,7 @@ impl<D: Driver> DriverServer<D> {
                 let listener = bind_unix(path)?;
                 tracing::info!(driver = %driver_name, "serving on {endpoint}");
                 let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener)
-                    .map(|r| r.map(|s| Conn::new(crate::authority::AuthorityFix::new(s))));
+                    .map(|r| r.map(|s| Conn::new(crate::authority::AuthorityRewrite::new(s))));
                 let served = router.serve_with_incoming_shutdown(incoming, signal);
                 let r = tokio::select! { r = served => r.map_err(ServeError::Transport), () = drain_deadline => {
                     tracing::warn!("drain timeout passed; closing remaining calls");
@@ -387,11 +397,39 @@ impl<D: Driver> DriverServer<D> {
             }
         };
         prober.abort();
+        if let Some(t) = key_reloader {
+            t.abort();
+        }
         if let Some(t) = metrics_task {
             let _ = t.await;
         }
         tracing::info!("stopped");
         result
+    }
+}
+
+/// Re-reads the token key file every `interval` and swaps the keys in when its content changed,
+/// so that a rotated key (e.g. an updated Secret volume) takes effect without a restart. A file
+/// that is unreadable or holds no valid key keeps the current keys.
+async fn reload_keys(path: PathBuf, codec: crate::token::TokenCodec, interval: Duration) {
+    let mut last = tokio::fs::read(&path).await.ok();
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Ok(now) = tokio::fs::read(&path).await else { continue };
+        if last.as_ref() == Some(&now) {
+            continue;
+        }
+        match TokenKey::parse_file(&now, &path) {
+            Ok(key) => {
+                tracing::info!(keys = key.len(), "reloaded the operation token keys from {}", path.display());
+                codec.replace_key(key);
+            }
+            Err(e) => tracing::warn!("keeping the current operation token keys: {e}"),
+        }
+        last = Some(now);
     }
 }
 

@@ -31,7 +31,7 @@ pub(crate) struct Shared<D> {
     pub(crate) info: DriverInfo,
     pub(crate) capabilities: Vec<Capability>,
     capability_set: HashSet<Capability>,
-    codec: TokenCodec,
+    pub(crate) codec: TokenCodec,
 }
 
 /// Implements the four `machinedriver.v1` services for one driver.

@@ -5,7 +5,8 @@
 //! share a key. A driver never sees a token: it returns [`crate::Operation::state`] and gets it
 //! back, verified, as [`crate::OperationHandle::state`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
@@ -27,7 +28,7 @@ pub const KEY_ENV: &str = "DRIVER_TOKEN_KEY";
 pub const KEY_FILE_ENV: &str = "DRIVER_TOKEN_KEY_FILE";
 const MIN_KEY_LEN: usize = 16;
 
-/// Errors loading the token key at startup.
+/// Errors loading the token keys.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
@@ -46,40 +47,73 @@ pub enum KeyError {
         #[source]
         source: std::io::Error,
     },
-    /// The key is too short.
+    /// A key is too short.
     #[error("operation token key is {0} bytes; at least {MIN_KEY_LEN} are required")]
     TooShort(usize),
+    /// The key file holds no key (only blank and comment lines).
+    #[error("token key file {0} holds no key (one key per line; the first seals, all verify)")]
+    Empty(String),
 }
 
-/// The key that seals operation tokens. `Debug` never prints it.
+/// The keys that seal and verify operation tokens: the first seals, every one verifies, so a key
+/// can be rotated without stranding a token sealed with the old one (see the README's "Rotating
+/// the token key"). `Debug` never prints them.
 #[derive(Clone)]
 pub struct TokenKey {
-    key: Vec<u8>,
+    keys: Vec<Vec<u8>>,
     dev: bool,
 }
 
 impl std::fmt::Debug for TokenKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenKey").field("dev", &self.dev).finish_non_exhaustive()
+        f.debug_struct("TokenKey").field("keys", &self.keys.len()).field("dev", &self.dev).finish_non_exhaustive()
     }
 }
 
 impl TokenKey {
-    /// A key from raw bytes.
+    /// A single key from raw bytes.
     ///
     /// # Errors
     /// [`KeyError::TooShort`] below 16 bytes.
     pub fn try_new(key: impl Into<Vec<u8>>) -> Result<Self, KeyError> {
-        let key = key.into();
-        if key.len() < MIN_KEY_LEN {
-            return Err(KeyError::TooShort(key.len()));
+        Self::try_from_keys(vec![key.into()])
+    }
+
+    /// Several keys: the first seals, all verify.
+    ///
+    /// # Errors
+    /// [`KeyError::TooShort`] for a key below 16 bytes; [`KeyError::Missing`] for none.
+    pub fn try_from_keys(keys: Vec<Vec<u8>>) -> Result<Self, KeyError> {
+        if keys.is_empty() {
+            return Err(KeyError::Missing);
         }
-        Ok(Self { key, dev: false })
+        if let Some(short) = keys.iter().find(|k| k.len() < MIN_KEY_LEN) {
+            return Err(KeyError::TooShort(short.len()));
+        }
+        Ok(Self { keys, dev: false })
+    }
+
+    /// Parses a key file: one key per line (surrounding whitespace trimmed); blank lines and
+    /// lines starting with `#` are skipped. The first key seals, all verify.
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] without a key; [`KeyError::TooShort`] for a short one.
+    pub fn parse_file(contents: &[u8], path: &Path) -> Result<Self, KeyError> {
+        let keys: Vec<Vec<u8>> = contents
+            .split(|b| *b == b'\n')
+            .map(|line| line.trim_ascii())
+            .filter(|line| !line.is_empty() && !line.starts_with(b"#"))
+            .map(<[u8]>::to_vec)
+            .collect();
+        if keys.is_empty() {
+            return Err(KeyError::Empty(path.display().to_string()));
+        }
+        Self::try_from_keys(keys)
     }
 
     /// The well-known development key.
     pub fn dev() -> Self {
-        Self { key: DEV_KEY.to_vec(), dev: true }
+        Self { keys: vec![DEV_KEY.to_vec()], dev: true }
     }
 
     /// Whether this is the development key.
@@ -87,22 +121,41 @@ impl TokenKey {
         self.dev
     }
 
-    /// Loads the key: `file` (from `--token-key-file`), else `$DRIVER_TOKEN_KEY_FILE`, else
-    /// `$DRIVER_TOKEN_KEY`, else the development key when `dev_mode`.
+    /// How many keys verify (the first of them seals).
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Never true: there is always a sealing key.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The key file in effect: `file` (from `--token-key-file`), else `$DRIVER_TOKEN_KEY_FILE`.
+    pub fn file(file: Option<&Path>) -> Option<PathBuf> {
+        file.map(Path::to_path_buf)
+            .or_else(|| std::env::var_os(KEY_FILE_ENV).filter(|p| !p.is_empty()).map(PathBuf::from))
+    }
+
+    /// Reads and parses a key file.
+    ///
+    /// # Errors
+    /// Read errors, [`KeyError::Empty`], [`KeyError::TooShort`].
+    pub fn read_file(path: &Path) -> Result<Self, KeyError> {
+        let bytes =
+            std::fs::read(path).map_err(|source| KeyError::Read { path: path.display().to_string(), source })?;
+        Self::parse_file(&bytes, path)
+    }
+
+    /// Loads the keys: the key file (`file`, from `--token-key-file`, else
+    /// `$DRIVER_TOKEN_KEY_FILE`), else `$DRIVER_TOKEN_KEY` (one key), else the development key
+    /// when `dev_mode`.
     ///
     /// # Errors
     /// [`KeyError::Missing`] when nothing is configured outside dev mode; read and length errors.
     pub fn load(file: Option<&Path>, dev_mode: bool) -> Result<Self, KeyError> {
-        let from_file = |path: &Path| {
-            let bytes =
-                std::fs::read(path).map_err(|source| KeyError::Read { path: path.display().to_string(), source })?;
-            Self::try_new(trim_ascii_end(&bytes).to_vec())
-        };
-        if let Some(path) = file {
-            return from_file(path);
-        }
-        if let Some(path) = std::env::var_os(KEY_FILE_ENV).filter(|p| !p.is_empty()) {
-            return from_file(Path::new(&path));
+        if let Some(path) = Self::file(file) {
+            return Self::read_file(&path);
         }
         if let Some(key) = std::env::var_os(KEY_ENV).filter(|k| !k.is_empty()) {
             return Self::try_new(key.into_encoded_bytes());
@@ -113,18 +166,26 @@ impl TokenKey {
         Err(KeyError::Missing)
     }
 
-    fn mac(&self) -> Hmac<Sha256> {
+    fn mac(key: &[u8]) -> Hmac<Sha256> {
         // HMAC accepts keys of any length; this cannot fail.
-        match Hmac::<Sha256>::new_from_slice(&self.key) {
+        match Hmac::<Sha256>::new_from_slice(key) {
             Ok(mac) => mac,
             Err(_) => unreachable!("HMAC-SHA256 takes keys of any length"),
         }
     }
-}
 
-fn trim_ascii_end(bytes: &[u8]) -> &[u8] {
-    let end = bytes.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(0, |i| i + 1);
-    &bytes[..end]
+    fn sealing_mac(&self) -> Hmac<Sha256> {
+        Self::mac(self.keys.first().map_or(DEV_KEY, Vec::as_slice))
+    }
+
+    /// Whether any key's HMAC of `body` is `tag`.
+    fn verifies(&self, body: &[u8], tag: &[u8]) -> bool {
+        self.keys.iter().any(|k| {
+            let mut mac = Self::mac(k);
+            mac.update(body);
+            mac.verify_slice(tag).is_ok()
+        })
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -145,17 +206,29 @@ struct Payload {
     st: Value,
 }
 
-/// Seals operations into tokens and opens them again, for one driver.
+/// Seals operations into tokens and opens them again, for one driver. Clones share the keys, so
+/// [`TokenCodec::replace_key`] on one (a reloaded key file) reaches them all.
 #[derive(Debug, Clone)]
 pub struct TokenCodec {
-    key: TokenKey,
+    key: Arc<RwLock<TokenKey>>,
     driver: String,
 }
 
 impl TokenCodec {
     /// A codec for the driver named `driver`.
     pub fn new(key: TokenKey, driver: impl Into<String>) -> Self {
-        Self { key, driver: driver.into() }
+        Self { key: Arc::new(RwLock::new(key)), driver: driver.into() }
+    }
+
+    /// Uses new keys from now on (tokens in flight keep verifying if their key is still among
+    /// them).
+    pub fn replace_key(&self, key: TokenKey) {
+        *self.key.write().unwrap_or_else(|p| p.into_inner()) = key;
+    }
+
+    fn key(&self) -> std::sync::RwLockReadGuard<'_, TokenKey> {
+        // A poisoned lock only means a writer panicked; the keys themselves are whole.
+        self.key.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The token for a running operation.
@@ -173,7 +246,7 @@ impl TokenCodec {
         let mut out = Vec::with_capacity(1 + json.len() + MAC_LEN);
         out.push(TOKEN_VERSION);
         out.extend_from_slice(&json);
-        let mut mac = self.key.mac();
+        let mut mac = self.key().sealing_mac();
         mac.update(&out);
         out.extend_from_slice(&mac.finalize().into_bytes());
         out
@@ -199,9 +272,7 @@ impl TokenCodec {
             return Err(DriverError::token_invalid("operation token is truncated").with_violation("token", "truncated"));
         }
         let (body, tag) = token.split_at(token.len() - MAC_LEN);
-        let mut mac = self.key.mac();
-        mac.update(body);
-        if mac.verify_slice(tag).is_err() {
+        if !self.key().verifies(body, tag) {
             return Err(DriverError::token_invalid(
                 "operation token failed its integrity check: it was altered, or sealed by another driver or key",
             )
@@ -303,8 +374,47 @@ mod tests {
         std::fs::write(&path, "a-long-enough-secret-key\n").unwrap();
         let key = TokenKey::load(Some(&path), false).unwrap();
         assert!(!key.is_dev());
+        assert_eq!(key.len(), 1);
         assert!(!format!("{key:?}").contains("secret"));
         let missing = TokenKey::load(Some(&dir.path().join("nope")), false).unwrap_err();
         assert!(missing.to_string().contains("nope"));
+    }
+
+    #[test]
+    fn the_first_key_seals_and_every_key_verifies() {
+        let path = Path::new("keys");
+        let old = TokenKey::parse_file(b"old-key-0123456789abcdef\n", path).unwrap();
+        let both = TokenKey::parse_file(
+            b"# rotation in progress\nnew-key-0123456789abcdef\n\n  old-key-0123456789abcdef  \n",
+            path,
+        )
+        .unwrap();
+        assert_eq!(both.len(), 2);
+        let new = TokenKey::parse_file(b"new-key-0123456789abcdef", path).unwrap();
+        let (old, both, new) = (
+            TokenCodec::new(old, "test.driver"),
+            TokenCodec::new(both, "test.driver"),
+            TokenCodec::new(new, "test.driver"),
+        );
+        // Tokens sealed before the rotation still open; new ones are sealed with the new key.
+        assert!(both.open(&old.seal(&op())).is_ok());
+        let sealed_during = both.seal(&op());
+        assert!(new.open(&sealed_during).is_ok());
+        assert!(old.open(&sealed_during).is_err());
+        // Replacing the keys of a running codec takes effect at once, in every clone.
+        let clone = old.clone();
+        old.replace_key(TokenKey::parse_file(b"new-key-0123456789abcdef", path).unwrap());
+        assert!(clone.open(&sealed_during).is_ok());
+        assert!(clone
+            .open(&TokenCodec::new(TokenKey::try_new(*b"0123456789abcdef0123").unwrap(), "test.driver").seal(&op()))
+            .is_err());
+    }
+
+    #[test]
+    fn bad_key_files_are_clear_errors() {
+        let path = Path::new("/etc/keys");
+        let empty = TokenKey::parse_file(b"# nothing yet\n\n", path).unwrap_err();
+        assert!(empty.to_string().contains("/etc/keys holds no key"), "{empty}");
+        assert!(matches!(TokenKey::parse_file(b"a-long-enough-key-0001\nshort\n", path), Err(KeyError::TooShort(5))));
     }
 }
