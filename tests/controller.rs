@@ -867,3 +867,62 @@ async fn unusable_stored_tokens_are_dropped_and_each_machine_is_created_once() {
         assert!(out.contains("OperationTokenUnusable"), "{what}: no event in\n{out}");
     }
 }
+
+#[tokio::test]
+async fn rotating_the_token_key_mid_rollout_loses_no_operation() {
+    use driver_sdk::{TokenCodec, TokenKey};
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("token-keys");
+    let (old, new) = ("old-token-key-0123456789abcdef", "new-token-key-0123456789abcdef");
+    std::fs::write(&key_file, format!("{old}\n")).unwrap();
+    let file = key_file.to_str().unwrap();
+    let w =
+        World::new(&["--create-latency", "2s", "--token-key-file", file, "--token-key-reload-interval", "100ms"]).await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 4, "os-1", "1", "0", "")).await;
+    let stored_tokens = |w: &World| {
+        let store = w.store();
+        async move {
+            let ms = store.list::<Machine>().await.ok()?;
+            let tokens: Vec<String> =
+                ms.iter().filter_map(|m| m.status.operations.first()).map(|o| o.token.clone()).collect();
+            Some(tokens)
+        }
+    };
+    let world = &w;
+    eventually(MINUTE, "four creates in flight, sealed with the old key", || async move {
+        stored_tokens(world).await.filter(|t| t.len() == 4)
+    })
+    .await;
+    // Step 1 of the rotation: the new key seals, the old one still verifies.
+    std::fs::write(&key_file, format!("# rotating\n{new}\n{old}\n")).unwrap();
+    let reloads = |w: &World| w.sidecar().log_text().matches("reloaded the operation token keys").count();
+    eventually(MINUTE, "the sidecar reloads its keys", || async move { (reloads(world) >= 1).then_some(()) }).await;
+    w.converged("web", MINUTE).await;
+    w.assert_consistent(4).await;
+    // Step 2: once no token sealed with the old key is stored any more, drop it.
+    std::fs::write(&key_file, format!("{new}\n")).unwrap();
+    eventually(MINUTE, "the sidecar reloads its keys again", || async move { (reloads(world) >= 2).then_some(()) })
+        .await;
+    w.apply(&md_yaml("web", 6, "os-1", "1", "0", "")).await;
+    let only_new = TokenCodec::new(TokenKey::try_new(new.as_bytes().to_vec()).unwrap(), fake_driver::DRIVER_NAME);
+    let token = eventually(MINUTE, "a create sealed after the rotation", || async move {
+        stored_tokens(world).await.and_then(|t| t.into_iter().next())
+    })
+    .await;
+    use base64::Engine;
+    let raw = base64::engine::general_purpose::STANDARD.decode(token).unwrap();
+    assert!(only_new.open(&raw).is_ok(), "a token stored after the rotation is not sealed with the new key");
+    w.converged("web", MINUTE).await;
+    w.assert_consistent(6).await;
+    for m in w.machines().await {
+        let (code, out, err) = w.cli(&["describe", "machine", &m.metadata.name]).await;
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            !out.contains("OperationTokenUnusable"),
+            "{}: a token was lost in the rotation:\n{out}",
+            m.metadata.name
+        );
+    }
+    assert!(!w.sidecar().log_text().contains(old) && !w.sidecar().log_text().contains(new), "a key was logged");
+}
