@@ -326,7 +326,7 @@ async fn faults_quota_and_throttling_come_back_typed() {
     let status = |name: &str| pb::GetMachineStatusRequest { name: name.into(), ..Default::default() };
     let err = client.get_machine_status(status("q-1")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
-    assert_eq!(err.reason(), reason::FAULT_INJECTED);
+    assert_eq!(err.reason(), fake_driver::FAULT_INJECTED);
     assert_eq!(err.retry_after(), Some(Duration::from_millis(750)));
     client.get_machine_status(status("q-1")).await.expect("the rule fired its one time");
 
@@ -410,4 +410,81 @@ async fn metrics_and_health_endpoints_report_rpcs() {
     assert_eq!(status, 200);
     let (status, _) = http_get(port, "/healthz").await.unwrap();
     assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn every_rpc_stops_at_the_callers_deadline_with_details() {
+    let port = free_port();
+    let sidecar = Sidecar::start("fake-driver", &["--metrics-addr", &format!("127.0.0.1:{port}")]).await;
+    let mut fc = fake_client(&sidecar).await;
+    let delay = |rpc: &str| fake::FaultRule {
+        rpc: rpc.into(),
+        target: "*".into(),
+        action: "delay".into(),
+        latency_ms: 10_000,
+        ..Default::default()
+    };
+    fc.set_faults(fake::SetFaultsRequest { rules: vec![delay("GetMachineStatus"), delay("CreateMachine")] })
+        .await
+        .unwrap();
+    // A plain tonic client sends `grpc-timeout` and also gives up itself at the deadline
+    // (CANCELLED "Timeout expired"); the server answers a moment before, so the caller normally
+    // reads the server's DEADLINE_EXCEEDED with its details.
+    let mut machines = pb::machines_client::MachinesClient::new(sidecar.client().await.channel());
+    let mut from_server = 0;
+    for (n, call) in ["GetMachineStatus", "CreateMachine"].into_iter().enumerate() {
+        let request_id = format!("deadline-{n}");
+        let answer = async {
+            if call == "GetMachineStatus" {
+                let mut req =
+                    tonic::Request::new(pb::GetMachineStatusRequest { name: "slow".into(), ..Default::default() });
+                req.set_timeout(Duration::from_millis(300));
+                req.metadata_mut().insert("x-request-id", request_id.parse().unwrap());
+                machines.get_machine_status(req).await.map(|_| ())
+            } else {
+                let mut req = tonic::Request::new(create("slow"));
+                req.set_timeout(Duration::from_millis(300));
+                req.metadata_mut().insert("x-request-id", request_id.parse().unwrap());
+                machines.create_machine(req).await.map(|_| ())
+            }
+        };
+        let status = tokio::time::timeout(Duration::from_secs(5), answer)
+            .await
+            .unwrap_or_else(|_| panic!("{call}: no answer at the 300 ms deadline"))
+            .unwrap_err();
+        if status.code() == Code::DeadlineExceeded {
+            let report = driver_sdk::ErrorReport::from_status(&status);
+            assert_eq!(report.reason, reason::DEADLINE_EXCEEDED, "{call}");
+            assert_eq!(report.request_id, request_id, "{call}");
+            assert!(report.message.contains("300 ms"), "{call}: {}", report.message);
+            from_server += 1;
+        } else {
+            assert_eq!(status.code(), Code::Cancelled, "{call}: {status:?}");
+        }
+    }
+    println!("{from_server} of 2 answers came from the server");
+    // The server stopped both calls at their deadline, on its own: its log line, its metrics.
+    let log = eventually(Duration::from_secs(10), "the calls' log lines", || async {
+        let log = sidecar.log_text();
+        (log.matches("DeadlineExceeded").count() >= 2).then_some(log)
+    })
+    .await;
+    for n in 0..2 {
+        assert!(log.lines().any(|l| l.contains(&format!("deadline-{n}")) && l.contains("DeadlineExceeded")), "{log}");
+    }
+    // The calls are over on the server too: nothing in flight, both counted as DEADLINE_EXCEEDED.
+    let body = eventually(Duration::from_secs(10), "metrics after the deadlines", || async {
+        let (_, body) = http_get(port, "/metrics").await?;
+        (body.contains("driver_rpc_in_flight 0")
+            && body.contains(r#"driver_rpc_requests_total{method="CreateMachine",code="DEADLINE_EXCEEDED"} 1"#))
+        .then_some(body)
+    })
+    .await;
+    assert!(
+        body.contains(r#"driver_rpc_requests_total{method="GetMachineStatus",code="DEADLINE_EXCEEDED"} 1"#),
+        "{body}"
+    );
+    // Nothing was created behind the caller's back.
+    let inspect = fc.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    assert!(inspect.machines.is_empty(), "{inspect:?}");
 }

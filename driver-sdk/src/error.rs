@@ -59,8 +59,8 @@ pub mod reason {
     pub const DRIVER_NOT_READY: &str = "DRIVER_NOT_READY";
     /// An unexpected failure inside the driver.
     pub const INTERNAL: &str = "INTERNAL";
-    /// A fault injected on purpose (fake driver).
-    pub const FAULT_INJECTED: &str = "FAULT_INJECTED";
+    /// The caller's deadline (`grpc-timeout`) passed before the driver answered.
+    pub const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
 }
 
 /// One invalid field: which (a request field path or a JSON pointer into the provider spec) and

@@ -22,12 +22,21 @@ const MAX_REQUEST_ID_LEN: usize = 128;
 /// Adds request IDs, spans, deadlines and metrics to every call.
 #[derive(Clone)]
 pub(crate) struct RpcLayer {
+    shared: Arc<LayerShared>,
+}
+
+struct LayerShared {
     metrics: RpcMetrics,
+    /// The driver's name: the domain of the errors this layer makes.
+    domain: String,
+    /// The services served (`machinedriver.v1.Machines`, …): their methods get their own metric
+    /// labels, anything else is `other`.
+    services: Vec<String>,
 }
 
 impl RpcLayer {
-    pub(crate) fn new(metrics: RpcMetrics) -> Self {
-        Self { metrics }
+    pub(crate) fn new(metrics: RpcMetrics, domain: String, services: Vec<String>) -> Self {
+        Self { shared: Arc::new(LayerShared { metrics, domain, services }) }
     }
 }
 
@@ -35,14 +44,14 @@ impl<S> tower::Layer<S> for RpcLayer {
     type Service = RpcService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RpcService { inner, metrics: self.metrics.clone() }
+        RpcService { inner, shared: self.shared.clone() }
     }
 }
 
 #[derive(Clone)]
 pub(crate) struct RpcService<S> {
     inner: S,
-    metrics: RpcMetrics,
+    shared: Arc<LayerShared>,
 }
 
 /// A request ID the caller sent, if it is usable: printable ASCII, at most 128 characters.
@@ -67,14 +76,55 @@ fn grpc_timeout(v: &HeaderValue) -> Option<Duration> {
     })
 }
 
-/// The RPC's method name for labels: the last path segment for our own and the standard gRPC
-/// services, `other` for anything else (keeps metric cardinality bounded).
-fn method_label(path: &str) -> &str {
-    let known = path.starts_with("/machinedriver.") || path.starts_with("/grpc.") || path.starts_with("/fakecloud.");
-    match path.rsplit_once('/') {
-        Some((_, m)) if known && !m.is_empty() => m,
+/// The RPC's method name for labels: the method of a served service, `other` for any other path
+/// (keeps metric cardinality bounded).
+fn method_label<'a>(path: &'a str, services: &[String]) -> &'a str {
+    match path.strip_prefix('/').and_then(|p| p.split_once('/')) {
+        Some((service, method)) if !method.is_empty() && services.iter().any(|s| s == service) => method,
         _ => "other",
     }
+}
+
+/// How much earlier than the caller's deadline a call is stopped.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(1);
+
+/// A call's bookkeeping — the metrics and the "rpc finished" line — done exactly once, also when
+/// the call is dropped before it finishes (the caller cancelled, or its deadline passed).
+struct CallRecord {
+    shared: Arc<LayerShared>,
+    method: String,
+    started: Instant,
+    quiet: bool,
+    /// The call's code once it finished; a call dropped before that is CANCELLED.
+    code: Option<tonic::Code>,
+    span: tracing::Span,
+}
+
+impl Drop for CallRecord {
+    fn drop(&mut self) {
+        let code = self.code.unwrap_or(tonic::Code::Cancelled);
+        let elapsed = self.started.elapsed();
+        self.shared.metrics.finished(&self.method, code_label(code), elapsed);
+        let _in = self.span.enter();
+        if self.quiet {
+            tracing::debug!("rpc.code" = ?code, "duration_ms" = elapsed.as_secs_f64() * 1e3, "rpc finished");
+        } else {
+            tracing::info!("rpc.code" = ?code, "duration_ms" = elapsed.as_secs_f64() * 1e3, "rpc finished");
+        }
+    }
+}
+
+/// The answer to a call whose `grpc-timeout` passed: DEADLINE_EXCEEDED with the usual details.
+fn deadline_exceeded<RB: Default>(domain: &str, request_id: &str, timeout: Duration) -> Response<RB> {
+    let err = crate::DriverError::new(
+        tonic::Code::DeadlineExceeded,
+        crate::reason::DEADLINE_EXCEEDED,
+        format!(
+            "the caller's deadline ({} ms, from grpc-timeout) passed before the driver answered",
+            timeout.as_millis()
+        ),
+    );
+    err.to_status(domain, request_id, None).into_http()
 }
 
 impl<S, B, RB> tower::Service<Request<B>> for RpcService<S>
@@ -83,7 +133,7 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: Send + 'static,
-    RB: Send + 'static,
+    RB: Default + Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -100,11 +150,12 @@ where
             .get(REQUEST_ID_HEADER)
             .and_then(caller_request_id)
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let deadline = headers.get("grpc-timeout").and_then(grpc_timeout).map(|d| started + d);
+        let timeout = headers.get("grpc-timeout").and_then(grpc_timeout);
+        let deadline = timeout.map(|d| started + d);
         let trace_id =
             headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(trace_id_of).map(str::to_string);
         let path = req.uri().path().to_string();
-        let method = method_label(&path).to_string();
+        let method = method_label(&path, &self.shared.services).to_string();
         let quiet = path.starts_with("/grpc.");
         let span = if quiet {
             tracing::debug_span!("rpc", "rpc.method" = %method, "request.id" = %request_id)
@@ -136,11 +187,26 @@ where
         // The service that was polled ready is the one that must be called.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let metrics = self.metrics.clone();
-        metrics.started();
+        let shared = self.shared.clone();
+        shared.metrics.started();
+        let mut record = CallRecord { shared, method, started, quiet, code: None, span: span.clone() };
         Box::pin(
             async move {
-                let mut result = inner.call(req).await;
+                let call = inner.call(req);
+                // Every RPC stops at the caller's deadline, answered with DEADLINE_EXCEEDED and
+                // the usual details. tonic's own grpc-timeout layer, outside this one, would stop
+                // it too but answer CANCELLED without details; stopping a millisecond early keeps
+                // this answer first (that layer polls the call before its own timer).
+                let mut result = match deadline {
+                    Some(d) => match tokio::time::timeout_at((d - DEADLINE_MARGIN.min(d - started)).into(), call).await
+                    {
+                        Ok(r) => r,
+                        Err(_) => {
+                            Ok(deadline_exceeded(&record.shared.domain, &request_id, timeout.unwrap_or_default()))
+                        }
+                    },
+                    None => call.await,
+                };
                 let code = match &mut result {
                     Ok(resp) => {
                         if let Ok(v) = HeaderValue::from_str(&request_id) {
@@ -155,13 +221,8 @@ where
                     }
                     Err(_) => tonic::Code::Unavailable,
                 };
-                let elapsed = started.elapsed();
-                metrics.finished(&method, code_label(code), elapsed);
-                if quiet {
-                    tracing::debug!("rpc.code" = ?code, "duration_ms" = elapsed.as_secs_f64() * 1e3, "rpc finished");
-                } else {
-                    tracing::info!("rpc.code" = ?code, "duration_ms" = elapsed.as_secs_f64() * 1e3, "rpc finished");
-                }
+                record.code = Some(code);
+                drop(record);
                 result
             }
             .instrument(span),
@@ -225,8 +286,11 @@ mod tests {
 
     #[test]
     fn method_labels_are_bounded() {
-        assert_eq!(method_label("/machinedriver.v1.Machines/CreateMachine"), "CreateMachine");
-        assert_eq!(method_label("/grpc.health.v1.Health/Check"), "Check");
-        assert_eq!(method_label("/evil.Service/Random123"), "other");
+        let served = ["machinedriver.v1.Machines".to_string(), "grpc.health.v1.Health".to_string()];
+        assert_eq!(method_label("/machinedriver.v1.Machines/CreateMachine", &served), "CreateMachine");
+        assert_eq!(method_label("/grpc.health.v1.Health/Check", &served), "Check");
+        assert_eq!(method_label("/evil.Service/Random123", &served), "other");
+        assert_eq!(method_label("/machinedriver.v1.Machines", &served), "other");
+        assert_eq!(method_label("/machinedriver.v1.MachinesX/Create", &served), "other");
     }
 }

@@ -152,6 +152,8 @@ type RouteFn = Box<dyn FnOnce(&mut RoutesBuilder) + Send>;
 pub struct DriverServer<D> {
     driver: Arc<D>,
     routes: Vec<RouteFn>,
+    /// The names of the services added with `add_service`.
+    extra_services: Vec<String>,
     descriptor_sets: Vec<&'static [u8]>,
     registry: Registry,
     shutdown: Option<BoxFuture<'static, ()>>,
@@ -164,6 +166,7 @@ impl<D: Driver> DriverServer<D> {
         Self {
             driver: driver.into(),
             routes: Vec::new(),
+            extra_services: Vec::new(),
             descriptor_sets: Vec::new(),
             registry: Registry::default(),
             shutdown: None,
@@ -187,6 +190,7 @@ impl<D: Driver> DriverServer<D> {
             + 'static,
         S::Future: Send + 'static,
     {
+        self.extra_services.push(S::NAME.to_string());
         self.routes.push(Box::new(move |b: &mut RoutesBuilder| {
             b.add_service(svc);
         }));
@@ -293,8 +297,18 @@ impl<D: Driver> DriverServer<D> {
             add(&mut routes);
         }
 
+        let mut served: Vec<String> = names.iter().filter(|n| !n.is_empty()).map(|n| n.to_string()).collect();
+        served.extend(
+            [
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection",
+            ]
+            .map(String::from),
+        );
+        served.extend(self.extra_services);
         let layers = tower::ServiceBuilder::new()
-            .layer(RpcLayer::new(metrics))
+            .layer(RpcLayer::new(metrics, driver_name.clone(), served))
             .layer(tower::limit::GlobalConcurrencyLimitLayer::new(args.max_concurrent_calls.max(1)));
         let mut server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))

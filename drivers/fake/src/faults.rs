@@ -120,7 +120,7 @@ impl FaultRule {
     }
 
     pub(crate) fn reason(&self) -> String {
-        self.reason.clone().unwrap_or_else(|| driver_sdk::reason::FAULT_INJECTED.to_string())
+        self.reason.clone().unwrap_or_else(|| crate::FAULT_INJECTED.to_string())
     }
 
     pub(crate) fn message(&self, rpc: &str, target: &str) -> String {

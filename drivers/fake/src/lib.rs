@@ -43,6 +43,9 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 /// The driver's name (and ErrorInfo domain).
 pub const DRIVER_NAME: &str = "fake.machinedriver.dev";
 
+/// The ErrorInfo reason of an injected fault (unless the rule names another).
+pub const FAULT_INJECTED: &str = "FAULT_INJECTED";
+
 /// How the fake cloud behaves.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -238,7 +241,7 @@ impl FakeDriver {
             })),
             FaultAction::DropConnection => {
                 ctx.drop_connection();
-                Err(DriverError::unavailable(reason::FAULT_INJECTED, "connection dropped by fault injection"))
+                Err(DriverError::unavailable(FAULT_INJECTED, "connection dropped by fault injection"))
             }
             FaultAction::Exit => {
                 tracing::warn!("fault rule says exit: exiting now");
