@@ -1,7 +1,5 @@
 //! The trait a driver implements, and the per-call context it receives.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{DriverError, Result};
@@ -14,7 +12,17 @@ pub struct RequestContext {
     pub(crate) method: String,
     pub(crate) deadline: Option<Instant>,
     pub(crate) trace_id: Option<String>,
-    pub(crate) connection: Option<ConnectionHandle>,
+    pub(crate) connection: Option<Connection>,
+}
+
+/// The data a connection hook attached to the caller's connection.
+#[derive(Clone)]
+pub(crate) struct Connection(pub(crate) crate::server::ConnectionData);
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connection(..)")
+    }
 }
 
 impl RequestContext {
@@ -54,22 +62,12 @@ impl RequestContext {
         self.trace_id.as_deref()
     }
 
-    /// Closes the caller's connection after this call (fault injection). Returns false when
-    /// the transport does not support it.
-    pub fn drop_connection(&self) -> bool {
-        match &self.connection {
-            Some(c) => {
-                c.0.store(true, Ordering::SeqCst);
-                true
-            }
-            None => false,
-        }
+    /// What the server's connection hook ([`crate::DriverServer::with_connection_hook`])
+    /// attached to the caller's connection, if it is a `T`.
+    pub fn connection<T: std::any::Any + Send + Sync>(&self) -> Option<&T> {
+        self.connection.as_ref()?.0.downcast_ref::<T>()
     }
 }
-
-/// Lets a call close its own connection (see [`RequestContext::drop_connection`]).
-#[derive(Debug, Clone, Default)]
-pub struct ConnectionHandle(pub(crate) Arc<AtomicBool>);
 
 /// A machine driver. Implement the methods of the capabilities you advertise; the SDK answers
 /// UNIMPLEMENTED for the rest without calling you.

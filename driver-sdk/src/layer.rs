@@ -1,7 +1,6 @@
 //! The tower layer every RPC passes through: request ID (read or generated, echoed), one span
 //! per call (with the caller's W3C trace context), the call's deadline, and metrics.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -11,7 +10,7 @@ use http::{HeaderValue, Request, Response};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::driver::{ConnectionHandle, RequestContext};
+use crate::driver::RequestContext;
 use crate::metrics::RpcMetrics;
 use crate::telemetry::{trace_id_of, HeaderExtractor};
 
@@ -175,7 +174,7 @@ where
             let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(req.headers())));
             let _ = span.set_parent(parent);
         }
-        let connection = connection_handle(&req);
+        let connection = connection_data(&req).map(crate::driver::Connection);
         req.extensions_mut().insert(RequestContext {
             request_id: request_id.clone(),
             method: method.clone(),
@@ -230,16 +229,16 @@ where
     }
 }
 
-fn connection_handle<B>(req: &Request<B>) -> Option<ConnectionHandle> {
+fn connection_data<B>(req: &Request<B>) -> Option<crate::server::ConnectionData> {
     let ext = req.extensions();
-    ext.get::<KillSwitch>()
-        .or_else(|| ext.get::<tonic::transport::server::TlsConnectInfo<KillSwitch>>().map(|t| t.get_ref()))
-        .map(|k| ConnectionHandle(k.0.clone()))
+    ext.get::<ConnectionInfo>()
+        .or_else(|| ext.get::<tonic::transport::server::TlsConnectInfo<ConnectionInfo>>().map(|t| t.get_ref()))
+        .and_then(|c| c.0.clone())
 }
 
-/// Per-connection flag a call sets to close its connection (see [`crate::server`]).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct KillSwitch(pub(crate) Arc<AtomicBool>);
+/// What the server knows of a call's connection: the data its connection hook attached.
+#[derive(Clone)]
+pub(crate) struct ConnectionInfo(pub(crate) Option<crate::server::ConnectionData>);
 
 /// Upper snake name of a code, for metrics labels.
 pub(crate) fn code_label(code: tonic::Code) -> &'static str {

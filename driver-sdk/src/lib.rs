@@ -70,10 +70,12 @@ pub mod types;
 
 pub use async_trait::async_trait;
 pub use client::{CallError, CallResult, DriverClient, OperationExt, Reply};
-pub use driver::{ConnectionHandle, Driver, RequestContext};
+pub use driver::{Driver, RequestContext};
 pub use error::{reason, DriverError, ErrorReport, Result, Violation};
 pub use machine_driver_proto::v1 as proto;
-pub use server::{DriverServer, ServeArgs, ServeError, DEFAULT_ENDPOINT};
+pub use server::{
+    BoxedConnection, ConnectionData, ConnectionIo, DriverServer, ServeArgs, ServeError, DEFAULT_ENDPOINT,
+};
 pub use service::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
 pub use token::{TokenCodec, TokenKey};
 pub use types::*;

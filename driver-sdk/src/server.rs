@@ -29,7 +29,7 @@ use tonic_health::ServingStatus;
 
 use crate::driver::{Driver, RequestContext};
 use crate::endpoint::{Endpoint, EndpointError};
-use crate::layer::{KillSwitch, RpcLayer};
+use crate::layer::{ConnectionInfo, RpcLayer};
 use crate::metrics::RpcMetrics;
 use crate::service::DriverService;
 use crate::telemetry::LogFormat;
@@ -158,6 +158,7 @@ pub struct DriverServer<D> {
     registry: Registry,
     shutdown: Option<BoxFuture<'static, ()>>,
     key: Option<TokenKey>,
+    connection_hook: Option<ConnectionHook>,
 }
 
 impl<D: Driver> DriverServer<D> {
@@ -171,6 +172,7 @@ impl<D: Driver> DriverServer<D> {
             registry: Registry::default(),
             shutdown: None,
             key: None,
+            connection_hook: None,
         }
     }
 
@@ -213,6 +215,19 @@ impl<D: Driver> DriverServer<D> {
     #[must_use]
     pub fn with_shutdown(mut self, signal: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
         self.shutdown = Some(signal.boxed());
+        self
+    }
+
+    /// Wraps every accepted connection (Unix or TCP, under TLS) with `hook`, which returns the
+    /// IO to serve and data that each call on the connection reads with
+    /// [`RequestContext::connection`](crate::RequestContext::connection). The fake driver uses it
+    /// to cut a connection from inside a call; drivers that need nothing like it pay nothing.
+    #[must_use]
+    pub fn with_connection_hook(
+        mut self,
+        hook: impl Fn(BoxedConnection) -> (BoxedConnection, ConnectionData) + Send + Sync + 'static,
+    ) -> Self {
+        self.connection_hook = Some(Arc::new(hook));
         self
     }
 
@@ -377,12 +392,13 @@ impl<D: Driver> DriverServer<D> {
             tokio::time::sleep(drain_timeout).await;
         };
 
+        let hook = self.connection_hook;
         let result = match &endpoint {
             Endpoint::Unix(path) => {
                 let listener = bind_unix(path)?;
                 tracing::info!(driver = %driver_name, "serving on {endpoint}");
                 let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener)
-                    .map(|r| r.map(|s| Conn::new(crate::authority::AuthorityRewrite::new(s))));
+                    .map(move |r| r.map(|s| Conn::new(crate::authority::AuthorityRewrite::new(s), hook.as_ref())));
                 let served = router.serve_with_incoming_shutdown(incoming, signal);
                 let r = tokio::select! { r = served => r.map_err(ServeError::Transport), () = drain_deadline => {
                     tracing::warn!("drain timeout passed; closing remaining calls");
@@ -400,7 +416,7 @@ impl<D: Driver> DriverServer<D> {
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|r| {
                     r.map(|s| {
                         let _ = s.set_nodelay(true);
-                        Conn::new(s)
+                        Conn::new(s, hook.as_ref())
                     })
                 });
                 let served = router.serve_with_incoming_shutdown(incoming, signal);
@@ -541,59 +557,96 @@ async fn probe_loop<D: Driver>(
     }
 }
 
-/// An accepted connection that a call can close on purpose ([`RequestContext::drop_connection`]).
-struct Conn<IO> {
-    io: IO,
-    kill: KillSwitch,
+/// The IO of an accepted connection, as a [connection hook](DriverServer::with_connection_hook)
+/// gets and returns it.
+pub trait ConnectionIo: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> ConnectionIo for T {}
+
+/// A boxed [`ConnectionIo`].
+pub type BoxedConnection = Box<dyn ConnectionIo>;
+
+/// What a connection hook attaches to a connection; each call on it reads it back with
+/// [`RequestContext::connection`](crate::RequestContext::connection).
+pub type ConnectionData = Arc<dyn std::any::Any + Send + Sync>;
+
+type ConnectionHook = Arc<dyn Fn(BoxedConnection) -> (BoxedConnection, ConnectionData) + Send + Sync>;
+
+/// An accepted connection: as it came, or as the driver's connection hook wrapped it.
+enum Conn<IO> {
+    Plain(IO),
+    Hooked(BoxedConnection, ConnectionData),
 }
 
-impl<IO> Conn<IO> {
-    fn new(io: IO) -> Self {
-        Self { io, kill: KillSwitch::default() }
+impl<IO: ConnectionIo> Conn<IO> {
+    fn new(io: IO, hook: Option<&ConnectionHook>) -> Self {
+        match hook {
+            None => Conn::Plain(io),
+            Some(hook) => {
+                let (io, data) = hook(Box::new(io));
+                Conn::Hooked(io, data)
+            }
+        }
     }
-
-    fn killed(&self) -> bool {
-        self.kill.0.load(Ordering::SeqCst)
-    }
-}
-
-fn dropped() -> io::Error {
-    io::Error::new(io::ErrorKind::ConnectionReset, "connection dropped by fault injection")
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Conn<IO> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if self.killed() {
-            return Poll::Ready(Err(dropped()));
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            Conn::Hooked(io, _) => Pin::new(io).poll_read(cx, buf),
         }
-        Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Conn<IO> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        if self.killed() {
-            return Poll::Ready(Err(dropped()));
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            Conn::Hooked(io, _) => Pin::new(io).poll_write(cx, buf),
         }
-        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.killed() {
-            return Poll::Ready(Err(dropped()));
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io).poll_flush(cx),
+            Conn::Hooked(io, _) => Pin::new(io).poll_flush(cx),
         }
-        Pin::new(&mut self.io).poll_flush(cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io).poll_shutdown(cx),
+            Conn::Hooked(io, _) => Pin::new(io).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            Conn::Hooked(io, _) => Pin::new(io).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(io) => io.is_write_vectored(),
+            Conn::Hooked(io, _) => io.is_write_vectored(),
+        }
     }
 }
 
 impl<IO: Send + 'static> Connected for Conn<IO> {
-    type ConnectInfo = KillSwitch;
+    type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.kill.clone()
+        match self {
+            Conn::Plain(_) => ConnectionInfo(None),
+            Conn::Hooked(_, data) => ConnectionInfo(Some(data.clone())),
+        }
     }
 }

@@ -24,6 +24,7 @@ use driver_sdk::{
 use serde_json::{json, Value};
 
 mod cloud;
+pub mod connections;
 pub mod faults;
 mod inspect;
 
@@ -240,7 +241,9 @@ impl FakeDriver {
                 message: rule.message(&rpc, target),
             })),
             FaultAction::DropConnection => {
-                ctx.drop_connection();
+                if let Some(cut) = ctx.connection::<connections::Cut>() {
+                    cut.cut();
+                }
                 Err(DriverError::unavailable(FAULT_INJECTED, "connection dropped by fault injection"))
             }
             FaultAction::Exit => {

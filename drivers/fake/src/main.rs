@@ -93,6 +93,7 @@ async fn main() -> ExitCode {
     };
     let server = DriverServer::<FakeDriver>::new(driver.clone())
         .add_service(FakeCloudService::server(driver))
+        .with_connection_hook(fake_driver::connections::cuttable)
         .register_descriptor_set(fake_driver::FILE_DESCRIPTOR_SET);
     match server.serve(&cli.serve).await {
         Ok(()) => ExitCode::SUCCESS,
