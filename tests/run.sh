@@ -4,6 +4,9 @@
 #   - moto[server] 5.2.5 (PyPI; the EC2 emulator of the aws-ec2-driver tests) into .tools/moto
 #   - kube-apiserver 1.37.2 + etcd 3.7.3, built from the Go module proxy into a version-keyed
 #     cache outside the clone (the Kubernetes-backend tests run them; cold 5-9 min, then free)
+#   - the interop clients (tests/interop: Python grpcio from PyPI, Node grpc-js from npm, grpc-go
+#     from the Go module proxy; tests/tools/install-interop.sh) and the Go driver example
+#     (examples/go-driver; tests/tools/build-go-driver.sh), both cached outside the clone
 #   - every binary and example (the end-to-end tests start them as real processes)
 # Usage: bash tests/run.sh [extra cargo test args]
 set -euo pipefail
@@ -30,6 +33,9 @@ command -v openssl >/dev/null || { echo "==> installing openssl (Debian)"; apt-g
 KUBE_APISERVER_DIR="$(bash tests/tools/install-kube-apiserver.sh)"
 export KUBE_APISERVER_DIR
 "$KUBE_APISERVER_DIR/kube-apiserver" --version
+
+INTEROP_DIR="$(bash tests/tools/install-interop.sh)"; export INTEROP_DIR
+GO_DRIVER_BIN="$(bash tests/tools/build-go-driver.sh)"; export GO_DRIVER_BIN
 
 echo "==> building binaries and examples"
 cargo build --workspace --bins --examples

@@ -52,16 +52,20 @@ pub fn grpcurl() -> PathBuf {
     p
 }
 
-/// A running sidecar process on a temporary Unix socket. Killed when dropped.
+/// A running sidecar process on a temporary Unix socket (or, from [`Sidecar::start_tcp`], a
+/// loopback TCP port). Killed when dropped.
 pub struct Sidecar {
     pub child: Child,
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub log: PathBuf,
+    /// `host:port` when serving on TCP (then `socket` is unused).
+    pub tcp: Option<String>,
 }
 
 impl Sidecar {
-    /// Starts `binary` with `--endpoint unix://<tmp>/driver.sock` plus `args`, logging to a file.
+    /// Starts `binary` (a workspace binary's name, or an absolute path) with
+    /// `--endpoint unix://<tmp>/driver.sock` plus `args`, logging to a file.
     pub async fn start(binary: &str, args: &[&str]) -> Sidecar {
         let dir = tempfile::tempdir().expect("tempdir");
         Self::start_in(dir, binary, args).await
@@ -80,15 +84,43 @@ impl Sidecar {
 
     async fn start_in_with_env(dir: tempfile::TempDir, binary: &str, args: &[&str], envs: &[(&str, &str)]) -> Sidecar {
         let socket = dir.path().join("driver.sock");
-        let log = dir.path().join(format!("{binary}.log"));
-        let child = spawn(binary, &socket, &log, args, envs);
-        let s = Sidecar { child, dir, socket, log };
+        let log = dir.path().join(log_name(binary));
+        let child = spawn(binary, &format!("unix://{}", socket.display()), &log, args, envs);
+        let s = Sidecar { child, dir, socket, log, tcp: None };
         s.wait_ready().await;
         s
     }
 
+    /// Like [`Sidecar::start_with_env`], on `tcp://127.0.0.1:0`: the port the sidecar bound is
+    /// read from its log ("serving on tcp://…"), so no other process can take it first.
+    pub async fn start_tcp(binary: &str, args: &[&str], envs: &[(&str, &str)]) -> Sidecar {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("driver.sock");
+        let log = dir.path().join(log_name(binary));
+        let child = spawn(binary, "tcp://127.0.0.1:0", &log, args, envs);
+        let mut s = Sidecar { child, dir, socket, log, tcp: None };
+        let deadline = Instant::now() + READY;
+        s.tcp = loop {
+            let text = s.log_text();
+            if let Some(addr) = text.split("serving on tcp://").nth(1).and_then(|rest| rest.split_whitespace().next()) {
+                // Strip any ANSI colour sequence that follows the address.
+                break Some(addr.split('\u{1b}').next().unwrap_or(addr).to_string());
+            }
+            let exited = s.child.try_wait().ok().flatten();
+            assert!(exited.is_none(), "{binary} exited ({exited:?}) before serving; log:\n{text}");
+            assert!(Instant::now() < deadline, "{binary} not serving on TCP within {READY:?}; log:\n{text}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        s.wait_ready().await;
+        s
+    }
+
+    /// `unix:///…/driver.sock`, or `tcp://127.0.0.1:PORT` for a TCP sidecar.
     pub fn endpoint(&self) -> String {
-        format!("unix://{}", self.socket.display())
+        match &self.tcp {
+            Some(addr) => format!("tcp://{addr}"),
+            None => format!("unix://{}", self.socket.display()),
+        }
     }
 
     pub async fn client(&self) -> DriverClient {
@@ -99,7 +131,7 @@ impl Sidecar {
     pub async fn wait_ready(&self) {
         let deadline = Instant::now() + READY;
         loop {
-            if self.socket.exists() {
+            if self.tcp.is_some() || self.socket.exists() {
                 if let Ok(c) = DriverClient::connect(&self.endpoint()).await {
                     if c.probe(Default::default()).await.is_ok() {
                         return;
@@ -132,11 +164,28 @@ impl Sidecar {
     }
 }
 
-fn spawn(binary: &str, socket: &Path, log: &Path, args: &[&str], envs: &[(&str, &str)]) -> Child {
+/// `binary` as a program: an absolute path as it is (e.g. the Go driver, built outside the
+/// workspace), else a workspace binary ([`bin`]).
+fn program(binary: &str) -> PathBuf {
+    let path = Path::new(binary);
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        bin(binary)
+    }
+}
+
+/// `<name>.log` for a binary's name or path.
+fn log_name(binary: &str) -> String {
+    let name = Path::new(binary).file_name().map_or_else(|| binary.into(), |n| n.to_string_lossy());
+    format!("{name}.log")
+}
+
+fn spawn(binary: &str, endpoint: &str, log: &Path, args: &[&str], envs: &[(&str, &str)]) -> Child {
     let log_file = std::fs::File::create(log).expect("log file");
-    Command::new(bin(binary))
+    Command::new(program(binary))
         .arg("--endpoint")
-        .arg(format!("unix://{}", socket.display()))
+        .arg(endpoint)
         .args(args)
         .env("RUST_LOG", "info")
         .envs(envs.iter().copied())
