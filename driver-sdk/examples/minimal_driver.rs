@@ -97,47 +97,32 @@ impl Driver for MinimalDriver {
     async fn list_machines(&self, _ctx: &RequestContext, req: ListMachines) -> Result<Page<Machine>> {
         // The page token is the name to continue after.
         if !req.page_token.is_empty() && driver_sdk::schema::check_name(&req.page_token).is_err() {
-            return Err(DriverError::invalid_argument(
-                reason::FIELD_INVALID,
-                "page_token is not one this driver issued",
-            )
-            .with_violation("page_token", "unknown token"));
+            let err = DriverError::invalid_argument(reason::FIELD_INVALID, "page_token is not one this driver issued");
+            return Err(err.with_violation("page_token", "unknown token"));
         }
         let machines = self.machines();
-        let matching = machines
-            .range::<String, _>((std::ops::Bound::Excluded(&req.page_token), std::ops::Bound::Unbounded))
-            .map(|(_, m)| m)
-            .filter(|m| req.label_selector.iter().all(|(k, v)| m.labels.get(k) == Some(v)));
-        let mut items: Vec<Machine> = matching.take(req.page_size + 1).cloned().collect();
-        let next_page_token = if items.len() > req.page_size {
-            items.truncate(req.page_size);
-            items.last().map(|m| m.name.clone()).unwrap_or_default()
-        } else {
-            String::new()
-        };
+        let after = (std::ops::Bound::Excluded(&req.page_token), std::ops::Bound::Unbounded);
+        let matching = machines.range::<String, _>(after).map(|(_, m)| m);
+        let selected = matching.filter(|m| req.label_selector.iter().all(|(k, v)| m.labels.get(k) == Some(v)));
+        let mut items: Vec<Machine> = selected.take(req.page_size + 1).cloned().collect();
+        let more = items.len() > req.page_size;
+        items.truncate(req.page_size);
+        let next_page_token =
+            if more { items.last().map(|m| m.name.clone()).unwrap_or_default() } else { String::new() };
         Ok(Page { items, next_page_token })
     }
 
     /// Operations finish at once, so a poll just reports the machine as it is now.
-    async fn get_operation(
-        &self,
-        _ctx: &RequestContext,
-        handle: OperationHandle,
-        _secrets: Secrets,
-    ) -> Result<Operation> {
-        let current = self.machines().get(&handle.target).cloned();
-        let output = match (handle.kind, current) {
-            (OperationKind::CreateMachine, Some(m)) => OperationOutput::Machine(m),
-            (OperationKind::CreateMachine, None) => {
-                let err = DriverError::not_found(
-                    reason::MACHINE_NOT_FOUND,
-                    format!("machine {} no longer exists", handle.target),
-                );
-                return Ok(handle.resume().finish(Err(err)));
-            }
-            _ => OperationOutput::None,
+    async fn get_operation(&self, _: &RequestContext, handle: OperationHandle, _: Secrets) -> Result<Operation> {
+        let output = match (handle.kind, self.machines().get(&handle.target).cloned()) {
+            (OperationKind::CreateMachine, Some(m)) => Ok(OperationOutput::Machine(m)),
+            (OperationKind::CreateMachine, None) => Err(DriverError::not_found(
+                reason::MACHINE_NOT_FOUND,
+                format!("machine {} no longer exists", handle.target),
+            )),
+            _ => Ok(OperationOutput::None),
         };
-        Ok(handle.resume().finish(Ok(output)))
+        Ok(handle.resume().finish(output))
     }
 }
 
