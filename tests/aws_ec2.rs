@@ -14,7 +14,7 @@ use aws_support::{start_driver, Ec2Stub, Fault, Moto};
 use driver_sdk::convert::json_to_struct;
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, DriverClient, OperationExt};
-use e2e_tests::{bin, eventually, run};
+use e2e_tests::{bin, eventually, run, start_controller};
 use machine_controller::resources::{Machine, MachineDeployment, Phase};
 use machine_controller::store::Store;
 use serde_json::json;
@@ -189,19 +189,8 @@ async fn controller_runs_a_deployment_through_aws_ec2_driver_on_moto() {
     let dir = tempfile::tempdir().unwrap();
     let store_path = dir.path().join("store.db");
     let log_path = dir.path().join("controller.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let _controller = Command::new(bin("machine-controller"))
-        .arg("--store")
-        .arg(&store_path)
-        .args(["run", "--driver", &format!("aws={}", driver.endpoint())])
-        .args(["--debounce", "20ms", "--health-check-interval", "1s", "--controller-id", "e2e-aws"])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let driver_arg = format!("aws={}", driver.endpoint());
+    let _controller = start_controller(&store_path, &driver_arg, &["--controller-id", "e2e-aws"], &log_path);
     let cli = |args: Vec<String>| {
         let store = store_path.clone();
         async move {

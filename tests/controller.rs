@@ -4,16 +4,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e_tests::{bin, eventually, run, Sidecar};
+use e2e_tests::{bin, eventually, run, start_controller, Sidecar};
 use fake_driver::pb as fake;
 use machine_controller::resources::*;
 use machine_controller::store::Store;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -45,21 +44,10 @@ impl World {
     }
 
     fn start_controller(&mut self, extra: &[&str]) {
-        let log =
-            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("controller.log")).unwrap();
-        let child = Command::new(bin("machine-controller"))
-            .arg("--store")
-            .arg(self.store_path())
-            .args(["run", "--driver", &format!("fake={}", self.sidecar().endpoint())])
-            .args(["--debounce", "20ms", "--health-check-interval", "1s", "--resync-interval", "5s"])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut args = vec!["--resync-interval", "5s"];
+        args.extend_from_slice(extra);
+        let driver = format!("fake={}", self.sidecar().endpoint());
+        let child = start_controller(&self.store_path(), &driver, &args, &self.dir.path().join("controller.log"));
         self.controller = Some(child);
     }
 

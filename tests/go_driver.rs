@@ -14,7 +14,7 @@ use std::time::Duration;
 use driver_sdk::convert::json_to_struct;
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, ErrorReport, OperationExt};
-use e2e_tests::{bin, eventually, run, Sidecar};
+use e2e_tests::{bin, eventually, run, start_controller, Sidecar};
 use machine_controller::resources::{Machine, MachineDeployment, Phase, LABEL_REVISION};
 use machine_controller::store::Store;
 use serde_json::json;
@@ -137,19 +137,9 @@ impl Controller {
     /// `machine-controller run` on an embedded store, with the Go driver registered as `go`.
     fn start(endpoint: &str) -> Controller {
         let dir = tempfile::tempdir().unwrap();
-        let log = std::fs::File::create(dir.path().join("controller.log")).unwrap();
-        let child = Command::new(bin("machine-controller"))
-            .arg("--store")
-            .arg(dir.path().join("store.db"))
-            .args(["run", "--driver", &format!("go={endpoint}")])
-            .args(["--debounce", "20ms", "--health-check-interval", "1s", "--resync-interval", "5s"])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let driver = format!("go={endpoint}");
+        let extra = ["--resync-interval", "5s"];
+        let child = start_controller(&dir.path().join("store.db"), &driver, &extra, &dir.path().join("controller.log"));
         Controller { child, dir }
     }
 

@@ -284,3 +284,22 @@ pub fn cpu_model() -> String {
         })
         .unwrap_or_default()
 }
+
+/// Starts `machine-controller --store STORE run --driver NAME=ENDPOINT` with the tests' fast
+/// timings (`--debounce 20ms --health-check-interval 1s`) and `extra` arguments, appending its
+/// output to `log`. Killed when the returned child is dropped.
+pub fn start_controller(store: &Path, driver: &str, extra: &[&str], log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("controller log file");
+    Command::new(bin("machine-controller"))
+        .arg("--store")
+        .arg(store)
+        .args(["run", "--driver", driver, "--debounce", "20ms", "--health-check-interval", "1s"])
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("controller log file"))
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting machine-controller")
+}

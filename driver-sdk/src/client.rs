@@ -126,8 +126,11 @@ fn builder(endpoint: &Endpoint) -> tonic::transport::Endpoint {
         .unwrap_or_else(|_| tonic::transport::Endpoint::from_static("http://driver.sock"))
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_while_idle(true)
+        // Pings only during calls and at most every 5 minutes: the default ping policy of
+        // grpc-go and C-core servers (a third party's driver) answers more frequent pings, or any
+        // ping without a call, with GOAWAY "too_many_pings". Call deadlines bound every wait.
+        .http2_keep_alive_interval(Duration::from_secs(300))
+        .keep_alive_while_idle(false)
 }
 
 fn unix_connector(

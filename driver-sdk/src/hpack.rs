@@ -35,10 +35,13 @@ impl std::fmt::Display for HpackError {
     }
 }
 
+/// A header field in the dynamic table: name and value.
+type Entry = (Box<[u8]>, Box<[u8]>);
+
 /// Decodes the header blocks of one connection, in order.
 pub(crate) struct Decoder {
     /// The dynamic table, newest entry first (index 62).
-    table: VecDeque<(Box<[u8]>, Box<[u8]>)>,
+    table: VecDeque<Entry>,
     /// The table's size as RFC 7541 §4.1 counts it.
     size: usize,
     max_size: usize,

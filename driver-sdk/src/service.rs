@@ -66,7 +66,12 @@ impl<D: Driver> DriverService<D> {
         if self.shared.capability_set.contains(&cap) {
             Ok(())
         } else {
-            Err(DriverError::unimplemented(rpc))
+            let name = crate::convert::capability(cap).as_str_name();
+            Err(DriverError::new(
+                tonic::Code::Unimplemented,
+                crate::reason::CAPABILITY_NOT_SUPPORTED,
+                format!("this driver does not implement {rpc}: it does not advertise the {name} capability"),
+            ))
         }
     }
 

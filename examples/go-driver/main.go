@@ -130,10 +130,8 @@ func run(cfg config, log *slog.Logger) error {
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(unaryInterceptor(driverName, log)),
 		grpc.ChainStreamInterceptor(streamInterceptor),
-		// Callers (the Rust DriverClient among them) ping every 30 s even while idle; grpc-go's
-		// default policy (at most one ping per 5 min, none without a call) would answer that
-		// with GOAWAY "too_many_pings" and cut the controller's connection.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// The controller pings only during calls, at most every 5 min: grpc-go's default
+		// enforcement policy accepts that as it is. We ping idle callers to notice dead ones.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	)
 	pb.RegisterIdentityServer(srv, identityServer{driver: d})
