@@ -383,48 +383,39 @@ async fn arm_errors_map_to_protocol_errors() {
     assert_eq!((err.code(), err.reason()), (tonic::Code::NotFound, reason::POOL_NOT_FOUND), "{err}");
 }
 
-/// The controller, the Azure sidecar and the emulator: a MachinePool end to end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn machine_pool_through_the_controller() {
-    let arm =
-        Arm::start(&["--operation-duration", "500ms", "--delete-duration", "300ms", "--upgrade-duration", "300ms"])
-            .await;
-    let driver = arm.driver().await;
-    let dir = tempfile::tempdir().unwrap();
-    let store_path: PathBuf = dir.path().join("store.db");
-    let log = std::fs::File::create(dir.path().join("controller.log")).unwrap();
-    let _controller = Command::new(bin("machine-controller"))
-        .arg("--store")
-        .arg(&store_path)
-        .args(["run", "--driver", &format!("azure={}", driver.endpoint())])
-        .args(["--debounce", "20ms", "--health-check-interval", "1s"])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let cli = |args: Vec<String>| {
-        let store = store_path.clone();
-        async move {
-            let mut all = vec!["--store".to_string(), store.display().to_string()];
-            all.extend(args);
-            let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-            run(&bin("machine-controller"), &refs).await
-        }
-    };
-    let apply_yaml = |yaml: String| {
-        let file = dir.path().join(format!("m-{}.yaml", uuid::Uuid::new_v4()));
-        std::fs::write(&file, yaml).unwrap();
-        let cli = cli.clone();
-        async move {
-            let (code, out, err) = cli(vec!["apply".into(), "-f".into(), file.display().to_string()]).await;
-            assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
-        }
-    };
-    apply_yaml(
-        "apiVersion: machine.driver.dev/v1alpha1
+/// `machine-controller run` driving the Azure sidecar on `arm`, on its own embedded store, with
+/// the MachineClass `azure-d2` applied. Killed when dropped.
+struct Controller {
+    _child: Child,
+    driver: Sidecar,
+    dir: tempfile::TempDir,
+    store_path: PathBuf,
+    store: Store,
+}
+
+impl Controller {
+    async fn start(arm: &Arm) -> Controller {
+        let driver = arm.driver().await;
+        let dir = tempfile::tempdir().unwrap();
+        let store_path: PathBuf = dir.path().join("store.db");
+        let log = std::fs::File::create(dir.path().join("controller.log")).unwrap();
+        let child = Command::new(bin("machine-controller"))
+            .arg("--store")
+            .arg(&store_path)
+            .args(["run", "--driver", &format!("azure={}", driver.endpoint())])
+            .args(["--debounce", "20ms", "--health-check-interval", "1s"])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // The class goes in through the CLI first, so the store exists before this process opens it.
+        let class = dir.path().join("class.yaml");
+        std::fs::write(
+            &class,
+            "apiVersion: machine.driver.dev/v1alpha1
 kind: MachineClass
 metadata: {name: azure-d2}
 spec:
@@ -433,13 +424,48 @@ spec:
     location: westeurope
     vmSize: Standard_D2s_v5
     image: {publisher: Canonical, offer: ubuntu-24_04-lts, sku: server, version: latest}
-"
-        .into(),
-    )
-    .await;
-    let pool = |size: &str| {
-        format!(
-            "apiVersion: machine.driver.dev/v1alpha1
+",
+        )
+        .unwrap();
+        let store_arg = store_path.to_str().unwrap();
+        let (code, out, err) =
+            run(&bin("machine-controller"), &["--store", store_arg, "apply", "-f", class.to_str().unwrap()]).await;
+        assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+        let store = Store::open(&store_path).unwrap();
+        Controller { _child: child, driver, dir, store_path, store }
+    }
+
+    async fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let mut all = vec!["--store", self.store_path.to_str().unwrap()];
+        all.extend(args);
+        run(&bin("machine-controller"), &all).await
+    }
+
+    async fn apply(&self, yaml: &str) {
+        let file = self.dir.path().join(format!("m-{}.yaml", uuid::Uuid::new_v4()));
+        std::fs::write(&file, yaml).unwrap();
+        let (code, out, err) = self.cli(&["apply", "-f", file.to_str().unwrap()]).await;
+        assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("controller.log")).unwrap_or_default()
+    }
+
+    /// `Some` once the pool `workers` has `n` ready instances on the latest model and `n` Running Machines.
+    async fn ready(&self, n: i64) -> Option<()> {
+        let p = self.store.get::<MachinePool>("default", "workers").await.ok()??;
+        let ms = self.store.list::<Machine>().await.ok()?;
+        let live = ms.iter().filter(|m| !m.is_deleting() && m.status.phase == Phase::Running).count() as i64;
+        (p.status.ready_replicas == n && p.status.updated_replicas == n && p.status.replicas == n && live == n)
+            .then_some(())
+    }
+}
+
+/// The MachinePool `workers`: 3 instances of `azure-d2` with `vm_size`, maxSurge 1 / maxUnavailable 0.
+fn workers(vm_size: &str) -> String {
+    format!(
+        "apiVersion: machine.driver.dev/v1alpha1
 kind: MachinePool
 metadata: {{name: workers}}
 spec:
@@ -447,32 +473,32 @@ spec:
   template:
     spec:
       classRef: {{name: azure-d2}}
-      providerSpec: {{vmSize: {size}}}
+      providerSpec: {{vmSize: {vm_size}}}
   strategy: {{maxSurge: 1, maxUnavailable: 0}}
 "
-        )
-    };
-    let store = Store::open(&store_path).unwrap();
-    let ready = |n: i64| {
-        let store = store.clone();
-        move || {
-            let store = store.clone();
-            async move {
-                let p = store.get::<MachinePool>("default", "workers").await.ok()??;
-                let ms = store.list::<Machine>().await.ok()?;
-                let live = ms.iter().filter(|m| !m.is_deleting() && m.status.phase == Phase::Running).count() as i64;
-                (p.status.ready_replicas == n && p.status.updated_replicas == n && p.status.replicas == n && live == n)
-                    .then_some(())
-            }
-        }
-    };
-    let controller_log = || std::fs::read_to_string(dir.path().join("controller.log")).unwrap_or_default();
+    )
+}
+
+/// The instance IDs of the scale set `workers` in the emulated cloud.
+async fn cloud_instances(arm: &Arm) -> Option<Vec<String>> {
+    let sets = arm.scale_sets().await;
+    let set = sets.iter().find(|s| s["name"] == "workers")?;
+    Some(set["vms"].as_array()?.iter().map(|v| v["instanceId"].as_str().unwrap_or("").to_string()).collect())
+}
+
+/// The controller, the Azure sidecar and the emulator: a MachinePool end to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_pool_through_the_controller() {
+    let arm =
+        Arm::start(&["--operation-duration", "500ms", "--delete-duration", "300ms", "--upgrade-duration", "300ms"])
+            .await;
+    let c = Controller::start(&arm).await;
 
     // Scale out to 3.
-    apply_yaml(pool("Standard_D2s_v5")).await;
-    tokio::time::timeout(2 * MINUTE, eventually(2 * MINUTE, "pool scaled out to 3", ready(3)))
+    c.apply(&workers("Standard_D2s_v5")).await;
+    tokio::time::timeout(2 * MINUTE, eventually(2 * MINUTE, "pool scaled out to 3", || c.ready(3)))
         .await
-        .unwrap_or_else(|_| panic!("controller log:\n{}", controller_log()));
+        .unwrap_or_else(|_| panic!("controller log:\n{}", c.log()));
     let sets = arm.scale_sets().await;
     assert_eq!(sets.len(), 1);
     assert_eq!(sets[0]["vms"].as_array().unwrap().len(), 3);
@@ -480,13 +506,12 @@ spec:
         sets[0]["vms"].as_array().unwrap().iter().map(|v| v["instanceId"].as_str().unwrap().to_string()).collect();
 
     // Template change: a rolling instance upgrade with maxSurge 1 / maxUnavailable 0.
-    apply_yaml(pool("Standard_D4s_v5")).await;
+    c.apply(&workers("Standard_D4s_v5")).await;
     eventually(2 * MINUTE, "pool rolled to the new model", || {
-        let arm = &arm;
-        let ready = ready(3);
+        let (arm, c) = (&arm, &c);
         let before = before.clone();
         async move {
-            ready().await?;
+            c.ready(3).await?;
             let sets = arm.scale_sets().await;
             let vms = sets.first()?["vms"].as_array()?.clone();
             let ids: HashSet<String> = vms.iter().map(|v| v["instanceId"].as_str().unwrap_or("").to_string()).collect();
@@ -508,7 +533,8 @@ spec:
     assert!(reqs.iter().any(|r| is(r, "POST", "/virtualMachineScaleSets/workers/delete")));
 
     // Delete exactly one pool Machine: exactly that instance is deleted, and the pool refills.
-    let victim = store
+    let victim = c
+        .store
         .list::<Machine>()
         .await
         .unwrap()
@@ -517,31 +543,137 @@ spec:
         .expect("a pool machine");
     let victim_id = victim.spec.pool_ref.clone().unwrap().instance_id;
     let posts_before = arm.requests().await.iter().filter(|r| is(r, "POST", "/workers/delete")).count();
-    let (code, out, err) = cli(vec!["delete".into(), "machine".into(), victim.metadata.name.clone()]).await;
+    let (code, out, err) = c.cli(&["delete", "machine", &victim.metadata.name]).await;
     assert_eq!(code, 0, "{out}{err}");
     eventually(2 * MINUTE, "the instance deleted and replaced", || {
-        let arm = &arm;
-        let victim_id = victim_id.clone();
+        let (arm, victim_id) = (&arm, &victim_id);
         async move {
-            let sets = arm.scale_sets().await;
-            let ids: Vec<String> = sets.first()?["vms"]
-                .as_array()?
-                .iter()
-                .map(|v| v["instanceId"].as_str().unwrap_or("").to_string())
-                .collect();
-            (!ids.contains(&victim_id) && ids.len() == 3).then_some(())
+            let ids = cloud_instances(arm).await?;
+            (!ids.contains(victim_id) && ids.len() == 3).then_some(())
         }
     })
     .await;
+    eventually(2 * MINUTE, "pool ready again", || c.ready(3)).await;
+    // The delete of that Machine removed exactly its instance, and nothing else was deleted.
     let reqs = arm.requests().await;
     let deletes: Vec<&Value> = reqs.iter().filter(|r| is(r, "POST", "/workers/delete")).skip(posts_before).collect();
-    // The delete of that Machine removes exactly its instance. (Later pool reconciles may
-    // delete a surplus replacement while the pool settles back to its capacity; that churn was
-    // seen once and is tracked as an open finding — it is not what the user asked for here.)
-    let first = deletes.first().expect("a POST …/delete after deleting the pool Machine");
-    assert_eq!(first["body"]["instanceIds"], json!([victim_id]), "deleted more than the one instance: {first}");
-    for d in deletes.iter().skip(1) {
-        eprintln!("note: a later pool reconcile also deleted {}", d["body"]["instanceIds"]);
+    assert_eq!(
+        deletes.iter().map(|d| &d["body"]["instanceIds"]).collect::<Vec<_>>(),
+        vec![&json!([victim_id])],
+        "deleting one pool Machine deleted other instances too"
+    );
+}
+
+/// Issue 5's open finding, made deterministic. ARM pages the VM list by offset, so an instance
+/// delete that completes while the pool reconciler pages through the list shifts the later pages
+/// and that listing misses a live instance. The reconciler must not take it for gone: it used to
+/// delete that instance's Machine, and deleting a pool Machine deletes its instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_missed_by_a_listing_torn_by_a_finishing_delete_stays() {
+    // Deletes never finish by themselves here: a fault rule finishes the one in flight at an
+    // exact point of the reconciler's requests.
+    let arm = Arm::start(&["--operation-duration", "300ms", "--delete-duration", "10m", "--page-size", "2"]).await;
+    let c = Controller::start(&arm).await;
+    c.apply(&workers("Standard_D2s_v5")).await;
+    eventually(2 * MINUTE, "pool scaled out to 3", || c.ready(3)).await;
+    let ids = cloud_instances(&arm).await.expect("the scale set");
+    assert_eq!(ids, ["0", "1", "2"]);
+    let uids = |ms: Vec<Machine>| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> =
+            ms.into_iter().filter_map(|m| Some((m.spec.pool_ref?.instance_id, m.metadata.uid))).collect();
+        v.sort();
+        v
+    };
+    let before = uids(c.store.list::<Machine>().await.unwrap());
+    assert_eq!(before.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["0", "1", "2"]);
+
+    // Delete the Machine of instance 0, the first of the first page: [0, 1] then [2]. Once 0
+    // is gone, the second page (skip 2 of [1, 2]) is empty, so that listing misses instance 2.
+    let (code, out, err) = c.cli(&["delete", "machine", "workers-0"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let deletes = |reqs: Vec<Value>| -> Vec<Value> {
+        reqs.into_iter()
+            .filter(|r| is(r, "POST", "/workers/delete"))
+            .map(|r| r["body"]["instanceIds"].clone())
+            .collect()
+    };
+    eventually(MINUTE, "the delete of instance 0 sent to ARM", || async {
+        (deletes(arm.requests().await) == [json!(["0"])]).then_some(())
+    })
+    .await;
+    arm.faults(json!([{
+        "method": "GET", "pathContains": "/virtualmachines", "queryContains": "$skiptoken",
+        "action": "finishOperations", "times": 1,
+    }]))
+    .await;
+    eventually(MINUTE, "a listing torn by the delete finishing between its pages", || async {
+        let (_, body) = http(arm.port, "GET", "/_emulator/faults", None).await?;
+        let rules: Value = serde_json::from_str(&body).ok()?;
+        (rules[0]["fired"] == 1).then_some(())
+    })
+    .await;
+
+    // Settled: the pool refilled to 3 without instance 0, or something else was deleted.
+    let settled = eventually(2 * MINUTE, "the pool refilled, or another delete", || async {
+        let sent = deletes(arm.requests().await);
+        if sent.len() > 1 {
+            return Some(Err(sent));
+        }
+        c.ready(3).await?;
+        let ids = cloud_instances(&arm).await?;
+        (ids.len() == 3 && !ids.contains(&"0".to_string())).then_some(Ok(ids))
+    })
+    .await;
+    let ids = settled.unwrap_or_else(|sent| {
+        panic!("deleting Machine workers-0 also deleted other instances: POST …/delete bodies {sent:?}\ncontroller log:\n{}", c.log())
+    });
+    assert!(ids.contains(&"1".to_string()) && ids.contains(&"2".to_string()), "{ids:?}");
+    // The Machines of instances 1 and 2 are the same objects: never taken for gone, never recreated.
+    let after = uids(c.store.list::<Machine>().await.unwrap());
+    for kept in &before[1..] {
+        assert!(
+            after.contains(kept),
+            "Machine of instance {} replaced or gone: before {before:?}, after {after:?}",
+            kept.0
+        );
     }
-    eventually(2 * MINUTE, "pool ready again", ready(3)).await;
+}
+
+/// An instance deleted out of band (portal, CLI, another client): its Machine goes without a
+/// call for the gone instance, and the pool refills. Deleting a pool Machine the usual way
+/// deletes its instance; a Machine whose instance is gone must not take that way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_deleted_out_of_band_loses_its_machine_without_a_call() {
+    let arm = Arm::start(&["--operation-duration", "300ms", "--delete-duration", "300ms"]).await;
+    let c = Controller::start(&arm).await;
+    c.apply(&workers("Standard_D2s_v5")).await;
+    eventually(2 * MINUTE, "pool scaled out to 3", || c.ready(3)).await;
+
+    let op = c
+        .driver
+        .client()
+        .await
+        .delete_pool_instances(pb::DeletePoolInstancesRequest {
+            pool_name: "workers".into(),
+            instance_ids: vec!["1".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("DeletePoolInstances");
+    wait_done(&c.driver.client().await, op.value).await;
+    eventually(2 * MINUTE, "Machine workers-1 gone and the pool refilled", || async {
+        let gone = c.store.get::<Machine>("default", "workers-1").await.ok()?.is_none();
+        let ids = cloud_instances(&arm).await?;
+        c.ready(3).await?;
+        (gone && ids.len() == 3 && !ids.contains(&"1".to_string())).then_some(())
+    })
+    .await;
+    let sent: Vec<Value> = arm
+        .requests()
+        .await
+        .into_iter()
+        .filter(|r| is(r, "POST", "/workers/delete"))
+        .map(|r| r["body"]["instanceIds"].clone())
+        .collect();
+    assert_eq!(sent, [json!(["1"])], "the controller sent deletes of its own");
 }

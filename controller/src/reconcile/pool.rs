@@ -164,7 +164,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         };
     }
 
-    let list = match instances(ctx, &r, &pool.metadata.name).await {
+    let mut list = match instances(ctx, &r, &pool.metadata.name).await {
         Ok(l) => l,
         Err(e) => return failed(ctx, key, &pool, "ListPoolInstances", &e).await,
     };
@@ -175,6 +175,15 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         .into_iter()
         .filter(|m| m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool.metadata.name))
         .collect();
+    // A listing of several pages is no snapshot: when an instance goes while the pages are read
+    // (a delete finishing), the later pages shift and a live instance can be missing from it.
+    // So an instance counts as gone only when a second listing lacks it too.
+    if !unlisted(&list, &machines).is_empty() {
+        match instances(ctx, &r, &pool.metadata.name).await {
+            Ok(again) => list = union(again, list),
+            Err(e) => return failed(ctx, key, &pool, "ListPoolInstances", &e).await,
+        }
+    }
     mirror(ctx, &pool, &r, &list, &machines).await?;
 
     let replicas = pool.spec.replicas;
@@ -388,7 +397,6 @@ async fn mirror(
 ) -> Result<()> {
     let by_instance: HashMap<&str, &Machine> =
         machines.iter().filter_map(|m| m.spec.pool_ref.as_ref().map(|p| (p.instance_id.as_str(), m))).collect();
-    let present: HashSet<&str> = list.iter().map(|i| i.instance_id.as_str()).collect();
     for i in list {
         let phase = match i.provisioning_state.as_str() {
             "Succeeded" => Phase::Running,
@@ -454,15 +462,42 @@ async fn mirror(
             Some(_) => {}
         }
     }
-    // Instances gone from the cloud (scale-in, upgrades by deletion): their Machines go too.
-    for m in machines {
-        let id = m.spec.pool_ref.as_ref().map(|p| p.instance_id.as_str()).unwrap_or("");
-        if !present.contains(id) && !m.is_deleting() {
-            ctx.store.delete(&Key::of(m)).await?;
+    // Instances gone from the cloud (scale-in, upgrades by deletion, deleted out of band): their
+    // Machines go too, released without a call. Deleting a pool Machine the usual way deletes its
+    // instance; here there is nothing left to delete, and if the listing was wrong that call
+    // would delete a live instance.
+    for m in unlisted(list, machines) {
+        let mut released = m.clone();
+        released.metadata.finalizers.retain(|f| f != FINALIZER);
+        match ctx.store.update(&released).await {
+            Ok(_) => {}
+            // Changed meanwhile (e.g. deleted by a user): the next reconcile looks again.
+            Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => continue,
+            Err(e) => return Err(e.into()),
         }
+        ctx.store.delete(&Key::of(m)).await?;
     }
     let _ = r;
     Ok(())
+}
+
+/// The pool's Machines, not being deleted, whose instances `list` lacks.
+fn unlisted<'a>(list: &[pb::PoolInstance], machines: &'a [Machine]) -> Vec<&'a Machine> {
+    let present: HashSet<&str> = list.iter().map(|i| i.instance_id.as_str()).collect();
+    machines
+        .iter()
+        .filter(|m| !m.is_deleting())
+        .filter(|m| m.spec.pool_ref.as_ref().is_some_and(|p| !present.contains(p.instance_id.as_str())))
+        .collect()
+}
+
+/// Two listings as one: every instance of `newer`, then those only `older` has (gone meanwhile,
+/// or missed by `newer`; either way not yet proven gone).
+fn union(newer: Vec<pb::PoolInstance>, older: Vec<pb::PoolInstance>) -> Vec<pb::PoolInstance> {
+    let seen: HashSet<String> = newer.iter().map(|i| i.instance_id.clone()).collect();
+    let mut out = newer;
+    out.extend(older.into_iter().filter(|i| !seen.contains(&i.instance_id)));
+    out
 }
 
 /// The Machines of a pool carry its name as a label.
@@ -587,5 +622,65 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
             ctx.hold(key, d);
             Ok(Action::Requeue(d))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(id: &str) -> pb::PoolInstance {
+        pb::PoolInstance { instance_id: id.into(), provisioning_state: "Succeeded".into(), ..Default::default() }
+    }
+
+    fn machine(id: &str, deleting: bool) -> Machine {
+        let mut m = Machine::new(
+            "default",
+            &machine_name("workers", id),
+            MachineSpec {
+                class_ref: NameRef { name: "c".into() },
+                provider_spec: None,
+                pool_ref: Some(PoolInstanceRef { name: "workers".into(), instance_id: id.into() }),
+                creation_timeout_seconds: None,
+                health_timeout_seconds: None,
+            },
+        );
+        if deleting {
+            m.metadata.deletion_timestamp = Some(Utc::now());
+        }
+        m
+    }
+
+    fn ids(list: &[pb::PoolInstance]) -> Vec<&str> {
+        list.iter().map(|i| i.instance_id.as_str()).collect()
+    }
+
+    #[test]
+    fn unlisted_names_the_machines_a_listing_lacks_except_those_being_deleted() {
+        let machines = [machine("0", true), machine("1", false), machine("2", false)];
+        // The listing torn by instance 0 going between its pages: [0, 1] then nothing.
+        let torn = [instance("0"), instance("1")];
+        let names: Vec<&str> = unlisted(&torn, &machines).iter().map(|m| m.metadata.name.as_str()).collect();
+        assert_eq!(names, ["workers-2"]);
+        assert!(unlisted(&[instance("1"), instance("2")], &machines).is_empty());
+    }
+
+    #[test]
+    fn an_instance_is_gone_only_when_both_listings_lack_it() {
+        // The second listing lacks 0 (gone meanwhile); the first lacked 2 (missed).
+        let merged = union(vec![instance("1"), instance("2")], vec![instance("0"), instance("1")]);
+        assert_eq!(ids(&merged), ["1", "2", "0"]);
+        let machines = [machine("0", false), machine("1", false), machine("2", false), machine("3", false)];
+        let names: Vec<&str> = unlisted(&merged, &machines).iter().map(|m| m.metadata.name.as_str()).collect();
+        assert_eq!(names, ["workers-3"]);
+    }
+
+    #[test]
+    fn the_newer_listing_gives_an_instance_its_state() {
+        let mut deleting = instance("1");
+        deleting.provisioning_state = "Deleting".into();
+        let merged = union(vec![deleting], vec![instance("1")]);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0].provisioning_state, "Deleting");
     }
 }

@@ -29,8 +29,10 @@
 //!
 //! Test hooks under `/_emulator/`: `GET requests` (every ARM request received, with its
 //! `x-ms-client-request-id`), `DELETE requests`, `GET|PUT faults` (fault rules: immediate error
-//! responses such as 429 with `Retry-After`, 500, 503, 409; or operations that end `Failed` or
-//! `Canceled`), and `GET scalesets` (the emulated cloud).
+//! responses such as 429 with `Retry-After`, 500, 503, 409; operations that end `Failed` or
+//! `Canceled`; or every operation in flight finished just before a matching request is answered,
+//! so the cloud changes at an exact point of a client's request sequence, e.g. between two pages
+//! of a listing), and `GET scalesets` (the emulated cloud).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -95,6 +97,11 @@ pub enum FaultAction {
     FailOperation,
     /// Accept the mutating request; its operation ends `Canceled`.
     CancelOperation,
+    /// Before answering the matching request (any method), finish every operation in flight
+    /// now, as if its time had come; the request is then served normally. Makes the cloud
+    /// change at an exact point of a client's sequence of requests, e.g. an instance delete
+    /// completing between two pages of a VM listing.
+    FinishOperations,
 }
 
 /// A fault-injection rule. Matches by HTTP method and a substring of the lower-cased path.
@@ -107,6 +114,10 @@ pub struct Fault {
     /// Substring of the lower-cased request path (any when absent).
     #[serde(default)]
     pub path_contains: Option<String>,
+    /// Substring of the percent-decoded query string, compared case-insensitively (any when
+    /// absent), e.g. `$skiptoken` for the pages after the first of a listing.
+    #[serde(default)]
+    pub query_contains: Option<String>,
     /// What to do.
     pub action: FaultAction,
     /// HTTP status for `respond` (default 500).
@@ -287,6 +298,8 @@ struct Call {
     method: Method,
     path: String,
     query: BTreeMap<String, String>,
+    /// The percent-decoded query string, for fault rules.
+    decoded_query: String,
     base: String,
     body: Value,
 }
@@ -337,6 +350,7 @@ async fn handle(State(emu): State<Emulator>, req: Request) -> Response {
         method: parts.method.clone(),
         path,
         query: parse_query(&raw_query),
+        decoded_query: percent_decode(&raw_query),
         base: format!("http://{host}"),
         body,
     };
@@ -613,6 +627,12 @@ fn serve(emu: &Emulator, call: &Call) -> Answer {
         }
         Some(_) => {}
     }
+    if take_fault(&mut cloud, call, FaultAction::FinishOperations).is_some() {
+        let running: Vec<String> = cloud.ops.values().filter(|o| o.done.is_none()).map(|o| o.id.clone()).collect();
+        for id in running {
+            finish(&mut cloud, &id);
+        }
+    }
     if let Some(answer) = injected(&mut cloud, call, FaultAction::Respond) {
         return answer;
     }
@@ -693,10 +713,12 @@ fn not_found(rg: &str, name: &str) -> Answer {
 /// The first matching fault rule of `action`, consumed.
 fn take_fault(cloud: &mut Cloud, call: &Call, action: FaultAction) -> Option<Fault> {
     let path = call.path.to_ascii_lowercase();
+    let query = call.decoded_query.to_ascii_lowercase();
     let rule = cloud.faults.iter_mut().find(|f| {
         f.action == action
             && f.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(call.method.as_str()))
             && f.path_contains.as_deref().is_none_or(|p| path.contains(&p.to_ascii_lowercase()))
+            && f.query_contains.as_deref().is_none_or(|q| query.contains(&q.to_ascii_lowercase()))
             && f.times.is_none_or(|t| f.fired < t)
     })?;
     rule.fired += 1;
@@ -1300,6 +1322,64 @@ mod tests {
         assert_eq!(q.get("api-version").map(String::as_str), Some("2024-07-01"));
         assert_eq!(q.get("$expand").map(String::as_str), Some("instanceView"));
         assert_eq!(q.get("$skiptoken").map(String::as_str), Some("2"));
+    }
+
+    fn call(method: Method, path: &str, query: &str, body: Value) -> Call {
+        Call {
+            method,
+            path: path.into(),
+            query: parse_query(query),
+            decoded_query: percent_decode(query),
+            base: "http://127.0.0.1".into(),
+            body,
+        }
+    }
+
+    #[test]
+    fn a_finish_operations_rule_finishes_a_delete_between_two_pages() {
+        let emu = Emulator::new(Config {
+            operation_duration: Duration::ZERO,
+            delete_duration: Duration::from_secs(3600),
+            faults: vec![Fault {
+                method: Some("GET".into()),
+                path_contains: Some("/virtualmachines".into()),
+                query_contains: Some("$SkipToken".into()),
+                action: FaultAction::FinishOperations,
+                status: None,
+                code: None,
+                message: None,
+                target: None,
+                retry_after: None,
+                times: Some(1),
+                fired: 0,
+            }],
+            ..Config::default()
+        });
+        let vmss = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachineScaleSets/p";
+        let q = format!("api-version={API_VERSION}");
+        let body = json!({"location": "westeurope", "sku": {"name": "Standard_D2s_v5", "capacity": 3},
+            "properties": {"virtualMachineProfile": {"storageProfile": {"imageReference": {"publisher": "x"}}}}});
+        assert_eq!(serve(&emu, &call(Method::PUT, vmss, &q, body)).status, StatusCode::CREATED);
+        let delete = call(Method::POST, &format!("{vmss}/delete"), &q, json!({"instanceIds": ["0"]}));
+        assert_eq!(serve(&emu, &delete).status, StatusCode::ACCEPTED);
+        let ids = |a: Answer| -> Vec<String> {
+            a.body.unwrap_or_default()["value"]
+                .as_array()
+                .map(|v| v.iter().map(|vm| vm["instanceId"].as_str().unwrap_or("").to_string()).collect())
+                .unwrap_or_default()
+        };
+        let list = format!("{vmss}/virtualMachines");
+        // Page 1 still holds the instance being deleted; the rule finishes the delete before
+        // page 2 is cut, so the pages shift and instance 2 is on neither.
+        assert_eq!(ids(serve(&emu, &call(Method::GET, &list, &q, Value::Null))), ["0", "1"]);
+        let page2 = format!("{q}&%24skiptoken=2");
+        assert!(ids(serve(&emu, &call(Method::GET, &list, &page2, Value::Null))).is_empty());
+        assert_eq!(emu.lock().faults[0].fired, 1);
+        // Spent: the next delete runs its hour, even across a second page.
+        let delete = call(Method::POST, &format!("{vmss}/delete"), &q, json!({"instanceIds": ["1"]}));
+        assert_eq!(serve(&emu, &delete).status, StatusCode::ACCEPTED);
+        serve(&emu, &call(Method::GET, &list, &page2, Value::Null));
+        assert_eq!(ids(serve(&emu, &call(Method::GET, &list, &q, Value::Null))), ["1", "2"]);
     }
 
     #[test]
