@@ -70,7 +70,10 @@ async fn conformance_passes_against_moto() {
     .await;
     assert_eq!(code, 0, "conformance failed:\n{out}\n{err}\ndriver log:\n{}", driver.log_text());
     assert!(out.contains(" 0 failed"), "{out}");
-    assert!(!out.contains("SKIP"), "a check was skipped:\n{out}");
+    // In full: only the groups the driver does not advertise (pools) are skipped.
+    for line in out.lines().filter(|l| l.starts_with("SKIP")) {
+        assert!(line.ends_with("not advertised"), "a check was skipped: {line}\n{out}");
+    }
     // It cleaned up after itself: nothing of it is left running in moto.
     let live: Vec<_> = moto
         .instances(region)

@@ -255,7 +255,7 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     });
     check!(s, on, "machines.create_conflicting_spec", |s| {
         let req = s.create_request(&s.name("m0"), s.alt_spec_struct()?);
-        expect_error(s.client.create_machine(req).await, Code::AlreadyExists, None)?;
+        expect_error(s.client.create_machine(req).await, Code::AlreadyExists, Some(reason::MACHINE_SPEC_CONFLICT))?;
         Ok(())
     });
     check!(s, on, "machines.get_missing", |s| {
@@ -431,6 +431,7 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
 pub(super) async fn in_place(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     let on: On<'_> = on;
     if !s.has(pb::Capability::InPlaceUpdate) {
+        check!(s, on, "in_place", |_s| { skip("CAPABILITY_IN_PLACE_UPDATE not advertised") });
         return;
     }
     check!(s, on, "in_place.can_update_negotiation", |s| {
@@ -543,6 +544,7 @@ async fn pool_instances(s: &Suite, pool: &str) -> Result<Vec<pb::PoolInstance>, 
 pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     let on: On<'_> = on;
     if !s.has(pb::Capability::Pools) {
+        check!(s, on, "pools", |_s| { skip("CAPABILITY_POOLS not advertised") });
         return;
     }
     check!(s, on, "pools.apply_idempotent", |s| {

@@ -291,6 +291,13 @@ impl Suite {
                 )));
             }
             ensure!(!op.token.is_empty(), "running operation {} has no token", op.name);
+            // A running operation says when to poll again, within reason (protocol.md, Polling).
+            let poll_after = op.poll_after.as_ref().map(|d| (d.seconds, d.nanos));
+            ensure!(
+                matches!(poll_after, Some((s, n)) if (s > 0 || n > 0) && s >= 0 && n >= 0 && s <= 300),
+                "running operation {} has poll_after {poll_after:?}; it must be set, positive and at most 5 min",
+                op.name
+            );
             // Deliberate poll interval from the driver's poll_after, kept within sane bounds.
             tokio::time::sleep(op.poll_after().clamp(Duration::from_millis(20), Duration::from_secs(2))).await;
             op = self

@@ -2207,7 +2207,7 @@ type WaitOperationRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required.
 	Token []byte `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	// At most this long; also bounded by the call deadline. Unset: until the call deadline.
+	// At most this long; also bounded by the call deadline. Unset: 60 s.
 	Timeout       *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	Secrets       *Secrets             `protobuf:"bytes,3,opt,name=secrets,proto3" json:"secrets,omitempty"`
 	unknownFields protoimpl.UnknownFields
