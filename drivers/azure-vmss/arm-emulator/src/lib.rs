@@ -1,9 +1,10 @@
 //! # arm-emulator
 //!
 //! Test support: an in-memory emulator of the slice of Azure Resource Manager that the
-//! `azure-vmss-driver` uses — Microsoft.Compute virtual machine scale sets at
-//! `api-version=2024-07-01` — served at the root of a plain HTTP listener, the way the ARM
-//! endpoint is (`--arm-endpoint http://127.0.0.1:PORT`).
+//! `azure-vmss-driver` uses — Microsoft.Compute virtual machine scale sets (Uniform, and Flexible
+//! ones that VMs join by reference) and virtual machines with their network interfaces and OS
+//! disks (see the `vms` module) at `api-version=2024-07-01` — served at the root of a plain HTTP
+//! listener, the way the ARM endpoint is (`--arm-endpoint http://127.0.0.1:PORT`).
 //!
 //! It follows the ARM async contract recorded in `shared/docs/reference.md`:
 //!
@@ -18,6 +19,14 @@
 //!   path with `monitor=true`) answers 202 until the operation is done;
 //! - `GET` the scale set, the VM list (`$expand=instanceView`, absolute `nextLink`), one VM and its
 //!   instance view;
+//! - a scale set with `properties.orchestrationMode: Flexible` holds no instances of its own model
+//!   (`sku.capacity` above 0 → 400 `InvalidParameter`); its `sku.capacity` counts the virtual
+//!   machines whose `properties.virtualMachineScaleSet.id` names it, its `…/virtualMachines`,
+//!   `…/delete` and `…/manualupgrade` paths answer 409 `OperationNotAllowed`, the mode cannot
+//!   change (409 `PropertyChangeNotAllowed`), and deleting it deletes its VMs;
+//! - virtual machines (`…/Microsoft.Compute/virtualMachines/{vm}`: PUT, PATCH, GET with
+//!   `$expand=instanceView`, `…/instanceView`, DELETE, listings by resource group and by
+//!   subscription), the NICs and OS disks they create, and `GET`/`DELETE` of those (see `vms`);
 //! - every response carries `x-ms-request-id` and `x-ms-correlation-request-id`, echoes
 //!   `x-ms-client-request-id`, and has `x-ms-ratelimit-remaining-*` headers; any bearer token is
 //!   accepted, a missing one is 401; errors are `{"error":{"code","message","target"}}` plus the
@@ -32,7 +41,8 @@
 //! responses such as 429 with `Retry-After`, 500, 503, 409; operations that end `Failed` or
 //! `Canceled`; or every operation in flight finished just before a matching request is answered,
 //! so the cloud changes at an exact point of a client's request sequence, e.g. between two pages
-//! of a listing), and `GET scalesets` (the emulated cloud).
+//! of a listing), `GET scalesets` (the emulated cloud) and `GET vms` (every VM with its scale set,
+//! states, NICs and OS disk).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -46,6 +56,8 @@ use axum::response::Response;
 use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+mod vms;
 
 /// The only api-version served.
 pub const API_VERSION: &str = "2024-07-01";
@@ -177,10 +189,19 @@ enum Outcome {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum OpKind {
-    Apply { created: Vec<u64>, removed: Vec<u64> },
+    Apply {
+        created: Vec<u64>,
+        removed: Vec<u64>,
+    },
     DeleteScaleSet,
     DeleteInstances(Vec<u64>),
     Upgrade(Vec<u64>),
+    /// A virtual machine PUT that created it.
+    CreateVm,
+    /// A virtual machine PUT or PATCH on an existing one.
+    UpdateVm,
+    /// A virtual machine DELETE.
+    DeleteVm,
 }
 
 #[derive(Debug, Clone)]
@@ -188,7 +209,8 @@ struct Op {
     id: String,
     subscription: String,
     location: String,
-    vmss: String,
+    /// Key (lower-cased id) of the resource the operation acts on.
+    target: String,
     method: String,
     kind: OpKind,
     started: Instant,
@@ -232,6 +254,14 @@ struct ScaleSet {
 #[derive(Default)]
 struct Cloud {
     scale_sets: BTreeMap<String, ScaleSet>,
+    /// Virtual machines by key (lower-cased id).
+    vms: BTreeMap<String, vms::VirtualMachine>,
+    /// Network interfaces by key.
+    nics: BTreeMap<String, vms::Nic>,
+    /// Managed disks by key.
+    disks: BTreeMap<String, vms::Disk>,
+    /// Private IP addresses handed out so far.
+    next_ip: u32,
     ops: BTreeMap<String, Op>,
     faults: Vec<Fault>,
     requests: Vec<RecordedRequest>,
@@ -508,6 +538,7 @@ fn admin(emu: &Emulator, call: &Call) -> Response {
                 .collect();
             ok(json!(sets))
         }
+        ("GET", "/_emulator/vms") => ok(vms::inventory(&cloud)),
         _ => status(StatusCode::NOT_FOUND, "unknown emulator endpoint"),
     }
 }
@@ -533,8 +564,15 @@ fn finish(cloud: &mut Cloud, id: &str) {
         Outcome::Fail => "Failed",
         Outcome::Cancel => "Canceled",
     };
+    if matches!(op.kind, OpKind::CreateVm | OpKind::UpdateVm | OpKind::DeleteVm) {
+        vms::finish(cloud, &op, op.outcome == Outcome::Succeed);
+        if let Some(o) = cloud.ops.get_mut(id) {
+            o.done = Some((status, SystemTime::now()));
+        }
+        return;
+    }
     let mut remove_set = false;
-    if let Some(s) = cloud.scale_sets.get_mut(&op.vmss) {
+    if let Some(s) = cloud.scale_sets.get_mut(&op.target) {
         if s.op.as_deref() == Some(id) {
             s.op = None;
         }
@@ -584,10 +622,13 @@ fn finish(cloud: &mut Cloud, id: &str) {
                 }
                 s.provisioning_state = if ok { "Succeeded" } else { "Failed" }.into();
             }
+            OpKind::CreateVm | OpKind::UpdateVm | OpKind::DeleteVm => {}
         }
     }
     if remove_set {
-        cloud.scale_sets.remove(&op.vmss);
+        cloud.scale_sets.remove(&op.target);
+        // A Flexible scale set takes its member VMs (and what they delete with them) along.
+        vms::remove_members(cloud, &op.target);
     }
     if let Some(o) = cloud.ops.get_mut(id) {
         o.done = Some((status, SystemTime::now()));
@@ -618,7 +659,7 @@ fn serve(emu: &Emulator, call: &Call) -> Answer {
                 "The api-version query parameter (?api-version=) is required for all requests.",
             )
         }
-        Some(v) if v != API_VERSION => {
+        Some(v) if !vms::api_version_ok(&call.path, v) => {
             return Answer::error(
                 StatusCode::BAD_REQUEST,
                 "InvalidApiVersionParameter",
@@ -652,6 +693,9 @@ fn serve(emu: &Emulator, call: &Call) -> Answer {
         let monitor = call.query.get("monitor").is_some_and(|v| v == "true");
         return poll(emu, &cloud, seg[7], monitor, &call.base);
     }
+    if let Some(answer) = vms::route(emu, &mut cloud, call, &seg) {
+        return answer;
+    }
     // /subscriptions/{s}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachineScaleSets/{name}[/...]
     if seg.len() >= 8
         && eq(seg[0], "subscriptions")
@@ -666,9 +710,24 @@ fn serve(emu: &Emulator, call: &Call) -> Answer {
         );
         let key = id.to_ascii_lowercase();
         let rest: Vec<&str> = seg[8..].to_vec();
+        if !rest.is_empty() {
+            if let Some(s) = cloud.scale_sets.get(&key).filter(|s| is_flexible(&s.body)) {
+                return Answer::error(
+                    StatusCode::CONFLICT,
+                    "OperationNotAllowed",
+                    format!(
+                        "Operation '{} {}' is not allowed on Virtual Machine Scale Set '{}' with orchestration mode \
+                         'Flexible': its VMs are virtual machines (Microsoft.Compute/virtualMachines).",
+                        m,
+                        rest.join("/"),
+                        s.name
+                    ),
+                );
+            }
+        }
         return match (m.as_str(), rest.as_slice()) {
             ("GET", []) => match cloud.scale_sets.get(&key) {
-                Some(s) => Answer::json(StatusCode::OK, view(s)),
+                Some(s) => Answer::json(StatusCode::OK, view(&cloud, s)),
                 None => not_found(rg, name),
             },
             ("PUT", []) => put_scale_set(emu, &mut cloud, call, &key, &id, sub, name, false),
@@ -752,7 +811,8 @@ fn injected(cloud: &mut Cloud, call: &Call, action: FaultAction) -> Option<Answe
     Some(a)
 }
 
-fn view(s: &ScaleSet) -> Value {
+fn view(cloud: &Cloud, s: &ScaleSet) -> Value {
+    let flexible = is_flexible(&s.body);
     let mut v = s.body.clone();
     v["id"] = json!(s.id);
     v["name"] = json!(s.name);
@@ -762,7 +822,9 @@ fn view(s: &ScaleSet) -> Value {
     if !v["sku"].is_object() {
         v["sku"] = json!({});
     }
-    v["sku"]["capacity"] = json!(s.capacity);
+    // A Flexible scale set counts the VMs that joined it.
+    let capacity = if flexible { vms::member_count(cloud, &s.id.to_ascii_lowercase()) } else { s.capacity };
+    v["sku"]["capacity"] = json!(capacity);
     if v["sku"].get("tier").is_none() {
         v["sku"]["tier"] = json!("Standard");
     }
@@ -813,13 +875,18 @@ fn computer_prefix(s: &ScaleSet) -> String {
 }
 
 fn instance_view(vm: &Vm) -> Value {
-    let prov = vm.provisioning_state.to_ascii_lowercase();
+    instance_view_of(&vm.provisioning_state, &vm.power_state)
+}
+
+/// An instance view with the provisioning-state and power-state statuses, as ARM writes them.
+fn instance_view_of(provisioning_state: &str, power_state: &str) -> Value {
+    let prov = provisioning_state.to_ascii_lowercase();
     json!({
         "statuses": [
             {"code": format!("ProvisioningState/{prov}"), "level": if prov == "failed" { "Error" } else { "Info" },
              "displayStatus": format!("Provisioning {prov}")},
-            {"code": format!("PowerState/{}", vm.power_state), "level": "Info",
-             "displayStatus": format!("VM {}", vm.power_state)},
+            {"code": format!("PowerState/{power_state}"), "level": "Info",
+             "displayStatus": format!("VM {power_state}")},
         ]
     })
 }
@@ -854,7 +921,7 @@ fn start_op(
     call: &Call,
     subscription: &str,
     location: &str,
-    vmss: &str,
+    target: &str,
     kind: OpKind,
     duration: Duration,
 ) -> String {
@@ -885,7 +952,7 @@ fn start_op(
             id: id.clone(),
             subscription: subscription.to_string(),
             location: location.to_string(),
-            vmss: vmss.to_string(),
+            target: target.to_string(),
             method: call.method.to_string(),
             kind,
             started: Instant::now(),
@@ -956,6 +1023,42 @@ fn validate_put(body: &Value) -> Option<Answer> {
     None
 }
 
+/// Whether a scale set body asks for Flexible orchestration.
+fn is_flexible(body: &Value) -> bool {
+    body["properties"]["orchestrationMode"].as_str().is_some_and(|m| m.eq_ignore_ascii_case("Flexible"))
+}
+
+/// Checks a Flexible scale set: VMs join it by reference, so it needs no model, and the emulator
+/// creates no instances of one (a capacity above 0 is refused).
+fn validate_flexible(body: &Value) -> Option<Answer> {
+    if !body.is_object() {
+        return Some(Answer::error(
+            StatusCode::BAD_REQUEST,
+            "InvalidRequestContent",
+            "The request content was invalid and could not be deserialized.",
+        ));
+    }
+    if let Some(k) =
+        body.get("tags").and_then(Value::as_object).and_then(|t| t.keys().find(|k| k.contains(BAD_TAG_CHARS)))
+    {
+        return Some(Answer::error(
+            StatusCode::BAD_REQUEST,
+            "InvalidTagNameCharacters",
+            format!("The tag names '{k}' have reserved characters '<,>,%,&,\\,?,/' or control characters."),
+        ));
+    }
+    if body["sku"]["capacity"].as_u64().is_some_and(|c| c > 0) {
+        return Some(Answer::error_with_target(
+            StatusCode::BAD_REQUEST,
+            "InvalidParameter",
+            "The emulator creates no instances of a Flexible scale set's model: send sku.capacity 0 (or none) \
+             and create virtual machines that reference the scale set in properties.virtualMachineScaleSet.id.",
+            Some("sku.capacity"),
+        ));
+    }
+    None
+}
+
 #[allow(clippy::too_many_arguments)]
 fn put_scale_set(
     emu: &Emulator,
@@ -1001,7 +1104,19 @@ fn put_scale_set(
             b
         }
     };
-    if let Some(a) = validate_put(&desired) {
+    if let Some(s) = &existing {
+        let mode = |b: &Value| if is_flexible(b) { "Flexible" } else { "Uniform" };
+        if mode(&s.body) != mode(&desired) {
+            return Answer::error_with_target(
+                StatusCode::CONFLICT,
+                "PropertyChangeNotAllowed",
+                "Changing property 'orchestrationMode' is not allowed.",
+                Some("orchestrationMode"),
+            );
+        }
+    }
+    let validation = if is_flexible(&desired) { validate_flexible(&desired) } else { validate_put(&desired) };
+    if let Some(a) = validation {
         return a;
     }
     let Some(location) = desired["location"].as_str().map(str::to_string) else {
@@ -1014,7 +1129,8 @@ fn put_scale_set(
     let capacity = desired["sku"]["capacity"].as_u64().unwrap_or(0);
     if let Some(max) = emu.config.max_instances {
         let others: u64 =
-            cloud.scale_sets.iter().filter(|(k, _)| k.as_str() != key).map(|(_, s)| s.vms.len() as u64).sum();
+            cloud.scale_sets.iter().filter(|(k, _)| k.as_str() != key).map(|(_, s)| s.vms.len() as u64).sum::<u64>()
+                + cloud.vms.len() as u64;
         if others + capacity > max {
             return Answer::error(
                 StatusCode::CONFLICT,
@@ -1085,7 +1201,7 @@ fn put_scale_set(
         emu.config.operation_duration,
     );
     s.op = Some(op_id.clone());
-    let body = view(&s);
+    let body = view(cloud, &s);
     cloud.scale_sets.insert(key.to_string(), s);
     let op = cloud.ops.get(&op_id).cloned();
     let mut a = Answer::json(if is_new { StatusCode::CREATED } else { StatusCode::OK }, body);
@@ -1144,6 +1260,7 @@ fn delete_scale_set(emu: &Emulator, cloud: &mut Cloud, call: &Call, key: &str, n
             vm.provisioning_state = "Deleting".into();
         }
     }
+    vms::mark_members_deleting(cloud, key);
     accepted(emu, call, cloud, &op_id)
 }
 
@@ -1281,8 +1398,11 @@ fn poll(emu: &Emulator, cloud: &Cloud, id: &str, monitor: bool, base: &str) -> A
             }
             "Succeeded" => {
                 if op.method == "PUT" || op.method == "PATCH" {
-                    match cloud.scale_sets.get(&op.vmss) {
-                        Some(s) => Answer::json(StatusCode::OK, view(s)),
+                    if let Some(vm) = cloud.vms.get(&op.target) {
+                        return Answer::json(StatusCode::OK, vms::view(cloud, vm, false));
+                    }
+                    match cloud.scale_sets.get(&op.target) {
+                        Some(s) => Answer::json(StatusCode::OK, view(cloud, s)),
                         None => Answer::empty(StatusCode::OK),
                     }
                 } else {

@@ -12,7 +12,7 @@ use clap::Parser;
 #[command(
     name = "arm-emulator",
     version,
-    about = "Emulates the Azure Resource Manager VM Scale Sets API (test support)"
+    about = "Emulates the Azure Resource Manager API for VM Scale Sets, VMs, NICs and disks (test support)"
 )]
 struct Cli {
     /// Address to listen on (port 0 picks a free one).
