@@ -10,12 +10,12 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use aws_support::{start_driver, Ec2Stub, Fault, Moto};
+use aws_support::{start_driver, Ec2Stub, Fault, Moto, SignedCall};
 use driver_sdk::convert::json_to_struct;
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, DriverClient, OperationExt};
 use e2e_tests::{bin, eventually, run, start_controller};
-use machine_controller::resources::{Machine, MachineDeployment, Phase};
+use machine_controller::resources::{Machine, MachineClass, MachineDeployment, Phase};
 use machine_controller::store::Store;
 use serde_json::json;
 use tokio::process::Command;
@@ -281,6 +281,309 @@ spec:
     let instances = moto.instances(region).await;
     assert_eq!(instances.len(), 3, "{instances:?}");
     assert!(instances.iter().all(|i| i["state"] == "terminated"), "{instances:?}\nlog:\n{}", controller_log());
+}
+
+// ----------------------------------------------------------------------- per-class credentials
+
+/// Class A's keys: 20 characters like a real access key ID, a secret that must never show up.
+const KEY_A: (&str, &str) = ("AKIACLASSAAAAAAAAAAA", "class-a-secret-0123456789abcdef");
+const KEY_B: (&str, &str) = ("AKIACLASSBBBBBBBBBBB", "class-b-secret-0123456789abcdef");
+/// The access key ID of the default chain in the sidecar's environment (`aws_env`).
+const CHAIN_KEY: &str = "testing";
+
+fn secrets(kv: &[(&str, &str)]) -> Option<pb::Secrets> {
+    Some(pb::Secrets { data: kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() })
+}
+
+fn keys(k: (&str, &str)) -> Option<pb::Secrets> {
+    secrets(&[("accessKeyId", k.0), ("secretAccessKey", k.1)])
+}
+
+/// Polls GetOperation, sending `secrets` with every poll, until done (bounded).
+async fn wait_done_with(c: &DriverClient, op: pb::Operation, secrets: &Option<pb::Secrets>) -> pb::Operation {
+    let mut op = op;
+    let deadline = tokio::time::Instant::now() + MINUTE;
+    while !op.done {
+        assert!(tokio::time::Instant::now() < deadline, "operation {} not done within a minute", op.name);
+        // Deliberate: honour the driver's poll_after between polls.
+        tokio::time::sleep(op.poll_after().min(Duration::from_millis(500))).await;
+        let req = pb::GetOperationRequest { token: op.token.clone(), secrets: secrets.clone() };
+        op = c.get_operation(req).await.unwrap().value;
+    }
+    op
+}
+
+/// Create (and poll), status, delete (and poll) of one machine, every call with `secrets`.
+async fn lifecycle(c: &DriverClient, name: &str, secrets: Option<pb::Secrets>) {
+    let op = c
+        .create_machine(pb::CreateMachineRequest { secrets: secrets.clone(), ..create_req(name, spec()) })
+        .await
+        .unwrap()
+        .value;
+    let op = wait_done_with(c, op, &secrets).await;
+    assert!(op.error_report().is_none(), "{name}: {:?}", op.error_report());
+    let m = c
+        .get_machine_status(pb::GetMachineStatusRequest {
+            name: name.into(),
+            secrets: secrets.clone(),
+            provider_spec: Some(json_to_struct(&spec())),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .value;
+    let op = c
+        .delete_machine(pb::DeleteMachineRequest {
+            name: name.into(),
+            provider_id: m.provider_id,
+            provider_spec: Some(json_to_struct(&spec())),
+            secrets: secrets.clone(),
+        })
+        .await
+        .unwrap()
+        .value;
+    let op = wait_done_with(c, op, &secrets).await;
+    assert!(op.error_report().is_none(), "{name}: {:?}", op.error_report());
+}
+
+/// (action, access key ID) of the EC2 calls moto saw in `region`, from `from` on.
+fn ec2_keys(moto: &Moto, region: &str, from: usize) -> Vec<(String, String)> {
+    moto.signed_calls_in("ec2", region).into_iter().skip(from).map(|c| (c.action, c.access_key_id)).collect()
+}
+
+/// Which access key signed each EC2 call, read from the SigV4 `Authorization` header that moto's
+/// recorder keeps: a class's keys sign every call of its requests (creates, polls, status,
+/// deletes), no secret means the chain's key, and half a key pair is refused before any call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_ec2_call_signs_with_the_class_secret_or_the_chain_on_moto() {
+    let region = "ca-central-1";
+    let moto = Moto::shared().await;
+    let driver = start_driver(&moto.url(), region, &[]).await;
+    let c = driver.client().await;
+
+    lifecycle(&c, "web-a", keys(KEY_A)).await;
+    let seen = ec2_keys(&moto, region, 0);
+    for action in ["RunInstances", "DescribeInstances", "TerminateInstances"] {
+        assert!(seen.iter().any(|(a, _)| a == action), "no {action} in {seen:?}");
+    }
+    assert!(seen.iter().all(|(_, k)| k == KEY_A.0), "{seen:?}");
+
+    let from = seen.len();
+    lifecycle(&c, "web-b", keys(KEY_B)).await;
+    lifecycle(&c, "web-chain", None).await;
+    let seen = ec2_keys(&moto, region, from);
+    let b: Vec<_> = seen.iter().take_while(|(_, k)| k == KEY_B.0).collect();
+    assert!(b.iter().any(|(a, _)| a == "RunInstances") && b.iter().any(|(a, _)| a == "TerminateInstances"), "{seen:?}");
+    assert!(seen[b.len()..].iter().all(|(_, k)| k == CHAIN_KEY), "{seen:?}");
+    assert!(seen[b.len()..].iter().any(|(a, _)| a == "RunInstances"), "{seen:?}");
+
+    // Half a key pair: refused with the missing key named, no value echoed, no EC2 call.
+    let from = moto.signed_calls_in("ec2", region).len();
+    let half = secrets(&[("accessKeyId", "AKIAHALFAPAIRAAAAAAA")]);
+    let e = c
+        .create_machine(pb::CreateMachineRequest { secrets: half.clone(), ..create_req("web-bad", spec()) })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    assert_eq!(e.report.violations[0].field, "secrets.secretAccessKey", "{e}");
+    assert!(!format!("{e} {e:?}").contains("AKIAHALFAPAIR"), "{e:?}");
+    let e = c
+        .validate_machine_class(pb::ValidateMachineClassRequest {
+            provider_spec: Some(json_to_struct(&spec())),
+            secrets: half,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.report.violations[0].field, "secrets.secretAccessKey", "{e}");
+    assert_eq!(moto.signed_calls_in("ec2", region).len(), from, "a refused secret reached EC2");
+    let instances = moto.instances(region).await;
+    assert!(instances.iter().all(|i| i["tags"]["machinedriver.dev/name"] != "web-bad"), "{instances:?}");
+    assert_eq!(instances.len(), 3, "{instances:?}");
+}
+
+/// `roleArn` (+ `externalId`, `roleSessionName`): one STS AssumeRole, signed by the secret's keys
+/// or by the chain, whose temporary `ASIA…` keys then sign every EC2 call of the class (the
+/// cached client does not assume the role again per call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_arn_is_assumed_with_sts_and_signs_the_ec2_calls_on_moto() {
+    let region = "sa-east-1";
+    // Its own moto: on the shared one, under the other tests' load, the first AssumeRole was
+    // refused a connection in 2 of 5 full runs.
+    let moto = Moto::private().await;
+    let driver = start_driver(&moto.url(), region, &[]).await;
+    let c = driver.client().await;
+    let role = "arn:aws:iam::123456789012:role/machines";
+
+    let with_keys = secrets(&[
+        ("roleArn", role),
+        ("externalId", "ext-0042"),
+        ("roleSessionName", "md-test"),
+        ("accessKeyId", KEY_A.0),
+        ("secretAccessKey", KEY_A.1),
+    ]);
+    lifecycle(&c, "web-role", with_keys).await;
+    let sts = moto.signed_calls_in("sts", region);
+    assert_eq!(sts.len(), 1, "{sts:?}");
+    assert_eq!((sts[0].action.as_str(), sts[0].access_key_id.as_str()), ("AssumeRole", KEY_A.0));
+    assert_eq!(sts[0].params.get("RoleArn").map(String::as_str), Some(role));
+    assert_eq!(sts[0].params.get("ExternalId").map(String::as_str), Some("ext-0042"));
+    assert_eq!(sts[0].params.get("RoleSessionName").map(String::as_str), Some("md-test"));
+    let seen = ec2_keys(&moto, region, 0);
+    assert!(seen.iter().any(|(a, _)| a == "RunInstances"), "{seen:?}");
+    let assumed = &seen[0].1;
+    assert!(assumed.starts_with("ASIA"), "{seen:?}");
+    assert!(seen.iter().all(|(_, k)| k == assumed), "{seen:?}");
+
+    // The role alone: the chain signs AssumeRole.
+    let from = seen.len();
+    lifecycle(&c, "web-role-chain", secrets(&[("roleArn", role)])).await;
+    let sts = moto.signed_calls_in("sts", region);
+    assert_eq!(sts.len(), 2, "{sts:?}");
+    assert_eq!(sts[1].access_key_id, CHAIN_KEY);
+    assert_eq!(sts[1].params.get("RoleSessionName").map(String::as_str), Some("machine-driver"));
+    let seen = ec2_keys(&moto, region, from);
+    assert!(seen.iter().all(|(_, k)| k.starts_with("ASIA") && k != assumed), "{seen:?}");
+}
+
+/// The controller end to end: two classes with their own Secrets in one run, each deployment's
+/// instances launched, polled, listed and terminated with its class's key; a class whose Secret
+/// holds half a key pair is marked invalid with the key named, and launches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_drives_aws_with_each_class_secret_on_moto() {
+    let region = "ap-southeast-2";
+    let moto = Moto::shared().await;
+    let driver = start_driver(&moto.url(), region, &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store_path = dir.path().join("store.db");
+    let log_path = dir.path().join("controller.log");
+    let driver_arg = format!("aws={}", driver.endpoint());
+    let _controller = start_controller(&store_path, &driver_arg, &["--controller-id", "e2e-aws-creds"], &log_path);
+    let class = |name: &str, secret: &str| {
+        format!(
+            "apiVersion: machine.driver.dev/v1alpha1\nkind: MachineClass\nmetadata: {{name: {name}}}\nspec:\n  driver: aws\n  \
+             secretRef: {{name: {secret}}}\n  providerSpec: {{imageId: {MOTO_AMI}, instanceType: t3.micro}}\n"
+        )
+    };
+    let md = |name: &str, class: &str| {
+        format!(
+            "apiVersion: machine.driver.dev/v1alpha1\nkind: MachineDeployment\nmetadata: {{name: {name}}}\nspec:\n  \
+             replicas: 1\n  template:\n    spec:\n      classRef: {{name: {class}}}\n"
+        )
+    };
+    let secret = |name: &str, data: &str| {
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}}}\nstringData: {{{data}}}\n")
+    };
+    let manifest = [
+        secret("creds-a", &format!("accessKeyId: {}, secretAccessKey: {}", KEY_A.0, KEY_A.1)),
+        secret("creds-b", &format!("accessKeyId: {}, secretAccessKey: {}", KEY_B.0, KEY_B.1)),
+        secret("creds-half", "accessKeyId: AKIAHALFAPAIRAAAAAAA"),
+        class("aws-a", "creds-a"),
+        class("aws-b", "creds-b"),
+        class("aws-half", "creds-half"),
+        md("web-a", "aws-a"),
+        md("web-b", "aws-b"),
+        md("web-half", "aws-half"),
+    ]
+    .join("---\n");
+    let path = dir.path().join("aws.yaml");
+    std::fs::write(&path, manifest).unwrap();
+    let cli = |args: Vec<String>| {
+        let store = store_path.clone();
+        async move {
+            let mut all = vec!["--store".to_string(), store.display().to_string()];
+            all.extend(args);
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            run(&bin("machine-controller"), &all).await
+        }
+    };
+    let (code, out, err) = cli(vec!["apply".into(), "-f".into(), path.display().to_string()]).await;
+    assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+
+    let store = Store::open(&store_path).unwrap();
+    let controller_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    for name in ["web-a", "web-b"] {
+        eventually(2 * MINUTE, &format!("{name} available"), || {
+            let store = store.clone();
+            async move {
+                let md = store.get::<MachineDeployment>("default", name).await.ok()??;
+                (md.status.available_replicas == 1).then_some(())
+            }
+        })
+        .await;
+    }
+    let invalid = eventually(MINUTE, "class aws-half invalid", || {
+        let store = store.clone();
+        async move {
+            let c = store.get::<MachineClass>("default", "aws-half").await.ok()??;
+            c.status.conditions.into_iter().find(|c| c.condition_type == "Valid" && c.status == "False")
+        }
+    })
+    .await;
+    assert!(invalid.message.contains("secrets.secretAccessKey"), "{invalid:?}");
+    assert!(!invalid.message.contains("AKIAHALFAPAIR"), "{invalid:?}");
+
+    // Each deployment's launch was signed by its class's key, and every EC2 call of the run by
+    // one of the two (none fell back to the chain).
+    let calls = moto.signed_calls_in("ec2", region);
+    let launched_by = |md: &str| -> Vec<String> {
+        calls
+            .iter()
+            .filter(|c| c.action == "RunInstances")
+            .filter(|c| {
+                (1..).map_while(|k| c.params.get(&format!("TagSpecification.1.Tag.{k}.Key")).map(|v| (k, v))).any(
+                    |(k, key)| {
+                        key == "machine.driver.dev/deployment"
+                            && c.params.get(&format!("TagSpecification.1.Tag.{k}.Value")).map(String::as_str)
+                                == Some(md)
+                    },
+                )
+            })
+            .map(|c| c.access_key_id.clone())
+            .collect()
+    };
+    assert_eq!(launched_by("web-a"), vec![KEY_A.0.to_string()], "log:\n{}", controller_log());
+    assert_eq!(launched_by("web-b"), vec![KEY_B.0.to_string()]);
+    assert!(launched_by("web-half").is_empty());
+    // Every call made for a machine uses its class's key. The orphan sweep (ListMachines by the
+    // controller's tag, outside any class) is the one call that uses the sidecar's chain.
+    let orphan_sweep = |c: &&SignedCall| c.params.values().any(|v| v == "tag:machine.driver.dev/controller");
+    assert!(
+        calls.iter().filter(|c| !orphan_sweep(c)).all(|c| c.access_key_id == KEY_A.0 || c.access_key_id == KEY_B.0),
+        "{calls:?}"
+    );
+    let instances = moto.instances(region).await;
+    assert_eq!(instances.len(), 2, "{instances:?}");
+
+    // Deleting terminates each instance with its class's key.
+    let ids: HashMap<String, String> = instances
+        .iter()
+        .map(|i| {
+            (
+                i["tags"]["machine.driver.dev/deployment"].as_str().unwrap_or_default().to_string(),
+                i["id"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    for name in ["web-a", "web-b", "web-half"] {
+        let (code, out, err) = cli(vec!["delete".into(), "md".into(), name.into()]).await;
+        assert_eq!(code, 0, "delete failed:\n{out}\n{err}");
+    }
+    eventually(2 * MINUTE, "machines gone from the store", || {
+        let store = store.clone();
+        async move { store.list::<Machine>().await.ok().filter(|m| m.is_empty()).map(|_| ()) }
+    })
+    .await;
+    let calls = moto.signed_calls_in("ec2", region);
+    for (md, key) in [("web-a", KEY_A.0), ("web-b", KEY_B.0)] {
+        let id = &ids[md];
+        let terminated: Vec<&str> = calls
+            .iter()
+            .filter(|c| c.action == "TerminateInstances" && c.params.get("InstanceId.1") == Some(id))
+            .map(|c| c.access_key_id.as_str())
+            .collect();
+        assert!(!terminated.is_empty() && terminated.iter().all(|k| *k == key), "{md}: {terminated:?}");
+    }
+    assert!(!controller_log().contains(KEY_A.1) && !controller_log().contains(KEY_B.1));
 }
 
 // ------------------------------------------------------------------------------------------ stub

@@ -47,7 +47,23 @@ pub struct Moto {
     child: Child,
     pub port: u16,
     pub log: PathBuf,
+    recording: PathBuf,
     _dir: tempfile::TempDir,
+}
+
+/// One request moto received, as its recorder wrote it down.
+#[derive(Debug, Clone)]
+pub struct SignedCall {
+    /// Service of the SigV4 credential scope (`ec2`, `sts`).
+    pub service: String,
+    /// Region of the credential scope.
+    pub region: String,
+    /// The access key ID that signed the request.
+    pub access_key_id: String,
+    /// The Query API action.
+    pub action: String,
+    /// The form parameters.
+    pub params: BTreeMap<String, String>,
 }
 
 static SHARED: Mutex<Weak<Moto>> = Mutex::new(Weak::new());
@@ -70,19 +86,31 @@ impl Moto {
         fresh
     }
 
+    /// A moto of its own, for a test whose calls must not compete with the other tests'.
+    pub async fn private() -> Moto {
+        let moto = Moto::spawn(&moto_server());
+        moto.wait_ready().await;
+        moto
+    }
+
     fn spawn(server: &Path) -> Moto {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("moto.log");
         let port = free_port();
         let f = std::fs::File::create(&log).unwrap();
+        // moto's recorder appends every request (headers and body) to a file: the tests read
+        // which access key signed each call from its SigV4 Authorization header.
+        let recording = dir.path().join("recording.jsonl");
         let child = Command::new(server)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .env("MOTO_ENABLE_RECORDING", "True")
+            .env("MOTO_RECORDER_FILEPATH", &recording)
             .stdin(Stdio::null())
             .stdout(f.try_clone().unwrap())
             .stderr(f)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", server.display()));
-        Moto { child, port, log, _dir: dir }
+        Moto { child, port, log, recording, _dir: dir }
     }
 
     async fn wait_ready(&self) {
@@ -135,6 +163,43 @@ impl Moto {
             )
             .await;
         v.as_array().cloned().unwrap_or_default()
+    }
+
+    /// Every signed request moto has received so far, in order (all tests and regions: filter by
+    /// `region` and `service`). moto writes a request down before it answers it.
+    pub fn signed_calls(&self) -> Vec<SignedCall> {
+        use base64::Engine;
+        let text = std::fs::read_to_string(&self.recording).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter_map(|entry| {
+                let auth = entry["headers"]["Authorization"].as_str()?;
+                // AWS4-HMAC-SHA256 Credential=AKID/20240101/eu-west-1/ec2/aws4_request, SignedHeaders=…
+                let scope = auth.split("Credential=").nth(1)?.split(',').next()?;
+                let parts: Vec<&str> = scope.split('/').collect();
+                let [akid, _date, region, service, ..] = parts.as_slice() else { return None };
+                let body = entry["body"].as_str().unwrap_or_default();
+                let body = if entry["body_encoded"].as_bool() == Some(true) {
+                    let bytes = base64::engine::general_purpose::STANDARD.decode(body).ok()?;
+                    String::from_utf8_lossy(&bytes).into_owned()
+                } else {
+                    body.to_string()
+                };
+                let params = parse_form(&body);
+                Some(SignedCall {
+                    service: service.to_string(),
+                    region: region.to_string(),
+                    access_key_id: akid.to_string(),
+                    action: params.get("Action").cloned().unwrap_or_default(),
+                    params,
+                })
+            })
+            .collect()
+    }
+
+    /// The signed calls of `service` in `region`.
+    pub fn signed_calls_in(&self, service: &str, region: &str) -> Vec<SignedCall> {
+        self.signed_calls().into_iter().filter(|c| c.service == service && c.region == region).collect()
     }
 
     /// Whether moto knows this AMI in `region`.

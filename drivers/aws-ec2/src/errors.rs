@@ -10,10 +10,14 @@ use aws_sdk_ec2::operation::RequestId;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use driver_sdk::{reason, DriverError, RequestContext};
 
+use crate::credentials::Source;
 use crate::spec::field_for_code;
 
 /// ErrorInfo metadata key holding the AWS error code.
 pub const META_AWS_ERROR_CODE: &str = "awsErrorCode";
+/// ErrorInfo metadata key saying whose credentials the call used: `chain`, `secretKeys` or
+/// `assumedRole`.
+pub const META_AWS_CREDENTIALS: &str = "awsCredentials";
 /// ErrorInfo metadata key naming the EC2 API call that failed.
 pub const META_AWS_OPERATION: &str = "awsOperation";
 
@@ -150,8 +154,9 @@ pub fn is_instance_not_found<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResp
     matches!(err, SdkError::ServiceError(e) if e.err().code().is_some_and(|c| c.starts_with("InvalidInstanceID")))
 }
 
-/// Maps an SDK error of `call` to a driver error, and logs it with both request IDs.
-pub fn map_sdk_error<E>(ctx: &RequestContext, call: Call, err: SdkError<E, HttpResponse>) -> DriverError
+/// Maps an SDK error of `call`, made with credentials from `source`, to a driver error, and logs
+/// it with both request IDs.
+pub fn map_sdk_error<E>(ctx: &RequestContext, call: Call, source: Source, err: SdkError<E, HttpResponse>) -> DriverError
 where
     E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
 {
@@ -180,10 +185,13 @@ where
             if credentials_error(&err) =>
         {
             (
-                DriverError::auth_failed(format!(
-                    "{}: no usable AWS credentials (environment, profile, web identity or instance metadata)",
-                    call.name()
-                )),
+                DriverError::auth_failed(match source {
+                    Source::Chain => format!(
+                        "{}: no usable AWS credentials (environment, profile, web identity or instance metadata)",
+                        call.name()
+                    ),
+                    _ => format!("{}: no usable AWS credentials from {}", call.name(), source.describe()),
+                }),
                 String::new(),
                 err.request_id().unwrap_or_default().to_string(),
             )
@@ -200,7 +208,15 @@ where
             String::new(),
         ),
     };
-    let mut mapped = mapped.with_metadata(META_AWS_OPERATION, call.name());
+    let mut mapped = if mapped.code() == driver_sdk::tonic::Code::PermissionDenied
+        && !mapped.message().contains("no usable AWS credentials")
+    {
+        // Say whose credentials were refused: the class's secret or the sidecar's chain.
+        DriverError::auth_failed(format!("{} (credentials: {})", mapped.message(), source.describe()))
+    } else {
+        mapped
+    };
+    mapped = mapped.with_metadata(META_AWS_OPERATION, call.name()).with_metadata(META_AWS_CREDENTIALS, source.kind());
     if !code.is_empty() {
         mapped = mapped.with_metadata(META_AWS_ERROR_CODE, code.clone());
     }

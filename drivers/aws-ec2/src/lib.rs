@@ -21,8 +21,11 @@
 //!   naming the provider-spec field; the AWS error code is in ErrorInfo metadata
 //!   (`awsErrorCode`) and the AWS request ID is a cloud request ID.
 //!
-//! Credentials and region come from the standard AWS chain (environment, profile, web identity /
-//! IRSA, instance metadata); `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` override the endpoint.
+//! - **Credentials** come from the request's `secrets` when they hold any (per MachineClass: static
+//!   keys, or a role assumed with STS; see [`credentials`]), else from the standard AWS chain
+//!   (environment, profile, web identity / IRSA, instance metadata). EC2 clients are cached per
+//!   region and credential fingerprint. Region comes from the spec, else the sidecar's default;
+//!   `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` override the endpoint.
 
 #![warn(missing_docs)]
 // DriverError is the SDK's error type, returned unboxed by every Driver method; helpers match it.
@@ -48,10 +51,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub mod credentials;
 pub mod errors;
 pub mod instance;
 pub mod spec;
 
+use credentials::{ClassCredentials, Source};
 use errors::{is_instance_not_found, map_sdk_error, Call};
 use instance::{instance_id_of, to_machine, Ec2State};
 use spec::{ProviderSpec, TAG_NAME, TAG_SPEC_HASH};
@@ -64,6 +69,16 @@ pub const DRIVER_NAME: &str = "aws-ec2.machinedriver.dev";
 const MAX_TOKEN_GENERATIONS: usize = 4;
 /// Most DescribeInstances pages one RPC reads.
 const MAX_PAGES_PER_CALL: usize = 10;
+/// Most EC2 clients (region × credentials) kept at once.
+const MAX_CACHED_CLIENTS: usize = 256;
+
+/// One request's EC2 client: its region and where its credentials come from.
+#[derive(Debug, Clone)]
+struct Ec2 {
+    client: Client,
+    region: String,
+    source: Source,
+}
 
 /// How the driver behaves.
 #[derive(Debug, Clone)]
@@ -112,7 +127,7 @@ pub enum StartupError {
 pub struct AwsEc2Driver {
     sdk: SdkConfig,
     default_region: String,
-    clients: Mutex<HashMap<String, Client>>,
+    clients: Mutex<HashMap<(String, String), Client>>,
     config: Config,
 }
 
@@ -225,18 +240,34 @@ impl AwsEc2Driver {
         &self.default_region
     }
 
-    /// The EC2 client of `region` (the default one when `None`), and the region's name.
-    fn client(&self, region: Option<&str>) -> (Client, String) {
+    /// The EC2 client of `region` (the default one when `None`) signing with `creds`. Clients are
+    /// cached per region and credential [fingerprint](ClassCredentials::fingerprint), so the
+    /// identity cache inside each keeps (and refreshes before expiry) what it resolved, e.g. an
+    /// assumed role's temporary keys.
+    async fn ec2(&self, region: Option<&str>, creds: &ClassCredentials) -> Ec2 {
         let region = region.filter(|r| !r.is_empty()).unwrap_or(&self.default_region).to_string();
+        let key = (region.clone(), creds.fingerprint());
+        let source = creds.source();
+        let cached = self.clients.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+        if let Some(client) = cached {
+            return Ec2 { client, region, source };
+        }
+        let mut conf = aws_sdk_ec2::config::Builder::from(&self.sdk).region(Region::new(region.clone()));
+        if let Some(provider) = creds.provider(&self.sdk).await {
+            conf = conf.credentials_provider(provider);
+        }
+        let client = Client::from_conf(conf.build());
+        tracing::info!(
+            region = %region, "credentials.kind" = source.kind(), "credentials.fingerprint" = %key.1,
+            "new EC2 client"
+        );
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        let client = clients
-            .entry(region.clone())
-            .or_insert_with(|| {
-                let conf = aws_sdk_ec2::config::Builder::from(&self.sdk).region(Region::new(region.clone())).build();
-                Client::from_conf(conf)
-            })
-            .clone();
-        (client, region)
+        if clients.len() >= MAX_CACHED_CLIENTS && !clients.contains_key(&key) {
+            // Rotated secrets leave stale entries behind: start over rather than grow forever.
+            clients.clear();
+        }
+        let client = clients.entry(key).or_insert(client).clone();
+        Ec2 { client, region, source }
     }
 
     /// Instances tagged with this machine name, excluding terminated ones (and shutting-down
@@ -244,7 +275,7 @@ impl AwsEc2Driver {
     async fn find_by_name(
         &self,
         ctx: &RequestContext,
-        client: &Client,
+        ec2: &Ec2,
         name: &str,
         with_shutting_down: bool,
     ) -> Result<Vec<Instance>> {
@@ -255,14 +286,15 @@ impl AwsEc2Driver {
         let mut out = Vec::new();
         let mut next: Option<String> = None;
         for _ in 0..MAX_PAGES_PER_CALL {
-            let page = client
+            let page = ec2
+                .client
                 .describe_instances()
                 .filters(Filter::builder().name(format!("tag:{TAG_NAME}")).values(name).build())
                 .filters(Filter::builder().name("instance-state-name").set_values(Some(states.clone())).build())
                 .set_next_token(next.take())
                 .send()
                 .await
-                .map_err(|e| map_sdk_error(ctx, Call::DescribeInstances, e))?;
+                .map_err(|e| map_sdk_error(ctx, Call::DescribeInstances, ec2.source, e))?;
             out.extend(page.reservations().iter().flat_map(|r| r.instances().iter().cloned()));
             match page.next_token().filter(|t| !t.is_empty()) {
                 Some(t) => next = Some(t.to_string()),
@@ -281,14 +313,8 @@ impl AwsEc2Driver {
 
     /// The instance with this ID if it exists, is not terminated and carries this machine's
     /// name tag.
-    async fn find_by_id(
-        &self,
-        ctx: &RequestContext,
-        client: &Client,
-        id: &str,
-        name: &str,
-    ) -> Result<Option<Instance>> {
-        match client.describe_instances().instance_ids(id).send().await {
+    async fn find_by_id(&self, ctx: &RequestContext, ec2: &Ec2, id: &str, name: &str) -> Result<Option<Instance>> {
+        match ec2.client.describe_instances().instance_ids(id).send().await {
             Ok(out) => Ok(out
                 .reservations()
                 .iter()
@@ -296,19 +322,19 @@ impl AwsEc2Driver {
                 .find(|i| instance::tag(i, TAG_NAME) == Some(name) && Ec2State::of(i) != Ec2State::Terminated)
                 .cloned()),
             Err(e) if is_instance_not_found(&e) => Ok(None),
-            Err(e) => Err(map_sdk_error(ctx, Call::DescribeInstances, e)),
+            Err(e) => Err(map_sdk_error(ctx, Call::DescribeInstances, ec2.source, e)),
         }
     }
 
     /// The machine's instances: by name tag, else by the provider ID the caller knows (an
     /// instance may be visible by ID before its tags are).
-    async fn lookup(&self, ctx: &RequestContext, client: &Client, m: &MachineRef) -> Result<Vec<Instance>> {
-        let found = self.find_by_name(ctx, client, &m.name, true).await?;
+    async fn lookup(&self, ctx: &RequestContext, ec2: &Ec2, m: &MachineRef) -> Result<Vec<Instance>> {
+        let found = self.find_by_name(ctx, ec2, &m.name, true).await?;
         if !found.is_empty() {
             return Ok(found);
         }
         match m.provider_id.as_deref().and_then(instance_id_of) {
-            Some(id) => Ok(self.find_by_id(ctx, client, id, &m.name).await?.into_iter().collect()),
+            Some(id) => Ok(self.find_by_id(ctx, ec2, id, &m.name).await?.into_iter().collect()),
             None => Ok(Vec::new()),
         }
     }
@@ -388,10 +414,12 @@ impl Driver for AwsEc2Driver {
     async fn create_machine(&self, ctx: &RequestContext, req: CreateMachine) -> Result<Operation> {
         let spec = ProviderSpec::parse(&req.provider_spec)?;
         let hash = convert::spec_hash(&req.provider_spec);
-        let (client, region) = self.client(spec.region.as_deref());
+        let creds = ClassCredentials::from_secrets(&req.secrets)?;
+        let ec2 = self.ec2(spec.region.as_deref(), &creds).await;
+        let region = ec2.region.clone();
 
         // Never launch twice: an instance tagged with this name answers the create.
-        if let Some(i) = best(self.find_by_name(ctx, &client, &req.name, false).await?) {
+        if let Some(i) = best(self.find_by_name(ctx, &ec2, &req.name, false).await?) {
             let existing_hash = instance::tag(&i, TAG_SPEC_HASH).unwrap_or_default();
             if existing_hash != hash {
                 return Err(DriverError::already_exists(
@@ -415,11 +443,11 @@ impl Driver for AwsEc2Driver {
         let mut token = client_token(&req.name, &req.uid, &hash);
         for _ in 0..MAX_TOKEN_GENERATIONS {
             let out = spec
-                .apply(client.run_instances(), &tags)
+                .apply(ec2.client.run_instances(), &tags)
                 .client_token(&token)
                 .send()
                 .await
-                .map_err(|e| map_sdk_error(ctx, Call::RunInstances, e))?;
+                .map_err(|e| map_sdk_error(ctx, Call::RunInstances, ec2.source, e))?;
             let aws_request_id = out.request_id().unwrap_or_default().to_string();
             let Some(i) = out.instances().first() else {
                 return Err(
@@ -449,23 +477,26 @@ impl Driver for AwsEc2Driver {
     }
 
     async fn delete_machine(&self, ctx: &RequestContext, req: MachineRef) -> Result<Operation> {
-        let (client, region) = self.client(spec_region(&req.provider_spec));
+        let creds = ClassCredentials::from_secrets(&req.secrets)?;
+        let ec2 = self.ec2(spec_region(&req.provider_spec), &creds).await;
+        let region = ec2.region.clone();
         let ids: Vec<String> =
-            self.lookup(ctx, &client, &req).await?.iter().filter_map(|i| i.instance_id().map(str::to_string)).collect();
+            self.lookup(ctx, &ec2, &req).await?.iter().filter_map(|i| i.instance_id().map(str::to_string)).collect();
         let state = OpState { region, instance_ids: ids, target: Target::Terminated, client_token: String::new() };
         if state.instance_ids.is_empty() {
             return Ok(self
                 .running_op(OperationKind::DeleteMachine, &req.name, &state)
                 .finish(Ok(OperationOutput::None)));
         }
-        let out = match client.terminate_instances().set_instance_ids(Some(state.instance_ids.clone())).send().await {
+        let out = match ec2.client.terminate_instances().set_instance_ids(Some(state.instance_ids.clone())).send().await
+        {
             Ok(out) => out,
             Err(e) if is_instance_not_found(&e) => {
                 return Ok(self
                     .running_op(OperationKind::DeleteMachine, &req.name, &state)
                     .finish(Ok(OperationOutput::None)))
             }
-            Err(e) => return Err(map_sdk_error(ctx, Call::TerminateInstances, e)),
+            Err(e) => return Err(map_sdk_error(ctx, Call::TerminateInstances, ec2.source, e)),
         };
         let aws_request_id = out.request_id().unwrap_or_default().to_string();
         tracing::info!(
@@ -481,8 +512,9 @@ impl Driver for AwsEc2Driver {
     }
 
     async fn get_machine_status(&self, ctx: &RequestContext, req: MachineRef) -> Result<Machine> {
-        let (client, _) = self.client(spec_region(&req.provider_spec));
-        best(self.lookup(ctx, &client, &req).await?).map(|i| to_machine(&i)).ok_or_else(|| {
+        let creds = ClassCredentials::from_secrets(&req.secrets)?;
+        let ec2 = self.ec2(spec_region(&req.provider_spec), &creds).await;
+        best(self.lookup(ctx, &ec2, &req).await?).map(|i| to_machine(&i)).ok_or_else(|| {
             DriverError::not_found(
                 reason::MACHINE_NOT_FOUND,
                 format!("no EC2 instance is tagged {TAG_NAME}={}", req.name),
@@ -496,10 +528,12 @@ impl Driver for AwsEc2Driver {
         } else {
             PageToken::decode(&req.page_token)?
         };
-        let (client, _) = self.client(spec_region(&req.provider_spec));
+        let creds = ClassCredentials::from_secrets(&req.secrets)?;
+        let ec2 = self.ec2(spec_region(&req.provider_spec), &creds).await;
         let mut items = Vec::new();
         for _ in 0..MAX_PAGES_PER_CALL {
-            let mut call = client
+            let mut call = ec2
+                .client
                 .describe_instances()
                 .filters(Filter::builder().name("tag-key").values(TAG_NAME).build())
                 .filters(
@@ -516,7 +550,7 @@ impl Driver for AwsEc2Driver {
                 call = call.next_token(&pos.next);
             }
             let page = call.send().await.map_err(|e| {
-                let err = map_sdk_error(ctx, Call::DescribeInstances, e);
+                let err = map_sdk_error(ctx, Call::DescribeInstances, ec2.source, e);
                 if err.code() == driver_sdk::tonic::Code::InvalidArgument {
                     err.with_violation("page_token", "EC2 refused the continuation token")
                 } else {
@@ -549,7 +583,7 @@ impl Driver for AwsEc2Driver {
         Ok(Page { items, next_page_token: pos.encode() })
     }
 
-    async fn validate_machine_class(&self, _ctx: &RequestContext, req: ValidateMachineClass) -> Result<Vec<String>> {
+    async fn validate_machine_class(&self, ctx: &RequestContext, req: ValidateMachineClass) -> Result<Vec<String>> {
         let spec = ProviderSpec::parse(&req.provider_spec)?;
         let mut warnings = Vec::new();
         if spec.subnet_id.is_none() && spec.launch_template.is_none() {
@@ -558,25 +592,41 @@ impl Driver for AwsEc2Driver {
         if spec.security_group_ids.is_empty() && spec.launch_template.is_none() {
             warnings.push("no securityGroupIds: EC2 uses the VPC's default security group".to_string());
         }
-        if !req.secrets.is_empty() {
-            warnings.push(
-                "secrets are ignored: this driver takes credentials from the AWS chain (environment, profile, web identity, instance metadata)"
-                    .to_string(),
-            );
+        let creds = ClassCredentials::from_secrets(&req.secrets)?;
+        if creds == ClassCredentials::Chain {
+            if !req.secrets.is_empty() {
+                warnings.push(format!(
+                    "the secret holds none of {}: the sidecar's default AWS credential chain is used",
+                    credentials::KEYS.join(", ")
+                ));
+            }
+        } else {
+            // One cheap read proves the class's credentials work (and, for a role, that STS lets
+            // us assume it): refused ones are PERMISSION_DENIED / CLOUD_AUTH_FAILED here, before
+            // any machine is created.
+            let ec2 = self.ec2(spec.region.as_deref(), &creds).await;
+            ec2.client
+                .describe_instances()
+                .filters(Filter::builder().name("tag-key").values(TAG_NAME).build())
+                .max_results(5)
+                .send()
+                .await
+                .map_err(|e| map_sdk_error(ctx, Call::DescribeInstances, ec2.source, e))?;
         }
         Ok(warnings)
     }
 
-    async fn get_operation(&self, ctx: &RequestContext, h: OperationHandle, _secrets: Secrets) -> Result<Operation> {
+    async fn get_operation(&self, ctx: &RequestContext, h: OperationHandle, secrets: Secrets) -> Result<Operation> {
         let st: OpState = h.state_as()?;
+        let creds = ClassCredentials::from_secrets(&secrets)?;
         let op = h.resume().with_poll_after(self.config.poll_interval);
         if st.instance_ids.is_empty() {
             // A delete of a machine that did not exist.
             return Ok(op.finish(Ok(OperationOutput::None)));
         }
-        let (client, _) = self.client(Some(&st.region));
+        let ec2 = self.ec2(Some(&st.region), &creds).await;
         // Exactly one DescribeInstances per poll.
-        let out = match client.describe_instances().set_instance_ids(Some(st.instance_ids.clone())).send().await {
+        let out = match ec2.client.describe_instances().set_instance_ids(Some(st.instance_ids.clone())).send().await {
             Ok(out) => out,
             Err(e) if is_instance_not_found(&e) => {
                 return Ok(match st.target {
@@ -596,7 +646,7 @@ impl Driver for AwsEc2Driver {
                     }
                 });
             }
-            Err(e) => return Err(map_sdk_error(ctx, Call::DescribeInstances, e)),
+            Err(e) => return Err(map_sdk_error(ctx, Call::DescribeInstances, ec2.source, e)),
         };
         let aws_request_id = out.request_id().unwrap_or_default().to_string();
         let op = op.with_cloud_request_id(aws_request_id.clone());

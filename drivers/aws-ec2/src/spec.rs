@@ -91,7 +91,7 @@ pub fn schema() -> Value {
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "AWS EC2 machine",
-        "description": "One EC2 instance. imageId is required unless launchTemplate provides the AMI.",
+        "description": "One EC2 instance. imageId is required unless launchTemplate provides the AMI. Credentials come from the MachineClass secret, not the spec: accessKeyId + secretAccessKey (+ sessionToken), or roleArn (+ externalId, roleSessionName) assumed with STS (signed by those keys if given, else by the sidecar's chain); a secret with none of these keys means the sidecar's default AWS credential chain.",
         "type": "object",
         "additionalProperties": false,
         "required": ["instanceType"],
