@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use aws_support::{start_driver, Ec2Stub, Fault, Moto, SignedCall};
+use aws_support::{start_driver, Ec2Stub, Fault, Moto};
 use driver_sdk::convert::json_to_struct;
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, DriverClient, OperationExt};
@@ -457,7 +457,8 @@ async fn controller_drives_aws_with_each_class_secret_on_moto() {
     let store_path = dir.path().join("store.db");
     let log_path = dir.path().join("controller.log");
     let driver_arg = format!("aws={}", driver.endpoint());
-    let _controller = start_controller(&store_path, &driver_arg, &["--controller-id", "e2e-aws-creds"], &log_path);
+    let extra = ["--controller-id", "e2e-aws-creds", "--orphan-interval", "1s"];
+    let _controller = start_controller(&store_path, &driver_arg, &extra, &log_path);
     let class = |name: &str, secret: &str| {
         format!(
             "apiVersion: machine.driver.dev/v1alpha1\nkind: MachineClass\nmetadata: {{name: {name}}}\nspec:\n  driver: aws\n  \
@@ -544,13 +545,22 @@ async fn controller_drives_aws_with_each_class_secret_on_moto() {
     assert_eq!(launched_by("web-a"), vec![KEY_A.0.to_string()], "log:\n{}", controller_log());
     assert_eq!(launched_by("web-b"), vec![KEY_B.0.to_string()]);
     assert!(launched_by("web-half").is_empty());
-    // Every call made for a machine uses its class's key. The orphan sweep (ListMachines by the
-    // controller's tag, outside any class) is the one call that uses the sidecar's chain.
-    let orphan_sweep = |c: &&SignedCall| c.params.values().any(|v| v == "tag:machine.driver.dev/controller");
-    assert!(
-        calls.iter().filter(|c| !orphan_sweep(c)).all(|c| c.access_key_id == KEY_A.0 || c.access_key_id == KEY_B.0),
-        "{calls:?}"
-    );
+    // Every call uses a class's key, the orphan sweep's listings included (one per class
+    // Secret); none falls back to the sidecar's chain.
+    assert!(calls.iter().all(|c| c.access_key_id == KEY_A.0 || c.access_key_id == KEY_B.0), "{calls:?}");
+    // The orphan sweep (every second here) lists once per class Secret, with that Secret.
+    let sweep_keys = || {
+        let calls = moto.signed_calls_in("ec2", region);
+        let keys: std::collections::BTreeSet<String> = calls
+            .iter()
+            .filter(|c| c.params.values().any(|v| v == "tag:machine.driver.dev/controller"))
+            .map(|c| c.access_key_id.clone())
+            .collect();
+        (keys.contains(KEY_A.0) && keys.contains(KEY_B.0)).then_some(keys)
+    };
+    let keys =
+        eventually(Duration::from_secs(30), "the orphan sweep with each class's key", || async { sweep_keys() }).await;
+    assert_eq!(keys, [KEY_A.0.to_string(), KEY_B.0.to_string()].into(), "the sweep fell back to the chain");
     let instances = moto.instances(region).await;
     assert_eq!(instances.len(), 2, "{instances:?}");
 

@@ -78,7 +78,7 @@ async fn conformance_passes_in_full_against_the_go_driver() {
     }
     // The suite cleaned up after itself.
     let client = sidecar.client().await;
-    let left = bounded("ListMachines", client.list_all_machines(HashMap::new(), 100)).await.unwrap();
+    let left = bounded("ListMachines", client.list_all_machines(HashMap::new(), 100, None)).await.unwrap();
     assert!(left.is_empty(), "machines left behind: {left:?}");
     stop(sidecar).await;
 }
@@ -246,7 +246,7 @@ async fn the_controller_rolls_out_a_machine_deployment_on_the_go_driver() {
     let cloud = eventually(MINUTE, "the replaced machines deleted in the cloud", || {
         let client = client.clone();
         async move {
-            let cloud = bounded("ListMachines", client.list_all_machines(HashMap::new(), 100)).await.ok()?;
+            let cloud = bounded("ListMachines", client.list_all_machines(HashMap::new(), 100, None)).await.ok()?;
             (cloud.len() == 3).then_some(cloud)
         }
     })

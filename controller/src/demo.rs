@@ -149,7 +149,7 @@ fn watch_cloud(client: driver_sdk::DriverClient) -> Watch {
     let p = peak.clone();
     let task = tokio::spawn(async move {
         loop {
-            if let Ok(list) = client.list_all_machines(HashMap::new(), 1000).await {
+            if let Ok(list) = client.list_all_machines(HashMap::new(), 1000, None).await {
                 p.fetch_max(list.len(), Ordering::SeqCst);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -319,7 +319,7 @@ async fn steps(
     store.delete(&Key::new(Kind::MachineDeployment, "default", "web")).await?;
     let started = Instant::now();
     loop {
-        let cloud = client.list_all_machines(HashMap::new(), 1000).await.map_err(|e| fail(e.to_string()))?;
+        let cloud = client.list_all_machines(HashMap::new(), 1000, None).await.map_err(|e| fail(e.to_string()))?;
         let objects = store.list::<Machine>().await?.len();
         if cloud.is_empty() && objects == 0 && store.get::<MachineDeployment>("default", "web").await?.is_none() {
             println!("   cloud empty, no Machine objects left ({:.1}s)", started.elapsed().as_secs_f64());

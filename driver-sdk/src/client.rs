@@ -303,7 +303,8 @@ rpcs! {
 }
 
 impl DriverClient {
-    /// Every machine matching `labels`, following pagination.
+    /// Every machine matching `labels`, following pagination, each page sent with `secrets` (the
+    /// credentials of the class whose machines are listed).
     ///
     /// # Errors
     /// The first failing page's error.
@@ -311,6 +312,7 @@ impl DriverClient {
         &self,
         labels: std::collections::HashMap<String, String>,
         page_size: i32,
+        secrets: Option<pb::Secrets>,
     ) -> Result<Vec<pb::Machine>, CallError> {
         let mut out = Vec::new();
         let mut page_token = String::new();
@@ -320,6 +322,7 @@ impl DriverClient {
                     label_selector: labels.clone(),
                     page_size,
                     page_token,
+                    secrets: secrets.clone(),
                     ..Default::default()
                 })
                 .await?

@@ -40,7 +40,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
         }
         let Ok(r) = resolve(ctx, &class.metadata.namespace, &class.metadata.name, None).await? else { continue };
         let selector = [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into();
-        let cloud = match r.driver.client.list_all_machines(selector, 500).await {
+        let cloud = match r.driver.client.list_all_machines(selector, 500, r.secrets.clone()).await {
             Ok(list) => list,
             Err(e) if e.code() == tonic::Code::Unimplemented => continue,
             Err(e) => {

@@ -710,7 +710,7 @@ pub(super) async fn cleanup(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         if !s.has(pb::Capability::Machines) {
             return Ok(());
         }
-        let left = s.client.list_all_machines(s.labels(), 100).await?;
+        let left = s.client.list_all_machines(s.labels(), 100, s.secrets()).await?;
         let mut ops = Vec::new();
         for m in &left {
             ops.push(
@@ -727,7 +727,7 @@ pub(super) async fn cleanup(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         for op in ops {
             s.wait_ok(op).await?;
         }
-        let still = s.client.list_all_machines(s.labels(), 100).await?;
+        let still = s.client.list_all_machines(s.labels(), 100, s.secrets()).await?;
         ensure!(
             still.is_empty(),
             "machines left after cleanup: {:?}",
