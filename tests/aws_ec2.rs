@@ -41,15 +41,7 @@ fn create_req(name: &str, spec: serde_json::Value) -> pb::CreateMachineRequest {
 
 /// Polls GetOperation until done (bounded).
 async fn wait_done(c: &DriverClient, op: pb::Operation) -> pb::Operation {
-    let mut op = op;
-    let deadline = tokio::time::Instant::now() + MINUTE;
-    while !op.done {
-        assert!(tokio::time::Instant::now() < deadline, "operation {} not done within a minute", op.name);
-        // Deliberate: honour the driver's poll_after between polls.
-        tokio::time::sleep(op.poll_after().min(Duration::from_millis(500))).await;
-        op = c.get_operation(pb::GetOperationRequest { token: op.token.clone(), secrets: None }).await.unwrap().value;
-    }
-    op
+    wait_done_with(c, op, &None).await
 }
 
 // ------------------------------------------------------------------------------------------ moto

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use driver_sdk::proto as pb;
 use driver_sdk::{convert, reason, DriverClient, OperationExt};
-use e2e_tests::{bin, eventually, free_port, run, Sidecar};
+use e2e_tests::{bin, controller_apply, controller_cli, eventually, free_port, run, start_controller, Sidecar};
 use machine_controller::resources::*;
 use machine_controller::store::Store;
 use serde_json::{json, Value};
@@ -398,19 +398,8 @@ impl Controller {
         let driver = arm.driver().await;
         let dir = tempfile::tempdir().unwrap();
         let store_path: PathBuf = dir.path().join("store.db");
-        let log = std::fs::File::create(dir.path().join("controller.log")).unwrap();
-        let child = Command::new(bin("machine-controller"))
-            .arg("--store")
-            .arg(&store_path)
-            .args(["run", "--driver", &format!("azure={}", driver.endpoint())])
-            .args(["--debounce", "20ms", "--health-check-interval", "1s"])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let driver_arg = format!("azure={}", driver.endpoint());
+        let child = start_controller(&store_path, &driver_arg, &[], &dir.path().join("controller.log"));
         // The class goes in through the CLI first, so the store exists before this process opens it.
         let class = dir.path().join("class.yaml");
         std::fs::write(
@@ -427,25 +416,18 @@ spec:
 ",
         )
         .unwrap();
-        let store_arg = store_path.to_str().unwrap();
-        let (code, out, err) =
-            run(&bin("machine-controller"), &["--store", store_arg, "apply", "-f", class.to_str().unwrap()]).await;
+        let (code, out, err) = controller_cli(&store_path, &["apply", "-f", class.to_str().unwrap()]).await;
         assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
         let store = Store::open(&store_path).unwrap();
         Controller { _child: child, driver, dir, store_path, store }
     }
 
     async fn cli(&self, args: &[&str]) -> (i32, String, String) {
-        let mut all = vec!["--store", self.store_path.to_str().unwrap()];
-        all.extend(args);
-        run(&bin("machine-controller"), &all).await
+        controller_cli(&self.store_path, args).await
     }
 
     async fn apply(&self, yaml: &str) {
-        let file = self.dir.path().join(format!("m-{}.yaml", uuid::Uuid::new_v4()));
-        std::fs::write(&file, yaml).unwrap();
-        let (code, out, err) = self.cli(&["apply", "-f", file.to_str().unwrap()]).await;
-        assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+        controller_apply(&self.store_path, self.dir.path(), yaml).await;
     }
 
     fn log(&self) -> String {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e_tests::{bin, eventually, run, start_controller, Sidecar};
+use e2e_tests::{controller_apply, controller_cli, eventually, rolled_out, start_controller, Sidecar};
 use fake_driver::pb as fake;
 use machine_controller::resources::*;
 use machine_controller::store::Store;
@@ -70,17 +70,11 @@ impl World {
     }
 
     async fn cli(&self, args: &[&str]) -> (i32, String, String) {
-        let store = self.store_path();
-        let mut all = vec!["--store", store.to_str().unwrap()];
-        all.extend_from_slice(args);
-        run(&bin("machine-controller"), &all).await
+        controller_cli(&self.store_path(), args).await
     }
 
     async fn apply(&self, yaml: &str) {
-        let file = self.dir.path().join(format!("m-{}.yaml", uuid::Uuid::new_v4()));
-        std::fs::write(&file, yaml).unwrap();
-        let (code, out, err) = self.cli(&["apply", "-f", file.to_str().unwrap()]).await;
-        assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+        controller_apply(&self.store_path(), self.dir.path(), yaml).await;
     }
 
     fn store(&self) -> Store {
@@ -109,11 +103,7 @@ impl World {
         let deadline = std::time::Instant::now() + within;
         loop {
             if let Some(md) = store.get::<MachineDeployment>("default", name).await.ok().flatten() {
-                let ok = md.status.observed_generation >= md.metadata.generation
-                    && md.status.available_replicas == md.spec.replicas
-                    && md.status.replicas == md.spec.replicas
-                    && md.status.updated_replicas == md.spec.replicas;
-                if ok {
+                if rolled_out(&md) {
                     return md;
                 }
             }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use driver_sdk::convert::json_to_struct;
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, ErrorReport, OperationExt};
-use e2e_tests::{bin, eventually, run, start_controller, Sidecar};
+use e2e_tests::{bin, controller_apply, eventually, rolled_out, run, start_controller, Sidecar};
 use machine_controller::resources::{Machine, MachineDeployment, Phase, LABEL_REVISION};
 use machine_controller::store::Store;
 use serde_json::json;
@@ -156,38 +156,30 @@ impl Controller {
     }
 
     async fn apply(&self, yaml: &str) {
-        let file = self.dir.path().join(format!("m-{}.yaml", uuid::Uuid::new_v4()));
-        std::fs::write(&file, yaml).unwrap();
-        let store = self.store_path();
-        let (code, out, err) = run(
-            &bin("machine-controller"),
-            &["--store", store.to_str().unwrap(), "apply", "-f", file.to_str().unwrap()],
-        )
-        .await;
-        assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+        controller_apply(&self.store_path(), self.dir.path(), yaml).await;
     }
 
     /// Waits until `name` has all its replicas available, of its target revision, and no others.
     async fn converged(&self, name: &str) -> MachineDeployment {
         let store = self.store();
-        let deadline = std::time::Instant::now() + MINUTE;
-        loop {
-            if let Some(md) = store.get::<MachineDeployment>("default", name).await.ok().flatten() {
-                if md.status.observed_generation >= md.metadata.generation
-                    && md.status.available_replicas == md.spec.replicas
-                    && md.status.replicas == md.spec.replicas
-                    && md.status.updated_replicas == md.spec.replicas
-                {
-                    return md;
+        let waited = tokio::time::timeout(MINUTE, async {
+            loop {
+                if let Some(md) = store.get::<MachineDeployment>("default", name).await.ok().flatten() {
+                    if rolled_out(&md) {
+                        return md;
+                    }
                 }
+                // Deliberate: the store has no change feed here; poll it.
+                tokio::time::sleep(Duration::from_millis(25)).await;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
+        })
+        .await;
+        waited.unwrap_or_else(|_| {
+            panic!(
                 "deployment {name} not rolled out after {MINUTE:?}; controller log (end):\n{}",
                 tail(&self.log(), 60)
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+            )
+        })
     }
 }
 

@@ -303,3 +303,29 @@ pub fn start_controller(store: &Path, driver: &str, extra: &[&str], log: &Path) 
         .spawn()
         .expect("starting machine-controller")
 }
+
+/// `machine-controller --store STORE ARGS…`: exit code, stdout, stderr.
+pub async fn controller_cli(store: &Path, args: &[&str]) -> (i32, String, String) {
+    let store = store.to_string_lossy();
+    let mut all = vec!["--store", store.as_ref()];
+    all.extend_from_slice(args);
+    run(&bin("machine-controller"), &all).await
+}
+
+/// Applies `yaml` with `machine-controller apply` (the manifest is written into `dir`); fails the
+/// test when the CLI refuses it.
+pub async fn controller_apply(store: &Path, dir: &Path, yaml: &str) {
+    let file = dir.join(format!("m-{}.yaml", uuid::Uuid::new_v4()));
+    std::fs::write(&file, yaml).expect("writing the manifest");
+    let (code, out, err) = controller_cli(store, &["apply", "-f", &file.to_string_lossy()]).await;
+    assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+}
+
+/// Whether a deployment has rolled out: all its replicas available, of its target revision, and
+/// no others.
+pub fn rolled_out(md: &machine_controller::resources::MachineDeployment) -> bool {
+    md.status.observed_generation >= md.metadata.generation
+        && md.status.available_replicas == md.spec.replicas
+        && md.status.replicas == md.spec.replicas
+        && md.status.updated_replicas == md.spec.replicas
+}

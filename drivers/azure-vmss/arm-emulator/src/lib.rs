@@ -975,27 +975,44 @@ fn op_urls(emu: &Emulator, call: &Call, op: &Op) -> (String, String) {
     (format!("{base}?api-version={API_VERSION}"), format!("{base}?monitor=true&api-version={API_VERSION}"))
 }
 
-fn validate_put(body: &Value) -> Option<Answer> {
-    let bad = |code: &str, msg: &str, target: &str| {
-        Some(Answer::error_with_target(StatusCode::BAD_REQUEST, code, msg.to_string(), Some(target)))
-    };
-    if !body.is_object() {
+/// The checks every PUT body gets first (`shape_ok`: the body's shape is right): ARM's answers to
+/// undeserializable content and reserved characters in tag names.
+pub(crate) fn check_body(body: &Value, shape_ok: bool) -> Option<Answer> {
+    if !shape_ok {
         return Some(Answer::error(
             StatusCode::BAD_REQUEST,
             "InvalidRequestContent",
             "The request content was invalid and could not be deserialized.",
         ));
     }
-    if let Some(tags) = body.get("tags").and_then(Value::as_object) {
-        for k in tags.keys() {
-            if k.contains(BAD_TAG_CHARS) {
-                return Some(Answer::error(
-                    StatusCode::BAD_REQUEST,
-                    "InvalidTagNameCharacters",
-                    format!("The tag names '{k}' have reserved characters '<,>,%,&,\\,?,/' or control characters."),
-                ));
-            }
-        }
+    let bad_tag =
+        body.get("tags").and_then(Value::as_object).and_then(|t| t.keys().find(|k| k.contains(BAD_TAG_CHARS)));
+    bad_tag.map(|k| {
+        Answer::error(
+            StatusCode::BAD_REQUEST,
+            "InvalidTagNameCharacters",
+            format!("The tag names '{k}' have reserved characters '<,>,%,&,\\,?,/' or control characters."),
+        )
+    })
+}
+
+/// The body's `location`, or ARM's answer to a body without one.
+pub(crate) fn required_location(body: &Value) -> Result<String, Answer> {
+    body["location"].as_str().map(str::to_string).ok_or_else(|| {
+        Answer::error(
+            StatusCode::BAD_REQUEST,
+            "LocationRequired",
+            "The location property is required for this definition.",
+        )
+    })
+}
+
+fn validate_put(body: &Value) -> Option<Answer> {
+    let bad = |code: &str, msg: &str, target: &str| {
+        Some(Answer::error_with_target(StatusCode::BAD_REQUEST, code, msg.to_string(), Some(target)))
+    };
+    if let Some(a) = check_body(body, body.is_object()) {
+        return Some(a);
     }
     let sku = body["sku"]["name"].as_str().unwrap_or("");
     if !sku.starts_with("Standard_") && !sku.starts_with("Basic_") {
@@ -1031,21 +1048,8 @@ fn is_flexible(body: &Value) -> bool {
 /// Checks a Flexible scale set: VMs join it by reference, so it needs no model, and the emulator
 /// creates no instances of one (a capacity above 0 is refused).
 fn validate_flexible(body: &Value) -> Option<Answer> {
-    if !body.is_object() {
-        return Some(Answer::error(
-            StatusCode::BAD_REQUEST,
-            "InvalidRequestContent",
-            "The request content was invalid and could not be deserialized.",
-        ));
-    }
-    if let Some(k) =
-        body.get("tags").and_then(Value::as_object).and_then(|t| t.keys().find(|k| k.contains(BAD_TAG_CHARS)))
-    {
-        return Some(Answer::error(
-            StatusCode::BAD_REQUEST,
-            "InvalidTagNameCharacters",
-            format!("The tag names '{k}' have reserved characters '<,>,%,&,\\,?,/' or control characters."),
-        ));
+    if let Some(a) = check_body(body, body.is_object()) {
+        return Some(a);
     }
     if body["sku"]["capacity"].as_u64().is_some_and(|c| c > 0) {
         return Some(Answer::error_with_target(
@@ -1119,12 +1123,9 @@ fn put_scale_set(
     if let Some(a) = validation {
         return a;
     }
-    let Some(location) = desired["location"].as_str().map(str::to_string) else {
-        return Answer::error(
-            StatusCode::BAD_REQUEST,
-            "LocationRequired",
-            "The location property is required for this definition.",
-        );
+    let location = match required_location(&desired) {
+        Ok(l) => l,
+        Err(a) => return a,
     };
     let capacity = desired["sku"]["capacity"].as_u64().unwrap_or(0);
     if let Some(max) = emu.config.max_instances {

@@ -46,8 +46,8 @@ use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use super::{
-    accepted, eq, finish as finish_op, instance_view_of, merge, method_not_allowed, op_urls, rfc3339, start_op, Answer,
-    Call, Cloud, Emulator, OpKind, API_VERSION, BAD_TAG_CHARS,
+    accepted, check_body, eq, finish as finish_op, instance_view_of, merge, method_not_allowed, op_urls,
+    required_location, rfc3339, start_op, Answer, Call, Cloud, Emulator, OpKind, API_VERSION,
 };
 
 /// Api-version of the managed-disk endpoints in the 2024-07-01 compute package.
@@ -300,21 +300,8 @@ fn strip(body: &Value) -> Value {
 }
 
 fn validate(body: &Value) -> Option<Answer> {
-    if !body.is_object() || !body["properties"].is_object() {
-        return Some(Answer::error(
-            StatusCode::BAD_REQUEST,
-            "InvalidRequestContent",
-            "The request content was invalid and could not be deserialized.",
-        ));
-    }
-    if let Some(k) =
-        body.get("tags").and_then(Value::as_object).and_then(|t| t.keys().find(|k| k.contains(BAD_TAG_CHARS)))
-    {
-        return Some(Answer::error(
-            StatusCode::BAD_REQUEST,
-            "InvalidTagNameCharacters",
-            format!("The tag names '{k}' have reserved characters '<,>,%,&,\\,?,/' or control characters."),
-        ));
+    if let Some(a) = check_body(body, body.is_object() && body["properties"].is_object()) {
+        return Some(a);
     }
     let p = &body["properties"];
     let size = p["hardwareProfile"]["vmSize"].as_str().unwrap_or("");
@@ -427,12 +414,9 @@ fn put(emu: &Emulator, cloud: &mut Cloud, call: &Call, at: &Names, patch: bool) 
     if let Some(a) = validate(&desired) {
         return a;
     }
-    let Some(location) = desired["location"].as_str().map(str::to_string) else {
-        return Answer::error(
-            StatusCode::BAD_REQUEST,
-            "LocationRequired",
-            "The location property is required for this definition.",
-        );
+    let location = match required_location(&desired) {
+        Ok(l) => l,
+        Err(a) => return a,
     };
     match existing {
         Some(vm) => update(emu, cloud, call, vm, desired, &location),
