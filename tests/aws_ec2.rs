@@ -14,7 +14,7 @@ use aws_support::{start_driver, Ec2Stub, Fault, Moto};
 use driver_sdk::convert::json_to_struct;
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, DriverClient, OperationExt};
-use e2e_tests::{bin, eventually, run, start_controller};
+use e2e_tests::{bin, controller_apply, controller_cli, eventually, run, start_controller};
 use machine_controller::resources::{Machine, MachineClass, MachineDeployment, Phase};
 use machine_controller::store::Store;
 use serde_json::json;
@@ -186,20 +186,8 @@ async fn controller_runs_a_deployment_through_aws_ec2_driver_on_moto() {
     let log_path = dir.path().join("controller.log");
     let driver_arg = format!("aws={}", driver.endpoint());
     let _controller = start_controller(&store_path, &driver_arg, &["--controller-id", "e2e-aws"], &log_path);
-    let cli = |args: Vec<String>| {
-        let store = store_path.clone();
-        async move {
-            let mut all = vec!["--store".to_string(), store.display().to_string()];
-            all.extend(args);
-            let all: Vec<&str> = all.iter().map(String::as_str).collect();
-            run(&bin("machine-controller"), &all).await
-        }
-    };
-    let manifest = dir.path().join("aws.yaml");
-    std::fs::write(
-        &manifest,
-        format!(
-            "apiVersion: machine.driver.dev/v1alpha1
+    let manifest = format!(
+        "apiVersion: machine.driver.dev/v1alpha1
 kind: MachineClass
 metadata: {{name: aws-small}}
 spec:
@@ -215,11 +203,8 @@ spec:
     spec:
       classRef: {{name: aws-small}}
 "
-        ),
-    )
-    .unwrap();
-    let (code, out, err) = cli(vec!["apply".into(), "-f".into(), manifest.display().to_string()]).await;
-    assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+    );
+    controller_apply(&store_path, dir.path(), &manifest).await;
 
     let store = Store::open(&store_path).unwrap();
     let controller_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -263,7 +248,7 @@ spec:
         );
     }
 
-    let (code, out, err) = cli(vec!["delete".into(), "md".into(), "web".into()]).await;
+    let (code, out, err) = controller_cli(&store_path, &["delete", "md", "web"]).await;
     assert_eq!(code, 0, "delete failed:\n{out}\n{err}");
     eventually(2 * MINUTE, "machines gone from the store", || {
         let store = store.clone();
@@ -478,19 +463,7 @@ async fn controller_drives_aws_with_each_class_secret_on_moto() {
         md("web-half", "aws-half"),
     ]
     .join("---\n");
-    let path = dir.path().join("aws.yaml");
-    std::fs::write(&path, manifest).unwrap();
-    let cli = |args: Vec<String>| {
-        let store = store_path.clone();
-        async move {
-            let mut all = vec!["--store".to_string(), store.display().to_string()];
-            all.extend(args);
-            let all: Vec<&str> = all.iter().map(String::as_str).collect();
-            run(&bin("machine-controller"), &all).await
-        }
-    };
-    let (code, out, err) = cli(vec!["apply".into(), "-f".into(), path.display().to_string()]).await;
-    assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+    controller_apply(&store_path, dir.path(), &manifest).await;
 
     let store = Store::open(&store_path).unwrap();
     let controller_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -567,7 +540,7 @@ async fn controller_drives_aws_with_each_class_secret_on_moto() {
         })
         .collect();
     for name in ["web-a", "web-b", "web-half"] {
-        let (code, out, err) = cli(vec!["delete".into(), "md".into(), name.into()]).await;
+        let (code, out, err) = controller_cli(&store_path, &["delete", "md", name]).await;
         assert_eq!(code, 0, "delete failed:\n{out}\n{err}");
     }
     eventually(2 * MINUTE, "machines gone from the store", || {
