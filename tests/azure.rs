@@ -68,6 +68,39 @@ impl Arm {
         serde_json::from_str(&body).expect("scalesets JSON")
     }
 
+    /// The emulator's VMs (`GET /_emulator/vms`).
+    async fn vms(&self) -> Vec<Value> {
+        let (_, body) = http(self.port, "GET", "/_emulator/vms", None).await.expect("vms");
+        serde_json::from_str(&body).expect("vms JSON")
+    }
+
+    /// The NICs and disks left in the resource group `RG` (`(nics, disks)`).
+    async fn leftovers(&self) -> (Vec<Value>, Vec<Value>) {
+        let list = |ty: &'static str, version: &'static str| async move {
+            let path = format!("/subscriptions/{SUB}/resourceGroups/{RG}/providers/{ty}?api-version={version}");
+            let (status, body) = http(self.port, "GET", &path, None).await.expect("list");
+            assert_eq!(status, 200, "{body}");
+            let v: Value = serde_json::from_str(&body).expect("list JSON");
+            v["value"].as_array().cloned().unwrap_or_default()
+        };
+        (
+            list("Microsoft.Network/networkInterfaces", "2024-05-01").await,
+            list("Microsoft.Compute/disks", "2024-03-02").await,
+        )
+    }
+
+    /// Creates the Flexible scale set `name` in `RG`, as an operator does before machines join it.
+    async fn flexible_scale_set(&self, name: &str) -> String {
+        let id = format!(
+            "/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachineScaleSets/{name}"
+        );
+        let body = json!({"location": "westeurope", "properties": {"orchestrationMode": "Flexible", "platformFaultDomainCount": 1}});
+        let (status, text) =
+            http(self.port, "PUT", &format!("{id}?api-version=2024-07-01"), Some(body)).await.expect("PUT");
+        assert!(status == 200 || status == 201, "creating the Flexible scale set: {status} {text}");
+        id
+    }
+
     /// Starts `azure-vmss-driver` against this emulator.
     async fn driver(&self) -> Sidecar {
         Sidecar::start("azure-vmss-driver", &self.driver_args()).await
@@ -96,8 +129,9 @@ async fn http(port: u16, method: &str, path: &str, body: Option<Value>) -> Optio
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    // The bearer token is what ARM paths need; the emulator's own endpoints ignore it.
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nAuthorization: Bearer e2e-test-token\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.ok()?;
@@ -176,11 +210,24 @@ async fn conformance_suite_passes_against_the_emulator() {
     let arm =
         Arm::start(&["--operation-duration", "300ms", "--delete-duration", "200ms", "--upgrade-duration", "200ms"])
             .await;
-    let driver = arm.driver().await;
+    let flex = arm.flexible_scale_set("conformance-flex").await;
+    // From here on, every ARM request is the driver's.
+    let (status, _) = http(arm.port, "DELETE", "/_emulator/requests", None).await.expect("clear the request log");
+    assert_eq!(status, 200);
+    let mut args = arm.driver_args();
+    args.extend(["--scale-set", "conformance-flex"]);
+    let driver = Sidecar::start("azure-vmss-driver", &args).await;
     let endpoint = driver.endpoint();
     let (code, out, err) = run(&bin("driver-conformance"), &["--endpoint", &endpoint]).await;
     assert_eq!(code, 0, "conformance failed:\n{out}\n{err}\nsidecar log:\n{}", driver.log_text());
+    // Every group runs: machines, in-place updates and pools.
+    assert!(!out.contains("SKIP"), "a check was skipped:\n{out}");
     for check in [
+        "machines.create_idempotent",
+        "machines.create_conflicting_spec",
+        "machines.list_paginated_and_filtered",
+        "machines.delete_idempotent",
+        "in_place.update_machine",
         "pools.apply_idempotent",
         "pools.get_missing",
         "pools.upgrade_instances",
@@ -197,7 +244,15 @@ async fn conformance_suite_passes_against_the_emulator() {
         assert_eq!(r["authorized"], true, "{r}");
         assert!(r["clientRequestId"].as_str().is_some_and(|s| !s.is_empty()), "no x-ms-client-request-id: {r}");
     }
-    assert!(arm.scale_sets().await.is_empty(), "the suite left scale sets behind");
+    assert!(arm.scale_sets().await.iter().all(|s| s["name"] == "conformance-flex"), "the suite left scale sets behind");
+    // Its machines were VMs in the Flexible scale set, and they left no VM, NIC or disk behind.
+    let vm_puts: Vec<&Value> =
+        reqs.iter().filter(|r| is(r, "PUT", "/virtualMachines/") && r["status"] == 201).collect();
+    assert!(vm_puts.len() >= 3, "{vm_puts:?}");
+    assert!(vm_puts.iter().all(|r| r["body"]["properties"]["virtualMachineScaleSet"]["id"] == flex.as_str()));
+    assert!(arm.vms().await.is_empty(), "VMs left: {:?}", arm.vms().await);
+    let (nics, disks) = arm.leftovers().await;
+    assert!(nics.is_empty() && disks.is_empty(), "left behind: {nics:?} {disks:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,24 +442,15 @@ async fn arm_errors_map_to_protocol_errors() {
 /// the MachineClass `azure-d2` applied. Killed when dropped.
 struct Controller {
     _child: Child,
-    driver: Sidecar,
+    driver: Option<Sidecar>,
+    driver_args: Vec<String>,
     dir: tempfile::TempDir,
     store_path: PathBuf,
     store: Store,
 }
 
-impl Controller {
-    async fn start(arm: &Arm) -> Controller {
-        let driver = arm.driver().await;
-        let dir = tempfile::tempdir().unwrap();
-        let store_path: PathBuf = dir.path().join("store.db");
-        let driver_arg = format!("azure={}", driver.endpoint());
-        let child = start_controller(&store_path, &driver_arg, &[], &dir.path().join("controller.log"));
-        // The class goes in through the CLI first, so the store exists before this process opens it.
-        let class = dir.path().join("class.yaml");
-        std::fs::write(
-            &class,
-            "apiVersion: machine.driver.dev/v1alpha1
+/// The pool class `azure-d2`.
+const POOL_CLASS: &str = "apiVersion: machine.driver.dev/v1alpha1
 kind: MachineClass
 metadata: {name: azure-d2}
 spec:
@@ -413,13 +459,42 @@ spec:
     location: westeurope
     vmSize: Standard_D2s_v5
     image: {publisher: Canonical, offer: ubuntu-24_04-lts, sku: server, version: latest}
-",
-        )
-        .unwrap();
+";
+
+impl Controller {
+    async fn start(arm: &Arm) -> Controller {
+        Self::start_with(arm, POOL_CLASS, &[]).await
+    }
+
+    /// The controller with `manifest` (classes, secrets) applied, and the sidecar started with
+    /// `extra` arguments.
+    async fn start_with(arm: &Arm, manifest: &str, extra: &[&str]) -> Controller {
+        let mut driver_args: Vec<String> = arm.driver_args().into_iter().map(String::from).collect();
+        driver_args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = driver_args.iter().map(String::as_str).collect();
+        let driver = Sidecar::start("azure-vmss-driver", &args).await;
+        let dir = tempfile::tempdir().unwrap();
+        let store_path: PathBuf = dir.path().join("store.db");
+        let driver_arg = format!("azure={}", driver.endpoint());
+        let child = start_controller(&store_path, &driver_arg, &[], &dir.path().join("controller.log"));
+        // The class goes in through the CLI first, so the store exists before this process opens it.
+        let class = dir.path().join("class.yaml");
+        std::fs::write(&class, manifest).unwrap();
         let (code, out, err) = controller_cli(&store_path, &["apply", "-f", class.to_str().unwrap()]).await;
         assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
         let store = Store::open(&store_path).unwrap();
-        Controller { _child: child, driver, dir, store_path, store }
+        Controller { _child: child, driver: Some(driver), driver_args, dir, store_path, store }
+    }
+
+    fn driver(&self) -> &Sidecar {
+        self.driver.as_ref().expect("the sidecar runs")
+    }
+
+    /// kill -9 of the sidecar, and a new one on the same socket.
+    async fn crash_driver(&mut self) {
+        let dir = self.driver.take().expect("the sidecar runs").kill9().await;
+        let args: Vec<&str> = self.driver_args.iter().map(String::as_str).collect();
+        self.driver = Some(Sidecar::start_in(dir, "azure-vmss-driver", &args).await);
     }
 
     async fn cli(&self, args: &[&str]) -> (i32, String, String) {
@@ -632,7 +707,7 @@ async fn an_instance_deleted_out_of_band_loses_its_machine_without_a_call() {
     eventually(2 * MINUTE, "pool scaled out to 3", || c.ready(3)).await;
 
     let op = c
-        .driver
+        .driver()
         .client()
         .await
         .delete_pool_instances(pb::DeletePoolInstancesRequest {
@@ -642,7 +717,7 @@ async fn an_instance_deleted_out_of_band_loses_its_machine_without_a_call() {
         })
         .await
         .expect("DeletePoolInstances");
-    wait_done(&c.driver.client().await, op.value).await;
+    wait_done(&c.driver().client().await, op.value).await;
     eventually(2 * MINUTE, "Machine workers-1 gone and the pool refilled", || async {
         let gone = c.store.get::<Machine>("default", "workers-1").await.ok()?.is_none();
         let ids = cloud_instances(&arm).await?;
@@ -658,4 +733,192 @@ async fn an_instance_deleted_out_of_band_loses_its_machine_without_a_call() {
         .map(|r| r["body"]["instanceIds"].clone())
         .collect();
     assert_eq!(sent, [json!(["1"])], "the controller sent deletes of its own");
+}
+
+// ---------------------------------------------------------------------------------- machines
+
+const SUBNET: &str =
+    "/subscriptions/00000000-0000-0000-0000-0000000000e2/resourceGroups/network/providers/Microsoft.Network/virtualNetworks/vnet/subnets/workers";
+
+/// The machine class `azure-vm`: VMs joining the Flexible scale set `workers-flex`; `secret`
+/// names the class Secret, if any.
+fn vm_class(secret: Option<&str>) -> String {
+    let secret_ref = secret.map(|s| format!("  secretRef: {{name: {s}}}\n")).unwrap_or_default();
+    format!(
+        "apiVersion: machine.driver.dev/v1alpha1
+kind: MachineClass
+metadata: {{name: azure-vm}}
+spec:
+  driver: azure
+{secret_ref}  providerSpec:
+    location: westeurope
+    vmSize: Standard_D2s_v5
+    image: {{publisher: Canonical, offer: ubuntu-24_04-lts, sku: server, version: '1.0.0'}}
+    subnetId: {SUBNET}
+    virtualMachineScaleSet: {{name: workers-flex}}
+    zones: ['1', '2', '3']
+"
+    )
+}
+
+/// The MachineDeployment `web` on `azure-vm`: `replicas` machines with image `version` and
+/// `vm_size`, and `strategy` (YAML under `strategy:`).
+fn web(replicas: i64, version: &str, vm_size: &str, strategy: &str) -> String {
+    format!(
+        "apiVersion: machine.driver.dev/v1alpha1
+kind: MachineDeployment
+metadata: {{name: web}}
+spec:
+  replicas: {replicas}
+  template:
+    spec:
+      classRef: {{name: azure-vm}}
+      providerSpec:
+        vmSize: {vm_size}
+        image: {{publisher: Canonical, offer: ubuntu-24_04-lts, sku: server, version: '{version}'}}
+  strategy: {strategy}
+"
+    )
+}
+
+const ROLLING: &str = "{type: RollingUpdate, rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}";
+
+impl Controller {
+    /// Applies a new spec of the deployment `web`, and waits until this process's store sees
+    /// it (the CLI writes from another process), so no later check reads the old generation.
+    async fn apply_web(&self, yaml: &str) {
+        let generation = |md: Option<MachineDeployment>| md.map_or(0, |md| md.metadata.generation);
+        let before = generation(self.store.get::<MachineDeployment>("default", "web").await.unwrap());
+        self.apply(yaml).await;
+        eventually(MINUTE, "the new spec of web visible", || async {
+            let now = generation(self.store.get::<MachineDeployment>("default", "web").await.ok()?);
+            (now > before).then_some(())
+        })
+        .await;
+    }
+
+    /// `Some(machines)` once the deployment `web` has rolled out its latest template.
+    async fn web_rolled_out(&self) -> Option<Vec<Machine>> {
+        let md = self.store.get::<MachineDeployment>("default", "web").await.ok()??;
+        if !e2e_tests::rolled_out(&md) {
+            return None;
+        }
+        let ms: Vec<Machine> =
+            self.store.list::<Machine>().await.ok()?.into_iter().filter(|m| !m.is_deleting()).collect();
+        (ms.len() as i64 == md.spec.replicas && ms.iter().all(|m| m.status.phase == Phase::Running)).then_some(ms)
+    }
+}
+
+/// The machine VMs ARM holds, as (lower-cased id → the emulator's record).
+async fn cloud_vms(arm: &Arm) -> std::collections::BTreeMap<String, Value> {
+    arm.vms().await.into_iter().map(|v| (v["id"].as_str().unwrap_or("").to_ascii_lowercase(), v)).collect()
+}
+
+/// The largest number of VMs that existed at once, replaying ARM's request log: an accepted
+/// create (`PUT` → 201) adds one, an accepted delete (`DELETE` → 202) takes one away.
+fn peak_vms(reqs: &[Value]) -> i64 {
+    let (mut live, mut peak) = (0i64, 0i64);
+    for r in reqs {
+        if is(r, "PUT", "/virtualMachines/") && r["status"] == 201 {
+            live += 1;
+        } else if is(r, "DELETE", "/virtualMachines/") && r["status"] == 202 {
+            live -= 1;
+        }
+        peak = peak.max(live);
+    }
+    peak
+}
+
+/// A MachineDeployment on Azure, end to end: VMs join the Flexible scale set, a rolling
+/// replacement honours maxSurge 1 / maxUnavailable 0, an in-place rollout resizes the same
+/// VMs, and deleting the deployment leaves no VM, NIC or disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_deployment_on_a_flexible_scale_set_through_the_controller() {
+    let arm = Arm::start(&["--operation-duration", "500ms", "--delete-duration", "300ms"]).await;
+    let flex = arm.flexible_scale_set("workers-flex").await.to_ascii_lowercase();
+    let c = Controller::start_with(&arm, &vm_class(None), &[]).await;
+
+    c.apply_web(&web(3, "1.0.0", "Standard_D2s_v5", ROLLING)).await;
+    let first = tokio::time::timeout(2 * MINUTE, eventually(2 * MINUTE, "3 machines Running", || c.web_rolled_out()))
+        .await
+        .unwrap_or_else(|_| panic!("controller log:\n{}\nsidecar log:\n{}", c.log(), c.driver().log_text()));
+    let vms = cloud_vms(&arm).await;
+    assert_eq!(vms.len(), 3, "{vms:?}");
+    assert!(vms.values().all(|v| v["scaleSet"] == flex.as_str() && v["powerState"] == "running"), "{vms:?}");
+    for m in &first {
+        let id = m.status.provider_id.strip_prefix("azure://").expect("an azure:// provider ID").to_ascii_lowercase();
+        assert!(vms.contains_key(&id), "{} has no VM {id}", m.metadata.name);
+        assert!(
+            m.status.addresses.iter().any(|a| a.address_type == "InternalIP" && a.address.starts_with("10.0.")),
+            "{m:?}"
+        );
+    }
+    // Every VM carries the owner labels and was created by exactly one PUT.
+    let reqs = arm.requests().await;
+    let puts: Vec<&Value> = reqs.iter().filter(|r| is(r, "PUT", "/virtualMachines/")).collect();
+    assert_eq!(puts.len(), 3, "{puts:?}");
+    assert!(puts.iter().all(|r| r["body"]["tags"]["machine.driver.dev:controller"].is_string()), "{puts:?}");
+
+    // A new image: replacement within maxSurge 1 / maxUnavailable 0.
+    c.apply_web(&web(3, "2.0.0", "Standard_D2s_v5", ROLLING)).await;
+    let before: HashSet<String> = vms.keys().cloned().collect();
+    eventually(3 * MINUTE, "rolled to the new image", || async {
+        c.web_rolled_out().await?;
+        let now: HashSet<String> = cloud_vms(&arm).await.keys().cloned().collect();
+        (now.len() == 3 && now.is_disjoint(&before)).then_some(())
+    })
+    .await;
+    let reqs = arm.requests().await;
+    assert_eq!(peak_vms(&reqs), 4, "maxSurge 1 over 3 replicas allows 4 VMs, and a rollout uses it");
+
+    // A new size, in place: the same VMs, PATCHed.
+    let replaced: HashSet<String> = cloud_vms(&arm).await.keys().cloned().collect();
+    c.apply_web(&web(3, "2.0.0", "Standard_D4s_v5", "{type: InPlace, inPlace: {maxUnavailable: 1}}")).await;
+    eventually(2 * MINUTE, "resized in place", || async {
+        let ms = c.web_rolled_out().await?;
+        let hashes: HashSet<&str> = ms.iter().map(|m| m.status.spec_hash.as_str()).collect();
+        (hashes.len() == 1 && cloud_vms(&arm).await.keys().cloned().collect::<HashSet<_>>() == replaced).then_some(())
+    })
+    .await;
+    let reqs = arm.requests().await;
+    let patches: Vec<&Value> = reqs.iter().filter(|r| is(r, "PATCH", "/virtualMachines/")).collect();
+    assert_eq!(patches.len(), 3, "{patches:?}\ncontroller log:\n{}", c.log());
+    assert!(patches.iter().all(|p| p["body"]["properties"]["hardwareProfile"]["vmSize"] == "Standard_D4s_v5"));
+
+    // Deleting the deployment deletes the VMs with their NICs and disks.
+    let (code, out, err) = c.cli(&["delete", "machinedeployment", "web"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    eventually(2 * MINUTE, "every VM gone", || async { cloud_vms(&arm).await.is_empty().then_some(()) }).await;
+    let (nics, disks) = arm.leftovers().await;
+    assert!(nics.is_empty() && disks.is_empty(), "left behind: {nics:?} {disks:?}");
+}
+
+/// kill -9 of the sidecar while ARM creates the VMs: the new sidecar resumes each create from
+/// the token the controller stored, and ARM sees exactly one PUT per VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_resume_from_their_tokens_after_the_sidecar_is_killed() {
+    let arm = Arm::start(&["--operation-duration", "4s", "--delete-duration", "300ms"]).await;
+    arm.flexible_scale_set("workers-flex").await;
+    let mut c = Controller::start_with(&arm, &vm_class(None), &[]).await;
+    c.apply_web(&web(2, "1.0.0", "Standard_D2s_v5", ROLLING)).await;
+    eventually(MINUTE, "2 VMs being created", || async {
+        let vms = cloud_vms(&arm).await;
+        (vms.len() == 2 && vms.values().all(|v| v["provisioningState"] == "Creating")).then_some(())
+    })
+    .await;
+    c.crash_driver().await;
+    tokio::time::timeout(2 * MINUTE, eventually(2 * MINUTE, "2 machines Running", || c.web_rolled_out()))
+        .await
+        .unwrap_or_else(|_| panic!("controller log:\n{}\nsidecar log:\n{}", c.log(), c.driver().log_text()));
+    let reqs = arm.requests().await;
+    let puts: Vec<String> = reqs
+        .iter()
+        .filter(|r| is(r, "PUT", "/virtualMachines/"))
+        .map(|r| r["path"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(puts.len(), 2, "a VM PUT was sent again: {puts:?}");
+    assert_eq!(puts.iter().collect::<HashSet<_>>().len(), 2, "{puts:?}");
+    assert_eq!(cloud_vms(&arm).await.len(), 2);
+    // The new sidecar finished the operations: it polled ARM's operation URLs.
+    assert!(c.driver().log_text().contains("/operations/"), "the restarted sidecar never polled an operation");
 }

@@ -48,11 +48,17 @@ pids+=("$!")
 wait_for "arm-emulator to listen" test -s "$work/arm.addr"
 addr="$(cat "$work/arm.addr")"
 
+# Machines join a Flexible scale set, which operators create beforehand (like the subnet).
+sub=00000000-0000-0000-0000-00000000c0fe
+curl -fsS -X PUT -H 'authorization: Bearer conformance-test-token' -H 'content-type: application/json' \
+  "http://$addr/subscriptions/$sub/resourceGroups/conformance/providers/Microsoft.Compute/virtualMachineScaleSets/conformance-flex?api-version=2024-07-01" \
+  -d '{"location":"westeurope","properties":{"orchestrationMode":"Flexible","platformFaultDomainCount":1}}' >/dev/null
+
 sock="$work/driver.sock"
 # --credential static-token: test only; the emulator accepts any bearer token.
 "$bin/azure-vmss-driver" --endpoint "unix://$sock" --dev \
   --arm-endpoint "http://$addr" \
-  --subscription-id 00000000-0000-0000-0000-00000000c0fe --resource-group conformance \
+  --subscription-id "$sub" --resource-group conformance --scale-set conformance-flex \
   --credential static-token --static-token conformance-test-token \
   >"$work/driver.log" 2>&1 &
 pids+=("$!")

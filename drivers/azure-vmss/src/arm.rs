@@ -164,17 +164,29 @@ pub struct ArmConfig {
 }
 
 /// Sends ARM requests with a bearer token, `x-ms-client-request-id` and the api-version.
+///
+/// Cloning is cheap (three `Arc`s), and so is [`with_credential`](Self::with_credential).
 #[derive(Debug, Clone)]
 pub struct ArmClient {
     http: Arc<dyn HttpClient>,
     credential: Arc<dyn TokenCredential>,
-    config: ArmConfig,
+    config: Arc<ArmConfig>,
 }
 
 impl ArmClient {
     /// A client over `azure_core`'s default HTTP transport (reqwest with rustls).
     pub fn new(config: ArmConfig, credential: Arc<dyn TokenCredential>) -> Self {
-        Self { http: azure_core::new_http_client(), credential, config }
+        Self { http: azure_core::new_http_client(), credential, config: Arc::new(config) }
+    }
+
+    /// The same client (transport, endpoint, scopes, limits) authenticating with `credential`,
+    /// e.g. a MachineClass's credential from
+    /// [`ClassCredentials::credential_for`](crate::class_credential::ClassCredentials::credential_for)
+    /// for the calls of one request. Shares the connection pool; the token cache is the
+    /// credential's own.
+    #[must_use]
+    pub fn with_credential(&self, credential: Arc<dyn TokenCredential>) -> ArmClient {
+        Self { http: self.http.clone(), credential, config: self.config.clone() }
     }
 
     /// The configuration.
@@ -248,9 +260,7 @@ impl ArmClient {
         loop {
             let left = limit.saturating_sub(started.elapsed());
             let result =
-                match tokio::time::timeout(left, self.send_once(method.clone(), url.clone(), body, client_request_id))
-                    .await
-                {
+                match tokio::time::timeout(left, self.send_once(method, url.clone(), body, client_request_id)).await {
                     Ok(r) => r,
                     Err(_) => Err(ArmError::Timeout(limit)),
                 };
@@ -278,7 +288,7 @@ impl ArmClient {
     ) -> Result<ArmResponse, ArmError> {
         let scopes: Vec<&str> = self.config.scopes.iter().map(String::as_str).collect();
         let token = self.credential.get_token(&scopes).await.map_err(ArmError::Credential)?;
-        let mut req = Request::new(url.clone(), method.clone());
+        let mut req = Request::new(url.clone(), method);
         req.insert_header("authorization", format!("Bearer {}", token.token.secret()));
         req.insert_header("x-ms-client-request-id", client_request_id.to_string());
         req.insert_header("accept", "application/json");

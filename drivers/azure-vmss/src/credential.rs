@@ -1,5 +1,7 @@
 //! Azure credentials for the sidecar: `azure_identity`'s chain and flows, a workload-identity
-//! credential that re-reads the projected token file, and a fixed token for tests.
+//! credential that re-reads the projected token file, and a fixed token for tests. The
+//! per-MachineClass credentials built from a request's secrets are in
+//! [`class_credential`](crate::class_credential).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,7 +9,7 @@ use std::time::Duration;
 
 use azure_core::auth::{AccessToken, Secret, TokenCredential};
 use azure_core::error::{Error as AzError, ErrorKind};
-use azure_core::Url;
+use azure_core::{HttpClient, Url};
 use azure_identity::{
     ClientSecretCredential, DefaultAzureCredential, TokenCredentialOptions, VirtualMachineManagedIdentityCredential,
     WorkloadIdentityCredential,
@@ -58,6 +60,26 @@ fn env(kind: CredentialKind, var: &'static str) -> Result<String, CredentialErro
     std::env::var(var).ok().filter(|v| !v.is_empty()).ok_or(CredentialError::MissingEnv { kind, var })
 }
 
+fn identity_options(authority_host: Option<&str>) -> Result<(TokenCredentialOptions, Url), CredentialError> {
+    let mut options = TokenCredentialOptions::default();
+    if let Some(host) = authority_host {
+        options.set_authority_host(host.to_string());
+    }
+    let authority =
+        options.authority_host().map_err(|_| CredentialError::Authority(authority_host.unwrap_or("").into()))?;
+    Ok((options, authority))
+}
+
+/// The Microsoft Entra authority host: `authority_host` (the `--authority-host` flag) when
+/// given, else `AZURE_AUTHORITY_HOST`, else `https://login.microsoftonline.com` — the one
+/// [`build`] uses.
+///
+/// # Errors
+/// [`CredentialError::Authority`] when it is not a URL.
+pub fn authority_host(authority_host: Option<&str>) -> Result<Url, CredentialError> {
+    identity_options(authority_host).map(|(_, url)| url)
+}
+
 /// Builds the credential of `kind`.
 ///
 /// # Errors
@@ -67,12 +89,7 @@ pub fn build(
     static_token: Option<&str>,
     authority_host: Option<&str>,
 ) -> Result<Arc<dyn TokenCredential>, CredentialError> {
-    let mut options = TokenCredentialOptions::default();
-    if let Some(host) = authority_host {
-        options.set_authority_host(host.to_string());
-    }
-    let authority =
-        options.authority_host().map_err(|_| CredentialError::Authority(authority_host.unwrap_or("").into()))?;
+    let (options, authority) = identity_options(authority_host)?;
     Ok(match kind {
         CredentialKind::Default => {
             Arc::new(DefaultAzureCredential::create(options).map_err(|e| CredentialError::Identity(kind, e))?)
@@ -84,14 +101,13 @@ pub fn build(
             env(kind, "AZURE_CLIENT_ID")?,
             env(kind, "AZURE_CLIENT_SECRET")?,
         )),
-        CredentialKind::WorkloadIdentity => Arc::new(FederatedTokenFile {
-            options,
+        CredentialKind::WorkloadIdentity => Arc::new(FederatedTokenFile::new(
+            options.http_client(),
             authority,
-            tenant_id: env(kind, "AZURE_TENANT_ID")?,
-            client_id: env(kind, "AZURE_CLIENT_ID")?,
-            token_file: PathBuf::from(env(kind, "AZURE_FEDERATED_TOKEN_FILE")?),
-            cached: Mutex::new(None),
-        }),
+            env(kind, "AZURE_TENANT_ID")?,
+            env(kind, "AZURE_CLIENT_ID")?,
+            PathBuf::from(env(kind, "AZURE_FEDERATED_TOKEN_FILE")?),
+        )),
         CredentialKind::ManagedIdentity => Arc::new(VirtualMachineManagedIdentityCredential::new(options)),
         CredentialKind::StaticToken => {
             let token = static_token.filter(|t| !t.is_empty()).ok_or(CredentialError::MissingStaticToken)?;
@@ -120,10 +136,11 @@ impl TokenCredential for StaticToken {
 /// `azure_identity`'s `WorkloadIdentityCredential` reads the file once, at creation; the
 /// kubelet rotates it (hourly), so a long-running sidecar would present an expired assertion.
 /// This wrapper builds a fresh credential from the file whenever the cached AAD token is close
-/// to expiry.
+/// to expiry. Used for the sidecar's `--credential workload-identity` (environment variables)
+/// and for a MachineClass secret's `federatedTokenFile`.
 #[derive(Debug)]
 pub struct FederatedTokenFile {
-    options: TokenCredentialOptions,
+    http: Arc<dyn HttpClient>,
     authority: Url,
     tenant_id: String,
     client_id: String,
@@ -131,8 +148,23 @@ pub struct FederatedTokenFile {
     cached: Mutex<Option<(Vec<String>, AccessToken)>>,
 }
 
+impl FederatedTokenFile {
+    /// Workload identity of `client_id` in `tenant_id`, asserted with the content of
+    /// `token_file` (read at each refresh, not now), against the Entra authority `authority`
+    /// over `http`.
+    pub fn new(
+        http: Arc<dyn HttpClient>,
+        authority: Url,
+        tenant_id: String,
+        client_id: String,
+        token_file: PathBuf,
+    ) -> Self {
+        Self { http, authority, tenant_id, client_id, token_file, cached: Mutex::new(None) }
+    }
+}
+
 /// Refresh an AAD token this long before it expires.
-const REFRESH_MARGIN: Duration = Duration::from_secs(300);
+pub(crate) const REFRESH_MARGIN: Duration = Duration::from_secs(300);
 
 #[async_trait::async_trait]
 impl TokenCredential for FederatedTokenFile {
@@ -152,7 +184,7 @@ impl TokenCredential for FederatedTokenFile {
             )
         })?;
         let inner = WorkloadIdentityCredential::new(
-            self.options.http_client(),
+            self.http.clone(),
             self.authority.clone(),
             self.tenant_id.clone(),
             self.client_id.clone(),
@@ -184,14 +216,13 @@ mod tests {
     async fn workload_identity_reads_the_file_on_refresh() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("token");
-        let c = FederatedTokenFile {
-            options: TokenCredentialOptions::default(),
-            authority: Url::parse("http://127.0.0.1:9/").unwrap(),
-            tenant_id: "t".into(),
-            client_id: "c".into(),
-            token_file: file.clone(),
-            cached: Mutex::new(None),
-        };
+        let c = FederatedTokenFile::new(
+            azure_core::new_http_client(),
+            Url::parse("http://127.0.0.1:9/").unwrap(),
+            "t".into(),
+            "c".into(),
+            file.clone(),
+        );
         // No file yet: the error names it (proves the file is read at refresh, not at startup).
         let err = c.get_token(&["s"]).await.unwrap_err();
         assert!(err.to_string().contains("federated token file"), "{err}");

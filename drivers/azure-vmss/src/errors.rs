@@ -10,10 +10,14 @@
 //! | 400 (and 404 image / SKU lookups) | INVALID_ARGUMENT / INVALID_PROVIDER_SPEC (or FIELD_INVALID), with a BadRequest violation on the field named by `error.target` |
 //! | 404 | NOT_FOUND with the caller's reason (POOL_NOT_FOUND, OPERATION_NOT_FOUND) |
 //! | 5xx, transport errors, timeouts | UNAVAILABLE / CLOUD_UNAVAILABLE (RetryInfo when `Retry-After` came) |
+//! | no access token: Microsoft Entra ID refused the credential, or the default credential found none | PERMISSION_DENIED / CLOUD_AUTH_FAILED (as the AWS driver for refused credentials), naming the credential kind; Entra's `error` / `AADSTS…` code in ErrorInfo metadata `aadError` / `aadErrorCode`, its `trace_id` as the cloud request ID |
+//! | no access token: Entra unreachable, throttling or failing (a MachineClass credential) | UNAVAILABLE / CLOUD_UNAVAILABLE |
 //! | a failed async operation | its ARM code in ErrorInfo metadata `armErrorCode`; RESOURCE_EXHAUSTED for quota codes, else INTERNAL / CLOUD_OPERATION_FAILED; `Canceled` → CANCELLED / OPERATION_CANCELLED |
 //!
 //! Every error carries ARM's `x-ms-request-id` as a cloud request ID, and `armErrorCode`,
-//! `httpStatus` and `correlationRequestId` as ErrorInfo metadata.
+//! `httpStatus` and `correlationRequestId` as ErrorInfo metadata. Token failures carry
+//! `azureCredential` (`default`, `clientSecret`, `workloadIdentity`: see
+//! [`class_credential`](crate::class_credential)) and never a credential value.
 
 use std::time::Duration;
 
@@ -21,6 +25,7 @@ use driver_sdk::tonic::Code;
 use driver_sdk::{reason, DriverError};
 
 use crate::arm::{ArmError, StatusError};
+use crate::class_credential::{ClassTokenError, EntraAnswer, Source};
 
 /// Throttling delay assumed when a 429 carries no `Retry-After`.
 pub const DEFAULT_THROTTLE_DELAY: Duration = Duration::from_secs(10);
@@ -150,10 +155,7 @@ pub fn to_driver_error(err: ArmError, not_found: &str) -> DriverError {
             };
             annotate(mapped, &e)
         }
-        ArmError::Credential(source) => {
-            DriverError::new(Code::Unauthenticated, reason::CLOUD_AUTH_FAILED, "could not get an Azure access token")
-                .with_source(source)
-        }
+        ArmError::Credential(source) => credential_error(source),
         e @ (ArmError::Transport(_) | ArmError::Timeout(_)) => {
             DriverError::unavailable(reason::CLOUD_UNAVAILABLE, "ARM could not be reached").with_source(e)
         }
@@ -167,6 +169,48 @@ pub fn to_driver_error(err: ArmError, not_found: &str) -> DriverError {
         }
         e @ (ArmError::ForeignUrl(_) | ArmError::Url(_)) => DriverError::internal(e.to_string()),
     }
+}
+
+/// A credential that produced no token: PERMISSION_DENIED / CLOUD_AUTH_FAILED when Entra refused
+/// it (or the default credential found none), UNAVAILABLE / CLOUD_UNAVAILABLE when Entra failed
+/// or was not reached; the message names the credential's kind, never a value.
+pub fn credential_error(err: azure_core::Error) -> DriverError {
+    let class = match err.into_downcast::<ClassTokenError>() {
+        Ok(class) => class,
+        Err(err) => {
+            return DriverError::auth_failed(format!(
+                "{} could not get an Azure access token",
+                Source::Default.describe()
+            ))
+            .with_metadata("azureCredential", Source::Default.kind())
+            .with_source(err)
+        }
+    };
+    let message = class.to_string();
+    let mut mapped = match class.answer() {
+        Some(EntraAnswer::Failed { .. } | EntraAnswer::NoAnswer) => {
+            DriverError::unavailable(reason::CLOUD_UNAVAILABLE, message)
+        }
+        _ => DriverError::auth_failed(message),
+    };
+    mapped = mapped
+        .with_metadata("azureCredential", class.credential_source().kind())
+        .with_metadata("azureCredentialFingerprint", class.fingerprint());
+    if let Some(r) = class.refusal() {
+        if !r.error.is_empty() {
+            mapped = mapped.with_metadata("aadError", r.error.clone());
+        }
+        if let Some(code) = &r.code {
+            mapped = mapped.with_metadata("aadErrorCode", code.clone());
+        }
+        if let Some(id) = &r.trace_id {
+            mapped = mapped.with_cloud_request_id(id.clone());
+        }
+        if let Some(id) = &r.correlation_id {
+            mapped = mapped.with_metadata("correlationRequestId", id.clone());
+        }
+    }
+    mapped.with_source(class.into_cause())
 }
 
 /// The error a failed or canceled async operation ends with.

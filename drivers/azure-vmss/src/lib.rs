@@ -55,16 +55,20 @@ use azure_mgmt_compute::package_2024_07_01::models::{
 };
 use base64::Engine;
 use driver_sdk::{
-    async_trait, convert, reason, ApplyPool, Capability, Driver, DriverError, DriverInfo, ListPoolInstances, Operation,
-    OperationHandle, OperationKind, OperationOutput, Page, Pool, PoolInstance, PoolInstances, PoolRef, Probe,
-    RequestContext, Result, Secrets, ValidateMachineClass,
+    async_trait, convert, reason, ApplyPool, CanUpdateMachine, Capability, CreateMachine, Driver, DriverError,
+    DriverInfo, ListMachines, ListPoolInstances, Machine, MachineRef, Operation, OperationHandle, OperationKind,
+    OperationOutput, Page, Pool, PoolInstance, PoolInstances, PoolRef, Probe, RequestContext, Result, Secrets,
+    UpdateMachine, UpdatePlan, ValidateMachineClass,
 };
 use serde::{Deserialize, Serialize};
 
 pub mod arm;
+pub mod class_credential;
 pub mod credential;
 pub mod errors;
+mod machines;
 pub mod model;
+pub mod vm;
 
 use arm::{ArmClient, ArmError, ArmResponse};
 use errors::{operation_failed, to_driver_error};
@@ -72,27 +76,29 @@ use errors::{operation_failed, to_driver_error};
 /// The driver's name (and ErrorInfo domain).
 pub const DRIVER_NAME: &str = "azure-vmss.machinedriver.dev";
 
-/// Where the driver's pools live and how it polls.
-#[derive(Debug, Clone)]
+/// Where the driver's resources live by default and how it polls.
+#[derive(Debug, Clone, Default)]
 pub struct Config {
-    /// Subscription of the scale sets.
-    pub subscription_id: String,
-    /// Resource group of the scale sets.
-    pub resource_group: String,
+    /// Subscription when neither the provider spec nor the class Secret names one.
+    pub subscription_id: Option<String>,
+    /// Resource group when the provider spec names none.
+    pub resource_group: Option<String>,
+    /// Flexible scale set machines join when the provider spec names none.
+    pub scale_set: Option<String>,
     /// `poll_after` when ARM sends no `Retry-After`.
     pub default_poll: Duration,
     /// Lower bound of `poll_after`, so a `Retry-After: 0` cannot make callers spin.
     pub min_poll: Duration,
 }
 
-/// The scale set an operation works on.
+/// The scale set or VM an operation works on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceId {
     /// Subscription.
     pub subscription: String,
     /// Resource group.
     pub resource_group: String,
-    /// Scale set name.
+    /// Scale set or VM name.
     pub name: String,
 }
 
@@ -111,7 +117,7 @@ pub struct OpState {
     pub location_url: Option<String>,
     /// The URL the request went to (final GET of a PUT; resource polling when ARM gave no URL).
     pub original_url: String,
-    /// The scale set.
+    /// The scale set (pool operations) or the VM (machine operations).
     pub resource: ResourceId,
     /// The instances of an instance operation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -131,6 +137,7 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL
 #[derive(Debug)]
 pub struct AzureVmssDriver {
     arm: ArmClient,
+    credentials: class_credential::ClassCredentials,
     config: Config,
 }
 
@@ -148,16 +155,48 @@ fn kind_name(kind: OperationKind) -> &'static str {
 
 impl AzureVmssDriver {
     /// A driver calling ARM through `arm`.
-    pub fn new(arm: ArmClient, config: Config) -> Self {
-        Self { arm, config }
+    /// A driver calling ARM through `arm`, with each MachineClass's credential from
+    /// `credentials` (the sidecar's own when the class Secret names none).
+    pub fn new(arm: ArmClient, credentials: class_credential::ClassCredentials, config: Config) -> Self {
+        Self { arm, credentials, config }
     }
 
-    fn resource(&self, name: &str) -> ResourceId {
-        ResourceId {
-            subscription: self.config.subscription_id.clone(),
-            resource_group: self.config.resource_group.clone(),
+    /// Where `name` lives: the provider spec's `subscriptionId` and `resourceGroup`, else the
+    /// class Secret's subscription and the sidecar's defaults.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT naming the field when nothing gives a subscription or resource group.
+    fn resource(&self, name: &str, spec: &serde_json::Value, secret_subscription: Option<&str>) -> Result<ResourceId> {
+        let from_spec = |k: &str| spec[k].as_str().filter(|v| !v.is_empty()).map(str::to_string);
+        let subscription = from_spec("subscriptionId")
+            .or_else(|| secret_subscription.map(str::to_string))
+            .or_else(|| self.config.subscription_id.clone());
+        let resource_group = from_spec("resourceGroup").or_else(|| self.config.resource_group.clone());
+        let missing = |field: &str, why: &str| {
+            DriverError::invalid_argument(reason::FIELD_REQUIRED, format!("provider_spec.{field} is required: {why}"))
+                .with_violation(format!("provider_spec.{field}"), why)
+        };
+        Ok(ResourceId {
+            subscription: subscription.ok_or_else(|| {
+                missing(
+                    "subscriptionId",
+                    "the class Secret has no subscriptionId and the sidecar no --subscription-id default",
+                )
+            })?,
+            resource_group: resource_group
+                .ok_or_else(|| missing("resourceGroup", "the sidecar has no --resource-group default"))?,
             name: name.to_string(),
-        }
+        })
+    }
+
+    /// The ARM client for a request: the class Secret's credential, else the sidecar's; and the
+    /// Secret's subscription, if it names one.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT when the Secret holds an unusable combination of keys.
+    fn arm_for(&self, secrets: &Secrets) -> Result<(ArmClient, Option<String>)> {
+        let (credential, subscription) = self.credentials.credential_for(secrets)?;
+        Ok((self.arm.with_credential(credential), subscription))
     }
 
     fn path(r: &ResourceId) -> String {
@@ -167,14 +206,14 @@ impl AzureVmssDriver {
         )
     }
 
-    fn url(&self, name: &str, suffix: &str, query: &[(&str, &str)]) -> Result<Url> {
-        let path = format!("{}{suffix}", Self::path(&self.resource(name)));
+    fn url(&self, r: &ResourceId, suffix: &str, query: &[(&str, &str)]) -> Result<Url> {
+        let path = format!("{}{suffix}", Self::path(r));
         self.arm.url(&path, query).map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))
     }
 
-    /// One ARM call on behalf of `ctx`, bounded by the caller's deadline.
+    /// One ARM call on behalf of `ctx` with `arm`'s credential, bounded by the caller's deadline.
     async fn call(
-        &self,
+        arm: &ArmClient,
         ctx: &RequestContext,
         method: Method,
         url: Url,
@@ -182,7 +221,7 @@ impl AzureVmssDriver {
     ) -> Result<ArmResponse, ArmError> {
         // Leave a little of the caller's deadline for answering.
         let budget = ctx.remaining().map(|d| d.saturating_sub(Duration::from_millis(100)));
-        self.arm.send(method, url, body, ctx.request_id(), budget).await
+        arm.send(method, url, body, ctx.request_id(), budget).await
     }
 
     fn poll_after(&self, resp: &ArmResponse) -> Duration {
@@ -192,12 +231,14 @@ impl AzureVmssDriver {
     /// The scale set, or `None` when ARM says 404.
     async fn get_scale_set(
         &self,
+        arm: &ArmClient,
         ctx: &RequestContext,
-        name: &str,
+        r: &ResourceId,
     ) -> Result<Option<(VirtualMachineScaleSet, ArmResponse)>> {
-        let url = self.url(name, "", &[])?;
-        let resp =
-            self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        let url = self.url(r, "", &[])?;
+        let resp = Self::call(arm, ctx, Method::Get, url, None)
+            .await
+            .map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
         match resp.status {
             404 => Ok(None),
             s if (200..300).contains(&s) => {
@@ -212,7 +253,7 @@ impl AzureVmssDriver {
     fn started(
         &self,
         kind: OperationKind,
-        target: &str,
+        resource: &ResourceId,
         method: &Method,
         original_url: &Url,
         resp: &ArmResponse,
@@ -234,10 +275,10 @@ impl AzureVmssDriver {
             async_url: trusted("azure-asyncoperation"),
             location_url: trusted("location"),
             original_url: original_url.to_string(),
-            resource: self.resource(target),
+            resource: resource.clone(),
             instance_ids,
         };
-        let mut op = Operation::running(kind, target, serde_json::to_value(&state).unwrap_or_default())
+        let mut op = Operation::running(kind, &resource.name, serde_json::to_value(&state).unwrap_or_default())
             .with_poll_after(self.poll_after(resp));
         if let Some(id) = resp.request_id() {
             op = op.with_cloud_request_id(id);
@@ -254,9 +295,36 @@ impl AzureVmssDriver {
         op
     }
 
-    /// Finishes a succeeded operation: PUT/PATCH end with a GET of the scale set.
+    /// An operation that is over as it starts (nothing to do, or the resource is already as
+    /// asked). Its token still holds the resource, so `GetOperation` and `WaitOperation` on it
+    /// answer again from the resource's state.
+    #[allow(clippy::too_many_arguments)]
+    fn done(
+        &self,
+        kind: OperationKind,
+        resource: &ResourceId,
+        method: &Method,
+        url: &Url,
+        rid: Option<&str>,
+        output: OperationOutput,
+    ) -> Operation {
+        let state = OpState {
+            kind: kind_name(kind).into(),
+            method: method.to_string(),
+            async_url: None,
+            location_url: None,
+            original_url: url.to_string(),
+            resource: resource.clone(),
+            instance_ids: vec![],
+        };
+        let op = Operation::running(kind, &resource.name, serde_json::to_value(&state).unwrap_or_default());
+        with_rid(op.finish(Ok(output)), rid)
+    }
+
+    /// Finishes a succeeded operation: PUT/PATCH end with a GET of the scale set or VM.
     async fn succeeded(
         &self,
+        arm: &ArmClient,
         ctx: &RequestContext,
         handle: &OperationHandle,
         st: &OpState,
@@ -265,9 +333,13 @@ impl AzureVmssDriver {
         if st.method != "PUT" && st.method != "PATCH" {
             return Ok(op.finish(Ok(OperationOutput::None)));
         }
+        if machines::is_machine_op(st) {
+            return self.machine_succeeded(arm, ctx, st, op).await;
+        }
         let url = self.arm.trusted_url(&st.original_url).map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
-        let resp =
-            self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+        let resp = Self::call(arm, ctx, Method::Get, url, None)
+            .await
+            .map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
         let op = match resp.request_id() {
             Some(id) => op.with_cloud_request_id(id),
             None => op,
@@ -286,11 +358,11 @@ impl AzureVmssDriver {
     }
 
     /// Every instance of a pool (following `nextLink`, bounded).
-    async fn all_instances(&self, ctx: &RequestContext, name: &str) -> Result<Vec<PoolInstance>> {
+    async fn all_instances(&self, arm: &ArmClient, ctx: &RequestContext, r: &ResourceId) -> Result<Vec<PoolInstance>> {
         let mut out = Vec::new();
-        let mut url = self.url(name, "/virtualMachines", &[("$expand", "instanceView")])?;
+        let mut url = self.url(r, "/virtualMachines", &[("$expand", "instanceView")])?;
         for _ in 0..100 {
-            let page = self.vm_page(ctx, url).await?;
+            let page = self.vm_page(arm, ctx, url).await?;
             out.extend(page.value.iter().map(model::instance_of));
             match page.next_link.filter(|l| !l.is_empty()) {
                 Some(next) => {
@@ -302,9 +374,15 @@ impl AzureVmssDriver {
         Ok(out)
     }
 
-    async fn vm_page(&self, ctx: &RequestContext, url: Url) -> Result<VirtualMachineScaleSetVmListResult> {
-        let resp =
-            self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
+    async fn vm_page(
+        &self,
+        arm: &ArmClient,
+        ctx: &RequestContext,
+        url: Url,
+    ) -> Result<VirtualMachineScaleSetVmListResult> {
+        let resp = Self::call(arm, ctx, Method::Get, url, None)
+            .await
+            .map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
         if !resp.is_success() {
             return Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND));
         }
@@ -314,13 +392,14 @@ impl AzureVmssDriver {
     /// POSTs an instance action; the response must be an accepted operation.
     async fn instance_action(
         &self,
+        arm: &ArmClient,
         ctx: &RequestContext,
-        req: &PoolInstances,
+        r: &ResourceId,
         action: &str,
         kind: OperationKind,
         ids: Vec<String>,
     ) -> Result<std::result::Result<Operation, ArmResponse>> {
-        let url = self.url(&req.pool.name, &format!("/{action}"), &[])?;
+        let url = self.url(r, &format!("/{action}"), &[])?;
         let body = if kind == OperationKind::DeletePoolInstances {
             serde_json::to_value(VirtualMachineScaleSetVmInstanceRequiredIDs::new(ids.clone()))
         } else {
@@ -329,12 +408,11 @@ impl AzureVmssDriver {
             serde_json::to_value(b)
         }
         .map_err(|e| DriverError::internal("serializing instance IDs").with_source(e))?;
-        let resp = self
-            .call(ctx, Method::Post, url.clone(), Some(&body))
+        let resp = Self::call(arm, ctx, Method::Post, url.clone(), Some(&body))
             .await
             .map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
         if resp.is_success() {
-            return Ok(Ok(self.started(kind, &req.pool.name, &Method::Post, &url, &resp, ids)));
+            return Ok(Ok(self.started(kind, r, &Method::Post, &url, &resp, ids)));
         }
         Ok(Err(resp))
     }
@@ -364,7 +442,7 @@ impl Driver for AzureVmssDriver {
     }
 
     fn capabilities(&self) -> Vec<Capability> {
-        vec![Capability::Pools, Capability::ValidateMachineClass]
+        vec![Capability::Machines, Capability::InPlaceUpdate, Capability::Pools, Capability::ValidateMachineClass]
     }
 
     async fn probe(&self, _ctx: &RequestContext) -> Result<Probe> {
@@ -376,6 +454,30 @@ impl Driver for AzureVmssDriver {
         }
     }
 
+    async fn create_machine(&self, ctx: &RequestContext, req: CreateMachine) -> Result<Operation> {
+        self.create_vm(ctx, req).await
+    }
+
+    async fn delete_machine(&self, ctx: &RequestContext, req: MachineRef) -> Result<Operation> {
+        self.delete_vm(ctx, req).await
+    }
+
+    async fn get_machine_status(&self, ctx: &RequestContext, req: MachineRef) -> Result<Machine> {
+        self.vm_status(ctx, req).await
+    }
+
+    async fn list_machines(&self, ctx: &RequestContext, req: ListMachines) -> Result<Page<Machine>> {
+        self.list_vms(ctx, req).await
+    }
+
+    async fn can_update_machine(&self, _ctx: &RequestContext, req: CanUpdateMachine) -> Result<UpdatePlan> {
+        self.plan_vm_update(&req)
+    }
+
+    async fn update_machine(&self, ctx: &RequestContext, req: UpdateMachine) -> Result<Operation> {
+        self.update_vm(ctx, req).await
+    }
+
     async fn validate_machine_class(&self, _ctx: &RequestContext, req: ValidateMachineClass) -> Result<Vec<String>> {
         let spec = model::parse_spec(&req.provider_spec)?;
         let mut warnings = Vec::new();
@@ -383,7 +485,20 @@ impl Driver for AzureVmssDriver {
             warnings.push("no sshPublicKey: password login is disabled, so nobody can log in to the VMs".into());
         }
         if spec.subnet_id.is_none() {
-            warnings.push("no subnetId: the scale set gets no network interface configuration".into());
+            warnings.push(
+                "no subnetId: machines cannot be created (a VM needs a network interface) and pool instances get none"
+                    .into(),
+            );
+        }
+        // The class must say where its resources go, and a credential of its own must work:
+        // caught here, before any machine is created.
+        let class = class_credential::ClassCredential::from_secrets(&req.secrets)?;
+        self.resource("validate", &req.provider_spec, class.subscription_id())?;
+        if !class.is_default() {
+            let arm = self.arm.with_credential(self.credentials.credential(&class));
+            arm.check_credential().await.map_err(|e| {
+                to_driver_error(e, reason::FIELD_INVALID).with_metadata("azureCredential", class.kind())
+            })?;
         }
         Ok(warnings)
     }
@@ -391,19 +506,20 @@ impl Driver for AzureVmssDriver {
     async fn apply_pool(&self, ctx: &RequestContext, req: ApplyPool) -> Result<Operation> {
         let spec = model::parse_spec(&req.provider_spec)?;
         let hash = convert::spec_hash(&req.provider_spec);
-        let url = self.url(&req.name, "", &[])?;
-        if let Some((vmss, resp)) = self.get_scale_set(ctx, &req.name).await? {
+        let (arm, secret_sub) = self.arm_for(&req.secrets)?;
+        let r = self.resource(&req.name, &req.provider_spec, secret_sub.as_deref())?;
+        let url = self.url(&r, "", &[])?;
+        if let Some((vmss, resp)) = self.get_scale_set(&arm, ctx, &r).await? {
             if model::matches(&vmss, &hash, req.capacity, &req.labels) {
                 let rid = resp.request_id();
                 match model::provisioning_state(&vmss).as_str() {
                     "Succeeded" => {
                         let out = OperationOutput::Pool(model::pool_of(&vmss));
-                        return Ok(with_rid(Operation::succeeded(OperationKind::ApplyPool, req.name, out), rid));
+                        return Ok(self.done(OperationKind::ApplyPool, &r, &Method::Put, &url, rid, out));
                     }
                     // Already being applied (a repeated call): follow the resource itself.
                     "Creating" | "Updating" => {
-                        let mut op =
-                            self.started(OperationKind::ApplyPool, &req.name, &Method::Put, &url, &resp, vec![]);
+                        let mut op = self.started(OperationKind::ApplyPool, &r, &Method::Put, &url, &resp, vec![]);
                         op.poll_after = self.poll_after(&resp);
                         return Ok(op);
                     }
@@ -415,8 +531,7 @@ impl Driver for AzureVmssDriver {
             }
         }
         let body = model::scale_set_body(&req.name, &spec, &hash, req.capacity, &req.labels)?;
-        let resp = self
-            .call(ctx, Method::Put, url.clone(), Some(&body))
+        let resp = Self::call(&arm, ctx, Method::Put, url.clone(), Some(&body))
             .await
             .map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
         if !resp.is_success() {
@@ -428,13 +543,15 @@ impl Driver for AzureVmssDriver {
         if no_urls && model::provisioning_state(&vmss) == "Succeeded" {
             let out = OperationOutput::Pool(model::pool_of(&vmss));
             let rid = resp.request_id();
-            return Ok(with_rid(Operation::succeeded(OperationKind::ApplyPool, req.name, out), rid));
+            return Ok(self.done(OperationKind::ApplyPool, &r, &Method::Put, &url, rid, out));
         }
-        Ok(self.started(OperationKind::ApplyPool, &req.name, &Method::Put, &url, &resp, vec![]))
+        Ok(self.started(OperationKind::ApplyPool, &r, &Method::Put, &url, &resp, vec![]))
     }
 
     async fn get_pool(&self, ctx: &RequestContext, req: PoolRef) -> Result<Pool> {
-        match self.get_scale_set(ctx, &req.name).await? {
+        let (arm, secret_sub) = self.arm_for(&req.secrets)?;
+        let r = self.resource(&req.name, &req.provider_spec, secret_sub.as_deref())?;
+        match self.get_scale_set(&arm, ctx, &r).await? {
             Some((vmss, _)) => Ok(model::pool_of(&vmss)),
             None => {
                 Err(DriverError::not_found(reason::POOL_NOT_FOUND, format!("scale set {} does not exist", req.name)))
@@ -447,8 +564,10 @@ impl Driver for AzureVmssDriver {
             DriverError::invalid_argument(reason::FIELD_INVALID, "page_token is not one this driver issued")
                 .with_violation("page_token", "unknown token")
         };
+        let (arm, secret_sub) = self.arm_for(&req.pool.secrets)?;
         let (mut url, mut offset) = if req.page_token.is_empty() {
-            (self.url(&req.pool.name, "/virtualMachines", &[("$expand", "instanceView")])?, 0)
+            let r = self.resource(&req.pool.name, &req.pool.provider_spec, secret_sub.as_deref())?;
+            (self.url(&r, "/virtualMachines", &[("$expand", "instanceView")])?, 0)
         } else {
             let bytes = B64.decode(&req.page_token).map_err(|_| bad_token())?;
             let t: PageToken = serde_json::from_slice(&bytes).map_err(|_| bad_token())?;
@@ -456,7 +575,7 @@ impl Driver for AzureVmssDriver {
         };
         // Skip ARM pages with nothing left on them (bounded).
         for _ in 0..20 {
-            let page = self.vm_page(ctx, url.clone()).await?;
+            let page = self.vm_page(&arm, ctx, url.clone()).await?;
             let rest: Vec<PoolInstance> = page.value.iter().skip(offset).map(model::instance_of).collect();
             if rest.len() > req.page_size {
                 let token = PageToken { l: url.to_string(), o: offset + req.page_size };
@@ -482,7 +601,9 @@ impl Driver for AzureVmssDriver {
 
     async fn delete_pool_instances(&self, ctx: &RequestContext, req: PoolInstances) -> Result<Operation> {
         let kind = OperationKind::DeletePoolInstances;
-        let resp = match self.instance_action(ctx, &req, "delete", kind, req.instance_ids.clone()).await? {
+        let (arm, secret_sub) = self.arm_for(&req.pool.secrets)?;
+        let r = self.resource(&req.pool.name, &req.pool.provider_spec, secret_sub.as_deref())?;
+        let resp = match self.instance_action(&arm, ctx, &r, "delete", kind, req.instance_ids.clone()).await? {
             Ok(op) => return Ok(op),
             Err(resp) => resp,
         };
@@ -491,17 +612,17 @@ impl Driver for AzureVmssDriver {
         }
         // Some instances are gone already (a repeated delete): delete the rest, if any.
         let live: Vec<String> = self
-            .all_instances(ctx, &req.pool.name)
+            .all_instances(&arm, ctx, &r)
             .await?
             .into_iter()
             .filter(|i| i.provisioning_state != "Deleting" && req.instance_ids.contains(&i.instance_id))
             .map(|i| i.instance_id)
             .collect();
         if live.is_empty() {
-            let rid = resp.request_id();
-            return Ok(with_rid(Operation::succeeded(kind, req.pool.name, OperationOutput::None), rid));
+            let url = self.url(&r, "", &[])?;
+            return Ok(self.done(kind, &r, &Method::Post, &url, resp.request_id(), OperationOutput::None));
         }
-        match self.instance_action(ctx, &req, "delete", kind, live).await? {
+        match self.instance_action(&arm, ctx, &r, "delete", kind, live).await? {
             Ok(op) => Ok(op),
             Err(resp) => Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND)),
         }
@@ -509,26 +630,29 @@ impl Driver for AzureVmssDriver {
 
     async fn upgrade_pool_instances(&self, ctx: &RequestContext, req: PoolInstances) -> Result<Operation> {
         let kind = OperationKind::UpgradePoolInstances;
-        match self.instance_action(ctx, &req, "manualupgrade", kind, req.instance_ids.clone()).await? {
+        let (arm, secret_sub) = self.arm_for(&req.pool.secrets)?;
+        let r = self.resource(&req.pool.name, &req.pool.provider_spec, secret_sub.as_deref())?;
+        match self.instance_action(&arm, ctx, &r, "manualupgrade", kind, req.instance_ids.clone()).await? {
             Ok(op) => Ok(op),
             Err(resp) => Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND)),
         }
     }
 
     async fn delete_pool(&self, ctx: &RequestContext, req: PoolRef) -> Result<Operation> {
-        let url = self.url(&req.name, "", &[])?;
-        let resp = self
-            .call(ctx, Method::Delete, url.clone(), None)
+        let (arm, secret_sub) = self.arm_for(&req.secrets)?;
+        let r = self.resource(&req.name, &req.provider_spec, secret_sub.as_deref())?;
+        let url = self.url(&r, "", &[])?;
+        let resp = Self::call(&arm, ctx, Method::Delete, url.clone(), None)
             .await
             .map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;
         match resp.status {
             // Gone already: delete is idempotent.
             204 | 404 => {
-                let done = Operation::succeeded(OperationKind::DeletePool, req.name, OperationOutput::None);
-                Ok(with_rid(done, resp.request_id()))
+                let rid = resp.request_id();
+                Ok(self.done(OperationKind::DeletePool, &r, &Method::Delete, &url, rid, OperationOutput::None))
             }
             s if (200..300).contains(&s) => {
-                Ok(self.started(OperationKind::DeletePool, &req.name, &Method::Delete, &url, &resp, vec![]))
+                Ok(self.started(OperationKind::DeletePool, &r, &Method::Delete, &url, &resp, vec![]))
             }
             _ => Err(to_driver_error(resp.into_error(), reason::POOL_NOT_FOUND)),
         }
@@ -538,14 +662,16 @@ impl Driver for AzureVmssDriver {
         &self,
         ctx: &RequestContext,
         handle: OperationHandle,
-        _secrets: Secrets,
+        secrets: Secrets,
     ) -> Result<Operation> {
         let st: OpState = handle.state_as()?;
+        let (arm, _) = self.arm_for(&secrets)?;
         let not_found = reason::OPERATION_NOT_FOUND;
         let op = handle.resume();
         if let Some(u) = &st.async_url {
             let url = self.arm.trusted_url(u).map_err(|e| to_driver_error(e, not_found))?;
-            let resp = self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, not_found))?;
+            let resp =
+                Self::call(&arm, ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, not_found))?;
             // A failed read of the status is not a failed operation: the RPC fails, the
             // operation goes on, the caller polls again.
             if !resp.is_success() {
@@ -558,7 +684,7 @@ impl Driver for AzureVmssDriver {
             let body = resp.value();
             let status = body["status"].as_str().unwrap_or("InProgress");
             return match status {
-                s if s.eq_ignore_ascii_case("Succeeded") => self.succeeded(ctx, &handle, &st, op).await,
+                s if s.eq_ignore_ascii_case("Succeeded") => self.succeeded(&arm, ctx, &handle, &st, op).await,
                 s if s.eq_ignore_ascii_case("Failed") || s.eq_ignore_ascii_case("Canceled") => {
                     let code = body["error"]["code"].as_str().unwrap_or_default();
                     let message = body["error"]["message"].as_str().unwrap_or_default();
@@ -578,14 +704,15 @@ impl Driver for AzureVmssDriver {
         }
         if let Some(u) = &st.location_url {
             let url = self.arm.trusted_url(u).map_err(|e| to_driver_error(e, not_found))?;
-            let resp = self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, not_found))?;
+            let resp =
+                Self::call(&arm, ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, not_found))?;
             let op = match resp.request_id() {
                 Some(id) => op.with_cloud_request_id(id),
                 None => op,
             };
             return match resp.status {
                 202 => Ok(op.with_poll_after(self.poll_after(&resp))),
-                s if (200..300).contains(&s) => self.succeeded(ctx, &handle, &st, op).await,
+                s if (200..300).contains(&s) => self.succeeded(&arm, ctx, &handle, &st, op).await,
                 s if s == 429 || s >= 500 || s == 401 || s == 403 => Err(to_driver_error(resp.into_error(), not_found)),
                 _ => {
                     let rid = resp.request_id().map(str::to_string);
@@ -597,8 +724,11 @@ impl Driver for AzureVmssDriver {
             };
         }
         // No operation URL: follow the resource's provisioning state.
+        if machines::is_machine_op(&st) {
+            return self.follow_vm(&arm, ctx, &st, op).await;
+        }
         let url = self.arm.trusted_url(&st.original_url).map_err(|e| to_driver_error(e, not_found))?;
-        let resp = self.call(ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, not_found))?;
+        let resp = Self::call(&arm, ctx, Method::Get, url, None).await.map_err(|e| to_driver_error(e, not_found))?;
         let op = match resp.request_id() {
             Some(id) => op.with_cloud_request_id(id),
             None => op,

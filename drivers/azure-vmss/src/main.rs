@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use azure_core::Url;
 use azure_vmss_driver::arm::{ArmClient, ArmConfig};
+use azure_vmss_driver::class_credential::ClassCredentials;
 use azure_vmss_driver::credential::{self, CredentialKind};
 use azure_vmss_driver::{AzureVmssDriver, Config};
 use clap::Parser;
@@ -15,12 +16,16 @@ use driver_sdk::{telemetry, DriverServer, ServeArgs};
 struct Cli {
     #[command(flatten)]
     serve: ServeArgs,
-    /// Subscription of the scale sets.
+    /// Default subscription (a provider spec's `subscriptionId` or a class Secret's wins).
     #[arg(long, env = "AZURE_SUBSCRIPTION_ID")]
-    subscription_id: String,
-    /// Resource group of the scale sets.
+    subscription_id: Option<String>,
+    /// Default resource group (a provider spec's `resourceGroup` wins).
     #[arg(long, env = "AZURE_RESOURCE_GROUP")]
-    resource_group: String,
+    resource_group: Option<String>,
+    /// Default Flexible scale set machines join (a provider spec's `virtualMachineScaleSet`
+    /// wins; neither: standalone VMs).
+    #[arg(long, env = "AZURE_VMSS_SCALE_SET")]
+    scale_set: Option<String>,
     /// ARM endpoint (sovereign clouds: e.g. https://management.usgovcloudapi.net; tests: the emulator).
     #[arg(long, env = "AZURE_ARM_ENDPOINT", default_value = "https://management.azure.com")]
     arm_endpoint: String,
@@ -75,15 +80,25 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let authority = match credential::authority_host(cli.authority_host.as_deref()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("azure-vmss-driver: {}", driver_sdk::error_chain(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let class_credentials = ClassCredentials::new(cred.clone(), authority);
     let arm = ArmClient::new(
         ArmConfig { endpoint, scopes, request_timeout: cli.request_timeout, max_retries: cli.max_retries },
         cred,
     );
     let driver = AzureVmssDriver::new(
         arm,
+        class_credentials,
         Config {
-            subscription_id: cli.subscription_id.clone(),
-            resource_group: cli.resource_group.clone(),
+            subscription_id: cli.subscription_id.clone().filter(|s| !s.is_empty()),
+            resource_group: cli.resource_group.clone().filter(|s| !s.is_empty()),
+            scale_set: cli.scale_set.clone().filter(|s| !s.is_empty()),
             default_poll: cli.default_poll_interval,
             min_poll: Duration::from_millis(200),
         },

@@ -11,11 +11,26 @@ use serde_json::{json, Map, Value};
 /// Tag holding the hash of the provider spec the scale set's model was built from.
 pub const SPEC_HASH_TAG: &str = "machinedriver.dev:spec-hash";
 
-/// The provider spec: the VM template of a scale set. The subscription and resource group are
-/// the sidecar's (flags), so that calls without a spec can still address the pool.
+/// The provider spec: the VM template of a scale set (pools) or of one VM (machines).
+/// Subscription and resource group default to the class Secret's `subscriptionId` and the
+/// sidecar's flags, so calls without a spec can still address their resource.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderSpec {
+    /// Subscription of the resources (default: the class Secret's, then `--subscription-id`).
+    #[serde(default)]
+    pub subscription_id: Option<String>,
+    /// Resource group of the resources (default: `--resource-group`).
+    #[serde(default)]
+    pub resource_group: Option<String>,
+    /// Machines only: the Flexible scale set the VM joins (default: `--scale-set`; none: a
+    /// standalone VM).
+    #[serde(default)]
+    pub virtual_machine_scale_set: Option<ScaleSetRef>,
+    /// Machines only: cloud-init user data (plain text; sent base64-encoded as `customData`).
+    /// A `userData` key in the class Secret takes precedence.
+    #[serde(default)]
+    pub custom_data: Option<String>,
     /// Azure region, e.g. `westeurope`.
     pub location: String,
     /// VM size (the scale set's SKU), e.g. `Standard_D2s_v5`.
@@ -48,6 +63,18 @@ pub struct ProviderSpec {
     pub tags: BTreeMap<String, String>,
 }
 
+/// The Flexible scale set a machine joins: its resource ID, or its name in the VM's
+/// subscription and resource group.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ScaleSetRef {
+    /// Full resource ID.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Name in the VM's subscription and resource group.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
 /// A marketplace image (publisher/offer/sku/version) or an image resource ID.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Image {
@@ -73,11 +100,41 @@ pub fn schema() -> Value {
     let s = |d: &str| json!({"type": "string", "minLength": 1, "description": d});
     json!({
         "type": "object",
-        "description": "An Azure VM Scale Set model (orchestration mode Uniform, manual upgrade policy). \
-                        Subscription and resource group are the sidecar's.",
+        "description": "An Azure VM template: a pool becomes a Uniform scale set with a manual upgrade policy, \
+                        a machine one VM (joining a Flexible scale set when virtualMachineScaleSet or the sidecar's \
+                        --scale-set names one). subscriptionId and resourceGroup default to the class Secret's \
+                        subscriptionId and the sidecar's --subscription-id / --resource-group.",
         "required": ["location", "vmSize", "image"],
         "additionalProperties": false,
         "properties": {
+            "subscriptionId": {
+                "type": "string", "pattern": "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+                "description": "subscription of the VM or scale set (default: the class Secret's subscriptionId, then the sidecar's --subscription-id)",
+                "examples": ["00000000-0000-0000-0000-000000000000"],
+            },
+            "resourceGroup": {
+                "type": "string", "pattern": "^[-A-Za-z0-9._()]{1,90}$",
+                "description": "resource group of the VM or scale set (default: the sidecar's --resource-group)",
+                "examples": ["workers-westeurope"],
+            },
+            "virtualMachineScaleSet": {
+                "type": "object", "additionalProperties": false,
+                "description": "machines: the Flexible scale set the VM joins, by resource id or by name in the VM's \
+                                resource group (default: the sidecar's --scale-set; neither: a standalone VM). \
+                                Ignored by pools, which are scale sets themselves.",
+                "properties": {
+                    "id": {"type": "string", "pattern": "(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\\.Compute/virtualMachineScaleSets/[^/]+$"},
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9][-A-Za-z0-9._]{0,63}$"},
+                },
+                "examples": [
+                    {"id": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/workers-westeurope/providers/Microsoft.Compute/virtualMachineScaleSets/workers-flex"},
+                    {"name": "workers-flex"},
+                ],
+            },
+            "customData": {
+                "type": "string", "maxLength": 49152,
+                "description": "machines: cloud-init user data, plain text (sent base64-encoded); a userData key in the class Secret takes precedence",
+            },
             "location": {"type": "string", "pattern": "^[a-z0-9]+$", "description": "Azure region, e.g. westeurope"},
             "vmSize": {"type": "string", "pattern": "^[A-Za-z0-9_]+$", "description": "VM size, e.g. Standard_D2s_v5"},
             "image": {
@@ -102,14 +159,18 @@ pub fn schema() -> Value {
             {
                 "location": "westeurope", "vmSize": "Standard_D2s_v5",
                 "image": {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"},
-                "adminUsername": "azureuser",
+                "adminUsername": "azureuser", "osDiskSizeGB": 64, "osDiskType": "Premium_LRS",
                 "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LW5vdC1mb3ItdXNlLWV4YW1wbGU example",
+                "subnetId": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/network/providers/Microsoft.Network/virtualNetworks/vnet/subnets/workers",
+                "tags": {"team": "platform"},
             },
             {
                 "location": "westeurope", "vmSize": "Standard_D4s_v5",
                 "image": {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"},
                 "adminUsername": "azureuser", "osDiskSizeGB": 64, "osDiskType": "Premium_LRS",
                 "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LW5vdC1mb3ItdXNlLWV4YW1wbGU example",
+                "subnetId": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/network/providers/Microsoft.Network/virtualNetworks/vnet/subnets/workers",
+                "tags": {"team": "platform", "tier": "large"},
             },
         ],
     })
@@ -129,6 +190,21 @@ pub fn parse_spec(spec: &Value) -> Result<ProviderSpec, DriverError> {
         return Err(DriverError::invalid_provider_spec(vec![Violation::new(
             "provider_spec.image",
             "give either publisher, offer and sku, or id (not both)",
+        )]));
+    }
+    if let Some(ss) = &parsed.virtual_machine_scale_set {
+        if ss.id.is_some() == ss.name.is_some() {
+            return Err(DriverError::invalid_provider_spec(vec![Violation::new(
+                "provider_spec.virtualMachineScaleSet",
+                "give either id or name (not both)",
+            )]));
+        }
+    }
+    let tag_keys: usize = parsed.tags.keys().map(|k| k.len() + 1).sum();
+    if tag_keys > 256 {
+        return Err(DriverError::invalid_provider_spec(vec![Violation::new(
+            "provider_spec.tags",
+            "the tag names together may have at most 255 characters (they are recorded in one 256-character tag)",
         )]));
     }
     for k in parsed.tags.keys() {

@@ -28,9 +28,29 @@
 //!   `$expand=instanceView`, `…/instanceView`, DELETE, listings by resource group and by
 //!   subscription), the NICs and OS disks they create, and `GET`/`DELETE` of those (see `vms`);
 //! - every response carries `x-ms-request-id` and `x-ms-correlation-request-id`, echoes
-//!   `x-ms-client-request-id`, and has `x-ms-ratelimit-remaining-*` headers; any bearer token is
-//!   accepted, a missing one is 401; errors are `{"error":{"code","message","target"}}` plus the
-//!   `x-ms-error-code` header.
+//!   `x-ms-client-request-id`, and has `x-ms-ratelimit-remaining-*` headers; errors are
+//!   `{"error":{"code","message","target"}}` plus the `x-ms-error-code` header;
+//! - authentication: a missing bearer token is 401 `AuthenticationFailed`; a token from the
+//!   emulated Entra token endpoint (below) is recorded with its principal (`tenant/clientId`),
+//!   and is 401 `ExpiredAuthenticationToken` once expired (401
+//!   `InvalidAuthenticationTokenAudience` when issued for another resource); any other bearer
+//!   token is accepted with no principal (tests with a fixed token).
+//!
+//! **Microsoft Entra ID token endpoint** (see the `entra` module): the same listener serves
+//! `POST /{tenant}/oauth2/v2.0/token`, the OAuth 2.0 client-credentials grant as
+//! `azure_identity` sends it when its authority host is the emulator's URL
+//! (`--authority-host http://127.0.0.1:PORT`): form-encoded `grant_type=client_credentials`,
+//! `client_id`, `scope` (one `<resource>/.default`) and either `client_secret` or
+//! `client_assertion_type=urn:ietf:params:oauth:client-assertion-type:jwt-bearer` +
+//! `client_assertion` (workload identity). The principals it knows come from `--principal
+//! TENANT:CLIENT_ID:SECRET` / `--federated-principal TENANT:CLIENT_ID:TOKEN` (repeatable;
+//! [`Config::principals`]) and `PUT /_emulator/principals`. Success is `{"token_type":"Bearer",
+//! "expires_in":N,"ext_expires_in":N,"access_token":"<opaque random>"}` with N from
+//! `--token-lifetime` ([`Config::token_lifetime`], default 3600 s); a wrong secret is 401
+//! `invalid_client` (AADSTS7000215), an unknown client 400 `unauthorized_client` (AADSTS700016),
+//! an unknown tenant 400 (AADSTS90002), an assertion that is not the registered token 400
+//! (AADSTS70021), all in Entra's JSON error shape (`error`, `error_description`, `error_codes`,
+//! `trace_id`, `correlation_id`, `timestamp`).
 //!
 //! Operations take a configurable time and are advanced lazily on every request, so the
 //! emulator is deterministic and keeps operation state across polls and across restarts of its
@@ -41,8 +61,11 @@
 //! responses such as 429 with `Retry-After`, 500, 503, 409; operations that end `Failed` or
 //! `Canceled`; or every operation in flight finished just before a matching request is answered,
 //! so the cloud changes at an exact point of a client's request sequence, e.g. between two pages
-//! of a listing), `GET scalesets` (the emulated cloud) and `GET vms` (every VM with its scale set,
-//! states, NICs and OS disk).
+//! of a listing), `GET scalesets` (the emulated cloud), `GET vms` (every VM with its scale set,
+//! states, NICs and OS disk), `GET tokens` (every token issued: tenant, client ID, grant type,
+//! credential kind, scope, issue and expiry time, whether expired — never a token or a secret),
+//! `GET principals` (who is registered, without secrets) and `PUT principals` (replace them: a
+//! JSON list of `{tenantId, clientId, clientSecret?, federatedToken?}`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -57,7 +80,10 @@ use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+mod entra;
 mod vms;
+
+pub use entra::Principal;
 
 /// The only api-version served.
 pub const API_VERSION: &str = "2024-07-01";
@@ -82,6 +108,10 @@ pub struct Config {
     pub max_instances: Option<u64>,
     /// Fault rules active from the start.
     pub faults: Vec<Fault>,
+    /// Principals the Entra token endpoint knows from the start.
+    pub principals: Vec<Principal>,
+    /// Lifetime of the access tokens it issues (`expires_in`, in whole seconds).
+    pub token_lifetime: Duration,
 }
 
 impl Default for Config {
@@ -94,6 +124,8 @@ impl Default for Config {
             page_size: 2,
             max_instances: None,
             faults: Vec::new(),
+            principals: Vec::new(),
+            token_lifetime: Duration::from_secs(3600),
         }
     }
 }
@@ -173,6 +205,10 @@ pub struct RecordedRequest {
     pub correlation_request_id: String,
     /// Whether a bearer token was sent.
     pub authorized: bool,
+    /// Who the bearer token was issued to by the emulated Entra token endpoint
+    /// (`tenant/clientId`); `None` for any other token.
+    #[serde(default)]
+    pub principal: Option<String>,
     /// Response status.
     pub status: u16,
     /// The request body, when JSON.
@@ -265,6 +301,8 @@ struct Cloud {
     ops: BTreeMap<String, Op>,
     faults: Vec<Fault>,
     requests: Vec<RecordedRequest>,
+    /// The Entra token endpoint's principals and the tokens it issued.
+    tokens: entra::Tokens,
 }
 
 /// The emulator: shared state behind the router.
@@ -294,11 +332,16 @@ pub enum Error {
 impl Emulator {
     /// An emulator with `config`.
     pub fn new(config: Config) -> Self {
-        let cloud = Cloud { faults: config.faults.clone(), ..Cloud::default() };
+        let cloud = Cloud {
+            faults: config.faults.clone(),
+            tokens: entra::Tokens::new(config.principals.clone()),
+            ..Cloud::default()
+        };
         Self { config: Arc::new(config), cloud: Arc::new(Mutex::new(cloud)) }
     }
 
-    /// The HTTP router (ARM paths at the root, test hooks under `/_emulator/`).
+    /// The HTTP router (ARM paths and the Entra token endpoint at the root, test hooks under
+    /// `/_emulator/`).
     pub fn router(&self) -> Router {
         Router::new().fallback(handle).with_state(self.clone())
     }
@@ -371,6 +414,11 @@ impl Answer {
 async fn handle(State(emu): State<Emulator>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let bytes = to_bytes(body, MAX_BODY).await.unwrap_or_default();
+    if parts.method == Method::POST {
+        if let Some(tenant) = entra::token_path(parts.uri.path()) {
+            return entra::token(&emu, tenant, &bytes);
+        }
+    }
     let body: Value =
         if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
     let path = parts.uri.path().to_string();
@@ -393,17 +441,34 @@ async fn handle(State(emu): State<Emulator>, req: Request) -> Response {
     let client_request_id = header("x-ms-client-request-id");
     let correlation = header("x-ms-correlation-request-id").unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let request_id = uuid::Uuid::new_v4().to_string();
-    let authorized = header("authorization")
-        .is_some_and(|a| a.len() > "Bearer ".len() && a.to_ascii_lowercase().starts_with("bearer "));
+    let bearer = header("authorization").and_then(|a| {
+        let token = a.get("Bearer ".len()..)?.trim();
+        (a[.."Bearer ".len()].eq_ignore_ascii_case("bearer ") && !token.is_empty()).then(|| token.to_string())
+    });
+    let authorized = bearer.is_some();
 
-    let answer = if !authorized {
-        Answer::error(
-            StatusCode::UNAUTHORIZED,
-            "AuthenticationFailed",
-            "Authentication failed. The 'Authorization' header is missing or is not a bearer token.",
-        )
-    } else {
-        serve(&emu, &call)
+    // The token check releases the lock before `serve` takes it.
+    let checked = bearer.map(|t| emu.lock().tokens.check(&t, &call.base));
+    let (answer, principal) = match checked {
+        None => (
+            Answer::error(
+                StatusCode::UNAUTHORIZED,
+                "AuthenticationFailed",
+                "Authentication failed. The 'Authorization' header is missing or is not a bearer token.",
+            ),
+            None,
+        ),
+        Some(entra::Bearer::Foreign) => (serve(&emu, &call), None),
+        Some(entra::Bearer::Valid(p)) => (serve(&emu, &call), Some(p)),
+        Some(entra::Bearer::Refused(p, status, code, message)) => (
+            Answer::error(status, code, message).header(
+                "www-authenticate",
+                format!(
+                    "Bearer authorization_uri=\"https://login.microsoftonline.com/common\", error=\"invalid_token\", error_description=\"{code}\""
+                ),
+            ),
+            Some(p),
+        ),
     };
 
     let status = answer.status;
@@ -415,6 +480,7 @@ async fn handle(State(emu): State<Emulator>, req: Request) -> Response {
         request_id: request_id.clone(),
         correlation_request_id: correlation.clone(),
         authorized,
+        principal,
         status: status.as_u16(),
         body: call.body.clone(),
     });
@@ -539,6 +605,12 @@ fn admin(emu: &Emulator, call: &Call) -> Response {
             ok(json!(sets))
         }
         ("GET", "/_emulator/vms") => ok(vms::inventory(&cloud)),
+        ("GET", "/_emulator/tokens") => ok(cloud.tokens.issuances()),
+        ("GET", "/_emulator/principals") => ok(cloud.tokens.principals_view()),
+        ("PUT", "/_emulator/principals") => match cloud.tokens.set_principals(&call.body) {
+            Ok(()) => ok(json!({})),
+            Err(e) => status(StatusCode::BAD_REQUEST, &e),
+        },
         _ => status(StatusCode::NOT_FOUND, "unknown emulator endpoint"),
     }
 }

@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use arm_emulator::{Config, Emulator, Fault};
+use arm_emulator::{Config, Emulator, Fault, Principal};
 use clap::Parser;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "arm-emulator",
     version,
-    about = "Emulates the Azure Resource Manager API for VM Scale Sets, VMs, NICs and disks (test support)"
+    about = "Emulates the Azure Resource Manager API for VM Scale Sets, VMs, NICs and disks, and the Microsoft Entra ID token endpoint (test support)"
 )]
 struct Cli {
     /// Address to listen on (port 0 picks a free one).
@@ -42,6 +42,17 @@ struct Cli {
     /// JSON file of fault rules (see `arm_emulator::Fault`).
     #[arg(long)]
     faults: Option<PathBuf>,
+    /// A service principal the Entra token endpoint knows, as TENANT:CLIENT_ID:SECRET
+    /// (repeatable; `PUT /_emulator/principals` replaces them).
+    #[arg(long = "principal", value_name = "TENANT:CLIENT_ID:SECRET", value_parser = |s: &str| Principal::parse(s, false))]
+    principals: Vec<Principal>,
+    /// A workload identity the Entra token endpoint knows, as TENANT:CLIENT_ID:TOKEN, TOKEN being
+    /// the exact client assertion it accepts (repeatable).
+    #[arg(long = "federated-principal", value_name = "TENANT:CLIENT_ID:TOKEN", value_parser = |s: &str| Principal::parse(s, true))]
+    federated_principals: Vec<Principal>,
+    /// Lifetime of the access tokens the Entra token endpoint issues (whole seconds count).
+    #[arg(long, default_value = "3600s", value_parser = parse_duration)]
+    token_lifetime: Duration,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -83,6 +94,8 @@ async fn main() -> ExitCode {
         page_size: cli.page_size,
         max_instances: cli.max_instances,
         faults,
+        principals: cli.principals.into_iter().chain(cli.federated_principals).collect(),
+        token_lifetime: cli.token_lifetime,
     });
     let (addr, server) = match emu.bind(cli.listen).await {
         Ok(x) => x,
