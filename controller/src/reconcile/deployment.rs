@@ -20,6 +20,7 @@ use driver_sdk::proto as pb;
 
 use super::{machine, resolve};
 use crate::resources::*;
+use crate::runtime::policy::{self, Decision, Permanent, Rpc, Source, ENVIRONMENT_CONDITIONS};
 use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::{Error as StoreError, Key};
 
@@ -38,20 +39,12 @@ fn is_available(m: &Machine) -> bool {
     m.status.phase == Phase::Running && !m.is_deleting()
 }
 
-/// Whether a failed machine's failure is its revision's doing, and so counts against the
-/// failure budget: the driver rejected the spec, or the machine was created and then failed
-/// (provisioning, creation or health timeout, in-place update). Credentials, quota and an
-/// unavailable cloud belong to the environment and never do.
+/// Whether a failed machine's failure is its revision's doing (or its request's), and so counts
+/// against the failure budget: [`policy::blame`]. Credentials, quota, an unavailable cloud and
+/// transient errors never do.
 pub fn attributable(m: &Machine) -> bool {
-    m.status.failure.as_ref().is_none_or(|f| {
-        !matches!(f.code.as_str(), "PermissionDenied" | "Unauthenticated" | "ResourceExhausted" | "Unavailable")
-    })
+    m.status.failure.as_ref().is_none_or(|f| policy::blame(&f.code, &f.reason).counts())
 }
-
-/// Conditions a deployment or pool lifts from its machines' Ready conditions: the environment
-/// keeps them from running (they are retried with backoff, never blamed on the revision).
-pub const ENVIRONMENT_CONDITIONS: [&str; 3] =
-    [machine::CONDITION_CREDENTIALS, machine::CONDITION_QUOTA, machine::CONDITION_UNAVAILABLE];
 
 /// Sets one condition per environment problem that keeps machines from running (with the
 /// driver's reason, message and request ID from one of them), and removes the others.
@@ -135,7 +128,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         let mut with = md.clone();
         with.metadata.finalizers.push(FINALIZER.into());
         return match ctx.store.update(&with).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
             Err(e) => Err(e.into()),
         };
     }
@@ -217,7 +210,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             .event(Kind::MachineDeployment, &md.metadata, true, "RolloutAborted", format!("{reason}; {then}"))
             .await;
         save(ctx, &md, next).await?;
-        return Ok(Action::Requeue(Duration::ZERO));
+        return Ok(Action::requeue_now());
     }
 
     let replacing = machines
@@ -401,9 +394,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Action::AwaitChange
     } else if !failed.is_empty() {
         // Come back when the next replacement may go.
-        Action::Requeue(ctx.replacement_wait(key).clamp(Duration::from_millis(100), Duration::from_secs(5)))
+        Action::requeue(ctx.replacement_wait(key).clamp(Duration::from_millis(100), Duration::from_secs(5)))
     } else {
-        Action::Requeue(Duration::from_secs(5))
+        Action::requeue(Duration::from_secs(5))
     })
 }
 
@@ -509,7 +502,12 @@ async fn in_place(
             match ctx.call(desired.driver, "CanUpdateMachine", |c| async move { c.can_update_machine(req).await }).await
             {
                 Ok(reply) => Some(reply.value),
-                Err(e) if e.code() == tonic::Code::Unimplemented => None,
+                Err(e)
+                    if policy::decide(&e.report, Source::Call(Rpc::Read))
+                        == Decision::Permanent(Permanent::Unsupported) =>
+                {
+                    None
+                }
                 Err(_) => continue,
             }
         } else {
@@ -569,13 +567,13 @@ async fn teardown(ctx: &Ctx, md: MachineDeployment, machines: Vec<Machine>) -> R
         for m in machines.iter().filter(|m| !m.is_deleting()) {
             ctx.store.delete(&Key::of(m)).await?;
         }
-        return Ok(Action::Requeue(Duration::from_secs(2)));
+        return Ok(Action::requeue(Duration::from_secs(2)));
     }
     let mut done = md.clone();
     done.metadata.finalizers.retain(|f| f != FINALIZER);
     match ctx.store.update(&done).await {
         Ok(_) | Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
-        Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+        Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
         Err(e) => Err(e.into()),
     }
 }
