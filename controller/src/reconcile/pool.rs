@@ -1,10 +1,9 @@
 //! MachinePool: a scale set driven through the pool RPCs, mirrored as one Machine per instance.
 //!
-//! Rolling upgrades follow CAPZ: with maxSurge > 0 the pool grows to `replicas + maxSurge` on
-//! the new model, then old-model instances are deleted in CAPZ's order (failed, annotated,
-//! unready, then ready — within `ready − replicas + maxUnavailable`); with maxSurge = 0 old
-//! instances are upgraded in place, maxUnavailable at a time. Deleting one pool Machine deletes
-//! exactly that instance; the pool then refills to `replicas`.
+//! The decisions (capacity, CAPZ-style surge upgrades by deletion, maxSurge-0 upgrades in place)
+//! are [`plan::pool`](crate::plan::pool)'s; this reconciler lists, mirrors, plans and makes the
+//! one call the plan names. Deleting one pool Machine deletes exactly that instance; the pool
+//! then refills to `replicas`.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -15,6 +14,7 @@ use driver_sdk::OperationExt;
 
 use super::machine::upper_camel;
 use super::{poll_stored, resolve, stored, Polled, Resolved};
+use crate::plan::pool as plan;
 use crate::resources::*;
 use crate::runtime::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
 use crate::runtime::{Action, Ctx, ReconcileError};
@@ -31,6 +31,16 @@ fn last(op_type: &str, state: &str, request_id: &str, err: Option<&driver_sdk::E
         message: err.map(|e| e.message.clone()).unwrap_or_default(),
         request_id: request_id.into(),
         time: Utc::now(),
+    }
+}
+
+/// A listed instance as the planner sees it.
+fn instance(i: &pb::PoolInstance) -> plan::Instance {
+    plan::Instance {
+        id: i.instance_id.clone(),
+        state: plan::InstanceState::parse(&i.provisioning_state),
+        running: i.power_state == pb::PowerState::Running as i32,
+        latest_model: i.latest_model_applied,
     }
 }
 
@@ -181,105 +191,60 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     }
     mirror(ctx, &pool, &r, &list, &machines).await?;
 
-    let replicas = pool.spec.replicas;
-    let mut surge = pool.spec.strategy.max_surge.resolve(replicas, true).unwrap_or(1);
-    let mut unavailable = pool.spec.strategy.max_unavailable.resolve(replicas, false).unwrap_or(0);
-    if surge == 0 && unavailable == 0 {
-        unavailable = 1;
-    }
-    let rev = short_hash(&pool.spec.template);
-    let template_changed = pool.status.applied_revision != rev;
-    let deleting: HashSet<&str> = machines
+    let deleting: HashSet<String> = machines
         .iter()
         .filter(|m| m.is_deleting())
-        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.as_str()))
+        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.clone()))
         .collect();
-    let live: Vec<&pb::PoolInstance> = list
+    let annotated: HashSet<String> = machines
         .iter()
-        .filter(|i| i.provisioning_state != "Deleting" && !deleting.contains(i.instance_id.as_str()))
+        .filter(|m| m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"))
+        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.clone()))
         .collect();
-    let old: Vec<&pb::PoolInstance> =
-        live.iter().copied().filter(|i| !i.latest_model_applied || template_changed).collect();
-    let ready =
-        |i: &pb::PoolInstance| i.provisioning_state == "Succeeded" && i.power_state == pb::PowerState::Running as i32;
-    surge = surge.min(old.len() as i64);
-    let capacity = if old.is_empty() { replicas } else { replicas + surge };
+    let observed: Vec<plan::Instance> = list.iter().map(instance).collect();
+    let rev = short_hash(&pool.spec.template);
+    let replicas = pool.spec.replicas;
+    let plan = plan::plan(plan::Observed {
+        replicas,
+        strategy: &pool.spec.strategy,
+        revision: &rev,
+        applied_revision: &pool.status.applied_revision,
+        applied_capacity: pool.status.applied_capacity,
+        instances: &observed,
+        deleting: &deleting,
+        annotated: &annotated,
+    });
 
     let mut next = pool.clone();
-    next.status.replicas = live.len() as i64;
-    next.status.ready_replicas = live.iter().filter(|i| ready(i)).count() as i64;
-    next.status.updated_replicas = live.iter().filter(|i| i.latest_model_applied && !template_changed).count() as i64;
-    if template_changed
-        || pool.status.applied_capacity != capacity
-        || (live.len() as i64) < capacity && deleting.is_empty()
-    {
-        let req = pb::ApplyPoolRequest {
-            name: pool.metadata.name.clone(),
-            provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
-            capacity: capacity as i32,
-            secrets: r.secrets.clone(),
-            labels: [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into(),
-        };
-        next.status.applied_revision = rev.clone();
-        next.status.applied_capacity = capacity;
-        save(ctx, &pool, next.clone()).await?;
-        let Some(fresh) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
-            return Ok(Action::AwaitChange);
-        };
-        return match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
-            Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
-            Ok(reply) => start(ctx, &fresh, "ApplyPool", reply).await,
-            Err(e) => failed(ctx, &fresh, "Apply", Rpc::Mutate, &e).await,
-        };
-    }
-    if !old.is_empty() {
-        let busy = live.iter().filter(|i| !ready(i)).count() as i64;
-        if surge > 0 {
-            // CAPZ: delete old-model instances within ready − replicas + maxUnavailable.
-            let ready_count = live.iter().filter(|i| ready(i)).count() as i64;
-            let budget = ready_count - replicas + unavailable;
-            let annotated: HashSet<&str> = machines
-                .iter()
-                .filter(|m| m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"))
-                .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.as_str()))
-                .collect();
-            let mut order: Vec<&pb::PoolInstance> = old.clone();
-            order.sort_by_key(|i| {
-                let rank = if i.provisioning_state == "Failed" {
-                    0
-                } else if annotated.contains(i.instance_id.as_str()) {
-                    1
-                } else if !ready(i) {
-                    2
-                } else {
-                    3
-                };
-                (rank, i.instance_id.parse::<u64>().unwrap_or(u64::MAX))
-            });
-            // Unready old instances cost no availability; ready ones only within the budget.
-            let mut left = budget;
-            let mut victims: Vec<String> = Vec::new();
-            for i in order {
-                if !ready(i) {
-                    victims.push(i.instance_id.clone());
-                } else if left > 0 {
-                    victims.push(i.instance_id.clone());
-                    left -= 1;
-                }
-            }
-            if !victims.is_empty() {
-                return pool_instances_call(ctx, &pool, &r, "DeletePoolInstances", victims).await;
-            }
-        } else {
-            let budget = (unavailable - busy).max(0) as usize;
-            let ids: Vec<String> =
-                old.iter().filter(|i| ready(i)).take(budget).map(|i| i.instance_id.clone()).collect();
-            if !ids.is_empty() {
-                return pool_instances_call(ctx, &pool, &r, "UpgradePoolInstances", ids).await;
-            }
+    next.status.replicas = plan.replicas;
+    next.status.ready_replicas = plan.ready_replicas;
+    next.status.updated_replicas = plan.updated_replicas;
+    match plan.step {
+        plan::Step::Apply { capacity } => {
+            let req = pb::ApplyPoolRequest {
+                name: pool.metadata.name.clone(),
+                provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+                capacity: capacity as i32,
+                secrets: r.secrets.clone(),
+                labels: [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into(),
+            };
+            next.status.applied_revision = rev.clone();
+            next.status.applied_capacity = capacity;
+            save(ctx, &pool, next.clone()).await?;
+            let Some(fresh) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
+                return Ok(Action::AwaitChange);
+            };
+            return match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
+                Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
+                Ok(reply) => start(ctx, &fresh, "ApplyPool", reply).await,
+                Err(e) => failed(ctx, &fresh, "Apply", Rpc::Mutate, &e).await,
+            };
         }
+        plan::Step::Delete(ids) => return pool_instances_call(ctx, &pool, &r, "DeletePoolInstances", ids).await,
+        plan::Step::Upgrade(ids) => return pool_instances_call(ctx, &pool, &r, "UpgradePoolInstances", ids).await,
+        plan::Step::Wait => {}
     }
-    let done = old.is_empty() && live.len() as i64 == replicas && next.status.ready_replicas == replicas;
+    let done = plan.done;
     // The driver answered: whatever the environment refused before is over.
     next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type.as_str()));
     set_condition(
@@ -382,13 +347,7 @@ async fn mirror(
     let by_instance: HashMap<&str, &Machine> =
         machines.iter().filter_map(|m| m.spec.pool_ref.as_ref().map(|p| (p.instance_id.as_str(), m))).collect();
     for i in list {
-        let phase = match i.provisioning_state.as_str() {
-            "Succeeded" => Phase::Running,
-            "Failed" => Phase::Failed,
-            "Deleting" => Phase::Terminating,
-            "Updating" => Phase::Updating,
-            _ => Phase::Creating,
-        };
+        let phase = plan::InstanceState::parse(&i.provisioning_state).phase();
         match by_instance.get(i.instance_id.as_str()) {
             None => {
                 let mut m = Machine::new(
