@@ -306,7 +306,7 @@ async fn block_on(ctx: &Ctx, key: &Key, m: Machine, r: &Resolved<'_>, mut op: pb
 async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOperation) -> Result<Action> {
     let mut m = before.clone();
     let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &stored_op).await {
-        Polled::Operation(reply) => reply,
+        Polled::Operation(reply) => *reply,
         Polled::Unusable(why) => {
             // Drivers are idempotent by name: dropping an unusable token and asking again is safe.
             m.status.operations.clear();

@@ -31,13 +31,13 @@ pub(crate) fn stored(kind: &str, op: &pb::Operation, request_id: &str) -> Stored
 /// What polling a stored operation found.
 pub(crate) enum Polled {
     /// The driver answered with the operation.
-    Operation(driver_sdk::Reply<pb::Operation>),
+    Operation(Box<driver_sdk::Reply<pb::Operation>>),
     /// The stored handle cannot be used — not base64, empty, or refused by the driver (truncated,
     /// altered, sealed with another key, by another driver, or of an unknown version). The
     /// caller drops it and asks the driver again by name: creates and deletes are idempotent.
     Unusable(String),
     /// The call failed otherwise: back off and poll again.
-    Failed(driver_sdk::CallError),
+    Failed(Box<driver_sdk::CallError>),
 }
 
 /// Polls a stored operation: the one way every reconciler reads a stored token.
@@ -61,12 +61,12 @@ pub(crate) async fn poll_stored(
         )
         .await
     {
-        Ok(reply) => Polled::Operation(reply),
+        Ok(reply) => Polled::Operation(Box::new(reply)),
         // The token is the only argument GetOperation checks: INVALID_ARGUMENT is about it.
         Err(e) if policy::decide(&e.report, Source::Call(Rpc::Poll)) == Decision::DropToken => Polled::Unusable(
             format!("the driver refused the stored operation token: {} (request {})", e.report, e.request_id()),
         ),
-        Err(e) => Polled::Failed(e),
+        Err(e) => Polled::Failed(Box::new(e)),
     }
 }
 

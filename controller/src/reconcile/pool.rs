@@ -111,7 +111,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if let Some(op) = pool.status.operations.first().cloned() {
         let mut next = pool.clone();
         let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &op).await {
-            Polled::Operation(reply) => Ok(reply),
+            Polled::Operation(reply) => Ok(*reply),
             Polled::Unusable(why) => {
                 // ApplyPool / DeletePool are idempotent: drop the handle and reconcile again.
                 next.status.operations.clear();
@@ -498,7 +498,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
     };
     if let Some(op) = m.status.operations.first().cloned() {
         let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &op).await {
-            Polled::Operation(reply) => Ok(reply),
+            Polled::Operation(reply) => Ok(*reply),
             Polled::Unusable(why) => {
                 // DeletePoolInstances is idempotent: drop the handle and delete the instance again.
                 let mut next = m.clone();

@@ -533,23 +533,16 @@ async fn wake_dependents(ctx: &Ctx, changed: &Key) {
     let mut keys: Vec<Key> = classes.iter().map(|c| Key::new(Kind::MachineClass, &changed.namespace, c)).collect();
     if let Ok(mds) = ctx.store.list::<MachineDeployment>().await {
         keys.extend(
-            mds.iter()
-                .filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name))
-                .map(|d| Key::of(d)),
+            mds.iter().filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name)).map(Key::of),
         );
     }
     if let Ok(pools) = ctx.store.list::<MachinePool>().await {
         keys.extend(
-            pools
-                .iter()
-                .filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name))
-                .map(|p| Key::of(p)),
+            pools.iter().filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name)).map(Key::of),
         );
     }
     if let Ok(machines) = ctx.store.list::<crate::resources::Machine>().await {
-        keys.extend(
-            machines.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(|m| Key::of(m)),
-        );
+        keys.extend(machines.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(Key::of));
     }
     tracing::debug!(changed = %changed, objects = keys.len(), "waking the objects that use it");
     for key in keys {
