@@ -44,6 +44,8 @@ pub enum Output {
 
 /// Subcommands.
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of `run`'s arguments does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Creates or updates objects from YAML/JSON files or folders. All documents are validated
     /// first; an invalid one changes nothing.

@@ -9,7 +9,8 @@
 //! - [`store`]: the storage trait, the embedded SQLite store and the Kubernetes backend;
 //! - [`crd`]: CustomResourceDefinitions generated from the resource types;
 //! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
-//! - [`runtime`]: work queue, workers, rate limits, backoff;
+//! - [`plan`]: pure planners (rollouts, in-place updates, pool upgrades);
+//! - [`runtime`]: work queue, workers, rate limits, the error policy and backoff;
 //! - [`reconcile`]: the machine, deployment, pool and orphan reconcilers;
 //! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`.
 
@@ -20,6 +21,7 @@ pub mod crd;
 pub mod demo;
 pub mod leader;
 pub mod manifest;
+pub mod plan;
 pub mod reconcile;
 pub mod resources;
 pub mod runtime;

@@ -415,22 +415,6 @@ impl ErrorReport {
             causes: details.debug_info().map(|d| d.stack_entries.clone()).unwrap_or_default(),
         }
     }
-
-    /// Whether the same call may succeed later without any change (CSI's "maybe still running"
-    /// codes plus throttling): UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, CANCELLED, UNKNOWN,
-    /// INTERNAL, or any error with RetryInfo.
-    pub fn is_transient(&self) -> bool {
-        self.retry_after.is_some()
-            || matches!(
-                self.code,
-                Code::Unavailable
-                    | Code::DeadlineExceeded
-                    | Code::Aborted
-                    | Code::Cancelled
-                    | Code::Unknown
-                    | Code::Internal
-            )
-    }
 }
 
 impl fmt::Display for ErrorReport {

@@ -10,7 +10,8 @@ use driver_sdk::{CallError, OperationExt};
 
 use super::{poll_stored, resolve, stored, Polled, Resolved};
 use crate::resources::*;
-use crate::runtime::{classify, Action, Ctx, ReconcileError, Verdict};
+use crate::runtime::policy::{self, Decision, Permanent, Rpc, Source};
+use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::{Error as StoreError, Key};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
@@ -23,7 +24,6 @@ const KEEP_REQUEST_IDS: usize = 5;
 /// Store failures (driver failures become status).
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(m) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
-        ctx.forget(key);
         return Ok(Action::AwaitChange);
     };
     if m.spec.pool_ref.is_some() {
@@ -37,7 +37,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         let mut with = m.clone();
         with.metadata.finalizers.push(FINALIZER.into());
         return match ctx.store.update(&with).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
             Err(e) => Err(e.into()),
         };
     }
@@ -47,7 +47,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             let mut next = m.clone();
             set_condition(&mut next.status.conditions, "Ready", false, reason, &message);
             save(ctx, &m, next).await?;
-            return Ok(Action::Requeue(Duration::from_secs(10)));
+            return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
     // The driver is called at most when it asked (poll_after, RetryInfo, backoff, the health
@@ -58,10 +58,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         && m.status.spec_hash != driver_sdk::convert::spec_hash(&r.provider_spec);
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() && !spec_changed {
-        return Ok(Action::Requeue(wait));
+        return Ok(Action::Wait(wait));
     }
     if let Some(op) = m.status.operations.first().cloned() {
-        return poll(ctx, key, m, &r, op).await;
+        return poll(ctx, m, &r, op).await;
     }
     if let Some(f) = &m.status.failure {
         if f.generation == m.metadata.generation && f.class_generation == r.class.metadata.generation {
@@ -75,7 +75,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             if spec_changed {
                 update(ctx, key, m, &r).await
             } else {
-                health(ctx, key, m, &r).await
+                health(ctx, m, &r).await
             }
         }
         _ => create(ctx, key, m, &r).await,
@@ -146,22 +146,14 @@ fn elapsed_since(t: Option<Time>) -> Duration {
     t.and_then(|t| (Utc::now() - t).to_std().ok()).unwrap_or_default()
 }
 
-/// Ready-condition reason of a machine whose calls the cloud refuses for its credentials.
-pub const CONDITION_CREDENTIALS: &str = "CloudCredentialsRefused";
-/// Ready-condition reason of a machine whose calls find the cloud unavailable.
-pub const CONDITION_UNAVAILABLE: &str = "CloudUnavailable";
-/// Ready-condition reason of a machine refused for quota or capacity.
-pub const CONDITION_QUOTA: &str = "QuotaExceeded";
-
-/// The environment problem a driver error reports, if it is one (credentials, quota, an
-/// unavailable cloud): retried with backoff and surfaced as a condition, never blamed on a spec.
-pub fn environment_condition(e: &driver_sdk::ErrorReport) -> Option<&'static str> {
-    match (classify(e), e.code) {
-        (Verdict::Quota, _) => Some(CONDITION_QUOTA),
-        (Verdict::Credentials, _) => Some(CONDITION_CREDENTIALS),
-        (_, tonic::Code::Unavailable) => Some(CONDITION_UNAVAILABLE),
-        _ => None,
-    }
+/// The condition reason a retried error sets on `Ready`: the environment problem it reports
+/// (credentials, quota, an unavailable cloud), else `{op_type}Retrying`.
+fn retrying_reason(decision: Decision, op_type: &str) -> String {
+    decision
+        .cause()
+        .and_then(policy::Cause::environment_condition)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{op_type}Retrying"))
 }
 
 fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, message: &str) {
@@ -189,7 +181,8 @@ pub(crate) fn upper_camel(reason: &str) -> String {
         .collect()
 }
 
-/// Reacts to a failed mutating call (create / update / delete).
+/// Reacts to a failed mutating call (create / update): a permanent error marks the machine
+/// Failed; anything else is retried by the runtime's error policy, with the reason in `Ready`.
 async fn call_failed(
     ctx: &Ctx,
     key: &Key,
@@ -201,31 +194,39 @@ async fn call_failed(
 ) -> Result<Action> {
     m.status.last_operation = Some(last_err(op_type, &e.report));
     remember(&mut m.status, e.request_id());
-    let action = match classify(&e.report) {
-        Verdict::Permanent => {
-            fail(&mut m, r.class.metadata.generation, &format!("{:?}", e.code()), &e.report.reason, &e.report.message);
+    let code = format!("{:?}", e.code());
+    match ctx.decide(key, &e.report, Source::Call(Rpc::Mutate)) {
+        Decision::Permanent(why) => {
+            let reason = match why {
+                Permanent::RetriesExhausted => policy::REASON_RETRIES_EXHAUSTED,
+                _ => e.report.reason.as_str(),
+            };
+            let message = match why {
+                Permanent::RetriesExhausted => {
+                    format!("{} failures in a row, the last: {}", policy::INTERNAL_RETRIES, e.report)
+                }
+                _ => e.report.message.clone(),
+            };
+            fail(&mut m, r.class.metadata.generation, &code, reason, &message);
             ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), e.report.to_string()).await;
-            Action::AwaitChange
+            save(ctx, before, m).await?;
+            Ok(Action::AwaitChange)
         }
-        Verdict::Quota | Verdict::Credentials | Verdict::Retry(_) | Verdict::NotFound => {
-            // The environment (quota, credentials, an unavailable cloud), not the spec: retry
-            // with the policy's backoff and say why in the Ready condition, which the owning
+        decision => {
+            // The environment (quota, credentials, an unavailable cloud), not the spec: retried
+            // with the policy's backoff, and the Ready condition says why, which the owning
             // deployment or pool lifts into a condition of its own.
-            let delay = ctx.backoff(key, e);
-            let reason =
-                environment_condition(&e.report).map(str::to_string).unwrap_or_else(|| format!("{op_type}Retrying"));
+            let reason = retrying_reason(decision, op_type);
             let message = format!("{} (request {})", e.report, e.request_id());
             set_condition(&mut m.status.conditions, "Ready", false, &reason, &message);
             let newly = !before.status.conditions.iter().any(|c| c.condition_type == "Ready" && c.reason == reason);
-            if newly && reason == CONDITION_CREDENTIALS {
+            if newly && reason == policy::CONDITION_CREDENTIALS {
                 ctx.store.event(Kind::Machine, &m.metadata, true, &reason, message).await;
             }
-            ctx.hold(key, delay);
-            Action::Requeue(delay)
+            save(ctx, before, m).await?;
+            Err(ReconcileError::call(e, Rpc::Mutate))
         }
-    };
-    save(ctx, before, m).await?;
-    Ok(action)
+    }
 }
 
 async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
@@ -233,7 +234,7 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     if let Some(started) = m.status.create_started {
         if elapsed_since(Some(started)) > creation_timeout(&m) {
             let msg = format!("not Running {}s after its create started", creation_timeout(&m).as_secs());
-            fail(&mut m, r.class.metadata.generation, "DeadlineExceeded", "CREATION_TIMEOUT", &msg);
+            fail(&mut m, r.class.metadata.generation, "DeadlineExceeded", policy::REASON_CREATION_TIMEOUT, &msg);
             ctx.store.event(Kind::Machine, &m.metadata, true, "CreationTimeout", msg).await;
             save(ctx, &before, m).await?;
             return Ok(Action::AwaitChange);
@@ -257,7 +258,7 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         Some(last_ok("Create", if op.done { "Succeeded" } else { "Processing" }, &reply.request_id));
     remember(&mut m.status, &reply.request_id);
     if op.done {
-        return finished(ctx, key, &before, m, r, "CreateMachine", op).await;
+        return finished(ctx, &before, m, r, "CreateMachine", op).await;
     }
     // The operation is stored before anything else happens.
     m.status.operations = vec![stored("CreateMachine", &op, &reply.request_id)];
@@ -267,14 +268,12 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     set_condition(&mut m.status.conditions, "Ready", false, "Creating", "the cloud is creating the machine");
     if !save(ctx, &before, m.clone()).await? {
         // Someone else wrote first; the create is idempotent, so run again.
-        return Ok(Action::Requeue(Duration::ZERO));
+        return Ok(Action::requeue_now());
     }
-    ctx.succeeded(key);
     if ctx.config.blocking {
         return block_on(ctx, key, m, r, op).await;
     }
-    ctx.hold(key, op.poll_after());
-    Ok(Action::Requeue(op.poll_after()))
+    Ok(Action::poll_after(op.poll_after()))
 }
 
 /// Benchmark-only comparison mode: the worker waits for the operation itself.
@@ -291,7 +290,7 @@ async fn block_on(ctx: &Ctx, key: &Key, m: Machine, r: &Resolved<'_>, mut op: pb
             .await
         {
             Ok(reply) => op = reply.value,
-            Err(_) => return Ok(Action::Requeue(Duration::from_millis(100))),
+            Err(_) => return Ok(Action::requeue(Duration::from_millis(100))),
         }
     }
     let Some(current) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
@@ -300,14 +299,14 @@ async fn block_on(ctx: &Ctx, key: &Key, m: Machine, r: &Resolved<'_>, mut op: pb
     let _ = m;
     let mut next = current.clone();
     next.status.operations.clear();
-    finished(ctx, key, &current, next, r, "CreateMachine", op).await
+    finished(ctx, &current, next, r, "CreateMachine", op).await
 }
 
 /// One poll of the stored operation.
-async fn poll(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>, stored_op: StoredOperation) -> Result<Action> {
+async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOperation) -> Result<Action> {
     let mut m = before.clone();
     let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &stored_op).await {
-        Polled::Operation(reply) => reply,
+        Polled::Operation(reply) => *reply,
         Polled::Unusable(why) => {
             // Drivers are idempotent by name: dropping an unusable token and asking again is safe.
             m.status.operations.clear();
@@ -322,14 +321,12 @@ async fn poll(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>, stored_op
                 )
                 .await;
             save(ctx, &before, m).await?;
-            return Ok(Action::Requeue(Duration::ZERO));
+            return Ok(Action::requeue_now());
         }
         Polled::Failed(e) => {
-            let delay = ctx.backoff(key, &e);
             m.status.last_operation = Some(last_err("Poll", &e.report));
             save(ctx, &before, m).await?;
-            ctx.hold(key, delay);
-            return Ok(Action::Requeue(delay));
+            return Err(ReconcileError::call(&e, Rpc::Poll));
         }
     };
     let op = reply.value;
@@ -341,18 +338,16 @@ async fn poll(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>, stored_op
             }
         }
         save(ctx, &before, m).await?;
-        ctx.hold(key, op.poll_after());
-        return Ok(Action::Requeue(op.poll_after()));
+        return Ok(Action::poll_after(op.poll_after()));
     }
     m.status.operations.clear();
     remember(&mut m.status, &reply.request_id);
-    finished(ctx, key, &before, m, r, &stored_op.kind, op).await
+    finished(ctx, &before, m, r, &stored_op.kind, op).await
 }
 
 /// Applies a done operation's outcome.
 async fn finished(
     ctx: &Ctx,
-    key: &Key,
     before: &Machine,
     mut m: Machine,
     r: &Resolved<'_>,
@@ -366,41 +361,26 @@ async fn finished(
     };
     if let Some(err) = op.error_report() {
         m.status.last_operation = Some(last_err(op_type, &err));
-        // An operation that ran and failed in the cloud is final for this machine (its owner
-        // replaces it); only a lost operation or a transient failure is asked again.
-        let retry = err.reason == driver_sdk::reason::OPERATION_NOT_FOUND
-            || err.retry_after.is_some()
-            || matches!(err.code, tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Aborted);
-        let action = match retry {
-            true => {
-                // The cloud lost the operation or it failed transiently: ask again (idempotent).
-                let delay = ctx.exponential(key);
-                ctx.hold(key, delay);
-                set_condition(
-                    &mut m.status.conditions,
-                    "Ready",
-                    false,
-                    &format!("{op_type}Retrying"),
-                    &err.to_string(),
-                );
-                Action::Requeue(delay)
-            }
-            false if op_type == "Update" => {
-                set_condition(&mut m.status.conditions, "UpToDate", false, "UpdateFailed", &err.to_string());
-                m.status.phase = Phase::Running;
-                fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
-                Action::AwaitChange
-            }
-            false => {
-                fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
-                Action::AwaitChange
-            }
-        };
         ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), err.to_string()).await;
+        // An operation that ran and failed in the cloud is final for this machine (its owner
+        // replaces it); a lost, cancelled or transiently failed one is asked again (idempotent).
+        let rpc = if op_type == "Delete" { Rpc::Delete } else { Rpc::Mutate };
+        let decision = policy::decide(&err, Source::Operation(rpc));
+        if decision.is_retry() || decision == Decision::DropToken {
+            let reason = retrying_reason(decision, op_type);
+            set_condition(&mut m.status.conditions, "Ready", false, &reason, &err.to_string());
+            save(ctx, before, m).await?;
+            let method = if op_type == "Update" { "UpdateMachine" } else { "CreateMachine" };
+            return Err(ReconcileError::operation(method, err, rpc));
+        }
+        if op_type == "Update" {
+            set_condition(&mut m.status.conditions, "UpToDate", false, "UpdateFailed", &err.to_string());
+            m.status.phase = Phase::Running;
+        }
+        fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
         save(ctx, before, m).await?;
-        return Ok(action);
+        return Ok(Action::AwaitChange);
     }
-    ctx.succeeded(key);
     m.status.last_operation = Some(LastOperation {
         state: "Succeeded".into(),
         time: Utc::now(),
@@ -426,8 +406,7 @@ async fn finished(
         )
         .await;
     save(ctx, before, m).await?;
-    ctx.hold(key, ctx.config.health_check_interval);
-    Ok(Action::Requeue(ctx.config.health_check_interval))
+    Ok(Action::poll_after(ctx.config.health_check_interval))
 }
 
 fn op_request_id(m: &Machine) -> String {
@@ -447,7 +426,7 @@ fn apply_cloud_view(m: &mut Machine, machine: &pb::Machine) {
 }
 
 /// Checks a Running machine: missing or unhealthy for longer than the health timeout → Failed.
-async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
+async fn health(ctx: &Ctx, before: Machine, r: &Resolved<'_>) -> Result<Action> {
     let req = pb::GetMachineStatusRequest {
         name: before.metadata.name.clone(),
         provider_id: before.status.provider_id.clone(),
@@ -467,15 +446,11 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
                 other => Err(("MachineUnhealthy", format!("the cloud reports the machine {other:?}"))),
             }
         }
-        Err(e) if e.code() == tonic::Code::NotFound => {
-            Err(("MachineMissing", "the cloud no longer has this machine".to_string()))
-        }
-        Err(e) => {
+        Err(e) => match policy::decide(&e.report, Source::Call(Rpc::Read)) {
+            Decision::Absent => Err(("MachineMissing", "the cloud no longer has this machine".to_string())),
             // Cannot tell: keep the phase, look again later.
-            let delay = ctx.backoff(key, &e);
-            ctx.hold(key, delay);
-            return Ok(Action::Requeue(delay));
-        }
+            _ => return Err(ReconcileError::call(&e, Rpc::Read)),
+        },
     };
     match healthy {
         Ok(()) => {
@@ -487,7 +462,7 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
             let since = *m.status.unhealthy_since.get_or_insert_with(Utc::now);
             if elapsed_since(Some(since)) >= health_timeout(&m) {
                 let msg = format!("{message} for more than {}s", health_timeout(&m).as_secs());
-                fail(&mut m, r.class.metadata.generation, "Unavailable", "HEALTH_TIMEOUT", &msg);
+                fail(&mut m, r.class.metadata.generation, "Unavailable", policy::REASON_HEALTH_TIMEOUT, &msg);
                 ctx.store.event(Kind::Machine, &m.metadata, true, "HealthTimeout", msg).await;
                 save(ctx, &before, m).await?;
                 return Ok(Action::AwaitChange);
@@ -496,14 +471,11 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
             set_condition(&mut m.status.conditions, "Ready", false, reason, &message);
             let left = health_timeout(&m).saturating_sub(elapsed_since(Some(since)));
             save(ctx, &before, m).await?;
-            let next = interval.min(left).max(Duration::from_millis(100));
-            ctx.hold(key, next);
-            return Ok(Action::Requeue(next));
+            return Ok(Action::poll_after(interval.min(left).max(Duration::from_millis(100))));
         }
     }
     save(ctx, &before, m).await?;
-    ctx.hold(key, interval);
-    Ok(Action::Requeue(interval))
+    Ok(Action::poll_after(interval))
 }
 
 async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
@@ -522,16 +494,15 @@ async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         Some(last_ok("Update", if op.done { "Succeeded" } else { "Processing" }, &reply.request_id));
     remember(&mut m.status, &reply.request_id);
     if op.done {
-        return finished(ctx, key, &before, m, r, "UpdateMachine", op).await;
+        return finished(ctx, &before, m, r, "UpdateMachine", op).await;
     }
     m.status.operations = vec![stored("UpdateMachine", &op, &reply.request_id)];
     m.status.phase = Phase::Updating;
     set_condition(&mut m.status.conditions, "UpToDate", false, "Updating", "updating in place");
     if !save(ctx, &before, m).await? {
-        return Ok(Action::Requeue(Duration::ZERO));
+        return Ok(Action::requeue_now());
     }
-    ctx.hold(key, op.poll_after());
-    Ok(Action::Requeue(op.poll_after()))
+    Ok(Action::poll_after(op.poll_after()))
 }
 
 /// Deletes the cloud machine, then lets the object go by removing the finalizer.
@@ -543,12 +514,12 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
         && before.status.operations.is_empty()
         && before.status.create_started.is_none();
     if never_created {
-        return release(ctx, key, before).await;
+        return release(ctx, before).await;
     }
     let wait = ctx.wait_before_call(key);
     let deleting = before.status.operations.first().is_some_and(|o| o.kind == "DeleteMachine");
     if deleting && !wait.is_zero() {
-        return Ok(Action::Requeue(wait));
+        return Ok(Action::Wait(wait));
     }
     let r =
         match resolve(ctx, &before.metadata.namespace, &before.spec.class_ref.name, before.spec.provider_spec.as_ref())
@@ -560,7 +531,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                 m.status.phase = Phase::Terminating;
                 set_condition(&mut m.status.conditions, "DeletionFailed", true, reason, &message);
                 save(ctx, &before, m).await?;
-                return Ok(Action::Requeue(Duration::from_secs(30)));
+                return Ok(Action::requeue(Duration::from_secs(30)));
             }
         };
     if deleting {
@@ -568,7 +539,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
         match poll_stored(ctx, r.driver, r.secrets.clone(), &stored_op).await {
             Polled::Operation(reply) if reply.value.done => {
                 if let Some(err) = reply.value.error_report() {
-                    if classify(&err) != Verdict::NotFound {
+                    if policy::decide(&err, Source::Operation(Rpc::Delete)) != Decision::Done {
                         let mut m = before.clone();
                         m.status.operations.clear();
                         m.status.last_operation = Some(last_err("Delete", &err));
@@ -580,18 +551,12 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                             &err.message,
                         );
                         save(ctx, &before, m).await?;
-                        let delay = ctx.exponential(key);
-                        ctx.hold(key, delay);
-                        return Ok(Action::Requeue(delay));
+                        return Err(ReconcileError::operation("DeleteMachine", err, Rpc::Delete));
                     }
                 }
-                return release(ctx, key, before).await;
+                return release(ctx, before).await;
             }
-            Polled::Operation(reply) => {
-                let d = reply.value.poll_after();
-                ctx.hold(key, d);
-                return Ok(Action::Requeue(d));
-            }
+            Polled::Operation(reply) => return Ok(Action::poll_after(reply.value.poll_after())),
             Polled::Unusable(why) => {
                 // Delete again by name below (idempotent); the new operation replaces the old.
                 ctx.store
@@ -604,11 +569,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                     )
                     .await;
             }
-            Polled::Failed(e) => {
-                let d = ctx.backoff(key, &e);
-                ctx.hold(key, d);
-                return Ok(Action::Requeue(d));
-            }
+            Polled::Failed(e) => return Err(ReconcileError::call(&e, Rpc::Poll)),
         }
     }
     let mut m = before.clone();
@@ -629,18 +590,17 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                 let Some(fresh) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
                     return Ok(Action::AwaitChange);
                 };
-                return release(ctx, key, fresh).await;
+                return release(ctx, fresh).await;
             }
             m.status.operations = vec![stored("DeleteMachine", &op, &reply.request_id)];
             m.status.phase = Phase::Terminating;
             set_condition(&mut m.status.conditions, "Ready", false, "Deleting", "the cloud is deleting the machine");
             if !save(ctx, &before, m).await? {
-                return Ok(Action::Requeue(Duration::ZERO));
+                return Ok(Action::requeue_now());
             }
-            ctx.hold(key, op.poll_after());
-            Ok(Action::Requeue(op.poll_after()))
+            Ok(Action::poll_after(op.poll_after()))
         }
-        Err(e) if e.code() == tonic::Code::NotFound => release(ctx, key, before).await,
+        Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => release(ctx, before).await,
         Err(e) => {
             m.status.last_operation = Some(last_err("Delete", &e.report));
             remember(&mut m.status, e.request_id());
@@ -653,19 +613,15 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                 &e.report.message,
             );
             save(ctx, &before, m).await?;
-            // Deletion keeps trying (slowly for permanent errors): a machine must not leak.
-            let delay = match classify(&e.report) {
-                Verdict::Permanent => ctx.config.backoff_max.min(Duration::from_secs(60)),
-                _ => ctx.backoff(key, &e),
-            };
-            ctx.hold(key, delay);
-            Ok(Action::Requeue(delay))
+            // Deletion keeps trying (the policy retries permanent errors slowly): a machine must
+            // not leak.
+            Err(ReconcileError::call(&e, Rpc::Delete))
         }
     }
 }
 
 /// Removes the finalizer: the store then removes the object.
-async fn release(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
+async fn release(ctx: &Ctx, m: Machine) -> Result<Action> {
     let mut done = m.clone();
     done.metadata.finalizers.retain(|f| f != FINALIZER);
     match ctx.store.update(&done).await {
@@ -679,10 +635,9 @@ async fn release(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
                     format!("{} is gone from the cloud", m.metadata.name),
                 )
                 .await;
-            ctx.forget(key);
             Ok(Action::AwaitChange)
         }
-        Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+        Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
         Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
         Err(e) => Err(e.into()),
     }

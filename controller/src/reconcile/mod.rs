@@ -6,6 +6,7 @@ use driver_sdk::proto as pb;
 use serde_json::Value;
 
 use crate::resources::*;
+use crate::runtime::policy::{self, Decision, Rpc, Source};
 use crate::runtime::{Action, Ctx, DriverHandle, ReconcileError};
 use crate::store::Key;
 
@@ -30,13 +31,13 @@ pub(crate) fn stored(kind: &str, op: &pb::Operation, request_id: &str) -> Stored
 /// What polling a stored operation found.
 pub(crate) enum Polled {
     /// The driver answered with the operation.
-    Operation(driver_sdk::Reply<pb::Operation>),
+    Operation(Box<driver_sdk::Reply<pb::Operation>>),
     /// The stored handle cannot be used — not base64, empty, or refused by the driver (truncated,
     /// altered, sealed with another key, by another driver, or of an unknown version). The
     /// caller drops it and asks the driver again by name: creates and deletes are idempotent.
     Unusable(String),
     /// The call failed otherwise: back off and poll again.
-    Failed(driver_sdk::CallError),
+    Failed(Box<driver_sdk::CallError>),
 }
 
 /// Polls a stored operation: the one way every reconciler reads a stored token.
@@ -60,14 +61,12 @@ pub(crate) async fn poll_stored(
         )
         .await
     {
-        Ok(reply) => Polled::Operation(reply),
+        Ok(reply) => Polled::Operation(Box::new(reply)),
         // The token is the only argument GetOperation checks: INVALID_ARGUMENT is about it.
-        Err(e) if e.code() == tonic::Code::InvalidArgument => Polled::Unusable(format!(
-            "the driver refused the stored operation token: {} (request {})",
-            e.report,
-            e.request_id()
-        )),
-        Err(e) => Polled::Failed(e),
+        Err(e) if policy::decide(&e.report, Source::Call(Rpc::Poll)) == Decision::DropToken => Polled::Unusable(
+            format!("the driver refused the stored operation token: {} (request {})", e.report, e.request_id()),
+        ),
+        Err(e) => Polled::Failed(Box::new(e)),
     }
 }
 
@@ -150,7 +149,7 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     // A retry waits out its backoff even when the class's own status write wakes it.
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
-        return Ok(Action::Requeue(wait));
+        return Ok(Action::Wait(wait));
     }
     let r = match resolve(ctx, &key.namespace, &key.name, None).await? {
         Ok(r) => r,
@@ -159,7 +158,7 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
             if set_condition(&mut c.status.conditions, "Valid", false, reason, &message) {
                 let _ = ctx.store.update_status(&c).await;
             }
-            return Ok(Action::Requeue(Duration::from_secs(30)));
+            return Ok(Action::requeue(Duration::from_secs(30)));
         }
     };
     let caps = match ctx
@@ -167,11 +166,7 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         .await
     {
         Ok(reply) => reply.value.capabilities,
-        Err(e) => {
-            let delay = ctx.backoff(key, &e);
-            ctx.hold(key, delay);
-            return Ok(Action::Requeue(delay));
-        }
+        Err(e) => return Err(ReconcileError::call(&e, Rpc::Read)),
     };
     let mut c = before.clone();
     if caps.contains(&(pb::Capability::ValidateMachineClass as i32)) {
@@ -194,37 +189,35 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
                     )
                     .await;
             }
-            Err(e) if crate::runtime::classify(&e.report) == crate::runtime::Verdict::Permanent => {
-                let fields: Vec<String> =
-                    e.report.violations.iter().map(|v| format!("{}: {}", v.field, v.description)).collect();
-                let msg = if fields.is_empty() { e.report.message.clone() } else { fields.join("; ") };
-                set_condition(&mut c.status.conditions, "Valid", false, "Invalid", &msg);
-                ctx.store.event(Kind::MachineClass, &c.metadata, true, "Invalid", msg).await;
-            }
-            Err(e) if crate::runtime::classify(&e.report) == crate::runtime::Verdict::Credentials => {
-                // Not the class's fault: retried with backoff, and at once when its Secret changes.
-                let msg = format!("{} (request {})", e.report, e.request_id());
-                let delay = ctx.backoff(key, &e);
-                ctx.hold(key, delay);
-                if set_condition(&mut c.status.conditions, "Valid", false, machine::CONDITION_CREDENTIALS, &msg) {
-                    let _ = ctx.store.update_status(&c).await;
+            Err(e) => match policy::decide(&e.report, Source::Call(Rpc::Read)) {
+                Decision::Permanent(_) => {
+                    let fields: Vec<String> =
+                        e.report.violations.iter().map(|v| format!("{}: {}", v.field, v.description)).collect();
+                    let msg = if fields.is_empty() { e.report.message.clone() } else { fields.join("; ") };
+                    set_condition(&mut c.status.conditions, "Valid", false, "Invalid", &msg);
+                    ctx.store.event(Kind::MachineClass, &c.metadata, true, "Invalid", msg).await;
                 }
-                return Ok(Action::Requeue(delay));
-            }
-            Err(e) => {
-                let delay = ctx.backoff(key, &e);
-                ctx.hold(key, delay);
-                return Ok(Action::Requeue(delay));
-            }
+                decision => {
+                    if decision.cause() == Some(policy::Cause::Credentials) {
+                        // Not the class's fault: retried with backoff, and at once when its Secret
+                        // changes.
+                        let msg = format!("{} (request {})", e.report, e.request_id());
+                        if set_condition(&mut c.status.conditions, "Valid", false, policy::CONDITION_CREDENTIALS, &msg)
+                        {
+                            let _ = ctx.store.update_status(&c).await;
+                        }
+                    }
+                    return Err(ReconcileError::call(&e, Rpc::Read));
+                }
+            },
         }
     } else {
         set_condition(&mut c.status.conditions, "Valid", true, "NotValidated", "the driver does not validate classes");
     }
     c.status.validated_generation = c.metadata.generation;
-    ctx.succeeded(key);
     match ctx.store.update_status(&c).await {
         Ok(_) => Ok(Action::AwaitChange),
-        Err(crate::store::Error::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+        Err(crate::store::Error::Conflict { .. }) => Ok(Action::requeue_now()),
         Err(e) => Err(e.into()),
     }
 }

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::resolve;
 use crate::resources::*;
+use crate::runtime::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::runtime::Ctx;
 
 /// Runs collection every `orphan_interval` until aborted.
@@ -42,7 +43,13 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
         let selector = [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into();
         let cloud = match r.driver.client.list_all_machines(selector, 500, r.secrets.clone()).await {
             Ok(list) => list,
-            Err(e) if e.code() == tonic::Code::Unimplemented => continue,
+            // No ListMachines (a pools-only driver): nothing to collect.
+            Err(e)
+                if policy::decide(&e.report, Source::Call(Rpc::Read))
+                    == Decision::Permanent(Permanent::Unsupported) =>
+            {
+                continue
+            }
             Err(e) => {
                 tracing::info!("listing machines of driver {}: {e}", r.driver.name);
                 continue;

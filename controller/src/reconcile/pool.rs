@@ -1,10 +1,9 @@
 //! MachinePool: a scale set driven through the pool RPCs, mirrored as one Machine per instance.
 //!
-//! Rolling upgrades follow CAPZ: with maxSurge > 0 the pool grows to `replicas + maxSurge` on
-//! the new model, then old-model instances are deleted in CAPZ's order (failed, annotated,
-//! unready, then ready — within `ready − replicas + maxUnavailable`); with maxSurge = 0 old
-//! instances are upgraded in place, maxUnavailable at a time. Deleting one pool Machine deletes
-//! exactly that instance; the pool then refills to `replicas`.
+//! The decisions (capacity, CAPZ-style surge upgrades by deletion, maxSurge-0 upgrades in place)
+//! are [`plan::pool`](crate::plan::pool)'s; this reconciler lists, mirrors, plans and makes the
+//! one call the plan names. Deleting one pool Machine deletes exactly that instance; the pool
+//! then refills to `replicas`.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -13,11 +12,12 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
-use super::deployment::ENVIRONMENT_CONDITIONS;
-use super::machine::{environment_condition, upper_camel};
+use super::machine::upper_camel;
 use super::{poll_stored, resolve, stored, Polled, Resolved};
+use crate::plan::pool as plan;
 use crate::resources::*;
-use crate::runtime::{classify, Action, Ctx, ReconcileError, Verdict};
+use crate::runtime::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
+use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::{Error as StoreError, Key, ListParams};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
@@ -31,6 +31,16 @@ fn last(op_type: &str, state: &str, request_id: &str, err: Option<&driver_sdk::E
         message: err.map(|e| e.message.clone()).unwrap_or_default(),
         request_id: request_id.into(),
         time: Utc::now(),
+    }
+}
+
+/// A listed instance as the planner sees it.
+fn instance(i: &pb::PoolInstance) -> plan::Instance {
+    plan::Instance {
+        id: i.instance_id.clone(),
+        state: plan::InstanceState::parse(&i.provisioning_state),
+        running: i.power_state == pb::PowerState::Running as i32,
+        latest_model: i.latest_model_applied,
     }
 }
 
@@ -61,7 +71,7 @@ async fn instances(
                 }
                 token = reply.value.next_page_token;
             }
-            Err(e) if e.code() == tonic::Code::NotFound => return Ok(out),
+            Err(e) if policy::decide(&e.report, Source::Call(Rpc::Read)) == Decision::Absent => return Ok(out),
             Err(e) => return Err(e),
         }
     }
@@ -79,13 +89,13 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         let mut with = pool.clone();
         with.metadata.finalizers.push(FINALIZER.into());
         return match ctx.store.update(&with).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
             Err(e) => Err(e.into()),
         };
     }
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
-        return Ok(Action::Requeue(wait));
+        return Ok(Action::Wait(wait));
     }
     let t = &pool.spec.template.spec;
     let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
@@ -94,14 +104,14 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             let mut next = pool.clone();
             set_condition(&mut next.status.conditions, "Ready", false, reason, &message);
             save(ctx, &pool, next).await?;
-            return Ok(Action::Requeue(Duration::from_secs(10)));
+            return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
     // An operation in flight: poll it first.
     if let Some(op) = pool.status.operations.first().cloned() {
         let mut next = pool.clone();
         let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &op).await {
-            Polled::Operation(reply) => Ok(reply),
+            Polled::Operation(reply) => Ok(*reply),
             Polled::Unusable(why) => {
                 // ApplyPool / DeletePool are idempotent: drop the handle and reconcile again.
                 next.status.operations.clear();
@@ -116,16 +126,12 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
                     )
                     .await;
                 save(ctx, &pool, next).await?;
-                return Ok(Action::Requeue(Duration::ZERO));
+                return Ok(Action::requeue_now());
             }
             Polled::Failed(e) => Err(e),
         };
         match reply {
-            Ok(reply) if !reply.value.done => {
-                let d = reply.value.poll_after();
-                ctx.hold(key, d);
-                return Ok(Action::Requeue(d));
-            }
+            Ok(reply) if !reply.value.done => return Ok(Action::poll_after(reply.value.poll_after())),
             Ok(reply) => {
                 next.status.operations.clear();
                 let err = reply.value.error_report();
@@ -145,13 +151,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
                 if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == "DeletePool" {
                     return finish_delete(ctx, &pool).await;
                 }
-                return Ok(Action::Requeue(Duration::ZERO));
+                return Ok(Action::requeue_now());
             }
-            Err(e) => {
-                let d = ctx.backoff(key, &e);
-                ctx.hold(key, d);
-                return Ok(Action::Requeue(d));
-            }
+            Err(e) => return Err(ReconcileError::call(&e, Rpc::Poll)),
         }
     }
     if pool.metadata.deletion_timestamp.is_some() {
@@ -159,14 +161,17 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             pb::DeletePoolRequest { name: pool.metadata.name.clone(), provider_spec: None, secrets: r.secrets.clone() };
         return match ctx.call(r.driver, "DeletePool", |c| async move { c.delete_pool(req).await }).await {
             Ok(reply) if reply.value.done => finish_delete(ctx, &pool).await,
-            Ok(reply) => start(ctx, key, &pool, "DeletePool", reply).await,
-            Err(e) => Ok(Action::Requeue(ctx.backoff(key, &e))),
+            Ok(reply) => start(ctx, &pool, "DeletePool", reply).await,
+            Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => {
+                finish_delete(ctx, &pool).await
+            }
+            Err(e) => Err(ReconcileError::call(&e, Rpc::Delete)),
         };
     }
 
     let mut list = match instances(ctx, &r, &pool.metadata.name).await {
         Ok(l) => l,
-        Err(e) => return failed(ctx, key, &pool, "ListPoolInstances", &e).await,
+        Err(e) => return failed(ctx, &pool, "ListPoolInstances", Rpc::Read, &e).await,
     };
     let machines: Vec<Machine> = ctx
         .store
@@ -181,110 +186,65 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if !unlisted(&list, &machines).is_empty() {
         match instances(ctx, &r, &pool.metadata.name).await {
             Ok(again) => list = union(again, list),
-            Err(e) => return failed(ctx, key, &pool, "ListPoolInstances", &e).await,
+            Err(e) => return failed(ctx, &pool, "ListPoolInstances", Rpc::Read, &e).await,
         }
     }
     mirror(ctx, &pool, &r, &list, &machines).await?;
 
-    let replicas = pool.spec.replicas;
-    let mut surge = pool.spec.strategy.max_surge.resolve(replicas, true).unwrap_or(1);
-    let mut unavailable = pool.spec.strategy.max_unavailable.resolve(replicas, false).unwrap_or(0);
-    if surge == 0 && unavailable == 0 {
-        unavailable = 1;
-    }
-    let rev = short_hash(&pool.spec.template);
-    let template_changed = pool.status.applied_revision != rev;
-    let deleting: HashSet<&str> = machines
+    let deleting: HashSet<String> = machines
         .iter()
         .filter(|m| m.is_deleting())
-        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.as_str()))
+        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.clone()))
         .collect();
-    let live: Vec<&pb::PoolInstance> = list
+    let annotated: HashSet<String> = machines
         .iter()
-        .filter(|i| i.provisioning_state != "Deleting" && !deleting.contains(i.instance_id.as_str()))
+        .filter(|m| m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"))
+        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.clone()))
         .collect();
-    let old: Vec<&pb::PoolInstance> =
-        live.iter().copied().filter(|i| !i.latest_model_applied || template_changed).collect();
-    let ready =
-        |i: &pb::PoolInstance| i.provisioning_state == "Succeeded" && i.power_state == pb::PowerState::Running as i32;
-    surge = surge.min(old.len() as i64);
-    let capacity = if old.is_empty() { replicas } else { replicas + surge };
+    let observed: Vec<plan::Instance> = list.iter().map(instance).collect();
+    let rev = short_hash(&pool.spec.template);
+    let replicas = pool.spec.replicas;
+    let plan = plan::plan(plan::Observed {
+        replicas,
+        strategy: &pool.spec.strategy,
+        revision: &rev,
+        applied_revision: &pool.status.applied_revision,
+        applied_capacity: pool.status.applied_capacity,
+        instances: &observed,
+        deleting: &deleting,
+        annotated: &annotated,
+    });
 
     let mut next = pool.clone();
-    next.status.replicas = live.len() as i64;
-    next.status.ready_replicas = live.iter().filter(|i| ready(i)).count() as i64;
-    next.status.updated_replicas = live.iter().filter(|i| i.latest_model_applied && !template_changed).count() as i64;
-    if template_changed
-        || pool.status.applied_capacity != capacity
-        || (live.len() as i64) < capacity && deleting.is_empty()
-    {
-        let req = pb::ApplyPoolRequest {
-            name: pool.metadata.name.clone(),
-            provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
-            capacity: capacity as i32,
-            secrets: r.secrets.clone(),
-            labels: [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into(),
-        };
-        next.status.applied_revision = rev.clone();
-        next.status.applied_capacity = capacity;
-        save(ctx, &pool, next.clone()).await?;
-        let Some(fresh) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
-            return Ok(Action::AwaitChange);
-        };
-        return match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
-            Ok(reply) if reply.value.done => Ok(Action::Requeue(Duration::from_millis(200))),
-            Ok(reply) => start(ctx, key, &fresh, "ApplyPool", reply).await,
-            Err(e) => failed(ctx, key, &fresh, "Apply", &e).await,
-        };
-    }
-    if !old.is_empty() {
-        let busy = live.iter().filter(|i| !ready(i)).count() as i64;
-        if surge > 0 {
-            // CAPZ: delete old-model instances within ready − replicas + maxUnavailable.
-            let ready_count = live.iter().filter(|i| ready(i)).count() as i64;
-            let budget = ready_count - replicas + unavailable;
-            let annotated: HashSet<&str> = machines
-                .iter()
-                .filter(|m| m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"))
-                .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.as_str()))
-                .collect();
-            let mut order: Vec<&pb::PoolInstance> = old.clone();
-            order.sort_by_key(|i| {
-                let rank = if i.provisioning_state == "Failed" {
-                    0
-                } else if annotated.contains(i.instance_id.as_str()) {
-                    1
-                } else if !ready(i) {
-                    2
-                } else {
-                    3
-                };
-                (rank, i.instance_id.parse::<u64>().unwrap_or(u64::MAX))
-            });
-            // Unready old instances cost no availability; ready ones only within the budget.
-            let mut left = budget;
-            let mut victims: Vec<String> = Vec::new();
-            for i in order {
-                if !ready(i) {
-                    victims.push(i.instance_id.clone());
-                } else if left > 0 {
-                    victims.push(i.instance_id.clone());
-                    left -= 1;
-                }
-            }
-            if !victims.is_empty() {
-                return pool_instances_call(ctx, key, &pool, &r, "DeletePoolInstances", victims).await;
-            }
-        } else {
-            let budget = (unavailable - busy).max(0) as usize;
-            let ids: Vec<String> =
-                old.iter().filter(|i| ready(i)).take(budget).map(|i| i.instance_id.clone()).collect();
-            if !ids.is_empty() {
-                return pool_instances_call(ctx, key, &pool, &r, "UpgradePoolInstances", ids).await;
-            }
+    next.status.replicas = plan.replicas;
+    next.status.ready_replicas = plan.ready_replicas;
+    next.status.updated_replicas = plan.updated_replicas;
+    match plan.step {
+        plan::Step::Apply { capacity } => {
+            let req = pb::ApplyPoolRequest {
+                name: pool.metadata.name.clone(),
+                provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+                capacity: capacity as i32,
+                secrets: r.secrets.clone(),
+                labels: [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into(),
+            };
+            next.status.applied_revision = rev.clone();
+            next.status.applied_capacity = capacity;
+            save(ctx, &pool, next.clone()).await?;
+            let Some(fresh) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
+                return Ok(Action::AwaitChange);
+            };
+            return match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
+                Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
+                Ok(reply) => start(ctx, &fresh, "ApplyPool", reply).await,
+                Err(e) => failed(ctx, &fresh, "Apply", Rpc::Mutate, &e).await,
+            };
         }
+        plan::Step::Delete(ids) => return pool_instances_call(ctx, &pool, &r, "DeletePoolInstances", ids).await,
+        plan::Step::Upgrade(ids) => return pool_instances_call(ctx, &pool, &r, "UpgradePoolInstances", ids).await,
+        plan::Step::Wait => {}
     }
-    let done = old.is_empty() && live.len() as i64 == replicas && next.status.ready_replicas == replicas;
+    let done = plan.done;
     // The driver answered: whatever the environment refused before is over.
     next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type.as_str()));
     set_condition(
@@ -298,13 +258,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         ),
     );
     save(ctx, &pool, next).await?;
-    ctx.succeeded(key);
-    Ok(Action::Requeue(if done { Duration::from_secs(30) } else { Duration::from_secs(1) }))
+    Ok(Action::requeue(if done { Duration::from_secs(30) } else { Duration::from_secs(1) }))
 }
 
 async fn pool_instances_call(
     ctx: &Ctx,
-    key: &Key,
     pool: &MachinePool,
     r: &Resolved<'_>,
     method: &'static str,
@@ -335,46 +293,37 @@ async fn pool_instances_call(
         })
         .await
     };
+    let rpc = if method == "DeletePoolInstances" { Rpc::Delete } else { Rpc::Mutate };
     match result {
-        Ok(reply) if reply.value.done => Ok(Action::Requeue(Duration::from_millis(200))),
-        Ok(reply) => start(ctx, key, pool, method, reply).await,
-        Err(e) => failed(ctx, key, pool, method, &e).await,
+        Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
+        Ok(reply) => start(ctx, pool, method, reply).await,
+        Err(e) => failed(ctx, pool, method, rpc, &e).await,
     }
 }
 
 /// Stores a started operation before anything else.
-async fn start(
-    ctx: &Ctx,
-    key: &Key,
-    pool: &MachinePool,
-    kind: &str,
-    reply: driver_sdk::Reply<pb::Operation>,
-) -> Result<Action> {
+async fn start(ctx: &Ctx, pool: &MachinePool, kind: &str, reply: driver_sdk::Reply<pb::Operation>) -> Result<Action> {
     let mut next = pool.clone();
     next.status.operations = vec![stored(kind, &reply.value, &reply.request_id)];
     next.status.last_operation = Some(last(kind, "Processing", &reply.request_id, None));
     save(ctx, pool, next).await?;
-    let d = reply.value.poll_after();
-    ctx.hold(key, d);
-    Ok(Action::Requeue(d))
+    Ok(Action::poll_after(reply.value.poll_after()))
 }
 
-async fn failed(ctx: &Ctx, key: &Key, pool: &MachinePool, kind: &str, e: &driver_sdk::CallError) -> Result<Action> {
+/// A failed pool call: the Ready condition (and an environment condition) say why; the runtime
+/// retries per the error policy (a permanent error slowly: the pool must converge).
+async fn failed(ctx: &Ctx, pool: &MachinePool, kind: &str, rpc: Rpc, e: &driver_sdk::CallError) -> Result<Action> {
     let mut next = pool.clone();
     next.status.last_operation = Some(last(kind, "Failed", e.request_id(), Some(&e.report)));
     set_condition(&mut next.status.conditions, "Ready", false, "CallFailed", &e.report.to_string());
-    if let Some(kind) = environment_condition(&e.report) {
+    let decision = policy::decide(&e.report, Source::Call(rpc));
+    if let Some(kind) = decision.cause().and_then(policy::Cause::environment_condition) {
         let reason = if e.report.reason.is_empty() { kind.to_string() } else { upper_camel(&e.report.reason) };
         let message = format!("{} (request {})", e.report, e.request_id());
         set_condition(&mut next.status.conditions, kind, true, &reason, &message);
     }
     save(ctx, pool, next).await?;
-    let d = match classify(&e.report) {
-        Verdict::Permanent => Duration::from_secs(60),
-        _ => ctx.backoff(key, e),
-    };
-    ctx.hold(key, d);
-    Ok(Action::Requeue(d))
+    Err(ReconcileError::call(e, rpc))
 }
 
 async fn save(ctx: &Ctx, before: &MachinePool, after: MachinePool) -> Result<()> {
@@ -398,13 +347,7 @@ async fn mirror(
     let by_instance: HashMap<&str, &Machine> =
         machines.iter().filter_map(|m| m.spec.pool_ref.as_ref().map(|p| (p.instance_id.as_str(), m))).collect();
     for i in list {
-        let phase = match i.provisioning_state.as_str() {
-            "Succeeded" => Phase::Running,
-            "Failed" => Phase::Failed,
-            "Deleting" => Phase::Terminating,
-            "Updating" => Phase::Updating,
-            _ => Phase::Creating,
-        };
+        let phase = plan::InstanceState::parse(&i.provisioning_state).phase();
         match by_instance.get(i.instance_id.as_str()) {
             None => {
                 let mut m = Machine::new(
@@ -520,7 +463,7 @@ async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
     done.metadata.finalizers.retain(|f| f != FINALIZER);
     match ctx.store.update(&done).await {
         Ok(_) | Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
-        Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+        Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
         Err(e) => Err(e.into()),
     }
 }
@@ -539,23 +482,23 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
         done.metadata.finalizers.retain(|f| f != FINALIZER);
         match ctx.store.update(&done).await {
             Ok(_) | Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
-            Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::ZERO)),
+            Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
             Err(e) => Err(ReconcileError::from(e)),
         }
     };
     let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &pref.name).await? else { return release(m).await };
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
-        return Ok(Action::Requeue(wait));
+        return Ok(Action::Wait(wait));
     }
     let t = &pool.spec.template.spec;
     let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
         Ok(r) => r,
-        Err(_) => return Ok(Action::Requeue(Duration::from_secs(10))),
+        Err(_) => return Ok(Action::requeue(Duration::from_secs(10))),
     };
     if let Some(op) = m.status.operations.first().cloned() {
         let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &op).await {
-            Polled::Operation(reply) => Ok(reply),
+            Polled::Operation(reply) => Ok(*reply),
             Polled::Unusable(why) => {
                 // DeletePoolInstances is idempotent: drop the handle and delete the instance again.
                 let mut next = m.clone();
@@ -564,24 +507,23 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
                 ctx.store
                     .event(Kind::Machine, &m.metadata, true, "OperationTokenUnusable", format!("{why}; deleting again"))
                     .await;
-                return Ok(Action::Requeue(Duration::ZERO));
+                return Ok(Action::requeue_now());
             }
             Polled::Failed(e) => Err(e),
         };
         return match reply {
-            Ok(reply) if reply.value.done && reply.value.error_report().is_none() => release(m).await,
-            Ok(reply) if reply.value.done => {
-                let mut next = m.clone();
-                next.status.operations.clear();
-                let _ = ctx.store.update_status(&next).await;
-                Ok(Action::Requeue(ctx.exponential(key)))
-            }
-            Ok(reply) => {
-                let d = reply.value.poll_after();
-                ctx.hold(key, d);
-                Ok(Action::Requeue(d))
-            }
-            Err(e) => Ok(Action::Requeue(ctx.backoff(key, &e))),
+            Ok(reply) if !reply.value.done => Ok(Action::poll_after(reply.value.poll_after())),
+            Ok(reply) => match reply.value.error_report() {
+                None => release(m).await,
+                Some(err) if policy::decide(&err, Source::Operation(Rpc::Delete)) == Decision::Done => release(m).await,
+                Some(err) => {
+                    let mut next = m.clone();
+                    next.status.operations.clear();
+                    let _ = ctx.store.update_status(&next).await;
+                    Err(ReconcileError::operation("DeletePoolInstances", err, Rpc::Delete))
+                }
+            },
+            Err(e) => Err(ReconcileError::call(&e, Rpc::Poll)),
         };
     }
     let req = pb::DeletePoolInstancesRequest {
@@ -599,7 +541,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
             next.status.last_operation = Some(last("Delete", "Processing", &reply.request_id, None));
             match ctx.store.update_status(&next).await {
                 Ok(_) => {}
-                Err(StoreError::Conflict { .. }) => return Ok(Action::Requeue(Duration::ZERO)),
+                Err(StoreError::Conflict { .. }) => return Ok(Action::requeue_now()),
                 Err(StoreError::NotFound(_)) => return Ok(Action::AwaitChange),
                 Err(e) => return Err(e.into()),
             }
@@ -612,16 +554,10 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
                     format!("deleting instance {} of pool {}", pref.instance_id, pref.name),
                 )
                 .await;
-            let d = reply.value.poll_after();
-            ctx.hold(key, d);
-            Ok(Action::Requeue(d))
+            Ok(Action::poll_after(reply.value.poll_after()))
         }
-        Err(e) if e.code() == tonic::Code::NotFound => release(m).await,
-        Err(e) => {
-            let d = ctx.backoff(key, &e);
-            ctx.hold(key, d);
-            Ok(Action::Requeue(d))
-        }
+        Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => release(m).await,
+        Err(e) => Err(ReconcileError::call(&e, Rpc::Delete)),
     }
 }
 

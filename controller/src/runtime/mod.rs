@@ -1,13 +1,18 @@
 //! The controller runtime: workers pulling keys from a [`queue::WorkQueue`] fed by store change
 //! notifications (debounced), driver handles with a token-bucket rate limit and per-call
-//! deadlines, the error policy (backoff with jitter, RetryInfo honoured, permanent errors not
-//! retried), and metrics.
+//! deadlines, the error policy ([`policy`]; applied by [`Ctx::error_policy`]: backoff with
+//! jitter, RetryInfo honoured, permanent errors not retried), and metrics.
+//!
+//! Reconcilers return [`Action`] or a [`ReconcileError`]; only the runtime schedules the next
+//! run of a key.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use driver_sdk::{CallError, CallResult, DriverClient, ErrorReport};
+
+use policy::{Decision, Source};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -20,6 +25,7 @@ use tracing::Instrument;
 use crate::resources::Kind;
 use crate::store::{Key, Store};
 
+pub mod policy;
 pub mod queue;
 
 /// Runtime settings.
@@ -209,11 +215,18 @@ pub struct Ctx {
     class_generations: Mutex<HashMap<Key, i64>>,
 }
 
-/// What to do after a reconcile.
+/// What to do after a reconcile (the reconciler's answer; the runtime schedules it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Run again after this long.
+    /// Run again after this long; a change runs it sooner.
     Requeue(Duration),
+    /// The driver sets the pace (its `poll_after`, the health-check interval): run again after
+    /// this long, and make no driver call for this object before then, even when a change runs
+    /// the reconcile sooner ([`Ctx::wait_before_call`]).
+    Poll(Duration),
+    /// Nothing was done: the object is still waiting out its backoff or poll interval (this
+    /// long). Unlike the other actions, this keeps the count of failed attempts.
+    Wait(Duration),
     /// Run again when something changes.
     AwaitChange,
 }
@@ -223,37 +236,20 @@ impl Action {
     pub fn requeue(d: Duration) -> Self {
         Action::Requeue(d)
     }
-}
 
-/// How to react to a driver error (design.md's error policy table).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Retry the same request after a backoff (or the delay the driver asked for).
-    Retry(Option<Duration>),
-    /// Quota or capacity: retry, but slowly.
-    Quota,
-    /// The cloud refused the credentials (PERMISSION_DENIED / UNAUTHENTICATED): the
-    /// environment, not the spec — retry with backoff, surface a condition, and retry at once
-    /// when the class or its Secret changes. Never counts against a revision.
-    Credentials,
-    /// Will not succeed unchanged: mark Failed, retry only on a spec change.
-    Permanent,
-    /// The thing is gone (delete = done).
-    NotFound,
-}
-
-/// Classifies a driver error.
-pub fn classify(e: &ErrorReport) -> Verdict {
-    use tonic::Code::*;
-    if let Some(d) = e.retry_after {
-        return Verdict::Retry(Some(d));
+    /// Run again now (after a write conflict, or to take the next step at once).
+    pub fn requeue_now() -> Self {
+        Action::Requeue(Duration::ZERO)
     }
-    match e.code {
-        NotFound => Verdict::NotFound,
-        ResourceExhausted => Verdict::Quota,
-        PermissionDenied | Unauthenticated => Verdict::Credentials,
-        InvalidArgument | FailedPrecondition | AlreadyExists | Unimplemented | OutOfRange => Verdict::Permanent,
-        _ => Verdict::Retry(None),
+
+    /// Poll again after `d`, calling no driver before then.
+    pub fn poll_after(d: Duration) -> Self {
+        Action::Poll(d)
+    }
+
+    /// Run again when something changes.
+    pub fn await_change() -> Self {
+        Action::AwaitChange
     }
 }
 
@@ -317,15 +313,42 @@ impl Ctx {
         result
     }
 
-    /// The delay before retrying after `e` (and counts the attempt).
-    pub fn backoff(&self, key: &Key, e: &CallError) -> Duration {
-        match classify(&e.report) {
-            Verdict::Retry(Some(d)) => {
-                self.bump(key);
-                d + jitter(d / 10)
+    /// The error policy (kube-runtime's `error_policy`): the delay before `key` runs again after
+    /// `e`, with the attempt counted. Driver errors are decided by [`policy::decide`] and
+    /// also hold the key's driver calls back until then ([`Ctx::wait_before_call`]).
+    pub fn error_policy(&self, key: &Key, e: &ReconcileError) -> Duration {
+        match e {
+            ReconcileError::Store(_) => self.exponential(key),
+            ReconcileError::Driver { report, origin, .. } => {
+                let delay = self.delay(key, policy::decide(report, *origin));
+                self.hold(key, delay);
+                delay
             }
-            Verdict::Quota => self.exponential(key).max(Duration::from_secs(10).min(self.config.backoff_max)),
-            _ => self.exponential(key),
+        }
+    }
+
+    /// [`policy::decide_bounded`] with the failures `key` has had in a row: what a reconciler
+    /// asks to know which status to write.
+    pub fn decide(&self, key: &Key, report: &ErrorReport, source: Source) -> Decision {
+        let failures = self.attempts.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied().unwrap_or(0);
+        policy::decide_bounded(report, source, failures)
+    }
+
+    /// The delay a decision asks for (and counts the attempt).
+    fn delay(&self, key: &Key, decision: Decision) -> Duration {
+        match decision {
+            Decision::RetryAfter { delay, .. } => {
+                self.bump(key);
+                delay + jitter(delay / 10)
+            }
+            Decision::Backoff(cause) => self.exponential(key).max(cause.min_backoff().min(self.config.backoff_max)),
+            // Only calls that must go on reach the runtime with a permanent error (a delete must
+            // not leak a machine): slowly.
+            Decision::Permanent(_) => {
+                self.bump(key);
+                self.config.backoff_max.min(policy::PERMANENT_RETRY)
+            }
+            Decision::Absent | Decision::DropToken | Decision::Done => self.exponential(key),
         }
     }
 
@@ -337,7 +360,7 @@ impl Ctx {
     }
 
     /// Exponential backoff with jitter for the next attempt on `key`.
-    pub fn exponential(&self, key: &Key) -> Duration {
+    fn exponential(&self, key: &Key) -> Duration {
         let n = self.bump(key).min(20);
         let base = self.config.backoff_base.as_secs_f64() * 2f64.powi(n as i32 - 1);
         let d = Duration::from_secs_f64(base.min(self.config.backoff_max.as_secs_f64()));
@@ -346,7 +369,7 @@ impl Ctx {
     }
 
     /// Forgets the retry count of `key` after a success.
-    pub fn succeeded(&self, key: &Key) {
+    fn succeeded(&self, key: &Key) {
         self.attempts.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
     }
 
@@ -357,7 +380,7 @@ impl Ctx {
     }
 
     /// `key` must not call its driver before `delay` passes.
-    pub fn hold(&self, key: &Key, delay: Duration) {
+    fn hold(&self, key: &Key, delay: Duration) {
         self.not_before.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), Instant::now() + delay);
     }
 
@@ -510,23 +533,16 @@ async fn wake_dependents(ctx: &Ctx, changed: &Key) {
     let mut keys: Vec<Key> = classes.iter().map(|c| Key::new(Kind::MachineClass, &changed.namespace, c)).collect();
     if let Ok(mds) = ctx.store.list::<MachineDeployment>().await {
         keys.extend(
-            mds.iter()
-                .filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name))
-                .map(|d| Key::of(d)),
+            mds.iter().filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name)).map(Key::of),
         );
     }
     if let Ok(pools) = ctx.store.list::<MachinePool>().await {
         keys.extend(
-            pools
-                .iter()
-                .filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name))
-                .map(|p| Key::of(p)),
+            pools.iter().filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name)).map(Key::of),
         );
     }
     if let Ok(machines) = ctx.store.list::<crate::resources::Machine>().await {
-        keys.extend(
-            machines.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(|m| Key::of(m)),
-        );
+        keys.extend(machines.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(Key::of));
     }
     tracing::debug!(changed = %changed, objects = keys.len(), "waking the objects that use it");
     for key in keys {
@@ -546,13 +562,28 @@ async fn worker(ctx: Arc<Ctx>, id: usize) {
         ctx.metrics.reconciles.get_or_create(&labels).inc();
         ctx.metrics.reconcile_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
         match result {
-            Ok(Ok(Action::Requeue(d))) => ctx.queue.add_after(key.clone(), d),
-            Ok(Ok(Action::AwaitChange)) => {}
+            Ok(Ok(action)) => {
+                match action {
+                    Action::Wait(_) => {}
+                    _ => ctx.succeeded(&key),
+                }
+                match action {
+                    Action::Requeue(d) | Action::Wait(d) => ctx.queue.add_after(key.clone(), d),
+                    Action::Poll(d) => {
+                        ctx.hold(&key, d);
+                        ctx.queue.add_after(key.clone(), d);
+                    }
+                    Action::AwaitChange => {}
+                }
+            }
             Ok(Err(e)) => {
                 ctx.metrics.reconcile_errors.get_or_create(&labels).inc();
-                let delay = ctx.exponential(&key);
-                span.in_scope(|| {
-                    tracing::warn!("reconcile failed, retrying in {delay:?}: {}", driver_sdk::error_chain(&e))
+                let delay = ctx.error_policy(&key, &e);
+                span.in_scope(|| match &e {
+                    ReconcileError::Driver { .. } => {
+                        tracing::info!("{}; retrying in {delay:?}", driver_sdk::error_chain(&e))
+                    }
+                    _ => tracing::warn!("reconcile failed, retrying in {delay:?}: {}", driver_sdk::error_chain(&e)),
                 });
                 ctx.queue.add_after(key.clone(), delay);
             }
@@ -622,13 +653,35 @@ async fn gauges(ctx: Arc<Ctx>) {
     }
 }
 
-/// Errors a reconcile returns (everything else is handled inside, as status).
+/// Errors a reconcile returns; the runtime's [`Ctx::error_policy`] decides when to run again.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReconcileError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] crate::store::Error),
+    /// A driver call failed, or a done operation ended with an error that is retried.
+    #[error("{method}: {report}")]
+    Driver {
+        /// The RPC (or the operation's kind).
+        method: &'static str,
+        /// Whether the RPC failed or the operation it started.
+        origin: Source,
+        /// The decoded error.
+        report: Box<ErrorReport>,
+    },
+}
+
+impl ReconcileError {
+    /// A failed driver call of this kind.
+    pub fn call(e: &CallError, rpc: policy::Rpc) -> Self {
+        ReconcileError::Driver { method: e.method, origin: Source::Call(rpc), report: Box::new(e.report.clone()) }
+    }
+
+    /// A done operation's error (retried: the original call is sent again).
+    pub fn operation(method: &'static str, report: ErrorReport, rpc: policy::Rpc) -> Self {
+        ReconcileError::Driver { method, origin: Source::Operation(rpc), report: Box::new(report) }
+    }
 }
 
 #[cfg(test)]
@@ -657,13 +710,45 @@ mod tests {
         assert!(ctx.replacement_wait(&md).is_zero());
     }
 
+    #[tokio::test]
+    async fn the_error_policy_honours_retry_info_floors_quota_and_holds_driver_calls() {
+        let (ctx, _dir) = ctx();
+        let key = Key::new(Kind::Machine, "default", "m");
+        let call = |code, retry: Option<Duration>| {
+            let mut report = ErrorReport::from_status(&tonic::Status::new(code, "refused"));
+            report.retry_after = retry;
+            ReconcileError::Driver {
+                method: "CreateMachine",
+                origin: Source::Call(policy::Rpc::Mutate),
+                report: Box::new(report),
+            }
+        };
+        let d = ctx.error_policy(&key, &call(tonic::Code::Unavailable, Some(Duration::from_secs(3))));
+        assert!(d >= Duration::from_secs(3) && d <= Duration::from_millis(3300), "{d:?}");
+        assert!(ctx.wait_before_call(&key) > Duration::from_secs(2), "driver calls wait it out");
+        let d = ctx.error_policy(&key, &call(tonic::Code::ResourceExhausted, None));
+        assert!(d >= Duration::from_secs(10), "quota waits at least 10 s: {d:?}");
+        let d = ctx.error_policy(&key, &call(tonic::Code::InvalidArgument, None));
+        assert_eq!(d, Duration::from_secs(60), "permanent errors that reach the runtime go slowly");
+        let store = ReconcileError::Store(crate::store::Error::NotFound(key.clone()));
+        ctx.forget(&key);
+        let d = ctx.error_policy(&key, &store);
+        assert!(d <= Duration::from_secs(1), "{d:?}");
+        assert!(ctx.wait_before_call(&key).is_zero(), "store errors hold nothing");
+    }
+
     #[test]
-    fn credentials_and_quota_are_the_environment_not_permanent() {
-        let report = |code| ErrorReport::from_status(&tonic::Status::new(code, "refused"));
-        assert_eq!(classify(&report(tonic::Code::PermissionDenied)), Verdict::Credentials);
-        assert_eq!(classify(&report(tonic::Code::Unauthenticated)), Verdict::Credentials);
-        assert_eq!(classify(&report(tonic::Code::ResourceExhausted)), Verdict::Quota);
-        assert_eq!(classify(&report(tonic::Code::InvalidArgument)), Verdict::Permanent);
-        assert_eq!(classify(&report(tonic::Code::Unavailable)), Verdict::Retry(None));
+    fn internal_errors_become_final_after_the_bound() {
+        let (ctx, _dir) = ctx();
+        let key = Key::new(Kind::Machine, "default", "m");
+        let report = ErrorReport::from_status(&tonic::Status::new(tonic::Code::Internal, "boom"));
+        let source = Source::Call(policy::Rpc::Mutate);
+        assert_eq!(ctx.decide(&key, &report, source), Decision::Backoff(policy::Cause::Internal));
+        for _ in 0..policy::INTERNAL_RETRIES - 1 {
+            ctx.exponential(&key);
+        }
+        assert_eq!(ctx.decide(&key, &report, source), Decision::Permanent(policy::Permanent::RetriesExhausted));
+        ctx.succeeded(&key);
+        assert_eq!(ctx.decide(&key, &report, source), Decision::Backoff(policy::Cause::Internal));
     }
 }

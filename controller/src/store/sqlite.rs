@@ -501,7 +501,7 @@ impl Backend for SqliteBackend {
             ])?;
         let mut n = lock(&self.events_written);
         *n += 1;
-        if *n % 1000 == 0 {
+        if (*n).is_multiple_of(1000) {
             // Keep the newest 50,000 events.
             conn.execute("DELETE FROM events WHERE id < (SELECT MAX(id) - 50000 FROM events)", [])?;
         }

@@ -28,7 +28,6 @@ fn round_trips_every_detail_through_the_wire_form() {
     assert_eq!(report.metadata.get("awsErrorCode").map(String::as_str), Some("RequestLimitExceeded"));
     assert_eq!(report.violations, vec![Violation::new("provider_spec.ami", "must start with ami-")]);
     assert_eq!(report.causes, vec!["sending RunInstances", "connection refused by api.cloud.test"]);
-    assert!(report.is_transient());
 }
 
 #[test]
@@ -49,11 +48,4 @@ fn a_plain_status_decodes_without_details() {
     let report = ErrorReport::from_status(&tonic::Status::unavailable("transport closed"));
     assert_eq!(report.code, Code::Unavailable);
     assert_eq!(report.reason, "");
-    assert!(report.is_transient());
-}
-
-#[test]
-fn permanent_errors_are_not_transient() {
-    let status = DriverError::quota_exceeded("no room").to_status("d", "r", None);
-    assert!(!ErrorReport::from_status(&status).is_transient());
 }

@@ -1,0 +1,159 @@
+//! The InPlace strategy's per-machine decisions. The driver's `CanUpdateMachine` answer is I/O,
+//! asked machine by machine while there is room; this planner turns each answer into a step and
+//! keeps the budget, so the reconciler's loop is "ask, then do what the planner says".
+
+use std::collections::BTreeMap;
+
+use crate::resources::{set_condition, Condition};
+
+/// What is known about updating one machine in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The driver can apply every change in place.
+    Updatable,
+    /// These paths cannot change in place (or the driver or class changes, or the driver has no
+    /// in-place updates).
+    NeedsReplacement(Vec<String>),
+    /// Nothing known this time (the class did not resolve, the driver did not answer): skip it.
+    Unknown,
+}
+
+/// What to do with one machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Move its spec to the target template; its Machine reconciler calls UpdateMachine.
+    Patch,
+    /// Delete it: its replacement is created on the target revision (fallbackToReplace).
+    Replace(Vec<String>),
+    /// Leave it: it needs replacement and fallbackToReplace is off.
+    Blocked,
+    /// Leave it for now.
+    Skip,
+}
+
+/// The in-place budget of one reconcile: machines being updated (or replaced) count as
+/// unavailable, at most maxUnavailable at once.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    left: i64,
+    fallback_to_replace: bool,
+    blocked: BTreeMap<String, Vec<String>>,
+}
+
+impl Budget {
+    /// `busy` machines are updating already.
+    pub fn new(max_unavailable: i64, busy: i64, fallback_to_replace: bool) -> Self {
+        Self { left: max_unavailable - busy, fallback_to_replace, blocked: BTreeMap::new() }
+    }
+
+    /// Whether another machine may start now.
+    pub fn has_room(&self) -> bool {
+        self.left > 0
+    }
+
+    /// The step for machine `name` given what is known about it.
+    pub fn step(&mut self, name: &str, verdict: Verdict) -> Step {
+        if !self.has_room() {
+            return Step::Skip;
+        }
+        match verdict {
+            Verdict::Unknown => Step::Skip,
+            Verdict::Updatable => {
+                self.left -= 1;
+                Step::Patch
+            }
+            Verdict::NeedsReplacement(paths) if self.fallback_to_replace => {
+                self.left -= 1;
+                Step::Replace(paths)
+            }
+            Verdict::NeedsReplacement(paths) => {
+                self.blocked.insert(name.to_string(), paths);
+                Step::Blocked
+            }
+        }
+    }
+
+    /// Sets `InPlaceUpdatePossible`: false, naming the blocked machines, when any was blocked.
+    pub fn finish(self, conditions: &mut Vec<Condition>) {
+        if self.blocked.is_empty() {
+            set_condition(conditions, "InPlaceUpdatePossible", true, "Updatable", "");
+        } else {
+            let names: Vec<&String> = self.blocked.keys().collect();
+            let msg =
+                format!("{} machine(s) need replacement and fallbackToReplace is off: {names:?}", self.blocked.len());
+            set_condition(conditions, "InPlaceUpdatePossible", false, "NeedsReplacement", &msg);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn needs(path: &str) -> Verdict {
+        Verdict::NeedsReplacement(vec![path.into()])
+    }
+
+    /// (maxUnavailable, busy, fallbackToReplace, verdicts in order) → steps, and the condition.
+    #[test]
+    fn in_place_steps_follow_the_budget_and_the_fallback() {
+        use Step::*;
+        type Row = (i64, i64, bool, Vec<Verdict>, Vec<Step>, (&'static str, &'static str));
+        let rows: Vec<Row> = vec![
+            // One at a time: the first updatable machine is patched, the rest wait.
+            (1, 0, false, vec![Verdict::Updatable, Verdict::Updatable], vec![Patch, Skip], ("True", "Updatable")),
+            // Two at a time, one already updating: one more.
+            (2, 1, false, vec![Verdict::Updatable, Verdict::Updatable], vec![Patch, Skip], ("True", "Updatable")),
+            // Budget used up by machines already updating: nothing starts.
+            (1, 1, false, vec![Verdict::Updatable], vec![Skip], ("True", "Updatable")),
+            // Unknown answers are skipped without using budget.
+            (1, 0, false, vec![Verdict::Unknown, Verdict::Updatable], vec![Skip, Patch], ("True", "Updatable")),
+            // Blocked machines use no budget, and the condition names them.
+            (
+                1,
+                0,
+                false,
+                vec![needs("provider_spec.zone"), Verdict::Updatable],
+                vec![Blocked, Patch],
+                ("False", "NeedsReplacement"),
+            ),
+            // With fallbackToReplace they are replaced, within the budget.
+            (
+                1,
+                0,
+                true,
+                vec![needs("provider_spec.zone"), Verdict::Updatable],
+                vec![Replace(vec!["provider_spec.zone".into()]), Skip],
+                ("True", "Updatable"),
+            ),
+            (
+                3,
+                0,
+                true,
+                vec![needs("(driver or class)"), Verdict::Updatable, needs("a")],
+                vec![Replace(vec!["(driver or class)".into()]), Patch, Replace(vec!["a".into()])],
+                ("True", "Updatable"),
+            ),
+        ];
+        for (i, (max_unavailable, busy, fallback, verdicts, want, (status, reason))) in rows.into_iter().enumerate() {
+            let mut budget = Budget::new(max_unavailable, busy, fallback);
+            let steps: Vec<Step> =
+                verdicts.into_iter().enumerate().map(|(n, v)| budget.step(&format!("m{n}"), v)).collect();
+            assert_eq!(steps, want, "row {i}");
+            let mut conditions = Vec::new();
+            budget.finish(&mut conditions);
+            assert_eq!((conditions[0].status.as_str(), conditions[0].reason.as_str()), (status, reason), "row {i}");
+        }
+    }
+
+    #[test]
+    fn the_blocked_condition_lists_the_machines_sorted() {
+        let mut budget = Budget::new(1, 0, false);
+        budget.step("web-b", needs("x"));
+        budget.step("web-a", needs("y"));
+        let mut conditions = Vec::new();
+        budget.finish(&mut conditions);
+        assert!(conditions[0].message.starts_with("2 machine(s) need replacement"), "{}", conditions[0].message);
+        assert!(conditions[0].message.ends_with(r#"["web-a", "web-b"]"#), "{}", conditions[0].message);
+    }
+}

@@ -1,0 +1,424 @@
+//! The MachineDeployment planner: from the deployment and its machines to what to create,
+//! replace, delete, and the status to write.
+//!
+//! - RollingUpdate: the Kubernetes Deployment arithmetic ([`Limits`]). Terminating machines
+//!   still exist in the cloud, so they count toward `replicas + maxSurge`: the cloud never holds
+//!   more than that.
+//! - Failed machines are replaced, at most `maxConcurrentReplacements` at once (meltdown
+//!   protection), when the replacement pace allows.
+//! - A rollout whose new machines fail `failureBudget` times is aborted: its revision is
+//!   remembered as bad and never applied again (until the template changes), and the deployment
+//!   rolls back to the last good revision.
+//! - InPlace: old machines are converted (see [`super::in_place`]); only missing machines are
+//!   created and only a scale-down removes machines.
+
+use std::cmp::Reverse;
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::Limits;
+use crate::resources::*;
+use crate::runtime::policy::{self, ENVIRONMENT_CONDITIONS};
+
+/// Annotation set on a failed Machine deleted for replacement (counts toward the cap).
+pub const ANNOTATION_REPLACING: &str = "machine.driver.dev/replacing";
+/// Revisions kept in `revisionHistory`.
+pub const HISTORY: usize = 5;
+
+/// The revision (template hash) of a template.
+pub fn revision(t: &MachineTemplate) -> String {
+    short_hash(t)
+}
+
+/// Whether a machine counts as available: Running and not being deleted.
+pub fn is_available(m: &Machine) -> bool {
+    m.status.phase == Phase::Running && !m.is_deleting()
+}
+
+/// The revision label of a machine.
+pub fn revision_of(m: &Machine) -> &str {
+    m.metadata.labels.get(LABEL_REVISION).map(String::as_str).unwrap_or("")
+}
+
+/// Whether a failed machine's failure is its revision's doing (or its request's), and so counts
+/// against the failure budget: [`policy::blame`]. Credentials, quota, an unavailable cloud and
+/// transient errors never do.
+pub fn attributable(m: &Machine) -> bool {
+    m.status.failure.as_ref().is_none_or(|f| policy::blame(&f.code, &f.reason).counts())
+}
+
+/// Scale-down order: annotated, failed, unhealthy, not yet running, updating, running; then
+/// by the deployment's policy.
+pub fn deletion_order(machines: &mut [&Machine], policy: DeletePolicy) {
+    fn rank(m: &Machine) -> u8 {
+        if m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false") {
+            return 0;
+        }
+        match m.status.phase {
+            Phase::Failed => 1,
+            Phase::Unknown => 2,
+            Phase::Pending | Phase::Creating => 3,
+            Phase::Updating => 4,
+            Phase::Running | Phase::Terminating => 5,
+        }
+    }
+    match policy {
+        DeletePolicy::Oldest => {
+            machines.sort_by_key(|m| (rank(m), m.metadata.creation_timestamp, m.metadata.name.clone()))
+        }
+        DeletePolicy::Newest => {
+            machines.sort_by_key(|m| (rank(m), Reverse(m.metadata.creation_timestamp), m.metadata.name.clone()))
+        }
+        DeletePolicy::Random => machines.sort_by_key(|m| (rank(m), short_hash(&m.metadata.uid))),
+    }
+}
+
+/// Sets one condition per environment problem that keeps machines from running (with the
+/// driver's reason, message and request ID from one of them), and removes the others.
+/// Returns the first problem found.
+pub fn lift_environment_conditions(conditions: &mut Vec<Condition>, machines: &[&Machine]) -> Option<&'static str> {
+    let mut first = None;
+    for kind in ENVIRONMENT_CONDITIONS {
+        let waiting: Vec<&&Machine> = machines
+            .iter()
+            .filter(|m| m.status.conditions.iter().any(|c| c.condition_type == "Ready" && c.reason == kind))
+            .collect();
+        match waiting.first() {
+            Some(m) => {
+                first.get_or_insert(kind);
+                let reason = m
+                    .status
+                    .last_operation
+                    .as_ref()
+                    .filter(|o| !o.reason.is_empty())
+                    .map(|o| crate::reconcile::machine::upper_camel(&o.reason))
+                    .unwrap_or_else(|| kind.to_string());
+                let detail = m
+                    .status
+                    .conditions
+                    .iter()
+                    .find(|c| c.condition_type == "Ready")
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default();
+                let msg = format!("{} machine(s) waiting, e.g. {}: {detail}", waiting.len(), m.metadata.name);
+                set_condition(conditions, kind, true, &reason, &msg);
+            }
+            None => conditions.retain(|c| c.condition_type != kind),
+        }
+    }
+    first
+}
+
+/// What the deployment reconciler observed.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// The deployment (spec, status and metadata as read).
+    pub deployment: &'a MachineDeployment,
+    /// Its machines, terminating ones included.
+    pub machines: &'a [Machine],
+    /// Whether the replacement pace lets a failed machine be replaced now.
+    pub may_replace: bool,
+    /// The time to stamp on rollout bookkeeping.
+    pub now: Time,
+}
+
+/// An event to record on the deployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedEvent {
+    /// A warning (else normal).
+    pub warning: bool,
+    /// UpperCamel reason.
+    pub reason: &'static str,
+    /// Message.
+    pub message: String,
+}
+
+/// What to do for one deployment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The revision machines move to: the spec's, unless it failed before.
+    pub target_revision: String,
+    /// Its template (`None`: the spec's revision is bad and there is nothing to roll back to).
+    pub target: Option<MachineTemplate>,
+    /// The rollout was aborted now: write `status` and plan again at once; nothing else.
+    pub aborted: bool,
+    /// Failed machines to mark with [`ANNOTATION_REPLACING`] and delete, in order.
+    pub replace: Vec<String>,
+    /// Machines of the target revision to create.
+    pub create: usize,
+    /// InPlace: old machines to try to update in place (in order), and how many may be
+    /// unavailable at once; `None` when there is nothing to convert.
+    pub in_place: Option<InPlaceWork>,
+    /// Machines to delete (scale-down, old revisions, excess of the target revision), in order.
+    pub delete: Vec<String>,
+    /// The status to write (the in-place condition is added by whoever runs the in-place work).
+    pub status: MachineDeploymentStatus,
+    /// Events to record.
+    pub events: Vec<PlannedEvent>,
+    /// Every machine is on the target revision and running, and none failed.
+    pub settled: bool,
+    /// Failed machines remain (come back when the next replacement may go).
+    pub has_failed: bool,
+}
+
+/// The InPlace strategy's share of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InPlaceWork {
+    /// Old Running machines, in the order they are tried.
+    pub candidates: Vec<String>,
+    /// maxUnavailable of the InPlace strategy.
+    pub max_unavailable: i64,
+    /// Old machines already updating (they use up maxUnavailable).
+    pub busy: i64,
+}
+
+/// Plans one reconcile of a deployment.
+pub fn plan(o: Observed<'_>) -> Plan {
+    let md = o.deployment;
+    let machines = o.machines;
+    let now = o.now;
+    let mut st = md.status.clone();
+    let mut events = Vec::new();
+    let spec_rev = revision(&md.spec.template);
+
+    // Which revision to move to: the spec's, unless it failed before.
+    let (target_rev, target) = if st.bad_revisions.iter().any(|b| b.revision == spec_rev) {
+        match st.revision_history.last() {
+            Some(good) => (good.revision.clone(), Some(good.template.clone())),
+            None => (spec_rev.clone(), None),
+        }
+    } else {
+        (spec_rev.clone(), Some(md.spec.template.clone()))
+    };
+
+    let desired = md.spec.replicas;
+    let in_place_mode = md.spec.strategy.strategy_type == StrategyType::InPlace;
+    let limits = if in_place_mode {
+        Limits::in_place(desired, &md.spec.strategy.rolling_update, &md.spec.strategy.in_place.max_unavailable)
+    } else {
+        Limits::resolve(desired, &md.spec.strategy.rolling_update)
+    };
+    let (surge, unavailable) = (limits.max_surge, limits.max_unavailable);
+
+    let live: Vec<&Machine> = machines.iter().filter(|m| !m.is_deleting()).collect();
+    let total = machines.len() as i64;
+    let new: Vec<&Machine> = live.iter().copied().filter(|m| revision_of(m) == target_rev).collect();
+    let old: Vec<&Machine> = live.iter().copied().filter(|m| revision_of(m) != target_rev).collect();
+    let new_available = new.iter().filter(|m| is_available(m)).count() as i64;
+    let available = live.iter().filter(|m| is_available(m)).count() as i64;
+
+    // Rollout bookkeeping.
+    let rolling = target_rev != st.current_revision || !old.is_empty();
+    if rolling && st.rollout.as_ref().is_none_or(|r| r.revision != target_rev) {
+        st.rollout = Some(RolloutState { revision: target_rev.clone(), started: now, last_progress: now, failures: 0 });
+        if !st.current_revision.is_empty() {
+            events.push(PlannedEvent {
+                warning: false,
+                reason: "RolloutStarted",
+                message: format!("rolling out revision {target_rev}"),
+            });
+        }
+    }
+    if let Some(r) = st.rollout.as_mut() {
+        if new_available > md.status.available_replicas {
+            r.last_progress = now;
+        }
+    }
+
+    // Failed machines: counted against the failure budget, replaced within the meltdown cap.
+    let failed: Vec<&Machine> = live.iter().copied().filter(|m| m.status.phase == Phase::Failed).collect();
+    let new_failed_now = failed.iter().filter(|m| revision_of(m) == target_rev && attributable(m)).count() as u32;
+    let budget_used = st.rollout.as_ref().map_or(0, |r| r.failures) + new_failed_now;
+    if target.is_some()
+        && target_rev == spec_rev
+        && st.rollout.is_some()
+        && budget_used >= md.spec.failure_budget.max(1)
+    {
+        // Abort: remember the revision as bad and roll back (if there is anything to roll back to).
+        let reason =
+            format!("{budget_used} machines of revision {target_rev} failed (budget {})", md.spec.failure_budget);
+        st.bad_revisions.push(BadRevision { revision: target_rev.clone(), reason: reason.clone(), time: now });
+        st.rollout = None;
+        let then = match st.revision_history.last() {
+            Some(good) => format!("rolling back to the last good revision {}", good.revision),
+            None => "no earlier revision to roll back to; change the template".to_string(),
+        };
+        set_condition(&mut st.conditions, "Progressing", false, "RolloutAborted", &format!("{reason}; {then}"));
+        events.push(PlannedEvent { warning: true, reason: "RolloutAborted", message: format!("{reason}; {then}") });
+        return Plan {
+            target_revision: target_rev,
+            target,
+            aborted: true,
+            replace: Vec::new(),
+            create: 0,
+            in_place: None,
+            delete: Vec::new(),
+            status: st,
+            events,
+            settled: false,
+            has_failed: true,
+        };
+    }
+
+    let replacing = machines
+        .iter()
+        .filter(|m| m.is_deleting() && m.metadata.annotations.contains_key(ANNOTATION_REPLACING))
+        .count() as i64;
+    let room_for_replacements = (i64::from(md.spec.max_concurrent_replacements) - replacing).max(0) as usize;
+    let mut replace = Vec::new();
+    if o.may_replace {
+        for m in failed.iter().take(room_for_replacements) {
+            if revision_of(m) == target_rev && attributable(m) {
+                if let Some(r) = st.rollout.as_mut() {
+                    r.failures += 1;
+                }
+            }
+            replace.push(m.metadata.name.clone());
+        }
+    }
+    let replaced: HashSet<&str> = replace.iter().map(String::as_str).collect();
+
+    let mut create = 0;
+    let mut in_place = None;
+    let mut delete = Vec::new();
+    if !md.spec.paused {
+        if target.is_some() {
+            // Scale up the target revision within replicas + maxSurge (terminating included).
+            // In place, old machines are converted, so only missing machines are created.
+            let room = desired + surge - total;
+            let want = if in_place_mode { desired - live.len() as i64 } else { desired - new.len() as i64 };
+            create = want.min(room).max(0) as usize;
+            if in_place_mode && !old.is_empty() {
+                in_place = Some(InPlaceWork {
+                    candidates: old
+                        .iter()
+                        .filter(|m| m.status.phase == Phase::Running)
+                        .map(|m| m.metadata.name.clone())
+                        .collect(),
+                    max_unavailable: unavailable,
+                    busy: old.iter().filter(|m| m.status.phase == Phase::Updating).count() as i64,
+                });
+            }
+        }
+
+        // Scale down old machines without going below replicas − maxUnavailable.
+        let min_available = desired - unavailable;
+        let new_unavailable = new.len() as i64 - new_available;
+        let mut budget = live.len() as i64 - min_available - new_unavailable;
+        if in_place_mode {
+            // Only a scale-down removes machines here; updates happen in place.
+            budget = budget.min(live.len() as i64 - desired);
+        }
+        let mut old_sorted: Vec<&Machine> =
+            old.iter().copied().filter(|m| !replaced.contains(m.metadata.name.as_str())).collect();
+        deletion_order(&mut old_sorted, md.spec.delete_policy);
+        let mut can_remove_available = available - min_available;
+        for m in old_sorted {
+            if budget <= 0 {
+                break;
+            }
+            if is_available(m) {
+                if can_remove_available <= 0 {
+                    continue;
+                }
+                can_remove_available -= 1;
+            }
+            delete.push(m.metadata.name.clone());
+            budget -= 1;
+        }
+    }
+
+    // Scale down the target revision when there are too many (scale-down or leftover surge).
+    let excess = new.len() as i64 - desired;
+    if excess > 0 {
+        let mut new_sorted: Vec<&Machine> =
+            new.iter().copied().filter(|m| !replaced.contains(m.metadata.name.as_str())).collect();
+        deletion_order(&mut new_sorted, md.spec.delete_policy);
+        delete.extend(new_sorted.iter().take(excess as usize).map(|m| m.metadata.name.clone()));
+    }
+
+    // Status.
+    st.observed_generation = md.metadata.generation;
+    st.replicas = total;
+    st.updated_replicas = new.len() as i64;
+    st.ready_replicas = available;
+    st.available_replicas = new_available;
+    st.failed_replicas = failed.len() as i64;
+    st.target_revision = target_rev.clone();
+    let complete = target.is_some() && new_available >= desired && old.is_empty() && new.len() as i64 == desired;
+    if complete {
+        if st.current_revision != target_rev {
+            if !st.current_revision.is_empty() {
+                events.push(PlannedEvent {
+                    warning: false,
+                    reason: "RolloutComplete",
+                    message: format!("revision {target_rev} is rolled out"),
+                });
+            }
+            st.current_revision = target_rev.clone();
+        }
+        if let Some(template) = &target {
+            st.revision_history.retain(|r| r.revision != target_rev);
+            st.revision_history.push(RevisionRecord { revision: target_rev.clone(), template: template.clone() });
+            let n = st.revision_history.len();
+            if n > HISTORY {
+                st.revision_history.drain(..n - HISTORY);
+            }
+        }
+        st.rollout = None;
+        let msg = if target_rev != spec_rev { "rolled back: the spec's revision failed before" } else { "" };
+        set_condition(
+            &mut st.conditions,
+            "Progressing",
+            true,
+            if msg.is_empty() { "NewRevisionAvailable" } else { "RolledBack" },
+            msg,
+        );
+    } else if target.is_none() {
+        let why = st.bad_revisions.iter().rev().find(|b| b.revision == spec_rev).map_or("", |b| b.reason.as_str());
+        let msg = format!(
+            "revision {spec_rev} failed ({why}) and there is no earlier revision to roll back to; change the template"
+        );
+        set_condition(&mut st.conditions, "Progressing", false, "NoGoodRevision", &msg);
+    } else if let Some(r) = &st.rollout {
+        let stalled = (now - r.last_progress).to_std().unwrap_or_default()
+            > Duration::from_secs(md.spec.progress_deadline_seconds);
+        if stalled {
+            let msg = format!("no progress for {}s", md.spec.progress_deadline_seconds);
+            set_condition(&mut st.conditions, "Progressing", false, "ProgressDeadlineExceeded", &msg);
+        } else {
+            let msg = format!("{new_available} of {desired} machines on revision {target_rev}");
+            set_condition(&mut st.conditions, "Progressing", true, "Rolling", &msg);
+        }
+    } else {
+        let msg = format!("{new_available} of {desired} running");
+        set_condition(&mut st.conditions, "Progressing", true, "Scaling", &msg);
+    }
+    let waiting: Vec<&Machine> = live.iter().copied().filter(|m| !is_available(m)).collect();
+    let environment = lift_environment_conditions(&mut st.conditions, &waiting);
+    let min_available = desired - unavailable;
+    let below_reason = environment.unwrap_or("BelowMinimum");
+    set_condition(
+        &mut st.conditions,
+        "Available",
+        available >= min_available,
+        if available >= min_available { "MinimumAvailable" } else { below_reason },
+        &format!("{available} running, {min_available} required"),
+    );
+    Plan {
+        target_revision: target_rev,
+        target,
+        aborted: false,
+        replace,
+        create,
+        in_place,
+        delete,
+        status: st,
+        events,
+        settled: complete && failed.is_empty(),
+        has_failed: !failed.is_empty(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

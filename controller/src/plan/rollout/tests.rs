@@ -1,0 +1,657 @@
+//! The rollout planner over tables of situations (Cluster API's rollout planner tests are the
+//! model), then the maxSurge / maxUnavailable invariants over many random rollouts.
+
+use std::collections::BTreeSet;
+
+use chrono::TimeZone;
+
+use super::*;
+use crate::runtime::policy::{REASON_CREATION_TIMEOUT, REASON_RETRIES_EXHAUSTED};
+
+fn t0() -> Time {
+    chrono::Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).single().expect("a valid time")
+}
+
+fn template(image: &str) -> MachineTemplate {
+    let mut t = MachineTemplate::default();
+    t.spec.class_ref.name = "small".into();
+    t.spec.provider_spec = Some(serde_json::json!({ "image": image }));
+    t
+}
+
+fn old_rev() -> String {
+    revision(&template("os-1"))
+}
+
+fn new_rev() -> String {
+    revision(&template("os-2"))
+}
+
+/// A deployment of `replicas` whose spec moved from `os-1` (rolled out, in the history) to
+/// `os-2`.
+fn deployment(replicas: i64) -> MachineDeployment {
+    let spec = MachineDeploymentSpec {
+        replicas,
+        template: template("os-2"),
+        strategy: Strategy::default(),
+        delete_policy: DeletePolicy::Oldest,
+        progress_deadline_seconds: 600,
+        failure_budget: 3,
+        max_concurrent_replacements: 2,
+        creation_timeout_seconds: 1200,
+        health_timeout_seconds: 600,
+        paused: false,
+    };
+    let mut md = MachineDeployment {
+        api_version: API_VERSION.into(),
+        kind: "MachineDeployment".into(),
+        metadata: ObjectMeta { name: "web".into(), namespace: "default".into(), generation: 2, ..Default::default() },
+        spec,
+        status: MachineDeploymentStatus::default(),
+    };
+    md.status.current_revision = old_rev();
+    md.status.revision_history = vec![RevisionRecord { revision: old_rev(), template: template("os-1") }];
+    md
+}
+
+fn surge(mut md: MachineDeployment, surge: IntOrPercent, unavailable: IntOrPercent) -> MachineDeployment {
+    md.spec.strategy.rolling_update = RollingUpdate { max_surge: surge, max_unavailable: unavailable };
+    md
+}
+
+fn int(n: i64) -> IntOrPercent {
+    IntOrPercent::Int(n)
+}
+
+fn pct(s: &str) -> IntOrPercent {
+    IntOrPercent::Str(s.into())
+}
+
+/// A fixture: `Fx::new("a")` is a Running machine of the new revision; chain to change it.
+struct Fx(Machine);
+
+impl Fx {
+    fn new(name: &str) -> Self {
+        let mut m = Machine::new("default", name, MachineSpec::default());
+        m.metadata.uid = format!("uid-{name}");
+        m.metadata.labels.insert(LABEL_REVISION.into(), new_rev());
+        m.status.phase = Phase::Running;
+        m.metadata.creation_timestamp = Some(t0());
+        Fx(m)
+    }
+    fn old(mut self) -> Self {
+        self.0.metadata.labels.insert(LABEL_REVISION.into(), old_rev());
+        self
+    }
+    fn phase(mut self, p: Phase) -> Self {
+        self.0.status.phase = p;
+        self
+    }
+    /// Created `secs` seconds after t0 (older machines have smaller values).
+    fn at(mut self, secs: i64) -> Self {
+        self.0.metadata.creation_timestamp = Some(t0() + chrono::Duration::seconds(secs));
+        self
+    }
+    fn failed(mut self, code: &str, reason: &str) -> Self {
+        self.0.status.phase = Phase::Failed;
+        self.0.status.failure = Some(Failure {
+            code: code.into(),
+            reason: reason.into(),
+            message: "it failed".into(),
+            generation: 1,
+            class_generation: 1,
+        });
+        self
+    }
+    fn terminating(mut self) -> Self {
+        self.0.metadata.deletion_timestamp = Some(t0());
+        self.0.status.phase = Phase::Terminating;
+        self
+    }
+    fn replacing(mut self) -> Self {
+        self.0.metadata.annotations.insert(ANNOTATION_REPLACING.into(), "true".into());
+        self.terminating()
+    }
+    fn marked_for_deletion(mut self) -> Self {
+        self.0.metadata.annotations.insert(ANNOTATION_DELETE.into(), "true".into());
+        self
+    }
+}
+
+fn run(md: &MachineDeployment, machines: Vec<Fx>, may_replace: bool) -> Plan {
+    let machines: Vec<Machine> = machines.into_iter().map(|f| f.0).collect();
+    plan(Observed { deployment: md, machines: &machines, may_replace, now: t0() + chrono::Duration::seconds(60) })
+}
+
+fn names(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn condition<'a>(p: &'a Plan, kind: &str) -> (&'a str, &'a str) {
+    p.status
+        .conditions
+        .iter()
+        .find(|c| c.condition_type == kind)
+        .map(|c| (c.status.as_str(), c.reason.as_str()))
+        .unwrap_or(("", ""))
+}
+
+/// One row: the situation, then what the planner must do.
+struct Row {
+    name: &'static str,
+    md: MachineDeployment,
+    machines: Vec<Fx>,
+    may_replace: bool,
+    create: usize,
+    delete: &'static [&'static str],
+    replace: &'static [&'static str],
+}
+
+fn row(name: &'static str, md: MachineDeployment, machines: Vec<Fx>) -> Row {
+    Row { name, md, machines, may_replace: true, create: 0, delete: &[], replace: &[] }
+}
+
+impl Row {
+    fn creates(mut self, n: usize) -> Self {
+        self.create = n;
+        self
+    }
+    fn deletes(mut self, d: &'static [&'static str]) -> Self {
+        self.delete = d;
+        self
+    }
+    fn replaces(mut self, r: &'static [&'static str]) -> Self {
+        self.replace = r;
+        self
+    }
+    fn paced(mut self) -> Self {
+        self.may_replace = false;
+        self
+    }
+}
+
+fn settled(md: MachineDeployment) -> MachineDeployment {
+    let mut md = md;
+    md.status.current_revision = new_rev();
+    md
+}
+
+#[test]
+fn the_planner_decides_creates_deletes_and_replacements() {
+    let rows = vec![
+        // ---- scale up / down (nothing to roll out)
+        row("scale up from zero", settled(deployment(3)), vec![]).creates(3),
+        row(
+            "scale up by two",
+            settled(deployment(5)),
+            vec![Fx::new("a").at(1), Fx::new("b").at(2), Fx::new("c").at(3)],
+        )
+        .creates(2),
+        row(
+            "scale down removes the oldest",
+            settled(deployment(2)),
+            vec![Fx::new("a").at(3), Fx::new("b").at(1), Fx::new("c").at(2), Fx::new("d").at(4)],
+        )
+        .deletes(&["b", "c"]),
+        row("scale down to zero", settled(deployment(0)), vec![Fx::new("a").at(1), Fx::new("b").at(2)])
+            .deletes(&["a", "b"]),
+        row("steady: nothing to do", settled(deployment(2)), vec![Fx::new("a"), Fx::new("b")]),
+        row(
+            "machines being created are not created again",
+            settled(deployment(3)),
+            vec![Fx::new("a").phase(Phase::Creating), Fx::new("b").phase(Phase::Pending), Fx::new("c")],
+        ),
+        // ---- rolling update, ints
+        row(
+            "surge 1 / unavailable 0: one new machine first, no old one goes yet",
+            surge(deployment(3), int(1), int(0)),
+            vec![Fx::new("o1").old().at(1), Fx::new("o2").old().at(2), Fx::new("o3").old().at(3)],
+        )
+        .creates(1),
+        row(
+            "surge 1 / unavailable 0: the new machine runs, the oldest old one goes",
+            surge(deployment(3), int(1), int(0)),
+            vec![Fx::new("o1").old().at(1), Fx::new("o2").old().at(2), Fx::new("o3").old().at(3), Fx::new("n1")],
+        )
+        .deletes(&["o1"]),
+        row(
+            "surge 1 / unavailable 0: an unready new machine holds the old ones",
+            surge(deployment(3), int(1), int(0)),
+            vec![Fx::new("o1").old(), Fx::new("o2").old(), Fx::new("o3").old(), Fx::new("n1").phase(Phase::Creating)],
+        ),
+        row(
+            "surge 0 / unavailable 1: delete first, then create",
+            surge(deployment(3), int(0), int(1)),
+            vec![Fx::new("o1").old().at(1), Fx::new("o2").old().at(2), Fx::new("o3").old().at(3)],
+        )
+        .deletes(&["o1"]),
+        row(
+            "surge 0 / unavailable 1: the terminating machine still counts toward the surge",
+            surge(deployment(3), int(0), int(1)),
+            vec![Fx::new("o1").old().terminating(), Fx::new("o2").old(), Fx::new("o3").old()],
+        ),
+        row(
+            "surge 0 / unavailable 1: once it is gone, its replacement is created",
+            surge(deployment(3), int(0), int(1)),
+            vec![Fx::new("o2").old(), Fx::new("o3").old()],
+        )
+        .creates(1),
+        row(
+            "surge 2 / unavailable 2",
+            surge(deployment(4), int(2), int(2)),
+            vec![
+                Fx::new("o1").old().at(1),
+                Fx::new("o2").old().at(2),
+                Fx::new("o3").old().at(3),
+                Fx::new("o4").old().at(4),
+            ],
+        )
+        .creates(2)
+        .deletes(&["o1", "o2"]),
+        // ---- rolling update, percents (surge rounds up, unavailable down; both 0 → 1)
+        row(
+            "25% / 25% of 10 is 3 up and 2 down",
+            surge(deployment(10), pct("25%"), pct("25%")),
+            (0..10).map(|i| Fx::new(&format!("o{i}")).old().at(i)).collect(),
+        )
+        .creates(3)
+        .deletes(&["o0", "o1"]),
+        row(
+            "10% / 10% of 4 is 1 up and 0 down",
+            surge(deployment(4), pct("10%"), pct("10%")),
+            (0..4).map(|i| Fx::new(&format!("o{i}")).old().at(i)).collect(),
+        )
+        .creates(1),
+        row(
+            "0% / 0% means one unavailable",
+            surge(deployment(4), pct("0%"), pct("0%")),
+            (0..4).map(|i| Fx::new(&format!("o{i}")).old().at(i)).collect(),
+        )
+        .deletes(&["o0"]),
+        row(
+            "50% / 0 of 3 rounds the surge up to 2",
+            surge(deployment(3), pct("50%"), int(0)),
+            (0..3).map(|i| Fx::new(&format!("o{i}")).old().at(i)).collect(),
+        )
+        .creates(2),
+        // ---- rollouts with failing machines
+        row(
+            "a failed new machine is replaced, within the surge",
+            surge(deployment(3), int(1), int(0)),
+            vec![
+                Fx::new("o1").old(),
+                Fx::new("o2").old(),
+                Fx::new("o3").old(),
+                Fx::new("n1").failed("Internal", "CLOUD_OPERATION_FAILED"),
+            ],
+        )
+        .replaces(&["n1"]),
+        row(
+            "replacements wait for the pace",
+            surge(deployment(3), int(1), int(0)),
+            vec![
+                Fx::new("o1").old(),
+                Fx::new("o2").old(),
+                Fx::new("o3").old(),
+                Fx::new("n1").failed("Internal", "CLOUD_OPERATION_FAILED"),
+            ],
+        )
+        .paced(),
+        row(
+            "replacements are capped by maxConcurrentReplacements (2, one in flight)",
+            settled(deployment(4)),
+            vec![
+                Fx::new("a").failed("Internal", "CLOUD_OPERATION_FAILED").at(1),
+                Fx::new("b").failed("Internal", "CLOUD_OPERATION_FAILED").at(2),
+                Fx::new("c").failed("InvalidArgument", "INVALID_PROVIDER_SPEC").at(3),
+                Fx::new("d").replacing(),
+            ],
+        )
+        .creates(1)
+        .replaces(&["a"]),
+        row(
+            "failed old machines are replaced too, and not deleted twice",
+            surge(deployment(2), int(1), int(0)),
+            vec![Fx::new("o1").old().failed("Unavailable", "HEALTH_TIMEOUT"), Fx::new("o2").old()],
+        )
+        .creates(1)
+        .replaces(&["o1"]),
+        row(
+            "a failed machine goes first when scaling down",
+            settled(deployment(2)),
+            vec![
+                Fx::new("a").at(1),
+                Fx::new("b").at(2),
+                Fx::new("f").failed("Internal", "CLOUD_OPERATION_FAILED").at(3),
+            ],
+        )
+        .paced()
+        .deletes(&["f"]),
+        // ---- deletion priority
+        row(
+            "deletion priority: annotated, failed, unknown, creating, updating, then the oldest",
+            settled(deployment(1)),
+            vec![
+                Fx::new("running-old").at(1),
+                Fx::new("running-young").at(9),
+                Fx::new("updating").phase(Phase::Updating).at(2),
+                Fx::new("creating").phase(Phase::Creating).at(3),
+                Fx::new("unknown").phase(Phase::Unknown).at(4),
+                Fx::new("annotated").marked_for_deletion().at(5),
+            ],
+        )
+        .deletes(&["annotated", "unknown", "creating", "updating", "running-old"]),
+        row(
+            "old machines go by the same priority, within maxUnavailable",
+            surge(deployment(3), int(0), int(1)),
+            vec![
+                Fx::new("o-running").old().at(1),
+                Fx::new("o-unknown").old().phase(Phase::Unknown).at(5),
+                Fx::new("o-creating").old().phase(Phase::Creating).at(6),
+            ],
+        )
+        .deletes(&["o-unknown"]),
+    ];
+    for r in rows {
+        let p = run(&r.md, r.machines, r.may_replace);
+        assert!(!p.aborted, "{}", r.name);
+        assert_eq!(p.create, r.create, "{}: creates", r.name);
+        assert_eq!(names(&p.delete), r.delete, "{}: deletes", r.name);
+        assert_eq!(names(&p.replace), r.replace, "{}: replacements", r.name);
+    }
+}
+
+#[test]
+fn newest_and_random_policies_order_the_rest() {
+    let mut md = settled(deployment(1));
+    md.spec.delete_policy = DeletePolicy::Newest;
+    let p = run(&md, vec![Fx::new("a").at(1), Fx::new("b").at(3), Fx::new("c").at(2)], true);
+    assert_eq!(names(&p.delete), ["b", "c"]);
+    // Random is stable for the same machines (a hash of their UIDs), failed ones still first.
+    md.spec.delete_policy = DeletePolicy::Random;
+    let machines = || vec![Fx::new("a"), Fx::new("b"), Fx::new("c"), Fx::new("f").failed("Internal", "X")];
+    let first = run(&md, machines(), false);
+    assert_eq!(first.delete.len(), 3);
+    assert_eq!(first.delete[0], "f");
+    assert_eq!(first.delete, run(&md, machines(), false).delete);
+}
+
+#[test]
+fn attributable_failures_spend_the_budget_and_abort_with_a_rollback() {
+    let mut md = surge(deployment(3), int(1), int(0));
+    md.spec.failure_budget = 2;
+    let machines = || {
+        vec![
+            Fx::new("o1").old(),
+            Fx::new("o2").old(),
+            Fx::new("o3").old(),
+            Fx::new("n1").failed("Internal", "CLOUD_OPERATION_FAILED"),
+        ]
+    };
+    // First failure: replaced and counted.
+    let p = run(&md, machines(), true);
+    assert_eq!(names(&p.replace), ["n1"]);
+    assert_eq!(p.status.rollout.as_ref().map(|r| r.failures), Some(1));
+    assert_eq!(p.events.first().map(|e| e.reason), Some("RolloutStarted"));
+    // The second reaches the budget: aborted, the revision remembered as bad, nothing else done.
+    md.status = p.status;
+    let p = run(&md, machines(), true);
+    assert!(p.aborted);
+    assert!(p.replace.is_empty() && p.delete.is_empty() && p.create == 0);
+    assert_eq!(p.status.bad_revisions.iter().map(|b| b.revision.clone()).collect::<Vec<_>>(), [new_rev()]);
+    assert_eq!(condition(&p, "Progressing"), ("False", "RolloutAborted"));
+    assert_eq!(p.events.last().map(|e| (e.warning, e.reason)), Some((true, "RolloutAborted")));
+    // Then the deployment rolls back: the last good revision is the target, the bad machine goes.
+    md.status = p.status;
+    let p = run(&md, machines(), true);
+    assert!(!p.aborted);
+    assert_eq!(p.target_revision, old_rev());
+    assert_eq!(names(&p.replace), ["n1"]);
+    // Back on the good revision everywhere: rolled back.
+    md.status = p.status;
+    let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old(), Fx::new("o3").old()], true);
+    assert!(p.settled);
+    assert_eq!(condition(&p, "Progressing"), ("True", "RolledBack"));
+    assert_eq!(p.status.current_revision, old_rev());
+}
+
+#[test]
+fn the_environment_and_transient_errors_never_spend_the_budget() {
+    let mut md = surge(deployment(3), int(1), int(0));
+    md.spec.failure_budget = 1;
+    for (code, reason) in [
+        ("ResourceExhausted", "QUOTA_EXCEEDED"),
+        ("PermissionDenied", "CLOUD_AUTH_FAILED"),
+        ("Unavailable", "CLOUD_UNAVAILABLE"),
+        ("Internal", REASON_RETRIES_EXHAUSTED),
+    ] {
+        let p = run(&md, vec![Fx::new("o1").old(), Fx::new("n1").failed(code, reason)], true);
+        assert!(!p.aborted, "{code} {reason}");
+        assert_eq!(names(&p.replace), ["n1"], "{code} {reason}: replaced all the same");
+        assert_eq!(p.status.rollout.as_ref().map(|r| r.failures), Some(0), "{code} {reason}");
+    }
+    for (code, reason) in [("DeadlineExceeded", REASON_CREATION_TIMEOUT), ("InvalidArgument", "FIELD_INVALID")] {
+        let p = run(&md, vec![Fx::new("o1").old(), Fx::new("n1").failed(code, reason)], true);
+        assert!(p.aborted, "{code} {reason} is the revision's");
+    }
+}
+
+#[test]
+fn a_bad_first_revision_has_nothing_to_roll_back_to() {
+    let mut md = deployment(2);
+    md.status = MachineDeploymentStatus::default();
+    md.spec.failure_budget = 1;
+    let p = run(&md, vec![Fx::new("n1").failed("Internal", "CLOUD_OPERATION_FAILED"), Fx::new("n2")], true);
+    assert!(p.aborted);
+    let message = &p.status.conditions.iter().find(|c| c.reason == "RolloutAborted").expect("aborted").message;
+    assert!(message.contains("no earlier revision to roll back to"), "{message}");
+    assert!(p.events.iter().all(|e| e.reason != "RolloutStarted"), "a first rollout is no event");
+    md.status = p.status;
+    let p = run(&md, vec![Fx::new("n2")], true);
+    assert!(p.target.is_none());
+    assert_eq!(p.create, 0, "nothing is created from a bad revision");
+    assert_eq!(condition(&p, "Progressing"), ("False", "NoGoodRevision"));
+    assert_eq!(condition(&p, "Available"), ("False", "BelowMinimum"));
+}
+
+#[test]
+fn a_complete_rollout_records_the_revision() {
+    let md = surge(deployment(2), int(1), int(0));
+    let p = run(&md, vec![Fx::new("n1"), Fx::new("n2")], true);
+    assert!(p.settled);
+    assert_eq!(p.status.current_revision, new_rev());
+    assert_eq!(p.status.revision_history.last().map(|r| r.revision.clone()), Some(new_rev()));
+    assert_eq!(p.status.revision_history.len(), 2);
+    assert_eq!(p.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["RolloutStarted", "RolloutComplete"]);
+    assert_eq!(condition(&p, "Progressing"), ("True", "NewRevisionAvailable"));
+    assert_eq!(condition(&p, "Available"), ("True", "MinimumAvailable"));
+    assert_eq!((p.status.replicas, p.status.updated_replicas, p.status.available_replicas), (2, 2, 2));
+}
+
+#[test]
+fn progress_stalls_past_the_deadline() {
+    let mut md = surge(deployment(2), int(1), int(0));
+    md.spec.progress_deadline_seconds = 30;
+    md.status.rollout = Some(RolloutState { revision: new_rev(), started: t0(), last_progress: t0(), failures: 0 });
+    let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old(), Fx::new("n1").phase(Phase::Creating)], true);
+    assert_eq!(condition(&p, "Progressing"), ("False", "ProgressDeadlineExceeded"));
+    md.spec.progress_deadline_seconds = 600;
+    let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old(), Fx::new("n1").phase(Phase::Creating)], true);
+    assert_eq!(condition(&p, "Progressing"), ("True", "Rolling"));
+}
+
+#[test]
+fn a_paused_deployment_creates_and_deletes_nothing_but_its_excess() {
+    let mut md = surge(deployment(2), int(1), int(0));
+    md.spec.paused = true;
+    let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old()], true);
+    assert_eq!((p.create, p.delete.len()), (0, 0));
+    let p = run(&md, vec![Fx::new("n1").at(1), Fx::new("n2").at(2), Fx::new("n3").at(3)], true);
+    assert_eq!(names(&p.delete), ["n1"]);
+}
+
+#[test]
+fn environment_problems_of_waiting_machines_are_lifted() {
+    let md = settled(deployment(2));
+    let mut waiting = Fx::new("b").phase(Phase::Pending);
+    set_condition(&mut waiting.0.status.conditions, "Ready", false, "QuotaExceeded", "no room (request r-1)");
+    let p = run(&md, vec![Fx::new("a"), waiting], true);
+    assert_eq!(condition(&p, "QuotaExceeded"), ("True", "QuotaExceeded"));
+    assert_eq!(condition(&p, "Available"), ("False", "QuotaExceeded"), "below the minimum, and why");
+    let p = run(&md, vec![Fx::new("a"), Fx::new("b")], true);
+    assert_eq!(condition(&p, "QuotaExceeded"), ("", ""), "gone once nobody waits");
+}
+
+#[test]
+fn in_place_converts_old_machines_and_creates_only_missing_ones() {
+    let mut md = deployment(3);
+    md.spec.strategy.strategy_type = StrategyType::InPlace;
+    md.spec.strategy.in_place.max_unavailable = int(2);
+    let p = run(
+        &md,
+        vec![Fx::new("o1").old(), Fx::new("o2").old().phase(Phase::Updating), Fx::new("o3").old().phase(Phase::Failed)],
+        false,
+    );
+    assert_eq!(p.create, 0, "old machines are converted, not replaced: 3 live");
+    assert!(p.delete.is_empty());
+    let work = p.in_place.expect("in-place work");
+    assert_eq!(work.candidates, ["o1"], "only Running old machines are candidates");
+    assert_eq!((work.max_unavailable, work.busy), (2, 1));
+    // A missing machine is created; a scale-down removes machines, updates never do.
+    let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old()], true);
+    assert_eq!(p.create, 1);
+    let mut smaller = md.clone();
+    smaller.spec.replicas = 2;
+    let p = run(&smaller, vec![Fx::new("o1").old().at(1), Fx::new("o2").old().at(2), Fx::new("o3").old().at(3)], true);
+    assert_eq!(names(&p.delete), ["o1"]);
+    assert_eq!(p.in_place.map(|w| w.candidates.len()), Some(3));
+    // Nothing old: no in-place work.
+    assert!(run(&md, vec![Fx::new("n1"), Fx::new("n2"), Fx::new("n3")], true).in_place.is_none());
+}
+
+// ------------------------------------------------------------------------- invariants (property)
+
+/// A small deterministic generator (xorshift64*): the same seeds give the same cases.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    fn limit(&mut self) -> IntOrPercent {
+        match self.below(3) {
+            0 => IntOrPercent::Int(self.below(4) as i64),
+            1 => IntOrPercent::Str(format!("{}%", self.below(101))),
+            _ => IntOrPercent::Str(format!("{}%", [0, 10, 25, 33, 50][self.below(5) as usize])),
+        }
+    }
+}
+
+/// Runs random rollouts to the end: the cloud creates, fails and deletes machines at random
+/// between reconciles. Every plan must keep the machines (terminating ones included) within
+/// `replicas + maxSurge` once they are, and never take the available machines below
+/// `replicas − maxUnavailable` (nor below what there was, when there were fewer).
+#[test]
+fn rollouts_keep_within_max_surge_and_max_unavailable() {
+    for seed in 1..=400u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let replicas = rng.below(12) as i64;
+        let mut md = surge(deployment(replicas), rng.limit(), rng.limit());
+        md.spec.failure_budget = 1000;
+        md.spec.delete_policy =
+            [DeletePolicy::Oldest, DeletePolicy::Newest, DeletePolicy::Random][rng.below(3) as usize];
+        let limits = Limits::resolve(replicas, &md.spec.strategy.rolling_update);
+        let start = rng.below(12) as i64;
+        let fail_percent = [0, 0, 10, 30][rng.below(4) as usize];
+        // Old machines, mostly running; some not (yet, or any more), some already on the new
+        // revision.
+        let mut machines: Vec<Machine> = (0..start)
+            .map(|i| {
+                let fx = Fx::new(&format!("o{i}")).at(i);
+                let fx = if rng.chance(80) { fx.old() } else { fx };
+                match rng.below(10) {
+                    0 => fx.phase(Phase::Creating),
+                    1 => fx.phase(Phase::Unknown),
+                    2 => fx.failed("Internal", "CLOUD_OPERATION_FAILED"),
+                    _ => fx,
+                }
+                .0
+            })
+            .collect();
+        let mut next_name = 0;
+        let mut finished = false;
+        for step in 0..200 {
+            let now = t0() + chrono::Duration::seconds(60 + step);
+            let p = plan(Observed { deployment: &md, machines: &machines, may_replace: rng.chance(70), now });
+            let case = format!("seed {seed} step {step}: replicas {replicas}, {limits:?}, {} machines", machines.len());
+            if p.aborted {
+                panic!("{case}: aborted with an unlimited budget");
+            }
+            let total = machines.len() as i64;
+            let cap = replicas + limits.max_surge;
+            assert!(total + p.create as i64 <= total.max(cap), "{case}: creates {} over the surge", p.create);
+            let gone: BTreeSet<&str> = p.delete.iter().chain(&p.replace).map(String::as_str).collect();
+            assert_eq!(gone.len(), p.delete.len() + p.replace.len(), "{case}: a machine deleted twice");
+            let available_before = machines.iter().filter(|m| is_available(m)).count() as i64;
+            let available_after =
+                machines.iter().filter(|m| is_available(m) && !gone.contains(m.metadata.name.as_str())).count() as i64;
+            let floor = (replicas - limits.max_unavailable).min(available_before);
+            assert!(
+                available_after >= floor,
+                "{case}: {available_before} → {available_after} available, floor {floor}"
+            );
+            if p.settled && machines.len() as i64 == replicas {
+                finished = true;
+                break;
+            }
+            // Act on the plan.
+            md.status = p.status;
+            for m in machines.iter_mut().filter(|m| gone.contains(m.metadata.name.as_str())) {
+                if p.replace.contains(&m.metadata.name) {
+                    m.metadata.annotations.insert(ANNOTATION_REPLACING.into(), "true".into());
+                }
+                m.metadata.deletion_timestamp = Some(now);
+            }
+            for _ in 0..p.create {
+                next_name += 1;
+                let mut m = Fx::new(&format!("n{next_name}")).phase(Phase::Pending).at(100 + next_name).0;
+                m.metadata.labels.insert(LABEL_REVISION.into(), p.target_revision.clone());
+                machines.push(m);
+            }
+            // The cloud moves on.
+            machines.retain(|m| !(m.is_deleting() && rng.chance(60)));
+            for m in machines.iter_mut().filter(|m| !m.is_deleting()) {
+                if matches!(m.status.phase, Phase::Pending | Phase::Creating | Phase::Unknown) && rng.chance(50) {
+                    m.status.phase = if rng.chance(fail_percent) { Phase::Failed } else { Phase::Running };
+                    if m.status.phase == Phase::Failed {
+                        m.status.failure = Some(Failure {
+                            code: "Internal".into(),
+                            reason: "CLOUD_OPERATION_FAILED".into(),
+                            message: "boom".into(),
+                            generation: 1,
+                            class_generation: 1,
+                        });
+                    }
+                }
+            }
+        }
+        if fail_percent == 0 {
+            assert!(finished, "seed {seed}: replicas {replicas}, {limits:?}, start {start}: no convergence");
+        }
+    }
+}
+
+#[test]
+fn revisions_follow_the_template() {
+    assert_ne!(revision(&template("os-1")), revision(&template("os-2")));
+    assert_eq!(revision(&template("os-1")), old_rev());
+}
