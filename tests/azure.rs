@@ -91,8 +91,13 @@ impl Arm {
 
     /// Creates the Flexible scale set `name` in `RG`, as an operator does before machines join it.
     async fn flexible_scale_set(&self, name: &str) -> String {
+        self.flexible_scale_set_in(SUB, RG, name).await
+    }
+
+    /// Like [`Arm::flexible_scale_set`], in subscription `sub` and resource group `rg`.
+    async fn flexible_scale_set_in(&self, sub: &str, rg: &str, name: &str) -> String {
         let id = format!(
-            "/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachineScaleSets/{name}"
+            "/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachineScaleSets/{name}"
         );
         let body = json!({"location": "westeurope", "properties": {"orchestrationMode": "Flexible", "platformFaultDomainCount": 1}});
         let (status, text) =
@@ -463,12 +468,12 @@ spec:
 
 impl Controller {
     async fn start(arm: &Arm) -> Controller {
-        Self::start_with(arm, POOL_CLASS, &[]).await
+        Self::start_with(arm, POOL_CLASS, &[], &[]).await
     }
 
-    /// The controller with `manifest` (classes, secrets) applied, and the sidecar started with
-    /// `extra` arguments.
-    async fn start_with(arm: &Arm, manifest: &str, extra: &[&str]) -> Controller {
+    /// The controller (with `controller_extra` arguments) with `manifest` (classes, secrets)
+    /// applied, and the sidecar started with `extra` arguments.
+    async fn start_with(arm: &Arm, manifest: &str, extra: &[&str], controller_extra: &[&str]) -> Controller {
         let mut driver_args: Vec<String> = arm.driver_args().into_iter().map(String::from).collect();
         driver_args.extend(extra.iter().map(|a| a.to_string()));
         let args: Vec<&str> = driver_args.iter().map(String::as_str).collect();
@@ -476,7 +481,7 @@ impl Controller {
         let dir = tempfile::tempdir().unwrap();
         let store_path: PathBuf = dir.path().join("store.db");
         let driver_arg = format!("azure={}", driver.endpoint());
-        let child = start_controller(&store_path, &driver_arg, &[], &dir.path().join("controller.log"));
+        let child = start_controller(&store_path, &driver_arg, controller_extra, &dir.path().join("controller.log"));
         // The class goes in through the CLI first, so the store exists before this process opens it.
         let class = dir.path().join("class.yaml");
         std::fs::write(&class, manifest).unwrap();
@@ -836,7 +841,7 @@ fn peak_vms(reqs: &[Value]) -> i64 {
 async fn machine_deployment_on_a_flexible_scale_set_through_the_controller() {
     let arm = Arm::start(&["--operation-duration", "500ms", "--delete-duration", "300ms"]).await;
     let flex = arm.flexible_scale_set("workers-flex").await.to_ascii_lowercase();
-    let c = Controller::start_with(&arm, &vm_class(None), &[]).await;
+    let c = Controller::start_with(&arm, &vm_class(None), &[], &[]).await;
 
     c.apply_web(&web(3, "1.0.0", "Standard_D2s_v5", ROLLING)).await;
     let first = tokio::time::timeout(2 * MINUTE, eventually(2 * MINUTE, "3 machines Running", || c.web_rolled_out()))
@@ -899,7 +904,7 @@ async fn machine_deployment_on_a_flexible_scale_set_through_the_controller() {
 async fn creates_resume_from_their_tokens_after_the_sidecar_is_killed() {
     let arm = Arm::start(&["--operation-duration", "4s", "--delete-duration", "300ms"]).await;
     arm.flexible_scale_set("workers-flex").await;
-    let mut c = Controller::start_with(&arm, &vm_class(None), &[]).await;
+    let mut c = Controller::start_with(&arm, &vm_class(None), &[], &[]).await;
     c.apply_web(&web(2, "1.0.0", "Standard_D2s_v5", ROLLING)).await;
     eventually(MINUTE, "2 VMs being created", || async {
         let vms = cloud_vms(&arm).await;
@@ -921,4 +926,94 @@ async fn creates_resume_from_their_tokens_after_the_sidecar_is_killed() {
     assert_eq!(cloud_vms(&arm).await.len(), 2);
     // The new sidecar finished the operations: it polled ARM's operation URLs.
     assert!(c.driver().log_text().contains("/operations/"), "the restarted sidecar never polled an operation");
+}
+
+/// A MachineClass whose Secret holds a service principal (and a subscription): every ARM call
+/// for its machines carries a token Entra issued to that principal, its VMs land in the
+/// Secret's subscription and the spec's resource group, and a class whose Secret has a wrong
+/// client secret is refused up front, naming the credential kind but never the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_secret_picks_the_azure_identity_and_subscription() {
+    const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
+    const CLIENT: &str = "6f1f3a5e-0000-4000-8000-00000000c1a5";
+    const SUB_A: &str = "11111111-2222-3333-4444-555555555555";
+    const SECRET: &str = "s3cr3t-value-of-team-a";
+    const WRONG: &str = "not-the-secret-of-team-a";
+    let principal = format!("{TENANT}:{CLIENT}:{SECRET}");
+    let arm =
+        Arm::start(&["--operation-duration", "300ms", "--delete-duration", "200ms", "--principal", &principal]).await;
+    let flex = arm.flexible_scale_set_in(SUB_A, "team-a", "workers-flex").await.to_ascii_lowercase();
+    let secret = |name: &str, client_secret: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}}}\n\
+             stringData: {{tenantId: {TENANT}, clientId: {CLIENT}, clientSecret: {client_secret}, subscriptionId: {SUB_A}}}\n"
+        )
+    };
+    let class = |name: &str, secret: &str| {
+        format!(
+            "apiVersion: machine.driver.dev/v1alpha1\nkind: MachineClass\nmetadata: {{name: {name}}}\nspec:\n  driver: azure\n  \
+             secretRef: {{name: {secret}}}\n  providerSpec:\n    location: westeurope\n    vmSize: Standard_D2s_v5\n    \
+             image: {{publisher: Canonical, offer: ubuntu-24_04-lts, sku: server}}\n    subnetId: {SUBNET}\n    \
+             resourceGroup: team-a\n    virtualMachineScaleSet: {{name: workers-flex}}\n"
+        )
+    };
+    let md = |name: &str, class: &str| {
+        format!(
+            "apiVersion: machine.driver.dev/v1alpha1\nkind: MachineDeployment\nmetadata: {{name: {name}}}\nspec:\n  \
+             replicas: 2\n  template:\n    spec:\n      classRef: {{name: {class}}}\n"
+        )
+    };
+    let manifest = [
+        secret("team-a", SECRET),
+        secret("team-a-wrong", WRONG),
+        class("azure-a", "team-a"),
+        class("azure-wrong", "team-a-wrong"),
+    ]
+    .join("---\n");
+    let authority = arm.endpoint();
+    let c =
+        Controller::start_with(&arm, &manifest, &["--authority-host", &authority], &["--orphan-interval", "1s"]).await;
+    c.apply(&[md("web-a", "azure-a"), md("web-wrong", "azure-wrong")].join("---\n")).await;
+
+    eventually(2 * MINUTE, "web-a available", || async {
+        let md = c.store.get::<MachineDeployment>("default", "web-a").await.ok()??;
+        (md.status.available_replicas == 2).then_some(())
+    })
+    .await;
+    let invalid = eventually(MINUTE, "class azure-wrong invalid", || async {
+        let class = c.store.get::<MachineClass>("default", "azure-wrong").await.ok()??;
+        class.status.conditions.into_iter().find(|c| c.condition_type == "Valid" && c.status == "False")
+    })
+    .await;
+    assert!(invalid.message.contains("client secret"), "{invalid:?}");
+    for text in [invalid.message.clone(), c.log(), c.driver().log_text()] {
+        assert!(!text.contains(SECRET) && !text.contains(WRONG), "a client secret leaked: {text}");
+    }
+
+    // The VMs are in the Secret's subscription and the spec's resource group, in the scale set.
+    let vms = cloud_vms(&arm).await;
+    assert_eq!(vms.len(), 2, "{vms:?}");
+    let prefix = format!("/subscriptions/{SUB_A}/resourcegroups/team-a/providers/microsoft.compute/virtualmachines/");
+    assert!(vms.iter().all(|(id, v)| id.starts_with(&prefix) && v["scaleSet"] == flex.as_str()), "{vms:?}");
+    // Every call the driver made in that subscription carried a token Entra issued to the
+    // class's principal: none fell back to the sidecar's own credential.
+    let who = format!("{TENANT}/{CLIENT}");
+    let reqs = arm.requests().await;
+    let theirs: Vec<&Value> = reqs
+        .iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.contains(SUB_A)) && r["clientRequestId"].is_string())
+        .collect();
+    assert!(theirs.iter().any(|r| is(r, "PUT", "/virtualMachines/")));
+    assert!(theirs.iter().all(|r| r["principal"] == who.as_str()), "{theirs:?}");
+    // The orphan sweep lists the class's resource group, with the class's principal.
+    let listing = format!("/subscriptions/{SUB_A}/resourceGroups/team-a/providers/Microsoft.Compute/virtualMachines");
+    eventually(MINUTE, "the orphan sweep in the class's resource group", || async {
+        let reqs = arm.requests().await;
+        reqs.iter()
+            .any(|r| r["method"] == "GET" && r["path"] == listing.as_str() && r["principal"] == who.as_str())
+            .then_some(())
+    })
+    .await;
+    // No VM of the class with the wrong secret was ever asked for.
+    assert!(!arm.requests().await.iter().any(|r| is(r, "PUT", "/virtualMachines/web-wrong")));
 }

@@ -314,6 +314,21 @@ impl DriverClient {
         page_size: i32,
         secrets: Option<pb::Secrets>,
     ) -> Result<Vec<pb::Machine>, CallError> {
+        self.list_all_machines_in(labels, page_size, secrets, None).await
+    }
+
+    /// Like [`DriverClient::list_all_machines`], where a class's `provider_spec` says (the
+    /// region, subscription or resource group a driver lists in).
+    ///
+    /// # Errors
+    /// The first failed page.
+    pub async fn list_all_machines_in(
+        &self,
+        labels: std::collections::HashMap<String, String>,
+        page_size: i32,
+        secrets: Option<pb::Secrets>,
+        provider_spec: Option<prost_types::Struct>,
+    ) -> Result<Vec<pb::Machine>, CallError> {
         let mut out = Vec::new();
         let mut page_token = String::new();
         loop {
@@ -323,7 +338,7 @@ impl DriverClient {
                     page_size,
                     page_token,
                     secrets: secrets.clone(),
-                    ..Default::default()
+                    provider_spec: provider_spec.clone(),
                 })
                 .await?
                 .value;

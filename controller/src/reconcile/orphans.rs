@@ -35,13 +35,16 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
     let mut deleted = 0;
     let mut seen_drivers = HashSet::new();
     for class in classes {
-        // One listing per driver and credentials is enough.
-        if !seen_drivers.insert((class.spec.driver.clone(), class.spec.secret_ref.clone().map(|s| s.name))) {
+        // One listing per driver, credentials and provider spec (which may name the region,
+        // subscription or resource group the driver lists in) is enough.
+        let spec_hash = driver_sdk::convert::spec_hash(&class.spec.provider_spec);
+        if !seen_drivers.insert((class.spec.driver.clone(), class.spec.secret_ref.clone().map(|s| s.name), spec_hash)) {
             continue;
         }
         let Ok(r) = resolve(ctx, &class.metadata.namespace, &class.metadata.name, None).await? else { continue };
         let selector = [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into();
-        let cloud = match r.driver.client.list_all_machines(selector, 500, r.secrets.clone()).await {
+        let spec = Some(driver_sdk::convert::json_to_struct(&r.provider_spec));
+        let cloud = match r.driver.client.list_all_machines_in(selector, 500, r.secrets.clone(), spec).await {
             Ok(list) => list,
             // No ListMachines (a pools-only driver): nothing to collect.
             Err(e)
