@@ -2,10 +2,14 @@
 //!
 //! Azure Virtual Machine Scale Sets behind the `machinedriver.v1` protocol.
 //!
-//! **What it implements.** The pool RPCs on Uniform scale sets with a manual upgrade policy, and
-//! `ValidateMachineClass`; it advertises exactly `Pools` and `ValidateMachineClass`, so the SDK
-//! answers `UNIMPLEMENTED` for the machine and in-place-update RPCs (single VMs in Flexible scale
-//! sets are not implemented yet).
+//! **What it implements.** Machines (one VM per machine in a Flexible scale set, see
+//! [`machines`] and [`vm`]), in-place updates of their size and tags, pools on Uniform scale sets
+//! with a manual upgrade policy, and `ValidateMachineClass` (which also proves a class's own
+//! credential). Subscription and resource group come from the provider spec, else the class
+//! Secret's subscription and the sidecar's defaults; the Flexible scale set from the spec, else
+//! `--scale-set`.
+//!
+//! The pool RPCs:
 //!
 //! | RPC | ARM call |
 //! |---|---|
@@ -41,10 +45,12 @@
 //! and error's cloud request ID, `x-ms-correlation-request-id` as ErrorInfo metadata
 //! `correlationRequestId`, and both are logged next to ours.
 //!
-//! **Credentials** ([`credential`]): `DefaultAzureCredential`, client secret, workload identity
-//! (the projected token file is re-read on refresh), system-assigned managed identity, and a
-//! fixed token for tests against the ARM emulator. The ARM endpoint and token scopes are
-//! configurable for sovereign clouds and the emulator.
+//! **Credentials.** The sidecar's own ([`credential`]): `DefaultAzureCredential`, client
+//! secret, workload identity (the projected token file is re-read on refresh), system-assigned
+//! managed identity, and a fixed token for tests against the ARM emulator. Per MachineClass
+//! ([`class_credential`]): a service principal or workload identity from the class's Secret,
+//! used for every call of that class and cached per Secret content. The ARM endpoint and token
+//! scopes are configurable for sovereign clouds and the emulator.
 
 use std::time::Duration;
 
@@ -66,7 +72,7 @@ pub mod arm;
 pub mod class_credential;
 pub mod credential;
 pub mod errors;
-mod machines;
+pub mod machines;
 pub mod model;
 pub mod vm;
 
