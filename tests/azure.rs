@@ -1017,3 +1017,86 @@ async fn a_class_secret_picks_the_azure_identity_and_subscription() {
     // No VM of the class with the wrong secret was ever asked for.
     assert!(!arm.requests().await.iter().any(|r| is(r, "PUT", "/virtualMachines/web-wrong")));
 }
+
+/// Bad machine requests get the right code, reason and field, and create nothing: a class
+/// without a subnet, a scale set that does not exist, a VM of the name that no machine owns,
+/// a machine that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_machine_requests_name_the_field_and_create_nothing() {
+    let arm = Arm::start(&["--operation-duration", "300ms"]).await;
+    let driver = arm.driver().await;
+    let c = driver.client().await;
+    let machine_spec = |extra: Value| {
+        let mut spec = json!({
+            "location": "westeurope", "vmSize": "Standard_D2s_v5", "subnetId": SUBNET,
+            "image": {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server"},
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        convert::json_to_struct(&spec)
+    };
+    let create = |name: &str, spec| {
+        c.create_machine(pb::CreateMachineRequest {
+            name: name.into(),
+            provider_spec: Some(spec),
+            ..Default::default()
+        })
+    };
+
+    // No subnet: refused before any ARM call.
+    let mut no_subnet = machine_spec(json!({}));
+    no_subnet.fields.remove("subnetId");
+    let err = create("m-nosubnet", no_subnet).await.unwrap_err();
+    assert_eq!((err.code(), err.reason()), (tonic::Code::InvalidArgument, reason::INVALID_PROVIDER_SPEC), "{err}");
+    assert!(err.report.violations.iter().any(|v| v.field == "provider_spec.subnetId"), "{err}");
+    assert!(arm.requests().await.is_empty());
+
+    // A scale set that does not exist: ARM's 400, on the spec's field.
+    let err = create("m-noss", machine_spec(json!({"virtualMachineScaleSet": {"name": "nope"}}))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    assert!(err.report.violations.iter().any(|v| v.field == "provider_spec.virtualMachineScaleSet"), "{err}");
+    assert!(err.report.cloud_request_ids.iter().any(|id| !id.is_empty()), "no ARM request ID: {err}");
+
+    // Both id and name: the spec is refused.
+    let both = json!({"virtualMachineScaleSet": {"name": "a", "id": "/subscriptions/s/resourceGroups/r/providers/Microsoft.Compute/virtualMachineScaleSets/a"}});
+    let err = create("m-both", machine_spec(both)).await.unwrap_err();
+    assert_eq!(err.reason(), reason::INVALID_PROVIDER_SPEC, "{err}");
+
+    // A VM of the name that this driver did not create is never taken over.
+    let foreign = json!({
+        "location": "westeurope",
+        "properties": {
+            "hardwareProfile": {"vmSize": "Standard_D2s_v5"},
+            "storageProfile": {"imageReference": {"publisher": "Canonical", "offer": "o", "sku": "s", "version": "latest"}},
+            "networkProfile": {"networkApiVersion": "2020-11-01", "networkInterfaceConfigurations": [{"name": "n", "properties": {"ipConfigurations": [{"name": "i", "properties": {"subnet": {"id": SUBNET}}}]}}]},
+        },
+    });
+    let path = format!("/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines/someone-elses?api-version=2024-07-01");
+    let (status, body) = http(arm.port, "PUT", &path, Some(foreign)).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let err = create("someone-elses", machine_spec(json!({}))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    assert!(err.report.violations.iter().any(|v| v.field == "name"), "{err}");
+    let err = c
+        .get_machine_status(pb::GetMachineStatusRequest { name: "someone-elses".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!((err.code(), err.reason()), (tonic::Code::NotFound, reason::MACHINE_NOT_FOUND), "{err}");
+    let op = c
+        .delete_machine(pb::DeleteMachineRequest { name: "someone-elses".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .value;
+    assert!(op.done && op.error_report().is_none(), "{op:?}");
+    assert!(!arm.requests().await.iter().any(|r| is(r, "DELETE", "/virtualMachines/someone-elses")));
+    assert_eq!(arm.vms().await.len(), 1, "only the VM that was not ours exists");
+
+    // An unknown machine: NOT_FOUND / MACHINE_NOT_FOUND naming it.
+    let err = c
+        .get_machine_status(pb::GetMachineStatusRequest { name: "never".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!((err.code(), err.reason()), (tonic::Code::NotFound, reason::MACHINE_NOT_FOUND), "{err}");
+    assert!(err.report.message.contains("never"), "{err}");
+}

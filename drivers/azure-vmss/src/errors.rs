@@ -72,6 +72,10 @@ pub fn field_of(target: &str) -> String {
         "instance_ids".into()
     } else if lower == "sku.name" || lower.ends_with("vmsize") {
         spec("vmSize")
+    } else if lower.contains("virtualmachinescaleset") {
+        spec("virtualMachineScaleSet")
+    } else if lower.contains("networkprofile") || lower.contains("networkinterface") {
+        spec("subnetId")
     } else if lower.contains("imagereference") {
         spec("image")
     } else if lower == "location" {

@@ -132,6 +132,11 @@ impl AzureVmssDriver {
         let r = self.resource(&req.name, &req.provider_spec, secret_sub.as_deref())?;
         let url = self.vm_url(&r, &[])?;
         let kind = OperationKind::CreateMachine;
+        // The body first: a spec no VM can be built from is refused before any ARM call.
+        let custom_data = req.secrets.get(USER_DATA_KEY).or(spec.custom_data.as_deref());
+        let scale_set = vm::scale_set_id(&spec, &r, self.config.scale_set.as_deref());
+        let tags = vm::tags_for(&req.name, &spec, &hash, &req.labels);
+        let body = vm::body(&r, &spec, tags, scale_set.as_deref(), custom_data)?;
         // Never a second VM: a VM of this name answers the create.
         if let Some((v, resp)) = self.get_vm(&arm, ctx, &r).await? {
             if vm::tags_of(&v).get(NAME_TAG) != Some(&req.name) {
@@ -179,10 +184,6 @@ impl AzureVmssDriver {
                 _ => {} // Failed: PUT it again, ARM re-applies the model.
             }
         }
-        let custom_data = req.secrets.get(USER_DATA_KEY).or(spec.custom_data.as_deref());
-        let scale_set = vm::scale_set_id(&spec, &r, self.config.scale_set.as_deref());
-        let tags = vm::tags_for(&req.name, &spec, &hash, &req.labels);
-        let body = vm::body(&r, &spec, tags, scale_set.as_deref(), custom_data)?;
         let resp = Self::call(&arm, ctx, Method::Put, url.clone(), Some(&body)).await.map_err(err)?;
         if !resp.is_success() {
             return Err(err(resp.into_error()));
