@@ -200,11 +200,20 @@ impl ArmClient {
     /// # Errors
     /// [`ArmError::Url`] when the result does not parse.
     pub fn url(&self, path: &str, query: &[(&str, &str)]) -> Result<Url, ArmError> {
+        self.url_at_version(path, API_VERSION, query)
+    }
+
+    /// Like [`ArmClient::url`], for another resource provider's `api_version` (e.g.
+    /// Microsoft.Network's).
+    ///
+    /// # Errors
+    /// [`ArmError::Url`] when the result does not parse.
+    pub fn url_at_version(&self, path: &str, api_version: &str, query: &[(&str, &str)]) -> Result<Url, ArmError> {
         let base = self.config.endpoint.as_str().trim_end_matches('/');
         let mut url = Url::parse(&format!("{base}{path}")).map_err(|_| ArmError::Url(format!("{base}{path}")))?;
         {
             let mut q = url.query_pairs_mut();
-            q.append_pair("api-version", API_VERSION);
+            q.append_pair("api-version", api_version);
             for (k, v) in query {
                 q.append_pair(k, v);
             }

@@ -30,6 +30,9 @@ use crate::{with_rid, AzureVmssDriver, OpState, PageToken, ResourceId, B64};
 
 const NOT_FOUND: &str = reason::MACHINE_NOT_FOUND;
 
+/// Api-version of the Microsoft.Network calls (reading a VM's NIC).
+const NETWORK_API_VERSION: &str = "2024-05-01";
+
 /// Whether an operation token belongs to a machine RPC.
 pub(crate) fn is_machine_op(st: &OpState) -> bool {
     matches!(st.kind.as_str(), "CreateMachine" | "DeleteMachine" | "UpdateMachine")
@@ -104,13 +107,8 @@ impl AzureVmssDriver {
     async fn machine_with_ips(&self, arm: &ArmClient, ctx: &RequestContext, v: &Value) -> Machine {
         let mut ips = Vec::new();
         if let Some(nic) = vm::nic_ids(v).first() {
-            // The NIC API is Microsoft.Network's, with its own api-version.
-            let url = self.arm.url(nic, &[]).map(|mut u| {
-                let pairs: Vec<(String, String)> =
-                    u.query_pairs().filter(|(k, _)| k != "api-version").map(|(k, v)| (k.into(), v.into())).collect();
-                u.query_pairs_mut().clear().append_pair("api-version", "2024-05-01").extend_pairs(pairs);
-                u
-            });
+            // The NIC is Microsoft.Network's, with its own api-version.
+            let url = self.arm.url_at_version(nic, NETWORK_API_VERSION, &[]);
             match url {
                 Ok(url) => match Self::call(arm, ctx, Method::Get, url, None).await {
                     Ok(resp) if resp.is_success() => ips = vm::nic_ips(&resp.value()),

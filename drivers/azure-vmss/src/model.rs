@@ -228,24 +228,21 @@ pub fn label_name(tag: &str) -> String {
     tag.replace(':', "/")
 }
 
-/// The scale set for `name` with `capacity` instances, checked against the
-/// `azure_mgmt_compute` model (so a typo in a field name fails here, not at ARM).
-///
-/// # Errors
-/// INTERNAL when the body does not fit the model (a driver bug).
-pub fn scale_set_body(
-    name: &str,
-    spec: &ProviderSpec,
-    spec_hash: &str,
-    capacity: u32,
-    labels: &Labels,
-) -> Result<Value, DriverError> {
+/// What a scale set's model and a single VM build alike from the spec.
+pub(crate) struct VmTemplate {
+    /// The admin user (default `azureuser`).
+    pub admin: String,
+    /// `storageProfile.imageReference`.
+    pub image: Value,
+    /// `osProfile.linuxConfiguration`: SSH key only, no password login.
+    pub linux: Value,
+    /// `storageProfile.osDisk`.
+    pub os_disk: Value,
+}
+
+/// The image, Linux configuration and OS disk of the spec.
+pub(crate) fn vm_template(spec: &ProviderSpec) -> VmTemplate {
     let admin = spec.admin_username.clone().unwrap_or_else(|| "azureuser".into());
-    let mut tags: Map<String, Value> = spec.tags.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
-    for (k, v) in labels {
-        tags.insert(tag_name(k), json!(v));
-    }
-    tags.insert(SPEC_HASH_TAG.into(), json!(spec_hash));
     let image = match &spec.image.id {
         Some(id) => json!({"id": id}),
         None => json!({
@@ -264,6 +261,27 @@ pub fn scale_set_body(
     if let Some(gb) = spec.os_disk_size_gb {
         os_disk["diskSizeGB"] = json!(gb);
     }
+    VmTemplate { admin, image, linux, os_disk }
+}
+
+/// The scale set for `name` with `capacity` instances, checked against the
+/// `azure_mgmt_compute` model (so a typo in a field name fails here, not at ARM).
+///
+/// # Errors
+/// INTERNAL when the body does not fit the model (a driver bug).
+pub fn scale_set_body(
+    name: &str,
+    spec: &ProviderSpec,
+    spec_hash: &str,
+    capacity: u32,
+    labels: &Labels,
+) -> Result<Value, DriverError> {
+    let mut tags: Map<String, Value> = spec.tags.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    for (k, v) in labels {
+        tags.insert(tag_name(k), json!(v));
+    }
+    tags.insert(SPEC_HASH_TAG.into(), json!(spec_hash));
+    let VmTemplate { admin, image, linux, os_disk } = vm_template(spec);
     // Linux computer names may be 64 characters; the prefix leaves room for the 6-character suffix.
     let prefix: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(58).collect();
     let mut profile = json!({

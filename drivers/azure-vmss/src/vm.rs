@@ -19,7 +19,7 @@ use driver_sdk::tonic::Code;
 use driver_sdk::{reason, Address, DriverError, Labels, Machine, MachineState, ResourceStatus, UpdatePlan};
 use serde_json::{json, Map, Value};
 
-use crate::model::{label_name, tag_name, ProviderSpec, SPEC_HASH_TAG};
+use crate::model::{label_name, tag_name, vm_template, ProviderSpec, VmTemplate, SPEC_HASH_TAG};
 use crate::ResourceId;
 
 /// Tag holding the machine name.
@@ -138,31 +138,14 @@ pub fn body(
         )]));
     };
     let name = &vm.name;
-    let admin = spec.admin_username.clone().unwrap_or_else(|| "azureuser".into());
-    let image = match &spec.image.id {
-        Some(id) => json!({"id": id}),
-        None => json!({
-            "publisher": spec.image.publisher, "offer": spec.image.offer, "sku": spec.image.sku,
-            "version": spec.image.version.clone().unwrap_or_else(|| "latest".into()),
-        }),
-    };
-    let mut linux = json!({"disablePasswordAuthentication": true});
-    if let Some(key) = &spec.ssh_public_key {
-        linux["ssh"] = json!({"publicKeys": [{"path": format!("/home/{admin}/.ssh/authorized_keys"), "keyData": key}]});
-    }
+    let VmTemplate { admin, image, linux, mut os_disk } = vm_template(spec);
     let mut os_profile = json!({"computerName": name, "adminUsername": admin, "linuxConfiguration": linux});
     if let Some(data) = custom_data {
         os_profile["customData"] = json!(base64::engine::general_purpose::STANDARD.encode(data));
     }
     // deleteOption Delete: the NIC and the OS disk go with the VM, so a deleted machine leaks
     // nothing.
-    let mut os_disk = json!({
-        "createOption": "FromImage", "caching": "ReadWrite", "deleteOption": "Delete",
-        "managedDisk": {"storageAccountType": spec.os_disk_type.clone().unwrap_or_else(|| "StandardSSD_LRS".into())},
-    });
-    if let Some(gb) = spec.os_disk_size_gb {
-        os_disk["diskSizeGB"] = json!(gb);
-    }
+    os_disk["deleteOption"] = json!("Delete");
     let mut properties = json!({
         "hardwareProfile": {"vmSize": spec.vm_size},
         "osProfile": os_profile,
