@@ -16,10 +16,10 @@ pub mod orphans;
 pub mod pool;
 
 /// An operation handle as kept in status (the token base64-encoded), stored before anything else.
-pub(crate) fn stored(kind: &str, op: &pb::Operation, request_id: &str) -> StoredOperation {
+pub(crate) fn stored(kind: OperationKind, op: &pb::Operation, request_id: &str) -> StoredOperation {
     use base64::Engine;
     StoredOperation {
-        kind: kind.into(),
+        kind,
         name: op.name.clone(),
         token: base64::engine::general_purpose::STANDARD.encode(&op.token),
         started: chrono::Utc::now(),
@@ -97,7 +97,7 @@ pub struct Resolved<'a> {
 }
 
 /// Why a class could not be resolved: (condition reason, message).
-pub type Unresolved = (&'static str, String);
+pub type Unresolved = (Reason, String);
 
 /// Resolves `class_name` in `namespace` with `overrides` merged over its provider spec.
 ///
@@ -110,12 +110,12 @@ pub async fn resolve<'a>(
     overrides: Option<&Value>,
 ) -> Result<Result<Resolved<'a>, Unresolved>, ReconcileError> {
     let Some(class) = ctx.store.get::<MachineClass>(namespace, class_name).await? else {
-        return Ok(Err(("ClassNotFound", format!("MachineClass {class_name} does not exist"))));
+        return Ok(Err((Reason::ClassNotFound, format!("MachineClass {class_name} does not exist"))));
     };
     let Some(driver) = ctx.drivers.get(&class.spec.driver) else {
         let known: Vec<&String> = ctx.drivers.keys().collect();
         return Ok(Err((
-            "DriverNotConfigured",
+            Reason::DriverNotConfigured,
             format!("MachineClass {class_name} uses driver {:?}, but the controller runs with {known:?} (run --driver NAME=ENDPOINT)", class.spec.driver),
         )));
     };
@@ -125,7 +125,7 @@ pub async fn resolve<'a>(
             Some(s) => Some(pb::Secrets { data: s.values().into_iter().collect() }),
             None => {
                 return Ok(Err((
-                    "SecretNotFound",
+                    Reason::SecretNotFound,
                     format!("Secret {} (of MachineClass {class_name}) does not exist", r.name),
                 )))
             }
@@ -155,7 +155,7 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         Ok(r) => r,
         Err((reason, message)) => {
             let mut c = before.clone();
-            if set_condition(&mut c.status.conditions, "Valid", false, reason, &message) {
+            if set_condition(&mut c.status.conditions, ConditionType::Valid, false, reason, &message) {
                 let _ = ctx.store.update_status(&c).await;
             }
             return Ok(Action::requeue(Duration::from_secs(30)));
@@ -178,7 +178,7 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         {
             Ok(reply) => {
                 let warnings = reply.value.warnings.join("; ");
-                set_condition(&mut c.status.conditions, "Valid", true, "Validated", &warnings);
+                set_condition(&mut c.status.conditions, ConditionType::Valid, true, Reason::Validated, &warnings);
                 ctx.store
                     .event(
                         Kind::MachineClass,
@@ -194,7 +194,7 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
                     let fields: Vec<String> =
                         e.report.violations.iter().map(|v| format!("{}: {}", v.field, v.description)).collect();
                     let msg = if fields.is_empty() { e.report.message.clone() } else { fields.join("; ") };
-                    set_condition(&mut c.status.conditions, "Valid", false, "Invalid", &msg);
+                    set_condition(&mut c.status.conditions, ConditionType::Valid, false, Reason::Invalid, &msg);
                     ctx.store.event(Kind::MachineClass, &c.metadata, true, "Invalid", msg).await;
                 }
                 decision => {
@@ -202,8 +202,13 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
                         // Not the class's fault: retried with backoff, and at once when its Secret
                         // changes.
                         let msg = format!("{} (request {})", e.report, e.request_id());
-                        if set_condition(&mut c.status.conditions, "Valid", false, policy::CONDITION_CREDENTIALS, &msg)
-                        {
+                        if set_condition(
+                            &mut c.status.conditions,
+                            ConditionType::Valid,
+                            false,
+                            Reason::CloudCredentialsRefused,
+                            &msg,
+                        ) {
                             let _ = ctx.store.update_status(&c).await;
                         }
                     }
@@ -212,7 +217,13 @@ async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
             },
         }
     } else {
-        set_condition(&mut c.status.conditions, "Valid", true, "NotValidated", "the driver does not validate classes");
+        set_condition(
+            &mut c.status.conditions,
+            ConditionType::Valid,
+            true,
+            Reason::NotValidated,
+            "the driver does not validate classes",
+        );
     }
     c.status.validated_generation = c.metadata.generation;
     match ctx.store.update_status(&c).await {

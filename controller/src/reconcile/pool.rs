@@ -12,7 +12,6 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
-use super::machine::upper_camel;
 use super::{poll_stored, resolve, stored, Polled, Resolved};
 use crate::plan::pool as plan;
 use crate::resources::*;
@@ -22,10 +21,15 @@ use crate::store::{Error as StoreError, Key, ListParams};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
 
-fn last(op_type: &str, state: &str, request_id: &str, err: Option<&driver_sdk::ErrorReport>) -> LastOperation {
+fn last(
+    op_type: OperationType,
+    state: OperationState,
+    request_id: &str,
+    err: Option<&driver_sdk::ErrorReport>,
+) -> LastOperation {
     LastOperation {
-        op_type: op_type.into(),
-        state: state.into(),
+        op_type,
+        state,
         code: err.map_or("OK".into(), |e| format!("{:?}", e.code)),
         reason: err.map(|e| e.reason.clone()).unwrap_or_default(),
         message: err.map(|e| e.message.clone()).unwrap_or_default(),
@@ -102,7 +106,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Ok(r) => r,
         Err((reason, message)) => {
             let mut next = pool.clone();
-            set_condition(&mut next.status.conditions, "Ready", false, reason, &message);
+            set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
             save(ctx, &pool, next).await?;
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
@@ -115,7 +119,13 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             Polled::Unusable(why) => {
                 // ApplyPool / DeletePool are idempotent: drop the handle and reconcile again.
                 next.status.operations.clear();
-                set_condition(&mut next.status.conditions, "OperationTokenUnusable", true, "Dropped", &why);
+                set_condition(
+                    &mut next.status.conditions,
+                    ConditionType::OperationTokenUnusable,
+                    true,
+                    Reason::Dropped,
+                    &why,
+                );
                 ctx.store
                     .event(
                         Kind::MachinePool,
@@ -136,19 +146,25 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
                 next.status.operations.clear();
                 let err = reply.value.error_report();
                 next.status.last_operation = Some(last(
-                    &op.kind,
-                    if err.is_some() { "Failed" } else { "Succeeded" },
+                    op.kind.into(),
+                    if err.is_some() { OperationState::Failed } else { OperationState::Succeeded },
                     &reply.request_id,
                     err.as_ref(),
                 ));
                 if let Some(e) = &err {
-                    set_condition(&mut next.status.conditions, "Ready", false, "OperationFailed", &e.to_string());
+                    set_condition(
+                        &mut next.status.conditions,
+                        ConditionType::Ready,
+                        false,
+                        Reason::OperationFailed,
+                        &e.to_string(),
+                    );
                     ctx.store
                         .event(Kind::MachinePool, &pool.metadata, true, "OperationFailed", format!("{}: {e}", op.kind))
                         .await;
                 }
                 save(ctx, &pool, next).await?;
-                if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == "DeletePool" {
+                if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == OperationKind::DeletePool {
                     return finish_delete(ctx, &pool).await;
                 }
                 return Ok(Action::requeue_now());
@@ -161,7 +177,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             pb::DeletePoolRequest { name: pool.metadata.name.clone(), provider_spec: None, secrets: r.secrets.clone() };
         return match ctx.call(r.driver, "DeletePool", |c| async move { c.delete_pool(req).await }).await {
             Ok(reply) if reply.value.done => finish_delete(ctx, &pool).await,
-            Ok(reply) => start(ctx, &pool, "DeletePool", reply).await,
+            Ok(reply) => start(ctx, &pool, OperationKind::DeletePool, reply).await,
             Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => {
                 finish_delete(ctx, &pool).await
             }
@@ -171,7 +187,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
 
     let mut list = match instances(ctx, &r, &pool.metadata.name).await {
         Ok(l) => l,
-        Err(e) => return failed(ctx, &pool, "ListPoolInstances", Rpc::Read, &e).await,
+        Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
     };
     let machines: Vec<Machine> = ctx
         .store
@@ -186,7 +202,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if !unlisted(&list, &machines).is_empty() {
         match instances(ctx, &r, &pool.metadata.name).await {
             Ok(again) => list = union(again, list),
-            Err(e) => return failed(ctx, &pool, "ListPoolInstances", Rpc::Read, &e).await,
+            Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
         }
     }
     mirror(ctx, &pool, &r, &list, &machines).await?;
@@ -236,22 +252,26 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             };
             return match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
                 Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
-                Ok(reply) => start(ctx, &fresh, "ApplyPool", reply).await,
-                Err(e) => failed(ctx, &fresh, "Apply", Rpc::Mutate, &e).await,
+                Ok(reply) => start(ctx, &fresh, OperationKind::ApplyPool, reply).await,
+                Err(e) => failed(ctx, &fresh, OperationType::ApplyPool, Rpc::Mutate, &e).await,
             };
         }
-        plan::Step::Delete(ids) => return pool_instances_call(ctx, &pool, &r, "DeletePoolInstances", ids).await,
-        plan::Step::Upgrade(ids) => return pool_instances_call(ctx, &pool, &r, "UpgradePoolInstances", ids).await,
+        plan::Step::Delete(ids) => {
+            return pool_instances_call(ctx, &pool, &r, OperationKind::DeletePoolInstances, ids).await
+        }
+        plan::Step::Upgrade(ids) => {
+            return pool_instances_call(ctx, &pool, &r, OperationKind::UpgradePoolInstances, ids).await
+        }
         plan::Step::Wait => {}
     }
     let done = plan.done;
     // The driver answered: whatever the environment refused before is over.
-    next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type.as_str()));
+    next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type));
     set_condition(
         &mut next.status.conditions,
-        "Ready",
+        ConditionType::Ready,
         done,
-        if done { "Ready" } else { "Rolling" },
+        if done { Reason::Ready } else { Reason::Rolling },
         &format!(
             "{} of {replicas} ready, {} on the latest model",
             next.status.ready_replicas, next.status.updated_replicas
@@ -265,12 +285,13 @@ async fn pool_instances_call(
     ctx: &Ctx,
     pool: &MachinePool,
     r: &Resolved<'_>,
-    method: &'static str,
+    kind: OperationKind,
     ids: Vec<String>,
 ) -> Result<Action> {
     let name = pool.metadata.name.clone();
     let secrets = r.secrets.clone();
-    let result = if method == "DeletePoolInstances" {
+    let method = kind.method();
+    let result = if kind == OperationKind::DeletePoolInstances {
         ctx.call(r.driver, method, |c| async move {
             c.delete_pool_instances(pb::DeletePoolInstancesRequest {
                 pool_name: name,
@@ -293,34 +314,46 @@ async fn pool_instances_call(
         })
         .await
     };
-    let rpc = if method == "DeletePoolInstances" { Rpc::Delete } else { Rpc::Mutate };
+    let rpc = if kind == OperationKind::DeletePoolInstances { Rpc::Delete } else { Rpc::Mutate };
     match result {
         Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
-        Ok(reply) => start(ctx, pool, method, reply).await,
-        Err(e) => failed(ctx, pool, method, rpc, &e).await,
+        Ok(reply) => start(ctx, pool, kind, reply).await,
+        Err(e) => failed(ctx, pool, kind.into(), rpc, &e).await,
     }
 }
 
 /// Stores a started operation before anything else.
-async fn start(ctx: &Ctx, pool: &MachinePool, kind: &str, reply: driver_sdk::Reply<pb::Operation>) -> Result<Action> {
+async fn start(
+    ctx: &Ctx,
+    pool: &MachinePool,
+    kind: OperationKind,
+    reply: driver_sdk::Reply<pb::Operation>,
+) -> Result<Action> {
     let mut next = pool.clone();
     next.status.operations = vec![stored(kind, &reply.value, &reply.request_id)];
-    next.status.last_operation = Some(last(kind, "Processing", &reply.request_id, None));
+    next.status.last_operation = Some(last(kind.into(), OperationState::Processing, &reply.request_id, None));
     save(ctx, pool, next).await?;
     Ok(Action::poll_after(reply.value.poll_after()))
 }
 
 /// A failed pool call: the Ready condition (and an environment condition) say why; the runtime
 /// retries per the error policy (a permanent error slowly: the pool must converge).
-async fn failed(ctx: &Ctx, pool: &MachinePool, kind: &str, rpc: Rpc, e: &driver_sdk::CallError) -> Result<Action> {
+async fn failed(
+    ctx: &Ctx,
+    pool: &MachinePool,
+    op_type: OperationType,
+    rpc: Rpc,
+    e: &driver_sdk::CallError,
+) -> Result<Action> {
     let mut next = pool.clone();
-    next.status.last_operation = Some(last(kind, "Failed", e.request_id(), Some(&e.report)));
-    set_condition(&mut next.status.conditions, "Ready", false, "CallFailed", &e.report.to_string());
+    next.status.last_operation = Some(last(op_type, OperationState::Failed, e.request_id(), Some(&e.report)));
+    set_condition(&mut next.status.conditions, ConditionType::Ready, false, Reason::CallFailed, &e.report.to_string());
     let decision = policy::decide(&e.report, Source::Call(rpc));
     if let Some(kind) = decision.cause().and_then(policy::Cause::environment_condition) {
-        let reason = if e.report.reason.is_empty() { kind.to_string() } else { upper_camel(&e.report.reason) };
+        let reason =
+            if e.report.reason.is_empty() { Reason::from(kind) } else { Reason::from_driver(&e.report.reason) };
         let message = format!("{} (request {})", e.report, e.request_id());
-        set_condition(&mut next.status.conditions, kind, true, &reason, &message);
+        set_condition(&mut next.status.conditions, kind, true, reason, &message);
     }
     save(ctx, pool, next).await?;
     Err(ReconcileError::call(e, rpc))
@@ -387,12 +420,18 @@ async fn mirror(
                     .iter()
                     .map(|a| Address { address_type: a.r#type.clone(), address: a.address.clone() })
                     .collect();
-                set_condition(&mut next.status.conditions, "Ready", phase == Phase::Running, &format!("{phase}"), "");
                 set_condition(
                     &mut next.status.conditions,
-                    "UpToDate",
+                    ConditionType::Ready,
+                    phase == Phase::Running,
+                    Reason::from(phase),
+                    "",
+                );
+                set_condition(
+                    &mut next.status.conditions,
+                    ConditionType::UpToDate,
                     i.latest_model_applied,
-                    if i.latest_model_applied { "LatestModel" } else { "OldModel" },
+                    if i.latest_model_applied { Reason::LatestModel } else { Reason::OldModel },
                     "",
                 );
                 if next.status != m.status {
@@ -536,9 +575,10 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
         Ok(reply) if reply.value.done => release(m).await,
         Ok(reply) => {
             let mut next = m.clone();
-            next.status.operations = vec![stored("DeletePoolInstances", &reply.value, &reply.request_id)];
+            next.status.operations = vec![stored(OperationKind::DeletePoolInstances, &reply.value, &reply.request_id)];
             next.status.phase = Phase::Terminating;
-            next.status.last_operation = Some(last("Delete", "Processing", &reply.request_id, None));
+            next.status.last_operation =
+                Some(last(OperationType::Delete, OperationState::Processing, &reply.request_id, None));
             match ctx.store.update_status(&next).await {
                 Ok(_) => {}
                 Err(StoreError::Conflict { .. }) => return Ok(Action::requeue_now()),
