@@ -38,11 +38,26 @@ fn last(
     }
 }
 
+/// An instance's state: the protocol's `InstanceState`, or, from a driver older than it
+/// (`UNSPECIFIED`), the deprecated provisioning string.
+fn state_of(i: &pb::PoolInstance) -> plan::InstanceState {
+    use plan::InstanceState as S;
+    match i.state() {
+        pb::InstanceState::Creating => S::Creating,
+        pb::InstanceState::Running => S::Running,
+        pb::InstanceState::Updating => S::Updating,
+        pb::InstanceState::Deleting => S::Deleting,
+        pb::InstanceState::Failed => S::Failed,
+        #[allow(deprecated)] // The fallback for old drivers.
+        pb::InstanceState::Unspecified => S::from_legacy_provisioning_state(&i.provisioning_state),
+    }
+}
+
 /// A listed instance as the planner sees it.
 fn instance(i: &pb::PoolInstance) -> plan::Instance {
     plan::Instance {
         id: i.instance_id.clone(),
-        state: plan::InstanceState::parse(&i.provisioning_state),
+        state: state_of(i),
         running: i.power_state == pb::PowerState::Running as i32,
         latest_model: i.latest_model_applied,
     }
@@ -380,7 +395,7 @@ async fn mirror(
     let by_instance: HashMap<&str, &Machine> =
         machines.iter().filter_map(|m| m.spec.pool_ref.as_ref().map(|p| (p.instance_id.as_str(), m))).collect();
     for i in list {
-        let phase = plan::InstanceState::parse(&i.provisioning_state).phase();
+        let phase = state_of(i).phase();
         match by_instance.get(i.instance_id.as_str()) {
             None => {
                 let mut m = Machine::new(
@@ -606,7 +621,7 @@ mod tests {
     use super::*;
 
     fn instance(id: &str) -> pb::PoolInstance {
-        pb::PoolInstance { instance_id: id.into(), provisioning_state: "Succeeded".into(), ..Default::default() }
+        pb::PoolInstance { instance_id: id.into(), state: pb::InstanceState::Running as i32, ..Default::default() }
     }
 
     fn machine(id: &str, deleting: bool) -> Machine {
@@ -654,9 +669,28 @@ mod tests {
     #[test]
     fn the_newer_listing_gives_an_instance_its_state() {
         let mut deleting = instance("1");
-        deleting.provisioning_state = "Deleting".into();
+        deleting.set_state(pb::InstanceState::Deleting);
         let merged = union(vec![deleting], vec![instance("1")]);
         assert_eq!(merged.len(), 1);
-        assert_eq!(merged[0].provisioning_state, "Deleting");
+        assert_eq!(state_of(&merged[0]), plan::InstanceState::Deleting);
+    }
+
+    #[test]
+    fn the_typed_state_decides_and_old_drivers_fall_back_to_the_string() {
+        use plan::InstanceState as S;
+        #[allow(deprecated)]
+        let with = |state: pb::InstanceState, legacy: &str| pb::PoolInstance {
+            state: state as i32,
+            provisioning_state: legacy.into(),
+            ..Default::default()
+        };
+        // A driver's own words never matter when the state is set.
+        assert_eq!(state_of(&with(pb::InstanceState::Running, "Provisioned")), S::Running);
+        assert_eq!(state_of(&with(pb::InstanceState::Failed, "Succeeded")), S::Failed);
+        assert_eq!(state_of(&with(pb::InstanceState::Updating, "")), S::Updating);
+        // A driver older than InstanceState.
+        assert_eq!(state_of(&with(pb::InstanceState::Unspecified, "Succeeded")), S::Running);
+        assert_eq!(state_of(&with(pb::InstanceState::Unspecified, "Deleting")), S::Deleting);
+        assert_eq!(state_of(&with(pb::InstanceState::Unspecified, "")), S::Creating);
     }
 }
