@@ -8,11 +8,12 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::{CallError, OperationExt};
 
+use super::write::{self, Finalizer};
 use super::{poll_stored, resolve, stored, Polled, Resolved};
 use crate::resources::*;
 use crate::runtime::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::runtime::{Action, Ctx, ReconcileError};
-use crate::store::{Error as StoreError, Key};
+use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
 
@@ -29,24 +30,17 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if m.spec.pool_ref.is_some() {
         return super::pool::reconcile_machine(ctx, key, m).await;
     }
-    if m.is_deleting() {
-        return delete(ctx, key, m).await;
-    }
-    if !m.metadata.finalizers.iter().any(|f| f == FINALIZER) {
-        // The finalizer goes on before any cloud call, so a delete can never skip cleanup.
-        let mut with = m.clone();
-        with.metadata.finalizers.push(FINALIZER.into());
-        return match ctx.store.update(&with).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-            Err(e) => Err(e.into()),
-        };
-    }
+    let m = match write::finalizer(ctx, m).await? {
+        Finalizer::Apply(m) => m,
+        Finalizer::Cleanup(m) => return delete(ctx, key, m).await,
+        Finalizer::Done(action) => return Ok(action),
+    };
     let r = match resolve(ctx, &m.metadata.namespace, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await? {
         Ok(r) => r,
         Err((reason, message)) => {
             let mut next = m.clone();
             set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
-            save(ctx, &m, next).await?;
+            write::status(ctx, &m, &next).await?;
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
@@ -79,18 +73,6 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             }
         }
         _ => create(ctx, key, m, &r).await,
-    }
-}
-
-/// Writes status when it changed. `Ok(false)` on a conflict (the caller requeues).
-async fn save(ctx: &Ctx, before: &Machine, after: Machine) -> Result<bool> {
-    if after.status == before.status {
-        return Ok(true);
-    }
-    match ctx.store.update_status(&after).await {
-        Ok(_) => Ok(true),
-        Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => Ok(false),
-        Err(e) => Err(e.into()),
     }
 }
 
@@ -205,7 +187,7 @@ async fn call_failed(
             };
             fail(&mut m, r.class.metadata.generation, &code, reason, &message);
             ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), e.report.to_string()).await;
-            save(ctx, before, m).await?;
+            write::status(ctx, before, &m).await?;
             Ok(Action::AwaitChange)
         }
         decision => {
@@ -219,8 +201,7 @@ async fn call_failed(
             if newly && reason == Reason::CloudCredentialsRefused {
                 ctx.store.event(Kind::Machine, &m.metadata, true, reason.as_str(), message).await;
             }
-            save(ctx, before, m).await?;
-            Err(ReconcileError::call(e, Rpc::Mutate))
+            write::status_then_fail(ctx, before, &m, ReconcileError::call(e, Rpc::Mutate)).await
         }
     }
 }
@@ -232,7 +213,7 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
             let msg = format!("not Running {}s after its create started", creation_timeout(&m).as_secs());
             fail(&mut m, r.class.metadata.generation, "DeadlineExceeded", policy::REASON_CREATION_TIMEOUT, &msg);
             ctx.store.event(Kind::Machine, &m.metadata, true, "CreationTimeout", msg).await;
-            save(ctx, &before, m).await?;
+            write::status(ctx, &before, &m).await?;
             return Ok(Action::AwaitChange);
         }
     }
@@ -267,10 +248,7 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         Reason::Creating,
         "the cloud is creating the machine",
     );
-    if !save(ctx, &before, m.clone()).await? {
-        // Someone else wrote first; the create is idempotent, so run again.
-        return Ok(Action::requeue_now());
-    }
+    write::status(ctx, &before, &m).await?;
     if ctx.config.blocking {
         return block_on(ctx, key, m, r, op).await;
     }
@@ -321,13 +299,12 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
                     format!("{why}; asking the driver again"),
                 )
                 .await;
-            save(ctx, &before, m).await?;
+            write::status(ctx, &before, &m).await?;
             return Ok(Action::requeue_now());
         }
         Polled::Failed(e) => {
             m.status.last_operation = Some(last_err(OperationType::Poll, &e.report));
-            save(ctx, &before, m).await?;
-            return Err(ReconcileError::call(&e, Rpc::Poll));
+            return write::status_then_fail(ctx, &before, &m, ReconcileError::call(&e, Rpc::Poll)).await;
         }
     };
     let op = reply.value;
@@ -338,7 +315,7 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
                 s.progress = op.progress_percent;
             }
         }
-        save(ctx, &before, m).await?;
+        write::status(ctx, &before, &m).await?;
         return Ok(Action::poll_after(op.poll_after()));
     }
     m.status.operations.clear();
@@ -366,8 +343,7 @@ async fn finished(
         if decision.is_retry() || decision == Decision::DropToken {
             let reason = retrying_reason(decision, op_type);
             set_condition(&mut m.status.conditions, ConditionType::Ready, false, reason, &err.to_string());
-            save(ctx, before, m).await?;
-            return Err(ReconcileError::operation(kind.method(), err, rpc));
+            return write::status_then_fail(ctx, before, &m, ReconcileError::operation(kind.method(), err, rpc)).await;
         }
         if op_type == OperationType::Update {
             set_condition(
@@ -380,7 +356,7 @@ async fn finished(
             m.status.phase = Phase::Running;
         }
         fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
-        save(ctx, before, m).await?;
+        write::status(ctx, before, &m).await?;
         return Ok(Action::AwaitChange);
     }
     m.status.last_operation = Some(last_ok(op_type, OperationState::Succeeded, &op_request_id(&m)));
@@ -403,7 +379,7 @@ async fn finished(
             format!("{} is running ({})", m.metadata.name, m.status.provider_id),
         )
         .await;
-    save(ctx, before, m).await?;
+    write::status(ctx, before, &m).await?;
     Ok(Action::poll_after(ctx.config.health_check_interval))
 }
 
@@ -462,17 +438,17 @@ async fn health(ctx: &Ctx, before: Machine, r: &Resolved<'_>) -> Result<Action> 
                 let msg = format!("{message} for more than {}s", health_timeout(&m).as_secs());
                 fail(&mut m, r.class.metadata.generation, "Unavailable", policy::REASON_HEALTH_TIMEOUT, &msg);
                 ctx.store.event(Kind::Machine, &m.metadata, true, "HealthTimeout", msg).await;
-                save(ctx, &before, m).await?;
+                write::status(ctx, &before, &m).await?;
                 return Ok(Action::AwaitChange);
             }
             m.status.phase = Phase::Unknown;
             set_condition(&mut m.status.conditions, ConditionType::Ready, false, reason, &message);
             let left = health_timeout(&m).saturating_sub(elapsed_since(Some(since)));
-            save(ctx, &before, m).await?;
+            write::status(ctx, &before, &m).await?;
             return Ok(Action::poll_after(interval.min(left).max(Duration::from_millis(100))));
         }
     }
-    save(ctx, &before, m).await?;
+    write::status(ctx, &before, &m).await?;
     Ok(Action::poll_after(interval))
 }
 
@@ -496,17 +472,12 @@ async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     m.status.operations = vec![stored(OperationKind::UpdateMachine, &op, &reply.request_id)];
     m.status.phase = Phase::Updating;
     set_condition(&mut m.status.conditions, ConditionType::UpToDate, false, Reason::Updating, "updating in place");
-    if !save(ctx, &before, m).await? {
-        return Ok(Action::requeue_now());
-    }
+    write::status(ctx, &before, &m).await?;
     Ok(Action::poll_after(op.poll_after()))
 }
 
 /// Deletes the cloud machine, then lets the object go by removing the finalizer.
 async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
-    if !before.metadata.finalizers.iter().any(|f| f == FINALIZER) {
-        return Ok(Action::AwaitChange);
-    }
     let never_created = before.status.provider_id.is_empty()
         && before.status.operations.is_empty()
         && before.status.create_started.is_none();
@@ -527,7 +498,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                 let mut m = before.clone();
                 m.status.phase = Phase::Terminating;
                 set_condition(&mut m.status.conditions, ConditionType::DeletionFailed, true, reason, &message);
-                save(ctx, &before, m).await?;
+                write::status(ctx, &before, &m).await?;
                 return Ok(Action::requeue(Duration::from_secs(30)));
             }
         };
@@ -547,8 +518,13 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                             Reason::from_driver(&err.reason),
                             &err.message,
                         );
-                        save(ctx, &before, m).await?;
-                        return Err(ReconcileError::operation("DeleteMachine", err, Rpc::Delete));
+                        return write::status_then_fail(
+                            ctx,
+                            &before,
+                            &m,
+                            ReconcileError::operation("DeleteMachine", err, Rpc::Delete),
+                        )
+                        .await;
                     }
                 }
                 return release(ctx, before).await;
@@ -582,7 +558,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
             remember(&mut m.status, &reply.request_id);
             m.status.last_operation = Some(last_ok(OperationType::Delete, accepted(&op), &reply.request_id));
             if op.done && op.error_report().is_none() {
-                save(ctx, &before, m.clone()).await?;
+                write::status(ctx, &before, &m).await?;
                 let Some(fresh) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
                     return Ok(Action::AwaitChange);
                 };
@@ -597,9 +573,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                 Reason::Deleting,
                 "the cloud is deleting the machine",
             );
-            if !save(ctx, &before, m).await? {
-                return Ok(Action::requeue_now());
-            }
+            write::status(ctx, &before, &m).await?;
             Ok(Action::poll_after(op.poll_after()))
         }
         Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => release(ctx, before).await,
@@ -614,33 +588,18 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                 Reason::from_driver(&e.report.reason),
                 &e.report.message,
             );
-            save(ctx, &before, m).await?;
             // Deletion keeps trying (the policy retries permanent errors slowly): a machine must
             // not leak.
-            Err(ReconcileError::call(&e, Rpc::Delete))
+            write::status_then_fail(ctx, &before, &m, ReconcileError::call(&e, Rpc::Delete)).await
         }
     }
 }
 
 /// Removes the finalizer: the store then removes the object.
 async fn release(ctx: &Ctx, m: Machine) -> Result<Action> {
-    let mut done = m.clone();
-    done.metadata.finalizers.retain(|f| f != FINALIZER);
-    match ctx.store.update(&done).await {
-        Ok(_) => {
-            ctx.store
-                .event(
-                    Kind::Machine,
-                    &m.metadata,
-                    false,
-                    "Deleted",
-                    format!("{} is gone from the cloud", m.metadata.name),
-                )
-                .await;
-            Ok(Action::AwaitChange)
-        }
-        Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-        Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
-        Err(e) => Err(e.into()),
+    if write::release(ctx, &m).await? {
+        let message = format!("{} is gone from the cloud", m.metadata.name);
+        ctx.store.event(Kind::Machine, &m.metadata, false, "Deleted", message).await;
     }
+    Ok(Action::AwaitChange)
 }

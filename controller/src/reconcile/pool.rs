@@ -12,6 +12,7 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
+use super::write::{self, Finalizer, Written};
 use super::{poll_stored, resolve, stored, Polled, Resolved};
 use crate::plan::pool as plan;
 use crate::resources::*;
@@ -104,14 +105,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
         return Ok(Action::AwaitChange);
     };
-    if !pool.metadata.finalizers.iter().any(|f| f == FINALIZER) && pool.metadata.deletion_timestamp.is_none() {
-        let mut with = pool.clone();
-        with.metadata.finalizers.push(FINALIZER.into());
-        return match ctx.store.update(&with).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-            Err(e) => Err(e.into()),
-        };
-    }
+    let pool = match write::finalizer(ctx, pool).await? {
+        // A pool being deleted is reconciled below (poll, then DeletePool).
+        Finalizer::Apply(pool) | Finalizer::Cleanup(pool) => pool,
+        Finalizer::Done(action) => return Ok(action),
+    };
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
         return Ok(Action::Wait(wait));
@@ -122,7 +120,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Err((reason, message)) => {
             let mut next = pool.clone();
             set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
-            save(ctx, &pool, next).await?;
+            write::status(ctx, &pool, &next).await?;
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
@@ -150,7 +148,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
                         format!("{why}; asking the driver again"),
                     )
                     .await;
-                save(ctx, &pool, next).await?;
+                write::status(ctx, &pool, &next).await?;
                 return Ok(Action::requeue_now());
             }
             Polled::Failed(e) => Err(e),
@@ -178,7 +176,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
                         .event(Kind::MachinePool, &pool.metadata, true, "OperationFailed", format!("{}: {e}", op.kind))
                         .await;
                 }
-                save(ctx, &pool, next).await?;
+                write::status(ctx, &pool, &next).await?;
                 if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == OperationKind::DeletePool {
                     return finish_delete(ctx, &pool).await;
                 }
@@ -261,7 +259,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             };
             next.status.applied_revision = rev.clone();
             next.status.applied_capacity = capacity;
-            save(ctx, &pool, next.clone()).await?;
+            write::status(ctx, &pool, &next).await?;
             let Some(fresh) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
                 return Ok(Action::AwaitChange);
             };
@@ -292,7 +290,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             next.status.ready_replicas, next.status.updated_replicas
         ),
     );
-    save(ctx, &pool, next).await?;
+    write::status(ctx, &pool, &next).await?;
     Ok(Action::requeue(if done { Duration::from_secs(30) } else { Duration::from_secs(1) }))
 }
 
@@ -347,7 +345,7 @@ async fn start(
     let mut next = pool.clone();
     next.status.operations = vec![stored(kind, &reply.value, &reply.request_id)];
     next.status.last_operation = Some(last(kind.into(), OperationState::Processing, &reply.request_id, None));
-    save(ctx, pool, next).await?;
+    write::status(ctx, pool, &next).await?;
     Ok(Action::poll_after(reply.value.poll_after()))
 }
 
@@ -370,18 +368,7 @@ async fn failed(
         let message = format!("{} (request {})", e.report, e.request_id());
         set_condition(&mut next.status.conditions, kind, true, reason, &message);
     }
-    save(ctx, pool, next).await?;
-    Err(ReconcileError::call(e, rpc))
-}
-
-async fn save(ctx: &Ctx, before: &MachinePool, after: MachinePool) -> Result<()> {
-    if before.status == after.status {
-        return Ok(());
-    }
-    match ctx.store.update_status(&after).await {
-        Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    write::status_then_fail(ctx, pool, &next, ReconcileError::call(e, rpc)).await
 }
 
 /// One Machine per instance: created for new instances, removed for gone ones, status mirrored.
@@ -449,11 +436,11 @@ async fn mirror(
                     if i.latest_model_applied { Reason::LatestModel } else { Reason::OldModel },
                     "",
                 );
-                if next.status != m.status {
-                    match ctx.store.update_status(&next).await {
-                        Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => {}
-                        Err(e) => return Err(e.into()),
-                    }
+                match write::status(ctx, *m, &next).await {
+                    // Changed meanwhile: the next pass mirrors it.
+                    Err(e) if e.is_conflict() => {}
+                    Err(e) => return Err(e),
+                    Ok(_) => {}
                 }
             }
             Some(_) => {}
@@ -464,13 +451,12 @@ async fn mirror(
     // instance; here there is nothing left to delete, and if the listing was wrong that call
     // would delete a live instance.
     for m in unlisted(list, machines) {
-        let mut released = m.clone();
-        released.metadata.finalizers.retain(|f| f != FINALIZER);
-        match ctx.store.update(&released).await {
-            Ok(_) => {}
+        match write::release(ctx, m).await {
+            Ok(true) => {}
             // Changed meanwhile (e.g. deleted by a user): the next reconcile looks again.
-            Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => continue,
-            Err(e) => return Err(e.into()),
+            Ok(false) => continue,
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => return Err(e),
         }
         ctx.store.delete(&Key::of(m)).await?;
     }
@@ -513,13 +499,8 @@ async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
     for m in &machines {
         ctx.store.delete(&Key::of(m)).await?;
     }
-    let mut done = pool.clone();
-    done.metadata.finalizers.retain(|f| f != FINALIZER);
-    match ctx.store.update(&done).await {
-        Ok(_) | Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
-        Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-        Err(e) => Err(e.into()),
-    }
+    write::release(ctx, pool).await?;
+    Ok(Action::AwaitChange)
 }
 
 /// A pool Machine: deleting it deletes exactly its instance.
@@ -527,18 +508,15 @@ async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
 /// # Errors
 /// Store failures.
 pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
-    if !m.is_deleting() || !m.metadata.finalizers.iter().any(|f| f == FINALIZER) {
+    // Pool Machines are made with the finalizer (never added here: a Machine released for an
+    // instance gone from the cloud must go without a call); only their deletion is reconciled.
+    if !write::cleanup_due(&m) {
         return Ok(Action::AwaitChange);
     }
     let Some(pref) = m.spec.pool_ref.clone() else { return Ok(Action::AwaitChange) };
     let release = |m: Machine| async move {
-        let mut done = m;
-        done.metadata.finalizers.retain(|f| f != FINALIZER);
-        match ctx.store.update(&done).await {
-            Ok(_) | Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
-            Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-            Err(e) => Err(ReconcileError::from(e)),
-        }
+        write::release(ctx, &m).await?;
+        Ok(Action::AwaitChange)
     };
     let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &pref.name).await? else { return release(m).await };
     let wait = ctx.wait_before_call(key);
@@ -557,7 +535,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
                 // DeletePoolInstances is idempotent: drop the handle and delete the instance again.
                 let mut next = m.clone();
                 next.status.operations.clear();
-                let _ = ctx.store.update_status(&next).await;
+                write::status(ctx, &m, &next).await?;
                 ctx.store
                     .event(Kind::Machine, &m.metadata, true, "OperationTokenUnusable", format!("{why}; deleting again"))
                     .await;
@@ -573,8 +551,8 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
                 Some(err) => {
                     let mut next = m.clone();
                     next.status.operations.clear();
-                    let _ = ctx.store.update_status(&next).await;
-                    Err(ReconcileError::operation("DeletePoolInstances", err, Rpc::Delete))
+                    let e = ReconcileError::operation(OperationKind::DeletePoolInstances.method(), err, Rpc::Delete);
+                    write::status_then_fail(ctx, &m, &next, e).await
                 }
             },
             Err(e) => Err(ReconcileError::call(&e, Rpc::Poll)),
@@ -594,11 +572,8 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
             next.status.phase = Phase::Terminating;
             next.status.last_operation =
                 Some(last(OperationType::Delete, OperationState::Processing, &reply.request_id, None));
-            match ctx.store.update_status(&next).await {
-                Ok(_) => {}
-                Err(StoreError::Conflict { .. }) => return Ok(Action::requeue_now()),
-                Err(StoreError::NotFound(_)) => return Ok(Action::AwaitChange),
-                Err(e) => return Err(e.into()),
+            if write::status(ctx, &m, &next).await? == Written::Gone {
+                return Ok(Action::AwaitChange);
             }
             ctx.store
                 .event(

@@ -318,6 +318,8 @@ impl Ctx {
     /// also hold the key's driver calls back until then ([`Ctx::wait_before_call`]).
     pub fn error_policy(&self, key: &Key, e: &ReconcileError) -> Duration {
         match e {
+            // Someone wrote since the read: run again at once with a fresh read; not a failure.
+            e if e.is_conflict() => Duration::ZERO,
             ReconcileError::Store(_) => self.exponential(key),
             ReconcileError::Driver { report, origin, .. } => {
                 let delay = self.delay(key, policy::decide(report, *origin));
@@ -580,6 +582,7 @@ async fn worker(ctx: Arc<Ctx>, id: usize) {
                 ctx.metrics.reconcile_errors.get_or_create(&labels).inc();
                 let delay = ctx.error_policy(&key, &e);
                 span.in_scope(|| match &e {
+                    e if e.is_conflict() => tracing::debug!("{}; reading again", driver_sdk::error_chain(e)),
                     ReconcileError::Driver { .. } => {
                         tracing::info!("{}; retrying in {delay:?}", driver_sdk::error_chain(&e))
                     }
@@ -678,6 +681,11 @@ impl ReconcileError {
         ReconcileError::Driver { method: e.method, origin: Source::Call(rpc), report: Box::new(e.report.clone()) }
     }
 
+    /// A write found the object changed since it was read (the key runs again at once).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, ReconcileError::Store(crate::store::Error::Conflict { .. }))
+    }
+
     /// A done operation's error (retried: the original call is sent again).
     pub fn operation(method: &'static str, report: ErrorReport, rpc: policy::Rpc) -> Self {
         ReconcileError::Driver { method, origin: Source::Operation(rpc), report: Box::new(report) }
@@ -730,6 +738,12 @@ mod tests {
         assert!(d >= Duration::from_secs(10), "quota waits at least 10 s: {d:?}");
         let d = ctx.error_policy(&key, &call(tonic::Code::InvalidArgument, None));
         assert_eq!(d, Duration::from_secs(60), "permanent errors that reach the runtime go slowly");
+        let conflict = ReconcileError::Store(crate::store::Error::Conflict {
+            key: key.clone(),
+            expected: "1".into(),
+            actual: "2".into(),
+        });
+        assert_eq!(ctx.error_policy(&key, &conflict), Duration::ZERO, "a conflict reads again at once");
         let store = ReconcileError::Store(crate::store::Error::NotFound(key.clone()));
         ctx.forget(&key);
         let d = ctx.error_policy(&key, &store);
