@@ -46,33 +46,65 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     };
     // The driver is called at most when it asked (poll_after, RetryInfo, backoff, the health
     // interval) — except that a new spec for a running machine is acted on at once.
-    let spec_changed = m.status.operations.is_empty()
-        && m.metadata.generation > m.status.observed_generation
-        && !m.status.spec_hash.is_empty()
-        && m.status.spec_hash != driver_sdk::convert::spec_hash(&r.provider_spec);
+    let spec_changed = spec_changed(&m, &driver_sdk::convert::spec_hash(&r.provider_spec));
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() && !spec_changed {
         return Ok(Action::Wait(wait));
     }
-    if let Some(op) = m.status.operations.first().cloned() {
-        return poll(ctx, m, &r, op).await;
+    match next_step(&m, r.class.metadata.generation, spec_changed) {
+        Step::Poll(op) => poll(ctx, m, &r, op).await,
+        Step::Hold => Ok(Action::AwaitChange),
+        Step::Update => update(ctx, key, m, &r).await,
+        Step::Health => health(ctx, m, &r).await,
+        Step::Create => create(ctx, key, m, &r).await,
+    }
+}
+
+/// What a reconcile of a live Machine does, decided from its status alone.
+#[derive(Debug, Clone, PartialEq)]
+enum Step {
+    /// Poll the stored operation.
+    Poll(StoredOperation),
+    /// Nothing until the spec or class changes (a permanent failure), or the owner replaces it.
+    Hold,
+    /// UpdateMachine: a running machine's spec changed.
+    Update,
+    /// GetMachineStatus: a running machine's health check.
+    Health,
+    /// CreateMachine (again: creates are idempotent by name).
+    Create,
+}
+
+/// A running machine's spec changed: its generation is newer than the one the cloud machine
+/// was made from and the provider spec hashes differently (class edits alone are not applied
+/// in place).
+fn spec_changed(m: &Machine, desired_hash: &str) -> bool {
+    m.status.operations.is_empty()
+        && m.metadata.generation > m.status.observed_generation
+        && !m.status.spec_hash.is_empty()
+        && m.status.spec_hash != desired_hash
+}
+
+fn next_step(m: &Machine, class_generation: i64, spec_changed: bool) -> Step {
+    if let Some(op) = m.status.operations.first() {
+        return Step::Poll(op.clone());
     }
     if let Some(f) = &m.status.failure {
-        if f.generation == m.metadata.generation && f.class_generation == r.class.metadata.generation {
+        if f.generation == m.metadata.generation && f.class_generation == class_generation {
             // Permanent failure for this spec: no retries until the spec or class changes.
-            return Ok(Action::AwaitChange);
+            return Step::Hold;
         }
     }
     match m.status.phase {
-        Phase::Failed if m.status.failure.is_none() => Ok(Action::AwaitChange),
+        Phase::Failed if m.status.failure.is_none() => Step::Hold,
         Phase::Running | Phase::Unknown | Phase::Updating if !m.status.provider_id.is_empty() => {
             if spec_changed {
-                update(ctx, key, m, &r).await
+                Step::Update
             } else {
-                health(ctx, m, &r).await
+                Step::Health
             }
         }
-        _ => create(ctx, key, m, &r).await,
+        _ => Step::Create,
     }
 }
 
@@ -603,3 +635,6 @@ async fn release(ctx: &Ctx, m: Machine) -> Result<Action> {
     }
     Ok(Action::AwaitChange)
 }
+
+#[cfg(test)]
+mod tests;

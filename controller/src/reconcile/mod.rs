@@ -13,6 +13,7 @@ pub mod deployment;
 pub mod machine;
 pub mod orphans;
 pub mod pool;
+pub mod relations;
 pub(crate) mod write;
 
 /// An operation handle as kept in status (the token base64-encoded), stored before anything else.

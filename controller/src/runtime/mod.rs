@@ -22,6 +22,7 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::reconcile::relations::{self, RECONCILED};
 use crate::resources::Kind;
 use crate::store::{Key, Store};
 
@@ -430,7 +431,7 @@ fn jitter(max: Duration) -> Duration {
 /// Runs the workers and the change watcher until `shutdown` resolves.
 pub async fn run(ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()>) {
     // Everything is reconciled once at start: in-flight operations resume from status.
-    for kind in [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
+    for kind in RECONCILED {
         for key in keys_of(&ctx.store, kind).await {
             ctx.queue.add(key);
         }
@@ -470,22 +471,22 @@ async fn watch(ctx: Arc<Ctx>) {
     loop {
         match rx.recv().await {
             Ok(change) => {
-                if change.key.kind != Kind::Secret {
+                if RECONCILED.contains(&change.key.kind) {
                     ctx.queue.add_after(change.key.clone(), ctx.config.debounce);
                 }
                 if change.deleted {
                     ctx.forget(&change.key);
                 }
-                if let Some(owner) = change.owner {
+                if let Some(owner) = change.owner.filter(|o| relations::wakes_owner(change.key.kind, o.kind)) {
                     ctx.queue.add_after(owner, ctx.config.debounce);
                 }
-                if matches!(change.key.kind, Kind::MachineClass | Kind::Secret) {
+                if relations::has_dependents(change.key.kind) {
                     wake_dependents(&ctx, &change.key).await;
                 }
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                 tracing::warn!("missed {n} change notifications; resyncing everything");
-                for kind in [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
+                for kind in RECONCILED {
                     for key in keys_of(&ctx.store, kind).await {
                         ctx.queue.add(key);
                     }
@@ -500,7 +501,7 @@ async fn watch(ctx: Arc<Ctx>) {
 /// machine of those classes, is reconciled again with its backoff forgotten — a machine waiting
 /// out a refused credential retries at once after the Secret is fixed.
 async fn wake_dependents(ctx: &Ctx, changed: &Key) {
-    use crate::resources::{MachineClass, MachineDeployment, MachinePool};
+    use crate::resources::{Machine, MachineClass, MachineDeployment, MachinePool};
     let classes: Vec<String> = match changed.kind {
         Kind::MachineClass => {
             // Only a new generation (spec) wakes; the class's status writes do not.
@@ -533,18 +534,30 @@ async fn wake_dependents(ctx: &Ctx, changed: &Key) {
     }
     let uses = |ns: &str, class: &str| ns == changed.namespace && classes.iter().any(|c| c == class);
     let mut keys: Vec<Key> = classes.iter().map(|c| Key::new(Kind::MachineClass, &changed.namespace, c)).collect();
-    if let Ok(mds) = ctx.store.list::<MachineDeployment>().await {
-        keys.extend(
-            mds.iter().filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name)).map(Key::of),
-        );
-    }
-    if let Ok(pools) = ctx.store.list::<MachinePool>().await {
-        keys.extend(
-            pools.iter().filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name)).map(Key::of),
-        );
-    }
-    if let Ok(machines) = ctx.store.list::<crate::resources::Machine>().await {
-        keys.extend(machines.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(Key::of));
+    for kind in relations::class_dependents() {
+        // The class each object of the kind names.
+        let found = match kind {
+            Kind::MachineDeployment => ctx.store.list::<MachineDeployment>().await.map(|all| {
+                all.iter()
+                    .filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name))
+                    .map(Key::of)
+                    .collect()
+            }),
+            Kind::MachinePool => ctx.store.list::<MachinePool>().await.map(|all| {
+                all.iter()
+                    .filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name))
+                    .map(Key::of)
+                    .collect()
+            }),
+            Kind::Machine => ctx.store.list::<Machine>().await.map(|all| {
+                all.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(Key::of).collect()
+            }),
+            Kind::MachineClass | Kind::Secret => Ok(Vec::new()),
+        };
+        match found {
+            Ok(found) => keys.extend(found),
+            Err(e) => tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e)),
+        }
     }
     tracing::debug!(changed = %changed, objects = keys.len(), "waking the objects that use it");
     for key in keys {
@@ -610,7 +623,7 @@ async fn resync(ctx: Arc<Ctx>) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        for kind in [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
+        for kind in RECONCILED {
             for key in keys_of(&ctx.store, kind).await {
                 ctx.queue.add_after(key, ctx.config.debounce);
             }
