@@ -289,7 +289,7 @@ async fn scale_out_resumes_from_its_token_after_the_sidecar_is_killed() {
     assert_eq!(list.len(), 3);
     assert!(list
         .iter()
-        .all(|i| i.provisioning_state == "Succeeded" && i.power_state == pb::PowerState::Running as i32));
+        .all(|i| i.state() == pb::InstanceState::Running && i.power_state == pb::PowerState::Running as i32));
 
     // ARM saw exactly two PUTs (never re-sent), and our request ID on the scale-out PUT.
     let reqs = arm.requests().await;

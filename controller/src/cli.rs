@@ -387,8 +387,8 @@ fn print_table(rows: Vec<Vec<String>>) {
     }
 }
 
-fn condition(conds: &[Condition], kind: &str) -> String {
-    conds.iter().find(|c| c.condition_type == kind).map_or("-".into(), |c| format!("{}/{}", c.status, c.reason))
+fn condition_column(conds: &[Condition], kind: ConditionType) -> String {
+    condition(conds, kind).map_or("-".into(), |c| format!("{}/{}", c.status, c.reason))
 }
 
 async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, output: Output) -> Result<(), Failure> {
@@ -485,7 +485,7 @@ async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, out
                 if wide {
                     row.extend([
                         format!("{:?}", d.spec.strategy.strategy_type),
-                        condition(&d.status.conditions, "Progressing"),
+                        condition_column(&d.status.conditions, ConditionType::Progressing),
                         d.status
                             .bad_revisions
                             .iter()
@@ -523,7 +523,7 @@ async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, out
                 rows.push(vec![
                     c.metadata.name.clone(),
                     c.spec.driver.clone(),
-                    condition(&c.status.conditions, "Valid"),
+                    condition_column(&c.status.conditions, ConditionType::Valid),
                     age(c.metadata.creation_timestamp),
                 ]);
             }
@@ -718,12 +718,13 @@ async fn rollout_status(
         available.set_length(desired);
         updated.set_position((md.status.updated_replicas.max(0) as u64).min(desired));
         available.set_position((md.status.available_replicas.max(0) as u64).min(desired));
-        let progressing = md.status.conditions.iter().find(|c| c.condition_type == "Progressing");
+        let progressing = condition(&md.status.conditions, ConditionType::Progressing);
         let msg = progressing.map(|c| format!("{}: {}", c.reason, c.message)).unwrap_or_default();
         available.set_message(msg.clone());
         updated.set_message(format!("revision {} ({} machines total)", md.status.target_revision, md.status.replicas));
         let observed = md.status.observed_generation >= md.metadata.generation;
-        if observed && progressing.is_some_and(|c| c.reason == "RolloutAborted" || c.reason == "NoGoodRevision") {
+        if observed && progressing.is_some_and(|c| matches!(c.reason, Reason::RolloutAborted | Reason::NoGoodRevision))
+        {
             bars.clear().ok();
             return Err(Failure { message: format!("rollout of {name} aborted: {msg}"), code: 1 });
         }

@@ -8,6 +8,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod state;
+pub use state::*;
+
 /// The API group and version of every kind but `Secret`.
 pub const API_VERSION: &str = "machine.driver.dev/v1alpha1";
 /// Label / annotation / finalizer prefix.
@@ -728,13 +731,13 @@ impl fmt::Display for Phase {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
-    /// Type, e.g. `Ready`, `Creating`, `Failed`.
+    /// Type, e.g. `Ready`, `Progressing`, `Failed`.
     #[serde(rename = "type")]
-    pub condition_type: String,
+    pub condition_type: ConditionType,
     /// `True`, `False` or `Unknown`.
-    pub status: String,
+    pub status: ConditionStatus,
     /// UpperCamel reason.
-    pub reason: String,
+    pub reason: Reason,
     /// Detail.
     #[serde(default)]
     pub message: String,
@@ -747,7 +750,7 @@ pub struct Condition {
 #[serde(rename_all = "camelCase")]
 pub struct StoredOperation {
     /// Operation kind (`CreateMachine`, ...).
-    pub kind: String,
+    pub kind: OperationKind,
     /// The driver's operation name.
     pub name: String,
     /// The opaque token, base64.
@@ -765,11 +768,11 @@ pub struct StoredOperation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LastOperation {
-    /// `Create`, `Delete`, `Update`, `Poll`, `Status`, ...
+    /// `Create`, `Delete`, `Update`, `Poll`, `ApplyPool`, ...
     #[serde(rename = "type")]
-    pub op_type: String,
+    pub op_type: OperationType,
     /// `Processing`, `Succeeded`, `Failed`.
-    pub state: String,
+    pub state: OperationState,
     /// gRPC code name.
     pub code: String,
     /// ErrorInfo reason.
@@ -879,32 +882,48 @@ impl Machine {
 
 // ---------------------------------------------------------------------------------------- helpers
 
-/// Sets a condition, keeping its transition time when the status does not change.
-/// Returns whether anything changed.
-pub fn set_condition(conditions: &mut Vec<Condition>, kind: &str, status: bool, reason: &str, message: &str) -> bool {
-    let status = if status { "True" } else { "False" };
-    match conditions.iter_mut().find(|c| c.condition_type == kind) {
+/// Sets a condition (`True` when `holds`), keeping its transition time when the status does
+/// not change. Returns whether anything changed.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    condition_type: ConditionType,
+    holds: bool,
+    reason: Reason,
+    message: &str,
+) -> bool {
+    let status = ConditionStatus::from(holds);
+    match conditions.iter_mut().find(|c| c.condition_type == condition_type) {
         Some(c) if c.status == status && c.reason == reason && c.message == message => false,
         Some(c) => {
             if c.status != status {
                 c.last_transition_time = chrono::Utc::now();
             }
-            c.status = status.into();
-            c.reason = reason.into();
+            c.status = status;
+            c.reason = reason;
             c.message = message.into();
             true
         }
         None => {
             conditions.push(Condition {
-                condition_type: kind.into(),
-                status: status.into(),
-                reason: reason.into(),
+                condition_type,
+                status,
+                reason,
                 message: message.into(),
                 last_transition_time: chrono::Utc::now(),
             });
             true
         }
     }
+}
+
+/// The condition of this type, if set.
+pub fn condition(conditions: &[Condition], condition_type: ConditionType) -> Option<&Condition> {
+    conditions.iter().find(|c| c.condition_type == condition_type)
+}
+
+/// Removes the condition of this type.
+pub fn remove_condition(conditions: &mut Vec<Condition>, condition_type: ConditionType) {
+    conditions.retain(|c| c.condition_type != condition_type);
 }
 
 /// Merges `patch` over `base` (JSON merge patch, RFC 7396: objects merge, anything else replaces,
@@ -960,10 +979,10 @@ mod tests {
     #[test]
     fn conditions_keep_transition_time_unless_status_changes() {
         let mut c = Vec::new();
-        assert!(set_condition(&mut c, "Ready", false, "Creating", ""));
+        assert!(set_condition(&mut c, ConditionType::Ready, false, Reason::Creating, ""));
         let t = c[0].last_transition_time;
-        assert!(!set_condition(&mut c, "Ready", false, "Creating", ""));
-        assert!(set_condition(&mut c, "Ready", false, "Waiting", "x"));
+        assert!(!set_condition(&mut c, ConditionType::Ready, false, Reason::Creating, ""));
+        assert!(set_condition(&mut c, ConditionType::Ready, false, Reason::Pending, "x"));
         assert_eq!(c[0].last_transition_time, t);
     }
 }

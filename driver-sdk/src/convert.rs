@@ -8,8 +8,8 @@ use prost_types::value::Kind;
 use serde_json::{Map, Number, Value};
 
 use crate::types::{
-    Address, Capability, Machine, MachineState, OperationKind, OperationOutput, Pool, PoolInstance, PowerState,
-    ResourceStatus, Secrets,
+    Address, Capability, InstanceState, Machine, MachineState, OperationKind, OperationOutput, Pool, PoolInstance,
+    PowerState, ResourceStatus, Secrets,
 };
 
 // ------------------------------------------------------------------------------------------ JSON
@@ -201,6 +201,17 @@ fn power_state(p: PowerState) -> pb::PowerState {
     }
 }
 
+/// Instance state to wire.
+pub fn instance_state(s: InstanceState) -> pb::InstanceState {
+    match s {
+        InstanceState::Creating => pb::InstanceState::Creating,
+        InstanceState::Running => pb::InstanceState::Running,
+        InstanceState::Updating => pb::InstanceState::Updating,
+        InstanceState::Deleting => pb::InstanceState::Deleting,
+        InstanceState::Failed => pb::InstanceState::Failed,
+    }
+}
+
 // ----------------------------------------------------------------------------------- messages
 
 fn addresses(a: &[Address]) -> Vec<pb::Address> {
@@ -251,7 +262,9 @@ pub fn pool_instance(i: &PoolInstance) -> pb::PoolInstance {
         instance_id: i.instance_id.clone(),
         name: i.name.clone(),
         provider_id: i.provider_id.clone(),
+        #[allow(deprecated)] // Still filled, for callers older than `state`.
         provisioning_state: i.provisioning_state.clone(),
+        state: instance_state(i.state) as i32,
         power_state: power_state(i.power_state) as i32,
         latest_model_applied: i.latest_model_applied,
         addresses: addresses(&i.addresses),

@@ -346,6 +346,23 @@ pub enum PowerState {
     Deallocated,
 }
 
+/// Lifecycle state of a pool instance, in the protocol's vocabulary (`InstanceState`). Every
+/// pool driver maps its cloud's states to it; whether the instance is powered on is
+/// [`PowerState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum InstanceState {
+    /// Being created; also any cloud state the driver cannot map.
+    Creating,
+    /// Provisioned: the cloud finished creating or updating it.
+    Running,
+    /// Being moved to the pool's latest model (or otherwise changed).
+    Updating,
+    /// Being deleted.
+    Deleting,
+    /// Provisioning failed.
+    Failed,
+}
+
 /// One instance of a pool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolInstance {
@@ -355,7 +372,10 @@ pub struct PoolInstance {
     pub name: String,
     /// Provider ID.
     pub provider_id: String,
-    /// Provisioning state.
+    /// Lifecycle state (what callers decide on).
+    pub state: InstanceState,
+    /// The cloud's own word for the provisioning state, for display (sent as the deprecated
+    /// `provisioning_state`, which callers older than `state` read).
     pub provisioning_state: String,
     /// Power state.
     pub power_state: PowerState,

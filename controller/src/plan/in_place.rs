@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::resources::{set_condition, Condition};
+use crate::resources::{set_condition, Condition, ConditionType, Reason};
 
 /// What is known about updating one machine in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,12 +76,12 @@ impl Budget {
     /// Sets `InPlaceUpdatePossible`: false, naming the blocked machines, when any was blocked.
     pub fn finish(self, conditions: &mut Vec<Condition>) {
         if self.blocked.is_empty() {
-            set_condition(conditions, "InPlaceUpdatePossible", true, "Updatable", "");
+            set_condition(conditions, ConditionType::InPlaceUpdatePossible, true, Reason::Updatable, "");
         } else {
             let names: Vec<&String> = self.blocked.keys().collect();
             let msg =
                 format!("{} machine(s) need replacement and fallbackToReplace is off: {names:?}", self.blocked.len());
-            set_condition(conditions, "InPlaceUpdatePossible", false, "NeedsReplacement", &msg);
+            set_condition(conditions, ConditionType::InPlaceUpdatePossible, false, Reason::NeedsReplacement, &msg);
         }
     }
 }

@@ -9,13 +9,13 @@ use std::collections::HashSet;
 use super::Limits;
 use crate::resources::{Phase, RollingUpdate};
 
-/// An instance's provisioning state, read from the driver's string in one place.
+/// An instance's lifecycle state (the protocol's `InstanceState`, as the planner sees it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InstanceState {
-    /// Being created (any state the controller does not know counts as this).
+    /// Being created (a driver's state the controller does not know counts as this).
     Creating,
     /// Provisioned.
-    Succeeded,
+    Running,
     /// Being updated to the latest model.
     Updating,
     /// Being deleted.
@@ -25,10 +25,12 @@ pub enum InstanceState {
 }
 
 impl InstanceState {
-    /// Reads a `PoolInstance.provisioning_state`.
-    pub fn parse(provisioning_state: &str) -> Self {
+    /// Reads the deprecated `PoolInstance.provisioning_state` of a driver older than the
+    /// protocol's `InstanceState` (it sends `INSTANCE_STATE_UNSPECIFIED`). Those drivers used
+    /// Azure's words, the only vocabulary the controller ever read.
+    pub fn from_legacy_provisioning_state(provisioning_state: &str) -> Self {
         match provisioning_state {
-            "Succeeded" => InstanceState::Succeeded,
+            "Succeeded" => InstanceState::Running,
             "Failed" => InstanceState::Failed,
             "Deleting" => InstanceState::Deleting,
             "Updating" => InstanceState::Updating,
@@ -39,7 +41,7 @@ impl InstanceState {
     /// The phase of the Machine that mirrors the instance.
     pub fn phase(self) -> Phase {
         match self {
-            InstanceState::Succeeded => Phase::Running,
+            InstanceState::Running => Phase::Running,
             InstanceState::Failed => Phase::Failed,
             InstanceState::Deleting => Phase::Terminating,
             InstanceState::Updating => Phase::Updating,
@@ -64,7 +66,7 @@ pub struct Instance {
 impl Instance {
     /// Provisioned and running.
     pub fn ready(&self) -> bool {
-        self.state == InstanceState::Succeeded && self.running
+        self.state == InstanceState::Running && self.running
     }
 }
 

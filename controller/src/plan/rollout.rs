@@ -76,12 +76,17 @@ pub fn deletion_order(machines: &mut [&Machine], policy: DeletePolicy) {
 /// Sets one condition per environment problem that keeps machines from running (with the
 /// driver's reason, message and request ID from one of them), and removes the others.
 /// Returns the first problem found.
-pub fn lift_environment_conditions(conditions: &mut Vec<Condition>, machines: &[&Machine]) -> Option<&'static str> {
+pub fn lift_environment_conditions(conditions: &mut Vec<Condition>, machines: &[&Machine]) -> Option<ConditionType> {
     let mut first = None;
     for kind in ENVIRONMENT_CONDITIONS {
         let waiting: Vec<&&Machine> = machines
             .iter()
-            .filter(|m| m.status.conditions.iter().any(|c| c.condition_type == "Ready" && c.reason == kind))
+            .filter(|m| {
+                m.status
+                    .conditions
+                    .iter()
+                    .any(|c| c.condition_type == ConditionType::Ready && c.reason == Reason::from(kind))
+            })
             .collect();
         match waiting.first() {
             Some(m) => {
@@ -91,19 +96,15 @@ pub fn lift_environment_conditions(conditions: &mut Vec<Condition>, machines: &[
                     .last_operation
                     .as_ref()
                     .filter(|o| !o.reason.is_empty())
-                    .map(|o| crate::reconcile::machine::upper_camel(&o.reason))
-                    .unwrap_or_else(|| kind.to_string());
-                let detail = m
-                    .status
-                    .conditions
-                    .iter()
-                    .find(|c| c.condition_type == "Ready")
+                    .map(|o| Reason::from_driver(&o.reason))
+                    .unwrap_or_else(|| Reason::from(kind));
+                let detail = condition(&m.status.conditions, ConditionType::Ready)
                     .map(|c| c.message.clone())
                     .unwrap_or_default();
                 let msg = format!("{} machine(s) waiting, e.g. {}: {detail}", waiting.len(), m.metadata.name);
-                set_condition(conditions, kind, true, &reason, &msg);
+                set_condition(conditions, kind, true, reason, &msg);
             }
-            None => conditions.retain(|c| c.condition_type != kind),
+            None => remove_condition(conditions, kind),
         }
     }
     first
@@ -243,7 +244,13 @@ pub fn plan(o: Observed<'_>) -> Plan {
             Some(good) => format!("rolling back to the last good revision {}", good.revision),
             None => "no earlier revision to roll back to; change the template".to_string(),
         };
-        set_condition(&mut st.conditions, "Progressing", false, "RolloutAborted", &format!("{reason}; {then}"));
+        set_condition(
+            &mut st.conditions,
+            ConditionType::Progressing,
+            false,
+            Reason::RolloutAborted,
+            &format!("{reason}; {then}"),
+        );
         events.push(PlannedEvent { warning: true, reason: "RolloutAborted", message: format!("{reason}; {then}") });
         return Plan {
             target_revision: target_rev,
@@ -369,9 +376,9 @@ pub fn plan(o: Observed<'_>) -> Plan {
         let msg = if target_rev != spec_rev { "rolled back: the spec's revision failed before" } else { "" };
         set_condition(
             &mut st.conditions,
-            "Progressing",
+            ConditionType::Progressing,
             true,
-            if msg.is_empty() { "NewRevisionAvailable" } else { "RolledBack" },
+            if msg.is_empty() { Reason::NewRevisionAvailable } else { Reason::RolledBack },
             msg,
         );
     } else if target.is_none() {
@@ -379,30 +386,36 @@ pub fn plan(o: Observed<'_>) -> Plan {
         let msg = format!(
             "revision {spec_rev} failed ({why}) and there is no earlier revision to roll back to; change the template"
         );
-        set_condition(&mut st.conditions, "Progressing", false, "NoGoodRevision", &msg);
+        set_condition(&mut st.conditions, ConditionType::Progressing, false, Reason::NoGoodRevision, &msg);
     } else if let Some(r) = &st.rollout {
         let stalled = (now - r.last_progress).to_std().unwrap_or_default()
             > Duration::from_secs(md.spec.progress_deadline_seconds);
         if stalled {
             let msg = format!("no progress for {}s", md.spec.progress_deadline_seconds);
-            set_condition(&mut st.conditions, "Progressing", false, "ProgressDeadlineExceeded", &msg);
+            set_condition(
+                &mut st.conditions,
+                ConditionType::Progressing,
+                false,
+                Reason::ProgressDeadlineExceeded,
+                &msg,
+            );
         } else {
             let msg = format!("{new_available} of {desired} machines on revision {target_rev}");
-            set_condition(&mut st.conditions, "Progressing", true, "Rolling", &msg);
+            set_condition(&mut st.conditions, ConditionType::Progressing, true, Reason::Rolling, &msg);
         }
     } else {
         let msg = format!("{new_available} of {desired} running");
-        set_condition(&mut st.conditions, "Progressing", true, "Scaling", &msg);
+        set_condition(&mut st.conditions, ConditionType::Progressing, true, Reason::Scaling, &msg);
     }
     let waiting: Vec<&Machine> = live.iter().copied().filter(|m| !is_available(m)).collect();
     let environment = lift_environment_conditions(&mut st.conditions, &waiting);
     let min_available = desired - unavailable;
-    let below_reason = environment.unwrap_or("BelowMinimum");
+    let below_reason = environment.map_or(Reason::BelowMinimum, Reason::from);
     set_condition(
         &mut st.conditions,
-        "Available",
+        ConditionType::Available,
         available >= min_available,
-        if available >= min_available { "MinimumAvailable" } else { below_reason },
+        if available >= min_available { Reason::MinimumAvailable } else { below_reason },
         &format!("{available} running, {min_available} required"),
     );
     Plan {

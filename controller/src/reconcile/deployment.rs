@@ -9,6 +9,7 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 
 use super::resolve;
+use super::write::{self, Finalizer};
 use crate::plan::in_place::{self, Verdict};
 use crate::plan::rollout::{self, InPlaceWork, Observed, ANNOTATION_REPLACING};
 use crate::resources::*;
@@ -26,18 +27,12 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(md) = ctx.store.get::<MachineDeployment>(&key.namespace, &key.name).await? else {
         return Ok(Action::AwaitChange);
     };
+    let md = match write::finalizer(ctx, md).await? {
+        Finalizer::Apply(md) => md,
+        Finalizer::Cleanup(md) => return teardown(ctx, md).await,
+        Finalizer::Done(action) => return Ok(action),
+    };
     let machines: Vec<Machine> = ctx.store.list_owned(&md.metadata).await?;
-    if md.metadata.deletion_timestamp.is_some() {
-        return teardown(ctx, md, machines).await;
-    }
-    if !md.metadata.finalizers.iter().any(|f| f == FINALIZER) {
-        let mut with = md.clone();
-        with.metadata.finalizers.push(FINALIZER.into());
-        return match ctx.store.update(&with).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-            Err(e) => Err(e.into()),
-        };
-    }
 
     let plan = rollout::plan(Observed {
         deployment: &md,
@@ -51,7 +46,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let mut next = md.clone();
     next.status = plan.status.clone();
     if plan.aborted {
-        save(ctx, &md, next).await?;
+        write::status(ctx, &md, &next).await?;
         return Ok(Action::requeue_now());
     }
 
@@ -74,7 +69,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     for m in plan.delete.iter().filter_map(|n| by_name.get(n.as_str())) {
         ctx.store.delete(&Key::of(*m)).await?;
     }
-    save(ctx, &md, next).await?;
+    write::status(ctx, &md, &next).await?;
     Ok(if plan.settled {
         Action::AwaitChange
     } else if plan.has_failed {
@@ -83,16 +78,6 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     } else {
         Action::requeue(Duration::from_secs(5))
     })
-}
-
-async fn save(ctx: &Ctx, before: &MachineDeployment, after: MachineDeployment) -> Result<()> {
-    if after.status == before.status {
-        return Ok(());
-    }
-    match ctx.store.update_status(&after).await {
-        Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 async fn create(ctx: &Ctx, md: &MachineDeployment, t: &MachineTemplate, rev: &str) -> Result<()> {
@@ -229,18 +214,14 @@ async fn can_update(ctx: &Ctx, m: &Machine, template: &MachineTemplate) -> Resul
 }
 
 /// A deleted deployment deletes its machines, then lets go.
-async fn teardown(ctx: &Ctx, md: MachineDeployment, machines: Vec<Machine>) -> Result<Action> {
+async fn teardown(ctx: &Ctx, md: MachineDeployment) -> Result<Action> {
+    let machines: Vec<Machine> = ctx.store.list_owned(&md.metadata).await?;
     if !machines.is_empty() {
         for m in machines.iter().filter(|m| !m.is_deleting()) {
             ctx.store.delete(&Key::of(m)).await?;
         }
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
-    let mut done = md.clone();
-    done.metadata.finalizers.retain(|f| f != FINALIZER);
-    match ctx.store.update(&done).await {
-        Ok(_) | Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
-        Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-        Err(e) => Err(e.into()),
-    }
+    write::release(ctx, &md).await?;
+    Ok(Action::AwaitChange)
 }

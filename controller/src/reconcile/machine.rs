@@ -8,11 +8,12 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::{CallError, OperationExt};
 
+use super::write::{self, Finalizer};
 use super::{poll_stored, resolve, stored, Polled, Resolved};
 use crate::resources::*;
 use crate::runtime::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::runtime::{Action, Ctx, ReconcileError};
-use crate::store::{Error as StoreError, Key};
+use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
 
@@ -29,68 +30,81 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if m.spec.pool_ref.is_some() {
         return super::pool::reconcile_machine(ctx, key, m).await;
     }
-    if m.is_deleting() {
-        return delete(ctx, key, m).await;
-    }
-    if !m.metadata.finalizers.iter().any(|f| f == FINALIZER) {
-        // The finalizer goes on before any cloud call, so a delete can never skip cleanup.
-        let mut with = m.clone();
-        with.metadata.finalizers.push(FINALIZER.into());
-        return match ctx.store.update(&with).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-            Err(e) => Err(e.into()),
-        };
-    }
+    let m = match write::finalizer(ctx, m).await? {
+        Finalizer::Apply(m) => m,
+        Finalizer::Cleanup(m) => return delete(ctx, key, m).await,
+        Finalizer::Done(action) => return Ok(action),
+    };
     let r = match resolve(ctx, &m.metadata.namespace, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await? {
         Ok(r) => r,
         Err((reason, message)) => {
             let mut next = m.clone();
-            set_condition(&mut next.status.conditions, "Ready", false, reason, &message);
-            save(ctx, &m, next).await?;
+            set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
+            write::status(ctx, &m, &next).await?;
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
     // The driver is called at most when it asked (poll_after, RetryInfo, backoff, the health
     // interval) — except that a new spec for a running machine is acted on at once.
-    let spec_changed = m.status.operations.is_empty()
-        && m.metadata.generation > m.status.observed_generation
-        && !m.status.spec_hash.is_empty()
-        && m.status.spec_hash != driver_sdk::convert::spec_hash(&r.provider_spec);
+    let spec_changed = spec_changed(&m, &driver_sdk::convert::spec_hash(&r.provider_spec));
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() && !spec_changed {
         return Ok(Action::Wait(wait));
     }
-    if let Some(op) = m.status.operations.first().cloned() {
-        return poll(ctx, m, &r, op).await;
-    }
-    if let Some(f) = &m.status.failure {
-        if f.generation == m.metadata.generation && f.class_generation == r.class.metadata.generation {
-            // Permanent failure for this spec: no retries until the spec or class changes.
-            return Ok(Action::AwaitChange);
-        }
-    }
-    match m.status.phase {
-        Phase::Failed if m.status.failure.is_none() => Ok(Action::AwaitChange),
-        Phase::Running | Phase::Unknown | Phase::Updating if !m.status.provider_id.is_empty() => {
-            if spec_changed {
-                update(ctx, key, m, &r).await
-            } else {
-                health(ctx, m, &r).await
-            }
-        }
-        _ => create(ctx, key, m, &r).await,
+    match next_step(&m, r.class.metadata.generation, spec_changed) {
+        Step::Poll(op) => poll(ctx, m, &r, op).await,
+        Step::Hold => Ok(Action::AwaitChange),
+        Step::Update => update(ctx, key, m, &r).await,
+        Step::Health => health(ctx, m, &r).await,
+        Step::Create => create(ctx, key, m, &r).await,
     }
 }
 
-/// Writes status when it changed. `Ok(false)` on a conflict (the caller requeues).
-async fn save(ctx: &Ctx, before: &Machine, after: Machine) -> Result<bool> {
-    if after.status == before.status {
-        return Ok(true);
+/// What a reconcile of a live Machine does, decided from its status alone.
+#[derive(Debug, Clone, PartialEq)]
+enum Step {
+    /// Poll the stored operation.
+    Poll(StoredOperation),
+    /// Nothing until the spec or class changes (a permanent failure), or the owner replaces it.
+    Hold,
+    /// UpdateMachine: a running machine's spec changed.
+    Update,
+    /// GetMachineStatus: a running machine's health check.
+    Health,
+    /// CreateMachine (again: creates are idempotent by name).
+    Create,
+}
+
+/// A running machine's spec changed: its generation is newer than the one the cloud machine
+/// was made from and the provider spec hashes differently (class edits alone are not applied
+/// in place).
+fn spec_changed(m: &Machine, desired_hash: &str) -> bool {
+    m.status.operations.is_empty()
+        && m.metadata.generation > m.status.observed_generation
+        && !m.status.spec_hash.is_empty()
+        && m.status.spec_hash != desired_hash
+}
+
+fn next_step(m: &Machine, class_generation: i64, spec_changed: bool) -> Step {
+    if let Some(op) = m.status.operations.first() {
+        return Step::Poll(op.clone());
     }
-    match ctx.store.update_status(&after).await {
-        Ok(_) => Ok(true),
-        Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => Ok(false),
-        Err(e) => Err(e.into()),
+    if let Some(f) = &m.status.failure {
+        if f.generation == m.metadata.generation && f.class_generation == class_generation {
+            // Permanent failure for this spec: no retries until the spec or class changes.
+            return Step::Hold;
+        }
+    }
+    match m.status.phase {
+        Phase::Failed if m.status.failure.is_none() => Step::Hold,
+        Phase::Running | Phase::Unknown | Phase::Updating if !m.status.provider_id.is_empty() => {
+            if spec_changed {
+                Step::Update
+            } else {
+                Step::Health
+            }
+        }
+        _ => Step::Create,
     }
 }
 
@@ -102,10 +116,10 @@ fn remember(status: &mut MachineStatus, request_id: &str) {
     }
 }
 
-fn last_ok(op_type: &str, state: &str, request_id: &str) -> LastOperation {
+fn last_ok(op_type: OperationType, state: OperationState, request_id: &str) -> LastOperation {
     LastOperation {
-        op_type: op_type.into(),
-        state: state.into(),
+        op_type,
+        state,
         code: "OK".into(),
         reason: String::new(),
         message: String::new(),
@@ -114,10 +128,19 @@ fn last_ok(op_type: &str, state: &str, request_id: &str) -> LastOperation {
     }
 }
 
-fn last_err(op_type: &str, e: &driver_sdk::ErrorReport) -> LastOperation {
+/// The state of a call that started an operation.
+fn accepted(op: &pb::Operation) -> OperationState {
+    if op.done {
+        OperationState::Succeeded
+    } else {
+        OperationState::Processing
+    }
+}
+
+fn last_err(op_type: OperationType, e: &driver_sdk::ErrorReport) -> LastOperation {
     LastOperation {
-        op_type: op_type.into(),
-        state: "Failed".into(),
+        op_type,
+        state: OperationState::Failed,
         code: format!("{:?}", e.code),
         reason: e.reason.clone(),
         message: e.message.clone(),
@@ -148,12 +171,11 @@ fn elapsed_since(t: Option<Time>) -> Duration {
 
 /// The condition reason a retried error sets on `Ready`: the environment problem it reports
 /// (credentials, quota, an unavailable cloud), else `{op_type}Retrying`.
-fn retrying_reason(decision: Decision, op_type: &str) -> String {
+fn retrying_reason(decision: Decision, op_type: OperationType) -> Reason {
     decision
         .cause()
         .and_then(policy::Cause::environment_condition)
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("{op_type}Retrying"))
+        .map_or_else(|| Reason::retrying(op_type), Reason::from)
 }
 
 fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, message: &str) {
@@ -165,20 +187,8 @@ fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, messag
         generation: m.metadata.generation,
         class_generation,
     });
-    set_condition(&mut m.status.conditions, "Ready", false, "Failed", message);
-    set_condition(&mut m.status.conditions, "Failed", true, &upper_camel(reason), message);
-}
-
-/// `QUOTA_EXCEEDED` → `QuotaExceeded` (condition reasons are UpperCamel).
-pub(crate) fn upper_camel(reason: &str) -> String {
-    reason
-        .split('_')
-        .filter(|s| !s.is_empty())
-        .map(|w| {
-            let mut c = w.chars();
-            c.next().map(|f| f.to_ascii_uppercase().to_string() + &c.as_str().to_ascii_lowercase()).unwrap_or_default()
-        })
-        .collect()
+    set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::Failed, message);
+    set_condition(&mut m.status.conditions, ConditionType::Failed, true, Reason::from_driver(reason), message);
 }
 
 /// Reacts to a failed mutating call (create / update): a permanent error marks the machine
@@ -189,7 +199,7 @@ async fn call_failed(
     before: &Machine,
     mut m: Machine,
     r: &Resolved<'_>,
-    op_type: &str,
+    op_type: OperationType,
     e: &CallError,
 ) -> Result<Action> {
     m.status.last_operation = Some(last_err(op_type, &e.report));
@@ -209,7 +219,7 @@ async fn call_failed(
             };
             fail(&mut m, r.class.metadata.generation, &code, reason, &message);
             ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), e.report.to_string()).await;
-            save(ctx, before, m).await?;
+            write::status(ctx, before, &m).await?;
             Ok(Action::AwaitChange)
         }
         decision => {
@@ -218,13 +228,12 @@ async fn call_failed(
             // deployment or pool lifts into a condition of its own.
             let reason = retrying_reason(decision, op_type);
             let message = format!("{} (request {})", e.report, e.request_id());
-            set_condition(&mut m.status.conditions, "Ready", false, &reason, &message);
-            let newly = !before.status.conditions.iter().any(|c| c.condition_type == "Ready" && c.reason == reason);
-            if newly && reason == policy::CONDITION_CREDENTIALS {
-                ctx.store.event(Kind::Machine, &m.metadata, true, &reason, message).await;
+            let newly = condition(&before.status.conditions, ConditionType::Ready).is_none_or(|c| c.reason != reason);
+            set_condition(&mut m.status.conditions, ConditionType::Ready, false, reason.clone(), &message);
+            if newly && reason == Reason::CloudCredentialsRefused {
+                ctx.store.event(Kind::Machine, &m.metadata, true, reason.as_str(), message).await;
             }
-            save(ctx, before, m).await?;
-            Err(ReconcileError::call(e, Rpc::Mutate))
+            write::status_then_fail(ctx, before, &m, ReconcileError::call(e, Rpc::Mutate)).await
         }
     }
 }
@@ -236,7 +245,7 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
             let msg = format!("not Running {}s after its create started", creation_timeout(&m).as_secs());
             fail(&mut m, r.class.metadata.generation, "DeadlineExceeded", policy::REASON_CREATION_TIMEOUT, &msg);
             ctx.store.event(Kind::Machine, &m.metadata, true, "CreationTimeout", msg).await;
-            save(ctx, &before, m).await?;
+            write::status(ctx, &before, &m).await?;
             return Ok(Action::AwaitChange);
         }
     }
@@ -250,26 +259,28 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     };
     let reply = match ctx.call(r.driver, "CreateMachine", |c| async move { c.create_machine(req).await }).await {
         Ok(reply) => reply,
-        Err(e) => return call_failed(ctx, key, &before, m, r, "Create", &e).await,
+        Err(e) => return call_failed(ctx, key, &before, m, r, OperationType::Create, &e).await,
     };
     let op = reply.value;
     m.status.create_started.get_or_insert_with(Utc::now);
-    m.status.last_operation =
-        Some(last_ok("Create", if op.done { "Succeeded" } else { "Processing" }, &reply.request_id));
+    m.status.last_operation = Some(last_ok(OperationType::Create, accepted(&op), &reply.request_id));
     remember(&mut m.status, &reply.request_id);
     if op.done {
-        return finished(ctx, &before, m, r, "CreateMachine", op).await;
+        return finished(ctx, &before, m, r, OperationKind::CreateMachine, op).await;
     }
     // The operation is stored before anything else happens.
-    m.status.operations = vec![stored("CreateMachine", &op, &reply.request_id)];
+    m.status.operations = vec![stored(OperationKind::CreateMachine, &op, &reply.request_id)];
     // A new handle replaces one that was dropped as unusable (the event keeps the history).
-    m.status.conditions.retain(|c| c.condition_type != "OperationTokenUnusable");
+    remove_condition(&mut m.status.conditions, ConditionType::OperationTokenUnusable);
     m.status.phase = Phase::Creating;
-    set_condition(&mut m.status.conditions, "Ready", false, "Creating", "the cloud is creating the machine");
-    if !save(ctx, &before, m.clone()).await? {
-        // Someone else wrote first; the create is idempotent, so run again.
-        return Ok(Action::requeue_now());
-    }
+    set_condition(
+        &mut m.status.conditions,
+        ConditionType::Ready,
+        false,
+        Reason::Creating,
+        "the cloud is creating the machine",
+    );
+    write::status(ctx, &before, &m).await?;
     if ctx.config.blocking {
         return block_on(ctx, key, m, r, op).await;
     }
@@ -299,7 +310,7 @@ async fn block_on(ctx: &Ctx, key: &Key, m: Machine, r: &Resolved<'_>, mut op: pb
     let _ = m;
     let mut next = current.clone();
     next.status.operations.clear();
-    finished(ctx, &current, next, r, "CreateMachine", op).await
+    finished(ctx, &current, next, r, OperationKind::CreateMachine, op).await
 }
 
 /// One poll of the stored operation.
@@ -310,7 +321,7 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
         Polled::Unusable(why) => {
             // Drivers are idempotent by name: dropping an unusable token and asking again is safe.
             m.status.operations.clear();
-            set_condition(&mut m.status.conditions, "OperationTokenUnusable", true, "Dropped", &why);
+            set_condition(&mut m.status.conditions, ConditionType::OperationTokenUnusable, true, Reason::Dropped, &why);
             ctx.store
                 .event(
                     Kind::Machine,
@@ -320,13 +331,12 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
                     format!("{why}; asking the driver again"),
                 )
                 .await;
-            save(ctx, &before, m).await?;
+            write::status(ctx, &before, &m).await?;
             return Ok(Action::requeue_now());
         }
         Polled::Failed(e) => {
-            m.status.last_operation = Some(last_err("Poll", &e.report));
-            save(ctx, &before, m).await?;
-            return Err(ReconcileError::call(&e, Rpc::Poll));
+            m.status.last_operation = Some(last_err(OperationType::Poll, &e.report));
+            return write::status_then_fail(ctx, &before, &m, ReconcileError::call(&e, Rpc::Poll)).await;
         }
     };
     let op = reply.value;
@@ -337,12 +347,12 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
                 s.progress = op.progress_percent;
             }
         }
-        save(ctx, &before, m).await?;
+        write::status(ctx, &before, &m).await?;
         return Ok(Action::poll_after(op.poll_after()));
     }
     m.status.operations.clear();
     remember(&mut m.status, &reply.request_id);
-    finished(ctx, &before, m, r, &stored_op.kind, op).await
+    finished(ctx, &before, m, r, stored_op.kind, op).await
 }
 
 /// Applies a done operation's outcome.
@@ -351,41 +361,37 @@ async fn finished(
     before: &Machine,
     mut m: Machine,
     r: &Resolved<'_>,
-    kind: &str,
+    kind: OperationKind,
     op: pb::Operation,
 ) -> Result<Action> {
-    let op_type = match kind {
-        "CreateMachine" => "Create",
-        "UpdateMachine" => "Update",
-        _ => "Delete",
-    };
+    let op_type = OperationType::from(kind);
     if let Some(err) = op.error_report() {
         m.status.last_operation = Some(last_err(op_type, &err));
         ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), err.to_string()).await;
         // An operation that ran and failed in the cloud is final for this machine (its owner
         // replaces it); a lost, cancelled or transiently failed one is asked again (idempotent).
-        let rpc = if op_type == "Delete" { Rpc::Delete } else { Rpc::Mutate };
+        let rpc = if op_type == OperationType::Delete { Rpc::Delete } else { Rpc::Mutate };
         let decision = policy::decide(&err, Source::Operation(rpc));
         if decision.is_retry() || decision == Decision::DropToken {
             let reason = retrying_reason(decision, op_type);
-            set_condition(&mut m.status.conditions, "Ready", false, &reason, &err.to_string());
-            save(ctx, before, m).await?;
-            let method = if op_type == "Update" { "UpdateMachine" } else { "CreateMachine" };
-            return Err(ReconcileError::operation(method, err, rpc));
+            set_condition(&mut m.status.conditions, ConditionType::Ready, false, reason, &err.to_string());
+            return write::status_then_fail(ctx, before, &m, ReconcileError::operation(kind.method(), err, rpc)).await;
         }
-        if op_type == "Update" {
-            set_condition(&mut m.status.conditions, "UpToDate", false, "UpdateFailed", &err.to_string());
+        if op_type == OperationType::Update {
+            set_condition(
+                &mut m.status.conditions,
+                ConditionType::UpToDate,
+                false,
+                Reason::UpdateFailed,
+                &err.to_string(),
+            );
             m.status.phase = Phase::Running;
         }
         fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
-        save(ctx, before, m).await?;
+        write::status(ctx, before, &m).await?;
         return Ok(Action::AwaitChange);
     }
-    m.status.last_operation = Some(LastOperation {
-        state: "Succeeded".into(),
-        time: Utc::now(),
-        ..last_ok(op_type, "Succeeded", &op_request_id(&m))
-    });
+    m.status.last_operation = Some(last_ok(op_type, OperationState::Succeeded, &op_request_id(&m)));
     if let Some(machine) = op.machine() {
         apply_cloud_view(&mut m, machine);
     }
@@ -393,9 +399,9 @@ async fn finished(
     m.status.observed_generation = m.metadata.generation;
     m.status.failure = None;
     m.status.unhealthy_since = None;
-    set_condition(&mut m.status.conditions, "Ready", true, "Running", "");
-    set_condition(&mut m.status.conditions, "UpToDate", true, "SpecApplied", "");
-    let reason = if op_type == "Create" { "Created" } else { "Updated" };
+    set_condition(&mut m.status.conditions, ConditionType::Ready, true, Reason::Running, "");
+    set_condition(&mut m.status.conditions, ConditionType::UpToDate, true, Reason::SpecApplied, "");
+    let reason = if op_type == OperationType::Create { "Created" } else { "Updated" };
     ctx.store
         .event(
             Kind::Machine,
@@ -405,7 +411,7 @@ async fn finished(
             format!("{} is running ({})", m.metadata.name, m.status.provider_id),
         )
         .await;
-    save(ctx, before, m).await?;
+    write::status(ctx, before, &m).await?;
     Ok(Action::poll_after(ctx.config.health_check_interval))
 }
 
@@ -443,11 +449,11 @@ async fn health(ctx: &Ctx, before: Machine, r: &Resolved<'_>) -> Result<Action> 
             let state = pb::MachineState::try_from(cloud.state).unwrap_or(pb::MachineState::Unknown);
             match state {
                 pb::MachineState::Running | pb::MachineState::Updating | pb::MachineState::Creating => Ok(()),
-                other => Err(("MachineUnhealthy", format!("the cloud reports the machine {other:?}"))),
+                other => Err((Reason::MachineUnhealthy, format!("the cloud reports the machine {other:?}"))),
             }
         }
         Err(e) => match policy::decide(&e.report, Source::Call(Rpc::Read)) {
-            Decision::Absent => Err(("MachineMissing", "the cloud no longer has this machine".to_string())),
+            Decision::Absent => Err((Reason::MachineMissing, "the cloud no longer has this machine".to_string())),
             // Cannot tell: keep the phase, look again later.
             _ => return Err(ReconcileError::call(&e, Rpc::Read)),
         },
@@ -456,7 +462,7 @@ async fn health(ctx: &Ctx, before: Machine, r: &Resolved<'_>) -> Result<Action> 
         Ok(()) => {
             m.status.phase = Phase::Running;
             m.status.unhealthy_since = None;
-            set_condition(&mut m.status.conditions, "Ready", true, "Running", "");
+            set_condition(&mut m.status.conditions, ConditionType::Ready, true, Reason::Running, "");
         }
         Err((reason, message)) => {
             let since = *m.status.unhealthy_since.get_or_insert_with(Utc::now);
@@ -464,17 +470,17 @@ async fn health(ctx: &Ctx, before: Machine, r: &Resolved<'_>) -> Result<Action> 
                 let msg = format!("{message} for more than {}s", health_timeout(&m).as_secs());
                 fail(&mut m, r.class.metadata.generation, "Unavailable", policy::REASON_HEALTH_TIMEOUT, &msg);
                 ctx.store.event(Kind::Machine, &m.metadata, true, "HealthTimeout", msg).await;
-                save(ctx, &before, m).await?;
+                write::status(ctx, &before, &m).await?;
                 return Ok(Action::AwaitChange);
             }
             m.status.phase = Phase::Unknown;
-            set_condition(&mut m.status.conditions, "Ready", false, reason, &message);
+            set_condition(&mut m.status.conditions, ConditionType::Ready, false, reason, &message);
             let left = health_timeout(&m).saturating_sub(elapsed_since(Some(since)));
-            save(ctx, &before, m).await?;
+            write::status(ctx, &before, &m).await?;
             return Ok(Action::poll_after(interval.min(left).max(Duration::from_millis(100))));
         }
     }
-    save(ctx, &before, m).await?;
+    write::status(ctx, &before, &m).await?;
     Ok(Action::poll_after(interval))
 }
 
@@ -487,29 +493,23 @@ async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     };
     let reply = match ctx.call(r.driver, "UpdateMachine", |c| async move { c.update_machine(req).await }).await {
         Ok(reply) => reply,
-        Err(e) => return call_failed(ctx, key, &before, m, r, "Update", &e).await,
+        Err(e) => return call_failed(ctx, key, &before, m, r, OperationType::Update, &e).await,
     };
     let op = reply.value;
-    m.status.last_operation =
-        Some(last_ok("Update", if op.done { "Succeeded" } else { "Processing" }, &reply.request_id));
+    m.status.last_operation = Some(last_ok(OperationType::Update, accepted(&op), &reply.request_id));
     remember(&mut m.status, &reply.request_id);
     if op.done {
-        return finished(ctx, &before, m, r, "UpdateMachine", op).await;
+        return finished(ctx, &before, m, r, OperationKind::UpdateMachine, op).await;
     }
-    m.status.operations = vec![stored("UpdateMachine", &op, &reply.request_id)];
+    m.status.operations = vec![stored(OperationKind::UpdateMachine, &op, &reply.request_id)];
     m.status.phase = Phase::Updating;
-    set_condition(&mut m.status.conditions, "UpToDate", false, "Updating", "updating in place");
-    if !save(ctx, &before, m).await? {
-        return Ok(Action::requeue_now());
-    }
+    set_condition(&mut m.status.conditions, ConditionType::UpToDate, false, Reason::Updating, "updating in place");
+    write::status(ctx, &before, &m).await?;
     Ok(Action::poll_after(op.poll_after()))
 }
 
 /// Deletes the cloud machine, then lets the object go by removing the finalizer.
 async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
-    if !before.metadata.finalizers.iter().any(|f| f == FINALIZER) {
-        return Ok(Action::AwaitChange);
-    }
     let never_created = before.status.provider_id.is_empty()
         && before.status.operations.is_empty()
         && before.status.create_started.is_none();
@@ -517,7 +517,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
         return release(ctx, before).await;
     }
     let wait = ctx.wait_before_call(key);
-    let deleting = before.status.operations.first().is_some_and(|o| o.kind == "DeleteMachine");
+    let deleting = before.status.operations.first().is_some_and(|o| o.kind == OperationKind::DeleteMachine);
     if deleting && !wait.is_zero() {
         return Ok(Action::Wait(wait));
     }
@@ -529,8 +529,8 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
             Err((reason, message)) => {
                 let mut m = before.clone();
                 m.status.phase = Phase::Terminating;
-                set_condition(&mut m.status.conditions, "DeletionFailed", true, reason, &message);
-                save(ctx, &before, m).await?;
+                set_condition(&mut m.status.conditions, ConditionType::DeletionFailed, true, reason, &message);
+                write::status(ctx, &before, &m).await?;
                 return Ok(Action::requeue(Duration::from_secs(30)));
             }
         };
@@ -542,16 +542,21 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                     if policy::decide(&err, Source::Operation(Rpc::Delete)) != Decision::Done {
                         let mut m = before.clone();
                         m.status.operations.clear();
-                        m.status.last_operation = Some(last_err("Delete", &err));
+                        m.status.last_operation = Some(last_err(OperationType::Delete, &err));
                         set_condition(
                             &mut m.status.conditions,
-                            "DeletionFailed",
+                            ConditionType::DeletionFailed,
                             true,
-                            &upper_camel(&err.reason),
+                            Reason::from_driver(&err.reason),
                             &err.message,
                         );
-                        save(ctx, &before, m).await?;
-                        return Err(ReconcileError::operation("DeleteMachine", err, Rpc::Delete));
+                        return write::status_then_fail(
+                            ctx,
+                            &before,
+                            &m,
+                            ReconcileError::operation("DeleteMachine", err, Rpc::Delete),
+                        )
+                        .await;
                     }
                 }
                 return release(ctx, before).await;
@@ -583,73 +588,53 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
         Ok(reply) => {
             let op = reply.value;
             remember(&mut m.status, &reply.request_id);
-            m.status.last_operation =
-                Some(last_ok("Delete", if op.done { "Succeeded" } else { "Processing" }, &reply.request_id));
+            m.status.last_operation = Some(last_ok(OperationType::Delete, accepted(&op), &reply.request_id));
             if op.done && op.error_report().is_none() {
-                save(ctx, &before, m.clone()).await?;
+                write::status(ctx, &before, &m).await?;
                 let Some(fresh) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
                     return Ok(Action::AwaitChange);
                 };
                 return release(ctx, fresh).await;
             }
-            m.status.operations = vec![stored("DeleteMachine", &op, &reply.request_id)];
+            m.status.operations = vec![stored(OperationKind::DeleteMachine, &op, &reply.request_id)];
             m.status.phase = Phase::Terminating;
-            set_condition(&mut m.status.conditions, "Ready", false, "Deleting", "the cloud is deleting the machine");
-            if !save(ctx, &before, m).await? {
-                return Ok(Action::requeue_now());
-            }
+            set_condition(
+                &mut m.status.conditions,
+                ConditionType::Ready,
+                false,
+                Reason::Deleting,
+                "the cloud is deleting the machine",
+            );
+            write::status(ctx, &before, &m).await?;
             Ok(Action::poll_after(op.poll_after()))
         }
         Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => release(ctx, before).await,
         Err(e) => {
-            m.status.last_operation = Some(last_err("Delete", &e.report));
+            m.status.last_operation = Some(last_err(OperationType::Delete, &e.report));
             remember(&mut m.status, e.request_id());
             m.status.phase = Phase::Terminating;
             set_condition(
                 &mut m.status.conditions,
-                "DeletionFailed",
+                ConditionType::DeletionFailed,
                 true,
-                &upper_camel(&e.report.reason),
+                Reason::from_driver(&e.report.reason),
                 &e.report.message,
             );
-            save(ctx, &before, m).await?;
             // Deletion keeps trying (the policy retries permanent errors slowly): a machine must
             // not leak.
-            Err(ReconcileError::call(&e, Rpc::Delete))
+            write::status_then_fail(ctx, &before, &m, ReconcileError::call(&e, Rpc::Delete)).await
         }
     }
 }
 
 /// Removes the finalizer: the store then removes the object.
 async fn release(ctx: &Ctx, m: Machine) -> Result<Action> {
-    let mut done = m.clone();
-    done.metadata.finalizers.retain(|f| f != FINALIZER);
-    match ctx.store.update(&done).await {
-        Ok(_) => {
-            ctx.store
-                .event(
-                    Kind::Machine,
-                    &m.metadata,
-                    false,
-                    "Deleted",
-                    format!("{} is gone from the cloud", m.metadata.name),
-                )
-                .await;
-            Ok(Action::AwaitChange)
-        }
-        Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-        Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
-        Err(e) => Err(e.into()),
+    if write::release(ctx, &m).await? {
+        let message = format!("{} is gone from the cloud", m.metadata.name);
+        ctx.store.event(Kind::Machine, &m.metadata, false, "Deleted", message).await;
     }
+    Ok(Action::AwaitChange)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reasons_become_upper_camel() {
-        assert_eq!(upper_camel("QUOTA_EXCEEDED"), "QuotaExceeded");
-        assert_eq!(upper_camel("INVALID_PROVIDER_SPEC"), "InvalidProviderSpec");
-    }
-}
+mod tests;

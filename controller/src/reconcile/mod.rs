@@ -1,7 +1,5 @@
 //! Reconcilers, one per kind, plus orphan collection.
 
-use std::time::Duration;
-
 use driver_sdk::proto as pb;
 use serde_json::Value;
 
@@ -10,16 +8,19 @@ use crate::runtime::policy::{self, Decision, Rpc, Source};
 use crate::runtime::{Action, Ctx, DriverHandle, ReconcileError};
 use crate::store::Key;
 
+pub mod class;
 pub mod deployment;
 pub mod machine;
 pub mod orphans;
 pub mod pool;
+pub mod relations;
+pub(crate) mod write;
 
 /// An operation handle as kept in status (the token base64-encoded), stored before anything else.
-pub(crate) fn stored(kind: &str, op: &pb::Operation, request_id: &str) -> StoredOperation {
+pub(crate) fn stored(kind: OperationKind, op: &pb::Operation, request_id: &str) -> StoredOperation {
     use base64::Engine;
     StoredOperation {
-        kind: kind.into(),
+        kind,
         name: op.name.clone(),
         token: base64::engine::general_purpose::STANDARD.encode(&op.token),
         started: chrono::Utc::now(),
@@ -79,7 +80,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         Kind::Machine => machine::reconcile(ctx, key).await,
         Kind::MachineDeployment => deployment::reconcile(ctx, key).await,
         Kind::MachinePool => pool::reconcile(ctx, key).await,
-        Kind::MachineClass => class(ctx, key).await,
+        Kind::MachineClass => class::reconcile(ctx, key).await,
         Kind::Secret => Ok(Action::AwaitChange),
     }
 }
@@ -97,7 +98,7 @@ pub struct Resolved<'a> {
 }
 
 /// Why a class could not be resolved: (condition reason, message).
-pub type Unresolved = (&'static str, String);
+pub type Unresolved = (Reason, String);
 
 /// Resolves `class_name` in `namespace` with `overrides` merged over its provider spec.
 ///
@@ -110,12 +111,12 @@ pub async fn resolve<'a>(
     overrides: Option<&Value>,
 ) -> Result<Result<Resolved<'a>, Unresolved>, ReconcileError> {
     let Some(class) = ctx.store.get::<MachineClass>(namespace, class_name).await? else {
-        return Ok(Err(("ClassNotFound", format!("MachineClass {class_name} does not exist"))));
+        return Ok(Err((Reason::ClassNotFound, format!("MachineClass {class_name} does not exist"))));
     };
     let Some(driver) = ctx.drivers.get(&class.spec.driver) else {
         let known: Vec<&String> = ctx.drivers.keys().collect();
         return Ok(Err((
-            "DriverNotConfigured",
+            Reason::DriverNotConfigured,
             format!("MachineClass {class_name} uses driver {:?}, but the controller runs with {known:?} (run --driver NAME=ENDPOINT)", class.spec.driver),
         )));
     };
@@ -125,7 +126,7 @@ pub async fn resolve<'a>(
             Some(s) => Some(pb::Secrets { data: s.values().into_iter().collect() }),
             None => {
                 return Ok(Err((
-                    "SecretNotFound",
+                    Reason::SecretNotFound,
                     format!("Secret {} (of MachineClass {class_name}) does not exist", r.name),
                 )))
             }
@@ -136,88 +137,4 @@ pub async fn resolve<'a>(
         None => class.spec.provider_spec.clone(),
     };
     Ok(Ok(Resolved { class, driver, secrets, provider_spec }))
-}
-
-/// Validates a class with its driver once per generation (ValidateMachineClass).
-async fn class(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
-    let Some(before) = ctx.store.get::<MachineClass>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
-    };
-    if before.status.validated_generation == before.metadata.generation {
-        return Ok(Action::AwaitChange);
-    }
-    // A retry waits out its backoff even when the class's own status write wakes it.
-    let wait = ctx.wait_before_call(key);
-    if !wait.is_zero() {
-        return Ok(Action::Wait(wait));
-    }
-    let r = match resolve(ctx, &key.namespace, &key.name, None).await? {
-        Ok(r) => r,
-        Err((reason, message)) => {
-            let mut c = before.clone();
-            if set_condition(&mut c.status.conditions, "Valid", false, reason, &message) {
-                let _ = ctx.store.update_status(&c).await;
-            }
-            return Ok(Action::requeue(Duration::from_secs(30)));
-        }
-    };
-    let caps = match ctx
-        .call(r.driver, "GetCapabilities", |c| async move { c.get_capabilities(Default::default()).await })
-        .await
-    {
-        Ok(reply) => reply.value.capabilities,
-        Err(e) => return Err(ReconcileError::call(&e, Rpc::Read)),
-    };
-    let mut c = before.clone();
-    if caps.contains(&(pb::Capability::ValidateMachineClass as i32)) {
-        let req = pb::ValidateMachineClassRequest {
-            provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
-            secrets: r.secrets.clone(),
-        };
-        match ctx.call(r.driver, "ValidateMachineClass", |cl| async move { cl.validate_machine_class(req).await }).await
-        {
-            Ok(reply) => {
-                let warnings = reply.value.warnings.join("; ");
-                set_condition(&mut c.status.conditions, "Valid", true, "Validated", &warnings);
-                ctx.store
-                    .event(
-                        Kind::MachineClass,
-                        &c.metadata,
-                        false,
-                        "Validated",
-                        format!("the driver accepted the class {warnings}"),
-                    )
-                    .await;
-            }
-            Err(e) => match policy::decide(&e.report, Source::Call(Rpc::Read)) {
-                Decision::Permanent(_) => {
-                    let fields: Vec<String> =
-                        e.report.violations.iter().map(|v| format!("{}: {}", v.field, v.description)).collect();
-                    let msg = if fields.is_empty() { e.report.message.clone() } else { fields.join("; ") };
-                    set_condition(&mut c.status.conditions, "Valid", false, "Invalid", &msg);
-                    ctx.store.event(Kind::MachineClass, &c.metadata, true, "Invalid", msg).await;
-                }
-                decision => {
-                    if decision.cause() == Some(policy::Cause::Credentials) {
-                        // Not the class's fault: retried with backoff, and at once when its Secret
-                        // changes.
-                        let msg = format!("{} (request {})", e.report, e.request_id());
-                        if set_condition(&mut c.status.conditions, "Valid", false, policy::CONDITION_CREDENTIALS, &msg)
-                        {
-                            let _ = ctx.store.update_status(&c).await;
-                        }
-                    }
-                    return Err(ReconcileError::call(&e, Rpc::Read));
-                }
-            },
-        }
-    } else {
-        set_condition(&mut c.status.conditions, "Valid", true, "NotValidated", "the driver does not validate classes");
-    }
-    c.status.validated_generation = c.metadata.generation;
-    match ctx.store.update_status(&c).await {
-        Ok(_) => Ok(Action::AwaitChange),
-        Err(crate::store::Error::Conflict { .. }) => Ok(Action::requeue_now()),
-        Err(e) => Err(e.into()),
-    }
 }

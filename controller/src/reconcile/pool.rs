@@ -12,7 +12,7 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
-use super::machine::upper_camel;
+use super::write::{self, Finalizer, Written};
 use super::{poll_stored, resolve, stored, Polled, Resolved};
 use crate::plan::pool as plan;
 use crate::resources::*;
@@ -22,10 +22,15 @@ use crate::store::{Error as StoreError, Key, ListParams};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
 
-fn last(op_type: &str, state: &str, request_id: &str, err: Option<&driver_sdk::ErrorReport>) -> LastOperation {
+fn last(
+    op_type: OperationType,
+    state: OperationState,
+    request_id: &str,
+    err: Option<&driver_sdk::ErrorReport>,
+) -> LastOperation {
     LastOperation {
-        op_type: op_type.into(),
-        state: state.into(),
+        op_type,
+        state,
         code: err.map_or("OK".into(), |e| format!("{:?}", e.code)),
         reason: err.map(|e| e.reason.clone()).unwrap_or_default(),
         message: err.map(|e| e.message.clone()).unwrap_or_default(),
@@ -34,11 +39,26 @@ fn last(op_type: &str, state: &str, request_id: &str, err: Option<&driver_sdk::E
     }
 }
 
+/// An instance's state: the protocol's `InstanceState`, or, from a driver older than it
+/// (`UNSPECIFIED`), the deprecated provisioning string.
+fn state_of(i: &pb::PoolInstance) -> plan::InstanceState {
+    use plan::InstanceState as S;
+    match i.state() {
+        pb::InstanceState::Creating => S::Creating,
+        pb::InstanceState::Running => S::Running,
+        pb::InstanceState::Updating => S::Updating,
+        pb::InstanceState::Deleting => S::Deleting,
+        pb::InstanceState::Failed => S::Failed,
+        #[allow(deprecated)] // The fallback for old drivers.
+        pb::InstanceState::Unspecified => S::from_legacy_provisioning_state(&i.provisioning_state),
+    }
+}
+
 /// A listed instance as the planner sees it.
 fn instance(i: &pb::PoolInstance) -> plan::Instance {
     plan::Instance {
         id: i.instance_id.clone(),
-        state: plan::InstanceState::parse(&i.provisioning_state),
+        state: state_of(i),
         running: i.power_state == pb::PowerState::Running as i32,
         latest_model: i.latest_model_applied,
     }
@@ -85,14 +105,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
         return Ok(Action::AwaitChange);
     };
-    if !pool.metadata.finalizers.iter().any(|f| f == FINALIZER) && pool.metadata.deletion_timestamp.is_none() {
-        let mut with = pool.clone();
-        with.metadata.finalizers.push(FINALIZER.into());
-        return match ctx.store.update(&with).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-            Err(e) => Err(e.into()),
-        };
-    }
+    let pool = match write::finalizer(ctx, pool).await? {
+        // A pool being deleted is reconciled below (poll, then DeletePool).
+        Finalizer::Apply(pool) | Finalizer::Cleanup(pool) => pool,
+        Finalizer::Done(action) => return Ok(action),
+    };
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
         return Ok(Action::Wait(wait));
@@ -102,8 +119,8 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Ok(r) => r,
         Err((reason, message)) => {
             let mut next = pool.clone();
-            set_condition(&mut next.status.conditions, "Ready", false, reason, &message);
-            save(ctx, &pool, next).await?;
+            set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
+            write::status(ctx, &pool, &next).await?;
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
@@ -115,7 +132,13 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             Polled::Unusable(why) => {
                 // ApplyPool / DeletePool are idempotent: drop the handle and reconcile again.
                 next.status.operations.clear();
-                set_condition(&mut next.status.conditions, "OperationTokenUnusable", true, "Dropped", &why);
+                set_condition(
+                    &mut next.status.conditions,
+                    ConditionType::OperationTokenUnusable,
+                    true,
+                    Reason::Dropped,
+                    &why,
+                );
                 ctx.store
                     .event(
                         Kind::MachinePool,
@@ -125,7 +148,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
                         format!("{why}; asking the driver again"),
                     )
                     .await;
-                save(ctx, &pool, next).await?;
+                write::status(ctx, &pool, &next).await?;
                 return Ok(Action::requeue_now());
             }
             Polled::Failed(e) => Err(e),
@@ -136,19 +159,25 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
                 next.status.operations.clear();
                 let err = reply.value.error_report();
                 next.status.last_operation = Some(last(
-                    &op.kind,
-                    if err.is_some() { "Failed" } else { "Succeeded" },
+                    op.kind.into(),
+                    if err.is_some() { OperationState::Failed } else { OperationState::Succeeded },
                     &reply.request_id,
                     err.as_ref(),
                 ));
                 if let Some(e) = &err {
-                    set_condition(&mut next.status.conditions, "Ready", false, "OperationFailed", &e.to_string());
+                    set_condition(
+                        &mut next.status.conditions,
+                        ConditionType::Ready,
+                        false,
+                        Reason::OperationFailed,
+                        &e.to_string(),
+                    );
                     ctx.store
                         .event(Kind::MachinePool, &pool.metadata, true, "OperationFailed", format!("{}: {e}", op.kind))
                         .await;
                 }
-                save(ctx, &pool, next).await?;
-                if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == "DeletePool" {
+                write::status(ctx, &pool, &next).await?;
+                if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == OperationKind::DeletePool {
                     return finish_delete(ctx, &pool).await;
                 }
                 return Ok(Action::requeue_now());
@@ -161,7 +190,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             pb::DeletePoolRequest { name: pool.metadata.name.clone(), provider_spec: None, secrets: r.secrets.clone() };
         return match ctx.call(r.driver, "DeletePool", |c| async move { c.delete_pool(req).await }).await {
             Ok(reply) if reply.value.done => finish_delete(ctx, &pool).await,
-            Ok(reply) => start(ctx, &pool, "DeletePool", reply).await,
+            Ok(reply) => start(ctx, &pool, OperationKind::DeletePool, reply).await,
             Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => {
                 finish_delete(ctx, &pool).await
             }
@@ -171,7 +200,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
 
     let mut list = match instances(ctx, &r, &pool.metadata.name).await {
         Ok(l) => l,
-        Err(e) => return failed(ctx, &pool, "ListPoolInstances", Rpc::Read, &e).await,
+        Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
     };
     let machines: Vec<Machine> = ctx
         .store
@@ -186,7 +215,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if !unlisted(&list, &machines).is_empty() {
         match instances(ctx, &r, &pool.metadata.name).await {
             Ok(again) => list = union(again, list),
-            Err(e) => return failed(ctx, &pool, "ListPoolInstances", Rpc::Read, &e).await,
+            Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
         }
     }
     mirror(ctx, &pool, &r, &list, &machines).await?;
@@ -230,34 +259,38 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             };
             next.status.applied_revision = rev.clone();
             next.status.applied_capacity = capacity;
-            save(ctx, &pool, next.clone()).await?;
+            write::status(ctx, &pool, &next).await?;
             let Some(fresh) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
                 return Ok(Action::AwaitChange);
             };
             return match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
                 Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
-                Ok(reply) => start(ctx, &fresh, "ApplyPool", reply).await,
-                Err(e) => failed(ctx, &fresh, "Apply", Rpc::Mutate, &e).await,
+                Ok(reply) => start(ctx, &fresh, OperationKind::ApplyPool, reply).await,
+                Err(e) => failed(ctx, &fresh, OperationType::ApplyPool, Rpc::Mutate, &e).await,
             };
         }
-        plan::Step::Delete(ids) => return pool_instances_call(ctx, &pool, &r, "DeletePoolInstances", ids).await,
-        plan::Step::Upgrade(ids) => return pool_instances_call(ctx, &pool, &r, "UpgradePoolInstances", ids).await,
+        plan::Step::Delete(ids) => {
+            return pool_instances_call(ctx, &pool, &r, OperationKind::DeletePoolInstances, ids).await
+        }
+        plan::Step::Upgrade(ids) => {
+            return pool_instances_call(ctx, &pool, &r, OperationKind::UpgradePoolInstances, ids).await
+        }
         plan::Step::Wait => {}
     }
     let done = plan.done;
     // The driver answered: whatever the environment refused before is over.
-    next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type.as_str()));
+    next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type));
     set_condition(
         &mut next.status.conditions,
-        "Ready",
+        ConditionType::Ready,
         done,
-        if done { "Ready" } else { "Rolling" },
+        if done { Reason::Ready } else { Reason::Rolling },
         &format!(
             "{} of {replicas} ready, {} on the latest model",
             next.status.ready_replicas, next.status.updated_replicas
         ),
     );
-    save(ctx, &pool, next).await?;
+    write::status(ctx, &pool, &next).await?;
     Ok(Action::requeue(if done { Duration::from_secs(30) } else { Duration::from_secs(1) }))
 }
 
@@ -265,12 +298,13 @@ async fn pool_instances_call(
     ctx: &Ctx,
     pool: &MachinePool,
     r: &Resolved<'_>,
-    method: &'static str,
+    kind: OperationKind,
     ids: Vec<String>,
 ) -> Result<Action> {
     let name = pool.metadata.name.clone();
     let secrets = r.secrets.clone();
-    let result = if method == "DeletePoolInstances" {
+    let method = kind.method();
+    let result = if kind == OperationKind::DeletePoolInstances {
         ctx.call(r.driver, method, |c| async move {
             c.delete_pool_instances(pb::DeletePoolInstancesRequest {
                 pool_name: name,
@@ -293,47 +327,48 @@ async fn pool_instances_call(
         })
         .await
     };
-    let rpc = if method == "DeletePoolInstances" { Rpc::Delete } else { Rpc::Mutate };
+    let rpc = if kind == OperationKind::DeletePoolInstances { Rpc::Delete } else { Rpc::Mutate };
     match result {
         Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
-        Ok(reply) => start(ctx, pool, method, reply).await,
-        Err(e) => failed(ctx, pool, method, rpc, &e).await,
+        Ok(reply) => start(ctx, pool, kind, reply).await,
+        Err(e) => failed(ctx, pool, kind.into(), rpc, &e).await,
     }
 }
 
 /// Stores a started operation before anything else.
-async fn start(ctx: &Ctx, pool: &MachinePool, kind: &str, reply: driver_sdk::Reply<pb::Operation>) -> Result<Action> {
+async fn start(
+    ctx: &Ctx,
+    pool: &MachinePool,
+    kind: OperationKind,
+    reply: driver_sdk::Reply<pb::Operation>,
+) -> Result<Action> {
     let mut next = pool.clone();
     next.status.operations = vec![stored(kind, &reply.value, &reply.request_id)];
-    next.status.last_operation = Some(last(kind, "Processing", &reply.request_id, None));
-    save(ctx, pool, next).await?;
+    next.status.last_operation = Some(last(kind.into(), OperationState::Processing, &reply.request_id, None));
+    write::status(ctx, pool, &next).await?;
     Ok(Action::poll_after(reply.value.poll_after()))
 }
 
 /// A failed pool call: the Ready condition (and an environment condition) say why; the runtime
 /// retries per the error policy (a permanent error slowly: the pool must converge).
-async fn failed(ctx: &Ctx, pool: &MachinePool, kind: &str, rpc: Rpc, e: &driver_sdk::CallError) -> Result<Action> {
+async fn failed(
+    ctx: &Ctx,
+    pool: &MachinePool,
+    op_type: OperationType,
+    rpc: Rpc,
+    e: &driver_sdk::CallError,
+) -> Result<Action> {
     let mut next = pool.clone();
-    next.status.last_operation = Some(last(kind, "Failed", e.request_id(), Some(&e.report)));
-    set_condition(&mut next.status.conditions, "Ready", false, "CallFailed", &e.report.to_string());
+    next.status.last_operation = Some(last(op_type, OperationState::Failed, e.request_id(), Some(&e.report)));
+    set_condition(&mut next.status.conditions, ConditionType::Ready, false, Reason::CallFailed, &e.report.to_string());
     let decision = policy::decide(&e.report, Source::Call(rpc));
     if let Some(kind) = decision.cause().and_then(policy::Cause::environment_condition) {
-        let reason = if e.report.reason.is_empty() { kind.to_string() } else { upper_camel(&e.report.reason) };
+        let reason =
+            if e.report.reason.is_empty() { Reason::from(kind) } else { Reason::from_driver(&e.report.reason) };
         let message = format!("{} (request {})", e.report, e.request_id());
-        set_condition(&mut next.status.conditions, kind, true, &reason, &message);
+        set_condition(&mut next.status.conditions, kind, true, reason, &message);
     }
-    save(ctx, pool, next).await?;
-    Err(ReconcileError::call(e, rpc))
-}
-
-async fn save(ctx: &Ctx, before: &MachinePool, after: MachinePool) -> Result<()> {
-    if before.status == after.status {
-        return Ok(());
-    }
-    match ctx.store.update_status(&after).await {
-        Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    write::status_then_fail(ctx, pool, &next, ReconcileError::call(e, rpc)).await
 }
 
 /// One Machine per instance: created for new instances, removed for gone ones, status mirrored.
@@ -347,7 +382,7 @@ async fn mirror(
     let by_instance: HashMap<&str, &Machine> =
         machines.iter().filter_map(|m| m.spec.pool_ref.as_ref().map(|p| (p.instance_id.as_str(), m))).collect();
     for i in list {
-        let phase = plan::InstanceState::parse(&i.provisioning_state).phase();
+        let phase = state_of(i).phase();
         match by_instance.get(i.instance_id.as_str()) {
             None => {
                 let mut m = Machine::new(
@@ -387,19 +422,25 @@ async fn mirror(
                     .iter()
                     .map(|a| Address { address_type: a.r#type.clone(), address: a.address.clone() })
                     .collect();
-                set_condition(&mut next.status.conditions, "Ready", phase == Phase::Running, &format!("{phase}"), "");
                 set_condition(
                     &mut next.status.conditions,
-                    "UpToDate",
-                    i.latest_model_applied,
-                    if i.latest_model_applied { "LatestModel" } else { "OldModel" },
+                    ConditionType::Ready,
+                    phase == Phase::Running,
+                    Reason::from(phase),
                     "",
                 );
-                if next.status != m.status {
-                    match ctx.store.update_status(&next).await {
-                        Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => {}
-                        Err(e) => return Err(e.into()),
-                    }
+                set_condition(
+                    &mut next.status.conditions,
+                    ConditionType::UpToDate,
+                    i.latest_model_applied,
+                    if i.latest_model_applied { Reason::LatestModel } else { Reason::OldModel },
+                    "",
+                );
+                match write::status(ctx, *m, &next).await {
+                    // Changed meanwhile: the next pass mirrors it.
+                    Err(e) if e.is_conflict() => {}
+                    Err(e) => return Err(e),
+                    Ok(_) => {}
                 }
             }
             Some(_) => {}
@@ -410,13 +451,12 @@ async fn mirror(
     // instance; here there is nothing left to delete, and if the listing was wrong that call
     // would delete a live instance.
     for m in unlisted(list, machines) {
-        let mut released = m.clone();
-        released.metadata.finalizers.retain(|f| f != FINALIZER);
-        match ctx.store.update(&released).await {
-            Ok(_) => {}
+        match write::release(ctx, m).await {
+            Ok(true) => {}
             // Changed meanwhile (e.g. deleted by a user): the next reconcile looks again.
-            Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => continue,
-            Err(e) => return Err(e.into()),
+            Ok(false) => continue,
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => return Err(e),
         }
         ctx.store.delete(&Key::of(m)).await?;
     }
@@ -459,13 +499,8 @@ async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
     for m in &machines {
         ctx.store.delete(&Key::of(m)).await?;
     }
-    let mut done = pool.clone();
-    done.metadata.finalizers.retain(|f| f != FINALIZER);
-    match ctx.store.update(&done).await {
-        Ok(_) | Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
-        Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-        Err(e) => Err(e.into()),
-    }
+    write::release(ctx, pool).await?;
+    Ok(Action::AwaitChange)
 }
 
 /// A pool Machine: deleting it deletes exactly its instance.
@@ -473,18 +508,15 @@ async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
 /// # Errors
 /// Store failures.
 pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
-    if !m.is_deleting() || !m.metadata.finalizers.iter().any(|f| f == FINALIZER) {
+    // Pool Machines are made with the finalizer (never added here: a Machine released for an
+    // instance gone from the cloud must go without a call); only their deletion is reconciled.
+    if !write::cleanup_due(&m) {
         return Ok(Action::AwaitChange);
     }
     let Some(pref) = m.spec.pool_ref.clone() else { return Ok(Action::AwaitChange) };
     let release = |m: Machine| async move {
-        let mut done = m;
-        done.metadata.finalizers.retain(|f| f != FINALIZER);
-        match ctx.store.update(&done).await {
-            Ok(_) | Err(StoreError::NotFound(_)) => Ok(Action::AwaitChange),
-            Err(StoreError::Conflict { .. }) => Ok(Action::requeue_now()),
-            Err(e) => Err(ReconcileError::from(e)),
-        }
+        write::release(ctx, &m).await?;
+        Ok(Action::AwaitChange)
     };
     let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &pref.name).await? else { return release(m).await };
     let wait = ctx.wait_before_call(key);
@@ -503,7 +535,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
                 // DeletePoolInstances is idempotent: drop the handle and delete the instance again.
                 let mut next = m.clone();
                 next.status.operations.clear();
-                let _ = ctx.store.update_status(&next).await;
+                write::status(ctx, &m, &next).await?;
                 ctx.store
                     .event(Kind::Machine, &m.metadata, true, "OperationTokenUnusable", format!("{why}; deleting again"))
                     .await;
@@ -519,8 +551,8 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
                 Some(err) => {
                     let mut next = m.clone();
                     next.status.operations.clear();
-                    let _ = ctx.store.update_status(&next).await;
-                    Err(ReconcileError::operation("DeletePoolInstances", err, Rpc::Delete))
+                    let e = ReconcileError::operation(OperationKind::DeletePoolInstances.method(), err, Rpc::Delete);
+                    write::status_then_fail(ctx, &m, &next, e).await
                 }
             },
             Err(e) => Err(ReconcileError::call(&e, Rpc::Poll)),
@@ -536,14 +568,12 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
         Ok(reply) if reply.value.done => release(m).await,
         Ok(reply) => {
             let mut next = m.clone();
-            next.status.operations = vec![stored("DeletePoolInstances", &reply.value, &reply.request_id)];
+            next.status.operations = vec![stored(OperationKind::DeletePoolInstances, &reply.value, &reply.request_id)];
             next.status.phase = Phase::Terminating;
-            next.status.last_operation = Some(last("Delete", "Processing", &reply.request_id, None));
-            match ctx.store.update_status(&next).await {
-                Ok(_) => {}
-                Err(StoreError::Conflict { .. }) => return Ok(Action::requeue_now()),
-                Err(StoreError::NotFound(_)) => return Ok(Action::AwaitChange),
-                Err(e) => return Err(e.into()),
+            next.status.last_operation =
+                Some(last(OperationType::Delete, OperationState::Processing, &reply.request_id, None));
+            if write::status(ctx, &m, &next).await? == Written::Gone {
+                return Ok(Action::AwaitChange);
             }
             ctx.store
                 .event(
@@ -566,7 +596,7 @@ mod tests {
     use super::*;
 
     fn instance(id: &str) -> pb::PoolInstance {
-        pb::PoolInstance { instance_id: id.into(), provisioning_state: "Succeeded".into(), ..Default::default() }
+        pb::PoolInstance { instance_id: id.into(), state: pb::InstanceState::Running as i32, ..Default::default() }
     }
 
     fn machine(id: &str, deleting: bool) -> Machine {
@@ -614,9 +644,28 @@ mod tests {
     #[test]
     fn the_newer_listing_gives_an_instance_its_state() {
         let mut deleting = instance("1");
-        deleting.provisioning_state = "Deleting".into();
+        deleting.set_state(pb::InstanceState::Deleting);
         let merged = union(vec![deleting], vec![instance("1")]);
         assert_eq!(merged.len(), 1);
-        assert_eq!(merged[0].provisioning_state, "Deleting");
+        assert_eq!(state_of(&merged[0]), plan::InstanceState::Deleting);
+    }
+
+    #[test]
+    fn the_typed_state_decides_and_old_drivers_fall_back_to_the_string() {
+        use plan::InstanceState as S;
+        #[allow(deprecated)]
+        let with = |state: pb::InstanceState, legacy: &str| pb::PoolInstance {
+            state: state as i32,
+            provisioning_state: legacy.into(),
+            ..Default::default()
+        };
+        // A driver's own words never matter when the state is set.
+        assert_eq!(state_of(&with(pb::InstanceState::Running, "Provisioned")), S::Running);
+        assert_eq!(state_of(&with(pb::InstanceState::Failed, "Succeeded")), S::Failed);
+        assert_eq!(state_of(&with(pb::InstanceState::Updating, "")), S::Updating);
+        // A driver older than InstanceState.
+        assert_eq!(state_of(&with(pb::InstanceState::Unspecified, "Succeeded")), S::Running);
+        assert_eq!(state_of(&with(pb::InstanceState::Unspecified, "Deleting")), S::Deleting);
+        assert_eq!(state_of(&with(pb::InstanceState::Unspecified, "")), S::Creating);
     }
 }

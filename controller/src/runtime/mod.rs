@@ -22,6 +22,7 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::reconcile::relations::{self, RECONCILED};
 use crate::resources::Kind;
 use crate::store::{Key, Store};
 
@@ -318,6 +319,8 @@ impl Ctx {
     /// also hold the key's driver calls back until then ([`Ctx::wait_before_call`]).
     pub fn error_policy(&self, key: &Key, e: &ReconcileError) -> Duration {
         match e {
+            // Someone wrote since the read: run again at once with a fresh read; not a failure.
+            e if e.is_conflict() => Duration::ZERO,
             ReconcileError::Store(_) => self.exponential(key),
             ReconcileError::Driver { report, origin, .. } => {
                 let delay = self.delay(key, policy::decide(report, *origin));
@@ -428,7 +431,7 @@ fn jitter(max: Duration) -> Duration {
 /// Runs the workers and the change watcher until `shutdown` resolves.
 pub async fn run(ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()>) {
     // Everything is reconciled once at start: in-flight operations resume from status.
-    for kind in [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
+    for kind in RECONCILED {
         for key in keys_of(&ctx.store, kind).await {
             ctx.queue.add(key);
         }
@@ -468,22 +471,22 @@ async fn watch(ctx: Arc<Ctx>) {
     loop {
         match rx.recv().await {
             Ok(change) => {
-                if change.key.kind != Kind::Secret {
+                if RECONCILED.contains(&change.key.kind) {
                     ctx.queue.add_after(change.key.clone(), ctx.config.debounce);
                 }
                 if change.deleted {
                     ctx.forget(&change.key);
                 }
-                if let Some(owner) = change.owner {
+                if let Some(owner) = change.owner.filter(|o| relations::wakes_owner(change.key.kind, o.kind)) {
                     ctx.queue.add_after(owner, ctx.config.debounce);
                 }
-                if matches!(change.key.kind, Kind::MachineClass | Kind::Secret) {
+                if relations::has_dependents(change.key.kind) {
                     wake_dependents(&ctx, &change.key).await;
                 }
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                 tracing::warn!("missed {n} change notifications; resyncing everything");
-                for kind in [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
+                for kind in RECONCILED {
                     for key in keys_of(&ctx.store, kind).await {
                         ctx.queue.add(key);
                     }
@@ -498,7 +501,7 @@ async fn watch(ctx: Arc<Ctx>) {
 /// machine of those classes, is reconciled again with its backoff forgotten — a machine waiting
 /// out a refused credential retries at once after the Secret is fixed.
 async fn wake_dependents(ctx: &Ctx, changed: &Key) {
-    use crate::resources::{MachineClass, MachineDeployment, MachinePool};
+    use crate::resources::{Machine, MachineClass, MachineDeployment, MachinePool};
     let classes: Vec<String> = match changed.kind {
         Kind::MachineClass => {
             // Only a new generation (spec) wakes; the class's status writes do not.
@@ -531,18 +534,30 @@ async fn wake_dependents(ctx: &Ctx, changed: &Key) {
     }
     let uses = |ns: &str, class: &str| ns == changed.namespace && classes.iter().any(|c| c == class);
     let mut keys: Vec<Key> = classes.iter().map(|c| Key::new(Kind::MachineClass, &changed.namespace, c)).collect();
-    if let Ok(mds) = ctx.store.list::<MachineDeployment>().await {
-        keys.extend(
-            mds.iter().filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name)).map(Key::of),
-        );
-    }
-    if let Ok(pools) = ctx.store.list::<MachinePool>().await {
-        keys.extend(
-            pools.iter().filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name)).map(Key::of),
-        );
-    }
-    if let Ok(machines) = ctx.store.list::<crate::resources::Machine>().await {
-        keys.extend(machines.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(Key::of));
+    for kind in relations::class_dependents() {
+        // The class each object of the kind names.
+        let found = match kind {
+            Kind::MachineDeployment => ctx.store.list::<MachineDeployment>().await.map(|all| {
+                all.iter()
+                    .filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name))
+                    .map(Key::of)
+                    .collect()
+            }),
+            Kind::MachinePool => ctx.store.list::<MachinePool>().await.map(|all| {
+                all.iter()
+                    .filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name))
+                    .map(Key::of)
+                    .collect()
+            }),
+            Kind::Machine => ctx.store.list::<Machine>().await.map(|all| {
+                all.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(Key::of).collect()
+            }),
+            Kind::MachineClass | Kind::Secret => Ok(Vec::new()),
+        };
+        match found {
+            Ok(found) => keys.extend(found),
+            Err(e) => tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e)),
+        }
     }
     tracing::debug!(changed = %changed, objects = keys.len(), "waking the objects that use it");
     for key in keys {
@@ -580,6 +595,7 @@ async fn worker(ctx: Arc<Ctx>, id: usize) {
                 ctx.metrics.reconcile_errors.get_or_create(&labels).inc();
                 let delay = ctx.error_policy(&key, &e);
                 span.in_scope(|| match &e {
+                    e if e.is_conflict() => tracing::debug!("{}; reading again", driver_sdk::error_chain(e)),
                     ReconcileError::Driver { .. } => {
                         tracing::info!("{}; retrying in {delay:?}", driver_sdk::error_chain(&e))
                     }
@@ -607,7 +623,7 @@ async fn resync(ctx: Arc<Ctx>) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        for kind in [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine] {
+        for kind in RECONCILED {
             for key in keys_of(&ctx.store, kind).await {
                 ctx.queue.add_after(key, ctx.config.debounce);
             }
@@ -678,6 +694,11 @@ impl ReconcileError {
         ReconcileError::Driver { method: e.method, origin: Source::Call(rpc), report: Box::new(e.report.clone()) }
     }
 
+    /// A write found the object changed since it was read (the key runs again at once).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, ReconcileError::Store(crate::store::Error::Conflict { .. }))
+    }
+
     /// A done operation's error (retried: the original call is sent again).
     pub fn operation(method: &'static str, report: ErrorReport, rpc: policy::Rpc) -> Self {
         ReconcileError::Driver { method, origin: Source::Operation(rpc), report: Box::new(report) }
@@ -730,6 +751,12 @@ mod tests {
         assert!(d >= Duration::from_secs(10), "quota waits at least 10 s: {d:?}");
         let d = ctx.error_policy(&key, &call(tonic::Code::InvalidArgument, None));
         assert_eq!(d, Duration::from_secs(60), "permanent errors that reach the runtime go slowly");
+        let conflict = ReconcileError::Store(crate::store::Error::Conflict {
+            key: key.clone(),
+            expected: "1".into(),
+            actual: "2".into(),
+        });
+        assert_eq!(ctx.error_policy(&key, &conflict), Duration::ZERO, "a conflict reads again at once");
         let store = ReconcileError::Store(crate::store::Error::NotFound(key.clone()));
         ctx.forget(&key);
         let d = ctx.error_policy(&key, &store);

@@ -14,6 +14,8 @@ use std::time::Duration;
 use driver_sdk::ErrorReport;
 use tonic::Code;
 
+use crate::resources::ConditionType;
+
 /// Which kind of RPC an error answers: the table reads `NOT_FOUND` and `INVALID_ARGUMENT`
 /// differently for each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +64,7 @@ impl Cause {
     /// The condition that surfaces an environment problem (on the Machine's `Ready` condition,
     /// lifted to its deployment or pool); `None` for transient causes, which say
     /// `{Op}Retrying` instead.
-    pub fn environment_condition(self) -> Option<&'static str> {
+    pub fn environment_condition(self) -> Option<ConditionType> {
         match self {
             Cause::Unavailable => Some(CONDITION_UNAVAILABLE),
             Cause::Quota => Some(CONDITION_QUOTA),
@@ -139,14 +141,14 @@ impl Decision {
     }
 }
 
-/// Ready-condition reason of a machine whose calls the cloud refuses for its credentials.
-pub const CONDITION_CREDENTIALS: &str = "CloudCredentialsRefused";
-/// Ready-condition reason of a machine whose calls find the cloud unavailable.
-pub const CONDITION_UNAVAILABLE: &str = "CloudUnavailable";
-/// Ready-condition reason of a machine refused for quota or capacity.
-pub const CONDITION_QUOTA: &str = "QuotaExceeded";
+/// Condition (and Ready-condition reason of a machine) when the cloud refuses the credentials.
+pub const CONDITION_CREDENTIALS: ConditionType = ConditionType::CloudCredentialsRefused;
+/// Condition (and Ready-condition reason of a machine) when the cloud is unavailable.
+pub const CONDITION_UNAVAILABLE: ConditionType = ConditionType::CloudUnavailable;
+/// Condition (and Ready-condition reason of a machine) on a quota or capacity refusal.
+pub const CONDITION_QUOTA: ConditionType = ConditionType::QuotaExceeded;
 /// The conditions a deployment or pool lifts from its machines (environment problems).
-pub const ENVIRONMENT_CONDITIONS: [&str; 3] = [CONDITION_CREDENTIALS, CONDITION_QUOTA, CONDITION_UNAVAILABLE];
+pub const ENVIRONMENT_CONDITIONS: [ConditionType; 3] = [CONDITION_CREDENTIALS, CONDITION_QUOTA, CONDITION_UNAVAILABLE];
 
 /// How many `INTERNAL` / `UNKNOWN` answers in a row a mutating call gets before the error is
 /// final ([`Permanent::RetriesExhausted`]); with the default backoff that is about 8 minutes.

@@ -576,6 +576,10 @@ pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         let ids: HashSet<&str> = instances.iter().map(|i| i.instance_id.as_str()).collect();
         ensure!(ids.len() == 2, "instance IDs repeat across pages: {ids:?}");
         ensure!(instances.iter().all(|i| i.latest_model_applied), "fresh instances should run the latest model");
+        ensure!(
+            instances.iter().all(|i| i.state() != pb::InstanceState::Unspecified),
+            "every instance should carry a state (InstanceState), not only the cloud's provisioning_state"
+        );
         Ok(())
     });
     check!(s, on, "pools.get_missing", |s| {

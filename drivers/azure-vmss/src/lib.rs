@@ -62,9 +62,9 @@ use azure_mgmt_compute::package_2024_07_01::models::{
 use base64::Engine;
 use driver_sdk::{
     async_trait, convert, reason, ApplyPool, CanUpdateMachine, Capability, CreateMachine, Driver, DriverError,
-    DriverInfo, ListMachines, ListPoolInstances, Machine, MachineRef, Operation, OperationHandle, OperationKind,
-    OperationOutput, Page, Pool, PoolInstance, PoolInstances, PoolRef, Probe, RequestContext, Result, Secrets,
-    UpdateMachine, UpdatePlan, ValidateMachineClass,
+    DriverInfo, InstanceState, ListMachines, ListPoolInstances, Machine, MachineRef, Operation, OperationHandle,
+    OperationKind, OperationOutput, Page, Pool, PoolInstance, PoolInstances, PoolRef, Probe, RequestContext, Result,
+    Secrets, UpdateMachine, UpdatePlan, ValidateMachineClass,
 };
 use serde::{Deserialize, Serialize};
 
@@ -621,7 +621,7 @@ impl Driver for AzureVmssDriver {
             .all_instances(&arm, ctx, &r)
             .await?
             .into_iter()
-            .filter(|i| i.provisioning_state != "Deleting" && req.instance_ids.contains(&i.instance_id))
+            .filter(|i| i.state != InstanceState::Deleting && req.instance_ids.contains(&i.instance_id))
             .map(|i| i.instance_id)
             .collect();
         if live.is_empty() {

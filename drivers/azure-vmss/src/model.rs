@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use azure_mgmt_compute::package_2024_07_01::models::{VirtualMachineScaleSet, VirtualMachineScaleSetVm};
-use driver_sdk::{Address, DriverError, Labels, Pool, PoolInstance, PowerState, Violation};
+use driver_sdk::{Address, DriverError, InstanceState, Labels, Pool, PoolInstance, PowerState, Violation};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -366,6 +366,19 @@ pub fn matches(vmss: &VirtualMachineScaleSet, spec_hash: &str, capacity: u32, la
         && labels.iter().all(|(k, v)| tags.get(&tag_name(k)) == Some(v))
 }
 
+/// An ARM `provisioningState` of a scale-set VM in the protocol's vocabulary. `Migrating` is
+/// a change in place; `Canceled` and anything unknown count as still being created (the next
+/// listing tells more), as before the protocol had `InstanceState`.
+pub fn instance_state(provisioning_state: &str) -> InstanceState {
+    match provisioning_state {
+        "Succeeded" => InstanceState::Running,
+        "Updating" | "Migrating" => InstanceState::Updating,
+        "Deleting" => InstanceState::Deleting,
+        "Failed" => InstanceState::Failed,
+        _ => InstanceState::Creating,
+    }
+}
+
 /// A VMSS VM (listed with `$expand=instanceView`) as a protocol pool instance.
 pub fn instance_of(vm: &VirtualMachineScaleSetVm) -> PoolInstance {
     let props = vm.properties.as_ref();
@@ -391,6 +404,7 @@ pub fn instance_of(vm: &VirtualMachineScaleSetVm) -> PoolInstance {
         instance_id: vm.instance_id.clone().unwrap_or_default(),
         name: computer_name.clone().or_else(|| vm.resource.name.clone()).unwrap_or_default(),
         provider_id: provider_id(vm.resource.id.as_deref().unwrap_or_default()),
+        state: instance_state(props.and_then(|p| p.provisioning_state.as_deref()).unwrap_or_default()),
         provisioning_state: props.and_then(|p| p.provisioning_state.clone()).unwrap_or_default(),
         power_state,
         latest_model_applied: props.and_then(|p| p.latest_model_applied).unwrap_or(false),
@@ -446,5 +460,22 @@ mod tests {
         assert_eq!((i.instance_id.as_str(), i.power_state, i.latest_model_applied), ("3", PowerState::Running, true));
         assert_eq!(i.provider_id, "azure:///subscriptions/s/x/virtualMachines/3");
         assert!(i.create_time.is_some());
+        assert_eq!((i.state, i.provisioning_state.as_str()), (InstanceState::Running, "Succeeded"));
+    }
+
+    #[test]
+    fn arm_provisioning_states_map_to_instance_states() {
+        for (arm, state) in [
+            ("Creating", InstanceState::Creating),
+            ("Succeeded", InstanceState::Running),
+            ("Updating", InstanceState::Updating),
+            ("Migrating", InstanceState::Updating),
+            ("Deleting", InstanceState::Deleting),
+            ("Failed", InstanceState::Failed),
+            ("Canceled", InstanceState::Creating),
+            ("", InstanceState::Creating),
+        ] {
+            assert_eq!(instance_state(arm), state, "{arm:?}");
+        }
     }
 }

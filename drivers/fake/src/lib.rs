@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use driver_sdk::{
     async_trait, convert, reason, Address, ApplyPool, CanUpdateMachine, Capability, CreateMachine, Driver, DriverError,
-    DriverInfo, ListMachines, ListPoolInstances, Machine, MachineRef, MachineState, Operation, OperationHandle,
-    OperationKind, OperationOutput, Page, Pool, PoolInstance, PoolInstances, PoolRef, PowerState, RequestContext,
-    ResourceStatus, Result, Secrets, UpdateMachine, UpdatePlan,
+    DriverInfo, InstanceState, ListMachines, ListPoolInstances, Machine, MachineRef, MachineState, Operation,
+    OperationHandle, OperationKind, OperationOutput, Page, Pool, PoolInstance, PoolInstances, PoolRef, PowerState,
+    RequestContext, ResourceStatus, Result, Secrets, UpdateMachine, UpdatePlan,
 };
 use serde_json::{json, Value};
 
@@ -474,6 +474,7 @@ impl FakeDriver {
             instance_id: i.id.to_string(),
             name: format!("{}_{}", p.name, i.id),
             provider_id: format!("fake:///{}/pools/{}/instances/{}", p.zone, p.id, i.id),
+            state: instance_state(&i.state),
             provisioning_state: i.state.clone(),
             power_state: if i.state == "Creating" { PowerState::Starting } else { PowerState::Running },
             latest_model_applied: i.model == p.model,
@@ -979,6 +980,17 @@ fn plan_update(current: &Value, desired: &Value, changed_paths: Vec<String>) -> 
 /// Shares one driver between the protocol services and the inspection API.
 pub fn shared(driver: FakeDriver) -> Arc<FakeDriver> {
     Arc::new(driver)
+}
+
+/// The fake cloud's word for an instance's provisioning state, in the protocol's vocabulary.
+fn instance_state(provisioning: &str) -> InstanceState {
+    match provisioning {
+        "Succeeded" => InstanceState::Running,
+        "Updating" => InstanceState::Updating,
+        "Deleting" => InstanceState::Deleting,
+        "Failed" => InstanceState::Failed,
+        _ => InstanceState::Creating,
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use super::*;
 use crate::resources::IntOrPercent;
 
 fn i(id: &str) -> Instance {
-    Instance { id: id.into(), state: InstanceState::Succeeded, running: true, latest_model: true }
+    Instance { id: id.into(), state: InstanceState::Running, running: true, latest_model: true }
 }
 
 fn old(id: &str) -> Instance {
@@ -199,9 +199,9 @@ fn counts_and_done() {
 }
 
 #[test]
-fn provisioning_states_are_read_in_one_place() {
+fn legacy_provisioning_states_are_read_in_one_place() {
     let rows = [
-        ("Succeeded", InstanceState::Succeeded, Phase::Running),
+        ("Succeeded", InstanceState::Running, Phase::Running),
         ("Failed", InstanceState::Failed, Phase::Failed),
         ("Deleting", InstanceState::Deleting, Phase::Terminating),
         ("Updating", InstanceState::Updating, Phase::Updating),
@@ -210,7 +210,7 @@ fn provisioning_states_are_read_in_one_place() {
         ("Migrating", InstanceState::Creating, Phase::Creating),
     ];
     for (text, state, phase) in rows {
-        assert_eq!(InstanceState::parse(text), state, "{text}");
+        assert_eq!(InstanceState::from_legacy_provisioning_state(text), state, "{text}");
         assert_eq!(state.phase(), phase, "{text}");
     }
 }

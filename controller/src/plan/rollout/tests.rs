@@ -494,7 +494,13 @@ fn a_paused_deployment_creates_and_deletes_nothing_but_its_excess() {
 fn environment_problems_of_waiting_machines_are_lifted() {
     let md = settled(deployment(2));
     let mut waiting = Fx::new("b").phase(Phase::Pending);
-    set_condition(&mut waiting.0.status.conditions, "Ready", false, "QuotaExceeded", "no room (request r-1)");
+    set_condition(
+        &mut waiting.0.status.conditions,
+        ConditionType::Ready,
+        false,
+        Reason::QuotaExceeded,
+        "no room (request r-1)",
+    );
     let p = run(&md, vec![Fx::new("a"), waiting], true);
     assert_eq!(condition(&p, "QuotaExceeded"), ("True", "QuotaExceeded"));
     assert_eq!(condition(&p, "Available"), ("False", "QuotaExceeded"), "below the minimum, and why");

@@ -103,7 +103,7 @@ fn resource_exhausted_quota_exceeded_backs_off_long_and_surfaces_a_condition() {
     let d = decide(&report(Code::ResourceExhausted, reason::QUOTA_EXCEEDED), MUTATE);
     assert_eq!(d, Decision::Backoff(Cause::Quota));
     assert_eq!(Cause::Quota.min_backoff(), Duration::from_secs(10));
-    assert_eq!(Cause::Quota.environment_condition(), Some("QuotaExceeded"));
+    assert_eq!(Cause::Quota.environment_condition(), Some(ConditionType::QuotaExceeded));
     // Also inside a done operation: back off, not a failed machine.
     assert_eq!(
         decide(&report(Code::ResourceExhausted, reason::QUOTA_EXCEEDED), Source::Operation(Rpc::Mutate)),
@@ -156,7 +156,7 @@ fn permission_denied_and_unauthenticated_are_the_environment() {
             );
         }
     }
-    assert_eq!(Cause::Credentials.environment_condition(), Some("CloudCredentialsRefused"));
+    assert_eq!(Cause::Credentials.environment_condition(), Some(ConditionType::CloudCredentialsRefused));
 }
 
 #[test]
@@ -226,7 +226,7 @@ fn internal_inside_a_done_operation_is_the_cloud_failing_the_work() {
 
 #[test]
 fn only_environment_causes_surface_a_condition() {
-    assert_eq!(Cause::Unavailable.environment_condition(), Some("CloudUnavailable"));
+    assert_eq!(Cause::Unavailable.environment_condition(), Some(ConditionType::CloudUnavailable));
     assert_eq!(Cause::InProgress.environment_condition(), None);
     assert_eq!(Cause::Internal.environment_condition(), None);
     assert!(Decision::Backoff(Cause::Internal).is_retry());

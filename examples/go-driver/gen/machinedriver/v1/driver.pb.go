@@ -168,6 +168,71 @@ func (MachineState) EnumDescriptor() ([]byte, []int) {
 	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{1}
 }
 
+// Lifecycle state of a pool instance. Whether it is powered on is `PowerState`.
+type InstanceState int32
+
+const (
+	// Not set: a driver older than this field (read `provisioning_state`).
+	InstanceState_INSTANCE_STATE_UNSPECIFIED InstanceState = 0
+	// Being created; also any state the driver cannot map.
+	InstanceState_INSTANCE_STATE_CREATING InstanceState = 1
+	// Provisioned: the cloud finished creating or updating it.
+	InstanceState_INSTANCE_STATE_RUNNING InstanceState = 2
+	// Being moved to the pool's latest model (or otherwise changed).
+	InstanceState_INSTANCE_STATE_UPDATING InstanceState = 3
+	// Being deleted.
+	InstanceState_INSTANCE_STATE_DELETING InstanceState = 4
+	// Provisioning failed; it stays failed until deleted.
+	InstanceState_INSTANCE_STATE_FAILED InstanceState = 5
+)
+
+// Enum value maps for InstanceState.
+var (
+	InstanceState_name = map[int32]string{
+		0: "INSTANCE_STATE_UNSPECIFIED",
+		1: "INSTANCE_STATE_CREATING",
+		2: "INSTANCE_STATE_RUNNING",
+		3: "INSTANCE_STATE_UPDATING",
+		4: "INSTANCE_STATE_DELETING",
+		5: "INSTANCE_STATE_FAILED",
+	}
+	InstanceState_value = map[string]int32{
+		"INSTANCE_STATE_UNSPECIFIED": 0,
+		"INSTANCE_STATE_CREATING":    1,
+		"INSTANCE_STATE_RUNNING":     2,
+		"INSTANCE_STATE_UPDATING":    3,
+		"INSTANCE_STATE_DELETING":    4,
+		"INSTANCE_STATE_FAILED":      5,
+	}
+)
+
+func (x InstanceState) Enum() *InstanceState {
+	p := new(InstanceState)
+	*p = x
+	return p
+}
+
+func (x InstanceState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (InstanceState) Descriptor() protoreflect.EnumDescriptor {
+	return file_machinedriver_v1_driver_proto_enumTypes[2].Descriptor()
+}
+
+func (InstanceState) Type() protoreflect.EnumType {
+	return &file_machinedriver_v1_driver_proto_enumTypes[2]
+}
+
+func (x InstanceState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use InstanceState.Descriptor instead.
+func (InstanceState) EnumDescriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{2}
+}
+
 type PowerState int32
 
 const (
@@ -213,11 +278,11 @@ func (x PowerState) String() string {
 }
 
 func (PowerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_machinedriver_v1_driver_proto_enumTypes[2].Descriptor()
+	return file_machinedriver_v1_driver_proto_enumTypes[3].Descriptor()
 }
 
 func (PowerState) Type() protoreflect.EnumType {
-	return &file_machinedriver_v1_driver_proto_enumTypes[2]
+	return &file_machinedriver_v1_driver_proto_enumTypes[3]
 }
 
 func (x PowerState) Number() protoreflect.EnumNumber {
@@ -226,7 +291,7 @@ func (x PowerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PowerState.Descriptor instead.
 func (PowerState) EnumDescriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{2}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{3}
 }
 
 type OperationKind int32
@@ -277,11 +342,11 @@ func (x OperationKind) String() string {
 }
 
 func (OperationKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_machinedriver_v1_driver_proto_enumTypes[3].Descriptor()
+	return file_machinedriver_v1_driver_proto_enumTypes[4].Descriptor()
 }
 
 func (OperationKind) Type() protoreflect.EnumType {
-	return &file_machinedriver_v1_driver_proto_enumTypes[3]
+	return &file_machinedriver_v1_driver_proto_enumTypes[4]
 }
 
 func (x OperationKind) Number() protoreflect.EnumNumber {
@@ -290,7 +355,7 @@ func (x OperationKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OperationKind.Descriptor instead.
 func (OperationKind) EnumDescriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{3}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{4}
 }
 
 type GetDriverInfoRequest struct {
@@ -1914,14 +1979,22 @@ type PoolInstance struct {
 	InstanceId string `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	Name       string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	ProviderId string `protobuf:"bytes,3,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
-	// e.g. "Creating", "Succeeded", "Failed", "Deleting".
+	// Deprecated: read `state`. The cloud's own word for the instance's provisioning state (e.g.
+	// "Creating", "Succeeded", "Failed", "Deleting"), for display. Drivers keep filling it so that
+	// callers older than `state` still work; callers read it only when `state` is UNSPECIFIED
+	// (a driver older than `state`).
+	//
+	// Deprecated: Marked as deprecated in machinedriver/v1/driver.proto.
 	ProvisioningState  string                 `protobuf:"bytes,4,opt,name=provisioning_state,json=provisioningState,proto3" json:"provisioning_state,omitempty"`
 	PowerState         PowerState             `protobuf:"varint,5,opt,name=power_state,json=powerState,proto3,enum=machinedriver.v1.PowerState" json:"power_state,omitempty"`
 	LatestModelApplied bool                   `protobuf:"varint,6,opt,name=latest_model_applied,json=latestModelApplied,proto3" json:"latest_model_applied,omitempty"`
 	Addresses          []*Address             `protobuf:"bytes,7,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	CreateTime         *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The instance's lifecycle state in the protocol's vocabulary: every pool driver maps its
+	// cloud's states to it, so callers know no cloud's words.
+	State         InstanceState `protobuf:"varint,9,opt,name=state,proto3,enum=machinedriver.v1.InstanceState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolInstance) Reset() {
@@ -1975,6 +2048,7 @@ func (x *PoolInstance) GetProviderId() string {
 	return ""
 }
 
+// Deprecated: Marked as deprecated in machinedriver/v1/driver.proto.
 func (x *PoolInstance) GetProvisioningState() string {
 	if x != nil {
 		return x.ProvisioningState
@@ -2008,6 +2082,13 @@ func (x *PoolInstance) GetCreateTime() *timestamppb.Timestamp {
 		return x.CreateTime
 	}
 	return nil
+}
+
+func (x *PoolInstance) GetState() InstanceState {
+	if x != nil {
+		return x.State
+	}
+	return InstanceState_INSTANCE_STATE_UNSPECIFIED
 }
 
 type DeletePoolInstancesRequest struct {
@@ -2696,20 +2777,21 @@ const file_machinedriver_v1_driver_proto_rawDesc = "" +
 	"\asecrets\x18\x05 \x01(\v2\x19.machinedriver.v1.SecretsB\x04\xe0\xed\x1c\x01R\asecrets\"\x81\x01\n" +
 	"\x19ListPoolInstancesResponse\x12<\n" +
 	"\tinstances\x18\x01 \x03(\v2\x1e.machinedriver.v1.PoolInstanceR\tinstances\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xfa\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb5\x03\n" +
 	"\fPoolInstance\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
 	"\vprovider_id\x18\x03 \x01(\tR\n" +
-	"providerId\x12-\n" +
-	"\x12provisioning_state\x18\x04 \x01(\tR\x11provisioningState\x12=\n" +
+	"providerId\x121\n" +
+	"\x12provisioning_state\x18\x04 \x01(\tB\x02\x18\x01R\x11provisioningState\x12=\n" +
 	"\vpower_state\x18\x05 \x01(\x0e2\x1c.machinedriver.v1.PowerStateR\n" +
 	"powerState\x120\n" +
 	"\x14latest_model_applied\x18\x06 \x01(\bR\x12latestModelApplied\x127\n" +
 	"\taddresses\x18\a \x03(\v2\x19.machinedriver.v1.AddressR\taddresses\x12;\n" +
 	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"\xd5\x01\n" +
+	"createTime\x125\n" +
+	"\x05state\x18\t \x01(\x0e2\x1f.machinedriver.v1.InstanceStateR\x05state\"\xd5\x01\n" +
 	"\x1aDeletePoolInstancesRequest\x12\x1b\n" +
 	"\tpool_name\x18\x01 \x01(\tR\bpoolName\x12!\n" +
 	"\finstance_ids\x18\x02 \x03(\tR\vinstanceIds\x12<\n" +
@@ -2767,7 +2849,14 @@ const file_machinedriver_v1_driver_proto_rawDesc = "" +
 	"\x15MACHINE_STATE_STOPPED\x10\x05\x12\x1a\n" +
 	"\x16MACHINE_STATE_DELETING\x10\x06\x12\x18\n" +
 	"\x14MACHINE_STATE_FAILED\x10\a\x12\x19\n" +
-	"\x15MACHINE_STATE_UNKNOWN\x10\b*\xca\x01\n" +
+	"\x15MACHINE_STATE_UNKNOWN\x10\b*\xbd\x01\n" +
+	"\rInstanceState\x12\x1e\n" +
+	"\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17INSTANCE_STATE_CREATING\x10\x01\x12\x1a\n" +
+	"\x16INSTANCE_STATE_RUNNING\x10\x02\x12\x1b\n" +
+	"\x17INSTANCE_STATE_UPDATING\x10\x03\x12\x1b\n" +
+	"\x17INSTANCE_STATE_DELETING\x10\x04\x12\x19\n" +
+	"\x15INSTANCE_STATE_FAILED\x10\x05*\xca\x01\n" +
 	"\n" +
 	"PowerState\x12\x1b\n" +
 	"\x17POWER_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
@@ -2825,161 +2914,163 @@ func file_machinedriver_v1_driver_proto_rawDescGZIP() []byte {
 	return file_machinedriver_v1_driver_proto_rawDescData
 }
 
-var file_machinedriver_v1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_machinedriver_v1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
 var file_machinedriver_v1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_machinedriver_v1_driver_proto_goTypes = []any{
 	(Capability)(0),                      // 0: machinedriver.v1.Capability
 	(MachineState)(0),                    // 1: machinedriver.v1.MachineState
-	(PowerState)(0),                      // 2: machinedriver.v1.PowerState
-	(OperationKind)(0),                   // 3: machinedriver.v1.OperationKind
-	(*GetDriverInfoRequest)(nil),         // 4: machinedriver.v1.GetDriverInfoRequest
-	(*GetDriverInfoResponse)(nil),        // 5: machinedriver.v1.GetDriverInfoResponse
-	(*GetCapabilitiesRequest)(nil),       // 6: machinedriver.v1.GetCapabilitiesRequest
-	(*GetCapabilitiesResponse)(nil),      // 7: machinedriver.v1.GetCapabilitiesResponse
-	(*ProbeRequest)(nil),                 // 8: machinedriver.v1.ProbeRequest
-	(*ProbeResponse)(nil),                // 9: machinedriver.v1.ProbeResponse
-	(*Secrets)(nil),                      // 10: machinedriver.v1.Secrets
-	(*CreateMachineRequest)(nil),         // 11: machinedriver.v1.CreateMachineRequest
-	(*DeleteMachineRequest)(nil),         // 12: machinedriver.v1.DeleteMachineRequest
-	(*GetMachineStatusRequest)(nil),      // 13: machinedriver.v1.GetMachineStatusRequest
-	(*ListMachinesRequest)(nil),          // 14: machinedriver.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),         // 15: machinedriver.v1.ListMachinesResponse
-	(*ValidateMachineClassRequest)(nil),  // 16: machinedriver.v1.ValidateMachineClassRequest
-	(*ValidateMachineClassResponse)(nil), // 17: machinedriver.v1.ValidateMachineClassResponse
-	(*CanUpdateMachineRequest)(nil),      // 18: machinedriver.v1.CanUpdateMachineRequest
-	(*CanUpdateMachineResponse)(nil),     // 19: machinedriver.v1.CanUpdateMachineResponse
-	(*UpdateMachineRequest)(nil),         // 20: machinedriver.v1.UpdateMachineRequest
-	(*Machine)(nil),                      // 21: machinedriver.v1.Machine
-	(*Address)(nil),                      // 22: machinedriver.v1.Address
-	(*ResourceStatus)(nil),               // 23: machinedriver.v1.ResourceStatus
-	(*ApplyPoolRequest)(nil),             // 24: machinedriver.v1.ApplyPoolRequest
-	(*GetPoolRequest)(nil),               // 25: machinedriver.v1.GetPoolRequest
-	(*DeletePoolRequest)(nil),            // 26: machinedriver.v1.DeletePoolRequest
-	(*Pool)(nil),                         // 27: machinedriver.v1.Pool
-	(*ListPoolInstancesRequest)(nil),     // 28: machinedriver.v1.ListPoolInstancesRequest
-	(*ListPoolInstancesResponse)(nil),    // 29: machinedriver.v1.ListPoolInstancesResponse
-	(*PoolInstance)(nil),                 // 30: machinedriver.v1.PoolInstance
-	(*DeletePoolInstancesRequest)(nil),   // 31: machinedriver.v1.DeletePoolInstancesRequest
-	(*UpgradePoolInstancesRequest)(nil),  // 32: machinedriver.v1.UpgradePoolInstancesRequest
-	(*GetOperationRequest)(nil),          // 33: machinedriver.v1.GetOperationRequest
-	(*WaitOperationRequest)(nil),         // 34: machinedriver.v1.WaitOperationRequest
-	(*CancelOperationRequest)(nil),       // 35: machinedriver.v1.CancelOperationRequest
-	(*Operation)(nil),                    // 36: machinedriver.v1.Operation
-	(*OperationResult)(nil),              // 37: machinedriver.v1.OperationResult
-	nil,                                  // 38: machinedriver.v1.Secrets.DataEntry
-	nil,                                  // 39: machinedriver.v1.CreateMachineRequest.LabelsEntry
-	nil,                                  // 40: machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
-	nil,                                  // 41: machinedriver.v1.Machine.LabelsEntry
-	nil,                                  // 42: machinedriver.v1.ApplyPoolRequest.LabelsEntry
-	nil,                                  // 43: machinedriver.v1.Pool.LabelsEntry
-	(*structpb.Struct)(nil),              // 44: google.protobuf.Struct
-	(*status.Status)(nil),                // 45: google.rpc.Status
-	(*timestamppb.Timestamp)(nil),        // 46: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 47: google.protobuf.Duration
-	(*descriptorpb.FieldOptions)(nil),    // 48: google.protobuf.FieldOptions
+	(InstanceState)(0),                   // 2: machinedriver.v1.InstanceState
+	(PowerState)(0),                      // 3: machinedriver.v1.PowerState
+	(OperationKind)(0),                   // 4: machinedriver.v1.OperationKind
+	(*GetDriverInfoRequest)(nil),         // 5: machinedriver.v1.GetDriverInfoRequest
+	(*GetDriverInfoResponse)(nil),        // 6: machinedriver.v1.GetDriverInfoResponse
+	(*GetCapabilitiesRequest)(nil),       // 7: machinedriver.v1.GetCapabilitiesRequest
+	(*GetCapabilitiesResponse)(nil),      // 8: machinedriver.v1.GetCapabilitiesResponse
+	(*ProbeRequest)(nil),                 // 9: machinedriver.v1.ProbeRequest
+	(*ProbeResponse)(nil),                // 10: machinedriver.v1.ProbeResponse
+	(*Secrets)(nil),                      // 11: machinedriver.v1.Secrets
+	(*CreateMachineRequest)(nil),         // 12: machinedriver.v1.CreateMachineRequest
+	(*DeleteMachineRequest)(nil),         // 13: machinedriver.v1.DeleteMachineRequest
+	(*GetMachineStatusRequest)(nil),      // 14: machinedriver.v1.GetMachineStatusRequest
+	(*ListMachinesRequest)(nil),          // 15: machinedriver.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),         // 16: machinedriver.v1.ListMachinesResponse
+	(*ValidateMachineClassRequest)(nil),  // 17: machinedriver.v1.ValidateMachineClassRequest
+	(*ValidateMachineClassResponse)(nil), // 18: machinedriver.v1.ValidateMachineClassResponse
+	(*CanUpdateMachineRequest)(nil),      // 19: machinedriver.v1.CanUpdateMachineRequest
+	(*CanUpdateMachineResponse)(nil),     // 20: machinedriver.v1.CanUpdateMachineResponse
+	(*UpdateMachineRequest)(nil),         // 21: machinedriver.v1.UpdateMachineRequest
+	(*Machine)(nil),                      // 22: machinedriver.v1.Machine
+	(*Address)(nil),                      // 23: machinedriver.v1.Address
+	(*ResourceStatus)(nil),               // 24: machinedriver.v1.ResourceStatus
+	(*ApplyPoolRequest)(nil),             // 25: machinedriver.v1.ApplyPoolRequest
+	(*GetPoolRequest)(nil),               // 26: machinedriver.v1.GetPoolRequest
+	(*DeletePoolRequest)(nil),            // 27: machinedriver.v1.DeletePoolRequest
+	(*Pool)(nil),                         // 28: machinedriver.v1.Pool
+	(*ListPoolInstancesRequest)(nil),     // 29: machinedriver.v1.ListPoolInstancesRequest
+	(*ListPoolInstancesResponse)(nil),    // 30: machinedriver.v1.ListPoolInstancesResponse
+	(*PoolInstance)(nil),                 // 31: machinedriver.v1.PoolInstance
+	(*DeletePoolInstancesRequest)(nil),   // 32: machinedriver.v1.DeletePoolInstancesRequest
+	(*UpgradePoolInstancesRequest)(nil),  // 33: machinedriver.v1.UpgradePoolInstancesRequest
+	(*GetOperationRequest)(nil),          // 34: machinedriver.v1.GetOperationRequest
+	(*WaitOperationRequest)(nil),         // 35: machinedriver.v1.WaitOperationRequest
+	(*CancelOperationRequest)(nil),       // 36: machinedriver.v1.CancelOperationRequest
+	(*Operation)(nil),                    // 37: machinedriver.v1.Operation
+	(*OperationResult)(nil),              // 38: machinedriver.v1.OperationResult
+	nil,                                  // 39: machinedriver.v1.Secrets.DataEntry
+	nil,                                  // 40: machinedriver.v1.CreateMachineRequest.LabelsEntry
+	nil,                                  // 41: machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
+	nil,                                  // 42: machinedriver.v1.Machine.LabelsEntry
+	nil,                                  // 43: machinedriver.v1.ApplyPoolRequest.LabelsEntry
+	nil,                                  // 44: machinedriver.v1.Pool.LabelsEntry
+	(*structpb.Struct)(nil),              // 45: google.protobuf.Struct
+	(*status.Status)(nil),                // 46: google.rpc.Status
+	(*timestamppb.Timestamp)(nil),        // 47: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 48: google.protobuf.Duration
+	(*descriptorpb.FieldOptions)(nil),    // 49: google.protobuf.FieldOptions
 }
 var file_machinedriver_v1_driver_proto_depIdxs = []int32{
-	44, // 0: machinedriver.v1.GetDriverInfoResponse.provider_spec_schema:type_name -> google.protobuf.Struct
+	45, // 0: machinedriver.v1.GetDriverInfoResponse.provider_spec_schema:type_name -> google.protobuf.Struct
 	0,  // 1: machinedriver.v1.GetCapabilitiesResponse.capabilities:type_name -> machinedriver.v1.Capability
-	38, // 2: machinedriver.v1.Secrets.data:type_name -> machinedriver.v1.Secrets.DataEntry
-	44, // 3: machinedriver.v1.CreateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 4: machinedriver.v1.CreateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	39, // 5: machinedriver.v1.CreateMachineRequest.labels:type_name -> machinedriver.v1.CreateMachineRequest.LabelsEntry
-	44, // 6: machinedriver.v1.DeleteMachineRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 7: machinedriver.v1.DeleteMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	44, // 8: machinedriver.v1.GetMachineStatusRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 9: machinedriver.v1.GetMachineStatusRequest.secrets:type_name -> machinedriver.v1.Secrets
-	40, // 10: machinedriver.v1.ListMachinesRequest.label_selector:type_name -> machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
-	44, // 11: machinedriver.v1.ListMachinesRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 12: machinedriver.v1.ListMachinesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	21, // 13: machinedriver.v1.ListMachinesResponse.machines:type_name -> machinedriver.v1.Machine
-	44, // 14: machinedriver.v1.ValidateMachineClassRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 15: machinedriver.v1.ValidateMachineClassRequest.secrets:type_name -> machinedriver.v1.Secrets
-	44, // 16: machinedriver.v1.CanUpdateMachineRequest.current_provider_spec:type_name -> google.protobuf.Struct
-	44, // 17: machinedriver.v1.CanUpdateMachineRequest.desired_provider_spec:type_name -> google.protobuf.Struct
-	10, // 18: machinedriver.v1.CanUpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	44, // 19: machinedriver.v1.UpdateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 20: machinedriver.v1.UpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	39, // 2: machinedriver.v1.Secrets.data:type_name -> machinedriver.v1.Secrets.DataEntry
+	45, // 3: machinedriver.v1.CreateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 4: machinedriver.v1.CreateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	40, // 5: machinedriver.v1.CreateMachineRequest.labels:type_name -> machinedriver.v1.CreateMachineRequest.LabelsEntry
+	45, // 6: machinedriver.v1.DeleteMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 7: machinedriver.v1.DeleteMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	45, // 8: machinedriver.v1.GetMachineStatusRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 9: machinedriver.v1.GetMachineStatusRequest.secrets:type_name -> machinedriver.v1.Secrets
+	41, // 10: machinedriver.v1.ListMachinesRequest.label_selector:type_name -> machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
+	45, // 11: machinedriver.v1.ListMachinesRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 12: machinedriver.v1.ListMachinesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	22, // 13: machinedriver.v1.ListMachinesResponse.machines:type_name -> machinedriver.v1.Machine
+	45, // 14: machinedriver.v1.ValidateMachineClassRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 15: machinedriver.v1.ValidateMachineClassRequest.secrets:type_name -> machinedriver.v1.Secrets
+	45, // 16: machinedriver.v1.CanUpdateMachineRequest.current_provider_spec:type_name -> google.protobuf.Struct
+	45, // 17: machinedriver.v1.CanUpdateMachineRequest.desired_provider_spec:type_name -> google.protobuf.Struct
+	11, // 18: machinedriver.v1.CanUpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	45, // 19: machinedriver.v1.UpdateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 20: machinedriver.v1.UpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
 	1,  // 21: machinedriver.v1.Machine.state:type_name -> machinedriver.v1.MachineState
-	22, // 22: machinedriver.v1.Machine.addresses:type_name -> machinedriver.v1.Address
-	41, // 23: machinedriver.v1.Machine.labels:type_name -> machinedriver.v1.Machine.LabelsEntry
-	23, // 24: machinedriver.v1.Machine.resources:type_name -> machinedriver.v1.ResourceStatus
-	45, // 25: machinedriver.v1.Machine.cloud_error:type_name -> google.rpc.Status
-	46, // 26: machinedriver.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
-	44, // 27: machinedriver.v1.ApplyPoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 28: machinedriver.v1.ApplyPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	42, // 29: machinedriver.v1.ApplyPoolRequest.labels:type_name -> machinedriver.v1.ApplyPoolRequest.LabelsEntry
-	44, // 30: machinedriver.v1.GetPoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 31: machinedriver.v1.GetPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	44, // 32: machinedriver.v1.DeletePoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 33: machinedriver.v1.DeletePoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	43, // 34: machinedriver.v1.Pool.labels:type_name -> machinedriver.v1.Pool.LabelsEntry
-	44, // 35: machinedriver.v1.ListPoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 36: machinedriver.v1.ListPoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	30, // 37: machinedriver.v1.ListPoolInstancesResponse.instances:type_name -> machinedriver.v1.PoolInstance
-	2,  // 38: machinedriver.v1.PoolInstance.power_state:type_name -> machinedriver.v1.PowerState
-	22, // 39: machinedriver.v1.PoolInstance.addresses:type_name -> machinedriver.v1.Address
-	46, // 40: machinedriver.v1.PoolInstance.create_time:type_name -> google.protobuf.Timestamp
-	44, // 41: machinedriver.v1.DeletePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 42: machinedriver.v1.DeletePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	44, // 43: machinedriver.v1.UpgradePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	10, // 44: machinedriver.v1.UpgradePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	10, // 45: machinedriver.v1.GetOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	47, // 46: machinedriver.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
-	10, // 47: machinedriver.v1.WaitOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	10, // 48: machinedriver.v1.CancelOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	3,  // 49: machinedriver.v1.Operation.kind:type_name -> machinedriver.v1.OperationKind
-	45, // 50: machinedriver.v1.Operation.error:type_name -> google.rpc.Status
-	37, // 51: machinedriver.v1.Operation.response:type_name -> machinedriver.v1.OperationResult
-	47, // 52: machinedriver.v1.Operation.poll_after:type_name -> google.protobuf.Duration
-	46, // 53: machinedriver.v1.Operation.start_time:type_name -> google.protobuf.Timestamp
-	46, // 54: machinedriver.v1.Operation.end_time:type_name -> google.protobuf.Timestamp
-	21, // 55: machinedriver.v1.OperationResult.machine:type_name -> machinedriver.v1.Machine
-	27, // 56: machinedriver.v1.OperationResult.pool:type_name -> machinedriver.v1.Pool
-	48, // 57: machinedriver.v1.secret:extendee -> google.protobuf.FieldOptions
-	4,  // 58: machinedriver.v1.Identity.GetDriverInfo:input_type -> machinedriver.v1.GetDriverInfoRequest
-	6,  // 59: machinedriver.v1.Identity.GetCapabilities:input_type -> machinedriver.v1.GetCapabilitiesRequest
-	8,  // 60: machinedriver.v1.Identity.Probe:input_type -> machinedriver.v1.ProbeRequest
-	11, // 61: machinedriver.v1.Machines.CreateMachine:input_type -> machinedriver.v1.CreateMachineRequest
-	12, // 62: machinedriver.v1.Machines.DeleteMachine:input_type -> machinedriver.v1.DeleteMachineRequest
-	13, // 63: machinedriver.v1.Machines.GetMachineStatus:input_type -> machinedriver.v1.GetMachineStatusRequest
-	14, // 64: machinedriver.v1.Machines.ListMachines:input_type -> machinedriver.v1.ListMachinesRequest
-	16, // 65: machinedriver.v1.Machines.ValidateMachineClass:input_type -> machinedriver.v1.ValidateMachineClassRequest
-	18, // 66: machinedriver.v1.Machines.CanUpdateMachine:input_type -> machinedriver.v1.CanUpdateMachineRequest
-	20, // 67: machinedriver.v1.Machines.UpdateMachine:input_type -> machinedriver.v1.UpdateMachineRequest
-	24, // 68: machinedriver.v1.Pools.ApplyPool:input_type -> machinedriver.v1.ApplyPoolRequest
-	25, // 69: machinedriver.v1.Pools.GetPool:input_type -> machinedriver.v1.GetPoolRequest
-	28, // 70: machinedriver.v1.Pools.ListPoolInstances:input_type -> machinedriver.v1.ListPoolInstancesRequest
-	31, // 71: machinedriver.v1.Pools.DeletePoolInstances:input_type -> machinedriver.v1.DeletePoolInstancesRequest
-	32, // 72: machinedriver.v1.Pools.UpgradePoolInstances:input_type -> machinedriver.v1.UpgradePoolInstancesRequest
-	26, // 73: machinedriver.v1.Pools.DeletePool:input_type -> machinedriver.v1.DeletePoolRequest
-	33, // 74: machinedriver.v1.Operations.GetOperation:input_type -> machinedriver.v1.GetOperationRequest
-	34, // 75: machinedriver.v1.Operations.WaitOperation:input_type -> machinedriver.v1.WaitOperationRequest
-	35, // 76: machinedriver.v1.Operations.CancelOperation:input_type -> machinedriver.v1.CancelOperationRequest
-	5,  // 77: machinedriver.v1.Identity.GetDriverInfo:output_type -> machinedriver.v1.GetDriverInfoResponse
-	7,  // 78: machinedriver.v1.Identity.GetCapabilities:output_type -> machinedriver.v1.GetCapabilitiesResponse
-	9,  // 79: machinedriver.v1.Identity.Probe:output_type -> machinedriver.v1.ProbeResponse
-	36, // 80: machinedriver.v1.Machines.CreateMachine:output_type -> machinedriver.v1.Operation
-	36, // 81: machinedriver.v1.Machines.DeleteMachine:output_type -> machinedriver.v1.Operation
-	21, // 82: machinedriver.v1.Machines.GetMachineStatus:output_type -> machinedriver.v1.Machine
-	15, // 83: machinedriver.v1.Machines.ListMachines:output_type -> machinedriver.v1.ListMachinesResponse
-	17, // 84: machinedriver.v1.Machines.ValidateMachineClass:output_type -> machinedriver.v1.ValidateMachineClassResponse
-	19, // 85: machinedriver.v1.Machines.CanUpdateMachine:output_type -> machinedriver.v1.CanUpdateMachineResponse
-	36, // 86: machinedriver.v1.Machines.UpdateMachine:output_type -> machinedriver.v1.Operation
-	36, // 87: machinedriver.v1.Pools.ApplyPool:output_type -> machinedriver.v1.Operation
-	27, // 88: machinedriver.v1.Pools.GetPool:output_type -> machinedriver.v1.Pool
-	29, // 89: machinedriver.v1.Pools.ListPoolInstances:output_type -> machinedriver.v1.ListPoolInstancesResponse
-	36, // 90: machinedriver.v1.Pools.DeletePoolInstances:output_type -> machinedriver.v1.Operation
-	36, // 91: machinedriver.v1.Pools.UpgradePoolInstances:output_type -> machinedriver.v1.Operation
-	36, // 92: machinedriver.v1.Pools.DeletePool:output_type -> machinedriver.v1.Operation
-	36, // 93: machinedriver.v1.Operations.GetOperation:output_type -> machinedriver.v1.Operation
-	36, // 94: machinedriver.v1.Operations.WaitOperation:output_type -> machinedriver.v1.Operation
-	36, // 95: machinedriver.v1.Operations.CancelOperation:output_type -> machinedriver.v1.Operation
-	77, // [77:96] is the sub-list for method output_type
-	58, // [58:77] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	57, // [57:58] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	23, // 22: machinedriver.v1.Machine.addresses:type_name -> machinedriver.v1.Address
+	42, // 23: machinedriver.v1.Machine.labels:type_name -> machinedriver.v1.Machine.LabelsEntry
+	24, // 24: machinedriver.v1.Machine.resources:type_name -> machinedriver.v1.ResourceStatus
+	46, // 25: machinedriver.v1.Machine.cloud_error:type_name -> google.rpc.Status
+	47, // 26: machinedriver.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
+	45, // 27: machinedriver.v1.ApplyPoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 28: machinedriver.v1.ApplyPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	43, // 29: machinedriver.v1.ApplyPoolRequest.labels:type_name -> machinedriver.v1.ApplyPoolRequest.LabelsEntry
+	45, // 30: machinedriver.v1.GetPoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 31: machinedriver.v1.GetPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	45, // 32: machinedriver.v1.DeletePoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 33: machinedriver.v1.DeletePoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	44, // 34: machinedriver.v1.Pool.labels:type_name -> machinedriver.v1.Pool.LabelsEntry
+	45, // 35: machinedriver.v1.ListPoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 36: machinedriver.v1.ListPoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	31, // 37: machinedriver.v1.ListPoolInstancesResponse.instances:type_name -> machinedriver.v1.PoolInstance
+	3,  // 38: machinedriver.v1.PoolInstance.power_state:type_name -> machinedriver.v1.PowerState
+	23, // 39: machinedriver.v1.PoolInstance.addresses:type_name -> machinedriver.v1.Address
+	47, // 40: machinedriver.v1.PoolInstance.create_time:type_name -> google.protobuf.Timestamp
+	2,  // 41: machinedriver.v1.PoolInstance.state:type_name -> machinedriver.v1.InstanceState
+	45, // 42: machinedriver.v1.DeletePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 43: machinedriver.v1.DeletePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	45, // 44: machinedriver.v1.UpgradePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	11, // 45: machinedriver.v1.UpgradePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	11, // 46: machinedriver.v1.GetOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	48, // 47: machinedriver.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
+	11, // 48: machinedriver.v1.WaitOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	11, // 49: machinedriver.v1.CancelOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	4,  // 50: machinedriver.v1.Operation.kind:type_name -> machinedriver.v1.OperationKind
+	46, // 51: machinedriver.v1.Operation.error:type_name -> google.rpc.Status
+	38, // 52: machinedriver.v1.Operation.response:type_name -> machinedriver.v1.OperationResult
+	48, // 53: machinedriver.v1.Operation.poll_after:type_name -> google.protobuf.Duration
+	47, // 54: machinedriver.v1.Operation.start_time:type_name -> google.protobuf.Timestamp
+	47, // 55: machinedriver.v1.Operation.end_time:type_name -> google.protobuf.Timestamp
+	22, // 56: machinedriver.v1.OperationResult.machine:type_name -> machinedriver.v1.Machine
+	28, // 57: machinedriver.v1.OperationResult.pool:type_name -> machinedriver.v1.Pool
+	49, // 58: machinedriver.v1.secret:extendee -> google.protobuf.FieldOptions
+	5,  // 59: machinedriver.v1.Identity.GetDriverInfo:input_type -> machinedriver.v1.GetDriverInfoRequest
+	7,  // 60: machinedriver.v1.Identity.GetCapabilities:input_type -> machinedriver.v1.GetCapabilitiesRequest
+	9,  // 61: machinedriver.v1.Identity.Probe:input_type -> machinedriver.v1.ProbeRequest
+	12, // 62: machinedriver.v1.Machines.CreateMachine:input_type -> machinedriver.v1.CreateMachineRequest
+	13, // 63: machinedriver.v1.Machines.DeleteMachine:input_type -> machinedriver.v1.DeleteMachineRequest
+	14, // 64: machinedriver.v1.Machines.GetMachineStatus:input_type -> machinedriver.v1.GetMachineStatusRequest
+	15, // 65: machinedriver.v1.Machines.ListMachines:input_type -> machinedriver.v1.ListMachinesRequest
+	17, // 66: machinedriver.v1.Machines.ValidateMachineClass:input_type -> machinedriver.v1.ValidateMachineClassRequest
+	19, // 67: machinedriver.v1.Machines.CanUpdateMachine:input_type -> machinedriver.v1.CanUpdateMachineRequest
+	21, // 68: machinedriver.v1.Machines.UpdateMachine:input_type -> machinedriver.v1.UpdateMachineRequest
+	25, // 69: machinedriver.v1.Pools.ApplyPool:input_type -> machinedriver.v1.ApplyPoolRequest
+	26, // 70: machinedriver.v1.Pools.GetPool:input_type -> machinedriver.v1.GetPoolRequest
+	29, // 71: machinedriver.v1.Pools.ListPoolInstances:input_type -> machinedriver.v1.ListPoolInstancesRequest
+	32, // 72: machinedriver.v1.Pools.DeletePoolInstances:input_type -> machinedriver.v1.DeletePoolInstancesRequest
+	33, // 73: machinedriver.v1.Pools.UpgradePoolInstances:input_type -> machinedriver.v1.UpgradePoolInstancesRequest
+	27, // 74: machinedriver.v1.Pools.DeletePool:input_type -> machinedriver.v1.DeletePoolRequest
+	34, // 75: machinedriver.v1.Operations.GetOperation:input_type -> machinedriver.v1.GetOperationRequest
+	35, // 76: machinedriver.v1.Operations.WaitOperation:input_type -> machinedriver.v1.WaitOperationRequest
+	36, // 77: machinedriver.v1.Operations.CancelOperation:input_type -> machinedriver.v1.CancelOperationRequest
+	6,  // 78: machinedriver.v1.Identity.GetDriverInfo:output_type -> machinedriver.v1.GetDriverInfoResponse
+	8,  // 79: machinedriver.v1.Identity.GetCapabilities:output_type -> machinedriver.v1.GetCapabilitiesResponse
+	10, // 80: machinedriver.v1.Identity.Probe:output_type -> machinedriver.v1.ProbeResponse
+	37, // 81: machinedriver.v1.Machines.CreateMachine:output_type -> machinedriver.v1.Operation
+	37, // 82: machinedriver.v1.Machines.DeleteMachine:output_type -> machinedriver.v1.Operation
+	22, // 83: machinedriver.v1.Machines.GetMachineStatus:output_type -> machinedriver.v1.Machine
+	16, // 84: machinedriver.v1.Machines.ListMachines:output_type -> machinedriver.v1.ListMachinesResponse
+	18, // 85: machinedriver.v1.Machines.ValidateMachineClass:output_type -> machinedriver.v1.ValidateMachineClassResponse
+	20, // 86: machinedriver.v1.Machines.CanUpdateMachine:output_type -> machinedriver.v1.CanUpdateMachineResponse
+	37, // 87: machinedriver.v1.Machines.UpdateMachine:output_type -> machinedriver.v1.Operation
+	37, // 88: machinedriver.v1.Pools.ApplyPool:output_type -> machinedriver.v1.Operation
+	28, // 89: machinedriver.v1.Pools.GetPool:output_type -> machinedriver.v1.Pool
+	30, // 90: machinedriver.v1.Pools.ListPoolInstances:output_type -> machinedriver.v1.ListPoolInstancesResponse
+	37, // 91: machinedriver.v1.Pools.DeletePoolInstances:output_type -> machinedriver.v1.Operation
+	37, // 92: machinedriver.v1.Pools.UpgradePoolInstances:output_type -> machinedriver.v1.Operation
+	37, // 93: machinedriver.v1.Pools.DeletePool:output_type -> machinedriver.v1.Operation
+	37, // 94: machinedriver.v1.Operations.GetOperation:output_type -> machinedriver.v1.Operation
+	37, // 95: machinedriver.v1.Operations.WaitOperation:output_type -> machinedriver.v1.Operation
+	37, // 96: machinedriver.v1.Operations.CancelOperation:output_type -> machinedriver.v1.Operation
+	78, // [78:97] is the sub-list for method output_type
+	59, // [59:78] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	58, // [58:59] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_machinedriver_v1_driver_proto_init() }
@@ -2996,7 +3087,7 @@ func file_machinedriver_v1_driver_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_machinedriver_v1_driver_proto_rawDesc), len(file_machinedriver_v1_driver_proto_rawDesc)),
-			NumEnums:      4,
+			NumEnums:      5,
 			NumMessages:   40,
 			NumExtensions: 1,
 			NumServices:   4,
