@@ -43,8 +43,6 @@ pub struct Config {
     pub driver_qps: f64,
     /// Burst of the per-driver rate limit.
     pub driver_burst: u32,
-    /// Wait for each operation inside the worker (for comparison benchmarks only).
-    pub blocking: bool,
     /// How often a Running machine's status is checked.
     pub health_check_interval: Duration,
     /// How often each class is listed for orphans.
@@ -70,7 +68,6 @@ impl Default for Config {
             debounce: Duration::from_millis(100),
             driver_qps: 200.0,
             driver_burst: 400,
-            blocking: false,
             health_check_interval: Duration::from_secs(30),
             orphan_interval: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(300),
@@ -541,8 +538,31 @@ async fn wake_dependents(ctx: &Ctx, changed: &Key) {
             pools.iter().filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name)).map(Key::of),
         );
     }
-    if let Ok(machines) = ctx.store.list::<crate::resources::Machine>().await {
-        keys.extend(machines.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(Key::of));
+    // Machines are many: only their name, namespace and class are read.
+    #[derive(serde::Deserialize)]
+    struct ClassUser {
+        metadata: UserMeta,
+        spec: UserSpec,
+    }
+    #[derive(serde::Deserialize)]
+    struct UserMeta {
+        name: String,
+        #[serde(default)]
+        namespace: String,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct UserSpec {
+        class_ref: crate::resources::NameRef,
+    }
+    if let Ok(machines) = ctx.store.backend().list(Kind::Machine).await {
+        keys.extend(
+            machines
+                .iter()
+                .filter_map(|json| serde_json::from_str::<ClassUser>(json).ok())
+                .filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name))
+                .map(|m| Key::new(Kind::Machine, &m.metadata.namespace, &m.metadata.name)),
+        );
     }
     tracing::debug!(changed = %changed, objects = keys.len(), "waking the objects that use it");
     for key in keys {

@@ -30,6 +30,11 @@ struct Entry {
 
 type Cache = HashMap<Kind, BTreeMap<(String, String), Entry>>;
 
+/// Change notifications buffered for a slow subscriber before it lags (and relists). Tokio
+/// allocates every slot up front, and a slot keeps the last change it carried: at 1 << 16 the
+/// buffer alone held about 10 MB. The runtime's watcher only queues keys, so it keeps up.
+const CHANGES_BUFFERED: usize = 1 << 12;
+
 /// The SQLite-backed store.
 pub struct SqliteBackend {
     conn: Arc<Mutex<Connection>>,
@@ -140,7 +145,7 @@ impl SqliteBackend {
             }
         }
         let synced_rv: i64 = conn.query_row("SELECT rv FROM counter WHERE id = 0", [], |r| r.get(0))?;
-        let (tx, _) = broadcast::channel(1 << 16);
+        let (tx, _) = broadcast::channel(CHANGES_BUFFERED);
         let backend = Self {
             conn: Arc::new(Mutex::new(conn)),
             cache: Arc::new(RwLock::new(cache)),
@@ -216,7 +221,9 @@ impl SqliteBackend {
     fn write<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>, u64) -> Result<T>) -> Result<T> {
         let mut conn = lock(&self.conn);
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let rv: i64 = tx.query_row("UPDATE counter SET rv = rv + 1 WHERE id = 0 RETURNING rv", [], |r| r.get(0))?;
+        let rv: i64 = tx
+            .prepare_cached("UPDATE counter SET rv = rv + 1 WHERE id = 0 RETURNING rv")?
+            .query_row([], |r| r.get(0))?;
         let out = f(&tx, rv as u64)?;
         tx.commit()?;
         Ok(out)
@@ -292,11 +299,8 @@ fn key_of(kind: Kind, v: &Value) -> Result<Key> {
 
 fn read_row(tx: &rusqlite::Transaction<'_>, key: &Key) -> Result<Option<(u64, Value)>> {
     let row: Option<(i64, String)> = tx
-        .query_row(
-            "SELECT rv, body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-            params![key.kind.as_str(), key.namespace, key.name],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
+        .prepare_cached("SELECT rv, body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?
+        .query_row(params![key.kind.as_str(), key.namespace, key.name], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     match row {
         Some((rv, body)) => Ok(Some((rv as u64, serde_json::from_str(&body)?))),
@@ -305,29 +309,31 @@ fn read_row(tx: &rusqlite::Transaction<'_>, key: &Key) -> Result<Option<(u64, Va
 }
 
 fn write_row(tx: &rusqlite::Transaction<'_>, key: &Key, rv: u64, body: &str) -> Result<()> {
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO objects(kind, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT(kind, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body",
-        params![key.kind.as_str(), key.namespace, key.name, rv as i64, body],
-    )?;
-    tx.execute(
-        "DELETE FROM tombstones WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-        params![key.kind.as_str(), key.namespace, key.name],
-    )?;
+    )?
+    .execute(params![key.kind.as_str(), key.namespace, key.name, rv as i64, body])?;
+    tx.prepare_cached("DELETE FROM tombstones WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?.execute(params![
+        key.kind.as_str(),
+        key.namespace,
+        key.name
+    ])?;
     Ok(())
 }
 
 fn remove_row(tx: &rusqlite::Transaction<'_>, key: &Key, rv: u64, owner: Option<&Key>) -> Result<()> {
-    tx.execute(
-        "DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-        params![key.kind.as_str(), key.namespace, key.name],
-    )?;
+    tx.prepare_cached("DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?.execute(params![
+        key.kind.as_str(),
+        key.namespace,
+        key.name
+    ])?;
     let owner = owner.map(|o| format!("{}/{}", o.kind.as_str(), o.name));
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO tombstones(kind, namespace, name, rv, owner) VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT(kind, namespace, name) DO UPDATE SET rv = excluded.rv, owner = excluded.owner",
-        params![key.kind.as_str(), key.namespace, key.name, rv as i64, owner],
-    )?;
+    )?
+    .execute(params![key.kind.as_str(), key.namespace, key.name, rv as i64, owner])?;
     Ok(())
 }
 
