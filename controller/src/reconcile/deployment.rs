@@ -170,14 +170,14 @@ impl PlanView {
 /// The deployment's machines as [`PlanView`]s.
 async fn observe(ctx: &Ctx, md: &MachineDeployment) -> Result<Vec<Machine>> {
     let owner = &md.metadata;
-    let views = ctx
-        .store
-        .list_owned_as(Kind::Machine, owner, |v: &PlanView| {
-            v.metadata.namespace == owner.namespace
-                && v.metadata.owner_references.iter().any(|o| o.controller && o.uid == owner.uid)
+    ctx.store
+        .list_owned_as(Kind::Machine, owner, |v: PlanView| {
+            let owned = v.metadata.namespace == owner.namespace
+                && v.metadata.owner_references.iter().any(|o| o.controller && o.uid == owner.uid);
+            owned.then(|| v.into_machine())
         })
-        .await?;
-    Ok(views.into_iter().map(PlanView::into_machine).collect())
+        .await
+        .map_err(Into::into)
 }
 
 /// The whole machine behind a [`PlanView`], if it has not changed since it was listed.

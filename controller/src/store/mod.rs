@@ -406,26 +406,28 @@ impl Store {
     /// # Errors
     /// Backend errors, or an object that does not parse as `T`.
     pub async fn list_owned<T: Resource>(&self, owner: &ObjectMeta) -> Result<Vec<T>> {
-        self.list_owned_as(T::KIND, owner, |obj: &T| {
+        self.list_owned_as(T::KIND, owner, |obj: T| {
             let meta = obj.meta();
-            meta.namespace == owner.namespace
-                && meta.owner_references.iter().any(|o| o.controller && o.uid == owner.uid)
+            let owned = meta.namespace == owner.namespace
+                && meta.owner_references.iter().any(|o| o.controller && o.uid == owner.uid);
+            owned.then_some(obj)
         })
         .await
     }
 
     /// Like [`Store::list_owned`], but each object whose text names `owner`'s uid is parsed as
     /// `V` — a view with only the fields the caller reads, which costs a fraction of the whole
-    /// object with 10,000 of them — and kept when `owned` confirms the owner.
+    /// object with 10,000 of them — and `keep` confirms the owner and turns the view into what
+    /// the caller holds (one at a time, so the views never all exist at once).
     ///
     /// # Errors
     /// Backend errors, or an object that does not parse as `V`.
-    pub async fn list_owned_as<V: serde::de::DeserializeOwned>(
+    pub async fn list_owned_as<V: serde::de::DeserializeOwned, U>(
         &self,
         kind: Kind,
         owner: &ObjectMeta,
-        owned: impl Fn(&V) -> bool,
-    ) -> Result<Vec<V>> {
+        keep: impl Fn(V) -> Option<U>,
+    ) -> Result<Vec<U>> {
         if owner.uid.is_empty() {
             return Ok(Vec::new());
         }
@@ -433,10 +435,7 @@ impl Store {
         candidates.retain(|json| json.contains(owner.uid.as_str()));
         let mut out = Vec::with_capacity(candidates.len());
         for json in candidates {
-            let obj: V = serde_json::from_str(&json)?;
-            if owned(&obj) {
-                out.push(obj);
-            }
+            out.extend(keep(serde_json::from_str(&json)?));
         }
         Ok(out)
     }
