@@ -155,7 +155,9 @@ async fn wait_converged(p: &Procs, replicas: usize, timeout: Duration) -> Option
 
 async fn fake_counters(p: &Procs, reset: bool) -> fake_driver::pb::Counters {
     let client = driver_sdk::DriverClient::connect(&format!("unix://{}", p.sock().display())).await.unwrap();
-    let mut f = fake_driver::pb::fake_cloud_client::FakeCloudClient::new(client.channel());
+    // The answer carries the whole fake cloud: 30 MB with 100,000 machines.
+    let mut f =
+        fake_driver::pb::fake_cloud_client::FakeCloudClient::new(client.channel()).max_decoding_message_size(usize::MAX);
     f.inspect(fake_driver::pb::InspectRequest { reset_peak: reset }).await.unwrap().into_inner().counters.unwrap()
 }
 
