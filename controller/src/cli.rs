@@ -163,9 +163,6 @@ pub struct RunArgs {
     /// Reconcile every object again this often, even without a change.
     #[arg(long, default_value = "60s", value_parser = driver_sdk::parse_duration)]
     pub resync_interval: Duration,
-    /// Wait for each operation inside the worker (comparison benchmarks only).
-    #[arg(long, hide = true)]
-    pub blocking: bool,
     /// With `--store kubernetes`: reconcile only this namespace (default: all namespaces).
     #[arg(long, env = "MACHINE_CONTROLLER_NAMESPACE")]
     pub namespace: Option<String>,
@@ -202,7 +199,6 @@ impl RunArgs {
             debounce: self.debounce,
             driver_qps: self.driver_qps,
             driver_burst: self.driver_burst,
-            blocking: self.blocking,
             health_check_interval: self.health_check_interval,
             orphan_interval: self.orphan_interval,
             orphan_grace: self.orphan_grace,

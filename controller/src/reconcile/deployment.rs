@@ -2,7 +2,7 @@
 //! are [`plan::rollout`]'s (rolling updates, replacements, failure budget and rollback, deletion
 //! order) and [`plan::in_place`]'s; this reconciler observes, plans, acts and writes status once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -32,7 +32,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Finalizer::Cleanup(md) => return teardown(ctx, md).await,
         Finalizer::Done(action) => return Ok(action),
     };
-    let machines: Vec<Machine> = ctx.store.list_owned(&md.metadata).await?;
+    let machines = observe(ctx, &md).await?;
 
     let plan = rollout::plan(Observed {
         deployment: &md,
@@ -80,6 +80,107 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     })
 }
 
+/// A Machine as the planner reads it ([`rollout::plan`]): metadata without finalizers and
+/// owners, the revision label only, and of the status the phase and failure — plus, for machines
+/// that are not available, the conditions and last operation that
+/// [`rollout::lift_environment_conditions`] reports. Spec, addresses and request IDs are not
+/// parsed: with 10,000 machines, parsing them whole on every reconcile was most of the
+/// controller's peak memory. The machines a plan acts on in full (replace, in place) are read
+/// again by key.
+#[derive(serde::Deserialize)]
+struct PlanView {
+    metadata: ViewMeta,
+    #[serde(default)]
+    status: ViewStatus,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ViewMeta {
+    name: String,
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    uid: String,
+    #[serde(default)]
+    resource_version: String,
+    #[serde(default)]
+    generation: i64,
+    #[serde(default)]
+    creation_timestamp: Option<Time>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    owner_references: Vec<OwnerReference>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ViewStatus {
+    #[serde(default)]
+    phase: Phase,
+    #[serde(default)]
+    conditions: Vec<Condition>,
+    #[serde(default)]
+    last_operation: Option<LastOperation>,
+    #[serde(default)]
+    failure: Option<Failure>,
+}
+
+impl PlanView {
+    fn into_machine(self) -> Machine {
+        let m = self.metadata;
+        let mut labels = m.labels;
+        labels.retain(|k, _| k == LABEL_REVISION);
+        let mut status = MachineStatus { phase: self.status.phase, failure: self.status.failure, ..Default::default() };
+        if status.phase != Phase::Running || m.deletion_timestamp.is_some() {
+            status.conditions = self.status.conditions;
+            status.last_operation = self.status.last_operation;
+        }
+        Machine {
+            api_version: String::new(),
+            kind: String::new(),
+            metadata: ObjectMeta {
+                name: m.name,
+                namespace: m.namespace,
+                uid: m.uid,
+                resource_version: m.resource_version,
+                generation: m.generation,
+                creation_timestamp: m.creation_timestamp,
+                deletion_timestamp: m.deletion_timestamp,
+                labels,
+                annotations: m.annotations,
+                ..Default::default()
+            },
+            spec: MachineSpec::default(),
+            status,
+        }
+    }
+}
+
+/// The deployment's machines as [`PlanView`]s.
+async fn observe(ctx: &Ctx, md: &MachineDeployment) -> Result<Vec<Machine>> {
+    let owner = &md.metadata;
+    ctx.store
+        .list_owned_as(Kind::Machine, owner, |v: PlanView| {
+            let owned = v.metadata.namespace == owner.namespace
+                && v.metadata.owner_references.iter().any(|o| o.controller && o.uid == owner.uid);
+            owned.then(|| v.into_machine())
+        })
+        .await
+        .map_err(Into::into)
+}
+
+/// The whole machine behind a [`PlanView`], if it has not changed since it was listed.
+async fn whole(ctx: &Ctx, view: &Machine) -> Result<Option<Machine>> {
+    let m = ctx.store.get::<Machine>(&view.metadata.namespace, &view.metadata.name).await?;
+    Ok(m.filter(|m| m.metadata.resource_version == view.metadata.resource_version))
+}
+
 async fn create(ctx: &Ctx, md: &MachineDeployment, t: &MachineTemplate, rev: &str) -> Result<()> {
     let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..5].to_string();
     let name = format!("{}-{}-{suffix}", md.metadata.name, &rev[..rev.len().min(5)]);
@@ -113,7 +214,10 @@ async fn create(ctx: &Ctx, md: &MachineDeployment, t: &MachineTemplate, rev: &st
 }
 
 /// Deletes a failed machine so it gets replaced, marking it as a replacement.
-async fn replace(ctx: &Ctx, m: &Machine) -> Result<()> {
+async fn replace(ctx: &Ctx, view: &Machine) -> Result<()> {
+    // Changed since listed: the write below would conflict; the change runs this again.
+    let Some(m) = whole(ctx, view).await? else { return Ok(()) };
+    let m = &m;
     let mut marked = m.clone();
     marked.metadata.annotations.insert(ANNOTATION_REPLACING.into(), "true".into());
     match ctx.store.update(&marked).await {
@@ -152,7 +256,10 @@ async fn in_place(
         if !budget.has_room() {
             break;
         }
-        let Some(m) = machines.get(name.as_str()) else { continue };
+        let Some(view) = machines.get(name.as_str()) else { continue };
+        // Changed since listed: the patch would conflict; the change runs this again.
+        let Some(m) = whole(ctx, view).await? else { continue };
+        let m = &m;
         match budget.step(name, can_update(ctx, m, template).await?) {
             in_place::Step::Patch => {
                 let mut patched = (*m).clone();
@@ -174,7 +281,7 @@ async fn in_place(
                         format!("{} cannot change in place; replacing", paths.join(", ")),
                     )
                     .await;
-                ctx.store.delete(&Key::of(*m)).await?;
+                ctx.store.delete(&Key::of(m)).await?;
             }
             in_place::Step::Blocked | in_place::Step::Skip => {}
         }

@@ -281,36 +281,7 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         "the cloud is creating the machine",
     );
     write::status(ctx, &before, &m).await?;
-    if ctx.config.blocking {
-        return block_on(ctx, key, m, r, op).await;
-    }
     Ok(Action::poll_after(op.poll_after()))
-}
-
-/// Benchmark-only comparison mode: the worker waits for the operation itself.
-async fn block_on(ctx: &Ctx, key: &Key, m: Machine, r: &Resolved<'_>, mut op: pb::Operation) -> Result<Action> {
-    while !op.done {
-        // Deliberate: this mode exists to measure what waiting inside a worker costs.
-        tokio::time::sleep(op.poll_after()).await;
-        let token = op.token.clone();
-        let secrets = r.secrets.clone();
-        match ctx
-            .call(r.driver, "GetOperation", |c| async move {
-                c.get_operation(pb::GetOperationRequest { token, secrets }).await
-            })
-            .await
-        {
-            Ok(reply) => op = reply.value,
-            Err(_) => return Ok(Action::requeue(Duration::from_millis(100))),
-        }
-    }
-    let Some(current) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
-    };
-    let _ = m;
-    let mut next = current.clone();
-    next.status.operations.clear();
-    finished(ctx, &current, next, r, OperationKind::CreateMachine, op).await
 }
 
 /// One poll of the stored operation.

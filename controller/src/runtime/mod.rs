@@ -44,8 +44,6 @@ pub struct Config {
     pub driver_qps: f64,
     /// Burst of the per-driver rate limit.
     pub driver_burst: u32,
-    /// Wait for each operation inside the worker (for comparison benchmarks only).
-    pub blocking: bool,
     /// How often a Running machine's status is checked.
     pub health_check_interval: Duration,
     /// How often each class is listed for orphans.
@@ -71,7 +69,6 @@ impl Default for Config {
             debounce: Duration::from_millis(100),
             driver_qps: 200.0,
             driver_burst: 400,
-            blocking: false,
             health_check_interval: Duration::from_secs(30),
             orphan_interval: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(300),
@@ -501,7 +498,7 @@ async fn watch(ctx: Arc<Ctx>) {
 /// machine of those classes, is reconciled again with its backoff forgotten — a machine waiting
 /// out a refused credential retries at once after the Secret is fixed.
 async fn wake_dependents(ctx: &Ctx, changed: &Key) {
-    use crate::resources::{Machine, MachineClass, MachineDeployment, MachinePool};
+    use crate::resources::{MachineClass, MachineDeployment, MachinePool};
     let classes: Vec<String> = match changed.kind {
         Kind::MachineClass => {
             // Only a new generation (spec) wakes; the class's status writes do not.
@@ -534,6 +531,22 @@ async fn wake_dependents(ctx: &Ctx, changed: &Key) {
     }
     let uses = |ns: &str, class: &str| ns == changed.namespace && classes.iter().any(|c| c == class);
     let mut keys: Vec<Key> = classes.iter().map(|c| Key::new(Kind::MachineClass, &changed.namespace, c)).collect();
+    #[derive(serde::Deserialize)]
+    struct ClassUser {
+        metadata: UserMeta,
+        spec: UserSpec,
+    }
+    #[derive(serde::Deserialize)]
+    struct UserMeta {
+        name: String,
+        #[serde(default)]
+        namespace: String,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct UserSpec {
+        class_ref: crate::resources::NameRef,
+    }
     for kind in relations::class_dependents() {
         // The class each object of the kind names.
         let found = match kind {
@@ -549,8 +562,13 @@ async fn wake_dependents(ctx: &Ctx, changed: &Key) {
                     .map(Key::of)
                     .collect()
             }),
-            Kind::Machine => ctx.store.list::<Machine>().await.map(|all| {
-                all.iter().filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name)).map(Key::of).collect()
+            // Machines are many: only their name, namespace and class are read.
+            Kind::Machine => ctx.store.backend().list(Kind::Machine).await.map(|all| {
+                all.iter()
+                    .filter_map(|json| serde_json::from_str::<ClassUser>(json).ok())
+                    .filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name))
+                    .map(|m| Key::new(Kind::Machine, &m.metadata.namespace, &m.metadata.name))
+                    .collect()
             }),
             Kind::MachineClass | Kind::Secret => Ok(Vec::new()),
         };

@@ -406,20 +406,36 @@ impl Store {
     /// # Errors
     /// Backend errors, or an object that does not parse as `T`.
     pub async fn list_owned<T: Resource>(&self, owner: &ObjectMeta) -> Result<Vec<T>> {
-        let mut out = Vec::new();
+        self.list_owned_as(T::KIND, owner, |obj: T| {
+            let meta = obj.meta();
+            let owned = meta.namespace == owner.namespace
+                && meta.owner_references.iter().any(|o| o.controller && o.uid == owner.uid);
+            owned.then_some(obj)
+        })
+        .await
+    }
+
+    /// Like [`Store::list_owned`], but each object whose text names `owner`'s uid is parsed as
+    /// `V` — a view with only the fields the caller reads, which costs a fraction of the whole
+    /// object with 10,000 of them — and `keep` confirms the owner and turns the view into what
+    /// the caller holds (one at a time, so the views never all exist at once).
+    ///
+    /// # Errors
+    /// Backend errors, or an object that does not parse as `V`.
+    pub async fn list_owned_as<V: serde::de::DeserializeOwned, U>(
+        &self,
+        kind: Kind,
+        owner: &ObjectMeta,
+        keep: impl Fn(V) -> Option<U>,
+    ) -> Result<Vec<U>> {
         if owner.uid.is_empty() {
-            return Ok(out);
+            return Ok(Vec::new());
         }
-        for json in self.backend.list(T::KIND).await? {
-            if json.contains(owner.uid.as_str()) {
-                let obj: T = serde_json::from_str(&json)?;
-                let meta = obj.meta();
-                if meta.namespace == owner.namespace
-                    && meta.owner_references.iter().any(|o| o.controller && o.uid == owner.uid)
-                {
-                    out.push(obj);
-                }
-            }
+        let mut candidates = self.backend.list(kind).await?;
+        candidates.retain(|json| json.contains(owner.uid.as_str()));
+        let mut out = Vec::with_capacity(candidates.len());
+        for json in candidates {
+            out.extend(keep(serde_json::from_str(&json)?));
         }
         Ok(out)
     }

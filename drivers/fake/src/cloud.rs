@@ -137,6 +137,15 @@ pub(crate) struct State {
     pub(crate) machines: BTreeMap<String, FMachine>,
     pub(crate) pools: BTreeMap<String, FPool>,
     pub(crate) ops: BTreeMap<String, FOp>,
+    /// Unfinished operations by due time: an index over `ops` (rebuilt after loading), so an
+    /// API call does not scan every operation.
+    #[serde(skip)]
+    due: std::collections::BTreeSet<(u64, String)>,
+    #[serde(skip)]
+    indexed: bool,
+    /// When finished operations were last swept out.
+    #[serde(skip)]
+    swept_ms: u64,
     pub(crate) times_created: BTreeMap<String, u32>,
     pub(crate) counters: Counters,
     pub(crate) next_ip: u32,
@@ -144,6 +153,8 @@ pub(crate) struct State {
 
 /// Finished operations are kept this long so their tokens still resolve.
 const KEEP_FINISHED_MS: u64 = 15 * 60 * 1000;
+/// Expired operations are swept out this often (not on every call: that scanned them all).
+const SWEEP_MS: u64 = 10 * 1000;
 
 impl State {
     pub(crate) fn next_ip(&mut self) -> String {
@@ -166,13 +177,26 @@ impl State {
 
     /// Applies every operation whose time has come, oldest first.
     pub(crate) fn advance(&mut self, now: u64) {
-        let mut due: Vec<(u64, String)> =
-            self.ops.values().filter(|o| !o.finished && o.done_ms <= now).map(|o| (o.done_ms, o.id.clone())).collect();
+        if !self.indexed {
+            self.due = self.ops.values().filter(|o| !o.finished).map(|o| (o.done_ms, o.id.clone())).collect();
+            self.indexed = true;
+        }
+        let mut due = Vec::new();
+        while self.due.first().is_some_and(|(at, _)| *at <= now) {
+            let Some((_, id)) = self.due.pop_first() else { break };
+            // Finished early (cancelled) or gone: nothing to do.
+            if let Some(op) = self.ops.get(&id).filter(|o| !o.finished) {
+                due.push((op.done_ms, id));
+            }
+        }
         due.sort();
         for (_, id) in due {
             self.finish(&id);
         }
-        self.ops.retain(|_, o| !o.finished || now.saturating_sub(o.done_ms) < KEEP_FINISHED_MS);
+        if now.saturating_sub(self.swept_ms) >= SWEEP_MS {
+            self.swept_ms = now;
+            self.ops.retain(|_, o| !o.finished || now.saturating_sub(o.done_ms) < KEEP_FINISHED_MS);
+        }
     }
 
     fn finish(&mut self, id: &str) {
@@ -269,6 +293,7 @@ impl State {
                 capacity: 0,
             },
         );
+        self.due.insert((now + latency_ms, id.clone()));
         id
     }
 }
