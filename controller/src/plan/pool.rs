@@ -9,44 +9,30 @@ use std::collections::HashSet;
 use super::Limits;
 use crate::resources::{Phase, RollingUpdate};
 
-/// An instance's lifecycle state (the protocol's `InstanceState`, as the planner sees it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InstanceState {
-    /// Being created (a driver's state the controller does not know counts as this).
-    Creating,
-    /// Provisioned.
-    Running,
-    /// Being updated to the latest model.
-    Updating,
-    /// Being deleted.
-    Deleting,
-    /// Provisioning failed.
-    Failed,
+/// An instance's lifecycle state: the protocol's, as the SDK types it.
+pub use driver_sdk::InstanceState;
+
+/// Reads the deprecated `PoolInstance.provisioning_state` of a driver older than the protocol's
+/// `InstanceState` (it sends `INSTANCE_STATE_UNSPECIFIED`). Those drivers used Azure's words,
+/// the only vocabulary the controller ever read.
+pub fn legacy_instance_state(provisioning_state: &str) -> InstanceState {
+    match provisioning_state {
+        "Succeeded" => InstanceState::Running,
+        "Failed" => InstanceState::Failed,
+        "Deleting" => InstanceState::Deleting,
+        "Updating" => InstanceState::Updating,
+        _ => InstanceState::Creating,
+    }
 }
 
-impl InstanceState {
-    /// Reads the deprecated `PoolInstance.provisioning_state` of a driver older than the
-    /// protocol's `InstanceState` (it sends `INSTANCE_STATE_UNSPECIFIED`). Those drivers used
-    /// Azure's words, the only vocabulary the controller ever read.
-    pub fn from_legacy_provisioning_state(provisioning_state: &str) -> Self {
-        match provisioning_state {
-            "Succeeded" => InstanceState::Running,
-            "Failed" => InstanceState::Failed,
-            "Deleting" => InstanceState::Deleting,
-            "Updating" => InstanceState::Updating,
-            _ => InstanceState::Creating,
-        }
-    }
-
-    /// The phase of the Machine that mirrors the instance.
-    pub fn phase(self) -> Phase {
-        match self {
-            InstanceState::Running => Phase::Running,
-            InstanceState::Failed => Phase::Failed,
-            InstanceState::Deleting => Phase::Terminating,
-            InstanceState::Updating => Phase::Updating,
-            InstanceState::Creating => Phase::Creating,
-        }
+/// The phase of the Machine that mirrors an instance in `state`.
+pub fn instance_phase(state: InstanceState) -> Phase {
+    match state {
+        InstanceState::Running => Phase::Running,
+        InstanceState::Failed => Phase::Failed,
+        InstanceState::Deleting => Phase::Terminating,
+        InstanceState::Updating => Phase::Updating,
+        InstanceState::Creating => Phase::Creating,
     }
 }
 

@@ -50,7 +50,7 @@ fn state_of(i: &pb::PoolInstance) -> plan::InstanceState {
         pb::InstanceState::Deleting => S::Deleting,
         pb::InstanceState::Failed => S::Failed,
         #[allow(deprecated)] // The fallback for old drivers.
-        pb::InstanceState::Unspecified => S::from_legacy_provisioning_state(&i.provisioning_state),
+        pb::InstanceState::Unspecified => plan::legacy_instance_state(&i.provisioning_state),
     }
 }
 
@@ -382,7 +382,7 @@ async fn mirror(
     let by_instance: HashMap<&str, &Machine> =
         machines.iter().filter_map(|m| m.spec.pool_ref.as_ref().map(|p| (p.instance_id.as_str(), m))).collect();
     for i in list {
-        let phase = state_of(i).phase();
+        let phase = plan::instance_phase(state_of(i));
         match by_instance.get(i.instance_id.as_str()) {
             None => {
                 let mut m = Machine::new(

@@ -210,8 +210,8 @@ fn legacy_provisioning_states_are_read_in_one_place() {
         ("Migrating", InstanceState::Creating, Phase::Creating),
     ];
     for (text, state, phase) in rows {
-        assert_eq!(InstanceState::from_legacy_provisioning_state(text), state, "{text}");
-        assert_eq!(state.phase(), phase, "{text}");
+        assert_eq!(legacy_instance_state(text), state, "{text}");
+        assert_eq!(instance_phase(state), phase, "{text}");
     }
 }
 
