@@ -30,31 +30,97 @@ pub fn revision(t: &MachineTemplate) -> String {
     short_hash(t)
 }
 
-/// Whether a machine counts as available: Running and not being deleted.
-pub fn is_available(m: &Machine) -> bool {
-    m.status.phase == Phase::Running && !m.is_deleting()
+/// A Machine as the planner reads it: what decides creates, deletes, replacements and status,
+/// and nothing else. With 10,000 machines the planner holds one of these per machine on every
+/// reconcile, so it is kept to about 200 bytes (a whole [`Machine`] parsed is about 1.6 KB).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Member {
+    /// Name.
+    pub name: String,
+    /// UID (orders the Random delete policy).
+    pub uid: String,
+    /// The resourceVersion it was read at (acting on it reads it again only if unchanged).
+    pub resource_version: String,
+    /// Its revision label.
+    pub revision: String,
+    /// When it was created.
+    pub created: Option<Time>,
+    /// It is being deleted.
+    pub deleting: bool,
+    /// It carries [`ANNOTATION_REPLACING`].
+    pub replacing: bool,
+    /// It carries the delete-machine annotation (deleted first on scale-down).
+    pub marked_for_deletion: bool,
+    /// Its phase.
+    pub phase: Phase,
+    /// Its permanent failure.
+    pub failure: Option<Box<Failure>>,
+    /// Why it is not available yet: of a machine that is not available only.
+    pub waiting: Option<Box<Waiting>>,
 }
 
-/// The revision label of a machine.
-pub fn revision_of(m: &Machine) -> &str {
-    m.metadata.labels.get(LABEL_REVISION).map(String::as_str).unwrap_or("")
+/// Why a machine that is not available waits: what [`lift_environment_conditions`] reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Waiting {
+    /// Its Ready condition's reason.
+    pub reason: Reason,
+    /// Its Ready condition's message.
+    pub message: String,
+    /// The driver's reason of its last operation (empty if none).
+    pub operation_reason: String,
+}
+
+impl Member {
+    /// Whether it counts as available: Running and not being deleted.
+    pub fn is_available(&self) -> bool {
+        self.phase == Phase::Running && !self.deleting
+    }
+}
+
+impl From<&Machine> for Member {
+    fn from(m: &Machine) -> Self {
+        let deleting = m.is_deleting();
+        let waiting = (m.status.phase != Phase::Running || deleting)
+            .then(|| condition(&m.status.conditions, ConditionType::Ready))
+            .flatten()
+            .map(|ready| {
+                Box::new(Waiting {
+                    reason: ready.reason.clone(),
+                    message: ready.message.clone(),
+                    operation_reason: m.status.last_operation.as_ref().map(|o| o.reason.clone()).unwrap_or_default(),
+                })
+            });
+        Member {
+            name: m.metadata.name.clone(),
+            uid: m.metadata.uid.clone(),
+            resource_version: m.metadata.resource_version.clone(),
+            revision: m.metadata.labels.get(LABEL_REVISION).cloned().unwrap_or_default(),
+            created: m.metadata.creation_timestamp,
+            deleting,
+            replacing: m.metadata.annotations.contains_key(ANNOTATION_REPLACING),
+            marked_for_deletion: m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"),
+            phase: m.status.phase,
+            failure: m.status.failure.clone().map(Box::new),
+            waiting,
+        }
+    }
 }
 
 /// Whether a failed machine's failure is its revision's doing (or its request's), and so counts
 /// against the failure budget: [`policy::blame`]. Credentials, quota, an unavailable cloud and
 /// transient errors never do.
-pub fn attributable(m: &Machine) -> bool {
-    m.status.failure.as_ref().is_none_or(|f| policy::blame(&f.code, &f.reason).counts())
+pub fn attributable(m: &Member) -> bool {
+    m.failure.as_ref().is_none_or(|f| policy::blame(&f.code, &f.reason).counts())
 }
 
 /// Scale-down order: annotated, failed, unhealthy, not yet running, updating, running; then
 /// by the deployment's policy.
-pub fn deletion_order(machines: &mut [&Machine], policy: DeletePolicy) {
-    fn rank(m: &Machine) -> u8 {
-        if m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false") {
+pub fn deletion_order(machines: &mut [&Member], policy: DeletePolicy) {
+    fn rank(m: &Member) -> u8 {
+        if m.marked_for_deletion {
             return 0;
         }
-        match m.status.phase {
+        match m.phase {
             Phase::Failed => 1,
             Phase::Unknown => 2,
             Phase::Pending | Phase::Creating => 3,
@@ -64,44 +130,35 @@ pub fn deletion_order(machines: &mut [&Machine], policy: DeletePolicy) {
     }
     match policy {
         DeletePolicy::Oldest => {
-            machines.sort_by_key(|m| (rank(m), m.metadata.creation_timestamp, m.metadata.name.clone()))
+            machines.sort_by(|a, b| (rank(a), a.created, &a.name).cmp(&(rank(b), b.created, &b.name)))
         }
         DeletePolicy::Newest => {
-            machines.sort_by_key(|m| (rank(m), Reverse(m.metadata.creation_timestamp), m.metadata.name.clone()))
+            machines.sort_by(|a, b| (rank(a), Reverse(a.created), &a.name).cmp(&(rank(b), Reverse(b.created), &b.name)))
         }
-        DeletePolicy::Random => machines.sort_by_key(|m| (rank(m), short_hash(&m.metadata.uid))),
+        DeletePolicy::Random => machines.sort_by_cached_key(|m| (rank(m), short_hash(&m.uid))),
     }
 }
 
 /// Sets one condition per environment problem that keeps machines from running (with the
 /// driver's reason, message and request ID from one of them), and removes the others.
 /// Returns the first problem found.
-pub fn lift_environment_conditions(conditions: &mut Vec<Condition>, machines: &[&Machine]) -> Option<ConditionType> {
+pub fn lift_environment_conditions(conditions: &mut Vec<Condition>, machines: &[&Member]) -> Option<ConditionType> {
     let mut first = None;
     for kind in ENVIRONMENT_CONDITIONS {
-        let waiting: Vec<&&Machine> = machines
+        let waiting: Vec<(&str, &Waiting)> = machines
             .iter()
-            .filter(|m| {
-                m.status
-                    .conditions
-                    .iter()
-                    .any(|c| c.condition_type == ConditionType::Ready && c.reason == Reason::from(kind))
-            })
+            .filter_map(|m| Some((m.name.as_str(), m.waiting.as_deref()?)))
+            .filter(|(_, w)| w.reason == Reason::from(kind))
             .collect();
         match waiting.first() {
-            Some(m) => {
+            Some((name, w)) => {
                 first.get_or_insert(kind);
-                let reason = m
-                    .status
-                    .last_operation
-                    .as_ref()
-                    .filter(|o| !o.reason.is_empty())
-                    .map(|o| Reason::from_driver(&o.reason))
-                    .unwrap_or_else(|| Reason::from(kind));
-                let detail = condition(&m.status.conditions, ConditionType::Ready)
-                    .map(|c| c.message.clone())
-                    .unwrap_or_default();
-                let msg = format!("{} machine(s) waiting, e.g. {}: {detail}", waiting.len(), m.metadata.name);
+                let reason = if w.operation_reason.is_empty() {
+                    Reason::from(kind)
+                } else {
+                    Reason::from_driver(&w.operation_reason)
+                };
+                let msg = format!("{} machine(s) waiting, e.g. {name}: {}", waiting.len(), w.message);
                 set_condition(conditions, kind, true, reason, &msg);
             }
             None => remove_condition(conditions, kind),
@@ -116,7 +173,7 @@ pub struct Observed<'a> {
     /// The deployment (spec, status and metadata as read).
     pub deployment: &'a MachineDeployment,
     /// Its machines, terminating ones included.
-    pub machines: &'a [Machine],
+    pub machines: &'a [Member],
     /// Whether the replacement pace lets a failed machine be replaced now.
     pub may_replace: bool,
     /// The time to stamp on rollout bookkeeping.
@@ -201,12 +258,12 @@ pub fn plan(o: Observed<'_>) -> Plan {
     };
     let (surge, unavailable) = (limits.max_surge, limits.max_unavailable);
 
-    let live: Vec<&Machine> = machines.iter().filter(|m| !m.is_deleting()).collect();
+    let live: Vec<&Member> = machines.iter().filter(|m| !m.deleting).collect();
     let total = machines.len() as i64;
-    let new: Vec<&Machine> = live.iter().copied().filter(|m| revision_of(m) == target_rev).collect();
-    let old: Vec<&Machine> = live.iter().copied().filter(|m| revision_of(m) != target_rev).collect();
-    let new_available = new.iter().filter(|m| is_available(m)).count() as i64;
-    let available = live.iter().filter(|m| is_available(m)).count() as i64;
+    let new: Vec<&Member> = live.iter().copied().filter(|m| m.revision == target_rev).collect();
+    let old: Vec<&Member> = live.iter().copied().filter(|m| m.revision != target_rev).collect();
+    let new_available = new.iter().filter(|m| m.is_available()).count() as i64;
+    let available = live.iter().filter(|m| m.is_available()).count() as i64;
 
     // Rollout bookkeeping.
     let rolling = target_rev != st.current_revision || !old.is_empty();
@@ -227,8 +284,8 @@ pub fn plan(o: Observed<'_>) -> Plan {
     }
 
     // Failed machines: counted against the failure budget, replaced within the meltdown cap.
-    let failed: Vec<&Machine> = live.iter().copied().filter(|m| m.status.phase == Phase::Failed).collect();
-    let new_failed_now = failed.iter().filter(|m| revision_of(m) == target_rev && attributable(m)).count() as u32;
+    let failed: Vec<&Member> = live.iter().copied().filter(|m| m.phase == Phase::Failed).collect();
+    let new_failed_now = failed.iter().filter(|m| m.revision == target_rev && attributable(m)).count() as u32;
     let budget_used = st.rollout.as_ref().map_or(0, |r| r.failures) + new_failed_now;
     if target.is_some()
         && target_rev == spec_rev
@@ -267,20 +324,17 @@ pub fn plan(o: Observed<'_>) -> Plan {
         };
     }
 
-    let replacing = machines
-        .iter()
-        .filter(|m| m.is_deleting() && m.metadata.annotations.contains_key(ANNOTATION_REPLACING))
-        .count() as i64;
+    let replacing = machines.iter().filter(|m| m.deleting && m.replacing).count() as i64;
     let room_for_replacements = (i64::from(md.spec.max_concurrent_replacements) - replacing).max(0) as usize;
     let mut replace = Vec::new();
     if o.may_replace {
         for m in failed.iter().take(room_for_replacements) {
-            if revision_of(m) == target_rev && attributable(m) {
+            if m.revision == target_rev && attributable(m) {
                 if let Some(r) = st.rollout.as_mut() {
                     r.failures += 1;
                 }
             }
-            replace.push(m.metadata.name.clone());
+            replace.push(m.name.clone());
         }
     }
     let replaced: HashSet<&str> = replace.iter().map(String::as_str).collect();
@@ -297,13 +351,9 @@ pub fn plan(o: Observed<'_>) -> Plan {
             create = want.min(room).max(0) as usize;
             if in_place_mode && !old.is_empty() {
                 in_place = Some(InPlaceWork {
-                    candidates: old
-                        .iter()
-                        .filter(|m| m.status.phase == Phase::Running)
-                        .map(|m| m.metadata.name.clone())
-                        .collect(),
+                    candidates: old.iter().filter(|m| m.phase == Phase::Running).map(|m| m.name.clone()).collect(),
                     max_unavailable: unavailable,
-                    busy: old.iter().filter(|m| m.status.phase == Phase::Updating).count() as i64,
+                    busy: old.iter().filter(|m| m.phase == Phase::Updating).count() as i64,
                 });
             }
         }
@@ -316,21 +366,21 @@ pub fn plan(o: Observed<'_>) -> Plan {
             // Only a scale-down removes machines here; updates happen in place.
             budget = budget.min(live.len() as i64 - desired);
         }
-        let mut old_sorted: Vec<&Machine> =
-            old.iter().copied().filter(|m| !replaced.contains(m.metadata.name.as_str())).collect();
+        let mut old_sorted: Vec<&Member> =
+            old.iter().copied().filter(|m| !replaced.contains(m.name.as_str())).collect();
         deletion_order(&mut old_sorted, md.spec.delete_policy);
         let mut can_remove_available = available - min_available;
         for m in old_sorted {
             if budget <= 0 {
                 break;
             }
-            if is_available(m) {
+            if m.is_available() {
                 if can_remove_available <= 0 {
                     continue;
                 }
                 can_remove_available -= 1;
             }
-            delete.push(m.metadata.name.clone());
+            delete.push(m.name.clone());
             budget -= 1;
         }
     }
@@ -338,10 +388,10 @@ pub fn plan(o: Observed<'_>) -> Plan {
     // Scale down the target revision when there are too many (scale-down or leftover surge).
     let excess = new.len() as i64 - desired;
     if excess > 0 {
-        let mut new_sorted: Vec<&Machine> =
-            new.iter().copied().filter(|m| !replaced.contains(m.metadata.name.as_str())).collect();
+        let mut new_sorted: Vec<&Member> =
+            new.iter().copied().filter(|m| !replaced.contains(m.name.as_str())).collect();
         deletion_order(&mut new_sorted, md.spec.delete_policy);
-        delete.extend(new_sorted.iter().take(excess as usize).map(|m| m.metadata.name.clone()));
+        delete.extend(new_sorted.iter().take(excess as usize).map(|m| m.name.clone()));
     }
 
     // Status.
@@ -407,7 +457,7 @@ pub fn plan(o: Observed<'_>) -> Plan {
         let msg = format!("{new_available} of {desired} running");
         set_condition(&mut st.conditions, ConditionType::Progressing, true, Reason::Scaling, &msg);
     }
-    let waiting: Vec<&Machine> = live.iter().copied().filter(|m| !is_available(m)).collect();
+    let waiting: Vec<&Member> = live.iter().copied().filter(|m| !m.is_available()).collect();
     let environment = lift_environment_conditions(&mut st.conditions, &waiting);
     let min_available = desired - unavailable;
     let below_reason = environment.map_or(Reason::BelowMinimum, Reason::from);

@@ -8,10 +8,10 @@ use std::time::Duration;
 use chrono::Utc;
 use driver_sdk::proto as pb;
 
-use super::resolve;
 use super::write::{self, Finalizer};
+use super::{resolve, slow_start};
 use crate::plan::in_place::{self, Verdict};
-use crate::plan::rollout::{self, InPlaceWork, Observed, ANNOTATION_REPLACING};
+use crate::plan::rollout::{self, InPlaceWork, Member, Observed, Waiting, ANNOTATION_REPLACING};
 use crate::resources::*;
 use crate::runtime::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::runtime::{Action, Ctx, ReconcileError};
@@ -50,25 +50,27 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         return Ok(Action::requeue_now());
     }
 
-    let by_name: HashMap<&str, &Machine> = machines.iter().map(|m| (m.metadata.name.as_str(), m)).collect();
+    let by_name: HashMap<&str, &Member> = machines.iter().map(|m| (m.name.as_str(), m)).collect();
     for m in plan.replace.iter().filter_map(|n| by_name.get(n.as_str())) {
-        replace(ctx, m).await?;
+        replace(ctx, &md, m).await?;
     }
     ctx.replaced(key, plan.replace.len() as u32);
     if !plan.has_failed {
         ctx.replacements_settled(key);
     }
     if let Some(template) = &plan.target {
-        for _ in 0..plan.create {
-            create(ctx, &md, template, &plan.target_revision).await?;
-        }
+        slow_start(0..plan.create, |_| create(ctx, &md, template, &plan.target_revision)).await?;
         if let Some(work) = &plan.in_place {
             in_place(ctx, &md, template, &plan.target_revision, work, &by_name, &mut next.status).await?;
         }
     }
-    for m in plan.delete.iter().filter_map(|n| by_name.get(n.as_str())) {
-        ctx.store.delete(&Key::of(*m)).await?;
-    }
+    let doomed: Vec<Key> = plan
+        .delete
+        .iter()
+        .filter(|n| by_name.contains_key(n.as_str()))
+        .map(|n| Key::new(Kind::Machine, &key.namespace, n))
+        .collect();
+    slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
     write::status(ctx, &md, &next).await?;
     Ok(if plan.settled {
         Action::AwaitChange
@@ -80,13 +82,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     })
 }
 
-/// A Machine as the planner reads it ([`rollout::plan`]): metadata without finalizers and
-/// owners, the revision label only, and of the status the phase and failure — plus, for machines
-/// that are not available, the conditions and last operation that
-/// [`rollout::lift_environment_conditions`] reports. Spec, addresses and request IDs are not
-/// parsed: with 10,000 machines, parsing them whole on every reconcile was most of the
-/// controller's peak memory. The machines a plan acts on in full (replace, in place) are read
-/// again by key.
+/// The part of a stored Machine the planner's [`Member`] comes from, parsed one machine at a
+/// time: spec, addresses, request IDs and the other conditions are skipped. The machines a plan
+/// acts on in full (replace, in place) are read again by key.
 #[derive(serde::Deserialize)]
 struct PlanView {
     metadata: ViewMeta,
@@ -104,8 +102,6 @@ struct ViewMeta {
     uid: String,
     #[serde(default)]
     resource_version: String,
-    #[serde(default)]
-    generation: i64,
     #[serde(default)]
     creation_timestamp: Option<Time>,
     #[serde(default)]
@@ -132,53 +128,53 @@ struct ViewStatus {
 }
 
 impl PlanView {
-    fn into_machine(self) -> Machine {
+    fn into_member(self) -> Member {
         let m = self.metadata;
+        let deleting = m.deletion_timestamp.is_some();
+        let st = self.status;
+        let waiting = if st.phase != Phase::Running || deleting {
+            let operation_reason = st.last_operation.map(|o| o.reason).unwrap_or_default();
+            st.conditions
+                .into_iter()
+                .find(|c| c.condition_type == ConditionType::Ready)
+                .map(|ready| Box::new(Waiting { reason: ready.reason, message: ready.message, operation_reason }))
+        } else {
+            None
+        };
         let mut labels = m.labels;
-        labels.retain(|k, _| k == LABEL_REVISION);
-        let mut status = MachineStatus { phase: self.status.phase, failure: self.status.failure, ..Default::default() };
-        if status.phase != Phase::Running || m.deletion_timestamp.is_some() {
-            status.conditions = self.status.conditions;
-            status.last_operation = self.status.last_operation;
-        }
-        Machine {
-            api_version: String::new(),
-            kind: String::new(),
-            metadata: ObjectMeta {
-                name: m.name,
-                namespace: m.namespace,
-                uid: m.uid,
-                resource_version: m.resource_version,
-                generation: m.generation,
-                creation_timestamp: m.creation_timestamp,
-                deletion_timestamp: m.deletion_timestamp,
-                labels,
-                annotations: m.annotations,
-                ..Default::default()
-            },
-            spec: MachineSpec::default(),
-            status,
+        Member {
+            name: m.name,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            revision: labels.remove(LABEL_REVISION).unwrap_or_default(),
+            created: m.creation_timestamp,
+            deleting,
+            replacing: m.annotations.contains_key(ANNOTATION_REPLACING),
+            marked_for_deletion: m.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"),
+            phase: st.phase,
+            failure: st.failure.map(Box::new),
+            waiting,
         }
     }
 }
 
-/// The deployment's machines as [`PlanView`]s.
-async fn observe(ctx: &Ctx, md: &MachineDeployment) -> Result<Vec<Machine>> {
+/// The deployment's machines as the planner reads them.
+async fn observe(ctx: &Ctx, md: &MachineDeployment) -> Result<Vec<Member>> {
     let owner = &md.metadata;
     ctx.store
         .list_owned_as(Kind::Machine, owner, |v: PlanView| {
             let owned = v.metadata.namespace == owner.namespace
                 && v.metadata.owner_references.iter().any(|o| o.controller && o.uid == owner.uid);
-            owned.then(|| v.into_machine())
+            owned.then(|| v.into_member())
         })
         .await
         .map_err(Into::into)
 }
 
-/// The whole machine behind a [`PlanView`], if it has not changed since it was listed.
-async fn whole(ctx: &Ctx, view: &Machine) -> Result<Option<Machine>> {
-    let m = ctx.store.get::<Machine>(&view.metadata.namespace, &view.metadata.name).await?;
-    Ok(m.filter(|m| m.metadata.resource_version == view.metadata.resource_version))
+/// The whole machine behind a [`Member`], if it has not changed since it was listed.
+async fn whole(ctx: &Ctx, md: &MachineDeployment, member: &Member) -> Result<Option<Machine>> {
+    let m = ctx.store.get::<Machine>(&md.metadata.namespace, &member.name).await?;
+    Ok(m.filter(|m| m.metadata.resource_version == member.resource_version))
 }
 
 async fn create(ctx: &Ctx, md: &MachineDeployment, t: &MachineTemplate, rev: &str) -> Result<()> {
@@ -214,9 +210,9 @@ async fn create(ctx: &Ctx, md: &MachineDeployment, t: &MachineTemplate, rev: &st
 }
 
 /// Deletes a failed machine so it gets replaced, marking it as a replacement.
-async fn replace(ctx: &Ctx, view: &Machine) -> Result<()> {
+async fn replace(ctx: &Ctx, md: &MachineDeployment, member: &Member) -> Result<()> {
     // Changed since listed: the write below would conflict; the change runs this again.
-    let Some(m) = whole(ctx, view).await? else { return Ok(()) };
+    let Some(m) = whole(ctx, md, member).await? else { return Ok(()) };
     let m = &m;
     let mut marked = m.clone();
     marked.metadata.annotations.insert(ANNOTATION_REPLACING.into(), "true".into());
@@ -247,7 +243,7 @@ async fn in_place(
     template: &MachineTemplate,
     rev: &str,
     work: &InPlaceWork,
-    machines: &HashMap<&str, &Machine>,
+    machines: &HashMap<&str, &Member>,
     status: &mut MachineDeploymentStatus,
 ) -> Result<()> {
     let mut budget =
@@ -256,9 +252,9 @@ async fn in_place(
         if !budget.has_room() {
             break;
         }
-        let Some(view) = machines.get(name.as_str()) else { continue };
+        let Some(member) = machines.get(name.as_str()) else { continue };
         // Changed since listed: the patch would conflict; the change runs this again.
-        let Some(m) = whole(ctx, view).await? else { continue };
+        let Some(m) = whole(ctx, md, member).await? else { continue };
         let m = &m;
         match budget.step(name, can_update(ctx, m, template).await?) {
             in_place::Step::Patch => {
@@ -324,11 +320,67 @@ async fn can_update(ctx: &Ctx, m: &Machine, template: &MachineTemplate) -> Resul
 async fn teardown(ctx: &Ctx, md: MachineDeployment) -> Result<Action> {
     let machines: Vec<Machine> = ctx.store.list_owned(&md.metadata).await?;
     if !machines.is_empty() {
-        for m in machines.iter().filter(|m| !m.is_deleting()) {
-            ctx.store.delete(&Key::of(m)).await?;
-        }
+        let doomed: Vec<Key> = machines.iter().filter(|m| !m.is_deleting()).map(Key::of).collect();
+        slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
     write::release(ctx, &md).await?;
     Ok(Action::AwaitChange)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The planner's input parsed from the store equals the one made from a whole Machine.
+    #[test]
+    fn a_member_parsed_from_the_store_equals_one_made_from_the_machine() {
+        let mut waiting = Machine::new("default", "m1", MachineSpec::default());
+        waiting.metadata.uid = "u1".into();
+        waiting.metadata.resource_version = "7".into();
+        waiting.metadata.creation_timestamp = Some(Utc::now());
+        waiting.metadata.labels.insert(LABEL_REVISION.into(), "abc".into());
+        waiting.metadata.labels.insert("team".into(), "x".into());
+        waiting.metadata.annotations.insert(ANNOTATION_DELETE.into(), "true".into());
+        waiting.status.phase = Phase::Creating;
+        set_condition(&mut waiting.status.conditions, ConditionType::UpToDate, false, Reason::Creating, "");
+        set_condition(
+            &mut waiting.status.conditions,
+            ConditionType::Ready,
+            false,
+            Reason::QuotaExceeded,
+            "quota of cores exceeded",
+        );
+        waiting.status.last_operation = Some(LastOperation {
+            op_type: OperationType::Create,
+            state: OperationState::Failed,
+            code: "ResourceExhausted".into(),
+            reason: "QUOTA_EXCEEDED".into(),
+            message: "quota".into(),
+            request_id: "r1".into(),
+            time: Utc::now(),
+        });
+        let mut failed = waiting.clone();
+        failed.metadata.name = "m2".into();
+        failed.metadata.deletion_timestamp = Some(Utc::now());
+        failed.metadata.annotations.insert(ANNOTATION_REPLACING.into(), "true".into());
+        failed.status.phase = Phase::Failed;
+        failed.status.failure = Some(Failure {
+            code: "Internal".into(),
+            reason: "X".into(),
+            message: "it failed".into(),
+            generation: 1,
+            class_generation: 1,
+        });
+        let mut running = waiting.clone();
+        running.metadata.name = "m3".into();
+        running.metadata.annotations.clear();
+        running.status.phase = Phase::Running;
+        for m in [waiting, failed, running] {
+            let view: PlanView = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+            let parsed = view.into_member();
+            assert_eq!(parsed, Member::from(&m), "{}", m.metadata.name);
+            assert_eq!(parsed.waiting.is_some(), m.metadata.name != "m3", "{}", m.metadata.name);
+        }
+    }
 }

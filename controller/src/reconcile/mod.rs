@@ -71,6 +71,31 @@ pub(crate) async fn poll_stored(
     }
 }
 
+/// The largest batch [`slow_start`] runs at once.
+const SLOW_START_MAX: usize = 256;
+
+/// Runs `f` on `items` in batches of 1, 2, 4, … (at most [`SLOW_START_MAX`]), each batch at
+/// once, and stops after the first batch in which one fails, returning that error (Kubernetes'
+/// ReplicaSet slow start: thousands of store writes share commits instead of waiting one by one,
+/// while an object every create refuses fails once, not thousands of times).
+///
+/// # Errors
+/// The first error of the first batch that had one.
+pub(crate) async fn slow_start<I, F, Fut, E>(items: impl IntoIterator<Item = I>, f: F) -> Result<(), E>
+where
+    F: Fn(I) -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+{
+    let mut items = items.into_iter().peekable();
+    let mut size = 1;
+    while items.peek().is_some() {
+        let batch: Vec<Fut> = items.by_ref().take(size).map(&f).collect();
+        futures::future::join_all(batch).await.into_iter().collect::<Result<(), E>>()?;
+        size = (size * 2).min(SLOW_START_MAX);
+    }
+    Ok(())
+}
+
 /// Runs the reconciler of `key`'s kind.
 ///
 /// # Errors

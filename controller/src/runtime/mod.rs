@@ -468,7 +468,10 @@ async fn watch(ctx: Arc<Ctx>) {
     loop {
         match rx.recv().await {
             Ok(change) => {
-                if RECONCILED.contains(&change.key.kind) {
+                // A status-only change was written by the object's own reconciler, which
+                // already said when it runs next (controller-runtime's GenerationChanged
+                // predicate, made exact: label, annotation and finalizer changes still wake).
+                if RECONCILED.contains(&change.key.kind) && !change.status_only {
                     ctx.queue.add_after(change.key.clone(), ctx.config.debounce);
                 }
                 if change.deleted {

@@ -494,14 +494,16 @@ async fn watch_kind(api: Api<DynamicObject>, kind: Kind, cache: Arc<KindCache>, 
                     let mut objects = lock_write(&cache.objects);
                     for (key, c) in objects.iter() {
                         if !fresh.contains_key(key) {
-                            changes.push(Change { key: key.clone(), owner: None, deleted: true });
+                            changes.push(Change { key: key.clone(), owner: None, deleted: true, status_only: false });
                         } else if fresh[key].0.rv != c.rv {
-                            changes.push(Change { key: key.clone(), owner: fresh[key].1.clone(), deleted: false });
+                            let owner = fresh[key].1.clone();
+                            changes.push(Change { key: key.clone(), owner, deleted: false, status_only: false });
                         }
                     }
                     for (key, (_, owner)) in &fresh {
                         if !objects.contains_key(key) {
-                            changes.push(Change { key: key.clone(), owner: owner.clone(), deleted: false });
+                            let owner = owner.clone();
+                            changes.push(Change { key: key.clone(), owner, deleted: false, status_only: false });
                         }
                     }
                     *objects = fresh.into_iter().map(|(k, (c, _))| (k, c)).collect();
@@ -516,15 +518,22 @@ async fn watch_kind(api: Api<DynamicObject>, kind: Kind, cache: Arc<KindCache>, 
             Ok(watcher::Event::Apply(o)) => {
                 if let Some((key, cached, v)) = to_value(kind, &o) {
                     let owner = owner_of(&v, &key.namespace);
+                    // Status-only only against an older version held: the echo of a write this
+                    // process already cached cannot tell what that write changed.
+                    let status_only = lock_read(&cache.objects)
+                        .get(&key)
+                        .filter(|old| old.rv < cached.rv)
+                        .and_then(|old| serde_json::from_str::<Value>(&old.json).ok())
+                        .is_some_and(|old| super::status_only_change(&old, &v));
                     cache.put(&key, cached);
-                    let _ = tx.send(Change { key, owner, deleted: false });
+                    let _ = tx.send(Change { key, owner, deleted: false, status_only });
                 }
             }
             Ok(watcher::Event::Delete(o)) => {
                 if let Some((key, cached, v)) = to_value(kind, &o) {
                     let owner = owner_of(&v, &key.namespace);
                     cache.remove(&key, Some(cached.rv));
-                    let _ = tx.send(Change { key, owner, deleted: true });
+                    let _ = tx.send(Change { key, owner, deleted: true, status_only: false });
                 }
             }
             Err(e) => {

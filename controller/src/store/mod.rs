@@ -55,6 +55,25 @@ pub struct Change {
     pub owner: Option<Key>,
     /// Whether it is gone.
     pub deleted: bool,
+    /// Only its status changed (metadata other than `resourceVersion`, and spec, did not). Its
+    /// own reconciler wrote that status and already said when to run next, so the runtime does
+    /// not run it again for this change; its owner still hears of it.
+    pub status_only: bool,
+}
+
+/// Whether `new` differs from `old` in its status alone (and its `resourceVersion`).
+pub(crate) fn status_only_change(old: &Value, new: &Value) -> bool {
+    /// Equal objects apart from the fields `skip` names (neither need have them).
+    fn equal_but(a: &Value, b: &Value, skip: &[&str]) -> bool {
+        let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return false };
+        let kept = |o: &serde_json::Map<String, Value>| o.keys().filter(|k| !skip.contains(&k.as_str())).count();
+        kept(a) == kept(b) && a.iter().all(|(k, v)| skip.contains(&k.as_str()) || b.get(k) == Some(v))
+    }
+    equal_but(old, new, &["status", "metadata"])
+        && match (old.get("metadata"), new.get("metadata")) {
+            (Some(a), Some(b)) => equal_but(a, b, &["resourceVersion"]),
+            _ => false,
+        }
 }
 
 /// An event recorded against an object (shown by `describe`).

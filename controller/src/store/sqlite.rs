@@ -49,6 +49,8 @@ struct Effect {
     /// The object as stored; `None` when it was removed.
     json: Option<Arc<str>>,
     owner: Option<Key>,
+    /// Only the status changed.
+    status_only: bool,
 }
 
 /// The writing connection and the group of writes in its open transaction.
@@ -304,11 +306,12 @@ impl SqliteBackend {
             match e.json {
                 Some(json) => {
                     self.put_cache(&e.key, e.rv, json);
-                    self.notify(&e.key, e.owner, false);
+                    let _ =
+                        self.tx.send(Change { key: e.key, owner: e.owner, deleted: false, status_only: e.status_only });
                 }
                 None => {
                     self.drop_cache(&e.key);
-                    self.notify(&e.key, e.owner, true);
+                    let _ = self.tx.send(Change { key: e.key, owner: e.owner, deleted: true, status_only: false });
                 }
             }
         }
@@ -324,10 +327,6 @@ impl SqliteBackend {
         if let Some(m) = c.get_mut(&key.kind) {
             m.remove(&(key.namespace.clone(), key.name.clone()));
         }
-    }
-
-    fn notify(&self, key: &Key, owner: Option<Key>, deleted: bool) {
-        let _ = self.tx.send(Change { key: key.clone(), owner, deleted });
     }
 
     /// A write of one object: `f` gets the next resource version.
@@ -396,7 +395,7 @@ fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Ch
         };
         if fresh {
             let owner = serde_json::from_str::<Value>(&body).ok().and_then(|v| owner_of(&v, &ns));
-            let _ = tx.send(Change { key, owner, deleted: false });
+            let _ = tx.send(Change { key, owner, deleted: false, status_only: false });
         }
     }
     let mut stmt = conn.prepare_cached("SELECT kind, namespace, name, rv, owner FROM tombstones WHERE rv > ?1")?;
@@ -422,7 +421,7 @@ fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Ch
                 let (k, n) = o.split_once('/')?;
                 Some(Key::new(kind_from(k)?, &ns, n))
             });
-            let _ = tx.send(Change { key: Key::new(kind, &ns, &name), owner, deleted: true });
+            let _ = tx.send(Change { key: Key::new(kind, &ns, &name), owner, deleted: true, status_only: false });
         }
     }
     Ok(max)
@@ -528,7 +527,7 @@ impl Backend for SqliteBackend {
             let body = serde_json::to_string(&obj)?;
             write_row(tx, &key, rv, &body)?;
             let json: Arc<str> = body.into();
-            Ok((json.clone(), Some(Effect { key: key.clone(), rv, json: Some(json), owner })))
+            Ok((json.clone(), Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only: false })))
         })
         .await
     }
@@ -577,12 +576,12 @@ impl Backend for SqliteBackend {
             if current["metadata"].get("deletionTimestamp").is_some_and(|d| !d.is_null()) && finalizers_empty(&current)
             {
                 remove_row(tx, &key, rv, owner.as_ref())?;
-                return Ok((None, Some(Effect { key: key.clone(), rv, json: None, owner })));
+                return Ok((None, Some(Effect { key: key.clone(), rv, json: None, owner, status_only: false })));
             }
             let body = serde_json::to_string(&current)?;
             write_row(tx, &key, rv, &body)?;
             let json: Arc<str> = body.into();
-            Ok((Some(json.clone()), Some(Effect { key: key.clone(), rv, json: Some(json), owner })))
+            Ok((Some(json.clone()), Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only })))
         })
         .await
     }
@@ -593,7 +592,7 @@ impl Backend for SqliteBackend {
             let owner = owner_of(&current, &key.namespace);
             if finalizers_empty(&current) {
                 remove_row(tx, key, rv, owner.as_ref())?;
-                return Ok((None, Some(Effect { key: key.clone(), rv, json: None, owner })));
+                return Ok((None, Some(Effect { key: key.clone(), rv, json: None, owner, status_only: false })));
             }
             if current["metadata"].get("deletionTimestamp").is_none_or(Value::is_null) {
                 current["metadata"]["deletionTimestamp"] = now().into();
@@ -602,7 +601,7 @@ impl Backend for SqliteBackend {
             let body = serde_json::to_string(&current)?;
             write_row(tx, key, rv, &body)?;
             let json: Arc<str> = body.into();
-            Ok((Some(json.clone()), Some(Effect { key: key.clone(), rv, json: Some(json), owner })))
+            Ok((Some(json.clone()), Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only: false })))
         })
         .await
     }

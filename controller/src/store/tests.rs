@@ -198,3 +198,52 @@ async fn list_with_selects_by_namespace_and_labels() {
     got.sort();
     assert_eq!(got, ["m1", "m3"]);
 }
+
+#[tokio::test]
+async fn changes_say_whether_only_the_status_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let mut rx = store.subscribe();
+    let within = Duration::from_secs(5);
+    let c = store.create(&class("a", "small")).await.unwrap();
+    assert!(!tokio::time::timeout(within, rx.recv()).await.unwrap().unwrap().status_only, "a create");
+    let mut s = c.clone();
+    s.status.validated_generation = 1;
+    store.update_status(&s).await.unwrap();
+    assert!(tokio::time::timeout(within, rx.recv()).await.unwrap().unwrap().status_only, "a status write");
+    let mut labelled = store.get::<MachineClass>("default", "a").await.unwrap().unwrap();
+    labelled.metadata.labels.insert("team".into(), "x".into());
+    store.update(&labelled).await.unwrap();
+    assert!(
+        !tokio::time::timeout(within, rx.recv()).await.unwrap().unwrap().status_only,
+        "a label change wakes the object's own reconciler"
+    );
+    store.delete(&Key::of(&c)).await.unwrap();
+    let gone = tokio::time::timeout(within, rx.recv()).await.unwrap().unwrap();
+    assert!(gone.deleted && !gone.status_only);
+}
+
+#[test]
+fn status_only_change_compares_everything_but_status_and_resource_version() {
+    let old = serde_json::json!({
+        "kind": "Machine",
+        "metadata": {"name": "m", "resourceVersion": "1", "labels": {"a": "1"}},
+        "spec": {"classRef": {"name": "c"}}
+    });
+    let mut status = old.clone();
+    status["metadata"]["resourceVersion"] = "2".into();
+    status["status"] = serde_json::json!({"phase": "Running"});
+    assert!(status_only_change(&old, &status), "a first status");
+    let mut label = status.clone();
+    label["metadata"]["labels"]["a"] = "2".into();
+    assert!(!status_only_change(&status, &label), "a label");
+    let mut finalizer = status.clone();
+    finalizer["metadata"]["finalizers"] = serde_json::json!(["x"]);
+    assert!(!status_only_change(&status, &finalizer), "a finalizer added");
+    let mut spec = status.clone();
+    spec["spec"]["classRef"]["name"] = "d".into();
+    assert!(!status_only_change(&status, &spec), "the spec");
+    let mut no_spec = status.clone();
+    no_spec.as_object_mut().unwrap().remove("spec");
+    assert!(!status_only_change(&status, &no_spec), "a field removed");
+}

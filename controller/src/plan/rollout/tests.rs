@@ -119,7 +119,7 @@ impl Fx {
 }
 
 fn run(md: &MachineDeployment, machines: Vec<Fx>, may_replace: bool) -> Plan {
-    let machines: Vec<Machine> = machines.into_iter().map(|f| f.0).collect();
+    let machines: Vec<Member> = machines.iter().map(|f| Member::from(&f.0)).collect();
     plan(Observed { deployment: md, machines: &machines, may_replace, now: t0() + chrono::Duration::seconds(60) })
 }
 
@@ -597,7 +597,8 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
         let mut finished = false;
         for step in 0..200 {
             let now = t0() + chrono::Duration::seconds(60 + step);
-            let p = plan(Observed { deployment: &md, machines: &machines, may_replace: rng.chance(70), now });
+            let members: Vec<Member> = machines.iter().map(Member::from).collect();
+            let p = plan(Observed { deployment: &md, machines: &members, may_replace: rng.chance(70), now });
             let case = format!("seed {seed} step {step}: replicas {replicas}, {limits:?}, {} machines", machines.len());
             if p.aborted {
                 panic!("{case}: aborted with an unlimited budget");
@@ -607,9 +608,9 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
             assert!(total + p.create as i64 <= total.max(cap), "{case}: creates {} over the surge", p.create);
             let gone: BTreeSet<&str> = p.delete.iter().chain(&p.replace).map(String::as_str).collect();
             assert_eq!(gone.len(), p.delete.len() + p.replace.len(), "{case}: a machine deleted twice");
-            let available_before = machines.iter().filter(|m| is_available(m)).count() as i64;
+            let available_before = members.iter().filter(|m| m.is_available()).count() as i64;
             let available_after =
-                machines.iter().filter(|m| is_available(m) && !gone.contains(m.metadata.name.as_str())).count() as i64;
+                members.iter().filter(|m| m.is_available() && !gone.contains(m.name.as_str())).count() as i64;
             let floor = (replicas - limits.max_unavailable).min(available_before);
             assert!(
                 available_after >= floor,
