@@ -373,16 +373,14 @@ async fn finished(
     set_condition(&mut m.status.conditions, ConditionType::Ready, true, Reason::Running, "");
     set_condition(&mut m.status.conditions, ConditionType::UpToDate, true, Reason::SpecApplied, "");
     let reason = if op_type == OperationType::Create { "Created" } else { "Updated" };
-    ctx.store
-        .event(
-            Kind::Machine,
-            &m.metadata,
-            false,
-            reason,
-            format!("{} is running ({})", m.metadata.name, m.status.provider_id),
-        )
-        .await;
-    write::status(ctx, before, &m).await?;
+    let message = format!("{} is running ({})", m.metadata.name, m.status.provider_id);
+    // The event goes first into the store's open group and the status joins it: one commit to
+    // wait for, not two, and the event is never stored after the status it announces.
+    let (_, written) = tokio::join!(
+        ctx.store.event(Kind::Machine, &m.metadata, false, reason, message),
+        write::status(ctx, before, &m)
+    );
+    written?;
     Ok(Action::poll_after(ctx.config.health_check_interval))
 }
 

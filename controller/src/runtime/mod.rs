@@ -29,6 +29,9 @@ use crate::store::{Key, Store};
 pub mod policy;
 pub mod queue;
 
+/// The longest an owner's wake-up by its objects' changes is put off ([`Ctx::owner_wake_delay`]).
+pub const OWNER_WAKE_MAX: Duration = Duration::from_secs(5);
+
 /// Runtime settings.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -211,6 +214,9 @@ pub struct Ctx {
     /// The generation of each class when its dependents were last woken: a class's own status
     /// writes must not wake them (that would undo their backoff in a loop).
     class_generations: Mutex<HashMap<Key, i64>>,
+    /// How long the last reconcile of each object took, of those that took longer than the
+    /// debounce (owners of thousands of machines): see [`Ctx::owner_wake_delay`].
+    costly: Mutex<HashMap<Key, Duration>>,
 }
 
 /// What to do after a reconcile (the reconciler's answer; the runtime schedules it).
@@ -285,7 +291,29 @@ impl Ctx {
             orphans: Mutex::new(HashMap::new()),
             replacement_pace: Mutex::new(HashMap::new()),
             class_generations: Mutex::new(HashMap::new()),
+            costly: Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// How long after a change of one of its objects an owner runs: the debounce, or as long
+    /// as its last reconcile took if that was longer. A deployment of 100,000 machines plans
+    /// for about 2 s; woken by every machine change, it would plan back to back and take a
+    /// core for itself. This way re-planning gets at most half a worker's time, and its status
+    /// trails its machines by about one reconcile (at most [`OWNER_WAKE_MAX`]: a reconcile
+    /// that waited on a slow driver call says little about the next).
+    pub fn owner_wake_delay(&self, owner: &Key) -> Duration {
+        let costly = self.costly.lock().unwrap_or_else(|p| p.into_inner());
+        let took = costly.get(owner).copied().unwrap_or_default();
+        took.clamp(self.config.debounce, OWNER_WAKE_MAX.max(self.config.debounce))
+    }
+
+    fn reconciled_in(&self, key: &Key, took: Duration) {
+        let mut costly = self.costly.lock().unwrap_or_else(|p| p.into_inner());
+        if took > self.config.debounce {
+            costly.insert(key.clone(), took);
+        } else if !costly.is_empty() {
+            costly.remove(key);
+        }
     }
 
     /// Calls a driver: waits for the rate limit, records metrics, logs the request ID.
@@ -415,6 +443,7 @@ impl Ctx {
         self.replacement_pace.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         self.not_before.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         self.attempts.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.costly.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
     }
 }
 
@@ -478,7 +507,8 @@ async fn watch(ctx: Arc<Ctx>) {
                     ctx.forget(&change.key);
                 }
                 if let Some(owner) = change.owner.filter(|o| relations::wakes_owner(change.key.kind, o.kind)) {
-                    ctx.queue.add_after(owner, ctx.config.debounce);
+                    let delay = ctx.owner_wake_delay(&owner);
+                    ctx.queue.add_after(owner, delay);
                 }
                 if relations::has_dependents(change.key.kind) {
                     wake_dependents(&ctx, &change.key).await;
@@ -597,6 +627,7 @@ async fn worker(ctx: Arc<Ctx>, id: usize) {
         let labels = KindLabels { kind: key.kind.as_str().into() };
         ctx.metrics.reconciles.get_or_create(&labels).inc();
         ctx.metrics.reconcile_seconds.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+        ctx.reconciled_in(&key, started.elapsed());
         match result {
             Ok(Ok(action)) => {
                 match action {
@@ -735,6 +766,23 @@ mod tests {
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let ctx = Ctx::new(store, &[], Config::default(), &mut Registry::default()).unwrap();
         (ctx, dir)
+    }
+
+    #[tokio::test]
+    async fn an_owner_that_plans_slowly_is_woken_at_most_once_per_plan() {
+        let (ctx, _dir) = ctx();
+        let md = Key::new(Kind::MachineDeployment, "default", "big");
+        let debounce = ctx.config.debounce;
+        assert_eq!(ctx.owner_wake_delay(&md), debounce, "never reconciled");
+        ctx.reconciled_in(&md, Duration::from_millis(1800));
+        assert_eq!(ctx.owner_wake_delay(&md), Duration::from_millis(1800));
+        ctx.reconciled_in(&md, Duration::from_secs(29));
+        assert_eq!(ctx.owner_wake_delay(&md), OWNER_WAKE_MAX, "a reconcile stuck on a call is capped");
+        ctx.reconciled_in(&md, debounce / 2);
+        assert_eq!(ctx.owner_wake_delay(&md), debounce, "fast again");
+        ctx.reconciled_in(&md, Duration::from_secs(1));
+        ctx.forget(&md);
+        assert_eq!(ctx.owner_wake_delay(&md), debounce, "forgotten when deleted");
     }
 
     #[tokio::test]

@@ -483,9 +483,9 @@ impl Store {
     ///
     /// # Errors
     /// `Conflict` when it changed since read; `NotFound`.
-    pub async fn update_status<T: Resource>(&self, obj: &T) -> Result<T> {
+    pub async fn update_status<T: Resource>(&self, obj: &T) -> Result<()> {
         match self.backend.update(T::KIND, serde_json::to_value(obj)?, true).await? {
-            Some(json) => Ok(serde_json::from_str(&json)?),
+            Some(_) => Ok(()),
             None => Err(Error::NotFound(Key::of(obj))),
         }
     }

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
@@ -56,6 +57,9 @@ struct Effect {
 /// The writing connection and the group of writes in its open transaction.
 struct Writer {
     conn: Connection,
+    /// The last resourceVersion given out in the open group (read from the `counter` row when
+    /// the group begins, written back once when it commits).
+    rv: u64,
     /// The group the open transaction belongs to (0: none open).
     open: u64,
     /// Groups numbered so far.
@@ -184,6 +188,7 @@ impl SqliteBackend {
         let backend = Self {
             writer: Mutex::new(Writer {
                 conn,
+                rv: 0,
                 open: 0,
                 numbered: 0,
                 ended: 0,
@@ -247,27 +252,42 @@ impl SqliteBackend {
     /// Runs `f` in the open group's transaction (opening one if none is), in a savepoint of its
     /// own, and returns once that transaction is committed. While this write yields, others join
     /// the group; whichever comes back first commits for all.
-    async fn batched<T>(&self, f: impl FnOnce(&Connection) -> Result<(T, Option<Effect>)>) -> Result<T> {
+    async fn batched<T>(&self, f: impl FnOnce(&Connection, &mut u64) -> Result<(T, Option<Effect>)>) -> Result<T> {
         let group = {
-            let mut w = lock(&self.writer);
+            let mut guard = lock(&self.writer);
+            let w = &mut *guard;
             if w.open == 0 {
-                w.conn.execute_batch("BEGIN IMMEDIATE")?;
+                w.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+                match w
+                    .conn
+                    .prepare_cached("SELECT rv FROM counter WHERE id = 0")?
+                    .query_row([], |r| r.get::<_, i64>(0))
+                {
+                    Ok(rv) => w.rv = rv as u64,
+                    Err(e) => {
+                        let _ = w.conn.execute_batch("ROLLBACK");
+                        return Err(e.into());
+                    }
+                }
                 w.numbered += 1;
                 w.open = w.numbered;
             }
-            w.conn.execute_batch("SAVEPOINT write")?;
-            match f(&w.conn) {
+            // Cached statements: execute_batch would parse the SQL again for every write.
+            w.conn.prepare_cached("SAVEPOINT write")?.execute([])?;
+            let rv_before = w.rv;
+            match f(&w.conn, &mut w.rv) {
                 Ok((out, effect)) => {
-                    w.conn.execute_batch("RELEASE write")?;
+                    w.conn.prepare_cached("RELEASE write")?.execute([])?;
                     w.effects.extend(effect);
                     w.writes += 1;
                     let group = w.open;
                     if w.writes >= GROUP_MAX {
-                        self.commit(&mut w);
+                        self.commit(w);
                     }
                     (out, group)
                 }
                 Err(e) => {
+                    w.rv = rv_before;
                     let _ = w.conn.execute_batch("ROLLBACK TO write; RELEASE write");
                     if w.writes == 0 {
                         // Nothing else in the group: end it here.
@@ -296,7 +316,12 @@ impl SqliteBackend {
         w.open = 0;
         w.writes = 0;
         w.ended = group;
-        if let Err(e) = w.conn.execute_batch("COMMIT") {
+        let committed = w
+            .conn
+            .prepare_cached("UPDATE counter SET rv = ?1 WHERE id = 0 AND rv < ?1")
+            .and_then(|mut c| c.execute([w.rv as i64]))
+            .and_then(|_| w.conn.prepare_cached("COMMIT")?.execute([]));
+        if let Err(e) = committed {
             let _ = w.conn.execute_batch("ROLLBACK");
             tracing::warn!("store: committing {} writes failed: {e}", effects.len());
             w.failed = Some((group, e.to_string()));
@@ -331,11 +356,9 @@ impl SqliteBackend {
 
     /// A write of one object: `f` gets the next resource version.
     async fn write<T>(&self, f: impl FnOnce(&Connection, u64) -> Result<(T, Option<Effect>)>) -> Result<T> {
-        self.batched(|conn| {
-            let rv: i64 = conn
-                .prepare_cached("UPDATE counter SET rv = rv + 1 WHERE id = 0 RETURNING rv")?
-                .query_row([], |r| r.get(0))?;
-            f(conn, rv as u64)
+        self.batched(|conn, rv| {
+            *rv += 1;
+            f(conn, *rv)
         })
         .await
     }
@@ -438,18 +461,54 @@ fn key_of(kind: Kind, v: &Value) -> Result<Key> {
     Ok(Key::new(kind, meta_str(v, "namespace").unwrap_or("default"), name))
 }
 
-fn read_row(tx: &Connection, key: &Key) -> Result<Option<(u64, Value)>> {
+fn read_text(tx: &Connection, key: &Key) -> Result<Option<(u64, String)>> {
     let row: Option<(i64, String)> = tx
         .prepare_cached("SELECT rv, body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?
         .query_row(params![key.kind.as_str(), key.namespace, key.name], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
-    match row {
-        Some((rv, body)) => Ok(Some((rv as u64, serde_json::from_str(&body)?))),
+    Ok(row.map(|(rv, body)| (rv as u64, body)))
+}
+
+fn read_row(tx: &Connection, key: &Key) -> Result<Option<(u64, Value)>> {
+    match read_text(tx, key)? {
+        Some((rv, body)) => Ok(Some((rv, serde_json::from_str(&body)?))),
         None => Ok(None),
     }
 }
 
-fn write_row(tx: &Connection, key: &Key, rv: u64, body: &str) -> Result<()> {
+/// A stored object with a new status and resourceVersion.
+struct StatusWritten {
+    body: String,
+    owner: Option<Key>,
+    /// Being deleted with no finalizers left: the object goes.
+    remove: bool,
+}
+
+/// Puts `status` and `rv` into the stored `body`. The rest of the object is copied as the text
+/// it was stored as, never parsed into values and printed again: status writes are most of the
+/// store's writes, and that was most of their cost.
+fn with_status(body: &str, status: &RawValue, rv: u64, namespace: &str) -> Result<StatusWritten> {
+    let mut top: BTreeMap<String, &RawValue> = serde_json::from_str(body)?;
+    let mut meta: BTreeMap<String, &RawValue> = match top.get("metadata") {
+        Some(m) => serde_json::from_str(m.get())?,
+        None => BTreeMap::new(),
+    };
+    let field = |name: &str| -> Value {
+        meta.get(name).and_then(|raw| serde_json::from_str(raw.get()).ok()).unwrap_or(Value::Null)
+    };
+    let remove = !field("deletionTimestamp").is_null() && field("finalizers").as_array().is_none_or(Vec::is_empty);
+    let owner =
+        owner_of(&serde_json::json!({ "metadata": { "ownerReferences": field("ownerReferences") } }), namespace);
+    let version = serde_json::value::to_raw_value(&rv.to_string())?;
+    meta.insert("resourceVersion".into(), &version);
+    let meta = serde_json::value::to_raw_value(&meta)?;
+    top.insert("metadata".into(), &meta);
+    top.insert("status".into(), status);
+    Ok(StatusWritten { body: serde_json::to_string(&top)?, owner, remove })
+}
+
+/// Stores a new object (a tombstone of an earlier one by that name goes).
+fn insert_row(tx: &Connection, key: &Key, rv: u64, body: &str) -> Result<()> {
     tx.prepare_cached(
         "INSERT INTO objects(kind, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT(kind, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body",
@@ -460,6 +519,13 @@ fn write_row(tx: &Connection, key: &Key, rv: u64, body: &str) -> Result<()> {
         key.namespace,
         key.name
     ])?;
+    Ok(())
+}
+
+/// Stores a new version of an object that exists (so it has no tombstone).
+fn replace_row(tx: &Connection, key: &Key, rv: u64, body: &str) -> Result<()> {
+    tx.prepare_cached("UPDATE objects SET rv = ?4, body = ?5 WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?
+        .execute(params![key.kind.as_str(), key.namespace, key.name, rv as i64, body])?;
     Ok(())
 }
 
@@ -525,7 +591,7 @@ impl Backend for SqliteBackend {
             meta.insert("creationTimestamp".into(), now().into());
             meta.remove("deletionTimestamp");
             let body = serde_json::to_string(&obj)?;
-            write_row(tx, &key, rv, &body)?;
+            insert_row(tx, &key, rv, &body)?;
             let json: Arc<str> = body.into();
             Ok((json.clone(), Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only: false })))
         })
@@ -535,18 +601,41 @@ impl Backend for SqliteBackend {
     async fn update(&self, kind: Kind, obj: Value, status_only: bool) -> Result<Option<Arc<str>>> {
         let key = key_of(kind, &obj)?;
         let expected = meta_str(&obj, "resourceVersion").unwrap_or_default().to_string();
+        let conflict =
+            |actual: u64| Error::Conflict { key: key.clone(), expected: expected.clone(), actual: actual.to_string() };
+        if status_only {
+            // Printed before the writer is locked.
+            let status = serde_json::value::to_raw_value(obj.get("status").unwrap_or(&Value::Null))?;
+            return self
+                .write(|tx, rv| {
+                    let (current_rv, body) = read_text(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
+                    if expected != current_rv.to_string() {
+                        return Err(conflict(current_rv));
+                    }
+                    let written = with_status(&body, &status, rv, &key.namespace)?;
+                    let owner = written.owner;
+                    if written.remove {
+                        remove_row(tx, &key, rv, owner.as_ref())?;
+                        return Ok((
+                            None,
+                            Some(Effect { key: key.clone(), rv, json: None, owner, status_only: false }),
+                        ));
+                    }
+                    replace_row(tx, &key, rv, &written.body)?;
+                    let json: Arc<str> = written.body.into();
+                    Ok((
+                        Some(json.clone()),
+                        Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only }),
+                    ))
+                })
+                .await;
+        }
         self.write(|tx, rv| {
             let (current_rv, mut current) = read_row(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
             if expected != current_rv.to_string() {
-                return Err(Error::Conflict {
-                    key: key.clone(),
-                    expected: expected.clone(),
-                    actual: current_rv.to_string(),
-                });
+                return Err(conflict(current_rv));
             }
-            if status_only {
-                current["status"] = obj.get("status").cloned().unwrap_or(Value::Null);
-            } else {
+            {
                 let spec_changed = spec_of(kind, &current) != spec_of(kind, &obj);
                 for field in ["spec", "data", "stringData", "type"] {
                     match obj.get(field) {
@@ -579,9 +668,9 @@ impl Backend for SqliteBackend {
                 return Ok((None, Some(Effect { key: key.clone(), rv, json: None, owner, status_only: false })));
             }
             let body = serde_json::to_string(&current)?;
-            write_row(tx, &key, rv, &body)?;
+            replace_row(tx, &key, rv, &body)?;
             let json: Arc<str> = body.into();
-            Ok((Some(json.clone()), Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only })))
+            Ok((Some(json.clone()), Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only: false })))
         })
         .await
     }
@@ -599,7 +688,7 @@ impl Backend for SqliteBackend {
             }
             current["metadata"]["resourceVersion"] = rv.to_string().into();
             let body = serde_json::to_string(&current)?;
-            write_row(tx, key, rv, &body)?;
+            replace_row(tx, key, rv, &body)?;
             let json: Arc<str> = body.into();
             Ok((Some(json.clone()), Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only: false })))
         })
@@ -616,7 +705,7 @@ impl Backend for SqliteBackend {
             *n += 1;
             (*n).is_multiple_of(1000)
         };
-        self.batched(|conn| {
+        self.batched(|conn, _| {
             conn.prepare_cached("INSERT INTO events(kind, namespace, name, type, reason, message, time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
             .execute(params![
                 e.key.kind.as_str(),

@@ -32,9 +32,23 @@ async fn create_get_update_with_optimistic_concurrency() {
 
     let mut status = updated.clone();
     status.status.validated_generation = 2;
-    let after = store.update_status(&status).await.unwrap();
+    store.update_status(&status).await.unwrap();
+    let after = store.get::<MachineClass>("default", "a").await.unwrap().unwrap();
     assert_eq!(after.metadata.generation, 2, "a status write does not bump generation");
     assert_eq!(after.status.validated_generation, 2);
+    assert_eq!((&after.spec, &after.metadata.uid), (&updated.spec, &updated.metadata.uid), "kept as stored");
+    assert_ne!(after.metadata.resource_version, updated.metadata.resource_version);
+    // A status write carries status only: other changes in the object written are not stored.
+    let mut sneaky = after.clone();
+    sneaky.spec.provider_spec = serde_json::json!({"machineType": "huge"});
+    sneaky.metadata.labels.insert("sneaky".into(), "yes".into());
+    sneaky.status.validated_generation = 3;
+    store.update_status(&sneaky).await.unwrap();
+    let stored = store.get::<MachineClass>("default", "a").await.unwrap().unwrap();
+    assert_eq!((stored.spec, stored.metadata.labels), (after.spec, after.metadata.labels));
+    assert_eq!(stored.status.validated_generation, 3);
+    // A stale status write is refused too.
+    assert!(matches!(store.update_status(&sneaky).await, Err(Error::Conflict { .. })));
 }
 
 #[tokio::test]
