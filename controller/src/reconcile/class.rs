@@ -49,40 +49,30 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
             provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
             secrets: r.secrets.clone(),
         };
-        match ctx.call(r.driver, "ValidateMachineClass", |cl| async move { cl.validate_machine_class(req).await }).await
-        {
-            Ok(reply) => {
-                let warnings = reply.value.warnings.join("; ");
+        let reply =
+            ctx.call(r.driver, "ValidateMachineClass", |cl| async move { cl.validate_machine_class(req).await }).await;
+        let answer = match &reply {
+            Ok(reply) => Ok(reply.value.warnings.as_slice()),
+            Err(e) => Err((&e.report, e.request_id())),
+        };
+        match validation(answer) {
+            Validation::Accepted(warnings) => {
                 set_condition(&mut c.status.conditions, ConditionType::Valid, true, Reason::Validated, &warnings);
-                ctx.store
-                    .event(
-                        Kind::MachineClass,
-                        &c.metadata,
-                        false,
-                        "Validated",
-                        format!("the driver accepted the class {warnings}"),
-                    )
-                    .await;
+                let msg = format!("the driver accepted the class {warnings}");
+                ctx.store.event(Kind::MachineClass, &c.metadata, false, "Validated", msg).await;
             }
-            Err(e) => match policy::decide(&e.report, Source::Call(Rpc::Read)) {
-                Decision::Permanent(_) => {
-                    let fields: Vec<String> =
-                        e.report.violations.iter().map(|v| format!("{}: {}", v.field, v.description)).collect();
-                    let msg = if fields.is_empty() { e.report.message.clone() } else { fields.join("; ") };
-                    set_condition(&mut c.status.conditions, ConditionType::Valid, false, Reason::Invalid, &msg);
-                    ctx.store.event(Kind::MachineClass, &c.metadata, true, "Invalid", msg).await;
+            Validation::Refused(msg) => {
+                set_condition(&mut c.status.conditions, ConditionType::Valid, false, Reason::Invalid, &msg);
+                ctx.store.event(Kind::MachineClass, &c.metadata, true, "Invalid", msg).await;
+            }
+            Validation::Retry(credentials) => {
+                if let Some(msg) = credentials {
+                    let reason = Reason::CloudCredentialsRefused;
+                    set_condition(&mut c.status.conditions, ConditionType::Valid, false, reason, &msg);
                 }
-                decision => {
-                    if decision.cause() == Some(policy::Cause::Credentials) {
-                        // Not the class's fault: retried with backoff, and at once when its Secret
-                        // changes.
-                        let msg = format!("{} (request {})", e.report, e.request_id());
-                        let reason = Reason::CloudCredentialsRefused;
-                        set_condition(&mut c.status.conditions, ConditionType::Valid, false, reason, &msg);
-                    }
-                    return write::status_then_fail(ctx, &before, &c, ReconcileError::call(&e, Rpc::Read)).await;
-                }
-            },
+                let Err(e) = &reply else { return Ok(Action::requeue_now()) };
+                return write::status_then_fail(ctx, &before, &c, ReconcileError::call(e, Rpc::Read)).await;
+            }
         }
     } else {
         set_condition(
@@ -96,4 +86,98 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     c.status.validated_generation = c.metadata.generation;
     write::status(ctx, &before, &c).await?;
     Ok(Action::AwaitChange)
+}
+
+/// What a driver's answer to ValidateMachineClass makes of a class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Validation {
+    /// `Valid=True`, with the driver's warnings; this generation is done.
+    Accepted(String),
+    /// `Valid=False`, `Invalid`: the spec is wrong (each field and why, or the message); this
+    /// generation is done until the class changes.
+    Refused(String),
+    /// Not the class's fault (the driver or cloud is unavailable, the credentials were refused):
+    /// retried by the error policy. With credentials refused, `Valid=False`
+    /// `CloudCredentialsRefused` says so (with the request ID), and a fixed Secret retries at once.
+    Retry(Option<String>),
+}
+
+/// Decides [`Validation`] from the driver's warnings or its error (and the call's request ID).
+fn validation(answer: Result<&[String], (&driver_sdk::ErrorReport, &str)>) -> Validation {
+    let (report, request_id) = match answer {
+        Ok(warnings) => return Validation::Accepted(warnings.join("; ")),
+        Err(e) => e,
+    };
+    match policy::decide(report, Source::Call(Rpc::Read)) {
+        Decision::Permanent(_) => {
+            let fields: Vec<String> =
+                report.violations.iter().map(|v| format!("{}: {}", v.field, v.description)).collect();
+            Validation::Refused(if fields.is_empty() { report.message.clone() } else { fields.join("; ") })
+        }
+        decision if decision.cause() == Some(policy::Cause::Credentials) => {
+            Validation::Retry(Some(format!("{report} (request {request_id})")))
+        }
+        _ => Validation::Retry(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use driver_sdk::{reason, ErrorReport, Violation};
+    use tonic::Code;
+
+    use super::*;
+
+    fn report(code: Code, reason: &str, violations: &[(&str, &str)]) -> ErrorReport {
+        ErrorReport {
+            code,
+            message: "the driver said no".into(),
+            reason: reason.into(),
+            domain: "fake".into(),
+            metadata: Default::default(),
+            retry_after: None,
+            request_id: "req-1".into(),
+            cloud_request_ids: Vec::new(),
+            violations: violations
+                .iter()
+                .map(|(f, d)| Violation { field: (*f).into(), description: (*d).into() })
+                .collect(),
+            causes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn warnings_are_kept_on_an_accepted_class() {
+        let warnings = ["zone is not set".to_string(), "image is old".to_string()];
+        assert_eq!(validation(Ok(&warnings)), Validation::Accepted("zone is not set; image is old".into()));
+        assert_eq!(validation(Ok(&[])), Validation::Accepted(String::new()));
+    }
+
+    #[test]
+    fn a_refused_spec_names_each_field_or_else_gives_the_message() {
+        let bad = report(
+            Code::InvalidArgument,
+            reason::INVALID_PROVIDER_SPEC,
+            &[("provider_spec.machineType", "unknown type"), ("provider_spec.zone", "no such zone")],
+        );
+        assert_eq!(
+            validation(Err((&bad, "req-1"))),
+            Validation::Refused("provider_spec.machineType: unknown type; provider_spec.zone: no such zone".into())
+        );
+        let bare = report(Code::InvalidArgument, reason::INVALID_PROVIDER_SPEC, &[]);
+        assert_eq!(validation(Err((&bare, "req-1"))), Validation::Refused("the driver said no".into()));
+    }
+
+    #[test]
+    fn refused_credentials_and_an_unavailable_driver_are_retried_not_blamed_on_the_class() {
+        let denied = report(Code::PermissionDenied, reason::CLOUD_AUTH_FAILED, &[]);
+        match validation(Err((&denied, "req-9"))) {
+            Validation::Retry(Some(msg)) => {
+                assert!(msg.contains("req-9") && msg.contains("the driver said no"), "{msg}")
+            }
+            other => panic!("credentials: {other:?}"),
+        }
+        let down = report(Code::Unavailable, reason::CLOUD_UNAVAILABLE, &[]);
+        assert_eq!(validation(Err((&down, "req-2"))), Validation::Retry(None));
+    }
 }

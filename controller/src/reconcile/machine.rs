@@ -478,16 +478,33 @@ async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
 }
 
 /// Deletes the cloud machine, then lets the object go by removing the finalizer.
+/// What deleting a Machine does next, decided from its status alone.
+#[derive(Debug, Clone, PartialEq)]
+enum DeleteStep {
+    /// Nothing was ever asked of the cloud: let the object go without a call.
+    Release,
+    /// Poll the stored DeleteMachine operation.
+    Poll(StoredOperation),
+    /// DeleteMachine by name — also while a create is in flight or after its handle was lost:
+    /// whatever the cloud made under that name goes.
+    Delete,
+}
+
+fn delete_step(m: &Machine) -> DeleteStep {
+    match m.status.operations.first() {
+        Some(op) if op.kind == OperationKind::DeleteMachine => DeleteStep::Poll(op.clone()),
+        None if m.status.provider_id.is_empty() && m.status.create_started.is_none() => DeleteStep::Release,
+        _ => DeleteStep::Delete,
+    }
+}
+
 async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
-    let never_created = before.status.provider_id.is_empty()
-        && before.status.operations.is_empty()
-        && before.status.create_started.is_none();
-    if never_created {
+    let step = delete_step(&before);
+    if step == DeleteStep::Release {
         return release(ctx, before).await;
     }
     let wait = ctx.wait_before_call(key);
-    let deleting = before.status.operations.first().is_some_and(|o| o.kind == OperationKind::DeleteMachine);
-    if deleting && !wait.is_zero() {
+    if matches!(step, DeleteStep::Poll(_)) && !wait.is_zero() {
         return Ok(Action::Wait(wait));
     }
     let r =
@@ -503,8 +520,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                 return Ok(Action::requeue(Duration::from_secs(30)));
             }
         };
-    if deleting {
-        let stored_op = before.status.operations[0].clone();
+    if let DeleteStep::Poll(stored_op) = step {
         match poll_stored(ctx, r.driver, r.secrets.clone(), &stored_op).await {
             Polled::Operation(reply) if reply.value.done => {
                 if let Some(err) = reply.value.error_report() {

@@ -39,6 +39,8 @@ const REPORTING_CONTROLLER: &str = "machine.driver.dev/machine-controller";
 struct Cached {
     rv: u64,
     json: Arc<str>,
+    /// This process wrote this version through `/status`: its watch echo is a status-only change.
+    status_write: bool,
 }
 
 struct KindCache {
@@ -180,7 +182,7 @@ fn normalize(kind: Kind, obj: Value) -> Option<(Key, Cached, Value)> {
     }
     let out = Value::Object(out);
     let json: Arc<str> = serde_json::to_string(&out).ok()?.into();
-    Some((Key::new(kind, &namespace, &name), Cached { rv, json }, out))
+    Some((Key::new(kind, &namespace, &name), Cached { rv, json, status_write: false }, out))
 }
 
 fn owner_of(v: &Value, namespace: &str) -> Option<Key> {
@@ -273,9 +275,15 @@ impl KubernetesBackend {
     /// Puts an object the server returned into the cache (unless the cache already has a newer
     /// one) and returns its JSON.
     fn remember(&self, kind: Kind, obj: &DynamicObject) -> Result<(Key, Arc<str>)> {
+        self.remember_write(kind, obj, false)
+    }
+
+    /// Caches what a write returned; `status_write` when it went through `/status`.
+    fn remember_write(&self, kind: Kind, obj: &DynamicObject, status_write: bool) -> Result<(Key, Arc<str>)> {
         let v = serde_json::to_value(obj)?;
-        let (key, cached, _) = normalize(kind, v)
+        let (key, mut cached, _) = normalize(kind, v)
             .ok_or_else(|| Error::Invalid("the API server returned an object without a name".into()))?;
+        cached.status_write = status_write;
         let json = cached.json.clone();
         self.cache(kind).put(&key, cached);
         Ok((key, json))
@@ -381,7 +389,7 @@ impl Backend for KubernetesBackend {
         };
         match result {
             Ok(o) => {
-                let (_, json) = self.remember(kind, &o)?;
+                let (_, json) = self.remember_write(kind, &o, status_only && kind != Kind::Secret)?;
                 if is_gone(&serde_json::to_value(&o)?) {
                     // The last finalizer went: the API server deletes the object now.
                     self.forget(&key);
@@ -518,13 +526,14 @@ async fn watch_kind(api: Api<DynamicObject>, kind: Kind, cache: Arc<KindCache>, 
             Ok(watcher::Event::Apply(o)) => {
                 if let Some((key, cached, v)) = to_value(kind, &o) {
                     let owner = owner_of(&v, &key.namespace);
-                    // Status-only only against an older version held: the echo of a write this
-                    // process already cached cannot tell what that write changed.
-                    let status_only = lock_read(&cache.objects)
-                        .get(&key)
-                        .filter(|old| old.rv < cached.rv)
-                        .and_then(|old| serde_json::from_str::<Value>(&old.json).ok())
-                        .is_some_and(|old| super::status_only_change(&old, &v));
+                    // The echo of this process's own write says what that write was; a newer
+                    // version is compared with the one held.
+                    let status_only = match lock_read(&cache.objects).get(&key) {
+                        Some(held) if held.rv == cached.rv => held.status_write,
+                        Some(held) if held.rv < cached.rv => serde_json::from_str::<Value>(&held.json)
+                            .is_ok_and(|held| super::status_only_change(&held, &v)),
+                        _ => false,
+                    };
                     cache.put(&key, cached);
                     let _ = tx.send(Change { key, owner, deleted: false, status_only });
                 }
@@ -610,7 +619,7 @@ mod tests {
     fn the_cache_never_goes_back_in_time() {
         let cache = KindCache::new();
         let key = Key::new(Kind::Machine, "ns", "m");
-        let v = |rv: u64| Cached { rv, json: format!("{rv}").into() };
+        let v = |rv: u64| Cached { rv, json: format!("{rv}").into(), status_write: false };
         cache.put(&key, v(5));
         cache.put(&key, v(4)); // a late echo of an older write
         assert_eq!(&*lock_read(&cache.objects)[&key].json, "5");

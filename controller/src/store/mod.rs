@@ -168,6 +168,11 @@ pub trait Backend: Send + Sync + 'static {
     /// when it is being deleted and has no finalizers left. Returns the stored object, or
     /// `None` when it was removed.
     async fn update(&self, kind: Kind, obj: Value, status_only: bool) -> Result<Option<Arc<str>>>;
+    /// [`Backend::update`] of the status only, of an object given as JSON text (a backend that
+    /// can splice the status into what it stores need not parse the rest).
+    async fn update_status(&self, kind: Kind, json: String) -> Result<Option<Arc<str>>> {
+        self.update(kind, serde_json::from_str(&json)?, true).await
+    }
     /// Deletes: marks `deletionTimestamp` while finalizers remain, else removes. Returns the
     /// object as it is afterwards (`None` when removed or absent).
     async fn delete(&self, key: &Key) -> Result<Option<Arc<str>>>;
@@ -484,7 +489,7 @@ impl Store {
     /// # Errors
     /// `Conflict` when it changed since read; `NotFound`.
     pub async fn update_status<T: Resource>(&self, obj: &T) -> Result<()> {
-        match self.backend.update(T::KIND, serde_json::to_value(obj)?, true).await? {
+        match self.backend.update_status(T::KIND, serde_json::to_string(obj)?).await? {
             Some(_) => Ok(()),
             None => Err(Error::NotFound(Key::of(obj))),
         }

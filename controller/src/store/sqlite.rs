@@ -354,6 +354,30 @@ impl SqliteBackend {
         }
     }
 
+    /// Replaces the status of `key` if it is still at `expected`.
+    async fn write_status(&self, key: Key, expected: String, status: &RawValue) -> Result<Option<Arc<str>>> {
+        self.write(|tx, rv| {
+            let (current_rv, body) = read_text(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
+            if expected != current_rv.to_string() {
+                return Err(Error::Conflict {
+                    key: key.clone(),
+                    expected: expected.clone(),
+                    actual: current_rv.to_string(),
+                });
+            }
+            let written = with_status(&body, status, rv, &key.namespace)?;
+            let owner = written.owner;
+            if written.remove {
+                remove_row(tx, &key, rv, owner.as_ref())?;
+                return Ok((None, Some(Effect { key: key.clone(), rv, json: None, owner, status_only: false })));
+            }
+            replace_row(tx, &key, rv, &written.body)?;
+            let json: Arc<str> = written.body.into();
+            Ok((Some(json.clone()), Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only: true })))
+        })
+        .await
+    }
+
     /// A write of one object: `f` gets the next resource version.
     async fn write<T>(&self, f: impl FnOnce(&Connection, u64) -> Result<(T, Option<Effect>)>) -> Result<T> {
         self.batched(|conn, rv| {
@@ -604,31 +628,8 @@ impl Backend for SqliteBackend {
         let conflict =
             |actual: u64| Error::Conflict { key: key.clone(), expected: expected.clone(), actual: actual.to_string() };
         if status_only {
-            // Printed before the writer is locked.
             let status = serde_json::value::to_raw_value(obj.get("status").unwrap_or(&Value::Null))?;
-            return self
-                .write(|tx, rv| {
-                    let (current_rv, body) = read_text(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
-                    if expected != current_rv.to_string() {
-                        return Err(conflict(current_rv));
-                    }
-                    let written = with_status(&body, &status, rv, &key.namespace)?;
-                    let owner = written.owner;
-                    if written.remove {
-                        remove_row(tx, &key, rv, owner.as_ref())?;
-                        return Ok((
-                            None,
-                            Some(Effect { key: key.clone(), rv, json: None, owner, status_only: false }),
-                        ));
-                    }
-                    replace_row(tx, &key, rv, &written.body)?;
-                    let json: Arc<str> = written.body.into();
-                    Ok((
-                        Some(json.clone()),
-                        Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only }),
-                    ))
-                })
-                .await;
+            return self.write_status(key, expected, &status).await;
         }
         self.write(|tx, rv| {
             let (current_rv, mut current) = read_row(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
@@ -673,6 +674,36 @@ impl Backend for SqliteBackend {
             Ok((Some(json.clone()), Some(Effect { key: key.clone(), rv, json: Some(json), owner, status_only: false })))
         })
         .await
+    }
+
+    async fn update_status(&self, kind: Kind, json: String) -> Result<Option<Arc<str>>> {
+        use std::borrow::Cow;
+        #[derive(serde::Deserialize)]
+        struct Sent<'a> {
+            #[serde(borrow)]
+            metadata: SentMeta<'a>,
+            #[serde(borrow, default)]
+            status: Option<&'a RawValue>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct SentMeta<'a> {
+            #[serde(borrow)]
+            name: Cow<'a, str>,
+            #[serde(borrow, default)]
+            namespace: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            resource_version: Option<Cow<'a, str>>,
+        }
+        // Only the name, version and status are read; the rest of what was sent is skipped.
+        let sent: Sent<'_> = serde_json::from_str(&json)?;
+        if sent.metadata.name.is_empty() {
+            return Err(Error::Invalid("metadata.name is required".into()));
+        }
+        let key = Key::new(kind, sent.metadata.namespace.as_deref().unwrap_or("default"), &sent.metadata.name);
+        let expected = sent.metadata.resource_version.as_deref().unwrap_or_default().to_string();
+        let null = serde_json::value::to_raw_value(&Value::Null)?;
+        self.write_status(key, expected, sent.status.unwrap_or(&null)).await
     }
 
     async fn delete(&self, key: &Key) -> Result<Option<Arc<str>>> {

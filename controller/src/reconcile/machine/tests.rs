@@ -83,6 +83,30 @@ fn next_steps_follow_status() {
 }
 
 #[test]
+fn deleting_calls_the_cloud_unless_nothing_was_ever_asked_of_it() {
+    let deleting = machine().running("h1").operation(OperationKind::DeleteMachine);
+    let mut create_lost = machine().phase(Phase::Creating);
+    create_lost.status.create_started = Some(Utc::now());
+    let rows: Vec<(&str, Machine, DeleteStep)> = vec![
+        ("never created: released without a call", machine(), DeleteStep::Release),
+        ("pending: released without a call", machine().phase(Phase::Pending), DeleteStep::Release),
+        ("running: deleted", machine().running("h1"), DeleteStep::Delete),
+        ("create in flight: deleted by name", machine().operation(OperationKind::CreateMachine), DeleteStep::Delete),
+        ("create started, handle lost: deleted by name", create_lost, DeleteStep::Delete),
+        (
+            "update in flight: deleted",
+            machine().running("h1").operation(OperationKind::UpdateMachine),
+            DeleteStep::Delete,
+        ),
+        ("failed after a create: deleted", machine().running("h1").failed_for(1, 1), DeleteStep::Delete),
+        ("delete in flight: polled", deleting.clone(), DeleteStep::Poll(deleting.status.operations[0].clone())),
+    ];
+    for (name, m, want) in rows {
+        assert_eq!(delete_step(&m), want, "{name}");
+    }
+}
+
+#[test]
 fn only_a_newer_generation_with_another_hash_is_a_spec_change() {
     assert!(spec_changed(&machine().running("h1").generation(2), "h2"));
     assert!(!spec_changed(&machine().running("h1").generation(2), "h1"), "same provider spec");
