@@ -177,12 +177,34 @@ async fn whole(ctx: &Ctx, md: &MachineDeployment, member: &Member) -> Result<Opt
     Ok(m.filter(|m| m.metadata.resource_version == member.resource_version))
 }
 
+/// Attempts at a free name for a new machine.
+const NAME_ATTEMPTS: usize = 5;
+
+/// Creates one machine of the template under a generated name (`{deployment}-{rev}-{5 hex}`,
+/// like Kubernetes' `generateName`): a name that is taken (about 50 collisions among 10,000
+/// machines) is generated again rather than counted as created, so the deployment is not left
+/// short until its next reconcile.
 async fn create(ctx: &Ctx, md: &MachineDeployment, t: &MachineTemplate, rev: &str) -> Result<()> {
-    let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..5].to_string();
-    let name = format!("{}-{}-{suffix}", md.metadata.name, &rev[..rev.len().min(5)]);
+    let mut last = None;
+    for _ in 0..NAME_ATTEMPTS {
+        let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..5].to_string();
+        let name = format!("{}-{}-{suffix}", md.metadata.name, &rev[..rev.len().min(5)]);
+        match ctx.store.create(&new_machine(md, t, rev, &name)).await {
+            Ok(_) => return Ok(()),
+            Err(StoreError::AlreadyExists(key)) => last = Some(key),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // Taken every time: the plan runs again and tries new names.
+    tracing::warn!("no free machine name after {NAME_ATTEMPTS} attempts (the last: {last:?})");
+    Ok(())
+}
+
+/// A machine of the template, owned by the deployment.
+fn new_machine(md: &MachineDeployment, t: &MachineTemplate, rev: &str, name: &str) -> Machine {
     let mut m = Machine::new(
         &md.metadata.namespace,
-        &name,
+        name,
         MachineSpec {
             class_ref: t.spec.class_ref.clone(),
             provider_spec: t.spec.provider_spec.clone(),
@@ -203,10 +225,7 @@ async fn create(ctx: &Ctx, md: &MachineDeployment, t: &MachineTemplate, rev: &st
         uid: md.metadata.uid.clone(),
         controller: true,
     }];
-    match ctx.store.create(&m).await {
-        Ok(_) | Err(StoreError::AlreadyExists(_)) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    m
 }
 
 /// Deletes a failed machine so it gets replaced, marking it as a replacement.
