@@ -13,7 +13,7 @@
 //!   created and only a scale-down removes machines.
 
 use std::cmp::Reverse;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use super::Limits;
@@ -77,32 +77,95 @@ impl Member {
     }
 }
 
-impl From<&Machine> for Member {
-    fn from(m: &Machine) -> Self {
-        let deleting = m.is_deleting();
-        let waiting = (m.status.phase != Phase::Running || deleting)
-            .then(|| condition(&m.status.conditions, ConditionType::Ready))
-            .flatten()
-            .map(|ready| {
-                Box::new(Waiting {
-                    reason: ready.reason.clone(),
-                    message: ready.message.clone(),
-                    operation_reason: m.status.last_operation.as_ref().map(|o| o.reason.clone()).unwrap_or_default(),
-                })
-            });
+/// The part of a stored Machine a [`Member`] comes from, parsed one machine at a time: spec,
+/// addresses, request IDs and the other conditions are skipped. The machines a plan acts on in
+/// full (replace, in place) are read again by key.
+#[derive(serde::Deserialize)]
+pub struct StoredMember {
+    metadata: ViewMeta,
+    #[serde(default)]
+    status: ViewStatus,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ViewMeta {
+    name: String,
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    uid: String,
+    #[serde(default)]
+    resource_version: String,
+    #[serde(default)]
+    creation_timestamp: Option<Time>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    owner_references: Vec<OwnerReference>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ViewStatus {
+    #[serde(default)]
+    phase: Phase,
+    #[serde(default)]
+    conditions: Vec<Condition>,
+    #[serde(default)]
+    last_operation: Option<LastOperation>,
+    #[serde(default)]
+    failure: Option<Failure>,
+}
+
+impl StoredMember {
+    /// Whether `owner` controls it (same namespace, a controller reference with its uid).
+    pub fn owned_by(&self, owner: &ObjectMeta) -> bool {
+        self.metadata.namespace == owner.namespace
+            && self.metadata.owner_references.iter().any(|o| o.controller && o.uid == owner.uid)
+    }
+
+    /// The planner's view of it.
+    pub fn into_member(self) -> Member {
+        let m = self.metadata;
+        let deleting = m.deletion_timestamp.is_some();
+        let st = self.status;
+        let waiting = if st.phase != Phase::Running || deleting {
+            let operation_reason = st.last_operation.map(|o| o.reason).unwrap_or_default();
+            st.conditions
+                .into_iter()
+                .find(|c| c.condition_type == ConditionType::Ready)
+                .map(|ready| Box::new(Waiting { reason: ready.reason, message: ready.message, operation_reason }))
+        } else {
+            None
+        };
+        let mut labels = m.labels;
         Member {
-            name: m.metadata.name.clone(),
-            uid: m.metadata.uid.clone(),
-            resource_version: m.metadata.resource_version.clone(),
-            revision: m.metadata.labels.get(LABEL_REVISION).cloned().unwrap_or_default(),
-            created: m.metadata.creation_timestamp,
+            name: m.name,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            revision: labels.remove(LABEL_REVISION).unwrap_or_default(),
+            created: m.creation_timestamp,
             deleting,
-            replacing: m.metadata.annotations.contains_key(ANNOTATION_REPLACING),
-            marked_for_deletion: m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"),
-            phase: m.status.phase,
-            failure: m.status.failure.clone().map(Box::new),
+            replacing: m.annotations.contains_key(ANNOTATION_REPLACING),
+            marked_for_deletion: m.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"),
+            phase: st.phase,
+            failure: st.failure.map(Box::new),
             waiting,
         }
+    }
+}
+
+/// A whole Machine as the planner reads it: through its stored form, the one way a Member is made.
+#[cfg(test)]
+impl From<&Machine> for Member {
+    fn from(m: &Machine) -> Self {
+        let stored = serde_json::to_value(m).and_then(serde_json::from_value::<StoredMember>);
+        stored.map(StoredMember::into_member).unwrap_or_else(|e| panic!("{}: {e}", m.metadata.name))
     }
 }
 

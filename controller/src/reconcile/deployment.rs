@@ -2,7 +2,7 @@
 //! are [`plan::rollout`]'s (rolling updates, replacements, failure budget and rollback, deletion
 //! order) and [`plan::in_place`]'s; this reconciler observes, plans, acts and writes status once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -11,7 +11,7 @@ use driver_sdk::proto as pb;
 use super::write::{self, Finalizer};
 use super::{resolve, slow_start};
 use crate::plan::in_place::{self, Verdict};
-use crate::plan::rollout::{self, InPlaceWork, Member, Observed, Waiting, ANNOTATION_REPLACING};
+use crate::plan::rollout::{self, InPlaceWork, Member, Observed, StoredMember, ANNOTATION_REPLACING};
 use crate::resources::*;
 use crate::runtime::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::runtime::{Action, Ctx, ReconcileError};
@@ -82,91 +82,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     })
 }
 
-/// The part of a stored Machine the planner's [`Member`] comes from, parsed one machine at a
-/// time: spec, addresses, request IDs and the other conditions are skipped. The machines a plan
-/// acts on in full (replace, in place) are read again by key.
-#[derive(serde::Deserialize)]
-struct PlanView {
-    metadata: ViewMeta,
-    #[serde(default)]
-    status: ViewStatus,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ViewMeta {
-    name: String,
-    #[serde(default)]
-    namespace: String,
-    #[serde(default)]
-    uid: String,
-    #[serde(default)]
-    resource_version: String,
-    #[serde(default)]
-    creation_timestamp: Option<Time>,
-    #[serde(default)]
-    deletion_timestamp: Option<Time>,
-    #[serde(default)]
-    labels: BTreeMap<String, String>,
-    #[serde(default)]
-    annotations: BTreeMap<String, String>,
-    #[serde(default)]
-    owner_references: Vec<OwnerReference>,
-}
-
-#[derive(serde::Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct ViewStatus {
-    #[serde(default)]
-    phase: Phase,
-    #[serde(default)]
-    conditions: Vec<Condition>,
-    #[serde(default)]
-    last_operation: Option<LastOperation>,
-    #[serde(default)]
-    failure: Option<Failure>,
-}
-
-impl PlanView {
-    fn into_member(self) -> Member {
-        let m = self.metadata;
-        let deleting = m.deletion_timestamp.is_some();
-        let st = self.status;
-        let waiting = if st.phase != Phase::Running || deleting {
-            let operation_reason = st.last_operation.map(|o| o.reason).unwrap_or_default();
-            st.conditions
-                .into_iter()
-                .find(|c| c.condition_type == ConditionType::Ready)
-                .map(|ready| Box::new(Waiting { reason: ready.reason, message: ready.message, operation_reason }))
-        } else {
-            None
-        };
-        let mut labels = m.labels;
-        Member {
-            name: m.name,
-            uid: m.uid,
-            resource_version: m.resource_version,
-            revision: labels.remove(LABEL_REVISION).unwrap_or_default(),
-            created: m.creation_timestamp,
-            deleting,
-            replacing: m.annotations.contains_key(ANNOTATION_REPLACING),
-            marked_for_deletion: m.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"),
-            phase: st.phase,
-            failure: st.failure.map(Box::new),
-            waiting,
-        }
-    }
-}
-
 /// The deployment's machines as the planner reads them.
 async fn observe(ctx: &Ctx, md: &MachineDeployment) -> Result<Vec<Member>> {
     let owner = &md.metadata;
     ctx.store
-        .list_owned_as(Kind::Machine, owner, |v: PlanView| {
-            let owned = v.metadata.namespace == owner.namespace
-                && v.metadata.owner_references.iter().any(|o| o.controller && o.uid == owner.uid);
-            owned.then(|| v.into_member())
-        })
+        .list_owned_as(Kind::Machine, owner, |v: StoredMember| v.owned_by(owner).then(|| v.into_member()))
         .await
         .map_err(Into::into)
 }
@@ -345,61 +265,4 @@ async fn teardown(ctx: &Ctx, md: MachineDeployment) -> Result<Action> {
     }
     write::release(ctx, &md).await?;
     Ok(Action::AwaitChange)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The planner's input parsed from the store equals the one made from a whole Machine.
-    #[test]
-    fn a_member_parsed_from_the_store_equals_one_made_from_the_machine() {
-        let mut waiting = Machine::new("default", "m1", MachineSpec::default());
-        waiting.metadata.uid = "u1".into();
-        waiting.metadata.resource_version = "7".into();
-        waiting.metadata.creation_timestamp = Some(Utc::now());
-        waiting.metadata.labels.insert(LABEL_REVISION.into(), "abc".into());
-        waiting.metadata.labels.insert("team".into(), "x".into());
-        waiting.metadata.annotations.insert(ANNOTATION_DELETE.into(), "true".into());
-        waiting.status.phase = Phase::Creating;
-        set_condition(&mut waiting.status.conditions, ConditionType::UpToDate, false, Reason::Creating, "");
-        set_condition(
-            &mut waiting.status.conditions,
-            ConditionType::Ready,
-            false,
-            Reason::QuotaExceeded,
-            "quota of cores exceeded",
-        );
-        waiting.status.last_operation = Some(LastOperation {
-            op_type: OperationType::Create,
-            state: OperationState::Failed,
-            code: "ResourceExhausted".into(),
-            reason: "QUOTA_EXCEEDED".into(),
-            message: "quota".into(),
-            request_id: "r1".into(),
-            time: Utc::now(),
-        });
-        let mut failed = waiting.clone();
-        failed.metadata.name = "m2".into();
-        failed.metadata.deletion_timestamp = Some(Utc::now());
-        failed.metadata.annotations.insert(ANNOTATION_REPLACING.into(), "true".into());
-        failed.status.phase = Phase::Failed;
-        failed.status.failure = Some(Failure {
-            code: "Internal".into(),
-            reason: "X".into(),
-            message: "it failed".into(),
-            generation: 1,
-            class_generation: 1,
-        });
-        let mut running = waiting.clone();
-        running.metadata.name = "m3".into();
-        running.metadata.annotations.clear();
-        running.status.phase = Phase::Running;
-        for m in [waiting, failed, running] {
-            let view: PlanView = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
-            let parsed = view.into_member();
-            assert_eq!(parsed, Member::from(&m), "{}", m.metadata.name);
-            assert_eq!(parsed.waiting.is_some(), m.metadata.name != "m3", "{}", m.metadata.name);
-        }
-    }
 }

@@ -477,7 +477,6 @@ async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     Ok(Action::poll_after(op.poll_after()))
 }
 
-/// Deletes the cloud machine, then lets the object go by removing the finalizer.
 /// What deleting a Machine does next, decided from its status alone.
 #[derive(Debug, Clone, PartialEq)]
 enum DeleteStep {
@@ -498,6 +497,7 @@ fn delete_step(m: &Machine) -> DeleteStep {
     }
 }
 
+/// Deletes the cloud machine, then lets the object go by removing the finalizer.
 async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
     let step = delete_step(&before);
     if step == DeleteStep::Release {

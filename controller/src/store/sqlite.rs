@@ -359,11 +359,7 @@ impl SqliteBackend {
         self.write(|tx, rv| {
             let (current_rv, body) = read_text(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
             if expected != current_rv.to_string() {
-                return Err(Error::Conflict {
-                    key: key.clone(),
-                    expected: expected.clone(),
-                    actual: current_rv.to_string(),
-                });
+                return Err(conflict(&key, &expected, current_rv));
             }
             let written = with_status(&body, status, rv, &key.namespace)?;
             let owner = written.owner;
@@ -483,6 +479,11 @@ fn key_of(kind: Kind, v: &Value) -> Result<Key> {
         .filter(|n| !n.is_empty())
         .ok_or_else(|| Error::Invalid("metadata.name is required".into()))?;
     Ok(Key::new(kind, meta_str(v, "namespace").unwrap_or("default"), name))
+}
+
+/// The caller read `expected`; the store holds `actual`.
+fn conflict(key: &Key, expected: &str, actual: u64) -> Error {
+    Error::Conflict { key: key.clone(), expected: expected.into(), actual: actual.to_string() }
 }
 
 fn read_text(tx: &Connection, key: &Key) -> Result<Option<(u64, String)>> {
@@ -625,8 +626,6 @@ impl Backend for SqliteBackend {
     async fn update(&self, kind: Kind, obj: Value, status_only: bool) -> Result<Option<Arc<str>>> {
         let key = key_of(kind, &obj)?;
         let expected = meta_str(&obj, "resourceVersion").unwrap_or_default().to_string();
-        let conflict =
-            |actual: u64| Error::Conflict { key: key.clone(), expected: expected.clone(), actual: actual.to_string() };
         if status_only {
             let status = serde_json::value::to_raw_value(obj.get("status").unwrap_or(&Value::Null))?;
             return self.write_status(key, expected, &status).await;
@@ -634,32 +633,30 @@ impl Backend for SqliteBackend {
         self.write(|tx, rv| {
             let (current_rv, mut current) = read_row(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
             if expected != current_rv.to_string() {
-                return Err(conflict(current_rv));
+                return Err(conflict(&key, &expected, current_rv));
             }
-            {
-                let spec_changed = spec_of(kind, &current) != spec_of(kind, &obj);
-                for field in ["spec", "data", "stringData", "type"] {
-                    match obj.get(field) {
-                        Some(v) => current[field] = v.clone(),
-                        None => {
-                            if let Some(o) = current.as_object_mut() {
-                                o.remove(field);
-                            }
+            let spec_changed = spec_of(kind, &current) != spec_of(kind, &obj);
+            for field in ["spec", "data", "stringData", "type"] {
+                match obj.get(field) {
+                    Some(v) => current[field] = v.clone(),
+                    None => {
+                        if let Some(o) = current.as_object_mut() {
+                            o.remove(field);
                         }
                     }
                 }
-                for field in ["labels", "annotations", "finalizers", "ownerReferences"] {
-                    current["metadata"][field] = obj["metadata"].get(field).cloned().unwrap_or(Value::Null);
-                    if current["metadata"][field].is_null() {
-                        if let Some(m) = current["metadata"].as_object_mut() {
-                            m.remove(field);
-                        }
+            }
+            for field in ["labels", "annotations", "finalizers", "ownerReferences"] {
+                current["metadata"][field] = obj["metadata"].get(field).cloned().unwrap_or(Value::Null);
+                if current["metadata"][field].is_null() {
+                    if let Some(m) = current["metadata"].as_object_mut() {
+                        m.remove(field);
                     }
                 }
-                if spec_changed {
-                    let g = current["metadata"]["generation"].as_i64().unwrap_or(1);
-                    current["metadata"]["generation"] = (g + 1).into();
-                }
+            }
+            if spec_changed {
+                let g = current["metadata"]["generation"].as_i64().unwrap_or(1);
+                current["metadata"]["generation"] = (g + 1).into();
             }
             current["metadata"]["resourceVersion"] = rv.to_string().into();
             let owner = owner_of(&current, &key.namespace);

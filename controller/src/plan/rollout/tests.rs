@@ -662,3 +662,38 @@ fn revisions_follow_the_template() {
     assert_ne!(revision(&template("os-1")), revision(&template("os-2")));
     assert_eq!(revision(&template("os-1")), old_rev());
 }
+
+#[test]
+fn a_member_keeps_what_the_planner_decides_on_and_why_a_machine_waits() {
+    let mut waiting = Fx::new("m1").phase(Phase::Creating).marked_for_deletion().0;
+    waiting.metadata.resource_version = "7".into();
+    waiting.metadata.labels.insert("team".into(), "x".into());
+    set_condition(&mut waiting.status.conditions, ConditionType::UpToDate, false, Reason::Creating, "");
+    set_condition(&mut waiting.status.conditions, ConditionType::Ready, false, Reason::QuotaExceeded, "no cores");
+    waiting.status.last_operation = Some(LastOperation {
+        op_type: OperationType::Create,
+        state: OperationState::Failed,
+        code: "ResourceExhausted".into(),
+        reason: "QUOTA_EXCEEDED".into(),
+        message: "quota".into(),
+        request_id: "r1".into(),
+        time: t0(),
+    });
+    let m = Member::from(&waiting);
+    assert_eq!((m.name.as_str(), m.uid.as_str(), m.resource_version.as_str()), ("m1", "uid-m1", "7"));
+    assert_eq!((m.revision, m.created, m.phase), (new_rev(), Some(t0()), Phase::Creating));
+    assert!(m.marked_for_deletion && !m.deleting && !m.replacing && m.failure.is_none());
+    let w = m.waiting.expect("a creating machine says why it waits");
+    assert_eq!(
+        (w.reason, w.message.as_str(), w.operation_reason.as_str()),
+        (Reason::QuotaExceeded, "no cores", "QUOTA_EXCEEDED")
+    );
+
+    let failed = Member::from(&Fx::new("m2").failed("Internal", "X").replacing().0);
+    assert!(failed.deleting && failed.replacing);
+    assert_eq!(failed.failure.map(|f| (f.code, f.reason)), Some(("Internal".into(), "X".into())));
+
+    let mut running = Fx::new("m3").0;
+    set_condition(&mut running.status.conditions, ConditionType::Ready, true, Reason::Running, "");
+    assert!(Member::from(&running).waiting.is_none(), "an available machine carries no wait reason");
+}
