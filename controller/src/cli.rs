@@ -170,6 +170,16 @@ pub struct RunArgs {
     /// (needs `--store kubernetes`).
     #[arg(long)]
     pub leader_elect: bool,
+    /// The cluster where the machines' Nodes live (link, readiness, drain before delete). With
+    /// `--store kubernetes` and no flag: the same cluster.
+    #[arg(long, env = "MACHINE_CONTROLLER_TARGET_KUBECONFIG")]
+    pub target_kubeconfig: Option<std::path::PathBuf>,
+    /// Do not manage Nodes, even with `--store kubernetes` (machines are Running when their VM runs).
+    #[arg(long, conflicts_with = "target_kubeconfig")]
+    pub no_target_cluster: bool,
+    /// How often a drain looks at its node's pods again.
+    #[arg(long, default_value = "5s", value_parser = driver_sdk::parse_duration)]
+    pub drain_poll_interval: Duration,
     /// Namespace of the Lease (default: POD_NAMESPACE, else `--namespace`, else `default`).
     #[arg(long)]
     pub leader_elect_namespace: Option<String>,
@@ -204,6 +214,7 @@ impl RunArgs {
             orphan_grace: self.orphan_grace,
             controller_id: self.controller_id.clone(),
             resync_interval: self.resync_interval,
+            drain_poll_interval: self.drain_poll_interval,
             ..Config::default()
         }
     }
@@ -434,7 +445,7 @@ async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, out
     let mut rows = Vec::new();
     match kind {
         Kind::Machine => {
-            let mut header = vec!["NAME", "PHASE", "PROVIDER-ID", "AGE"];
+            let mut header = vec!["NAME", "PHASE", "NODE", "PROVIDER-ID", "AGE"];
             if wide {
                 header.extend(["CLASS", "REVISION", "ADDRESS", "LAST-OP", "REQUEST-ID"]);
             }
@@ -444,6 +455,7 @@ async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, out
                 let mut row = vec![
                     m.metadata.name.clone(),
                     m.status.phase.to_string(),
+                    m.status.node_ref.as_ref().map_or("-".into(), |n| n.name.clone()),
                     or_dash(&m.status.provider_id),
                     age(m.metadata.creation_timestamp),
                 ];
@@ -598,6 +610,40 @@ async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Res
     }
     if let Some(p) = status["providerId"].as_str() {
         out += &format!("Provider ID:  {p}\n");
+    }
+    if kind == Kind::Machine {
+        match status["nodeRef"]["name"].as_str() {
+            Some(node) => out += &format!("Node:         {node}\n"),
+            None => {
+                out += "Node:         <none> (nodes are managed when the controller runs with a target cluster: \
+                        run --target-kubeconfig, or --store kubernetes)\n"
+            }
+        }
+        if let Some(d) = status.get("deletion").filter(|d| !d.is_null()) {
+            out += &format!(
+                "Deletion:     {} since {}\n",
+                d["phase"].as_str().unwrap_or(""),
+                d["phaseStarted"].as_str().unwrap_or("")
+            );
+            if let Some(deadline) = d["drainDeadline"].as_str() {
+                out += &format!(
+                    "  drain:      started {}, deadline {deadline}\n",
+                    d["drainStarted"].as_str().unwrap_or("-")
+                );
+            }
+            if let Some(n) = d["podsLeft"].as_u64() {
+                out += &format!("  pods left:  {n}\n");
+            }
+            if let Some(b) = d["blockedBy"].as_str() {
+                out += &format!("  blocked by: {b}\n");
+            }
+            if d["forced"].as_bool() == Some(true) {
+                out += "  forced:     pods were deleted at the drain deadline\n";
+            }
+            if d["outOfService"].as_bool() == Some(true) {
+                out += "  out of service: the VM was gone; pods deleted without eviction\n";
+            }
+        }
     }
     if let Some(a) = status["addresses"].as_array() {
         for addr in a {
@@ -771,8 +817,19 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Failure> {
         other => other.clone(),
     };
     let store = open(&spec).await?;
+    let target = match (&args.target_kubeconfig, store.backend().kube_client()) {
+        (_, _) if args.no_target_cluster => None,
+        (Some(path), _) => Some(
+            crate::nodes::Target::from_kubeconfig(path).await.map_err(|e| fail(format!("--target-kubeconfig {e}")))?,
+        ),
+        (None, Some(client)) => Some(crate::nodes::Target::new(client)),
+        (None, None) => None,
+    };
+    if target.is_none() {
+        tracing::info!("no target cluster: Nodes are not managed (machines are Running when their VM runs)");
+    }
     let mut registry = prometheus_client::registry::Registry::default();
-    let ctx = runtime::Ctx::new(store.clone(), &args.drivers, args.config(), &mut registry)?;
+    let ctx = runtime::Ctx::new(store.clone(), &args.drivers, args.config(), &mut registry, target)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // Ready = this replica acts: it has drivers and, with leader election, holds the lease.
     let acting = Arc::new(std::sync::atomic::AtomicBool::new(!args.leader_elect));

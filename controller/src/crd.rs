@@ -159,6 +159,7 @@ fn defs() -> Vec<Def> {
             status: schema_of::<MachineStatus>(),
             columns: json!([
                 col("Phase", "string", ".status.phase"),
+                col("Node", "string", ".status.nodeRef.name"),
                 col("Provider-ID", "string", ".status.providerId"),
                 col("Address", "string", ".status.addresses[0].address"),
                 age(),

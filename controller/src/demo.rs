@@ -179,7 +179,7 @@ async fn demo(args: &DemoArgs, dir: &std::path::Path, endpoint: &str) -> Result<
     }
     let mut registry = prometheus_client::registry::Registry::default();
     let config = Config { health_check_interval: Duration::from_secs(5), ..Config::default() };
-    let ctx = Ctx::new(store.clone(), &[("fake".into(), endpoint.into())], config, &mut registry)
+    let ctx = Ctx::new(store.clone(), &[("fake".into(), endpoint.into())], config, &mut registry, None)
         .map_err(|e| fail(e.to_string()))?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let controller = tokio::spawn(runtime::run(ctx.clone(), async move {

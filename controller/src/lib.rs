@@ -9,6 +9,7 @@
 //! - [`store`]: the storage trait, the embedded SQLite store and the Kubernetes backend;
 //! - [`crd`]: CustomResourceDefinitions generated from the resource types;
 //! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
+//! - [`nodes`]: the target cluster where the machines' Nodes live (linking, drain calls);
 //! - [`plan`]: pure planners (rollouts, in-place updates, pool upgrades);
 //! - [`runtime`]: work queue, workers, rate limits, the error policy and backoff;
 //! - [`reconcile`]: the machine, deployment, pool and orphan reconcilers;
@@ -21,6 +22,7 @@ pub mod crd;
 pub mod demo;
 pub mod leader;
 pub mod manifest;
+pub mod nodes;
 pub mod plan;
 pub mod reconcile;
 pub mod resources;

@@ -29,6 +29,20 @@ pub const ANNOTATION_DELETE: &str = "machine.driver.dev/delete-machine";
 pub const TAG_CONTROLLER: &str = "machine.driver.dev/controller";
 /// Cloud tag with the namespace/name of the owning Machine.
 pub const TAG_MACHINE: &str = "machine.driver.dev/machine";
+/// Annotation on a Node naming its Machine as `namespace/name`.
+pub const ANNOTATION_NODE_MACHINE: &str = "machine.driver.dev/machine";
+/// Annotations starting with this hold a Machine's deletion before its node is drained, until
+/// they are removed (one per hook owner: `pre-drain.delete.hook.machine.driver.dev/NAME`).
+pub const PRE_DRAIN_HOOK_PREFIX: &str = "pre-drain.delete.hook.machine.driver.dev";
+/// Annotations starting with this hold a Machine's deletion after its node is drained and
+/// before its VM is deleted, until they are removed.
+pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.driver.dev";
+/// The `NoSchedule` taint a draining node carries (besides `spec.unschedulable`).
+pub const TAINT_DRAINING: &str = "machine.driver.dev/draining";
+/// Node annotation listing the label, annotation and taint keys this controller put there from
+/// the machine template (so a key removed from the template is removed from the Node, while
+/// keys others added stay).
+pub const ANNOTATION_OWNED_NODE_METADATA: &str = "machine.driver.dev/owned-node-metadata";
 
 /// Timestamps are RFC 3339, UTC.
 pub type Time = chrono::DateTime<chrono::Utc>;
@@ -507,9 +521,61 @@ pub struct MachineDeploymentSpec {
     /// A Running machine reported unhealthy or missing this long is Failed.
     #[serde(default = "default_health_timeout")]
     pub health_timeout_seconds: u64,
+    /// A machine whose VM runs but whose Node is not Ready this long after the VM came up fails
+    /// with reason `NodeNotJoined` and is replaced (default 600; 0 waits forever; with a target
+    /// cluster).
+    #[serde(default = "default_node_startup_timeout")]
+    pub node_startup_timeout_seconds: u64,
+    /// The drain before a machine's deletion ends by this deadline: pods still there at the
+    /// deadline minus their grace period are deleted with that grace (default 3600).
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout_seconds: u64,
+    /// After the drain, a deletion waits at most this long for the node's VolumeAttachments to
+    /// go (default 600).
+    #[serde(default = "default_volume_detach_timeout")]
+    pub volume_detach_timeout_seconds: u64,
     /// Stop rolling out (scaling still happens).
     #[serde(default)]
     pub paused: bool,
+}
+
+/// How a deployment's or pool's machines live as Kubernetes Nodes (used when the controller has
+/// a target cluster; see the `nodes` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSettings {
+    /// A machine whose VM runs but whose Node is not Ready this long after the VM came up fails
+    /// with reason `NodeNotJoined` and is replaced (default 600; 0 waits forever).
+    #[serde(default = "default_node_startup_timeout")]
+    pub node_startup_timeout_seconds: u64,
+    /// The drain before a machine's deletion ends by this deadline: pods still there at the
+    /// deadline minus their grace period are deleted with that grace (default 3600).
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout_seconds: u64,
+    /// After the drain, the deletion waits this long at most for the node's VolumeAttachments to
+    /// go (default 600).
+    #[serde(default = "default_volume_detach_timeout")]
+    pub volume_detach_timeout_seconds: u64,
+}
+
+impl Default for NodeSettings {
+    fn default() -> Self {
+        Self {
+            node_startup_timeout_seconds: default_node_startup_timeout(),
+            drain_timeout_seconds: default_drain_timeout(),
+            volume_detach_timeout_seconds: default_volume_detach_timeout(),
+        }
+    }
+}
+
+fn default_node_startup_timeout() -> u64 {
+    600
+}
+fn default_drain_timeout() -> u64 {
+    3600
+}
+fn default_volume_detach_timeout() -> u64 {
+    600
 }
 
 fn default_progress_deadline() -> u64 {
@@ -627,6 +693,19 @@ pub struct MachinePoolSpec {
     /// Rolling instance upgrades (maxSurge / maxUnavailable).
     #[serde(default)]
     pub strategy: RollingUpdate,
+    /// A machine whose VM runs but whose Node is not Ready this long after the VM came up fails
+    /// with reason `NodeNotJoined` and is replaced (default 600; 0 waits forever; with a target
+    /// cluster).
+    #[serde(default = "default_node_startup_timeout")]
+    pub node_startup_timeout_seconds: u64,
+    /// The drain before a machine's deletion ends by this deadline: pods still there at the
+    /// deadline minus their grace period are deleted with that grace (default 3600).
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout_seconds: u64,
+    /// After the drain, a deletion waits at most this long for the node's VolumeAttachments to
+    /// go (default 600).
+    #[serde(default = "default_volume_detach_timeout")]
+    pub volume_detach_timeout_seconds: u64,
 }
 
 /// Observed state of a MachinePool.
@@ -699,6 +778,9 @@ pub struct MachineSpec {
     /// Unhealthy or missing this long → Failed (default 600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_timeout_seconds: Option<u64>,
+    /// Node lifecycle settings (copied from the owning deployment or pool; defaults otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeSettings>,
 }
 
 /// Lifecycle phase of a Machine.
@@ -709,7 +791,9 @@ pub enum Phase {
     Pending,
     /// A create operation is in flight.
     Creating,
-    /// Up.
+    /// The VM runs; its Node has not joined or is not Ready yet (only with a target cluster).
+    Provisioned,
+    /// Up (with a target cluster: its Node is Ready).
     Running,
     /// An in-place update is in flight.
     Updating,
@@ -856,6 +940,80 @@ pub struct MachineStatus {
     /// A permanent failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+    /// The Node this machine's VM became (with a target cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ref: Option<NodeRef>,
+    /// When the VM came up and the wait for its Node began (`nodeStartupTimeoutSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioned: Option<Time>,
+    /// Where the deletion sequence stands (drain, hooks, VM, Node), so a restarted or newly
+    /// elected controller resumes it with the same deadlines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<Deletion>,
+}
+
+/// A Node, by name and uid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRef {
+    /// The Node's name.
+    pub name: String,
+    /// The Node's uid (a Node re-created under the same name is another node).
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// The steps of a Machine's deletion, in order. Each is recorded with its start time before it
+/// acts, so a restart resumes the same step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum DeletionPhase {
+    /// Waiting while `pre-drain.delete.hook…` annotations are present.
+    PreDrainHooks,
+    /// Cordoned and tainted; pods evicted (PodDisruptionBudgets respected) until the deadline.
+    Draining,
+    /// Waiting for the node's VolumeAttachments to go.
+    VolumesDetaching,
+    /// Waiting while `pre-terminate.delete.hook…` annotations are present.
+    PreTerminateHooks,
+    /// The VM is being deleted through the driver.
+    InstanceDeleting,
+    /// The VM is gone; the Node is being deleted.
+    NodeDeleting,
+}
+
+impl fmt::Display for DeletionPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Where a Machine's deletion stands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Deletion {
+    /// The current step.
+    pub phase: DeletionPhase,
+    /// When the current step began.
+    pub phase_started: Time,
+    /// When the drain began (its deadline is this plus `drainTimeoutSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_started: Option<Time>,
+    /// The drain's deadline: pods still there are deleted so that they are gone by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_deadline: Option<Time>,
+    /// Pods still to leave the node at the last look.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub pods_left: u32,
+    /// What holds the step (a PodDisruptionBudget and the pod it protects, a hook annotation…).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub blocked_by: String,
+    /// The node's VM was reported gone or stopped while the node was not Ready: pods were
+    /// deleted without eviction (`node.kubernetes.io/out-of-service`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub out_of_service: bool,
+    /// Pods were deleted at the drain deadline instead of evicted.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub forced: bool,
 }
 
 /// A Machine.
@@ -865,7 +1023,34 @@ impl KindOf for Machine {
     const KIND: Kind = Kind::Machine;
 }
 
+impl MachineDeploymentSpec {
+    /// The node settings its machines get.
+    pub fn node_settings(&self) -> NodeSettings {
+        NodeSettings {
+            node_startup_timeout_seconds: self.node_startup_timeout_seconds,
+            drain_timeout_seconds: self.drain_timeout_seconds,
+            volume_detach_timeout_seconds: self.volume_detach_timeout_seconds,
+        }
+    }
+}
+
+impl MachinePoolSpec {
+    /// The node settings its instances' machines get.
+    pub fn node_settings(&self) -> NodeSettings {
+        NodeSettings {
+            node_startup_timeout_seconds: self.node_startup_timeout_seconds,
+            drain_timeout_seconds: self.drain_timeout_seconds,
+            volume_detach_timeout_seconds: self.volume_detach_timeout_seconds,
+        }
+    }
+}
+
 impl Machine {
+    /// Its node settings: the spec's, else the defaults.
+    pub fn node_settings(&self) -> NodeSettings {
+        self.spec.node.unwrap_or_default()
+    }
+
     /// The deployment or pool that owns this machine, if any.
     pub fn owner(&self) -> Option<(Kind, &str)> {
         self.metadata.owner_references.iter().find(|o| o.controller).and_then(|o| {

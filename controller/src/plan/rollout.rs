@@ -55,6 +55,8 @@ pub struct Member {
     pub phase: Phase,
     /// Its permanent failure.
     pub failure: Option<Box<Failure>>,
+    /// Its Node is known not to be Ready (`NodeReady=False`; only with a target cluster).
+    pub node_not_ready: bool,
     /// Why it is not available yet: of a machine that is not available only.
     pub waiting: Option<Box<Waiting>>,
 }
@@ -71,9 +73,10 @@ pub struct Waiting {
 }
 
 impl Member {
-    /// Whether it counts as available: Running and not being deleted.
+    /// Whether it counts as available: Running (with a target cluster: its Node Ready), its
+    /// Node not known to be NotReady since, and not being deleted.
     pub fn is_available(&self) -> bool {
-        self.phase == Phase::Running && !self.deleting
+        self.phase == Phase::Running && !self.deleting && !self.node_not_ready
     }
 }
 
@@ -134,11 +137,16 @@ impl StoredMember {
         let m = self.metadata;
         let deleting = m.deletion_timestamp.is_some();
         let st = self.status;
-        let waiting = if st.phase != Phase::Running || deleting {
+        let node_not_ready =
+            condition(&st.conditions, ConditionType::NodeReady).is_some_and(|c| c.status == ConditionStatus::False);
+        let waiting = if st.phase != Phase::Running || deleting || node_not_ready {
             let operation_reason = st.last_operation.map(|o| o.reason).unwrap_or_default();
+            // A Running machine waits for its Node; any other for itself.
+            let why =
+                if st.phase == Phase::Running && !deleting { ConditionType::NodeReady } else { ConditionType::Ready };
             st.conditions
                 .into_iter()
-                .find(|c| c.condition_type == ConditionType::Ready)
+                .find(|c| c.condition_type == why)
                 .map(|ready| Box::new(Waiting { reason: ready.reason, message: ready.message, operation_reason }))
         } else {
             None
@@ -155,6 +163,7 @@ impl StoredMember {
             marked_for_deletion: m.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"),
             phase: st.phase,
             failure: st.failure.map(Box::new),
+            node_not_ready,
             waiting,
         }
     }
@@ -186,7 +195,7 @@ pub fn deletion_order(machines: &mut [&Member], policy: DeletePolicy) {
         match m.phase {
             Phase::Failed => 1,
             Phase::Unknown => 2,
-            Phase::Pending | Phase::Creating => 3,
+            Phase::Pending | Phase::Creating | Phase::Provisioned => 3,
             Phase::Updating => 4,
             Phase::Running | Phase::Terminating => 5,
         }

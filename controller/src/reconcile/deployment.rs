@@ -131,6 +131,7 @@ fn new_machine(md: &MachineDeployment, t: &MachineTemplate, rev: &str, name: &st
             pool_ref: None,
             creation_timeout_seconds: Some(md.spec.creation_timeout_seconds),
             health_timeout_seconds: Some(md.spec.health_timeout_seconds),
+            node: Some(md.spec.node_settings()),
         },
     );
     m.metadata.labels = t.metadata.labels.clone();

@@ -45,19 +45,40 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         }
     };
     // The driver is called at most when it asked (poll_after, RetryInfo, backoff, the health
-    // interval) — except that a new spec for a running machine is acted on at once.
+    // interval) — except that a new spec for a running machine is acted on at once. Steps that
+    // only look at the Node call no driver and are not held back.
     let spec_changed = spec_changed(&m, &driver_sdk::convert::spec_hash(&r.provider_spec));
+    let step = next_step(&m, r.class.metadata.generation, spec_changed);
+    if let (Step::Join, Some(target)) = (&step, ctx.target.as_deref()) {
+        return super::node::join(ctx, target, key, m, r.class.metadata.generation).await;
+    }
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() && !spec_changed {
-        return Ok(Action::Wait(wait));
+        return watch_node(ctx, key, m, wait).await;
     }
-    match next_step(&m, r.class.metadata.generation, spec_changed) {
+    match step {
         Step::Poll(op) => poll(ctx, m, &r, op).await,
         Step::Hold => Ok(Action::AwaitChange),
         Step::Update => update(ctx, key, m, &r).await,
-        Step::Health => health(ctx, m, &r).await,
+        Step::Health => health(ctx, key, m, &r).await,
         Step::Create => create(ctx, key, m, &r).await,
+        // Without a target cluster a Provisioned machine (the controller ran with one before)
+        // is Running.
+        Step::Join => health(ctx, key, m, &r).await,
     }
+}
+
+/// Between driver calls, a Running machine's Node is still watched: its readiness is kept in
+/// `NodeReady` (a Node change wakes the machine).
+async fn watch_node(ctx: &Ctx, key: &Key, before: Machine, wait: Duration) -> Result<Action> {
+    let Some(target) = ctx.target.as_deref() else { return Ok(Action::Wait(wait)) };
+    if before.status.phase != Phase::Running || before.status.provider_id.is_empty() {
+        return Ok(Action::Wait(wait));
+    }
+    let mut m = before.clone();
+    super::node::observe(ctx, target, key, &mut m).await?;
+    write::status(ctx, &before, &m).await?;
+    Ok(Action::Wait(wait))
 }
 
 /// What a reconcile of a live Machine does, decided from its status alone.
@@ -73,6 +94,8 @@ enum Step {
     Health,
     /// CreateMachine (again: creates are idempotent by name).
     Create,
+    /// The VM runs: wait for its Node to be Ready (no driver call).
+    Join,
 }
 
 /// A running machine's spec changed: its generation is newer than the one the cloud machine
@@ -97,6 +120,7 @@ fn next_step(m: &Machine, class_generation: i64, spec_changed: bool) -> Step {
     }
     match m.status.phase {
         Phase::Failed if m.status.failure.is_none() => Step::Hold,
+        Phase::Provisioned if !m.status.provider_id.is_empty() => Step::Join,
         Phase::Running | Phase::Unknown | Phase::Updating if !m.status.provider_id.is_empty() => {
             if spec_changed {
                 Step::Update
@@ -178,7 +202,7 @@ fn retrying_reason(decision: Decision, op_type: OperationType) -> Reason {
         .map_or_else(|| Reason::retrying(op_type), Reason::from)
 }
 
-fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, message: &str) {
+pub(crate) fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, message: &str) {
     m.status.phase = Phase::Failed;
     m.status.failure = Some(Failure {
         code: code.into(),
@@ -366,11 +390,21 @@ async fn finished(
     if let Some(machine) = op.machine() {
         apply_cloud_view(&mut m, machine);
     }
-    m.status.phase = Phase::Running;
+    // With a target cluster a new VM is Provisioned until its Node is Ready; an in-place update
+    // keeps a Running machine Running.
+    let joining =
+        ctx.target.is_some() && before.status.phase != Phase::Running && before.status.phase != Phase::Updating;
+    m.status.phase = if joining { Phase::Provisioned } else { Phase::Running };
     m.status.observed_generation = m.metadata.generation;
     m.status.failure = None;
     m.status.unhealthy_since = None;
-    set_condition(&mut m.status.conditions, ConditionType::Ready, true, Reason::Running, "");
+    if joining {
+        m.status.provisioned = Some(Utc::now());
+        let message = "the VM runs; waiting for its Node to join";
+        set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::WaitingForNode, message);
+    } else {
+        set_condition(&mut m.status.conditions, ConditionType::Ready, true, Reason::Running, "");
+    }
     set_condition(&mut m.status.conditions, ConditionType::UpToDate, true, Reason::SpecApplied, "");
     let reason = if op_type == OperationType::Create { "Created" } else { "Updated" };
     let message = format!("{} is running ({})", m.metadata.name, m.status.provider_id);
@@ -381,6 +415,10 @@ async fn finished(
         write::status(ctx, before, &m)
     );
     written?;
+    if joining {
+        // The Node may be Ready already: look at once (no driver call).
+        return Ok(Action::requeue_now());
+    }
     Ok(Action::poll_after(ctx.config.health_check_interval))
 }
 
@@ -401,7 +439,7 @@ fn apply_cloud_view(m: &mut Machine, machine: &pb::Machine) {
 }
 
 /// Checks a Running machine: missing or unhealthy for longer than the health timeout → Failed.
-async fn health(ctx: &Ctx, before: Machine, r: &Resolved<'_>) -> Result<Action> {
+async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
     let req = pb::GetMachineStatusRequest {
         name: before.metadata.name.clone(),
         provider_id: before.status.provider_id.clone(),
@@ -427,6 +465,9 @@ async fn health(ctx: &Ctx, before: Machine, r: &Resolved<'_>) -> Result<Action> 
             _ => return Err(ReconcileError::call(&e, Rpc::Read)),
         },
     };
+    if let Some(target) = ctx.target.as_deref() {
+        super::node::observe(ctx, target, key, &mut m).await?;
+    }
     match healthy {
         Ok(()) => {
             m.status.phase = Phase::Running;
@@ -501,25 +542,32 @@ fn delete_step(m: &Machine) -> DeleteStep {
 async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
     let step = delete_step(&before);
     if step == DeleteStep::Release {
-        return release(ctx, before).await;
+        return release(ctx, key, before).await;
+    }
+    let resolved =
+        resolve(ctx, &before.metadata.namespace, &before.spec.class_ref.name, before.spec.provider_spec.as_ref())
+            .await?;
+    // With a target cluster: hooks, cordon, drain and volumes come first (a VM delete already
+    // in flight is only polled).
+    if !matches!(step, DeleteStep::Poll(_)) {
+        if let Some(action) = super::node::before_instance_delete(ctx, key, &before, resolved.as_ref().ok()).await? {
+            return Ok(action);
+        }
     }
     let wait = ctx.wait_before_call(key);
     if matches!(step, DeleteStep::Poll(_)) && !wait.is_zero() {
         return Ok(Action::Wait(wait));
     }
-    let r =
-        match resolve(ctx, &before.metadata.namespace, &before.spec.class_ref.name, before.spec.provider_spec.as_ref())
-            .await?
-        {
-            Ok(r) => r,
-            Err((reason, message)) => {
-                let mut m = before.clone();
-                m.status.phase = Phase::Terminating;
-                set_condition(&mut m.status.conditions, ConditionType::DeletionFailed, true, reason, &message);
-                write::status(ctx, &before, &m).await?;
-                return Ok(Action::requeue(Duration::from_secs(30)));
-            }
-        };
+    let r = match resolved {
+        Ok(r) => r,
+        Err((reason, message)) => {
+            let mut m = before.clone();
+            m.status.phase = Phase::Terminating;
+            set_condition(&mut m.status.conditions, ConditionType::DeletionFailed, true, reason, &message);
+            write::status(ctx, &before, &m).await?;
+            return Ok(Action::requeue(Duration::from_secs(30)));
+        }
+    };
     if let DeleteStep::Poll(stored_op) = step {
         match poll_stored(ctx, r.driver, r.secrets.clone(), &stored_op).await {
             Polled::Operation(reply) if reply.value.done => {
@@ -544,7 +592,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                         .await;
                     }
                 }
-                return release(ctx, before).await;
+                return release(ctx, key, before).await;
             }
             Polled::Operation(reply) => return Ok(Action::poll_after(reply.value.poll_after())),
             Polled::Unusable(why) => {
@@ -579,10 +627,11 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                 let Some(fresh) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
                     return Ok(Action::AwaitChange);
                 };
-                return release(ctx, fresh).await;
+                return release(ctx, key, fresh).await;
             }
             m.status.operations = vec![stored(OperationKind::DeleteMachine, &op, &reply.request_id)];
             m.status.phase = Phase::Terminating;
+            super::node::instance_deleting(&mut m);
             set_condition(
                 &mut m.status.conditions,
                 ConditionType::Ready,
@@ -593,7 +642,9 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
             write::status(ctx, &before, &m).await?;
             Ok(Action::poll_after(op.poll_after()))
         }
-        Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => release(ctx, before).await,
+        Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => {
+            release(ctx, key, before).await
+        }
         Err(e) => {
             m.status.last_operation = Some(last_err(OperationType::Delete, &e.report));
             remember(&mut m.status, e.request_id());
@@ -612,8 +663,12 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
     }
 }
 
-/// Removes the finalizer: the store then removes the object.
-async fn release(ctx: &Ctx, m: Machine) -> Result<Action> {
+/// Deletes the Node of the gone VM, then removes the finalizer: the store then removes the
+/// object.
+async fn release(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
+    if let Some(action) = super::node::delete_node(ctx, key, &m).await? {
+        return Ok(action);
+    }
     if write::release(ctx, &m).await? {
         let message = format!("{} is gone from the cloud", m.metadata.name);
         ctx.store.event(Kind::Machine, &m.metadata, false, "Deleted", message).await;

@@ -11,6 +11,7 @@ use crate::store::Key;
 pub mod class;
 pub mod deployment;
 pub mod machine;
+pub mod node;
 pub mod orphans;
 pub mod pool;
 pub mod relations;

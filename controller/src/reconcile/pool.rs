@@ -397,6 +397,7 @@ async fn mirror(
                         }),
                         creation_timeout_seconds: None,
                         health_timeout_seconds: None,
+                        node: Some(pool.spec.node_settings()),
                     },
                 );
                 m.metadata.labels.insert(LABEL_POOL.into(), pool.metadata.name.clone());
@@ -609,6 +610,7 @@ mod tests {
                 pool_ref: Some(PoolInstanceRef { name: "workers".into(), instance_id: id.into() }),
                 creation_timeout_seconds: None,
                 health_timeout_seconds: None,
+                node: None,
             },
         );
         if deleting {

@@ -125,6 +125,10 @@ wire_enum! {
         QuotaExceeded,
         /// Environment: the cloud (or the driver) is unavailable.
         CloudUnavailable,
+        /// Machine: its Node is Ready (only with a target cluster).
+        NodeReady,
+        /// Machine: the deletion sequence and the step it is in (hooks, drain, volumes, VM, Node).
+        Deleting,
     }
 }
 
@@ -352,6 +356,36 @@ reasons! {
     QuotaExceeded,
     /// The cloud is unavailable.
     CloudUnavailable,
+    /// The VM runs; its Node has not joined yet.
+    WaitingForNode,
+    /// The Node exists but is not Ready.
+    NodeNotReady,
+    /// The Node is Ready.
+    NodeReady,
+    /// The Node of a running VM disappeared.
+    NodeMissing,
+    /// No Ready Node within `nodeStartupTimeoutSeconds`.
+    NodeNotJoined,
+    /// A `pre-drain.delete.hook…` annotation holds the deletion.
+    WaitingForPreDrainHooks,
+    /// Evicting the node's pods.
+    Draining,
+    /// A PodDisruptionBudget refuses an eviction now.
+    EvictionBlocked,
+    /// A PodDisruptionBudget that can never allow an eviction.
+    DisruptionBudgetUnsatisfiable,
+    /// Pods were deleted at the drain deadline.
+    DrainForced,
+    /// The VM is gone and the node not Ready: pods deleted without eviction.
+    OutOfService,
+    /// Waiting for the node's VolumeAttachments to go.
+    WaitingForVolumeDetach,
+    /// A `pre-terminate.delete.hook…` annotation holds the deletion.
+    WaitingForPreTerminateHooks,
+    /// The VM is being deleted.
+    DeletingInstance,
+    /// The Node is being deleted.
+    DeletingNode,
 }
 
 impl Reason {

@@ -61,6 +61,8 @@ pub struct Config {
     pub backoff_base: Duration,
     /// Longest retry delay.
     pub backoff_max: Duration,
+    /// How often a drain looks at its node's pods again (and evicts those still there).
+    pub drain_poll_interval: Duration,
 }
 
 impl Default for Config {
@@ -79,6 +81,7 @@ impl Default for Config {
             resync_interval: Duration::from_secs(60),
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
+            drain_poll_interval: Duration::from_secs(5),
         }
     }
 }
@@ -205,6 +208,8 @@ pub struct Ctx {
     pub queue: Arc<queue::WorkQueue>,
     /// Metrics.
     pub metrics: Metrics,
+    /// The cluster where the machines' Nodes live; `None`: nodes are not managed.
+    pub target: Option<Arc<crate::nodes::Target>>,
     attempts: Mutex<HashMap<Key, u32>>,
     not_before: Mutex<HashMap<Key, Instant>>,
     /// Cloud machines without a Machine, and when they were first seen.
@@ -267,6 +272,7 @@ impl Ctx {
         drivers: &[(String, String)],
         config: Config,
         registry: &mut Registry,
+        target: Option<crate::nodes::Target>,
     ) -> Result<Arc<Self>, driver_sdk::endpoint::EndpointError> {
         let mut map = HashMap::new();
         for (name, endpoint) in drivers {
@@ -285,6 +291,7 @@ impl Ctx {
             drivers: map,
             queue: Arc::new(queue::WorkQueue::default()),
             metrics: Metrics::register(registry),
+            target: target.map(Arc::new),
             config,
             attempts: Mutex::new(HashMap::new()),
             not_before: Mutex::new(HashMap::new()),
@@ -346,7 +353,7 @@ impl Ctx {
         match e {
             // Someone wrote since the read: run again at once with a fresh read; not a failure.
             e if e.is_conflict() => Duration::ZERO,
-            ReconcileError::Store(_) => self.exponential(key),
+            ReconcileError::Store(_) | ReconcileError::Target(_) => self.exponential(key),
             ReconcileError::Driver { report, origin, .. } => {
                 let delay = self.delay(key, policy::decide(report, *origin));
                 self.hold(key, delay);
@@ -468,6 +475,10 @@ pub async fn run(ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()>)
         workers.push(tokio::spawn(worker(ctx.clone(), i)));
     }
     let orphans = tokio::spawn(crate::reconcile::orphans::run(ctx.clone()));
+    let nodes = ctx.target.clone().map(|target| {
+        let queue = ctx.queue.clone();
+        tokio::spawn(crate::nodes::watch(target, move |key| queue.add(key)))
+    });
     let gauges = tokio::spawn(gauges(ctx.clone()));
     let resync = tokio::spawn(resync(ctx.clone()));
     shutdown.await;
@@ -475,6 +486,9 @@ pub async fn run(ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()>)
     ctx.queue.close();
     watcher.abort();
     orphans.abort();
+    if let Some(nodes) = nodes {
+        nodes.abort();
+    }
     gauges.abort();
     resync.abort();
     for w in workers {
@@ -710,7 +724,7 @@ async fn gauges(ctx: Arc<Ctx>) {
             *counts.entry(m.status.phase.to_string()).or_default() += 1;
             in_flight += m.status.operations.len() as i64;
         }
-        for phase in ["Pending", "Creating", "Running", "Updating", "Terminating", "Failed", "Unknown"] {
+        for phase in ["Pending", "Creating", "Provisioned", "Running", "Updating", "Terminating", "Failed", "Unknown"] {
             ctx.metrics
                 .phases
                 .get_or_create(&PhaseLabels { phase: phase.into() })
@@ -728,6 +742,9 @@ pub enum ReconcileError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] crate::store::Error),
+    /// A call to the target cluster (where the Nodes live) failed.
+    #[error("target cluster")]
+    Target(#[source] Box<kube::Error>),
     /// A driver call failed, or a done operation ended with an error that is retried.
     #[error("{method}: {report}")]
     Driver {
@@ -738,6 +755,12 @@ pub enum ReconcileError {
         /// The decoded error.
         report: Box<ErrorReport>,
     },
+}
+
+impl From<kube::Error> for ReconcileError {
+    fn from(e: kube::Error) -> Self {
+        ReconcileError::Target(Box::new(e))
+    }
 }
 
 impl ReconcileError {
@@ -764,7 +787,7 @@ mod tests {
     fn ctx() -> (Arc<Ctx>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
-        let ctx = Ctx::new(store, &[], Config::default(), &mut Registry::default()).unwrap();
+        let ctx = Ctx::new(store, &[], Config::default(), &mut Registry::default(), None).unwrap();
         (ctx, dir)
     }
 

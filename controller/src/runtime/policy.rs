@@ -163,6 +163,8 @@ pub const PERMANENT_RETRY: Duration = Duration::from_secs(60);
 pub const REASON_CREATION_TIMEOUT: &str = "CREATION_TIMEOUT";
 /// Controller-made failure reason: unhealthy or missing past `healthTimeoutSeconds`.
 pub const REASON_HEALTH_TIMEOUT: &str = "HEALTH_TIMEOUT";
+/// The reason of a machine failed because its Node did not become Ready in time.
+pub const REASON_NODE_NOT_JOINED: &str = "NODE_NOT_JOINED";
 /// Controller-made failure reason: `INTERNAL` more than [`INTERNAL_RETRIES`] times in a row.
 pub const REASON_RETRIES_EXHAUSTED: &str = "RETRIES_EXHAUSTED";
 
@@ -269,7 +271,7 @@ impl Blame {
 /// failure, then the code.
 pub fn blame(code: &str, reason: &str) -> Blame {
     match reason {
-        REASON_CREATION_TIMEOUT | REASON_HEALTH_TIMEOUT => return Blame::Revision,
+        REASON_CREATION_TIMEOUT | REASON_HEALTH_TIMEOUT | REASON_NODE_NOT_JOINED => return Blame::Revision,
         REASON_RETRIES_EXHAUSTED => return Blame::Transient,
         driver_sdk::reason::CLOUD_OPERATION_FAILED => return Blame::Revision,
         _ => {}

@@ -40,6 +40,9 @@ fn deployment(replicas: i64) -> MachineDeployment {
         max_concurrent_replacements: 2,
         creation_timeout_seconds: 1200,
         health_timeout_seconds: 600,
+        node_startup_timeout_seconds: 600,
+        drain_timeout_seconds: 3600,
+        volume_detach_timeout_seconds: 600,
         paused: false,
     };
     let mut md = MachineDeployment {

@@ -1,0 +1,457 @@
+//! A Machine's life as a Kubernetes Node, when the controller has a target cluster
+//! ([`crate::nodes`]): joining (the VM runs, the Node must become Ready within
+//! `nodeStartupTimeoutSeconds`), watching its readiness while Running, and the deletion
+//! sequence that runs before the VM's delete:
+//!
+//! `PreDrainHooks → Draining → VolumesDetaching → PreTerminateHooks → InstanceDeleting →
+//! NodeDeleting`
+//!
+//! Each step is written to `status.deletion` with its start time before it acts, and the
+//! drain's deadline is written once, when the drain begins: a restarted or newly elected
+//! controller resumes the same step with the same deadline. Every step returns at once and is
+//! reconciled again (no worker waits on a drain).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use driver_sdk::proto as pb;
+
+use super::write;
+use super::Resolved;
+use crate::nodes::{self, drain, Evicted, Lookup, NodeView, Target};
+use crate::resources::*;
+use crate::runtime::policy::{self, Decision, Rpc, Source};
+use crate::runtime::{Action, Ctx, ReconcileError};
+use crate::store::Key;
+
+type Result<T> = std::result::Result<T, ReconcileError>;
+
+/// How soon a lookup is tried again while the first list of Nodes has not arrived.
+const NOT_SYNCED_RETRY: Duration = Duration::from_secs(1);
+/// How often a machine waiting for its Node looks again without being woken (a safety net: the
+/// Node's changes wake it).
+const JOIN_RECHECK: Duration = Duration::from_secs(30);
+/// How often a deletion held by hook annotations looks again (their removal wakes it too).
+const HOOK_RECHECK: Duration = Duration::from_secs(30);
+
+/// The name the Node of `m` registers under when the driver says so: its `Hostname` address.
+pub(crate) fn reported_node_name(m: &Machine) -> &str {
+    m.status.addresses.iter().find(|a| a.address_type == "Hostname").map_or("", |a| a.address.as_str())
+}
+
+/// Finds `m`'s Node and records that its changes wake `key`.
+fn lookup(target: &Target, key: &Key, m: &Machine) -> Lookup {
+    target.cache.link(key, &m.status.provider_id, reported_node_name(m));
+    if let Some(r) = &m.status.node_ref {
+        if let Some(view) = target.cache.get(&r.name).filter(|v| r.uid.is_empty() || v.uid == r.uid) {
+            return Lookup::Found(view);
+        }
+    }
+    target.cache.find(&m.status.provider_id, reported_node_name(m))
+}
+
+fn node_ref(view: &NodeView) -> NodeRef {
+    NodeRef { name: view.name.clone(), uid: view.uid.clone() }
+}
+
+fn elapsed_since(t: Option<Time>) -> Duration {
+    t.and_then(|t| (Utc::now() - t).to_std().ok()).unwrap_or_default()
+}
+
+/// A `Provisioned` machine (its VM runs): Running once its Node is Ready; Failed with
+/// `NodeNotJoined` when that takes longer than `nodeStartupTimeoutSeconds`.
+pub(crate) async fn join(
+    ctx: &Ctx,
+    target: &Target,
+    key: &Key,
+    before: Machine,
+    class_generation: i64,
+) -> Result<Action> {
+    let mut m = before.clone();
+    let provisioned = *m.status.provisioned.get_or_insert_with(Utc::now);
+    match lookup(target, key, &m) {
+        Lookup::NotSynced => return Ok(Action::requeue(NOT_SYNCED_RETRY)),
+        Lookup::Found(node) => {
+            target.annotate(&node, &m.metadata.namespace, &m.metadata.name).await?;
+            m.status.node_ref = Some(node_ref(&node));
+            if node.is_ready() {
+                m.status.phase = Phase::Running;
+                set_condition(&mut m.status.conditions, ConditionType::NodeReady, true, Reason::NodeReady, "");
+                set_condition(&mut m.status.conditions, ConditionType::Ready, true, Reason::Running, "");
+                let message = format!("node {} is Ready", node.name);
+                let (_, written) = tokio::join!(
+                    ctx.store.event(Kind::Machine, &m.metadata, false, "NodeReady", message),
+                    write::status(ctx, &before, &m)
+                );
+                written?;
+                return Ok(Action::poll_after(ctx.config.health_check_interval));
+            }
+            let message = format!("node {} has joined but is not Ready", node.name);
+            set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotReady, &message);
+            set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::NodeNotReady, &message);
+        }
+        Lookup::Missing => {
+            let message = format!("the VM runs; waiting for its Node ({}) to join", m.status.provider_id);
+            set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::WaitingForNode, &message);
+            set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::WaitingForNode, &message);
+        }
+    }
+    let timeout = Duration::from_secs(m.node_settings().node_startup_timeout_seconds);
+    let waited = elapsed_since(Some(provisioned));
+    if !timeout.is_zero() && waited >= timeout {
+        let message = format!("no Ready Node {}s after the VM came up ({})", timeout.as_secs(), m.status.provider_id);
+        super::machine::fail(&mut m, class_generation, "DeadlineExceeded", policy::REASON_NODE_NOT_JOINED, &message);
+        m.status.phase = Phase::Failed;
+        set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotJoined, &message);
+        ctx.store.event(Kind::Machine, &m.metadata, true, "NodeNotJoined", message).await;
+        write::status(ctx, &before, &m).await?;
+        return Ok(Action::AwaitChange);
+    }
+    write::status(ctx, &before, &m).await?;
+    let left = if timeout.is_zero() { JOIN_RECHECK } else { timeout.saturating_sub(waited) };
+    Ok(Action::requeue(left.min(JOIN_RECHECK).max(Duration::from_millis(100))))
+}
+
+/// A Running machine's Node, as seen now: `NodeReady` follows the Node's `Ready`; a Node that
+/// disappears while the VM runs is recorded (condition and event). `None` while the first
+/// list of Nodes has not arrived.
+pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machine) -> Result<Option<()>> {
+    match lookup(target, key, m) {
+        Lookup::NotSynced => Ok(None),
+        Lookup::Found(node) => {
+            target.annotate(&node, &m.metadata.namespace, &m.metadata.name).await?;
+            m.status.node_ref = Some(node_ref(&node));
+            if node.is_ready() {
+                set_condition(&mut m.status.conditions, ConditionType::NodeReady, true, Reason::NodeReady, "");
+            } else {
+                let message = format!("node {} is not Ready ({:?})", node.name, node.readiness);
+                set_condition(
+                    &mut m.status.conditions,
+                    ConditionType::NodeReady,
+                    false,
+                    Reason::NodeNotReady,
+                    &message,
+                );
+            }
+            Ok(Some(()))
+        }
+        Lookup::Missing => {
+            let Some(r) = &m.status.node_ref else { return Ok(Some(())) };
+            let message = format!("node {} is gone while the VM still runs", r.name);
+            let newly = condition(&m.status.conditions, ConditionType::NodeReady)
+                .is_none_or(|c| c.reason != Reason::NodeMissing);
+            set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeMissing, &message);
+            if newly {
+                ctx.store.event(Kind::Machine, &m.metadata, true, "NodeMissing", message).await;
+            }
+            Ok(Some(()))
+        }
+    }
+}
+
+/// The steps before the VM's delete. `Some(action)` while one of them holds the deletion;
+/// `None` once the VM may be deleted (or when there is no target cluster or no Node).
+pub(crate) async fn before_instance_delete(
+    ctx: &Ctx,
+    key: &Key,
+    before: &Machine,
+    r: Option<&Resolved<'_>>,
+) -> Result<Option<Action>> {
+    let Some(target) = ctx.target.clone() else { return Ok(None) };
+    let phase = before.status.deletion.as_ref().map(|d| d.phase);
+    if phase.is_some_and(|p| p >= DeletionPhase::InstanceDeleting) {
+        return Ok(None);
+    }
+    let node = match lookup(&target, key, before) {
+        Lookup::NotSynced => return Ok(Some(Action::requeue(NOT_SYNCED_RETRY))),
+        // Never joined, or gone: nothing to drain.
+        Lookup::Missing => return Ok(None),
+        Lookup::Found(node) => node,
+    };
+    let mut m = before.clone();
+    m.status.phase = Phase::Terminating;
+    let now = Utc::now();
+    let d = m.status.deletion.get_or_insert_with(|| Deletion {
+        phase: DeletionPhase::PreDrainHooks,
+        phase_started: now,
+        drain_started: None,
+        drain_deadline: None,
+        pods_left: 0,
+        blocked_by: String::new(),
+        out_of_service: false,
+        forced: false,
+    });
+    let action = match d.phase {
+        DeletionPhase::PreDrainHooks => hooks(ctx, &mut m, PRE_DRAIN_HOOK_PREFIX, DeletionPhase::Draining).await,
+        DeletionPhase::Draining => drain(ctx, &target, &mut m, &node, r).await?,
+        DeletionPhase::VolumesDetaching => volumes(&target, &mut m, &node).await?,
+        DeletionPhase::PreTerminateHooks => {
+            hooks(ctx, &mut m, PRE_TERMINATE_HOOK_PREFIX, DeletionPhase::InstanceDeleting).await
+        }
+        DeletionPhase::InstanceDeleting | DeletionPhase::NodeDeleting => Action::requeue_now(),
+    };
+    write::status(ctx, before, &m).await?;
+    Ok(Some(action))
+}
+
+fn deletion(m: &mut Machine) -> &mut Deletion {
+    m.status.deletion.get_or_insert_with(|| Deletion {
+        phase: DeletionPhase::PreDrainHooks,
+        phase_started: Utc::now(),
+        drain_started: None,
+        drain_deadline: None,
+        pods_left: 0,
+        blocked_by: String::new(),
+        out_of_service: false,
+        forced: false,
+    })
+}
+
+/// Moves the deletion to its next step (written before the step acts).
+fn advance(m: &mut Machine, next: DeletionPhase) {
+    let now = Utc::now();
+    let drain_timeout = Duration::from_secs(m.node_settings().drain_timeout_seconds);
+    let d = deletion(m);
+    d.phase = next;
+    d.phase_started = now;
+    d.blocked_by.clear();
+    if next == DeletionPhase::Draining && d.drain_started.is_none() {
+        d.drain_started = Some(now);
+        d.drain_deadline = Some(now + chrono::Duration::from_std(drain_timeout).unwrap_or(chrono::Duration::hours(1)));
+    }
+    let (reason, message) = match next {
+        DeletionPhase::PreDrainHooks => (Reason::WaitingForPreDrainHooks, String::new()),
+        DeletionPhase::Draining => (Reason::Draining, "cordoned; evicting pods".to_string()),
+        DeletionPhase::VolumesDetaching => {
+            (Reason::WaitingForVolumeDetach, "drained; waiting for volumes to detach".into())
+        }
+        DeletionPhase::PreTerminateHooks => (Reason::WaitingForPreTerminateHooks, String::new()),
+        DeletionPhase::InstanceDeleting => (Reason::DeletingInstance, "deleting the VM".into()),
+        DeletionPhase::NodeDeleting => (Reason::DeletingNode, "the VM is gone; deleting its Node".into()),
+    };
+    set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
+}
+
+/// Waits while annotations with `prefix` are on the Machine, then moves to `next`.
+async fn hooks(ctx: &Ctx, m: &mut Machine, prefix: &str, next: DeletionPhase) -> Action {
+    let held: Vec<&String> = m.metadata.annotations.keys().filter(|k| k.starts_with(prefix)).collect();
+    if held.is_empty() {
+        advance(m, next);
+        return Action::requeue_now();
+    }
+    let names = held.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
+    let reason = if prefix == PRE_DRAIN_HOOK_PREFIX {
+        Reason::WaitingForPreDrainHooks
+    } else {
+        Reason::WaitingForPreTerminateHooks
+    };
+    let message = format!("held by {names} (the deletion goes on when removed)");
+    let d = deletion(m);
+    if d.blocked_by != names {
+        d.blocked_by = names;
+        ctx.store.event(Kind::Machine, &m.metadata, false, reason.as_str(), message.clone()).await;
+    }
+    set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
+    Action::requeue(HOOK_RECHECK)
+}
+
+/// Whether the driver reports the machine's VM gone or stopped (asked only of a node that is
+/// not Ready: a Ready node's VM runs).
+async fn vm_gone(ctx: &Ctx, m: &Machine, r: &Resolved<'_>) -> Result<bool> {
+    let req = pb::GetMachineStatusRequest {
+        name: m.metadata.name.clone(),
+        provider_id: m.status.provider_id.clone(),
+        provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+        secrets: r.secrets.clone(),
+    };
+    match ctx.call(r.driver, "GetMachineStatus", |c| async move { c.get_machine_status(req).await }).await {
+        Ok(reply) => {
+            let state = pb::MachineState::try_from(reply.value.state).unwrap_or(pb::MachineState::Unknown);
+            Ok(matches!(state, pb::MachineState::Stopped | pb::MachineState::Deleting | pb::MachineState::Failed))
+        }
+        Err(e) => match policy::decide(&e.report, Source::Call(Rpc::Read)) {
+            Decision::Absent => Ok(true),
+            _ => Err(ReconcileError::call(&e, Rpc::Read)),
+        },
+    }
+}
+
+/// One look at the drain: cordon, then evict what may go, delete what is due, and move on when
+/// nothing is left.
+async fn drain(
+    ctx: &Ctx,
+    target: &Target,
+    m: &mut Machine,
+    node: &Arc<NodeView>,
+    r: Option<&Resolved<'_>>,
+) -> Result<Action> {
+    let now = Utc::now();
+    let deadline = match deletion(m).drain_deadline {
+        Some(d) => d,
+        None => {
+            advance(m, DeletionPhase::Draining);
+            deletion(m).drain_deadline.unwrap_or(now)
+        }
+    };
+    // A node that is not Ready may be a dead VM's: then nothing can be evicted gracefully.
+    let mut dead = deletion(m).out_of_service;
+    if !dead && !node.is_ready() {
+        if let Some(r) = r {
+            dead = vm_gone(ctx, m, r).await?;
+        }
+    }
+    if dead {
+        if !deletion(m).out_of_service {
+            deletion(m).out_of_service = true;
+            let message =
+                format!("node {} is not Ready and its VM is gone: deleting its pods without eviction", node.name);
+            ctx.store.event(Kind::Machine, &m.metadata, true, "OutOfService", message).await;
+        }
+        target.mark_out_of_service(node).await?;
+    } else {
+        target.cordon(node).await?;
+    }
+    let pods = target.pods_on(&node.name).await?;
+    let mut left = 0u32;
+    let mut evicted = 0u32;
+    let mut forced = Vec::new();
+    let mut refused: Option<(String, drain::Refusal)> = None;
+    let mut waiting = Vec::new();
+    for pod in &pods {
+        let step = drain::step(pod, now, deadline, dead);
+        if step.holds_drain() {
+            left += 1;
+        }
+        match step {
+            drain::PodStep::Skip(_) => {}
+            drain::PodStep::WaitGone => {}
+            drain::PodStep::Evict => match target.evict(pod).await? {
+                Evicted::Accepted => evicted += 1,
+                Evicted::Gone => {}
+                Evicted::Refused(r) => {
+                    waiting.push(pod);
+                    refused.get_or_insert((nodes::pod_name(pod), r));
+                }
+            },
+            drain::PodStep::Delete { grace_seconds } => {
+                target.delete_pod(pod, grace_seconds).await?;
+                forced.push(format!("{} (grace {grace_seconds}s)", nodes::pod_name(pod)));
+            }
+        }
+    }
+    let node_name = node.name.clone();
+    if !forced.is_empty() && !dead {
+        deletion(m).forced = true;
+        let message = format!(
+            "drain deadline {} reached on node {node_name}: deleted {} pod(s) instead of evicting them: {}",
+            deadline.to_rfc3339(),
+            forced.len(),
+            forced.join(", ")
+        );
+        ctx.store.event(Kind::Machine, &m.metadata, true, "DrainForced", message).await;
+    }
+    deletion(m).pods_left = left;
+    if left == 0 {
+        let how = match (deletion(m).out_of_service, deletion(m).forced) {
+            (true, _) => "out of service",
+            (false, true) => "forced at the deadline",
+            (false, false) => "every pod evicted",
+        };
+        let message = format!("node {node_name} drained ({how})");
+        ctx.store.event(Kind::Machine, &m.metadata, false, "Drained", message).await;
+        advance(m, DeletionPhase::VolumesDetaching);
+        return Ok(Action::requeue_now());
+    }
+    let (reason, message, blocked) = match &refused {
+        Some((pod, r)) => {
+            let budget = match &r.budget {
+                Some(b) => {
+                    let ns = pod.split('/').next().unwrap_or("default");
+                    let never = match target.budget(ns, b).await? {
+                        Some(pdb) => drain::never_allows_eviction(&pdb),
+                        None => false,
+                    };
+                    if never {
+                        format!("PodDisruptionBudget {ns}/{b} (it can never allow an eviction as configured)")
+                    } else {
+                        format!("PodDisruptionBudget {ns}/{b}")
+                    }
+                }
+                None => "the API server".to_string(),
+            };
+            let reason = if budget.contains("never allow") {
+                Reason::DisruptionBudgetUnsatisfiable
+            } else {
+                Reason::EvictionBlocked
+            };
+            let blocked = format!("{budget} blocks the eviction of pod {pod}");
+            let message = format!(
+                "{left} pod(s) left on node {node_name}; {blocked}: {}; pods are deleted at the drain deadline {}",
+                r.message,
+                deadline.to_rfc3339()
+            );
+            (reason, message, blocked)
+        }
+        None => (
+            Reason::Draining,
+            format!(
+                "{left} pod(s) left on node {node_name} ({evicted} evicted now); deadline {}",
+                deadline.to_rfc3339()
+            ),
+            String::new(),
+        ),
+    };
+    if !blocked.is_empty() && deletion(m).blocked_by != blocked {
+        ctx.store.event(Kind::Machine, &m.metadata, true, reason.as_str(), message.clone()).await;
+    }
+    deletion(m).blocked_by = blocked;
+    set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
+    // Look again soon; no later than the next forced deletion comes due.
+    let mut next = ctx.config.drain_poll_interval;
+    if let Some(due) = drain::next_forced(&pods, deadline) {
+        next = next.min((due - now).to_std().unwrap_or_default().max(Duration::from_millis(100)));
+    }
+    Ok(Action::requeue(next))
+}
+
+/// Waits for the node's VolumeAttachments to go, at most `volumeDetachTimeoutSeconds`.
+async fn volumes(target: &Target, m: &mut Machine, node: &NodeView) -> Result<Action> {
+    let attached = target.volume_attachments(&node.name).await?;
+    let timeout = Duration::from_secs(m.node_settings().volume_detach_timeout_seconds);
+    let waited = elapsed_since(Some(deletion(m).phase_started));
+    if attached == 0 || waited >= timeout {
+        advance(m, DeletionPhase::PreTerminateHooks);
+        return Ok(Action::requeue_now());
+    }
+    let message = format!("{attached} volume(s) still attached to node {}", node.name);
+    set_condition(&mut m.status.conditions, ConditionType::Deleting, true, Reason::WaitingForVolumeDetach, &message);
+    Ok(Action::requeue(Duration::from_secs(2)))
+}
+
+/// Records that the VM's delete begins (the step after the hooks).
+pub(crate) fn instance_deleting(m: &mut Machine) {
+    if m.status.deletion.as_ref().is_some_and(|d| d.phase < DeletionPhase::InstanceDeleting) {
+        advance(m, DeletionPhase::InstanceDeleting);
+    }
+}
+
+/// The VM is gone: deletes its Node (if it had one) before the Machine is let go.
+///
+/// # Errors
+/// The target cluster's refusal (retried).
+pub(crate) async fn delete_node(ctx: &Ctx, key: &Key, m: &Machine) -> Result<Option<Action>> {
+    let Some(target) = ctx.target.clone() else { return Ok(None) };
+    let node = match lookup(&target, key, m) {
+        Lookup::NotSynced => return Ok(Some(Action::requeue(NOT_SYNCED_RETRY))),
+        Lookup::Missing => None,
+        Lookup::Found(node) => Some(node),
+    };
+    if let Some(node) = node {
+        target.delete_node(&node.name, &node.uid).await?;
+        let message = format!("deleted node {} after its VM", node.name);
+        ctx.store.event(Kind::Machine, &m.metadata, false, "NodeDeleted", message).await;
+    }
+    target.cache.unlink(key);
+    Ok(None)
+}
