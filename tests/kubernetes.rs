@@ -53,6 +53,8 @@ impl World {
         let port = free_port();
         let child = Command::new(bin("machine-controller"))
             .args(["--store", "kubernetes", "run", "--namespace", &self.ns])
+            // These tests are about the store; the node tests (tests/nodes.rs) run a whole cluster.
+            .arg("--no-target-cluster")
             .args(["--driver", &format!("fake={}", self.sidecar.endpoint())])
             .args(["--debounce", "20ms", "--health-check-interval", "1s", "--resync-interval", "5s"])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])

@@ -253,7 +253,39 @@ fn meta(m: &ObjectMeta) -> Check {
 
 fn template(t: &MachineTemplate) -> Check {
     name("spec.template.spec.classRef.name", &t.spec.class_ref.name)?;
-    object_or_absent("spec.template.spec.providerSpec", t.spec.provider_spec.as_ref())
+    object_or_absent("spec.template.spec.providerSpec", t.spec.provider_spec.as_ref())?;
+    if let Some(nt) = &t.spec.node_template {
+        node_template("spec.template.spec.nodeTemplate", nt)?;
+    }
+    Ok(())
+}
+
+fn node_template(field: &str, t: &NodeTemplate) -> Check {
+    for (i, taint) in t.taints.iter().enumerate() {
+        if taint.key.is_empty() {
+            return fail(&format!("{field}.taints[{i}].key"), "must not be empty");
+        }
+        if !matches!(taint.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+            return fail(
+                &format!("{field}.taints[{i}].effect"),
+                format!("must be NoSchedule, PreferNoSchedule or NoExecute, got {:?}", taint.effect),
+            );
+        }
+    }
+    for k in t.labels.keys().chain(t.annotations.keys()) {
+        if k.is_empty() {
+            return fail(field, "label and annotation keys must not be empty");
+        }
+    }
+    Ok(())
+}
+
+/// The node settings a deployment or pool gives its machines.
+fn node_settings(s: &NodeSettings) -> Check {
+    if s.drain_timeout_seconds == 0 {
+        return fail("spec.drainTimeoutSeconds", "must be at least 1 (a drain always has a deadline)");
+    }
+    Ok(())
 }
 
 fn int_or_percent(field: &str, v: &IntOrPercent, round_up: bool) -> Check {
@@ -317,13 +349,14 @@ fn validate(obj: &AnyObject) -> Check {
             if d.spec.max_concurrent_replacements == 0 {
                 return fail("spec.maxConcurrentReplacements", "must be at least 1");
             }
-            Ok(())
+            node_settings(&d.spec.node_settings())
         }
         AnyObject::MachinePool(p) => {
             replicas(p.spec.replicas)?;
             template(&p.spec.template)?;
             int_or_percent("spec.strategy.maxSurge", &p.spec.strategy.max_surge, true)?;
-            int_or_percent("spec.strategy.maxUnavailable", &p.spec.strategy.max_unavailable, false)
+            int_or_percent("spec.strategy.maxUnavailable", &p.spec.strategy.max_unavailable, false)?;
+            node_settings(&p.spec.node_settings())
         }
         AnyObject::Machine(m) => {
             name("spec.classRef.name", &m.spec.class_ref.name)?;
@@ -393,6 +426,21 @@ spec:
         assert!(e.contains("apiVersion"), "{e}");
         let e = first_error(&GOOD.replace("classRef: {name: small}", "classRef: {}"));
         assert!(e.contains("spec.template.spec.classRef"), "{e}");
+        let e = first_error(&GOOD.replace("replicas: 3", "replicas: 3\n  drainTimeoutSeconds: 0"));
+        assert!(e.contains("spec.drainTimeoutSeconds") && e.contains("deadline"), "{e}");
+        let e = first_error(&GOOD.replace(
+            "classRef: {name: small}",
+            "classRef: {name: small}\n      nodeTemplate: {taints: [{key: dedicated, effect: Sometimes}]}",
+        ));
+        assert!(e.contains("spec.template.spec.nodeTemplate.taints[0].effect"), "{e}");
+        assert!(parse(
+            &GOOD.replace(
+                "classRef: {name: small}",
+                "classRef: {name: small}\n      nodeTemplate: {labels: {tier: web}, taints: [{key: d, effect: NoSchedule}]}",
+            ),
+            "x.yaml"
+        )
+        .is_ok());
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub const ANNOTATION_DELETE: &str = "machine.driver.dev/delete-machine";
 pub const TAG_CONTROLLER: &str = "machine.driver.dev/controller";
 /// Cloud tag with the namespace/name of the owning Machine.
 pub const TAG_MACHINE: &str = "machine.driver.dev/machine";
+/// Annotation on a Machine: the hash of the node metadata its spec carries from the template.
+pub const ANNOTATION_NODE_TEMPLATE: &str = "machine.driver.dev/node-template-hash";
 /// Annotation on a Node naming its Machine as `namespace/name`.
 pub const ANNOTATION_NODE_MACHINE: &str = "machine.driver.dev/machine";
 /// Annotations starting with this hold a Machine's deletion before its node is drained, until
@@ -395,6 +397,46 @@ pub struct MachineTemplateSpec {
     /// Fields merged over the class's provider spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_spec: Option<Value>,
+    /// Labels, annotations and taints kept on each machine's Node (with a target cluster). A
+    /// change updates the Nodes in place: it is not a new revision and replaces nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_template: Option<NodeTemplate>,
+}
+
+/// What a machine's Node carries from its template.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeTemplate {
+    /// Labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Taints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<NodeTaint>,
+}
+
+impl NodeTemplate {
+    /// A short hash of a template's node metadata ("" for none): recorded on each Machine as
+    /// [`ANNOTATION_NODE_TEMPLATE`] so a change is carried to existing machines in place.
+    pub fn hash_of(t: Option<&NodeTemplate>) -> String {
+        t.filter(|t| **t != NodeTemplate::default()).map(short_hash).unwrap_or_default()
+    }
+}
+
+/// A taint on a Node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeTaint {
+    /// Key.
+    pub key: String,
+    /// Value.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
 }
 
 /// A machine template.
@@ -781,6 +823,9 @@ pub struct MachineSpec {
     /// Node lifecycle settings (copied from the owning deployment or pool; defaults otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<NodeSettings>,
+    /// Labels, annotations and taints kept on the Node (from the template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_template: Option<NodeTemplate>,
 }
 
 /// Lifecycle phase of a Machine.

@@ -1,6 +1,6 @@
 //! The Kubernetes backend at scale (issue: Kubernetes backend), side by side with the embedded
 //! store in the same run. Real processes: `fake-driver` and `machine-controller run` (release
-//! builds) over a Unix socket; kube-apiserver + etcd from `tests/tools/install-kube-apiserver.sh`.
+//! builds) over a Unix socket; kube-apiserver + etcd from `tests/tools/install-kube-cluster.sh`.
 //!
 //! 1. 1,000 machines from one MachineDeployment to Running (fake create latency 2 s, 10 workers):
 //!    through the API server vs through the embedded store.
@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! cargo build --release -p fake-driver -p machine-controller
-//! export KUBE_APISERVER_DIR=$(bash tests/tools/install-kube-apiserver.sh)
+//! export KUBE_CLUSTER_DIR=$(bash tests/tools/install-kube-cluster.sh)
 //! cargo bench -p e2e-tests --bench kube_scale              # full run
 //! cargo bench -p e2e-tests --bench kube_scale -- --quick   # 200 / 2,000 machines
 //! cargo bench -p e2e-tests --bench kube_scale -- --rss-only  # only the 10,000-machine run
@@ -74,7 +74,8 @@ fn controller(store: &str, fake: &Fake, kubeconfig: Option<&Path>) -> Child {
         .stderr(Stdio::null())
         .kill_on_drop(true);
     if let Some(k) = kubeconfig {
-        cmd.env("KUBECONFIG", k);
+        // Machines through the API server, without Nodes (no kubelets here).
+        cmd.env("KUBECONFIG", k).arg("--no-target-cluster");
     }
     cmd.spawn().unwrap()
 }

@@ -6,6 +6,7 @@
 //! - [`cache`]: the Nodes from one watch, indexed by name and normalized provider ID;
 //! - [`provider_id`]: how provider IDs compare;
 //! - [`drain`]: what a drain does with each pod, and what an eviction's refusal means;
+//! - [`metadata`]: the template's labels, annotations and taints kept on the Node;
 //! - [`Target`]: the calls to the target cluster (cordon, evict, delete, annotate).
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, 
 
 pub mod cache;
 pub mod drain;
+pub mod metadata;
 pub mod provider_id;
 
 pub use cache::{Lookup, NodeCache, NodeView, Readiness};
@@ -89,6 +91,21 @@ impl Target {
         let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION_NODE_MACHINE: value}}});
         self.nodes().patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         Ok(())
+    }
+
+    /// Brings the Node's labels, annotations and taints to the template's (see [`metadata`]).
+    /// `true` when it wrote.
+    ///
+    /// # Errors
+    /// The API server's refusal.
+    pub async fn sync_metadata(
+        &self,
+        node: &NodeView,
+        desired: &crate::resources::NodeTemplate,
+    ) -> Result<bool, Error> {
+        let Some(patch) = metadata::patch(node, desired) else { return Ok(false) };
+        self.nodes().patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        Ok(true)
     }
 
     /// Cordons a Node: `spec.unschedulable`, the draining `NoSchedule` taint and the label that

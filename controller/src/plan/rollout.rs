@@ -26,8 +26,15 @@ pub const ANNOTATION_REPLACING: &str = "machine.driver.dev/replacing";
 pub const HISTORY: usize = 5;
 
 /// The revision (template hash) of a template.
+/// Node metadata is not part of it: a change of `nodeTemplate` alone is carried to the existing
+/// machines in place.
 pub fn revision(t: &MachineTemplate) -> String {
-    short_hash(t)
+    if t.spec.node_template.is_none() {
+        return short_hash(t);
+    }
+    let mut without = t.clone();
+    without.spec.node_template = None;
+    short_hash(&without)
 }
 
 /// A Machine as the planner reads it: what decides creates, deletes, replacements and status,
@@ -55,6 +62,8 @@ pub struct Member {
     pub phase: Phase,
     /// Its permanent failure.
     pub failure: Option<Box<Failure>>,
+    /// The hash of the node metadata it carries ([`ANNOTATION_NODE_TEMPLATE`]).
+    pub node_template: String,
     /// Its Node is known not to be Ready (`NodeReady=False`; only with a target cluster).
     pub node_not_ready: bool,
     /// Why it is not available yet: of a machine that is not available only.
@@ -163,6 +172,7 @@ impl StoredMember {
             marked_for_deletion: m.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"),
             phase: st.phase,
             failure: st.failure.map(Box::new),
+            node_template: m.annotations.get(ANNOTATION_NODE_TEMPLATE).cloned().unwrap_or_default(),
             node_not_ready,
             waiting,
         }

@@ -64,6 +64,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             in_place(ctx, &md, template, &plan.target_revision, work, &by_name, &mut next.status).await?;
         }
     }
+    node_metadata(ctx, &md, &machines).await?;
     let doomed: Vec<Key> = plan
         .delete
         .iter()
@@ -132,12 +133,17 @@ fn new_machine(md: &MachineDeployment, t: &MachineTemplate, rev: &str, name: &st
             creation_timeout_seconds: Some(md.spec.creation_timeout_seconds),
             health_timeout_seconds: Some(md.spec.health_timeout_seconds),
             node: Some(md.spec.node_settings()),
+            node_template: t.spec.node_template.clone(),
         },
     );
     m.metadata.labels = t.metadata.labels.clone();
     m.metadata.labels.insert(LABEL_DEPLOYMENT.into(), md.metadata.name.clone());
     m.metadata.labels.insert(LABEL_REVISION.into(), rev.into());
     m.metadata.annotations = t.metadata.annotations.clone();
+    let node_template = NodeTemplate::hash_of(t.spec.node_template.as_ref());
+    if !node_template.is_empty() {
+        m.metadata.annotations.insert(ANNOTATION_NODE_TEMPLATE.into(), node_template);
+    }
     m.metadata.finalizers = vec![FINALIZER.into()];
     m.metadata.owner_references = vec![OwnerReference {
         api_version: API_VERSION.into(),
@@ -147,6 +153,28 @@ fn new_machine(md: &MachineDeployment, t: &MachineTemplate, rev: &str, name: &st
         controller: true,
     }];
     m
+}
+
+/// Carries the template's node metadata to every live machine that has another (in place: the
+/// machine's reconciler updates its Node; no driver call, no replacement).
+async fn node_metadata(ctx: &Ctx, md: &MachineDeployment, machines: &[Member]) -> Result<()> {
+    let desired = md.spec.template.spec.node_template.as_ref();
+    let want = NodeTemplate::hash_of(desired);
+    for member in machines.iter().filter(|m| !m.deleting && m.node_template != want) {
+        let Some(m) = whole(ctx, md, member).await? else { continue };
+        let mut next = m.clone();
+        next.spec.node_template = desired.cloned().filter(|t| *t != NodeTemplate::default());
+        if want.is_empty() {
+            next.metadata.annotations.remove(ANNOTATION_NODE_TEMPLATE);
+        } else {
+            next.metadata.annotations.insert(ANNOTATION_NODE_TEMPLATE.into(), want.clone());
+        }
+        match ctx.store.update(&next).await {
+            Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Deletes a failed machine so it gets replaced, marking it as a replacement.

@@ -59,6 +59,21 @@ fn elapsed_since(t: Option<Time>) -> Duration {
     t.and_then(|t| (Utc::now() - t).to_std().ok()).unwrap_or_default()
 }
 
+/// Links a found Node: `nodeRef`, the Node annotated with its Machine, and the template's
+/// labels, annotations and taints kept on it (a Node of a machine being deleted is left as is).
+async fn link(ctx: &Ctx, target: &Target, m: &mut Machine, node: &NodeView) -> Result<()> {
+    target.annotate(node, &m.metadata.namespace, &m.metadata.name).await?;
+    m.status.node_ref = Some(node_ref(node));
+    if !m.is_deleting() && !node.deleting {
+        let desired = m.spec.node_template.clone().unwrap_or_default();
+        if target.sync_metadata(node, &desired).await? {
+            let message = format!("node {} carries the template's labels, annotations and taints", node.name);
+            ctx.store.event(Kind::Machine, &m.metadata, false, "NodeMetadataApplied", message).await;
+        }
+    }
+    Ok(())
+}
+
 /// A `Provisioned` machine (its VM runs): Running once its Node is Ready; Failed with
 /// `NodeNotJoined` when that takes longer than `nodeStartupTimeoutSeconds`.
 pub(crate) async fn join(
@@ -73,8 +88,7 @@ pub(crate) async fn join(
     match lookup(target, key, &m) {
         Lookup::NotSynced => return Ok(Action::requeue(NOT_SYNCED_RETRY)),
         Lookup::Found(node) => {
-            target.annotate(&node, &m.metadata.namespace, &m.metadata.name).await?;
-            m.status.node_ref = Some(node_ref(&node));
+            link(ctx, target, &mut m, &node).await?;
             if node.is_ready() {
                 m.status.phase = Phase::Running;
                 set_condition(&mut m.status.conditions, ConditionType::NodeReady, true, Reason::NodeReady, "");
@@ -120,8 +134,7 @@ pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machi
     match lookup(target, key, m) {
         Lookup::NotSynced => Ok(None),
         Lookup::Found(node) => {
-            target.annotate(&node, &m.metadata.namespace, &m.metadata.name).await?;
-            m.status.node_ref = Some(node_ref(&node));
+            link(ctx, target, m, &node).await?;
             if node.is_ready() {
                 set_condition(&mut m.status.conditions, ConditionType::NodeReady, true, Reason::NodeReady, "");
             } else {

@@ -398,6 +398,7 @@ async fn mirror(
                         creation_timeout_seconds: None,
                         health_timeout_seconds: None,
                         node: Some(pool.spec.node_settings()),
+                        node_template: pool.spec.template.spec.node_template.clone(),
                     },
                 );
                 m.metadata.labels.insert(LABEL_POOL.into(), pool.metadata.name.clone());
@@ -516,6 +517,10 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
     }
     let Some(pref) = m.spec.pool_ref.clone() else { return Ok(Action::AwaitChange) };
     let release = |m: Machine| async move {
+        // The instance is gone: its Node goes before the Machine (with a target cluster).
+        if let Some(action) = super::node::delete_node(ctx, key, &m).await? {
+            return Ok(action);
+        }
         write::release(ctx, &m).await?;
         Ok(Action::AwaitChange)
     };
@@ -559,6 +564,10 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
             Err(e) => Err(ReconcileError::call(&e, Rpc::Poll)),
         };
     }
+    // With a target cluster: hooks, cordon, drain and volumes before the instance goes.
+    if let Some(action) = super::node::before_instance_delete(ctx, key, &m, Some(&r)).await? {
+        return Ok(action);
+    }
     let req = pb::DeletePoolInstancesRequest {
         pool_name: pref.name.clone(),
         instance_ids: vec![pref.instance_id.clone()],
@@ -571,6 +580,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
             let mut next = m.clone();
             next.status.operations = vec![stored(OperationKind::DeletePoolInstances, &reply.value, &reply.request_id)];
             next.status.phase = Phase::Terminating;
+            super::node::instance_deleting(&mut next);
             next.status.last_operation =
                 Some(last(OperationType::Delete, OperationState::Processing, &reply.request_id, None));
             if write::status(ctx, &m, &next).await? == Written::Gone {
@@ -611,6 +621,7 @@ mod tests {
                 creation_timeout_seconds: None,
                 health_timeout_seconds: None,
                 node: None,
+                node_template: None,
             },
         );
         if deleting {

@@ -700,3 +700,14 @@ fn a_member_keeps_what_the_planner_decides_on_and_why_a_machine_waits() {
     set_condition(&mut running.status.conditions, ConditionType::Ready, true, Reason::Running, "");
     assert!(Member::from(&running).waiting.is_none(), "an available machine carries no wait reason");
 }
+
+#[test]
+fn node_metadata_is_not_part_of_the_revision() {
+    let mut t = MachineTemplate::default();
+    t.spec.class_ref.name = "small".into();
+    let plain = revision(&t);
+    t.spec.node_template = Some(NodeTemplate { labels: [("tier".into(), "web".into())].into(), ..Default::default() });
+    assert_eq!(revision(&t), plain, "a node metadata change is carried in place, not rolled out");
+    t.spec.provider_spec = Some(serde_json::json!({"image": "os-2"}));
+    assert_ne!(revision(&t), plain);
+}
