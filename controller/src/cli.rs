@@ -817,13 +817,15 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Failure> {
         other => other.clone(),
     };
     let store = open(&spec).await?;
-    let target = match (&args.target_kubeconfig, store.backend().kube_client()) {
-        (_, _) if args.no_target_cluster => None,
+    let target = match (&args.target_kubeconfig, &spec) {
+        _ if args.no_target_cluster => None,
         (Some(path), _) => Some(
             crate::nodes::Target::from_kubeconfig(path).await.map_err(|e| fail(format!("--target-kubeconfig {e}")))?,
         ),
-        (None, Some(client)) => Some(crate::nodes::Target::new(client)),
-        (None, None) => None,
+        (None, StoreSpec::Kubernetes { .. }) => Some(
+            crate::nodes::Target::infer().await.map_err(|e| fail(format!("the target cluster (the store's): {e}")))?,
+        ),
+        (None, _) => None,
     };
     if target.is_none() {
         tracing::info!("no target cluster: Nodes are not managed (machines are Running when their VM runs)");

@@ -61,8 +61,8 @@ impl Target {
         Self { client, cache: Arc::new(NodeCache::default()) }
     }
 
-    /// A client from a kubeconfig file (never the process's environment: the control cluster
-    /// may be another).
+    /// A target cluster from a kubeconfig file (never the process's environment: the control
+    /// cluster may be another).
     ///
     /// # Errors
     /// An unreadable or invalid kubeconfig.
@@ -71,8 +71,29 @@ impl Target {
         let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        let client = kube::Client::try_from(config).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(Self::new(client))
+        Self::from_config(config).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The target cluster of the process's environment (in-cluster, or `KUBECONFIG`): the
+    /// same cluster as `--store kubernetes`.
+    ///
+    /// # Errors
+    /// No usable configuration.
+    pub async fn infer() -> Result<Self, String> {
+        let config = kube::Config::infer().await.map_err(|e| e.to_string())?;
+        Self::from_config(config).map_err(|e| e.to_string())
+    }
+
+    /// A target cluster from a client configuration, with the client's own retries off: kube's
+    /// default retries 429 for minutes, and a 429 from the Eviction API is a
+    /// PodDisruptionBudget's answer that the drain reports and asks again, not throttling to
+    /// sit out inside one call.
+    ///
+    /// # Errors
+    /// A configuration the client refuses.
+    pub fn from_config(mut config: kube::Config) -> Result<Self, kube::Error> {
+        config.default_retry = false;
+        Ok(Self::new(kube::Client::try_from(config)?))
     }
 
     fn nodes(&self) -> Api<Node> {

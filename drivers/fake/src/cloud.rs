@@ -70,6 +70,9 @@ pub(crate) struct FMachine {
     pub(crate) pending_spec: Option<Value>,
     /// Why the machine is Failed.
     pub(crate) failure: Option<CloudError>,
+    /// `StopKubelet` was called: its Node is marked as not reporting and never registered again.
+    #[serde(default)]
+    pub(crate) kubelet_stopped: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -129,6 +132,9 @@ pub(crate) struct Counters {
     pub(crate) quota_refusals: u64,
     pub(crate) faults_fired: u64,
     pub(crate) peak_machines: u64,
+    /// Machines that vanished through `RemoveMachine`.
+    #[serde(default)]
+    pub(crate) machines_removed_out_of_band: u64,
 }
 
 /// Everything the cloud knows; persisted as one JSON document when a state file is set.
@@ -149,6 +155,10 @@ pub(crate) struct State {
     pub(crate) times_created: BTreeMap<String, u32>,
     pub(crate) counters: Counters,
     pub(crate) next_ip: u32,
+    /// Which cloud this is (set when first created, kept in the state file): the Nodes its
+    /// kubelets register carry it, so after a restart they are recognised as this cloud's.
+    #[serde(default)]
+    pub(crate) cloud_id: String,
 }
 
 /// Finished operations are kept this long so their tokens still resolve.

@@ -1,4 +1,5 @@
-//! The `fakecloud.v1.FakeCloud` service: inspection and runtime fault rules.
+//! The `fakecloud.v1.FakeCloud` service: inspection, runtime fault rules, and the test aids
+//! `StopKubelet` and `RemoveMachine`.
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use crate::FakeDriver;
 /// Serves inspection and fault-injection calls for one [`FakeDriver`].
 #[derive(Clone)]
 pub struct FakeCloudService {
-    driver: Arc<FakeDriver>,
+    pub(crate) driver: Arc<FakeDriver>,
 }
 
 impl FakeCloudService {
@@ -42,5 +43,21 @@ impl pb::fake_cloud_server::FakeCloud for FakeCloudService {
         Ok(Response::new(pb::GetFaultsResponse {
             rules: self.driver.faults().iter().map(FaultRule::to_proto).collect(),
         }))
+    }
+
+    async fn stop_kubelet(
+        &self,
+        req: Request<pb::StopKubeletRequest>,
+    ) -> Result<Response<pb::StopKubeletResponse>, Status> {
+        self.driver.stop_kubelet(&req.into_inner().machine)?;
+        Ok(Response::new(pb::StopKubeletResponse {}))
+    }
+
+    async fn remove_machine(
+        &self,
+        req: Request<pb::RemoveMachineRequest>,
+    ) -> Result<Response<pb::RemoveMachineResponse>, Status> {
+        self.driver.remove_machine(&req.into_inner().machine)?;
+        Ok(Response::new(pb::RemoveMachineResponse {}))
     }
 }

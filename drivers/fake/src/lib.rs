@@ -9,7 +9,19 @@
 //! - fault injection by RPC and target-name glob ([`FaultRule`]);
 //! - an optional state file, so the cloud and its in-flight operations survive a sidecar restart;
 //! - the `fakecloud.v1.FakeCloud` inspection API on the same socket (what exists, how many creates
-//!   and deletes happened, peak machine count), to prove nothing leaked or was created twice.
+//!   and deletes happened, peak machine count), to prove nothing leaked or was created twice, and
+//!   test aids: `StopKubelet` (a machine's kubelet stops reporting) and `RemoveMachine` (a VM
+//!   vanishes out of band, as if deleted in the cloud console);
+//! - optionally (`--join-cluster KUBECONFIG`, [`kubelets`]) machines that join a Kubernetes
+//!   cluster the way a kubelet registers: a Node per running machine and pool instance (name =
+//!   its `Hostname` address, `spec.providerID` = the provider ID the driver reports), annotated
+//!   for kwok to keep Ready; the Node of a VM that is gone or whose kubelet stopped turns
+//!   `Ready=Unknown` and is left for the controller to delete. The provider spec field `kubelet`
+//!   (`Joins`, `NeverJoins`, `JoinsNotReady`) injects registration faults. Without the option no
+//!   Kubernetes client exists and nothing of this runs.
+
+// The Driver trait's error type is driver_sdk::DriverError; its size is the SDK's to choose.
+#![allow(clippy::result_large_err)]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,6 +39,7 @@ mod cloud;
 pub mod connections;
 pub mod faults;
 mod inspect;
+pub mod kubelets;
 
 use cloud::{now_ms, CloudError, FInstance, FMachine, FPool, MState, State, StateFile};
 pub use faults::{FaultAction, FaultRule};
@@ -157,10 +170,17 @@ impl FakeDriver {
             r.validate().map_err(|e| format!("fault rule {i}: {e}"))?;
         }
         let file = config.state_file.as_deref().map(StateFile::new);
-        let state = match &file {
+        let mut state = match &file {
             Some(f) => f.load()?,
             None => State::default(),
         };
+        if state.cloud_id.is_empty() {
+            // Kept at once: the Nodes registered from now on name this cloud.
+            state.cloud_id = uuid::Uuid::new_v4().simple().to_string();
+            if let Some(f) = &file {
+                f.save(&state).map_err(|e| e.to_string())?;
+            }
+        }
         let burst = f64::from(config.burst.max(1));
         Ok(Self {
             faults: Mutex::new(config.faults.clone()),
@@ -271,7 +291,7 @@ impl FakeDriver {
         let short = &m.id[..8.min(m.id.len())];
         Machine {
             name: m.name.clone(),
-            provider_id: format!("fake:///{}/{}", m.zone, m.id),
+            provider_id: machine_provider_id(m),
             state,
             addresses: vec![
                 Address { kind: "InternalIP".into(), address: m.ip.clone() },
@@ -381,7 +401,9 @@ impl FakeDriver {
                 "tags": {"type": "object", "additionalProperties": {"type": "string"}, "description": "cloud tags; changed in place"},
                 "userData": {"type": "string", "description": "boot script; changing it replaces the machine"},
                 "simulateFailure": {"type": "string", "enum": ["", "provisioning", "unhealthy"],
-                                     "description": "test aid: creates fail (provisioning) or machines turn Failed after boot (unhealthy)"}
+                                     "description": "test aid: creates fail (provisioning) or machines turn Failed after boot (unhealthy)"},
+                "kubelet": {"type": "string", "enum": ["Joins", "NeverJoins", "JoinsNotReady"],
+                            "description": "test aid for a sidecar started with --join-cluster: the machine's Node registers and kwok makes it Ready (Joins, the default), is never registered (NeverJoins), or registers but never turns Ready (JoinsNotReady); like any other field but machineType, tags and diskGiB, changing it replaces the machine"}
             },
             "examples": [
                 {"machineType": "small", "zone": "zone-a", "image": "fake-os-1"},
@@ -419,6 +441,7 @@ impl FakeDriver {
             faults_fired: c.faults_fired,
             peak_machines: c.peak_machines,
             machines_now: st.machines.len() as u64,
+            machines_removed_out_of_band: c.machines_removed_out_of_band,
         };
         let resp = pb::InspectResponse {
             machines: st
@@ -426,11 +449,12 @@ impl FakeDriver {
                 .values()
                 .map(|m| pb::MachineView {
                     name: m.name.clone(),
-                    provider_id: format!("fake:///{}/{}", m.zone, m.id),
+                    provider_id: machine_provider_id(m),
                     state: m.state.as_str().into(),
                     spec_hash: m.hash.clone(),
                     labels: m.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                     times_created: st.times_created.get(&m.name).copied().unwrap_or(0),
+                    kubelet_stopped: m.kubelet_stopped,
                 })
                 .collect(),
             pools: st
@@ -461,6 +485,66 @@ impl FakeDriver {
         resp
     }
 
+    /// `StopKubelet`: the machine's kubelet stops reporting; its VM keeps running.
+    pub(crate) fn stop_kubelet(&self, name: &str) -> std::result::Result<(), tonic::Status> {
+        let mut st = self.cloud();
+        let m = st.machines.get_mut(name).ok_or_else(|| inspect_not_found(name))?;
+        if m.kubelet_stopped {
+            return Ok(());
+        }
+        m.kubelet_stopped = true;
+        self.save(&st).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        tracing::info!(machine = %name, "kubelet stopped (test aid)");
+        Ok(())
+    }
+
+    /// `RemoveMachine`: the machine vanishes from the cloud, with no `DeleteMachine`.
+    pub(crate) fn remove_machine(&self, name: &str) -> std::result::Result<(), tonic::Status> {
+        let mut st = self.cloud();
+        st.machines.remove(name).ok_or_else(|| inspect_not_found(name))?;
+        st.counters.machines_removed_out_of_band += 1;
+        self.save(&st).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        tracing::info!(machine = %name, "machine removed out of band (test aid)");
+        Ok(())
+    }
+
+    /// The cloud's ID and every VM as its kubelet sees it (machines, then pool instances), for
+    /// the [`kubelets`] task. The lock is held only while copying.
+    pub(crate) fn kubelet_view(&self) -> (String, Vec<kubelets::Vm>) {
+        let st = self.cloud();
+        let machine_type =
+            |spec: &Value| spec.get("machineType").and_then(Value::as_str).unwrap_or("small").to_string();
+        let mut vms = Vec::with_capacity(st.machines.len() + st.instance_count());
+        for m in st.machines.values() {
+            vms.push(kubelets::Vm {
+                hostname: m.name.clone(),
+                provider_id: machine_provider_id(m),
+                ip: m.ip.clone(),
+                machine_type: machine_type(&m.spec),
+                zone: m.zone.clone(),
+                booted: matches!(m.state, MState::Running | MState::Updating),
+                kubelet: kubelets::KubeletMode::of(&m.spec),
+                stopped: m.kubelet_stopped,
+            });
+        }
+        for p in st.pools.values() {
+            let kubelet = kubelets::KubeletMode::of(&p.spec);
+            for i in p.instances.values() {
+                vms.push(kubelets::Vm {
+                    hostname: instance_hostname(p, i),
+                    provider_id: instance_provider_id(p, i),
+                    ip: i.ip.clone(),
+                    machine_type: machine_type(&p.spec),
+                    zone: p.zone.clone(),
+                    booted: matches!(instance_state(&i.state), InstanceState::Running | InstanceState::Updating),
+                    kubelet,
+                    stopped: false,
+                });
+            }
+        }
+        (st.cloud_id.clone(), vms)
+    }
+
     pub(crate) fn set_faults(&self, rules: Vec<FaultRule>) {
         *lock(&self.faults) = rules;
     }
@@ -473,12 +557,15 @@ impl FakeDriver {
         PoolInstance {
             instance_id: i.id.to_string(),
             name: format!("{}_{}", p.name, i.id),
-            provider_id: format!("fake:///{}/pools/{}/instances/{}", p.zone, p.id, i.id),
+            provider_id: instance_provider_id(p, i),
             state: instance_state(&i.state),
             provisioning_state: i.state.clone(),
             power_state: if i.state == "Creating" { PowerState::Starting } else { PowerState::Running },
             latest_model_applied: i.model == p.model,
-            addresses: vec![Address { kind: "InternalIP".into(), address: i.ip.clone() }],
+            addresses: vec![
+                Address { kind: "InternalIP".into(), address: i.ip.clone() },
+                Address { kind: "Hostname".into(), address: instance_hostname(p, i) },
+            ],
             create_time: Some(std::time::UNIX_EPOCH + Duration::from_millis(i.created_ms)),
         }
     }
@@ -574,6 +661,7 @@ impl Driver for FakeDriver {
                 op: Some(op_id.clone()),
                 pending_spec: None,
                 failure: None,
+                kubelet_stopped: false,
             },
         );
         st.counters.machines_created += 1;
@@ -957,6 +1045,26 @@ impl FakeDriver {
         self.save(&st)?;
         Ok(Self::op_view(&st, &op_id))
     }
+}
+
+/// The provider ID the driver reports for a machine.
+fn machine_provider_id(m: &FMachine) -> String {
+    format!("fake:///{}/{}", m.zone, m.id)
+}
+
+/// The provider ID the driver reports for a pool instance.
+fn instance_provider_id(p: &FPool, i: &FInstance) -> String {
+    format!("fake:///{}/pools/{}/instances/{}", p.zone, p.id, i.id)
+}
+
+/// A pool instance's host name (its `Hostname` address, and its Node's name): `<pool>-<id>`, as
+/// a scale set names its instances' computers after a prefix.
+fn instance_hostname(p: &FPool, i: &FInstance) -> String {
+    format!("{}-{}", p.name, i.id)
+}
+
+fn inspect_not_found(name: &str) -> tonic::Status {
+    tonic::Status::not_found(format!("machine {name} does not exist"))
 }
 
 /// Machine type, tags and disk growth apply in place; everything else needs a new machine.

@@ -1,4 +1,5 @@
-//! `fake-driver`: the fake cloud as a driver sidecar.
+//! `fake-driver`: the fake cloud as a driver sidecar; with `--join-cluster` its machines also
+//! register as Nodes of a Kubernetes cluster ([`fake_driver::kubelets`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +10,17 @@ use driver_sdk::{telemetry, DriverServer, ServeArgs};
 use fake_driver::{Config, FakeCloudService, FakeDriver, FaultRule};
 
 #[derive(Debug, Parser)]
-#[command(name = "fake-driver", version, about = "An in-memory cloud behind the machinedriver.v1 protocol")]
+#[command(
+    name = "fake-driver",
+    version,
+    about = "An in-memory cloud behind the machinedriver.v1 protocol",
+    after_help = "With --join-cluster the cloud's machines join that Kubernetes cluster the way a kubelet \
+registers: each running machine and pool instance gets a Node (name = its Hostname address, \
+spec.providerID = its provider ID, annotated kwok.x-k8s.io/node=fake for kwok to keep Ready); \
+the Node of a VM that is gone (or whose kubelet was stopped with fakecloud.v1.FakeCloud/StopKubelet) \
+is left in place with Ready=Unknown. Provider spec field \"kubelet\": Joins (default), NeverJoins, \
+JoinsNotReady."
+)]
 struct Cli {
     #[command(flatten)]
     serve: ServeArgs,
@@ -43,6 +54,11 @@ struct Cli {
     /// JSON file with fault-injection rules (see fakecloud.v1.FaultRule).
     #[arg(long, env = "FAKE_FAULTS")]
     faults: Option<PathBuf>,
+    /// Kubeconfig of a Kubernetes cluster the cloud's machines join: a Node is registered for each
+    /// running machine (as a kubelet would; kwok keeps it Ready) and marked not reporting when
+    /// the VM is gone. Only this file is read (not $KUBECONFIG nor an in-cluster config).
+    #[arg(long, env = "FAKE_JOIN_CLUSTER", value_name = "KUBECONFIG")]
+    join_cluster: Option<PathBuf>,
     /// Require a configured token key instead of falling back to the development key.
     #[arg(long)]
     production: bool,
@@ -91,6 +107,14 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(kubeconfig) = &cli.join_cluster {
+        // The kubelets run for the life of the process, beside the server.
+        let config = fake_driver::kubelets::config(kubeconfig).await;
+        if let Err(e) = config.and_then(|c| fake_driver::kubelets::spawn(driver.clone(), c)) {
+            eprintln!("fake-driver: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let server = DriverServer::<FakeDriver>::new(driver.clone())
         .add_service(FakeCloudService::server(driver))
         .with_connection_hook(fake_driver::connections::cuttable)

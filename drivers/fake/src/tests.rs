@@ -42,9 +42,7 @@ async fn settle(d: &FakeDriver, op: Operation) -> Operation {
     let Some(id) = t.op else { return op };
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let st = d.cloud();
-        let view = FakeDriver::op_view(&st, &id);
-        drop(st);
+        let view = FakeDriver::op_view(&d.cloud(), &id);
         if view.is_done() || Instant::now() > deadline {
             return view;
         }
@@ -207,4 +205,277 @@ async fn pools_scale_upgrade_and_delete_instances() {
     assert_eq!(p.capacity, 2);
     let ids: Vec<(&str, bool)> = p.instances.iter().map(|i| (i.instance_id.as_str(), i.latest_model_applied)).collect();
     assert_eq!(ids, vec![("1", true), ("2", false)]);
+}
+
+// ------------------------------------------------------------------ kubelets (--join-cluster)
+
+fn vm(name: &str, pid: &str) -> kubelets::Vm {
+    kubelets::Vm {
+        hostname: name.into(),
+        provider_id: pid.into(),
+        ip: "10.0.0.1".into(),
+        machine_type: "medium".into(),
+        zone: "zone-b".into(),
+        booted: true,
+        kubelet: kubelets::KubeletMode::Joins,
+        stopped: false,
+    }
+}
+
+fn registered(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(n, p)| (n.to_string(), p.to_string())).collect()
+}
+
+#[test]
+fn kubelet_plan_registers_booted_machines_once() {
+    let booting = kubelets::Vm { booted: false, ..vm("booting", "fake:///zone-b/vm-0") };
+    let never = kubelets::Vm { kubelet: kubelets::KubeletMode::NeverJoins, ..vm("never", "fake:///zone-b/vm-1") };
+    let not_ready =
+        kubelets::Vm { kubelet: kubelets::KubeletMode::JoinsNotReady, ..vm("not-ready", "fake:///zone-b/vm-2") };
+    let vms =
+        vec![booting, never, not_ready.clone(), vm("new", "fake:///zone-b/vm-3"), vm("old", "fake:///zone-b/vm-4")];
+    let plan = kubelets::plan(&vms, &registered(&[("old", "fake:///zone-b/vm-4")]));
+    let names: Vec<&str> = plan.register.iter().map(|v| v.hostname.as_str()).collect();
+    assert_eq!(names, ["not-ready", "new"], "booted, joining and not registered yet");
+    assert_eq!(plan.register[0], not_ready);
+    assert!(plan.mark_gone.is_empty());
+}
+
+#[test]
+fn kubelet_plan_marks_nodes_of_vanished_or_stopped_machines() {
+    let stopped = kubelets::Vm { stopped: true, ..vm("stopped", "fake:///zone-b/vm-1") };
+    // "again" was deleted and created anew under the same name: a new VM, a new provider ID.
+    let vms = vec![stopped, vm("again", "fake:///zone-b/vm-new"), vm("alive", "fake:///zone-b/vm-3")];
+    let reg = registered(&[
+        ("alive", "fake:///zone-b/vm-3"),
+        ("again", "fake:///zone-b/vm-old"),
+        ("gone", "fake:///zone-b/vm-2"),
+        ("stopped", "fake:///zone-b/vm-1"),
+    ]);
+    let plan = kubelets::plan(&vms, &reg);
+    let gone: Vec<(&str, &str)> = plan.mark_gone.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
+    assert_eq!(
+        gone,
+        [("again", "fake:///zone-b/vm-old"), ("gone", "fake:///zone-b/vm-2"), ("stopped", "fake:///zone-b/vm-1")]
+    );
+    let names: Vec<&str> = plan.register.iter().map(|v| v.hostname.as_str()).collect();
+    assert_eq!(names, ["again"], "a stopped kubelet never registers again; the new VM does");
+    // Once marked (no longer registered), a stopped machine needs nothing more.
+    let plan =
+        kubelets::plan(&vms, &registered(&[("alive", "fake:///zone-b/vm-3"), ("again", "fake:///zone-b/vm-new")]));
+    assert_eq!(plan, kubelets::Plan::default());
+}
+
+#[test]
+fn kubelet_node_is_shaped_like_a_kubelet_registration() {
+    let n = kubelets::node(&vm("web-1", "fake:///zone-b/vm-1"), "cloud-1");
+    assert_eq!(n.metadata.name.as_deref(), Some("web-1"));
+    assert_eq!(n.spec.as_ref().unwrap().provider_id.as_deref(), Some("fake:///zone-b/vm-1"));
+    let labels = n.metadata.labels.clone().unwrap();
+    let want = [
+        ("kubernetes.io/hostname", "web-1"),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", "amd64"),
+        ("node.kubernetes.io/instance-type", "medium"),
+        ("topology.kubernetes.io/zone", "zone-b"),
+    ];
+    assert_eq!(labels, want.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+    let annotations = n.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations.get(kubelets::KWOK_ANNOTATION).map(String::as_str), Some("fake"));
+    assert_eq!(annotations.get(kubelets::CLOUD_ANNOTATION).map(String::as_str), Some("cloud-1"));
+    let status = n.status.clone().unwrap();
+    let q = |m: &Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>, k: &str| {
+        m.as_ref().unwrap()[k].0.clone()
+    };
+    for m in [&status.capacity, &status.allocatable] {
+        assert_eq!((q(m, "cpu"), q(m, "memory"), q(m, "pods")), ("4".into(), "8Gi".into(), "110".into()));
+    }
+    let addresses: Vec<(&str, &str)> =
+        status.addresses.as_ref().unwrap().iter().map(|a| (a.type_.as_str(), a.address.as_str())).collect();
+    assert_eq!(addresses, [("InternalIP", "10.0.0.1"), ("Hostname", "web-1")]);
+    assert!(status.conditions.is_none(), "kwok's node-initialize stage sets the conditions");
+    for (t, cpu, mem) in [("small", "2", "4Gi"), ("medium", "4", "8Gi"), ("large", "8", "16Gi")] {
+        assert_eq!(kubelets::capacity(t), (cpu, mem));
+    }
+
+    let not_ready = kubelets::Vm { kubelet: kubelets::KubeletMode::JoinsNotReady, ..vm("db-1", "fake:///zone-b/vm-2") };
+    let n = kubelets::node(&not_ready, "cloud-1");
+    assert!(!n.metadata.annotations.as_ref().unwrap().contains_key(kubelets::KWOK_ANNOTATION), "kwok leaves it be");
+    let ready = &n.status.as_ref().unwrap().conditions.as_ref().unwrap()[0];
+    assert_eq!((ready.type_.as_str(), ready.status.as_str()), ("Ready", "False"));
+    assert_eq!(ready.reason.as_deref(), Some("KubeletNotReady"));
+}
+
+#[test]
+fn kubelet_stopped_patch_turns_conditions_unknown_once() {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let mut n = kubelets::node(&vm("web-1", "fake:///zone-b/vm-1"), "c");
+    assert!(kubelets::is_fake(&n));
+    let cond = |t: &str, s: &str| k8s_openapi::api::core::v1::NodeCondition {
+        type_: t.into(),
+        status: s.into(),
+        reason: Some("KubeletReady".into()),
+        ..Default::default()
+    };
+    n.status.as_mut().unwrap().conditions = Some(vec![cond("Ready", "True"), cond("MemoryPressure", "False")]);
+    n.status.as_mut().unwrap().phase = Some("Running".into());
+    let patch = kubelets::stopped_status_patch(&n, &now).unwrap();
+    assert_eq!(patch["status"]["phase"], Value::Null, "kwok's phase goes, so that no kwok stage matches");
+    assert!(patch["status"].as_object().unwrap().contains_key("phase"));
+    let conditions = patch["status"]["conditions"].as_array().unwrap();
+    assert_eq!(conditions.len(), 2);
+    for c in conditions {
+        assert_eq!(c["status"], "Unknown");
+        assert_eq!(c["reason"], kubelets::STOPPED_REASON);
+        assert_eq!(c["message"], "Kubelet stopped posting node status.");
+        assert!(c["lastTransitionTime"].is_string());
+        assert!(c.get("lastHeartbeatTime").is_none(), "the last heartbeat stays what it was");
+    }
+    assert_eq!(conditions[0]["type"], "Ready");
+    // Applied: nothing more to patch.
+    let applied: Vec<k8s_openapi::api::core::v1::NodeCondition> =
+        serde_json::from_value(patch["status"]["conditions"].clone()).unwrap();
+    n.status.as_mut().unwrap().conditions = Some(applied);
+    n.status.as_mut().unwrap().phase = None;
+    assert_eq!(kubelets::stopped_status_patch(&n, &now), None);
+    // A Node that never posted a condition gets Ready=Unknown.
+    let bare = kubelets::node(&vm("web-2", "fake:///zone-b/vm-2"), "c");
+    let patch = kubelets::stopped_status_patch(&bare, &now).unwrap();
+    assert_eq!(patch["status"]["conditions"][0]["type"], "Ready");
+    assert!(!patch["status"].as_object().unwrap().contains_key("phase"));
+    // Not a fake cloud's Node.
+    let mut other = bare;
+    other.spec.as_mut().unwrap().provider_id = Some("aws:///us-east-1a/i-1".into());
+    assert!(!kubelets::is_fake(&other));
+}
+
+#[test]
+fn kubelet_spec_field_is_in_the_schema_and_replaces_like_simulate_failure() {
+    let schema = FakeDriver::schema();
+    let check = |spec: Value| driver_sdk::schema::validate(&schema, &spec, "provider_spec");
+    for mode in ["Joins", "NeverJoins", "JoinsNotReady"] {
+        assert!(check(json!({"machineType": "small", "kubelet": mode})).is_empty(), "{mode}");
+        assert_eq!(format!("{:?}", kubelets::KubeletMode::of(&json!({"kubelet": mode}))), mode);
+    }
+    assert_eq!(kubelets::KubeletMode::of(&json!({})), kubelets::KubeletMode::Joins);
+    for bad in [json!("Sometimes"), json!(true), json!("joins")] {
+        let v = check(json!({"machineType": "small", "kubelet": bad}));
+        assert!(!v.is_empty(), "{bad} is refused");
+    }
+    assert!(schema["properties"]["kubelet"]["description"].as_str().unwrap().contains("test aid"));
+    // Like simulateFailure (and unlike machineType), a change is a replacement.
+    let current = json!({"machineType": "small"});
+    for field in ["kubelet", "simulateFailure"] {
+        let desired =
+            json!({"machineType": "small", field: if field == "kubelet" { "NeverJoins" } else { "unhealthy" }});
+        let plan = plan_update(&current, &desired, convert::changed_paths(&current, &desired));
+        assert_eq!(plan.replace_paths, [format!("/{field}")]);
+    }
+}
+
+async fn running(d: &FakeDriver, name: &str, spec: Value) {
+    let op = d.create_machine(&ctx("CreateMachine"), create(name, spec)).await.unwrap();
+    settle(d, op).await;
+}
+
+#[tokio::test]
+async fn kubelet_view_reports_the_driver_s_provider_ids_and_hostnames() {
+    let d = FakeDriver::new(fast()).unwrap();
+    running(&d, "m1", json!({"machineType": "large", "zone": "zone-c", "kubelet": "JoinsNotReady"})).await;
+    let apply = ApplyPool {
+        name: "p".into(),
+        provider_spec: json!({"machineType": "medium", "kubelet": "NeverJoins"}),
+        capacity: 1,
+        labels: BTreeMap::new(),
+        secrets: Secrets::default(),
+    };
+    let op = d.apply_pool(&ctx("ApplyPool"), apply).await.unwrap();
+    settle(&d, op).await;
+
+    let (cloud_id, vms) = d.kubelet_view();
+    assert!(!cloud_id.is_empty());
+    let m1 = d.get_machine_status(&ctx("GetMachineStatus"), machine_ref("m1")).await.unwrap();
+    let hostname = m1.addresses.iter().find(|a| a.kind == "Hostname").unwrap().address.clone();
+    let v = &vms[0];
+    assert_eq!((v.hostname.as_str(), v.provider_id.as_str()), (hostname.as_str(), m1.provider_id.as_str()));
+    assert_eq!((v.machine_type.as_str(), v.zone.as_str(), v.booted), ("large", "zone-c", true));
+    assert_eq!(v.kubelet, kubelets::KubeletMode::JoinsNotReady);
+    let slow = FakeDriver::new(Config::default()).unwrap();
+    slow.create_machine(&ctx("CreateMachine"), create("m2", spec())).await.unwrap();
+    assert!(!slow.kubelet_view().1[0].booted, "m2 is still being created");
+
+    let pool = PoolRef { name: "p".into(), provider_spec: Value::Null, secrets: Secrets::default() };
+    let page = d
+        .list_pool_instances(
+            &ctx("ListPoolInstances"),
+            ListPoolInstances { pool, page_size: 10, page_token: String::new() },
+        )
+        .await
+        .unwrap();
+    let i = &page.items[0];
+    let v = &vms[1];
+    let host = i.addresses.iter().find(|a| a.kind == "Hostname").unwrap();
+    assert_eq!((v.hostname.as_str(), v.provider_id.as_str()), (host.address.as_str(), i.provider_id.as_str()));
+    assert_eq!(v.hostname, "p-0");
+    assert_eq!((v.machine_type.as_str(), v.kubelet, v.booted), ("medium", kubelets::KubeletMode::NeverJoins, true));
+}
+
+fn machine_ref(name: &str) -> MachineRef {
+    MachineRef { name: name.into(), provider_id: None, provider_spec: Value::Null, secrets: Secrets::default() }
+}
+
+#[tokio::test]
+async fn stop_kubelet_marks_the_machine_and_survives_a_restart() {
+    use pb::fake_cloud_server::FakeCloud;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config { state_file: Some(dir.path().join("cloud.json")), ..fast() };
+    let d = Arc::new(FakeDriver::new(cfg.clone()).unwrap());
+    running(&d, "m1", spec()).await;
+    let svc = FakeCloudService { driver: d.clone() };
+    let err =
+        svc.stop_kubelet(tonic::Request::new(pb::StopKubeletRequest { machine: "nope".into() })).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    for _ in 0..2 {
+        svc.stop_kubelet(tonic::Request::new(pb::StopKubeletRequest { machine: "m1".into() })).await.unwrap();
+    }
+    let (cloud_id, vms) = d.kubelet_view();
+    assert!(vms[0].stopped && vms[0].booted, "the VM keeps running");
+    assert!(d.inspect(false).machines[0].kubelet_stopped);
+    drop((svc, d));
+    let again = FakeDriver::new(cfg).unwrap();
+    let (same_id, vms) = again.kubelet_view();
+    assert_eq!(same_id, cloud_id, "the cloud keeps its ID in the state file");
+    assert!(vms[0].stopped, "the mark is kept in the state file");
+    assert!(kubelets::plan(&vms, &BTreeMap::new()).register.is_empty());
+}
+
+#[tokio::test]
+async fn remove_machine_vanishes_without_counting_a_delete() {
+    use pb::fake_cloud_server::FakeCloud;
+    let d = Arc::new(FakeDriver::new(fast()).unwrap());
+    running(&d, "m1", spec()).await;
+    let creating = d.create_machine(&ctx("CreateMachine"), create("m2", spec())).await.unwrap();
+    let svc = FakeCloudService { driver: d.clone() };
+    let err =
+        svc.remove_machine(tonic::Request::new(pb::RemoveMachineRequest { machine: "nope".into() })).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    for name in ["m1", "m2"] {
+        svc.remove_machine(tonic::Request::new(pb::RemoveMachineRequest { machine: name.into() })).await.unwrap();
+    }
+    let err =
+        svc.remove_machine(tonic::Request::new(pb::RemoveMachineRequest { machine: "m1".into() })).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "gone is gone");
+    let view = d.inspect(false);
+    assert!(view.machines.is_empty());
+    let c = view.counters.unwrap();
+    assert_eq!((c.machines_deleted, c.machines_removed_out_of_band, c.machines_created), (0, 2, 2));
+    let err = d.get_machine_status(&ctx("GetMachineStatus"), machine_ref("m1")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    // The create in flight ends as a create of a machine that vanished.
+    let done = settle(&d, creating).await;
+    assert_eq!(done.outcome.unwrap().unwrap_err().reason(), reason::MACHINE_NOT_FOUND);
+    assert_eq!(d.inspect(false).counters.unwrap().machines_deleted, 0);
+    // Its kubelet is gone with it: a Node registered for it is marked.
+    let plan = kubelets::plan(&d.kubelet_view().1, &registered(&[("m1", "fake:///zone-a/vm-x")]));
+    assert_eq!(plan.mark_gone.len(), 1);
 }

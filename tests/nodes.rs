@@ -1,0 +1,804 @@
+//! Machines as Kubernetes Nodes, on a whole test cluster (kube-apiserver, etcd,
+//! kube-controller-manager, kube-scheduler and kwok's simulated kubelets, all real processes):
+//! the fake cloud's VMs register Nodes as kubelets do (`fake-driver --join-cluster`), the
+//! controller links each Machine to its Node, counts it Running only when the Node is Ready,
+//! and drains the Node before every VM delete — evictions through the Eviction API, so
+//! PodDisruptionBudgets hold, with a finite deadline.
+//!
+//! Each test runs in its own cluster and namespace; the controller runs with `--store
+//! kubernetes` (the target cluster is then the same) unless the test says otherwise.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use e2e_tests::kube_cluster::{node_ready, Cluster};
+use e2e_tests::{bin, eventually, Sidecar};
+use fake_driver::pb as fake;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::watcher;
+use machine_controller::resources::*;
+use machine_controller::store::kubernetes::KubernetesBackend;
+use machine_controller::store::{Key, Store};
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+const MINUTE: Duration = Duration::from_secs(60);
+const FAST: &[&str] = &["--create-latency", "300ms", "--delete-latency", "200ms", "--update-latency", "200ms"];
+
+fn ar(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("machine.driver.dev", "v1alpha1", kind), plural)
+}
+
+/// One test's world: a whole cluster, a namespace, a fake cloud whose VMs join it, a controller.
+struct World {
+    cluster: Cluster,
+    ns: String,
+    sidecar: Sidecar,
+    controller: Option<Child>,
+    runs: usize,
+    store: Store,
+}
+
+impl World {
+    async fn new() -> World {
+        let cluster = Cluster::start_full().await;
+        let ns = cluster.namespace("nodes").await;
+        let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
+        let mut args = FAST.to_vec();
+        args.extend(["--join-cluster", &kubeconfig]);
+        let sidecar = Sidecar::start("fake-driver", &args).await;
+        let store = Store::new(Arc::new(KubernetesBackend::new(cluster.client.clone(), Some(ns.clone()))));
+        World { cluster, ns, sidecar, controller: None, runs: 0, store }
+    }
+
+    fn log_path(&self, run: usize) -> PathBuf {
+        self.cluster.dir.path().join(format!("controller-{run}.log"))
+    }
+
+    /// Starts the controller (`--store kubernetes`: the target cluster is the same).
+    fn start_controller(&mut self, extra: &[&str]) {
+        let log = std::fs::File::create(self.log_path(self.runs)).unwrap();
+        self.runs += 1;
+        let child = Command::new(bin("machine-controller"))
+            .args(["--store", "kubernetes", "run", "--namespace", &self.ns])
+            .args(["--driver", &format!("fake={}", self.sidecar.endpoint())])
+            .args(["--debounce", "20ms", "--health-check-interval", "1s", "--resync-interval", "5s"])
+            .args(["--drain-poll-interval", "500ms"])
+            .args(extra)
+            .env("KUBECONFIG", &self.cluster.kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        self.controller = Some(child);
+    }
+
+    async fn kill9(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.kill().await.unwrap();
+        }
+    }
+
+    fn logs(&self) -> String {
+        (0..self.runs)
+            .map(|i| {
+                let text = std::fs::read_to_string(self.log_path(i)).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                format!("--- controller run {i}\n{}", lines[lines.len().saturating_sub(30)..].join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + &format!("\n--- fake-driver\n{}", tail(&self.sidecar.log_text(), 15))
+    }
+
+    async fn apply(&self, kind: &str, plural: &str, mut obj: Value) {
+        let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+        obj["apiVersion"] = json!("machine.driver.dev/v1alpha1");
+        obj["kind"] = json!(kind);
+        Api::<DynamicObject>::namespaced_with(self.cluster.client.clone(), &self.ns, &ar(kind, plural))
+            .patch(&name, &PatchParams::apply("e2e-test").force(), &Patch::Apply(&obj))
+            .await
+            .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
+    }
+
+    async fn class(&self) {
+        let spec = json!({"driver": "fake", "providerSpec": {"machineType": "small"}});
+        self.apply("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": spec})).await;
+    }
+
+    /// A MachineDeployment of `replicas` machines with `provider_spec` and extra spec fields.
+    async fn md(&self, name: &str, replicas: i64, provider_spec: Value, extra: Value) {
+        let mut spec = json!({
+            "replicas": replicas,
+            "template": {"spec": {"classRef": {"name": "small"}, "providerSpec": provider_spec}},
+            "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        });
+        for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+            spec[k] = v;
+        }
+        self.apply("MachineDeployment", "machinedeployments", json!({"metadata": {"name": name}, "spec": spec})).await;
+    }
+
+    async fn machines(&self) -> Vec<Machine> {
+        self.store.list::<Machine>().await.unwrap().into_iter().filter(|m| m.metadata.namespace == self.ns).collect()
+    }
+
+    async fn machine(&self, name: &str) -> Option<Machine> {
+        self.store.get::<Machine>(&self.ns, name).await.unwrap()
+    }
+
+    async fn rolled_out(&self, name: &str, within: Duration) -> MachineDeployment {
+        let what = format!("{name} rolled out");
+        let store = &self.store;
+        let ns = &self.ns;
+        let md = tokio::time::timeout(
+            within,
+            eventually(within + Duration::from_secs(1), &what, || async move {
+                let md = store.get::<MachineDeployment>(ns, name).await.ok().flatten()?;
+                e2e_tests::rolled_out(&md).then_some(md)
+            }),
+        )
+        .await;
+        md.unwrap_or_else(|_| panic!("{what}: not within {within:?}\n{}", self.logs()))
+    }
+
+    async fn nodes(&self) -> Vec<Node> {
+        Api::<Node>::all(self.cluster.client.clone()).list(&ListParams::default()).await.unwrap().items
+    }
+
+    async fn node(&self, name: &str) -> Option<Node> {
+        Api::<Node>::all(self.cluster.client.clone()).get_opt(name).await.unwrap()
+    }
+
+    fn pods_api(&self) -> Api<Pod> {
+        Api::namespaced(self.cluster.client.clone(), &self.ns)
+    }
+
+    /// Running, Ready pods of `app` (not being deleted).
+    async fn ready_pods(&self, app: &str) -> Vec<Pod> {
+        let pods = self.pods_api().list(&ListParams::default().labels(&format!("app={app}"))).await.unwrap().items;
+        pods.into_iter().filter(pod_ready).collect()
+    }
+
+    /// A Deployment of `replicas` pods labelled `app=NAME`, spread over nodes, and optionally
+    /// a PodDisruptionBudget with `budget` as its spec's rule.
+    async fn workload(&self, name: &str, replicas: i32, budget: Option<Value>) {
+        self.cluster
+            .apply_json(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": name, "namespace": self.ns},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {
+                        "metadata": {"labels": {"app": name}},
+                        "spec": {
+                            "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
+                            "terminationGracePeriodSeconds": 5,
+                            "topologySpreadConstraints": [{
+                                "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                "whenUnsatisfiable": "ScheduleAnyway",
+                                "labelSelector": {"matchLabels": {"app": name}}
+                            }]
+                        }
+                    }
+                }
+            }))
+            .await;
+        if let Some(rule) = budget {
+            let mut spec = json!({"selector": {"matchLabels": {"app": name}}});
+            for (k, v) in rule.as_object().cloned().unwrap_or_default() {
+                spec[k] = v;
+            }
+            self.cluster
+                .apply_json(json!({
+                    "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                    "metadata": {"name": format!("{name}-budget"), "namespace": self.ns},
+                    "spec": spec
+                }))
+                .await;
+        }
+        let want = replicas as usize;
+        eventually(2 * MINUTE, &format!("{replicas} pods of {name} Ready"), || async move {
+            (self.ready_pods(name).await.len() == want).then_some(())
+        })
+        .await;
+    }
+
+    async fn events(&self, machine: &str) -> Vec<machine_controller::store::Event> {
+        self.store.backend().events(&Key::new(Kind::Machine, &self.ns, machine), 100).await.unwrap()
+    }
+
+    async fn fake(&self) -> fake::fake_cloud_client::FakeCloudClient<tonic::transport::Channel> {
+        fake::fake_cloud_client::FakeCloudClient::new(self.sidecar.client().await.channel())
+    }
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn cordoned(n: &Node) -> bool {
+    let spec = n.spec.as_ref();
+    spec.and_then(|s| s.unschedulable) == Some(true)
+        && spec
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| t.key == TAINT_DRAINING && t.effect == "NoSchedule"))
+        && n.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key("node.kubernetes.io/exclude-from-external-load-balancers"))
+}
+
+fn provider_id(n: &Node) -> String {
+    n.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default()
+}
+
+fn has_event(events: &[machine_controller::store::Event], reason: &str) -> bool {
+    events.iter().any(|e| e.reason == reason)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_join_as_ready_nodes_linked_by_provider_id() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.md("web", 2, json!({"machineType": "small"}), json!({})).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let nodes: HashMap<String, Node> =
+        w.nodes().await.into_iter().map(|n| (n.metadata.name.clone().unwrap(), n)).collect();
+    let machines = w.machines().await;
+    assert_eq!(machines.len(), 2);
+    for m in &machines {
+        assert_eq!(m.status.phase, Phase::Running, "{}", m.metadata.name);
+        let r = m.status.node_ref.as_ref().unwrap_or_else(|| panic!("{} has no nodeRef", m.metadata.name));
+        let node = &nodes[&r.name];
+        assert_eq!(provider_id(node), m.status.provider_id, "the Node has the machine's provider ID");
+        assert_eq!(node.metadata.uid.as_deref(), Some(r.uid.as_str()));
+        assert!(node_ready(node));
+        let annotation = node.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_NODE_MACHINE));
+        assert_eq!(annotation, Some(&format!("{}/{}", w.ns, m.metadata.name)), "the Node names its Machine");
+        let ready = condition(&m.status.conditions, ConditionType::NodeReady).expect("NodeReady");
+        assert_eq!(ready.status, ConditionStatus::True);
+        // Running only after the Node was Ready: the events say so in that order.
+        let events = w.events(&m.metadata.name).await;
+        assert!(has_event(&events, "NodeReady"), "{events:?}");
+    }
+    // As a user sees it: the NODE column, in kubectl and in our CLI.
+    let (code, out, err) = w.cluster.kubectl(&["get", "machines", "-n", &w.ns]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().next().unwrap_or("").contains("NODE"), "{out}");
+    for m in &machines {
+        let node = &m.status.node_ref.as_ref().unwrap().name;
+        assert!(out.lines().any(|l| l.starts_with(&m.metadata.name) && l.contains(node.as_str())), "{out}");
+    }
+    let (code, out, err) = tokio::time::timeout(
+        MINUTE,
+        Command::new(bin("machine-controller"))
+            .args(["--store", "kubernetes", "get", "machines", "-n", &w.ns])
+            .env("KUBECONFIG", &w.cluster.kubeconfig)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map(|o| {
+        let o = o.unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    })
+    .unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("NODE"), "{out}");
+    // Node metadata from the template, kept in sync; others' keys stay; nothing is replaced.
+    let node_template = |labels: Value, taints: Value| {
+        json!({"replicas": 2, "template": {"spec": {"classRef": {"name": "small"},
+            "providerSpec": {"machineType": "small"},
+            "nodeTemplate": {"labels": labels, "taints": taints}}}})
+    };
+    let apply = |spec: Value| {
+        let w = &w;
+        async move {
+            w.apply("MachineDeployment", "machinedeployments", json!({"metadata": {"name": "web"}, "spec": spec})).await
+        }
+    };
+    apply(node_template(
+        json!({"tier": "web", "team": "shop"}),
+        json!([{"key": "dedicated", "value": "web", "effect": "NoSchedule"}]),
+    ))
+    .await;
+    let names: Vec<String> = machines.iter().map(|m| m.status.node_ref.clone().unwrap().name).collect();
+    eventually(MINUTE, "the template's labels and taint on both Nodes", || async {
+        let nodes = w.nodes().await;
+        nodes
+            .iter()
+            .all(|n| {
+                let l = n.metadata.labels.clone().unwrap_or_default();
+                let tainted = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|ts| ts.iter().any(|t| t.key == "dedicated"));
+                l.get("tier").map(String::as_str) == Some("web")
+                    && l.get("team").map(String::as_str) == Some("shop")
+                    && tainted
+            })
+            .then_some(())
+    })
+    .await;
+    // Someone else labels a node; the template drops "team" and the taint.
+    let nodes_api = Api::<Node>::all(w.cluster.client.clone());
+    let other = json!({"metadata": {"labels": {"ops.example.com/owner": "alice"}}});
+    nodes_api.patch(&names[0], &PatchParams::default(), &Patch::Merge(&other)).await.unwrap();
+    apply(node_template(json!({"tier": "api"}), json!([]))).await;
+    eventually(MINUTE, "team and the taint removed, tier changed, alice's label kept", || async {
+        let n = w.node(&names[0]).await?;
+        let l = n.metadata.labels.clone().unwrap_or_default();
+        let tainted =
+            n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|ts| ts.iter().any(|t| t.key == "dedicated"));
+        (l.get("tier").map(String::as_str) == Some("api")
+            && !l.contains_key("team")
+            && l.get("ops.example.com/owner").map(String::as_str) == Some("alice")
+            && !tainted)
+            .then_some(())
+    })
+    .await;
+    let now: Vec<String> = w.machines().await.iter().map(|m| m.metadata.name.clone()).collect();
+    let before: Vec<String> = machines.iter().map(|m| m.metadata.name.clone()).collect();
+    assert_eq!(sorted(now), sorted(before), "a metadata-only change replaces no machine");
+    let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    assert_eq!(cloud.counters.unwrap().machines_created, 2, "no machine was created for it");
+    // Scaling down drains and deletes the Node after its VM.
+    apply(json!({"replicas": 1, "template": {"spec": {"classRef": {"name": "small"},
+        "providerSpec": {"machineType": "small"}, "nodeTemplate": {"labels": {"tier": "api"}}}}}))
+    .await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let left = eventually(MINUTE, "one machine left", || async {
+        let left = w.machines().await;
+        (left.len() == 1).then_some(left)
+    })
+    .await;
+    eventually(MINUTE, "one Node left", || async {
+        let nodes = w.nodes().await;
+        (nodes.len() == 1 && provider_id(&nodes[0]) == left[0].status.provider_id).then_some(())
+    })
+    .await;
+    w.kill9().await;
+}
+
+/// A watch on the workload's pods, counting the fewest Ready at any moment, and the cordon state
+/// of each pod's node when its eviction was seen.
+struct PodWatch {
+    /// Ready pods now.
+    ready: Arc<Mutex<usize>>,
+    /// The fewest Ready pods seen since the first list was complete.
+    min_ready: Arc<Mutex<usize>>,
+    uncordoned_evictions: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodWatch {
+    fn start(w: &World, app: &str) -> PodWatch {
+        let min_ready = Arc::new(Mutex::new(usize::MAX));
+        let ready_now = Arc::new(Mutex::new(0));
+        let uncordoned = Arc::new(Mutex::new(Vec::new()));
+        let pods = w.pods_api();
+        let nodes = Api::<Node>::all(w.cluster.client.clone());
+        let (min, now, bad) = (min_ready.clone(), ready_now.clone(), uncordoned.clone());
+        let config = watcher::Config::default().labels(&format!("app={app}"));
+        let task = tokio::spawn(async move {
+            let mut known: BTreeMap<String, Pod> = BTreeMap::new();
+            let mut listed = false;
+            let mut seen_deleting = std::collections::HashSet::new();
+            let mut stream = std::pin::pin!(watcher(pods, config));
+            while let Some(Ok(event)) = stream.next().await {
+                match event {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                        let name = p.metadata.name.clone().unwrap_or_default();
+                        if p.metadata.deletion_timestamp.is_some() && seen_deleting.insert(name.clone()) {
+                            // The node must be cordoned and tainted by the time a pod leaves it.
+                            let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+                            let n = nodes.get_opt(&node).await.ok().flatten();
+                            if !n.as_ref().is_some_and(cordoned) {
+                                bad.lock().unwrap().push(format!("{name} left {node} before it was cordoned"));
+                            }
+                        }
+                        known.insert(name, p);
+                    }
+                    watcher::Event::Delete(p) => {
+                        known.remove(&p.metadata.name.clone().unwrap_or_default());
+                    }
+                    watcher::Event::Init => {}
+                    watcher::Event::InitDone => listed = true,
+                }
+                let ready = known.values().filter(|p| pod_ready(p)).count();
+                *now.lock().unwrap() = ready;
+                if listed {
+                    let mut m = min.lock().unwrap();
+                    *m = (*m).min(ready);
+                }
+            }
+        });
+        PodWatch { ready: ready_now, min_ready, uncordoned_evictions: uncordoned, task }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_drains_each_old_node_by_eviction_within_the_disruption_budget() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.md("web", 3, json!({"machineType": "small", "image": "os-1"}), json!({})).await;
+    let before = w.rolled_out("web", 2 * MINUTE).await;
+    let old_nodes: Vec<String> =
+        w.machines().await.iter().map(|m| m.status.node_ref.as_ref().unwrap().name.clone()).collect();
+    w.workload("shop", 6, Some(json!({"maxUnavailable": 1}))).await;
+    let watch = PodWatch::start(&w, "shop");
+    eventually(MINUTE, "the pod watch to see 6 Ready", || async {
+        (*watch.ready.lock().unwrap() == 6 && *watch.min_ready.lock().unwrap() == 6).then_some(())
+    })
+    .await;
+    w.md("web", 3, json!({"machineType": "small", "image": "os-2"}), json!({})).await;
+    eventually(3 * MINUTE, "a new revision rolled out", || async {
+        let md = w.store.get::<MachineDeployment>(&w.ns, "web").await.ok().flatten()?;
+        (e2e_tests::rolled_out(&md) && md.status.target_revision != before.status.target_revision).then_some(())
+    })
+    .await;
+    // Old Nodes go after their VMs; every pod then runs on a new node.
+    eventually(MINUTE, "the old Nodes gone", || async {
+        let names: Vec<String> = w.nodes().await.iter().filter_map(|n| n.metadata.name.clone()).collect();
+        old_nodes.iter().all(|o| !names.contains(o)).then_some(())
+    })
+    .await;
+    let new_nodes: Vec<String> =
+        w.machines().await.iter().map(|m| m.status.node_ref.as_ref().unwrap().name.clone()).collect();
+    let pods = eventually(MINUTE, "6 pods Ready on the new nodes", || async {
+        let pods = w.ready_pods("shop").await;
+        let on_new = pods.iter().all(|p| new_nodes.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap()));
+        (pods.len() == 6 && on_new).then_some(pods)
+    })
+    .await;
+    assert_eq!(pods.len(), 6);
+    watch.task.abort();
+    let min_ready = *watch.min_ready.lock().unwrap();
+    assert!(min_ready >= 5, "the budget allows one pod down at a time, but the watch saw only {min_ready} Ready");
+    let uncordoned = watch.uncordoned_evictions.lock().unwrap().clone();
+    assert!(uncordoned.is_empty(), "{uncordoned:?}");
+    // Nothing was forced: every pod left by eviction.
+    for m in w.store.list::<Machine>().await.unwrap() {
+        assert!(!has_event(&w.events(&m.metadata.name).await, "DrainForced"));
+    }
+    let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    assert_eq!(cloud.machines.len(), 3, "the old VMs are gone");
+    w.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_that_forbids_every_eviction_holds_the_drain_until_its_deadline() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.md("web", 1, json!({"machineType": "small"}), json!({"drainTimeoutSeconds": 20})).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let m = w.machines().await.remove(0);
+    let name = m.metadata.name.clone();
+    let node = m.status.node_ref.clone().unwrap().name;
+    // minAvailable = every replica: no eviction can ever be allowed.
+    w.workload("db", 2, Some(json!({"minAvailable": 2}))).await;
+    w.apply(
+        "MachineDeployment",
+        "machinedeployments",
+        json!({"metadata": {"name": "web"}, "spec": {"replicas": 0,
+            "template": {"spec": {"classRef": {"name": "small"}, "providerSpec": {"machineType": "small"}}},
+            "drainTimeoutSeconds": 20}}),
+    )
+    .await;
+    let held = eventually(MINUTE, "the drain held by the budget", || async {
+        let m = w.machine(&name).await?;
+        let c = condition(&m.status.conditions, ConditionType::Deleting)?;
+        (c.reason == Reason::DisruptionBudgetUnsatisfiable).then_some(m)
+    })
+    .await;
+    let d = held.status.deletion.clone().unwrap();
+    assert_eq!(d.phase, DeletionPhase::Draining);
+    assert!(d.blocked_by.contains(&format!("{}/db-budget", w.ns)), "{}", d.blocked_by);
+    assert_eq!(d.pods_left, 2);
+    let msg = &condition(&held.status.conditions, ConditionType::Deleting).unwrap().message;
+    assert!(msg.contains("db-budget") && msg.contains("pod"), "{msg}");
+    assert!(w.node(&node).await.as_ref().is_some_and(cordoned), "the node is cordoned while held");
+    // What an operator sees.
+    let (code, out, _) = w.cluster.kubectl(&["describe", "machine", &name, "-n", &w.ns]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("DisruptionBudgetUnsatisfiable") && out.contains("db-budget"), "{out}");
+    // At the deadline the pods are deleted and the machine goes, with an event saying so.
+    eventually(2 * MINUTE, "the machine gone after its deadline", || async {
+        w.machine(&name).await.is_none().then_some(())
+    })
+    .await;
+    let events = w.events(&name).await;
+    assert!(has_event(&events, "DrainForced"), "{events:?}");
+    assert!(has_event(&events, "EvictionBlocked") || has_event(&events, "DisruptionBudgetUnsatisfiable"), "{events:?}");
+    assert!(w.node(&node).await.is_none(), "the Node goes after its VM");
+    w.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_hold_the_deletion_and_daemon_set_pods_are_not_evicted() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.md("web", 1, json!({"machineType": "small"}), json!({})).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let m = w.machines().await.remove(0);
+    let name = m.metadata.name.clone();
+    let node = m.status.node_ref.clone().unwrap().name;
+    w.cluster
+        .apply_json(json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "agent", "namespace": w.ns},
+            "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                     "template": {"metadata": {"labels": {"app": "agent"}},
+                                  "spec": {"containers": [{"name": "a", "image": "registry.invalid/agent:1"}]}}}
+        }))
+        .await;
+    eventually(MINUTE, "the DaemonSet pod Ready", || async { (w.ready_pods("agent").await.len() == 1).then_some(()) })
+        .await;
+    let pre_drain = format!("{PRE_DRAIN_HOOK_PREFIX}/backup");
+    let pre_terminate = format!("{PRE_TERMINATE_HOOK_PREFIX}/detach-storage");
+    let patch = json!({"metadata": {"annotations": {pre_drain.clone(): "", pre_terminate.clone(): ""}}});
+    let machines = Api::<DynamicObject>::namespaced_with(w.cluster.client.clone(), &w.ns, &ar("Machine", "machines"));
+    machines.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    machines.delete(&name, &DeleteParams::default()).await.unwrap();
+    let phase = |m: &Machine| m.status.deletion.as_ref().map(|d| d.phase);
+    eventually(MINUTE, "held before the drain", || async {
+        let m = w.machine(&name).await?;
+        let blocked = m.status.deletion.as_ref().is_some_and(|d| d.blocked_by.contains("backup"));
+        (phase(&m) == Some(DeletionPhase::PreDrainHooks) && blocked).then_some(())
+    })
+    .await;
+    assert!(!w.node(&node).await.as_ref().is_some_and(cordoned), "nothing is cordoned while a pre-drain hook holds");
+    let remove = |key: &str| json!({"metadata": {"annotations": {key: null}}});
+    machines.patch(&name, &PatchParams::default(), &Patch::Merge(&remove(&pre_drain))).await.unwrap();
+    let held = eventually(MINUTE, "held before the VM's delete", || async {
+        let m = w.machine(&name).await?;
+        let blocked = m.status.deletion.as_ref().is_some_and(|d| d.blocked_by.contains("detach-storage"));
+        (phase(&m) == Some(DeletionPhase::PreTerminateHooks) && blocked).then_some(m)
+    })
+    .await;
+    let c = condition(&held.status.conditions, ConditionType::Deleting).unwrap();
+    assert_eq!(c.reason, Reason::WaitingForPreTerminateHooks);
+    assert!(w.node(&node).await.as_ref().is_some_and(cordoned), "drained: cordoned");
+    // The DaemonSet's pod was left alone by the drain.
+    let agents = w.ready_pods("agent").await;
+    assert_eq!(agents.len(), 1, "the DaemonSet pod is not evicted");
+    let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    assert!(cloud.machines.iter().any(|vm| vm.name == name), "the VM stays while a pre-terminate hook holds");
+    machines.patch(&name, &PatchParams::default(), &Patch::Merge(&remove(&pre_terminate))).await.unwrap();
+    eventually(MINUTE, "the machine and its Node gone", || async {
+        (w.machine(&name).await.is_none() && w.node(&node).await.is_none()).then_some(())
+    })
+    .await;
+    w.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_never_join_fail_their_machines_and_the_revision_is_rolled_back() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    let settings = json!({"nodeStartupTimeoutSeconds": 3, "failureBudget": 2});
+    w.md("web", 2, json!({"machineType": "small", "image": "os-1"}), settings.clone()).await;
+    let good = w.rolled_out("web", 2 * MINUTE).await;
+    // A new revision whose VMs run but whose Nodes never join.
+    w.md("web", 2, json!({"machineType": "small", "image": "os-2", "kubelet": "NeverJoins"}), settings).await;
+    let md = eventually(3 * MINUTE, "the revision aborted and rolled back", || async {
+        let md = w.store.get::<MachineDeployment>(&w.ns, "web").await.ok().flatten()?;
+        (!md.status.bad_revisions.is_empty() && e2e_tests::rolled_out(&md)).then_some(md)
+    })
+    .await;
+    assert_eq!(md.status.target_revision, good.status.target_revision, "back on the good revision");
+    for m in w.machines().await {
+        assert_eq!(m.metadata.labels.get(LABEL_REVISION), Some(&good.status.target_revision));
+    }
+    // The failures said why.
+    let api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.cluster.client.clone(), &w.ns);
+    let failed: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("NodeNotJoined"))
+        .map(|e| e.note.unwrap_or_default())
+        .collect();
+    assert!(!failed.is_empty(), "no NodeNotJoined event");
+    assert!(failed[0].contains("no Ready Node 3s after the VM came up"), "{}", failed[0]);
+    w.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_resumes_after_kill_9_with_the_same_phase_and_deadline() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.md("web", 1, json!({"machineType": "small"}), json!({"drainTimeoutSeconds": 25})).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let name = w.machines().await.remove(0).metadata.name;
+    w.workload("db", 1, Some(json!({"minAvailable": 1}))).await;
+    let machines = Api::<DynamicObject>::namespaced_with(w.cluster.client.clone(), &w.ns, &ar("Machine", "machines"));
+    machines.delete(&name, &DeleteParams::default()).await.unwrap();
+    let first = eventually(MINUTE, "the drain under way", || async {
+        let m = w.machine(&name).await?;
+        let d = m.status.deletion.clone()?;
+        (d.phase == DeletionPhase::Draining && !d.blocked_by.is_empty()).then_some(d)
+    })
+    .await;
+    w.kill9().await;
+    w.start_controller(&[]);
+    let resumed = eventually(MINUTE, "the new process at work on the same drain", || async {
+        let m = w.machine(&name).await?;
+        let log = std::fs::read_to_string(w.log_path(1)).unwrap_or_default();
+        let d = m.status.deletion.clone()?;
+        (log.contains("running") && d.phase == DeletionPhase::Draining).then_some(d)
+    })
+    .await;
+    assert_eq!(resumed.drain_started, first.drain_started, "the drain did not start over");
+    assert_eq!(resumed.drain_deadline, first.drain_deadline, "the deadline did not move");
+    eventually(2 * MINUTE, "the machine gone at its deadline", || async {
+        w.machine(&name).await.is_none().then_some(())
+    })
+    .await;
+    // Pods were deleted no earlier than their grace period (5 s) before the recorded deadline.
+    let events = w.events(&name).await;
+    let forced = events.iter().find(|e| e.reason == "DrainForced").expect("a DrainForced event");
+    let deadline = first.drain_deadline.unwrap();
+    assert!(
+        forced.time >= deadline - chrono::Duration::seconds(6),
+        "forced at {} before the deadline {deadline}",
+        forced.time
+    );
+    w.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_gone_out_of_band_takes_its_not_ready_node_out_of_service_without_evictions() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.md("web", 1, json!({"machineType": "small"}), json!({"healthTimeoutSeconds": 2})).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let m = w.machines().await.remove(0);
+    let node = m.status.node_ref.clone().unwrap().name;
+    // A budget that would block any eviction: an out-of-service node must not wait for it.
+    w.workload("db", 1, Some(json!({"minAvailable": 1}))).await;
+    w.fake().await.remove_machine(fake::RemoveMachineRequest { machine: m.metadata.name.clone() }).await.unwrap();
+    eventually(2 * MINUTE, "the machine replaced and its Node deleted", || async {
+        (w.machine(&m.metadata.name).await.is_none() && w.node(&node).await.is_none()).then_some(())
+    })
+    .await;
+    let events = w.events(&m.metadata.name).await;
+    assert!(has_event(&events, "OutOfService"), "{events:?}");
+    assert!(
+        !has_event(&events, "EvictionBlocked") && !has_event(&events, "DisruptionBudgetUnsatisfiable"),
+        "{events:?}"
+    );
+    w.rolled_out("web", 2 * MINUTE).await;
+    w.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_deployment_drains_every_node_before_its_vm_goes() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.md("web", 2, json!({"machineType": "small"}), json!({})).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    w.workload("shop", 2, None).await;
+    let mds = Api::<DynamicObject>::namespaced_with(
+        w.cluster.client.clone(),
+        &w.ns,
+        &ar("MachineDeployment", "machinedeployments"),
+    );
+    mds.delete("web", &DeleteParams::default()).await.unwrap();
+    eventually(2 * MINUTE, "every machine and Node gone", || async {
+        (w.machines().await.is_empty() && w.nodes().await.is_empty()).then_some(())
+    })
+    .await;
+    let api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.cluster.client.clone(), &w.ns);
+    let events = api.list(&ListParams::default()).await.unwrap().items;
+    let drained = events.iter().filter(|e| e.reason.as_deref() == Some("Drained")).count();
+    let deleted = events.iter().filter(|e| e.reason.as_deref() == Some("NodeDeleted")).count();
+    assert_eq!((drained, deleted), (2, 2), "each node drained, then deleted after its VM");
+    w.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_store_manages_nodes_in_a_target_cluster() {
+    let cluster = Cluster::start_full().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
+    let mut args = FAST.to_vec();
+    args.extend(["--join-cluster", &kubeconfig]);
+    let sidecar = Sidecar::start("fake-driver", &args).await;
+    let store = dir.path().join("store.db");
+    let log = dir.path().join("controller.log");
+    let mut controller = e2e_tests::start_controller(
+        &store,
+        &format!("fake={}", sidecar.endpoint()),
+        &["--target-kubeconfig", &kubeconfig, "--drain-poll-interval", "500ms"],
+        &log,
+    );
+    e2e_tests::controller_apply(
+        &store,
+        dir.path(),
+        "apiVersion: machine.driver.dev/v1alpha1
+kind: MachineClass
+metadata: {name: small}
+spec: {driver: fake, providerSpec: {machineType: small}}
+---
+apiVersion: machine.driver.dev/v1alpha1
+kind: MachineDeployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  template: {spec: {classRef: {name: small}}}
+",
+    )
+    .await;
+    let db = Store::open(&store).unwrap();
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let md = tokio::time::timeout(
+        2 * MINUTE,
+        eventually(2 * MINUTE, "web rolled out", || async {
+            let md = db.get::<MachineDeployment>("default", "web").await.ok().flatten()?;
+            e2e_tests::rolled_out(&md).then_some(md)
+        }),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("not rolled out:\n{}", logs()));
+    assert_eq!(md.status.available_replicas, 2);
+    let (code, out, err) = e2e_tests::controller_cli(&store, &["get", "machines"]).await;
+    assert_eq!(code, 0, "{err}");
+    let nodes = Api::<Node>::all(cluster.client.clone()).list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(nodes.len(), 2);
+    for n in &nodes {
+        assert!(
+            out.contains(n.metadata.name.as_deref().unwrap()),
+            "the NODE column names {:?}:\n{out}",
+            n.metadata.name
+        );
+    }
+    let (code, _, err) = e2e_tests::controller_cli(&store, &["delete", "machinedeployment", "web"]).await;
+    assert_eq!(code, 0, "{err}");
+    eventually(2 * MINUTE, "the Nodes gone after their VMs", || async {
+        let nodes = Api::<Node>::all(cluster.client.clone()).list(&ListParams::default()).await.ok()?.items;
+        nodes.is_empty().then_some(())
+    })
+    .await;
+    controller.kill().await.unwrap();
+}
