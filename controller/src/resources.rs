@@ -563,6 +563,9 @@ pub struct MachineDeploymentSpec {
     /// A Running machine reported unhealthy or missing this long is Failed.
     #[serde(default = "default_health_timeout")]
     pub health_timeout_seconds: u64,
+    /// A machine counts as available only once it has been Ready this long (default 0).
+    #[serde(default)]
+    pub min_ready_seconds: u64,
     /// A machine whose VM runs but whose Node is not Ready this long after the VM came up fails
     /// with reason `NodeNotJoined` and is replaced (default 600; 0 waits forever; with a target
     /// cluster).

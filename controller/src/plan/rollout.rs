@@ -64,6 +64,8 @@ pub struct Member {
     pub failure: Option<Box<Failure>>,
     /// The hash of the node metadata it carries ([`ANNOTATION_NODE_TEMPLATE`]).
     pub node_template: String,
+    /// Since when it is Ready (its `Ready` condition's transition to True), if Running.
+    pub ready_since: Option<Time>,
     /// Its Node is known not to be Ready (`NodeReady=False`; only with a target cluster).
     pub node_not_ready: bool,
     /// Why it is not available yet: of a machine that is not available only.
@@ -86,6 +88,12 @@ impl Member {
     /// Node not known to be NotReady since, and not being deleted.
     pub fn is_available(&self) -> bool {
         self.phase == Phase::Running && !self.deleting && !self.node_not_ready
+    }
+
+    /// [`Member::is_available`], and Ready for at least `min_ready` at `now`
+    /// (`minReadySeconds`).
+    pub fn is_available_at(&self, now: Time, min_ready: chrono::Duration) -> bool {
+        self.is_available() && self.ready_since.is_none_or(|t| now - t >= min_ready)
     }
 }
 
@@ -148,6 +156,9 @@ impl StoredMember {
         let st = self.status;
         let node_not_ready =
             condition(&st.conditions, ConditionType::NodeReady).is_some_and(|c| c.status == ConditionStatus::False);
+        let ready_since = condition(&st.conditions, ConditionType::Ready)
+            .filter(|c| st.phase == Phase::Running && c.status == ConditionStatus::True)
+            .map(|c| c.last_transition_time);
         let waiting = if st.phase != Phase::Running || deleting || node_not_ready {
             let operation_reason = st.last_operation.map(|o| o.reason).unwrap_or_default();
             // A Running machine waits for its Node; any other for itself.
@@ -173,6 +184,7 @@ impl StoredMember {
             phase: st.phase,
             failure: st.failure.map(Box::new),
             node_template: m.annotations.get(ANNOTATION_NODE_TEMPLATE).cloned().unwrap_or_default(),
+            ready_since,
             node_not_ready,
             waiting,
         }
@@ -340,12 +352,14 @@ pub fn plan(o: Observed<'_>) -> Plan {
     };
     let (surge, unavailable) = (limits.max_surge, limits.max_unavailable);
 
+    let min_ready = chrono::Duration::seconds(i64::try_from(md.spec.min_ready_seconds).unwrap_or(i64::MAX / 2));
+    let is_available = |m: &Member| m.is_available_at(now, min_ready);
     let live: Vec<&Member> = machines.iter().filter(|m| !m.deleting).collect();
     let total = machines.len() as i64;
     let new: Vec<&Member> = live.iter().copied().filter(|m| m.revision == target_rev).collect();
     let old: Vec<&Member> = live.iter().copied().filter(|m| m.revision != target_rev).collect();
-    let new_available = new.iter().filter(|m| m.is_available()).count() as i64;
-    let available = live.iter().filter(|m| m.is_available()).count() as i64;
+    let new_available = new.iter().filter(|m| is_available(m)).count() as i64;
+    let available = live.iter().filter(|m| is_available(m)).count() as i64;
 
     // Rollout bookkeeping.
     let rolling = target_rev != st.current_revision || !old.is_empty();
@@ -456,7 +470,7 @@ pub fn plan(o: Observed<'_>) -> Plan {
             if budget <= 0 {
                 break;
             }
-            if m.is_available() {
+            if is_available(m) {
                 if can_remove_available <= 0 {
                     continue;
                 }
@@ -539,7 +553,7 @@ pub fn plan(o: Observed<'_>) -> Plan {
         let msg = format!("{new_available} of {desired} running");
         set_condition(&mut st.conditions, ConditionType::Progressing, true, Reason::Scaling, &msg);
     }
-    let waiting: Vec<&Member> = live.iter().copied().filter(|m| !m.is_available()).collect();
+    let waiting: Vec<&Member> = live.iter().copied().filter(|m| !is_available(m)).collect();
     let environment = lift_environment_conditions(&mut st.conditions, &waiting);
     let min_available = desired - unavailable;
     let below_reason = environment.map_or(Reason::BelowMinimum, Reason::from);

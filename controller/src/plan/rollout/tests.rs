@@ -40,6 +40,7 @@ fn deployment(replicas: i64) -> MachineDeployment {
         max_concurrent_replacements: 2,
         creation_timeout_seconds: 1200,
         health_timeout_seconds: 600,
+        min_ready_seconds: 0,
         node_startup_timeout_seconds: 600,
         drain_timeout_seconds: 3600,
         volume_detach_timeout_seconds: 600,
@@ -114,6 +115,17 @@ impl Fx {
     fn replacing(mut self) -> Self {
         self.0.metadata.annotations.insert(ANNOTATION_REPLACING.into(), "true".into());
         self.terminating()
+    }
+    /// Ready since `secs` seconds after t0.
+    fn ready_since(mut self, secs: i64) -> Self {
+        set_condition(&mut self.0.status.conditions, ConditionType::Ready, true, Reason::Running, "");
+        self.0.status.conditions[0].last_transition_time = t0() + chrono::Duration::seconds(secs);
+        self
+    }
+    /// Running, but its Node is NotReady.
+    fn node_not_ready(mut self) -> Self {
+        set_condition(&mut self.0.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotReady, "");
+        self
     }
     fn marked_for_deletion(mut self) -> Self {
         self.0.metadata.annotations.insert(ANNOTATION_DELETE.into(), "true".into());
@@ -710,4 +722,28 @@ fn node_metadata_is_not_part_of_the_revision() {
     assert_eq!(revision(&t), plain, "a node metadata change is carried in place, not rolled out");
     t.spec.provider_spec = Some(serde_json::json!({"image": "os-2"}));
     assert_ne!(revision(&t), plain);
+}
+
+#[test]
+fn a_machine_counts_as_available_only_with_its_node_ready_and_after_min_ready_seconds() {
+    // maxSurge 1, maxUnavailable 0: an old machine goes only when the new one is available.
+    let mut md = deployment(2);
+    md.spec.min_ready_seconds = 30;
+    let old = || vec![Fx::new("a").old(), Fx::new("b").old()];
+    let with = |c: Fx| {
+        let mut v = old();
+        v.push(c);
+        v
+    };
+    // now = t0 + 60 s.
+    let p = run(&md, with(Fx::new("c").ready_since(50)), true);
+    assert!(p.delete.is_empty(), "Ready for 10 s of 30: not available yet: {:?}", p.delete);
+    assert_eq!(p.status.available_replicas, 0);
+    let p = run(&md, with(Fx::new("c").ready_since(20)), true);
+    assert_eq!(names(&p.delete), ["a"], "Ready for 40 s: available");
+    let p = run(&md, with(Fx::new("c").ready_since(0).node_not_ready()), true);
+    assert!(p.delete.is_empty(), "its Node is NotReady: not available: {:?}", p.delete);
+    let p = run(&md, with(Fx::new("c").phase(Phase::Provisioned)), true);
+    assert!(p.delete.is_empty(), "Provisioned (the Node has not joined): not available");
+    assert_eq!(p.create, 0, "and it counts toward maxSurge");
 }
