@@ -802,3 +802,231 @@ spec:
     .await;
     controller.kill().await.unwrap();
 }
+
+/// The pool's Machines now (not being deleted), by name.
+async fn pool_machines(w: &World, pool: &str) -> BTreeMap<String, Machine> {
+    w.machines()
+        .await
+        .into_iter()
+        .filter(|m| !m.is_deleting() && m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool))
+        .map(|m| (m.metadata.name.clone(), m))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    let pool = |replicas: i64| {
+        json!({"metadata": {"name": "workers"}, "spec": {
+            "replicas": replicas,
+            "template": {"spec": {"classRef": {"name": "small"}, "providerSpec": {"machineType": "small"}}},
+            "strategy": {"maxSurge": 1, "maxUnavailable": 0},
+        }})
+    };
+    w.apply("MachinePool", "machinepools", pool(2)).await;
+    // Two instances running, their Nodes (named <pool>-<id>) Ready and carrying their provider IDs.
+    let before = eventually(2 * MINUTE, "2 pool Machines Running with Ready Nodes", || async {
+        let p = w.store.get::<MachinePool>(&w.ns, "workers").await.ok().flatten()?;
+        let machines = pool_machines(&w, "workers").await;
+        let nodes: HashMap<String, Node> =
+            w.nodes().await.into_iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n)).collect();
+        let joined = machines.values().all(|m| {
+            m.status.phase == Phase::Running
+                && nodes.get(&m.metadata.name).is_some_and(|n| node_ready(n) && provider_id(n) == m.status.provider_id)
+        });
+        (p.status.replicas == 2 && p.status.ready_replicas == 2 && machines.len() == 2 && joined).then_some(machines)
+    })
+    .await;
+    assert_eq!(before.keys().cloned().collect::<Vec<_>>(), ["workers-0", "workers-1"]);
+    w.workload("shop", 4, None).await;
+    let on = |pods: &[Pod], node: &str| {
+        pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)).count()
+    };
+    // The victim is a node with pods on it (the scheduler's spread is only a preference): the
+    // oldest instance if it has any.
+    let (victim, survivor) = if on(&w.ready_pods("shop").await, "workers-0") > 0 {
+        ("workers-0", "workers-1")
+    } else {
+        ("workers-1", "workers-0")
+    };
+    let survivor_node = w.node(survivor).await.unwrap();
+    let watch = PodWatch::start(&w, "shop");
+    eventually(MINUTE, "the pod watch to see 4 Ready", || async { (*watch.ready.lock().unwrap() == 4).then_some(()) })
+        .await;
+    // The annotation chooses the victim: the cloud, left to pick, might take the other.
+    let machines = Api::<DynamicObject>::namespaced_with(w.cluster.client.clone(), &w.ns, &ar("Machine", "machines"));
+    let mark = json!({"metadata": {"annotations": {ANNOTATION_DELETE: "true"}}});
+    machines.patch(victim, &PatchParams::default(), &Patch::Merge(&mark)).await.unwrap();
+    w.apply("MachinePool", "machinepools", pool(1)).await;
+    eventually(2 * MINUTE, "the pool scaled down to 1 and its Node gone", || async {
+        let p = w.store.get::<MachinePool>(&w.ns, "workers").await.ok().flatten()?;
+        let all = w.machines().await;
+        let gone = w.machine(victim).await.is_none() && w.node(victim).await.is_none();
+        (gone && all.len() == 1 && p.status.replicas == 1 && p.status.ready_replicas == 1).then_some(())
+    })
+    .await;
+    // The chosen instance was drained before it went, and its Node deleted after it.
+    let events = w.events(victim).await;
+    let at = |reason: &str| {
+        events.iter().find(|e| e.reason == reason).map(|e| e.time).unwrap_or_else(|| panic!("no {reason}: {events:?}"))
+    };
+    assert!(at("Drained") <= at("DeletingInstance"), "{events:?}");
+    assert!(at("DeletingInstance") <= at("NodeDeleted"), "{events:?}");
+    let pool_events = w.store.backend().events(&Key::new(Kind::MachinePool, &w.ns, "workers"), 100).await.unwrap();
+    assert!(
+        pool_events.iter().any(|e| e.reason == "DeletingMachines" && e.message.contains(victim)),
+        "{pool_events:?}"
+    );
+    // Every pod left the chosen node by eviction from a cordoned node; all run on the survivor.
+    eventually(MINUTE, "4 pods Ready on the remaining node", || async {
+        let pods = w.ready_pods("shop").await;
+        (pods.len() == 4 && on(&pods, survivor) == 4).then_some(())
+    })
+    .await;
+    watch.task.abort();
+    let uncordoned = watch.uncordoned_evictions.lock().unwrap().clone();
+    assert!(uncordoned.is_empty(), "{uncordoned:?}");
+    assert!(!has_event(&events, "DrainForced"), "{events:?}");
+    // The other instance was left alone: same Machine, same Node, not cordoned.
+    let left = pool_machines(&w, "workers").await;
+    assert_eq!(left.keys().cloned().collect::<Vec<_>>(), [survivor]);
+    assert_eq!(left[survivor].metadata.uid, before[survivor].metadata.uid);
+    let node = w.node(survivor).await.unwrap();
+    assert_eq!(node.metadata.uid, survivor_node.metadata.uid);
+    assert!(!cordoned(&node) && node_ready(&node));
+    // The cloud: exactly one instance, capacity 1, nothing created or deleted beyond the change.
+    let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    let p = cloud.pools.iter().find(|p| p.name == "workers").unwrap();
+    let ids: Vec<&str> = p.instances.iter().map(|i| i.instance_id.as_str()).collect();
+    let survivor_id = survivor.trim_start_matches("workers-");
+    assert_eq!((ids, p.capacity), (vec![survivor_id], 1));
+    let counters = cloud.counters.unwrap();
+    assert_eq!((counters.instances_created, counters.instances_deleted), (2, 1));
+    let p = w.store.get::<MachinePool>(&w.ns, "workers").await.unwrap().unwrap();
+    assert_eq!((p.status.replicas, p.status.ready_replicas, p.status.applied_capacity), (1, 1, 1));
+    let ready = condition(&p.status.conditions, ConditionType::Ready);
+    assert!(ready.is_some_and(|c| c.status == ConditionStatus::True), "{:?}", p.status.conditions);
+    // Deleting the pool drains its last node before the pool goes.
+    let pools =
+        Api::<DynamicObject>::namespaced_with(w.cluster.client.clone(), &w.ns, &ar("MachinePool", "machinepools"));
+    pools.delete("workers", &DeleteParams::default()).await.unwrap();
+    eventually(2 * MINUTE, "the pool, its Machines and Nodes gone", || async {
+        let pool_gone = w.store.get::<MachinePool>(&w.ns, "workers").await.ok()?.is_none();
+        (pool_gone && w.machines().await.is_empty() && w.nodes().await.is_empty()).then_some(())
+    })
+    .await;
+    let events = w.events(survivor).await;
+    assert!(has_event(&events, "Drained") && has_event(&events, "NodeDeleted"), "{events:?}");
+    let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    assert!(cloud.pools.is_empty(), "the pool is gone from the cloud");
+    w.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_pool_max_surge_0_upgrade_replaces_drained_instances_instead_of_reimaging() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    let pool = |machine_type: &str| {
+        json!({"metadata": {"name": "workers"}, "spec": {
+            "replicas": 2,
+            "template": {"spec": {"classRef": {"name": "small"}, "providerSpec": {"machineType": machine_type}}},
+            "strategy": {"maxSurge": 0, "maxUnavailable": 1},
+        }})
+    };
+    let rolled = |ids: &'static [&'static str]| {
+        let w = &w;
+        move || async move {
+            let p = w.store.get::<MachinePool>(&w.ns, "workers").await.ok().flatten()?;
+            let names: Vec<String> = pool_machines(w, "workers").await.into_keys().collect();
+            let want: Vec<String> = ids.iter().map(|id| format!("workers-{id}")).collect();
+            let nodes = w.nodes().await;
+            let ready = want
+                .iter()
+                .all(|n| nodes.iter().any(|node| node.metadata.name.as_ref() == Some(n) && node_ready(node)));
+            let done = p.status.replicas == 2 && p.status.ready_replicas == 2 && p.status.updated_replicas == 2;
+            (done && names == want && ready && nodes.len() == 2).then_some(())
+        }
+    };
+    w.apply("MachinePool", "machinepools", pool("small")).await;
+    eventually(2 * MINUTE, "2 pool instances with Ready Nodes", rolled(&["0", "1"])).await;
+    w.workload("shop", 2, None).await;
+    w.apply("MachinePool", "machinepools", pool("large")).await;
+    // Each old instance goes through its Machine's deletion (drained first), and a new one on
+    // the latest model takes its place: nothing is reimaged under its pods.
+    eventually(3 * MINUTE, "both instances replaced on the new model", rolled(&["2", "3"])).await;
+    for old in ["workers-0", "workers-1"] {
+        let events = w.events(old).await;
+        assert!(has_event(&events, "Drained") && has_event(&events, "NodeDeleted"), "{old}: {events:?}");
+    }
+    let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    let p = cloud.pools.iter().find(|p| p.name == "workers").unwrap();
+    assert!(p.instances.iter().all(|i| i.latest_model_applied), "{p:?}");
+    let counters = cloud.counters.unwrap();
+    assert_eq!((counters.instances_created, counters.instances_deleted), (4, 2));
+    eventually(MINUTE, "2 pods Ready on the new nodes", || async {
+        let pods = w.ready_pods("shop").await;
+        let on_new = pods.iter().all(|p| {
+            let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or_default();
+            node == "workers-2" || node == "workers-3"
+        });
+        (pods.len() == 2 && on_new).then_some(())
+    })
+    .await;
+    w.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_waits_for_the_nodes_volume_attachments_and_a_vanished_node_is_recorded() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.md("web", 2, json!({"machineType": "small"}), json!({"volumeDetachTimeoutSeconds": 300})).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let mut machines = w.machines().await;
+    machines.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let (first, second) = (machines[0].clone(), machines[1].clone());
+    // A Node deleted while its VM runs is recorded, not ignored.
+    let second_node = second.status.node_ref.clone().unwrap().name;
+    Api::<Node>::all(w.cluster.client.clone()).delete(&second_node, &DeleteParams::default()).await.unwrap();
+    eventually(MINUTE, "NodeMissing on the machine whose Node vanished", || async {
+        let m = w.machine(&second.metadata.name).await?;
+        let c = condition(&m.status.conditions, ConditionType::NodeReady)?;
+        (c.reason == Reason::NodeMissing && c.status == ConditionStatus::False).then_some(())
+    })
+    .await;
+    assert!(has_event(&w.events(&second.metadata.name).await, "NodeMissing"));
+    // A volume still attached to a node holds the VM's delete after the drain.
+    let node = first.status.node_ref.clone().unwrap().name;
+    w.cluster
+        .apply_json(json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+            "metadata": {"name": "data-1"},
+            "spec": {"attacher": "disk.csi.example.com", "nodeName": node,
+                     "source": {"persistentVolumeName": "pv-data-1"}}
+        }))
+        .await;
+    let machines_api =
+        Api::<DynamicObject>::namespaced_with(w.cluster.client.clone(), &w.ns, &ar("Machine", "machines"));
+    machines_api.delete(&first.metadata.name, &DeleteParams::default()).await.unwrap();
+    let held = eventually(MINUTE, "held for the volume", || async {
+        let m = w.machine(&first.metadata.name).await?;
+        let c = condition(&m.status.conditions, ConditionType::Deleting)?;
+        let attached = c.message.contains("1 volume(s) still attached");
+        (m.status.deletion.as_ref()?.phase == DeletionPhase::VolumesDetaching && attached).then_some(m)
+    })
+    .await;
+    let c = condition(&held.status.conditions, ConditionType::Deleting).unwrap();
+    assert_eq!(c.reason, Reason::WaitingForVolumeDetach);
+    let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    assert!(cloud.machines.iter().any(|vm| vm.name == first.metadata.name), "the VM stays while a volume is attached");
+    let vas = Api::<k8s_openapi::api::storage::v1::VolumeAttachment>::all(w.cluster.client.clone());
+    vas.delete("data-1", &DeleteParams::default()).await.unwrap();
+    eventually(MINUTE, "the machine and its Node gone once the volume detached", || async {
+        (w.machine(&first.metadata.name).await.is_none() && w.node(&node).await.is_none()).then_some(())
+    })
+    .await;
+    w.kill9().await;
+}

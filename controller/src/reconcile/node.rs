@@ -19,6 +19,8 @@ use driver_sdk::proto as pb;
 
 use super::write;
 use super::Resolved;
+use k8s_openapi::api::core::v1::Pod;
+
 use crate::nodes::{self, drain, Evicted, Lookup, NodeView, Target};
 use crate::resources::*;
 use crate::runtime::policy::{self, Decision, Rpc, Source};
@@ -128,11 +130,11 @@ pub(crate) async fn join(
 }
 
 /// A Running machine's Node, as seen now: `NodeReady` follows the Node's `Ready`; a Node that
-/// disappears while the VM runs is recorded (condition and event). `None` while the first
-/// list of Nodes has not arrived.
-pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machine) -> Result<Option<()>> {
+/// disappears while the VM runs is recorded (condition and event). Nothing is said while the
+/// first list of Nodes has not arrived.
+pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machine) -> Result<()> {
     match lookup(target, key, m) {
-        Lookup::NotSynced => Ok(None),
+        Lookup::NotSynced => Ok(()),
         Lookup::Found(node) => {
             link(ctx, target, m, &node).await?;
             if node.is_ready() {
@@ -147,10 +149,10 @@ pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machi
                     &message,
                 );
             }
-            Ok(Some(()))
+            Ok(())
         }
         Lookup::Missing => {
-            let Some(r) = &m.status.node_ref else { return Ok(Some(())) };
+            let Some(r) = &m.status.node_ref else { return Ok(()) };
             let message = format!("node {} is gone while the VM still runs", r.name);
             let newly = condition(&m.status.conditions, ConditionType::NodeReady)
                 .is_none_or(|c| c.reason != Reason::NodeMissing);
@@ -158,7 +160,7 @@ pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machi
             if newly {
                 ctx.store.event(Kind::Machine, &m.metadata, true, "NodeMissing", message).await;
             }
-            Ok(Some(()))
+            Ok(())
         }
     }
 }
@@ -184,18 +186,7 @@ pub(crate) async fn before_instance_delete(
     };
     let mut m = before.clone();
     m.status.phase = Phase::Terminating;
-    let now = Utc::now();
-    let d = m.status.deletion.get_or_insert_with(|| Deletion {
-        phase: DeletionPhase::PreDrainHooks,
-        phase_started: now,
-        drain_started: None,
-        drain_deadline: None,
-        pods_left: 0,
-        blocked_by: String::new(),
-        out_of_service: false,
-        forced: false,
-    });
-    let action = match d.phase {
+    let action = match deletion(&mut m).phase {
         DeletionPhase::PreDrainHooks => hooks(ctx, &mut m, PRE_DRAIN_HOOK_PREFIX, DeletionPhase::Draining).await,
         DeletionPhase::Draining => drain(ctx, &target, &mut m, &node, r).await?,
         DeletionPhase::VolumesDetaching => volumes(&target, &mut m, &node).await?,
@@ -208,6 +199,7 @@ pub(crate) async fn before_instance_delete(
     Ok(Some(action))
 }
 
+/// The deletion's record, begun at its first step when there is none yet.
 fn deletion(m: &mut Machine) -> &mut Deletion {
     m.status.deletion.get_or_insert_with(|| Deletion {
         phase: DeletionPhase::PreDrainHooks,
@@ -290,8 +282,8 @@ async fn vm_gone(ctx: &Ctx, m: &Machine, r: &Resolved<'_>) -> Result<bool> {
     }
 }
 
-/// One look at the drain: cordon, then evict what may go, delete what is due, and move on when
-/// nothing is left.
+/// One look at the drain: cordon (or, for a dead VM's node, mark it out of service), one pass
+/// over the pods, then either the next step or a report of what holds it.
 async fn drain(
     ctx: &Ctx,
     target: &Target,
@@ -300,132 +292,161 @@ async fn drain(
     r: Option<&Resolved<'_>>,
 ) -> Result<Action> {
     let now = Utc::now();
-    let deadline = match deletion(m).drain_deadline {
-        Some(d) => d,
-        None => {
-            advance(m, DeletionPhase::Draining);
-            deletion(m).drain_deadline.unwrap_or(now)
-        }
-    };
-    // A node that is not Ready may be a dead VM's: then nothing can be evicted gracefully.
-    let mut dead = deletion(m).out_of_service;
-    if !dead && !node.is_ready() {
-        if let Some(r) = r {
-            dead = vm_gone(ctx, m, r).await?;
-        }
+    if deletion(m).drain_deadline.is_none() {
+        advance(m, DeletionPhase::Draining);
     }
-    if dead {
-        if !deletion(m).out_of_service {
-            deletion(m).out_of_service = true;
-            let message =
-                format!("node {} is not Ready and its VM is gone: deleting its pods without eviction", node.name);
-            ctx.store.event(Kind::Machine, &m.metadata, true, "OutOfService", message).await;
-        }
-        target.mark_out_of_service(node).await?;
-    } else {
-        target.cordon(node).await?;
-    }
+    let deadline = deletion(m).drain_deadline.unwrap_or(now);
+    let dead = dead_node(ctx, target, m, node, r).await?;
     let pods = target.pods_on(&node.name).await?;
-    let mut left = 0u32;
-    let mut evicted = 0u32;
-    let mut forced = Vec::new();
-    let mut refused: Option<(String, drain::Refusal)> = None;
-    let mut waiting = Vec::new();
-    for pod in &pods {
-        let step = drain::step(pod, now, deadline, dead);
-        if step.holds_drain() {
-            left += 1;
-        }
-        match step {
-            drain::PodStep::Skip(_) => {}
-            drain::PodStep::WaitGone => {}
-            drain::PodStep::Evict => match target.evict(pod).await? {
-                Evicted::Accepted => evicted += 1,
-                Evicted::Gone => {}
-                Evicted::Refused(r) => {
-                    waiting.push(pod);
-                    refused.get_or_insert((nodes::pod_name(pod), r));
-                }
-            },
-            drain::PodStep::Delete { grace_seconds } => {
-                target.delete_pod(pod, grace_seconds).await?;
-                forced.push(format!("{} (grace {grace_seconds}s)", nodes::pod_name(pod)));
-            }
-        }
-    }
-    let node_name = node.name.clone();
-    if !forced.is_empty() && !dead {
+    let pass = evict_pass(target, &pods, now, deadline, dead).await?;
+    if !pass.forced.is_empty() && !dead {
         deletion(m).forced = true;
         let message = format!(
-            "drain deadline {} reached on node {node_name}: deleted {} pod(s) instead of evicting them: {}",
+            "drain deadline {} reached on node {}: deleted {} pod(s) instead of evicting them: {}",
             deadline.to_rfc3339(),
-            forced.len(),
-            forced.join(", ")
+            node.name,
+            pass.forced.len(),
+            pass.forced.join(", ")
         );
         ctx.store.event(Kind::Machine, &m.metadata, true, "DrainForced", message).await;
     }
-    deletion(m).pods_left = left;
-    if left == 0 {
+    deletion(m).pods_left = pass.left;
+    if pass.left == 0 {
         let how = match (deletion(m).out_of_service, deletion(m).forced) {
             (true, _) => "out of service",
             (false, true) => "forced at the deadline",
             (false, false) => "every pod evicted",
         };
-        let message = format!("node {node_name} drained ({how})");
+        let message = format!("node {} drained ({how})", node.name);
         ctx.store.event(Kind::Machine, &m.metadata, false, "Drained", message).await;
         advance(m, DeletionPhase::VolumesDetaching);
         return Ok(Action::requeue_now());
     }
-    let (reason, message, blocked) = match &refused {
-        Some((pod, r)) => {
-            let budget = match &r.budget {
-                Some(b) => {
-                    let ns = pod.split('/').next().unwrap_or("default");
-                    let never = match target.budget(ns, b).await? {
-                        Some(pdb) => drain::never_allows_eviction(&pdb),
-                        None => false,
-                    };
-                    if never {
-                        format!("PodDisruptionBudget {ns}/{b} (it can never allow an eviction as configured)")
-                    } else {
-                        format!("PodDisruptionBudget {ns}/{b}")
-                    }
-                }
-                None => "the API server".to_string(),
-            };
-            let reason = if budget.contains("never allow") {
-                Reason::DisruptionBudgetUnsatisfiable
-            } else {
-                Reason::EvictionBlocked
-            };
-            let blocked = format!("{budget} blocks the eviction of pod {pod}");
-            let message = format!(
-                "{left} pod(s) left on node {node_name}; {blocked}: {}; pods are deleted at the drain deadline {}",
-                r.message,
-                deadline.to_rfc3339()
-            );
-            (reason, message, blocked)
-        }
-        None => (
-            Reason::Draining,
-            format!(
-                "{left} pod(s) left on node {node_name} ({evicted} evicted now); deadline {}",
-                deadline.to_rfc3339()
-            ),
-            String::new(),
-        ),
-    };
-    if !blocked.is_empty() && deletion(m).blocked_by != blocked {
-        ctx.store.event(Kind::Machine, &m.metadata, true, reason.as_str(), message.clone()).await;
-    }
-    deletion(m).blocked_by = blocked;
-    set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
+    report_held(ctx, target, m, &node.name, &pass, deadline).await?;
     // Look again soon; no later than the next forced deletion comes due.
     let mut next = ctx.config.drain_poll_interval;
     if let Some(due) = drain::next_forced(&pods, deadline) {
         next = next.min((due - now).to_std().unwrap_or_default().max(Duration::from_millis(100)));
     }
     Ok(Action::requeue(next))
+}
+
+/// Whether the node is a dead VM's (not Ready, and the driver reports the VM gone or stopped):
+/// then it is marked out of service; else it is cordoned. Once found dead, it stays so.
+async fn dead_node(
+    ctx: &Ctx,
+    target: &Target,
+    m: &mut Machine,
+    node: &NodeView,
+    r: Option<&Resolved<'_>>,
+) -> Result<bool> {
+    let mut dead = deletion(m).out_of_service;
+    if !dead && !node.is_ready() {
+        if let Some(r) = r {
+            dead = vm_gone(ctx, m, r).await?;
+        }
+    }
+    if !dead {
+        target.cordon(node).await?;
+        return Ok(false);
+    }
+    if !deletion(m).out_of_service {
+        deletion(m).out_of_service = true;
+        let message = format!("node {} is not Ready and its VM is gone: deleting its pods without eviction", node.name);
+        ctx.store.event(Kind::Machine, &m.metadata, true, "OutOfService", message).await;
+    }
+    target.mark_out_of_service(node).await?;
+    Ok(true)
+}
+
+/// What one pass over a node's pods did.
+struct Pass {
+    /// Pods that still hold the drain.
+    left: u32,
+    /// Evictions accepted in this pass.
+    evicted: u32,
+    /// Pods deleted in this pass (`ns/name (grace Ns)`).
+    forced: Vec<String>,
+    /// The first refused eviction: the pod and the refusal.
+    refused: Option<(String, drain::Refusal)>,
+}
+
+/// Evicts what may go and deletes what is due ([`drain::step`] decides for each pod).
+async fn evict_pass(target: &Target, pods: &[Pod], now: Time, deadline: Time, dead: bool) -> Result<Pass> {
+    let mut pass = Pass { left: 0, evicted: 0, forced: Vec::new(), refused: None };
+    for pod in pods {
+        let step = drain::step(pod, now, deadline, dead);
+        if step.holds_drain() {
+            pass.left += 1;
+        }
+        match step {
+            drain::PodStep::Skip(_) | drain::PodStep::WaitGone => {}
+            drain::PodStep::Evict => match target.evict(pod).await? {
+                Evicted::Accepted => pass.evicted += 1,
+                Evicted::Gone => {}
+                Evicted::Refused(r) => {
+                    pass.refused.get_or_insert((nodes::pod_name(pod), r));
+                }
+            },
+            drain::PodStep::Delete { grace_seconds } => {
+                target.delete_pod(pod, grace_seconds).await?;
+                pass.forced.push(format!("{} (grace {grace_seconds}s)", nodes::pod_name(pod)));
+            }
+        }
+    }
+    Ok(pass)
+}
+
+/// Says what holds the drain: in the `Deleting` condition, `status.deletion.blockedBy`, and an
+/// event when the blocking budget or pod changes. A budget that can never allow an eviction as
+/// configured is named so.
+async fn report_held(
+    ctx: &Ctx,
+    target: &Target,
+    m: &mut Machine,
+    node: &str,
+    pass: &Pass,
+    deadline: Time,
+) -> Result<()> {
+    let left = pass.left;
+    let (reason, message, blocked) = match &pass.refused {
+        Some((pod, refusal)) => {
+            let (reason, by) = match &refusal.budget {
+                Some(b) => {
+                    let ns = pod.split('/').next().unwrap_or("default");
+                    let never = target.budget(ns, b).await?.as_ref().is_some_and(drain::never_allows_eviction);
+                    if never {
+                        let by = format!("PodDisruptionBudget {ns}/{b} (it can never allow an eviction as configured)");
+                        (Reason::DisruptionBudgetUnsatisfiable, by)
+                    } else {
+                        (Reason::EvictionBlocked, format!("PodDisruptionBudget {ns}/{b}"))
+                    }
+                }
+                None => (Reason::EvictionBlocked, "the API server".to_string()),
+            };
+            let blocked = format!("{by} blocks the eviction of pod {pod}");
+            let message = format!(
+                "{left} pod(s) left on node {node}; {blocked}: {}; pods are deleted at the drain deadline {}",
+                refusal.message,
+                deadline.to_rfc3339()
+            );
+            (reason, message, blocked)
+        }
+        None => {
+            let message = format!(
+                "{left} pod(s) left on node {node} ({} evicted now); deadline {}",
+                pass.evicted,
+                deadline.to_rfc3339()
+            );
+            (Reason::Draining, message, String::new())
+        }
+    };
+    if !blocked.is_empty() && deletion(m).blocked_by != blocked {
+        ctx.store.event(Kind::Machine, &m.metadata, true, reason.as_str(), message.clone()).await;
+    }
+    deletion(m).blocked_by = blocked;
+    set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
+    Ok(())
 }
 
 /// Waits for the node's VolumeAttachments to go, at most `volumeDetachTimeoutSeconds`.

@@ -4,6 +4,11 @@
 //! are [`plan::pool`](crate::plan::pool)'s; this reconciler lists, mirrors, plans and makes the
 //! one call the plan names. Deleting one pool Machine deletes exactly that instance; the pool
 //! then refills to `replicas`.
+//!
+//! With a target cluster (nodes managed) the pool removes no instance itself: a scale-down or
+//! an upgrade by deletion (maxSurge 0 included: delete and replace, never a reimage in place)
+//! deletes the chosen instances' Machines, and each Machine's deletion drains its Node before
+//! DeletePoolInstances of exactly that instance ([`reconcile_machine`]).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -186,6 +191,22 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         }
     }
     if pool.metadata.deletion_timestamp.is_some() {
+        // With a target cluster every instance's Node is drained first: its Machine's deletion
+        // drains it and deletes that instance; the pool goes once none is left.
+        if ctx.target.is_some() {
+            let machines: Vec<Machine> = ctx
+                .store
+                .list_with::<Machine>(&pool_machines(&pool))
+                .await?
+                .into_iter()
+                .filter(|m| m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool.metadata.name))
+                .collect();
+            if !machines.is_empty() {
+                let doomed: Vec<Key> = machines.iter().filter(|m| !m.is_deleting()).map(Key::of).collect();
+                super::slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
+                return Ok(Action::requeue(Duration::from_secs(2)));
+            }
+        }
         let req =
             pb::DeletePoolRequest { name: pool.metadata.name.clone(), provider_spec: None, secrets: r.secrets.clone() };
         return match ctx.call(r.driver, "DeletePool", |c| async move { c.delete_pool(req).await }).await {
@@ -242,6 +263,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         instances: &observed,
         deleting: &deleting,
         annotated: &annotated,
+        nodes_managed: ctx.target.is_some(),
     });
 
     let mut next = pool.clone();
@@ -275,6 +297,15 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         plan::Step::Upgrade(ids) => {
             return pool_instances_call(ctx, &pool, &r, OperationKind::UpgradePoolInstances, ids).await
         }
+        plan::Step::DeleteMachines(ids) => {
+            delete_machines(ctx, &pool, &machines, &ids).await?;
+            let message =
+                format!("{} of {replicas} ready; draining the Nodes of {}", plan.ready_replicas, ids.join(", "));
+            set_condition(&mut next.status.conditions, ConditionType::Ready, false, Reason::Rolling, &message);
+            write::status(ctx, &pool, &next).await?;
+            // The Machines' changes wake the pool; this is a safety net.
+            return Ok(Action::requeue(Duration::from_secs(2)));
+        }
         plan::Step::Wait => {}
     }
     let done = plan.done;
@@ -292,6 +323,32 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     );
     write::status(ctx, &pool, &next).await?;
     Ok(Action::requeue(if done { Duration::from_secs(30) } else { Duration::from_secs(1) }))
+}
+
+/// Nodes managed: the chosen instances go by deleting their Machines (each drains its Node,
+/// then deletes exactly its instance). A Machine not found is already gone.
+async fn delete_machines(ctx: &Ctx, pool: &MachinePool, machines: &[Machine], ids: &[String]) -> Result<()> {
+    let mut names = Vec::new();
+    for id in ids {
+        let key = machines
+            .iter()
+            .find(|m| m.spec.pool_ref.as_ref().is_some_and(|p| &p.instance_id == id))
+            .map(Key::of)
+            .unwrap_or_else(|| {
+                Key::new(Kind::Machine, &pool.metadata.namespace, &machine_name(&pool.metadata.name, id))
+            });
+        match ctx.store.delete(&key).await {
+            Ok(Some(_)) => names.push(key.name),
+            Ok(None) | Err(StoreError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if !names.is_empty() {
+        let message =
+            format!("deleting Machine(s) {} (each Node is drained before its instance goes)", names.join(", "));
+        ctx.store.event(Kind::MachinePool, &pool.metadata, false, "DeletingMachines", message).await;
+    }
+    Ok(())
 }
 
 async fn pool_instances_call(
@@ -565,7 +622,9 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
         };
     }
     // With a target cluster: hooks, cordon, drain and volumes before the instance goes.
-    if let Some(action) = super::node::before_instance_delete(ctx, key, &m, Some(&r)).await? {
+    // The driver's GetMachineStatus knows machines, not pool instances: the drain is not told
+    // about the VM (a NotReady pool node is drained, never taken out of service on a guess).
+    if let Some(action) = super::node::before_instance_delete(ctx, key, &m, None).await? {
         return Ok(action);
     }
     let req = pb::DeletePoolInstancesRequest {

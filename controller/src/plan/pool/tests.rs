@@ -26,6 +26,7 @@ struct Case {
     instances: Vec<Instance>,
     deleting: HashSet<String>,
     annotated: HashSet<String>,
+    nodes_managed: bool,
 }
 
 fn case(replicas: i64, surge: IntOrPercent, unavailable: IntOrPercent, instances: Vec<Instance>) -> Case {
@@ -37,6 +38,7 @@ fn case(replicas: i64, surge: IntOrPercent, unavailable: IntOrPercent, instances
         instances,
         deleting: HashSet::new(),
         annotated: HashSet::new(),
+        nodes_managed: false,
     }
 }
 
@@ -54,6 +56,10 @@ impl Case {
         self.annotated.insert(id.into());
         self
     }
+    fn managed(mut self) -> Self {
+        self.nodes_managed = true;
+        self
+    }
     fn plan(&self) -> Plan {
         plan(Observed {
             replicas: self.replicas,
@@ -64,6 +70,7 @@ impl Case {
             instances: &self.instances,
             deleting: &self.deleting,
             annotated: &self.annotated,
+            nodes_managed: self.nodes_managed,
         })
     }
 }
@@ -184,6 +191,337 @@ fn the_pool_planner_decides_the_one_call() {
     }
 }
 
+fn not_running(inst: Instance) -> Instance {
+    Instance { running: false, ..inst }
+}
+
+/// With nodes managed (a target cluster), instances go only as Machines (drained first), and
+/// the cloud is never given a capacity that lets it choose.
+#[test]
+fn with_nodes_managed_the_pool_deletes_machines_and_never_lets_the_cloud_choose() {
+    use Step::*;
+    let rows: Vec<(&str, Case, Step)> = vec![
+        // ---- scale-down: the planner chooses
+        (
+            "a scale-down deletes the Machines of the newest instances",
+            case(1, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("rev", 3).managed(),
+            DeleteMachines(ids(&["2", "1"])),
+        ),
+        (
+            "newest by number, not text",
+            case(2, int(1), int(0), vec![i("9"), i("10"), i("2")]).applied("rev", 3).managed(),
+            DeleteMachines(ids(&["10"])),
+        ),
+        (
+            "the annotated instance goes first",
+            case(2, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("rev", 3).annotated("0").managed(),
+            DeleteMachines(ids(&["0"])),
+        ),
+        (
+            "failed, annotated, unready, then the newest",
+            case(
+                1,
+                int(1),
+                int(0),
+                vec![i("0"), i("1"), state(i("2"), InstanceState::Failed), not_running(i("3")), i("4")],
+            )
+            .applied("rev", 5)
+            .annotated("1")
+            .managed(),
+            DeleteMachines(ids(&["2", "1", "3", "4"])),
+        ),
+        (
+            "a scale-down mid-upgrade takes old instances first",
+            case(2, int(1), int(0), vec![old("0"), i("1"), i("2"), i("3")]).applied("rev", 3).managed(),
+            DeleteMachines(ids(&["0"])),
+        ),
+        (
+            "a scale-down with a template change: the excess over replicas + maxSurge goes first",
+            case(1, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("old", 3).managed(),
+            DeleteMachines(ids(&["2"])),
+        ),
+        (
+            "nothing is applied while the chosen Machine drains (the cloud would pick)",
+            case(1, int(1), int(0), vec![i("0"), i("1")]).applied("rev", 2).deleting("1").managed(),
+            Wait,
+        ),
+        (
+            "nor while its instance is being deleted",
+            case(1, int(1), int(0), vec![i("0"), state(i("1"), InstanceState::Deleting)])
+                .applied("rev", 2)
+                .deleting("1")
+                .managed(),
+            Wait,
+        ),
+        (
+            "once it is gone the lower capacity is applied: the cloud has nothing left to pick",
+            case(1, int(1), int(0), vec![i("0")]).applied("rev", 2).managed(),
+            Apply { capacity: 1 },
+        ),
+        (
+            "a scale-up goes ahead while a Machine drains: it removes nothing",
+            case(3, int(1), int(0), vec![i("0"), i("1")]).applied("rev", 2).deleting("1").managed(),
+            Apply { capacity: 3 },
+        ),
+        (
+            "a deleted Machine's instance is refilled only once it is gone",
+            case(2, int(1), int(0), vec![i("0"), i("1")]).deleting("1").managed(),
+            Wait,
+        ),
+        (
+            "a missing instance is refilled",
+            case(3, int(1), int(0), vec![i("0"), i("1")]).managed(),
+            Apply { capacity: 3 },
+        ),
+        ("steady", case(2, int(1), int(0), vec![i("0"), i("1")]).managed(), Wait),
+        // ---- surge upgrades: the same victims, as Machines
+        (
+            "a new template grows the pool by maxSurge",
+            case(3, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("old", 3).managed(),
+            Apply { capacity: 4 },
+        ),
+        (
+            "the surge instance runs: one old instance's Machine goes",
+            case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")]).applied("rev", 4).managed(),
+            DeleteMachines(ids(&["0"])),
+        ),
+        (
+            "failed, annotated, unready old instances go first; unready ones cost no availability",
+            case(
+                4,
+                int(2),
+                int(1),
+                vec![old("0"), old("1"), state(old("5"), InstanceState::Failed), not_running(old("4")), i("6"), i("7")],
+            )
+            .annotated("1")
+            .applied("rev", 6)
+            .managed(),
+            DeleteMachines(ids(&["5", "1", "4"])),
+        ),
+        (
+            "more instances than replicas + maxSurge mid-upgrade: the excess goes first, failed and annotated",
+            case(
+                3,
+                int(1),
+                int(0),
+                vec![old("0"), old("1"), state(old("5"), InstanceState::Failed), not_running(old("4")), i("6"), i("7")],
+            )
+            .annotated("1")
+            .applied("rev", 4)
+            .managed(),
+            DeleteMachines(ids(&["5", "1"])),
+        ),
+        (
+            "while the old instance drains, no ready one goes and nothing is refilled",
+            case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")])
+                .applied("rev", 4)
+                .deleting("0")
+                .managed(),
+            Wait,
+        ),
+        (
+            "the last old instance drains: the surge is not given back yet",
+            case(3, int(1), int(0), vec![old("2"), i("3"), i("4"), i("5")]).applied("rev", 4).deleting("2").managed(),
+            Wait,
+        ),
+        (
+            "it is gone: the surge is given back",
+            case(3, int(1), int(0), vec![i("3"), i("4"), i("5")]).applied("rev", 4).managed(),
+            Apply { capacity: 3 },
+        ),
+        // ---- maxSurge 0: delete and replace, within maxUnavailable, never reimage in place
+        (
+            "maxSurge 0 deletes maxUnavailable old Machines",
+            case(3, int(0), int(1), vec![old("0"), old("1"), old("2")]).managed(),
+            DeleteMachines(ids(&["0"])),
+        ),
+        (
+            "maxSurge 0, maxUnavailable 2",
+            case(3, int(0), int(2), vec![old("0"), old("1"), old("2")]).managed(),
+            DeleteMachines(ids(&["0", "1"])),
+        ),
+        (
+            "maxSurge 0: both 0 means one at a time",
+            case(3, int(0), int(0), vec![old("0"), old("1"), old("2")]).managed(),
+            DeleteMachines(ids(&["0"])),
+        ),
+        (
+            "maxSurge 0: the draining Machine uses the budget",
+            case(3, int(0), int(1), vec![old("0"), old("1"), old("2")]).deleting("0").managed(),
+            Wait,
+        ),
+        (
+            "maxSurge 0: gone, so refilled on the latest model",
+            case(3, int(0), int(1), vec![old("1"), old("2")]).managed(),
+            Apply { capacity: 3 },
+        ),
+        (
+            "maxSurge 0: the replacement is not ready yet",
+            case(3, int(0), int(1), vec![old("1"), old("2"), state(i("3"), InstanceState::Creating)]).managed(),
+            Wait,
+        ),
+        (
+            "maxSurge 0: an unready old instance costs no availability",
+            case(3, int(0), int(1), vec![not_running(old("0")), old("1"), old("2")]).managed(),
+            DeleteMachines(ids(&["0"])),
+        ),
+        (
+            "maxSurge 0: a new template is applied first (same capacity: nothing removed)",
+            case(3, int(0), int(1), vec![i("0"), i("1"), i("2")]).applied("old", 3).managed(),
+            Apply { capacity: 3 },
+        ),
+    ];
+    for (name, c, want) in rows {
+        assert_eq!(c.plan().step, want, "{name}");
+    }
+}
+
+/// Without nodes the same situations plan what they always did: the cloud picks the scale-down,
+/// upgrades call DeletePoolInstances and UpgradePoolInstances.
+#[test]
+fn without_nodes_the_old_steps_are_unchanged() {
+    use Step::*;
+    let rows: Vec<(&str, Case, Step)> = vec![
+        (
+            "a scale-down is applied",
+            case(2, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("rev", 3).annotated("0"),
+            Apply { capacity: 2 },
+        ),
+        (
+            "applied even while a Machine is being deleted",
+            case(1, int(1), int(0), vec![i("0"), i("1")]).applied("rev", 2).deleting("1"),
+            Apply { capacity: 1 },
+        ),
+        (
+            "the surge is given back while the last old instance goes",
+            case(3, int(1), int(0), vec![old("2"), i("3"), i("4"), i("5")]).applied("rev", 4).deleting("2"),
+            Apply { capacity: 3 },
+        ),
+        (
+            "surge upgrades call DeletePoolInstances",
+            case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")]).applied("rev", 4),
+            Delete(ids(&["0"])),
+        ),
+        (
+            "maxSurge 0 upgrades in place",
+            case(3, int(0), int(1), vec![old("0"), old("1"), old("2")]),
+            Upgrade(ids(&["0"])),
+        ),
+        (
+            "maxSurge 0 ignores an unready old instance",
+            case(3, int(0), int(2), vec![not_running(old("0")), old("1"), old("2")]),
+            Upgrade(ids(&["1"])),
+        ),
+    ];
+    for (name, c, want) in rows {
+        assert_eq!(c.plan().step, want, "{name}");
+    }
+}
+
+/// A pool run to convergence against a cloud that behaves like the fake driver and Azure
+/// (ApplyPool removes the newest live instances when the capacity drops; DeletePoolInstances
+/// lowers the capacity), with nodes managed: the cloud never picks an instance, and nothing is
+/// created or deleted beyond what the change needs.
+#[test]
+fn with_nodes_managed_a_pool_converges_without_the_cloud_choosing_or_churn() {
+    struct Sim {
+        c: Case,
+        capacity: i64,
+        next: u64,
+        /// Machines being deleted, with the turns their drains still take.
+        draining: Vec<(String, u32)>,
+        created: usize,
+        deleted: Vec<String>,
+        min_ready: i64,
+    }
+    impl Sim {
+        fn new(c: Case) -> Sim {
+            let next = c.instances.iter().map(|i| i.id.parse::<u64>().unwrap() + 1).max().unwrap_or(0);
+            Sim {
+                capacity: c.applied_capacity,
+                c,
+                next,
+                draining: Vec::new(),
+                created: 0,
+                deleted: Vec::new(),
+                min_ready: i64::MAX,
+            }
+        }
+        /// Runs until the plan says done. Each turn new instances come up, and drains advance;
+        /// a drained Machine's instance is deleted (DeletePoolInstances lowers the capacity).
+        fn run(&mut self) {
+            for _ in 0..200 {
+                for inst in self.c.instances.iter_mut() {
+                    inst.state = InstanceState::Running;
+                }
+                for d in self.draining.iter_mut() {
+                    d.1 = d.1.saturating_sub(1);
+                }
+                let gone: Vec<String> = self.draining.iter().filter(|d| d.1 == 0).map(|d| d.0.clone()).collect();
+                self.draining.retain(|d| d.1 > 0);
+                self.c.instances.retain(|i| !gone.contains(&i.id));
+                self.capacity -= gone.len() as i64;
+                self.deleted.extend(gone);
+                self.c.deleting = self.draining.iter().map(|d| d.0.clone()).collect();
+                let p = self.c.plan();
+                self.min_ready = self.min_ready.min(p.ready_replicas);
+                match p.step {
+                    Step::Apply { capacity } => {
+                        self.c.applied_revision = "rev";
+                        self.c.applied_capacity = capacity;
+                        self.capacity = capacity;
+                        // Every listed instance is the cloud's to pick, draining or not.
+                        let held = self.c.instances.len() as i64;
+                        assert!(held <= capacity, "the cloud would pick among {:?}", self.c.instances);
+                        for _ in held..capacity {
+                            self.c.instances.push(state(i(&self.next.to_string()), InstanceState::Creating));
+                            self.next += 1;
+                            self.created += 1;
+                        }
+                    }
+                    Step::DeleteMachines(ids) => {
+                        assert!(!ids.is_empty());
+                        assert!(ids.iter().all(|id| !self.c.deleting.contains(id)), "{ids:?} deleted twice");
+                        self.draining.extend(ids.into_iter().map(|id| (id, 3)));
+                    }
+                    Step::Wait if p.done && self.draining.is_empty() => return,
+                    Step::Wait => {}
+                    other => panic!("{other:?} with nodes managed"),
+                }
+            }
+            panic!("no convergence: {:?}", self.c.instances);
+        }
+    }
+    // Scale-down 3 → 1: the two newest go, nothing is created.
+    let mut s = Sim::new(case(1, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("rev", 3).managed());
+    s.run();
+    assert_eq!((s.created, sorted(s.deleted.clone())), (0, ids(&["1", "2"])));
+    assert_eq!(s.c.instances, vec![i("0")]);
+    assert_eq!(s.capacity, 1);
+    // Scale-down with an annotated instance.
+    let mut s =
+        Sim::new(case(2, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("rev", 3).annotated("1").managed());
+    s.run();
+    assert_eq!((s.created, s.deleted.clone()), (0, ids(&["1"])));
+    // A surge upgrade: each old instance replaced once; never below replicas ready.
+    let mut s = Sim::new(case(3, int(1), int(0), vec![old("0"), old("1"), old("2")]).applied("old", 3).managed());
+    s.run();
+    assert_eq!((s.created, sorted(s.deleted.clone())), (3, ids(&["0", "1", "2"])));
+    assert_eq!(s.min_ready, 3);
+    assert_eq!(s.capacity, 3);
+    // maxSurge 0: delete and replace, one at a time (maxUnavailable 1).
+    let mut s = Sim::new(case(3, int(0), int(1), vec![old("0"), old("1"), old("2")]).applied("old", 3).managed());
+    s.run();
+    assert_eq!((s.created, sorted(s.deleted.clone())), (3, ids(&["0", "1", "2"])));
+    assert_eq!(s.min_ready, 2);
+    assert!(s.c.instances.iter().all(|i| i.latest_model));
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
 #[test]
 fn counts_and_done() {
     let p = case(3, int(1), int(0), vec![i("0"), i("1"), state(i("2"), InstanceState::Deleting), i("3")]).plan();
@@ -216,32 +554,34 @@ fn legacy_provisioning_states_are_read_in_one_place() {
 }
 
 /// maxSurge 0 upgrades never take more than maxUnavailable instances out at once, and surge
-/// upgrades never delete ready instances below `replicas − maxUnavailable`.
+/// upgrades never delete ready instances below `replicas − maxUnavailable`; with nodes managed
+/// the same holds for the Machines deleted, and nothing is ever upgraded in place or deleted
+/// without its Machine.
 #[test]
 fn pool_upgrades_keep_within_max_unavailable() {
-    for replicas in 1..8i64 {
-        for unavailable in 0..4i64 {
-            for surge in 0..3i64 {
-                for old_count in 0..=replicas {
-                    for unready in 0..=replicas.min(2) {
-                        let mut instances: Vec<Instance> = (0..replicas + surge.min(old_count))
-                            .map(|n| if n < old_count { old(&n.to_string()) } else { i(&n.to_string()) })
-                            .collect();
-                        for inst in instances.iter_mut().rev().take(unready as usize) {
-                            inst.running = false;
-                        }
-                        let mut c = case(replicas, int(surge), int(unavailable), instances);
-                        c.applied_capacity = replicas + surge.min(old_count);
-                        let p = c.plan();
-                        let limits = Limits::resolve(replicas, &c.strategy);
-                        let ready = c.instances.iter().filter(|i| i.ready()).count() as i64;
-                        let label = format!("replicas {replicas} surge {surge} unavailable {unavailable} old {old_count} unready {unready}");
-                        match &p.step {
-                            Step::Upgrade(ids) => {
-                                let not_ready = c.instances.len() as i64 - ready;
-                                assert!(ids.len() as i64 + not_ready <= limits.max_unavailable, "{label}: {ids:?}");
+    for managed in [false, true] {
+        for replicas in 1..8i64 {
+            for unavailable in 0..4i64 {
+                for surge in 0..3i64 {
+                    for old_count in 0..=replicas {
+                        for unready in 0..=replicas.min(2) {
+                            let mut instances: Vec<Instance> = (0..replicas + surge.min(old_count))
+                                .map(|n| if n < old_count { old(&n.to_string()) } else { i(&n.to_string()) })
+                                .collect();
+                            for inst in instances.iter_mut().rev().take(unready as usize) {
+                                inst.running = false;
                             }
-                            Step::Delete(ids) => {
+                            let mut c = case(replicas, int(surge), int(unavailable), instances);
+                            c.applied_capacity = replicas + surge.min(old_count);
+                            c.nodes_managed = managed;
+                            let p = c.plan();
+                            let limits = Limits::resolve(replicas, &c.strategy);
+                            let ready = c.instances.iter().filter(|i| i.ready()).count() as i64;
+                            let label = format!(
+                                "managed {managed} replicas {replicas} surge {surge} unavailable {unavailable} old \
+                                 {old_count} unready {unready}"
+                            );
+                            let within_budget = |ids: &Vec<String>| {
                                 let ready_deleted =
                                     c.instances.iter().filter(|i| i.ready() && ids.contains(&i.id)).count() as i64;
                                 assert!(
@@ -251,9 +591,29 @@ fn pool_upgrades_keep_within_max_unavailable() {
                                 assert!(ids
                                     .iter()
                                     .all(|id| c.instances.iter().any(|i| &i.id == id && !i.latest_model)));
+                            };
+                            match &p.step {
+                                Step::Upgrade(ids) => {
+                                    assert!(!managed, "{label}: upgraded in place with nodes managed");
+                                    let not_ready = c.instances.len() as i64 - ready;
+                                    assert!(ids.len() as i64 + not_ready <= limits.max_unavailable, "{label}: {ids:?}");
+                                }
+                                Step::Delete(ids) => {
+                                    assert!(!managed, "{label}: deleted without draining");
+                                    within_budget(ids);
+                                }
+                                Step::DeleteMachines(ids) => {
+                                    assert!(managed, "{label}: Machines deleted without nodes");
+                                    within_budget(ids);
+                                }
+                                Step::Apply { capacity } => {
+                                    assert!(*capacity <= replicas + limits.max_surge, "{label}");
+                                    if managed {
+                                        assert!(*capacity >= c.instances.len() as i64, "{label}: the cloud picks");
+                                    }
+                                }
+                                Step::Wait => {}
                             }
-                            Step::Apply { capacity } => assert!(*capacity <= replicas + limits.max_surge, "{label}"),
-                            Step::Wait => {}
                         }
                     }
                 }
