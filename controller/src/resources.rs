@@ -29,7 +29,8 @@ pub const ANNOTATION_DELETE: &str = "machine.driver.dev/delete-machine";
 pub const TAG_CONTROLLER: &str = "machine.driver.dev/controller";
 /// Cloud tag with the namespace/name of the owning Machine.
 pub const TAG_MACHINE: &str = "machine.driver.dev/machine";
-/// Annotation on a Machine: the hash of the node metadata its spec carries from the template.
+/// Annotation on a Machine: the hash of the node template and node settings its spec carries
+/// from its deployment (changed in place, not by a rollout).
 pub const ANNOTATION_NODE_TEMPLATE: &str = "machine.driver.dev/node-template-hash";
 /// Annotation on a Node naming its Machine as `namespace/name`.
 pub const ANNOTATION_NODE_MACHINE: &str = "machine.driver.dev/machine";
@@ -416,14 +417,6 @@ pub struct NodeTemplate {
     /// Taints.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<NodeTaint>,
-}
-
-impl NodeTemplate {
-    /// A short hash of a template's node metadata ("" for none): recorded on each Machine as
-    /// [`ANNOTATION_NODE_TEMPLATE`] so a change is carried to existing machines in place.
-    pub fn hash_of(t: Option<&NodeTemplate>) -> String {
-        t.filter(|t| **t != NodeTemplate::default()).map(short_hash).unwrap_or_default()
-    }
 }
 
 /// A taint on a Node.

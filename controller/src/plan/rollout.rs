@@ -62,7 +62,7 @@ pub struct Member {
     pub phase: Phase,
     /// Its permanent failure.
     pub failure: Option<Box<Failure>>,
-    /// The hash of the node metadata it carries ([`ANNOTATION_NODE_TEMPLATE`]).
+    /// The hash of the node template and settings it carries ([`ANNOTATION_NODE_TEMPLATE`]).
     pub node_template: String,
     /// Since when it is Ready (its `Ready` condition's transition to True), if Running.
     pub ready_since: Option<Time>,

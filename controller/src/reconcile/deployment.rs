@@ -132,18 +132,18 @@ fn new_machine(md: &MachineDeployment, t: &MachineTemplate, rev: &str, name: &st
             pool_ref: None,
             creation_timeout_seconds: Some(md.spec.creation_timeout_seconds),
             health_timeout_seconds: Some(md.spec.health_timeout_seconds),
-            node: Some(md.spec.node_settings()),
-            node_template: t.spec.node_template.clone(),
+            node: None,
+            node_template: None,
         },
     );
+    let (node_template, node_settings, node_hash) = node_spec(md);
+    m.spec.node = Some(node_settings);
+    m.spec.node_template = node_template;
     m.metadata.labels = t.metadata.labels.clone();
     m.metadata.labels.insert(LABEL_DEPLOYMENT.into(), md.metadata.name.clone());
     m.metadata.labels.insert(LABEL_REVISION.into(), rev.into());
     m.metadata.annotations = t.metadata.annotations.clone();
-    let node_template = NodeTemplate::hash_of(t.spec.node_template.as_ref());
-    if !node_template.is_empty() {
-        m.metadata.annotations.insert(ANNOTATION_NODE_TEMPLATE.into(), node_template);
-    }
+    m.metadata.annotations.insert(ANNOTATION_NODE_TEMPLATE.into(), node_hash);
     m.metadata.finalizers = vec![FINALIZER.into()];
     m.metadata.owner_references = vec![OwnerReference {
         api_version: API_VERSION.into(),
@@ -155,20 +155,27 @@ fn new_machine(md: &MachineDeployment, t: &MachineTemplate, rev: &str, name: &st
     m
 }
 
-/// Carries the template's node metadata to every live machine that has another (in place: the
-/// machine's reconciler updates its Node; no driver call, no replacement).
+/// What a deployment's machines carry for their Nodes and change in place (neither is part of
+/// the revision): the spec's node template and node settings, and a hash of both, recorded on
+/// each machine as [`ANNOTATION_NODE_TEMPLATE`].
+fn node_spec(md: &MachineDeployment) -> (Option<NodeTemplate>, NodeSettings, String) {
+    let template = md.spec.template.spec.node_template.clone().filter(|t| *t != NodeTemplate::default());
+    let settings = md.spec.node_settings();
+    let hash = short_hash(&(&template, &settings));
+    (template, settings, hash)
+}
+
+/// Carries the spec's node metadata and node settings to every live machine that has others
+/// (in place: the machine's reconciler updates its Node; no driver call, no replacement). A
+/// drain under way keeps the deadline it recorded when it began.
 async fn node_metadata(ctx: &Ctx, md: &MachineDeployment, machines: &[Member]) -> Result<()> {
-    let desired = md.spec.template.spec.node_template.as_ref();
-    let want = NodeTemplate::hash_of(desired);
+    let (template, settings, want) = node_spec(md);
     for member in machines.iter().filter(|m| !m.deleting && m.node_template != want) {
         let Some(m) = whole(ctx, md, member).await? else { continue };
         let mut next = m.clone();
-        next.spec.node_template = desired.cloned().filter(|t| *t != NodeTemplate::default());
-        if want.is_empty() {
-            next.metadata.annotations.remove(ANNOTATION_NODE_TEMPLATE);
-        } else {
-            next.metadata.annotations.insert(ANNOTATION_NODE_TEMPLATE.into(), want.clone());
-        }
+        next.spec.node_template = template.clone();
+        next.spec.node = Some(settings);
+        next.metadata.annotations.insert(ANNOTATION_NODE_TEMPLATE.into(), want.clone());
         match ctx.store.update(&next).await {
             Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => {}
             Err(e) => return Err(e.into()),

@@ -1,0 +1,25 @@
+//! A whole test cluster to look at by hand: kube-apiserver, etcd, kube-controller-manager,
+//! kube-scheduler and kwok (the same as the node tests start), with the machine-driver CRDs
+//! installed. Prints the kubeconfig and runs until Ctrl-C, then stops every process.
+//!
+//! ```text
+//! export KUBE_CLUSTER_DIR=$(bash tests/tools/install-kube-cluster.sh)
+//! cargo run -p e2e-tests --example dev_cluster
+//! # in another shell, with the printed KUBECONFIG:
+//! fake-driver --endpoint unix:///tmp/md/fake.sock --join-cluster "$KUBECONFIG" &
+//! machine-controller --store kubernetes run --driver fake=unix:///tmp/md/fake.sock &
+//! machine-controller --store kubernetes apply -f examples/machineclass.yaml -f examples/machinedeployment.yaml
+//! $KUBE_CLUSTER_DIR/kubectl get machines,nodes
+//! ```
+
+use e2e_tests::kube_cluster::Cluster;
+
+#[tokio::main]
+async fn main() {
+    let cluster = Cluster::start_full().await;
+    println!("export KUBECONFIG={}", cluster.kubeconfig.display());
+    println!("kubectl: {}", e2e_tests::kube_cluster::kubectl().display());
+    println!("logs:    {}", cluster.dir.path().display());
+    println!("Ctrl-C stops the cluster.");
+    let _ = tokio::signal::ctrl_c().await;
+}
