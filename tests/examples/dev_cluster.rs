@@ -20,6 +20,7 @@ async fn main() {
     println!("export KUBECONFIG={}", cluster.kubeconfig.display());
     println!("kubectl: {}", e2e_tests::kube_cluster::kubectl().display());
     println!("logs:    {}", cluster.dir.path().display());
-    println!("Ctrl-C stops the cluster.");
-    let _ = tokio::signal::ctrl_c().await;
+    println!("Ctrl-C (or SIGTERM) stops the cluster.");
+    // Returning drops the cluster, which stops every process it started.
+    machine_controller::cli::shutdown_signal().await;
 }
