@@ -194,13 +194,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         // With a target cluster every instance's Node is drained first: its Machine's deletion
         // drains it and deletes that instance; the pool goes once none is left.
         if ctx.target.is_some() {
-            let machines: Vec<Machine> = ctx
-                .store
-                .list_with::<Machine>(&pool_machines(&pool))
-                .await?
-                .into_iter()
-                .filter(|m| m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool.metadata.name))
-                .collect();
+            let machines = owned_machines(ctx, &pool).await?;
             if !machines.is_empty() {
                 let doomed: Vec<Key> = machines.iter().filter(|m| !m.is_deleting()).map(Key::of).collect();
                 super::slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
@@ -223,13 +217,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Ok(l) => l,
         Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
     };
-    let machines: Vec<Machine> = ctx
-        .store
-        .list_with::<Machine>(&pool_machines(&pool))
-        .await?
-        .into_iter()
-        .filter(|m| m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool.metadata.name))
-        .collect();
+    let machines = owned_machines(ctx, &pool).await?;
     // A listing of several pages is no snapshot: when an instance goes while the pages are read
     // (a delete finishing), the later pages shift and a live instance can be missing from it.
     // So an instance counts as gone only when a second listing lacks it too.
@@ -547,14 +535,19 @@ fn pool_machines(pool: &MachinePool) -> ListParams {
     ListParams::namespaced(&pool.metadata.namespace).label(LABEL_POOL, &pool.metadata.name)
 }
 
-async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
-    let machines: Vec<Machine> = ctx
+/// The pool's Machines (by its label, checked against their pool reference).
+async fn owned_machines(ctx: &Ctx, pool: &MachinePool) -> Result<Vec<Machine>> {
+    Ok(ctx
         .store
         .list_with::<Machine>(&pool_machines(pool))
         .await?
         .into_iter()
         .filter(|m| m.spec.pool_ref.as_ref().is_some_and(|p| p.name == pool.metadata.name))
-        .collect();
+        .collect())
+}
+
+async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
+    let machines = owned_machines(ctx, pool).await?;
     for m in &machines {
         ctx.store.delete(&Key::of(m)).await?;
     }
