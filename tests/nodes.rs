@@ -834,6 +834,7 @@ async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
             w.nodes().await.into_iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n)).collect();
         let joined = machines.values().all(|m| {
             m.status.phase == Phase::Running
+                && m.status.node_ref.as_ref().is_some_and(|r| r.name == m.metadata.name)
                 && nodes.get(&m.metadata.name).is_some_and(|n| node_ready(n) && provider_id(n) == m.status.provider_id)
         });
         (p.status.replicas == 2 && p.status.ready_replicas == 2 && machines.len() == 2 && joined).then_some(machines)

@@ -69,6 +69,11 @@ fn instance(i: &pb::PoolInstance) -> plan::Instance {
     }
 }
 
+/// Whether a pool Machine's Node is Ready (`NodeReady=True`).
+fn node_ready(m: &Machine) -> bool {
+    condition(&m.status.conditions, ConditionType::NodeReady).is_some_and(|c| c.status == ConditionStatus::True)
+}
+
 fn machine_name(pool: &str, instance: &str) -> String {
     format!("{pool}-{instance}")
 }
@@ -239,7 +244,20 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         .filter(|m| m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"))
         .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.clone()))
         .collect();
-    let observed: Vec<plan::Instance> = list.iter().map(instance).collect();
+    // With a target cluster an instance is ready only once its Node is Ready.
+    let node_ready: HashSet<&str> = machines
+        .iter()
+        .filter(|m| node_ready(m))
+        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.as_str()))
+        .collect();
+    let observed: Vec<plan::Instance> = list
+        .iter()
+        .map(instance)
+        .map(|mut i| {
+            i.running &= ctx.target.is_none() || node_ready.contains(i.id.as_str());
+            i
+        })
+        .collect();
     let rev = short_hash(&pool.spec.template);
     let replicas = pool.spec.replicas;
     let plan = plan::plan(plan::Observed {
@@ -462,6 +480,9 @@ async fn mirror(
             }
             Some(m) if !m.is_deleting() => {
                 let mut next = (*m).clone();
+                // With a target cluster a running instance is Provisioned until its Node is Ready.
+                let joining = ctx.target.is_some() && phase == Phase::Running && !node_ready(m);
+                let phase = if joining { Phase::Provisioned } else { phase };
                 next.status.phase = phase;
                 next.status.provider_id = i.provider_id.clone();
                 next.status.addresses = i
@@ -469,13 +490,8 @@ async fn mirror(
                     .iter()
                     .map(|a| Address { address_type: a.r#type.clone(), address: a.address.clone() })
                     .collect();
-                set_condition(
-                    &mut next.status.conditions,
-                    ConditionType::Ready,
-                    phase == Phase::Running,
-                    Reason::from(phase),
-                    "",
-                );
+                let reason = if joining { Reason::WaitingForNode } else { Reason::from(phase) };
+                set_condition(&mut next.status.conditions, ConditionType::Ready, phase == Phase::Running, reason, "");
                 set_condition(
                     &mut next.status.conditions,
                     ConditionType::UpToDate,
@@ -488,6 +504,11 @@ async fn mirror(
                     Err(e) if e.is_conflict() => {}
                     Err(e) => return Err(e),
                     Ok(_) => {}
+                }
+                if joining {
+                    // A status write does not wake the Machine itself: its Node is looked for
+                    // (and its changes watched) from now on.
+                    ctx.queue.add(Key::of(*m));
                 }
             }
             Some(_) => {}
@@ -561,8 +582,22 @@ async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
 /// Store failures.
 pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
     // Pool Machines are made with the finalizer (never added here: a Machine released for an
-    // instance gone from the cloud must go without a call); only their deletion is reconciled.
+    // instance gone from the cloud must go without a call). The pool mirrors their instances;
+    // here only their Node (with a target cluster) and their deletion are reconciled.
     if !write::cleanup_due(&m) {
+        let Some(target) = ctx.target.as_deref() else { return Ok(Action::AwaitChange) };
+        if m.is_deleting() || m.status.provider_id.is_empty() {
+            return Ok(Action::AwaitChange);
+        }
+        let mut next = m.clone();
+        super::node::observe(ctx, target, key, &mut next).await?;
+        if node_ready(&next) != node_ready(&m) {
+            // The pool counts it ready (or not) on its next pass.
+            if let Some(owner) = m.spec.pool_ref.as_ref() {
+                ctx.queue.add(Key::new(Kind::MachinePool, &key.namespace, &owner.name));
+            }
+        }
+        write::status(ctx, &m, &next).await?;
         return Ok(Action::AwaitChange);
     }
     let Some(pref) = m.spec.pool_ref.clone() else { return Ok(Action::AwaitChange) };
