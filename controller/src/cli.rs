@@ -893,7 +893,7 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Failure> {
         // The run ends on a signal (gracefully, still renewing meanwhile) or as soon as the lease
         // is lost: then the runtime is dropped mid-flight; everything it did is resumable.
         let lost = tokio::select! {
-            _ = runtime::run(ctx.clone(), &mut shutdown) => None,
+            _ = runtime::run(ctx.clone(), std::sync::Arc::new(crate::reconcile::Controller), &mut shutdown) => None,
             lost = elector.hold() => Some(lost),
         };
         match lost {
@@ -909,7 +909,7 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Failure> {
         }
     } else {
         tracing::info!(workers = args.workers, drivers = ?names, store = %spec, "machine-controller running");
-        runtime::run(ctx, shutdown_signal()).await;
+        runtime::run(ctx, std::sync::Arc::new(crate::reconcile::Controller), shutdown_signal()).await;
         Ok(())
     };
     let _ = stop_tx.send(true);

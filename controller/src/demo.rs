@@ -182,7 +182,7 @@ async fn demo(args: &DemoArgs, dir: &std::path::Path, endpoint: &str) -> Result<
     let ctx = Ctx::new(store.clone(), &[("fake".into(), endpoint.into())], config, &mut registry, None)
         .map_err(|e| fail(e.to_string()))?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let controller = tokio::spawn(runtime::run(ctx.clone(), async move {
+    let controller = tokio::spawn(runtime::run(ctx.clone(), Arc::new(crate::reconcile::Controller), async move {
         let _ = stop_rx.wait_for(|s| *s).await;
     }));
     let watch = watch_cloud(client.clone());

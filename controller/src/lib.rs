@@ -11,7 +11,8 @@
 //! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
 //! - [`nodes`]: the target cluster where the machines' Nodes live (linking, drain calls);
 //! - [`plan`]: pure planners (rollouts, in-place updates, pool upgrades);
-//! - [`runtime`]: work queue, workers, rate limits, the error policy and backoff;
+//! - [`policy`]: the error policy (what a driver error means: retry, back off, fail, done);
+//! - [`runtime`]: work queue, workers, rate limits, backoff;
 //! - [`reconcile`]: the machine, deployment, pool and orphan reconcilers;
 //! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`.
 
@@ -24,6 +25,7 @@ pub mod leader;
 pub mod manifest;
 pub mod nodes;
 pub mod plan;
+pub mod policy;
 pub mod reconcile;
 pub mod resources;
 pub mod runtime;

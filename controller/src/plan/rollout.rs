@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use super::Limits;
+use crate::policy::{self, ENVIRONMENT_CONDITIONS};
 use crate::resources::*;
-use crate::runtime::policy::{self, ENVIRONMENT_CONDITIONS};
 
 /// Annotation set on a failed Machine deleted for replacement (counts toward the cap).
 pub const ANNOTATION_REPLACING: &str = "machine.driver.dev/replacing";

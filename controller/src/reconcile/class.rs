@@ -6,8 +6,8 @@ use std::time::Duration;
 use driver_sdk::proto as pb;
 
 use super::{resolve, write};
+use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::policy::{self, Decision, Rpc, Source};
 use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::Key;
 

@@ -12,8 +12,8 @@ use super::write::{self, Finalizer};
 use super::{resolve, slow_start};
 use crate::plan::in_place::{self, Verdict};
 use crate::plan::rollout::{self, InPlaceWork, Member, Observed, StoredMember, ANNOTATION_REPLACING};
+use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::{Error as StoreError, Key};
 

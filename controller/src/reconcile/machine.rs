@@ -10,8 +10,8 @@ use driver_sdk::{CallError, OperationExt};
 
 use super::write::{self, Finalizer};
 use super::{poll_stored, resolve, stored, Polled, Resolved};
+use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::Key;
 

@@ -3,8 +3,8 @@
 use driver_sdk::proto as pb;
 use serde_json::Value;
 
+use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::policy::{self, Decision, Rpc, Source};
 use crate::runtime::{Action, Ctx, DriverHandle, ReconcileError};
 use crate::store::Key;
 
@@ -95,6 +95,50 @@ where
         size = (size * 2).min(SLOW_START_MAX);
     }
     Ok(())
+}
+
+/// The controller's reconcilers, as the runtime runs them ([`crate::runtime::run`]): the
+/// dispatch by kind, the relations that wake objects, and the background tasks (orphan
+/// collection; with a target cluster, the watch of its Nodes).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Controller;
+
+#[async_trait::async_trait]
+impl crate::runtime::Reconciler for Controller {
+    fn kinds(&self) -> &[Kind] {
+        &relations::RECONCILED
+    }
+
+    async fn reconcile(&self, ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
+        reconcile(ctx, key).await
+    }
+
+    async fn woken_by(&self, ctx: &Ctx, change: &crate::store::Change) -> Vec<crate::runtime::Wake> {
+        use crate::runtime::Wake;
+        let mut wakes = Vec::new();
+        if let Some(owner) = change.owner.clone().filter(|o| relations::wakes_owner(change.key.kind, o.kind)) {
+            wakes.push(Wake { after: ctx.owner_wake_delay(&owner), key: owner, retry_now: false });
+        }
+        if relations::has_dependents(change.key.kind) {
+            let after = ctx.config.debounce;
+            wakes.extend(relations::dependents(ctx, &change.key).await.into_iter().map(|key| Wake {
+                key,
+                after,
+                retry_now: true,
+            }));
+        }
+        wakes
+    }
+
+    fn background(&self, ctx: &std::sync::Arc<Ctx>) -> Vec<futures::future::BoxFuture<'static, ()>> {
+        use futures::FutureExt;
+        let mut tasks = vec![orphans::run(ctx.clone()).boxed()];
+        if let Some(target) = ctx.target.clone() {
+            let queue = ctx.queue.clone();
+            tasks.push(crate::nodes::watch(target, move |key| queue.add(key)).boxed());
+        }
+        tasks
+    }
 }
 
 /// Runs the reconciler of `key`'s kind.

@@ -22,8 +22,8 @@ use super::Resolved;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::nodes::{self, drain, Evicted, Lookup, NodeView, Target};
+use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::policy::{self, Decision, Rpc, Source};
 use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::Key;
 

@@ -8,8 +8,8 @@ use driver_sdk::proto as pb;
 use tokio::time::Instant;
 
 use super::resolve;
+use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::runtime::Ctx;
 
 /// Runs collection every `orphan_interval` until aborted.
@@ -23,6 +23,36 @@ pub async fn run(ctx: Arc<Ctx>) {
         }
     }
 }
+
+/// Every cloud machine the driver lists with this selector, page by page, each page through the
+/// runtime's one call path (rate limit, deadline, metrics, request IDs in the log).
+async fn list_all(
+    ctx: &Ctx,
+    r: &super::Resolved<'_>,
+    selector: std::collections::HashMap<String, String>,
+    spec: Option<driver_sdk::prost_types::Struct>,
+) -> Result<Vec<pb::Machine>, driver_sdk::CallError> {
+    let mut out = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let req = pb::ListMachinesRequest {
+            label_selector: selector.clone(),
+            page_size: LIST_PAGE_SIZE,
+            page_token,
+            secrets: r.secrets.clone(),
+            provider_spec: spec.clone(),
+        };
+        let page = ctx.call(r.driver, "ListMachines", |c| async move { c.list_machines(req).await }).await?.value;
+        out.extend(page.machines);
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+/// Machines asked for per ListMachines page.
+const LIST_PAGE_SIZE: i32 = 500;
 
 /// One pass over every class.
 ///
@@ -44,7 +74,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
         let Ok(r) = resolve(ctx, &class.metadata.namespace, &class.metadata.name, None).await? else { continue };
         let selector = [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into();
         let spec = Some(driver_sdk::convert::json_to_struct(&r.provider_spec));
-        let cloud = match r.driver.client.list_all_machines_in(selector, 500, r.secrets.clone(), spec).await {
+        let cloud = match list_all(ctx, &r, selector, spec).await {
             Ok(list) => list,
             // No ListMachines (a pools-only driver): nothing to collect.
             Err(e)

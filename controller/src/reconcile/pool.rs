@@ -20,8 +20,8 @@ use driver_sdk::OperationExt;
 use super::write::{self, Finalizer, Written};
 use super::{poll_stored, resolve, stored, Polled, Resolved};
 use crate::plan::pool as plan;
+use crate::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
 use crate::resources::*;
-use crate::runtime::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
 use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::{Error as StoreError, Key, ListParams};
 

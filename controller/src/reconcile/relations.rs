@@ -1,8 +1,10 @@
-//! Which kinds have a reconciler, and which changes wake which objects: declared here once, read
-//! by the runtime's change watcher. A new reconciler adds its file, its line in
+//! Which kinds have a reconciler, and which changes wake which objects: declared here once and
+//! answered to the runtime by [`super::Controller`]. A new reconciler adds its file, its line in
 //! [`super::reconcile`]'s dispatch and [`RECONCILED`], and its rows in [`RELATIONS`].
 
 use crate::resources::Kind;
+use crate::runtime::Ctx;
+use crate::store::Key;
 
 /// The kinds that have a reconciler, in the order a full resync queues them.
 pub const RECONCILED: [Kind; 4] = [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine];
@@ -62,6 +64,92 @@ pub fn has_dependents(changed: Kind) -> bool {
 /// The kinds a class's change wakes through their `classRef`.
 pub fn class_dependents() -> impl Iterator<Item = Kind> {
     RELATIONS.iter().filter(|r| r.changed == Kind::MachineClass && r.via == Via::ClassRef).map(|r| r.wakes)
+}
+
+/// A MachineClass or a Secret changed: every class that uses it, and every deployment, pool and
+/// machine of those classes, is to run again with its backoff forgotten — a machine waiting
+/// out a refused credential retries at once after the Secret is fixed.
+pub(crate) async fn dependents(ctx: &Ctx, changed: &Key) -> Vec<Key> {
+    use crate::resources::{MachineClass, MachineDeployment, MachinePool};
+    let classes: Vec<String> = match changed.kind {
+        Kind::MachineClass => {
+            // Only a new generation (spec) wakes; the class's status writes do not.
+            let Ok(Some(class)) = ctx.store.get::<MachineClass>(&changed.namespace, &changed.name).await else {
+                return Vec::new();
+            };
+            if !ctx.dependents_due(changed, class.metadata.generation) {
+                return Vec::new();
+            }
+            vec![changed.name.clone()]
+        }
+        _ => match ctx.store.list::<MachineClass>().await {
+            Ok(all) => all
+                .into_iter()
+                .filter(|c| {
+                    c.metadata.namespace == changed.namespace
+                        && c.spec.secret_ref.as_ref().is_some_and(|r| r.name == changed.name)
+                })
+                .map(|c| c.metadata.name)
+                .collect(),
+            Err(e) => {
+                tracing::warn!("listing classes after a change of {changed}: {}", driver_sdk::error_chain(&e));
+                return Vec::new();
+            }
+        },
+    };
+    if classes.is_empty() {
+        return Vec::new();
+    }
+    let uses = |ns: &str, class: &str| ns == changed.namespace && classes.iter().any(|c| c == class);
+    let mut keys: Vec<Key> = classes.iter().map(|c| Key::new(Kind::MachineClass, &changed.namespace, c)).collect();
+    #[derive(serde::Deserialize)]
+    struct ClassUser {
+        metadata: UserMeta,
+        spec: UserSpec,
+    }
+    #[derive(serde::Deserialize)]
+    struct UserMeta {
+        name: String,
+        #[serde(default)]
+        namespace: String,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct UserSpec {
+        class_ref: crate::resources::NameRef,
+    }
+    for kind in class_dependents() {
+        // The class each object of the kind names.
+        let found = match kind {
+            Kind::MachineDeployment => ctx.store.list::<MachineDeployment>().await.map(|all| {
+                all.iter()
+                    .filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name))
+                    .map(Key::of)
+                    .collect()
+            }),
+            Kind::MachinePool => ctx.store.list::<MachinePool>().await.map(|all| {
+                all.iter()
+                    .filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name))
+                    .map(Key::of)
+                    .collect()
+            }),
+            // Machines are many: only their name, namespace and class are read.
+            Kind::Machine => ctx.store.backend().list(Kind::Machine).await.map(|all| {
+                all.iter()
+                    .filter_map(|json| serde_json::from_str::<ClassUser>(json).ok())
+                    .filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name))
+                    .map(|m| Key::new(Kind::Machine, &m.metadata.namespace, &m.metadata.name))
+                    .collect()
+            }),
+            Kind::MachineClass | Kind::Secret => Ok(Vec::new()),
+        };
+        match found {
+            Ok(found) => keys.extend(found),
+            Err(e) => tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e)),
+        }
+    }
+    tracing::debug!(changed = %changed, objects = keys.len(), "waking the objects that use it");
+    keys
 }
 
 #[cfg(test)]

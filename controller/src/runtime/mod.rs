@@ -1,7 +1,9 @@
-//! The controller runtime: workers pulling keys from a [`queue::WorkQueue`] fed by store change
-//! notifications (debounced), driver handles with a token-bucket rate limit and per-call
-//! deadlines, the error policy ([`policy`]; applied by [`Ctx::error_policy`]: backoff with
-//! jitter, RetryInfo honoured, permanent errors not retried), and metrics.
+//! The controller runtime, a library: it runs a [`Reconciler`] (the reconcile function, the
+//! objects a change wakes, background tasks) with workers pulling keys from a
+//! [`queue::WorkQueue`] fed by store change notifications (debounced), driver handles with a
+//! token-bucket rate limit and per-call deadlines, the error policy ([`crate::policy`]; applied
+//! by [`Ctx::error_policy`]: backoff with jitter, RetryInfo honoured, permanent errors not
+//! retried), what it keeps per key in one place, and metrics. It names no reconciler.
 //!
 //! Reconcilers return [`Action`] or a [`ReconcileError`]; only the runtime schedules the next
 //! run of a key.
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use driver_sdk::{CallError, CallResult, DriverClient, ErrorReport};
 
-use policy::{Decision, Source};
+use crate::policy::{self, Decision, Source};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -22,11 +24,9 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::reconcile::relations::{self, RECONCILED};
 use crate::resources::Kind;
-use crate::store::{Key, Store};
+use crate::store::{Change, Key, Store};
 
-pub mod policy;
 pub mod queue;
 
 /// The longest an owner's wake-up by its objects' changes is put off ([`Ctx::owner_wake_delay`]).
@@ -210,18 +210,33 @@ pub struct Ctx {
     pub metrics: Metrics,
     /// The cluster where the machines' Nodes live; `None`: nodes are not managed.
     pub target: Option<Arc<crate::nodes::Target>>,
-    attempts: Mutex<HashMap<Key, u32>>,
-    not_before: Mutex<HashMap<Key, Instant>>,
     /// Cloud machines without a Machine, and when they were first seen.
     pub orphans: Mutex<HashMap<(String, String), Instant>>,
-    /// Per owner (deployment): failed machines replaced in a row, and when the next may go.
-    replacement_pace: Mutex<HashMap<Key, (u32, Instant)>>,
-    /// The generation of each class when its dependents were last woken: a class's own status
+    /// What is kept per object; an entry goes when it holds nothing.
+    keys: Mutex<HashMap<Key, KeyState>>,
+}
+
+/// What the runtime keeps for one object, in one place: forgetting the key forgets all of it.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct KeyState {
+    /// Failed attempts in a row.
+    attempts: u32,
+    /// No driver call for the object before this.
+    not_before: Option<Instant>,
+    /// An owner's failed machines replaced in a row, and when the next may go.
+    replacements: Option<(u32, Instant)>,
+    /// How long its last reconcile took, when longer than the debounce (owners of thousands of
+    /// machines): see [`Ctx::owner_wake_delay`].
+    costly: Option<Duration>,
+    /// The generation at which the objects that depend on it were last woken: its own status
     /// writes must not wake them (that would undo their backoff in a loop).
-    class_generations: Mutex<HashMap<Key, i64>>,
-    /// How long the last reconcile of each object took, of those that took longer than the
-    /// debounce (owners of thousands of machines): see [`Ctx::owner_wake_delay`].
-    costly: Mutex<HashMap<Key, Duration>>,
+    dependents_woken_at: Option<i64>,
+}
+
+impl KeyState {
+    fn is_empty(&self) -> bool {
+        *self == KeyState::default()
+    }
 }
 
 /// What to do after a reconcile (the reconciler's answer; the runtime schedules it).
@@ -293,12 +308,8 @@ impl Ctx {
             metrics: Metrics::register(registry),
             target: target.map(Arc::new),
             config,
-            attempts: Mutex::new(HashMap::new()),
-            not_before: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashMap::new()),
-            replacement_pace: Mutex::new(HashMap::new()),
-            class_generations: Mutex::new(HashMap::new()),
-            costly: Mutex::new(HashMap::new()),
+            keys: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -309,18 +320,42 @@ impl Ctx {
     /// trails its machines by about one reconcile (at most [`OWNER_WAKE_MAX`]: a reconcile
     /// that waited on a slow driver call says little about the next).
     pub fn owner_wake_delay(&self, owner: &Key) -> Duration {
-        let costly = self.costly.lock().unwrap_or_else(|p| p.into_inner());
-        let took = costly.get(owner).copied().unwrap_or_default();
+        let took = self.read_key(owner, |s| s.costly).unwrap_or_default();
         took.clamp(self.config.debounce, OWNER_WAKE_MAX.max(self.config.debounce))
     }
 
     fn reconciled_in(&self, key: &Key, took: Duration) {
-        let mut costly = self.costly.lock().unwrap_or_else(|p| p.into_inner());
-        if took > self.config.debounce {
-            costly.insert(key.clone(), took);
-        } else if !costly.is_empty() {
-            costly.remove(key);
+        let costly = (took > self.config.debounce).then_some(took);
+        if costly.is_some() || self.read_key(key, |s| s.costly).is_some() {
+            self.with_key(key, |s| s.costly = costly);
         }
+    }
+
+    /// Reads what is kept for `key` (the default when nothing is).
+    fn read_key<R>(&self, key: &Key, f: impl FnOnce(&KeyState) -> R) -> R {
+        let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        match keys.get(key) {
+            Some(s) => f(s),
+            None => f(&KeyState::default()),
+        }
+    }
+
+    /// Changes what is kept for `key`; an entry left empty goes.
+    fn with_key<R>(&self, key: &Key, f: impl FnOnce(&mut KeyState) -> R) -> R {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let state = keys.entry(key.clone()).or_default();
+        let out = f(state);
+        if state.is_empty() {
+            keys.remove(key);
+        }
+        out
+    }
+
+    /// Whether the objects that depend on `key` are to be woken for its `generation`: `true`
+    /// the first time a generation is seen (a new spec), `false` for the same one again (the
+    /// object's own status writes).
+    pub fn dependents_due(&self, key: &Key, generation: i64) -> bool {
+        self.with_key(key, |s| s.dependents_woken_at.replace(generation) != Some(generation))
     }
 
     /// Calls a driver: waits for the rate limit, records metrics, logs the request ID.
@@ -365,7 +400,7 @@ impl Ctx {
     /// [`policy::decide_bounded`] with the failures `key` has had in a row: what a reconciler
     /// asks to know which status to write.
     pub fn decide(&self, key: &Key, report: &ErrorReport, source: Source) -> Decision {
-        let failures = self.attempts.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied().unwrap_or(0);
+        let failures = self.read_key(key, |s| s.attempts);
         policy::decide_bounded(report, source, failures)
     }
 
@@ -388,10 +423,10 @@ impl Ctx {
     }
 
     fn bump(&self, key: &Key) -> u32 {
-        let mut a = self.attempts.lock().unwrap_or_else(|p| p.into_inner());
-        let n = a.entry(key.clone()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
+        self.with_key(key, |s| {
+            s.attempts = s.attempts.saturating_add(1);
+            s.attempts
+        })
     }
 
     /// Exponential backoff with jitter for the next attempt on `key`.
@@ -405,24 +440,26 @@ impl Ctx {
 
     /// Forgets the retry count of `key` after a success.
     fn succeeded(&self, key: &Key) {
-        self.attempts.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        if self.read_key(key, |s| s.attempts) > 0 {
+            self.with_key(key, |s| s.attempts = 0);
+        }
     }
 
     /// How long until `key` may call its driver again (zero = now).
     pub fn wait_before_call(&self, key: &Key) -> Duration {
-        let nb = self.not_before.lock().unwrap_or_else(|p| p.into_inner());
-        nb.get(key).map(|at| at.saturating_duration_since(Instant::now())).unwrap_or_default()
+        self.read_key(key, |s| s.not_before).map(|at| at.saturating_duration_since(Instant::now())).unwrap_or_default()
     }
 
     /// `key` must not call its driver before `delay` passes.
     fn hold(&self, key: &Key, delay: Duration) {
-        self.not_before.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), Instant::now() + delay);
+        self.with_key(key, |s| s.not_before = Some(Instant::now() + delay));
     }
 
     /// How long `owner` must wait before replacing another failed machine (zero = now).
     pub fn replacement_wait(&self, owner: &Key) -> Duration {
-        let pace = self.replacement_pace.lock().unwrap_or_else(|p| p.into_inner());
-        pace.get(owner).map(|(_, at)| at.saturating_duration_since(Instant::now())).unwrap_or_default()
+        self.read_key(owner, |s| s.replacements)
+            .map(|(_, at)| at.saturating_duration_since(Instant::now()))
+            .unwrap_or_default()
     }
 
     /// `owner` replaced `n` failed machines: the next replacement waits the error policy's
@@ -432,25 +469,36 @@ impl Ctx {
         if n == 0 {
             return;
         }
-        let mut pace = self.replacement_pace.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = pace.entry(owner.clone()).or_insert((0, Instant::now()));
-        entry.0 = entry.0.saturating_add(n);
-        let exp = entry.0.min(20) as i32 - 1;
-        let delay = self.config.backoff_base.as_secs_f64() * 2f64.powi(exp);
-        entry.1 = Instant::now() + Duration::from_secs_f64(delay.min(self.config.backoff_max.as_secs_f64()));
+        let (base, max) = (self.config.backoff_base.as_secs_f64(), self.config.backoff_max.as_secs_f64());
+        self.with_key(owner, |s| {
+            let count = s.replacements.map_or(0, |(c, _)| c).saturating_add(n);
+            let delay = base * 2f64.powi(count.min(20) as i32 - 1);
+            s.replacements = Some((count, Instant::now() + Duration::from_secs_f64(delay.min(max))));
+        });
     }
 
     /// `owner` has no failed machines: the pace starts over.
     pub fn replacements_settled(&self, owner: &Key) {
-        self.replacement_pace.lock().unwrap_or_else(|p| p.into_inner()).remove(owner);
+        if self.read_key(owner, |s| s.replacements.is_some()) {
+            self.with_key(owner, |s| s.replacements = None);
+        }
     }
 
-    /// Forgets everything kept for `key`.
+    /// Forgets everything kept for `key` (it was deleted; an object re-created under its name
+    /// starts afresh).
     pub fn forget(&self, key: &Key) {
-        self.replacement_pace.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
-        self.not_before.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
-        self.attempts.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
-        self.costly.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+
+    /// Forgets `key`'s backoff (its attempts and driver-call hold), keeping the rest: an object
+    /// woken because what it depends on changed retries at once.
+    pub fn forget_backoff(&self, key: &Key) {
+        if self.read_key(key, |s| s.attempts > 0 || s.not_before.is_some()) {
+            self.with_key(key, |s| {
+                s.attempts = 0;
+                s.not_before = None;
+            });
+        }
     }
 }
 
@@ -461,36 +509,64 @@ fn jitter(max: Duration) -> Duration {
     max.mul_f64(rand::random::<f64>())
 }
 
-/// Runs the workers and the change watcher until `shutdown` resolves.
-pub async fn run(ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()>) {
+/// What the runtime runs: the reconcilers of some kinds, and which objects a stored change
+/// wakes. The runtime owns the queue, the workers, backoff, holds and metrics, and names no
+/// reconciler (kube-runtime's `Controller::run(reconcile, error_policy, context)` is the
+/// model; the error policy is [`Ctx::error_policy`]).
+#[async_trait::async_trait]
+pub trait Reconciler: Send + Sync + 'static {
+    /// The kinds reconciled: every object of them is queued at start and at every resync, and
+    /// woken by its own changes (except status-only ones, which its own reconcile wrote).
+    fn kinds(&self) -> &[Kind];
+
+    /// Reconciles one object of one of [`Reconciler::kinds`].
+    ///
+    /// # Errors
+    /// What [`Ctx::error_policy`] turns into the delay before the next try.
+    async fn reconcile(&self, ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError>;
+
+    /// The other objects a stored change wakes (its owner, the objects that use it).
+    async fn woken_by(&self, ctx: &Ctx, change: &Change) -> Vec<Wake>;
+
+    /// Tasks that run beside the workers until the runtime stops: watches of other sources
+    /// (the target cluster's Nodes), periodic sweeps (orphan collection).
+    fn background(&self, ctx: &Arc<Ctx>) -> Vec<futures::future::BoxFuture<'static, ()>>;
+}
+
+/// An object to run because another changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wake {
+    /// The object.
+    pub key: Key,
+    /// After this long (coalescing several changes into one reconcile).
+    pub after: Duration,
+    /// Its backoff is forgotten (what it waited out may be fixed).
+    pub retry_now: bool,
+}
+
+/// Runs the workers, the change watcher and `reconciler`'s background tasks until `shutdown`
+/// resolves.
+pub async fn run<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>, shutdown: impl std::future::Future<Output = ()>) {
     // Everything is reconciled once at start: in-flight operations resume from status.
-    for kind in RECONCILED {
-        for key in keys_of(&ctx.store, kind).await {
+    for kind in reconciler.kinds() {
+        for key in keys_of(&ctx.store, *kind).await {
             ctx.queue.add(key);
         }
     }
-    let watcher = tokio::spawn(watch(ctx.clone()));
+    let mut tasks = vec![tokio::spawn(watch(ctx.clone(), reconciler.clone()))];
+    tasks.extend(reconciler.background(&ctx).into_iter().map(tokio::spawn));
+    tasks.push(tokio::spawn(gauges(ctx.clone())));
+    tasks.push(tokio::spawn(resync(ctx.clone(), reconciler.clone())));
     let mut workers = Vec::new();
     for i in 0..ctx.config.workers.max(1) {
-        workers.push(tokio::spawn(worker(ctx.clone(), i)));
+        workers.push(tokio::spawn(worker(ctx.clone(), reconciler.clone(), i)));
     }
-    let orphans = tokio::spawn(crate::reconcile::orphans::run(ctx.clone()));
-    let nodes = ctx.target.clone().map(|target| {
-        let queue = ctx.queue.clone();
-        tokio::spawn(crate::nodes::watch(target, move |key| queue.add(key)))
-    });
-    let gauges = tokio::spawn(gauges(ctx.clone()));
-    let resync = tokio::spawn(resync(ctx.clone()));
     shutdown.await;
     tracing::info!("stopping: finishing reconciles in progress");
     ctx.queue.close();
-    watcher.abort();
-    orphans.abort();
-    if let Some(nodes) = nodes {
-        nodes.abort();
+    for t in tasks {
+        t.abort();
     }
-    gauges.abort();
-    resync.abort();
     for w in workers {
         let _ = w.await;
     }
@@ -506,7 +582,7 @@ async fn keys_of(store: &Store, kind: Kind) -> Vec<Key> {
     }
 }
 
-async fn watch(ctx: Arc<Ctx>) {
+async fn watch<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>) {
     let mut rx = ctx.store.subscribe();
     loop {
         match rx.recv().await {
@@ -514,24 +590,23 @@ async fn watch(ctx: Arc<Ctx>) {
                 // A status-only change was written by the object's own reconciler, which
                 // already said when it runs next (controller-runtime's GenerationChanged
                 // predicate, made exact: label, annotation and finalizer changes still wake).
-                if RECONCILED.contains(&change.key.kind) && !change.status_only {
+                if reconciler.kinds().contains(&change.key.kind) && !change.status_only {
                     ctx.queue.add_after(change.key.clone(), ctx.config.debounce);
                 }
                 if change.deleted {
                     ctx.forget(&change.key);
                 }
-                if let Some(owner) = change.owner.filter(|o| relations::wakes_owner(change.key.kind, o.kind)) {
-                    let delay = ctx.owner_wake_delay(&owner);
-                    ctx.queue.add_after(owner, delay);
-                }
-                if relations::has_dependents(change.key.kind) {
-                    wake_dependents(&ctx, &change.key).await;
+                for wake in reconciler.woken_by(&ctx, &change).await {
+                    if wake.retry_now {
+                        ctx.forget_backoff(&wake.key);
+                    }
+                    ctx.queue.add_after(wake.key, wake.after);
                 }
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                 tracing::warn!("missed {n} change notifications; resyncing everything");
-                for kind in RECONCILED {
-                    for key in keys_of(&ctx.store, kind).await {
+                for kind in reconciler.kinds() {
+                    for key in keys_of(&ctx.store, *kind).await {
                         ctx.queue.add(key);
                     }
                 }
@@ -541,101 +616,11 @@ async fn watch(ctx: Arc<Ctx>) {
     }
 }
 
-/// A MachineClass or a Secret changed: every class that uses it, and every deployment, pool and
-/// machine of those classes, is reconciled again with its backoff forgotten — a machine waiting
-/// out a refused credential retries at once after the Secret is fixed.
-async fn wake_dependents(ctx: &Ctx, changed: &Key) {
-    use crate::resources::{MachineClass, MachineDeployment, MachinePool};
-    let classes: Vec<String> = match changed.kind {
-        Kind::MachineClass => {
-            // Only a new generation (spec) wakes; the class's status writes do not.
-            let Ok(Some(class)) = ctx.store.get::<MachineClass>(&changed.namespace, &changed.name).await else {
-                return;
-            };
-            let mut seen = ctx.class_generations.lock().unwrap_or_else(|p| p.into_inner());
-            if seen.insert(changed.clone(), class.metadata.generation) == Some(class.metadata.generation) {
-                return;
-            }
-            vec![changed.name.clone()]
-        }
-        _ => match ctx.store.list::<MachineClass>().await {
-            Ok(all) => all
-                .into_iter()
-                .filter(|c| {
-                    c.metadata.namespace == changed.namespace
-                        && c.spec.secret_ref.as_ref().is_some_and(|r| r.name == changed.name)
-                })
-                .map(|c| c.metadata.name)
-                .collect(),
-            Err(e) => {
-                tracing::warn!("listing classes after a change of {changed}: {}", driver_sdk::error_chain(&e));
-                return;
-            }
-        },
-    };
-    if classes.is_empty() {
-        return;
-    }
-    let uses = |ns: &str, class: &str| ns == changed.namespace && classes.iter().any(|c| c == class);
-    let mut keys: Vec<Key> = classes.iter().map(|c| Key::new(Kind::MachineClass, &changed.namespace, c)).collect();
-    #[derive(serde::Deserialize)]
-    struct ClassUser {
-        metadata: UserMeta,
-        spec: UserSpec,
-    }
-    #[derive(serde::Deserialize)]
-    struct UserMeta {
-        name: String,
-        #[serde(default)]
-        namespace: String,
-    }
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct UserSpec {
-        class_ref: crate::resources::NameRef,
-    }
-    for kind in relations::class_dependents() {
-        // The class each object of the kind names.
-        let found = match kind {
-            Kind::MachineDeployment => ctx.store.list::<MachineDeployment>().await.map(|all| {
-                all.iter()
-                    .filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name))
-                    .map(Key::of)
-                    .collect()
-            }),
-            Kind::MachinePool => ctx.store.list::<MachinePool>().await.map(|all| {
-                all.iter()
-                    .filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name))
-                    .map(Key::of)
-                    .collect()
-            }),
-            // Machines are many: only their name, namespace and class are read.
-            Kind::Machine => ctx.store.backend().list(Kind::Machine).await.map(|all| {
-                all.iter()
-                    .filter_map(|json| serde_json::from_str::<ClassUser>(json).ok())
-                    .filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name))
-                    .map(|m| Key::new(Kind::Machine, &m.metadata.namespace, &m.metadata.name))
-                    .collect()
-            }),
-            Kind::MachineClass | Kind::Secret => Ok(Vec::new()),
-        };
-        match found {
-            Ok(found) => keys.extend(found),
-            Err(e) => tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e)),
-        }
-    }
-    tracing::debug!(changed = %changed, objects = keys.len(), "waking the objects that use it");
-    for key in keys {
-        ctx.forget(&key);
-        ctx.queue.add_after(key, ctx.config.debounce);
-    }
-}
-
-async fn worker(ctx: Arc<Ctx>, id: usize) {
+async fn worker<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>, id: usize) {
     while let Some(key) = ctx.queue.next().await {
         let span = tracing::info_span!("reconcile", worker = id, kind = %key.kind, "object.name" = %key.name);
         let started = Instant::now();
-        let result = tokio::time::timeout(ctx.config.reconcile_timeout, crate::reconcile::reconcile(&ctx, &key))
+        let result = tokio::time::timeout(ctx.config.reconcile_timeout, reconciler.reconcile(&ctx, &key))
             .instrument(span.clone())
             .await;
         let labels = KindLabels { kind: key.kind.as_str().into() };
@@ -683,14 +668,14 @@ async fn worker(ctx: Arc<Ctx>, id: usize) {
 
 /// Reconciles everything again every `resync_interval`: a missed notification (or a store
 /// written by a process whose change went unseen) delays a reconcile, never loses it.
-async fn resync(ctx: Arc<Ctx>) {
+async fn resync<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>) {
     let mut tick = tokio::time::interval(ctx.config.resync_interval.max(Duration::from_secs(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
-        for kind in RECONCILED {
-            for key in keys_of(&ctx.store, kind).await {
+        for kind in reconciler.kinds() {
+            for key in keys_of(&ctx.store, *kind).await {
                 ctx.queue.add_after(key, ctx.config.debounce);
             }
         }
@@ -854,6 +839,31 @@ mod tests {
         let d = ctx.error_policy(&key, &store);
         assert!(d <= Duration::from_secs(1), "{d:?}");
         assert!(ctx.wait_before_call(&key).is_zero(), "store errors hold nothing");
+    }
+
+    #[tokio::test]
+    async fn forgetting_a_deleted_object_forgets_everything_so_a_re_created_one_starts_afresh() {
+        let (ctx, _dir) = ctx();
+        let class = Key::new(Kind::MachineClass, "default", "small");
+        assert!(ctx.dependents_due(&class, 1), "a new class wakes what uses it");
+        assert!(!ctx.dependents_due(&class, 1), "its own status writes do not");
+        assert!(ctx.dependents_due(&class, 2), "a new spec does");
+        ctx.exponential(&class);
+        ctx.hold(&class, Duration::from_secs(60));
+        ctx.replaced(&class, 1);
+        ctx.forget(&class);
+        // Deleted and created again at generation 1: its users are woken again.
+        assert!(ctx.dependents_due(&class, 1));
+        assert!(ctx.wait_before_call(&class).is_zero() && ctx.replacement_wait(&class).is_zero());
+        assert_eq!(ctx.read_key(&class, |s| s.attempts), 0);
+        // Forgetting only the backoff keeps the rest.
+        ctx.exponential(&class);
+        ctx.hold(&class, Duration::from_secs(60));
+        ctx.forget_backoff(&class);
+        assert!(ctx.wait_before_call(&class).is_zero());
+        assert!(!ctx.dependents_due(&class, 1), "still known at generation 1");
+        ctx.forget(&class);
+        assert!(ctx.keys.lock().unwrap().is_empty(), "nothing is kept for a forgotten key");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use chrono::TimeZone;
 
 use super::*;
-use crate::runtime::policy::{REASON_CREATION_TIMEOUT, REASON_RETRIES_EXHAUSTED};
+use crate::policy::{REASON_CREATION_TIMEOUT, REASON_RETRIES_EXHAUSTED};
 
 fn t0() -> Time {
     chrono::Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).single().expect("a valid time")

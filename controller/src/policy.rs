@@ -4,7 +4,7 @@
 //! policy") row by row, and [`blame`] the table under it ("What the controller blames on a
 //! revision"). Reconcilers consult [`decide`] to know what status to write (a permanent error
 //! marks a machine `Failed`, an environment problem sets a condition); they return the error, and
-//! the runtime's [`error_policy`](super::Ctx::error_policy) turns the same decision into a delay
+//! the runtime's [`error_policy`](crate::runtime::Ctx::error_policy) turns the same decision into a delay
 //! (RetryInfo, exponential backoff, the quota floor). No reconciler computes a delay itself.
 //!
 //! Decide on (code, reason), never on the message.
