@@ -1031,3 +1031,41 @@ async fn a_deletion_waits_for_the_nodes_volume_attachments_and_a_vanished_node_i
     .await;
     w.kill9().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_instance_whose_node_never_joins_is_replaced() {
+    let mut w = World::new().await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.apply(
+        "MachinePool",
+        "machinepools",
+        json!({"metadata": {"name": "workers"}, "spec": {
+            "replicas": 1,
+            "template": {"spec": {"classRef": {"name": "small"},
+                                  "providerSpec": {"machineType": "small", "kubelet": "NeverJoins"}}},
+            "nodeStartupTimeoutSeconds": 2,
+        }}),
+    )
+    .await;
+    // The instance runs but its Node never joins: Provisioned, then failed and replaced.
+    eventually(MINUTE, "workers-0 Provisioned", || async {
+        let m = w.machine("workers-0").await?;
+        (m.status.phase == Phase::Provisioned).then_some(())
+    })
+    .await;
+    let replaced = eventually(MINUTE, "the instance replaced", || async {
+        let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.ok()?.into_inner();
+        let c = cloud.counters?;
+        (c.instances_deleted >= 1 && c.instances_created >= 2).then_some(c)
+    })
+    .await;
+    assert!(
+        replaced.instances_created - replaced.instances_deleted <= 1,
+        "never more than the one instance: {replaced:?}"
+    );
+    let events = w.events("workers-0").await;
+    let e = events.iter().find(|e| e.reason == "NodeNotJoined").unwrap_or_else(|| panic!("{events:?}"));
+    assert!(e.message.contains("no Ready Node 2s"), "{}", e.message);
+    w.kill9().await;
+}

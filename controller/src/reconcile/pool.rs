@@ -69,6 +69,30 @@ fn instance(i: &pb::PoolInstance) -> plan::Instance {
     }
 }
 
+/// Whether a pool Machine whose instance runs has waited longer than
+/// `nodeStartupTimeoutSeconds` for a Ready Node; then it is marked Failed (`NODE_NOT_JOINED`).
+/// The wait starts when the instance is first seen running without one.
+fn node_not_joined(m: &mut Machine) -> bool {
+    let since = *m.status.provisioned.get_or_insert_with(chrono::Utc::now);
+    let timeout = m.node_settings().node_startup_timeout_seconds;
+    let waited = (chrono::Utc::now() - since).num_seconds().max(0) as u64;
+    if timeout == 0 || waited < timeout {
+        return false;
+    }
+    let message = format!("no Ready Node {timeout}s after the instance came up ({})", m.status.provider_id);
+    m.status.phase = Phase::Failed;
+    m.status.failure = Some(Failure {
+        code: "DeadlineExceeded".into(),
+        reason: crate::policy::REASON_NODE_NOT_JOINED.into(),
+        message: message.clone(),
+        generation: m.metadata.generation,
+        class_generation: 0,
+    });
+    set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotJoined, &message);
+    set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::NodeNotJoined, &message);
+    true
+}
+
 /// Whether a pool Machine's Node is Ready (`NodeReady=True`).
 fn node_ready(m: &Machine) -> bool {
     condition(&m.status.conditions, ConditionType::NodeReady).is_some_and(|c| c.status == ConditionStatus::True)
@@ -492,6 +516,19 @@ async fn mirror(
                     .collect();
                 let reason = if joining { Reason::WaitingForNode } else { Reason::from(phase) };
                 set_condition(&mut next.status.conditions, ConditionType::Ready, phase == Phase::Running, reason, "");
+                if joining && node_not_joined(&mut next) {
+                    // Replaced like a failed deployment machine: its deletion removes exactly
+                    // this instance, and the pool refills.
+                    let message = next.status.failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
+                    ctx.store.event(Kind::Machine, &next.metadata, true, "NodeNotJoined", message).await;
+                    match write::status(ctx, *m, &next).await {
+                        Err(e) if e.is_conflict() => continue,
+                        Err(e) => return Err(e),
+                        Ok(_) => {}
+                    }
+                    ctx.store.delete(&Key::of(*m)).await?;
+                    continue;
+                }
                 set_condition(
                     &mut next.status.conditions,
                     ConditionType::UpToDate,
@@ -715,6 +752,26 @@ mod tests {
             m.metadata.deletion_timestamp = Some(Utc::now());
         }
         m
+    }
+
+    #[test]
+    fn an_instance_whose_node_never_becomes_ready_fails_after_the_node_startup_timeout() {
+        let mut m = machine("0", false);
+        m.spec.node = Some(NodeSettings { node_startup_timeout_seconds: 600, ..Default::default() });
+        assert!(!node_not_joined(&mut m), "the wait starts now");
+        assert!(m.status.provisioned.is_some());
+        m.status.provisioned = Some(Utc::now() - chrono::Duration::seconds(599));
+        assert!(!node_not_joined(&mut m));
+        m.status.provisioned = Some(Utc::now() - chrono::Duration::seconds(601));
+        assert!(node_not_joined(&mut m));
+        assert_eq!(m.status.phase, Phase::Failed);
+        let f = m.status.failure.clone().unwrap();
+        assert_eq!(f.reason, crate::policy::REASON_NODE_NOT_JOINED);
+        assert!(f.message.contains("no Ready Node 600s"), "{}", f.message);
+        let mut forever = machine("1", false);
+        forever.spec.node = Some(NodeSettings { node_startup_timeout_seconds: 0, ..Default::default() });
+        forever.status.provisioned = Some(Utc::now() - chrono::Duration::days(1));
+        assert!(!node_not_joined(&mut forever), "0 waits forever");
     }
 
     fn ids(list: &[pb::PoolInstance]) -> Vec<&str> {
