@@ -1016,10 +1016,9 @@ pub enum DeletionPhase {
     VolumesDetaching,
     /// Waiting while `pre-terminate.delete.hook…` annotations are present.
     PreTerminateHooks,
-    /// The VM is being deleted through the driver.
+    /// The VM is being deleted through the driver; once it is gone, its Node is deleted and the
+    /// Machine released (a restart polls the VM's delete again, then does both).
     InstanceDeleting,
-    /// The VM is gone; the Node is being deleted.
-    NodeDeleting,
 }
 
 impl fmt::Display for DeletionPhase {

@@ -3,8 +3,8 @@
 //! `nodeStartupTimeoutSeconds`), watching its readiness while Running, and the deletion
 //! sequence that runs before the VM's delete:
 //!
-//! `PreDrainHooks → Draining → VolumesDetaching → PreTerminateHooks → InstanceDeleting →
-//! NodeDeleting`
+//! `PreDrainHooks → Draining → VolumesDetaching → PreTerminateHooks → InstanceDeleting`, then
+//! the Node is deleted once the VM is gone, and the Machine released.
 //!
 //! Each step is written to `status.deletion` with its start time before it acts, and the
 //! drain's deadline is written once, when the drain begins: a restarted or newly elected
@@ -180,23 +180,36 @@ pub(crate) async fn before_instance_delete(
     }
     let node = match lookup(&target, key, before) {
         Lookup::NotSynced => return Ok(Some(Action::requeue(NOT_SYNCED_RETRY))),
-        // Never joined, or gone: nothing to drain.
+        Lookup::Found(node) => Some(node),
+        // Never joined, or gone: nothing to drain, but hooks still hold the deletion.
+        Lookup::Missing if has_hooks(before) || before.status.deletion.is_some() => None,
         Lookup::Missing => return Ok(None),
-        Lookup::Found(node) => node,
     };
     let mut m = before.clone();
     m.status.phase = Phase::Terminating;
-    let action = match deletion(&mut m).phase {
-        DeletionPhase::PreDrainHooks => hooks(ctx, &mut m, PRE_DRAIN_HOOK_PREFIX, DeletionPhase::Draining).await,
-        DeletionPhase::Draining => drain(ctx, &target, &mut m, &node, r).await?,
-        DeletionPhase::VolumesDetaching => volumes(&target, &mut m, &node).await?,
-        DeletionPhase::PreTerminateHooks => {
+    let action = match (deletion(&mut m).phase, node) {
+        (DeletionPhase::PreDrainHooks, _) => hooks(ctx, &mut m, PRE_DRAIN_HOOK_PREFIX, DeletionPhase::Draining).await,
+        (DeletionPhase::Draining, Some(node)) => drain(ctx, &target, &mut m, &node, r).await?,
+        (DeletionPhase::VolumesDetaching, Some(node)) => volumes(&target, &mut m, &node).await?,
+        (DeletionPhase::Draining | DeletionPhase::VolumesDetaching, None) => {
+            advance(&mut m, DeletionPhase::PreTerminateHooks);
+            Action::requeue_now()
+        }
+        (DeletionPhase::PreTerminateHooks, _) => {
             hooks(ctx, &mut m, PRE_TERMINATE_HOOK_PREFIX, DeletionPhase::InstanceDeleting).await
         }
-        DeletionPhase::InstanceDeleting | DeletionPhase::NodeDeleting => Action::requeue_now(),
+        (DeletionPhase::InstanceDeleting, _) => Action::requeue_now(),
     };
     write::status(ctx, before, &m).await?;
     Ok(Some(action))
+}
+
+/// Whether hook annotations are on the Machine.
+fn has_hooks(m: &Machine) -> bool {
+    m.metadata
+        .annotations
+        .keys()
+        .any(|k| k.starts_with(PRE_DRAIN_HOOK_PREFIX) || k.starts_with(PRE_TERMINATE_HOOK_PREFIX))
 }
 
 /// The deletion's record, begun at its first step when there is none yet.
@@ -233,7 +246,6 @@ fn advance(m: &mut Machine, next: DeletionPhase) {
         }
         DeletionPhase::PreTerminateHooks => (Reason::WaitingForPreTerminateHooks, String::new()),
         DeletionPhase::InstanceDeleting => (Reason::DeletingInstance, "deleting the VM".into()),
-        DeletionPhase::NodeDeleting => (Reason::DeletingNode, "the VM is gone; deleting its Node".into()),
     };
     set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
 }

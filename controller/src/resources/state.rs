@@ -384,8 +384,6 @@ reasons! {
     WaitingForPreTerminateHooks,
     /// The VM is being deleted.
     DeletingInstance,
-    /// The Node is being deleted.
-    DeletingNode,
 }
 
 impl Reason {
