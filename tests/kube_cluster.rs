@@ -253,7 +253,9 @@ current-context: test
         let mut kcm = s(&["--kubeconfig", &kubeconfig, "--leader-elect=false"]);
         kcm.extend(s(&["--use-service-account-credentials=false", "--controllers=*,-serviceaccount-token"]));
         kcm.extend(s(&["--service-account-private-key-file", d.join("sa.key").to_str().unwrap()]));
-        kcm.extend(s(&["--root-ca-file", ca.to_str().unwrap(), "--node-monitor-grace-period=20s"]));
+        // kwok posts node status at most every 20 s: a 20 s grace period would let the node
+        // lifecycle controller mark healthy Nodes Unknown (and their pods not Ready) now and then.
+        kcm.extend(s(&["--root-ca-file", ca.to_str().unwrap(), "--node-monitor-grace-period=60s"]));
         kcm.extend(s(&["--bind-address", "127.0.0.1", "--secure-port", "0"]));
         self.parts.push(spawn("kube-controller-manager", kcm, "controller-manager.log"));
         let scheduler = s(&[
