@@ -2,8 +2,7 @@
 //! figures are comparable. Real processes: `fake-driver` and `machine-controller run` (release
 //! builds) over a Unix socket; a whole test cluster from `tests/tools/install-kube-cluster.sh`
 //! (kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kwok) on the same machine,
-//! started as `Cluster::start_full` does but with the node grace period of a real cluster
-//! (see [`NODE_MONITOR_GRACE`]). The controller runs on the embedded store (SQLite, read here
+//! started by `Cluster::start_full`. The controller runs on the embedded store (SQLite, read here
 //! read-only) with `--target-kubeconfig` pointing at a counting proxy in front of the test
 //! cluster ([`Proxy`]); the fake cloud's VMs register Nodes (`fake-driver --join-cluster`) that
 //! kwok keeps Ready.
@@ -34,11 +33,11 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use e2e_tests::kube_cluster::{full_install_dir, kwok_node_annotation, Cluster, KWOK_STAGES};
+use e2e_tests::kube_cluster::Cluster;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 use machine_controller::resources::{Kind, MachineDeployment};
 use machine_controller::store::Store;
@@ -62,117 +61,13 @@ const CONTROLLER_ARGS: [&str; 12] = [
 
 // ------------------------------------------------------------------------------ the cluster
 
-/// The node lifecycle controller's grace period here. `Cluster::start_full` gives
-/// kube-controller-manager 20 s (quick NotReady in the node tests), but kwok's heartbeat stage
-/// posts node status no more often than every 20 s (`node-heartbeat.yaml`: delay 20,000 ms,
-/// jitter 25,000 ms), later under load: within a minute or two Nodes go Unknown for a moment,
-/// the controller manager marks their pods Ready=False, and kwok never turns a Running pod
-/// Ready again (seen in the first quick run: the budget's pods stuck NotReady, the rollout
-/// could not start). 60 s keeps the Nodes Ready.
-const NODE_MONITOR_GRACE: &str = "--node-monitor-grace-period=60s";
-
-/// A whole cluster as [`Cluster::start_full`] makes it (etcd, kube-apiserver with the CRDs,
-/// kube-controller-manager, kube-scheduler, kwok with the same stages), except for
-/// [`NODE_MONITOR_GRACE`]. The parts are stopped before the API server.
-struct FullCluster {
-    parts: Vec<Child>,
-    cluster: Cluster,
-}
-
-impl std::ops::Deref for FullCluster {
-    type Target = Cluster;
-    fn deref(&self) -> &Cluster {
-        &self.cluster
-    }
-}
-
-impl Drop for FullCluster {
-    fn drop(&mut self) {
-        for c in &mut self.parts {
-            let _ = c.start_kill();
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for c in &mut self.parts {
-            while Instant::now() < deadline && !matches!(c.try_wait(), Ok(Some(_))) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    }
-}
-
-async fn start_cluster() -> FullCluster {
-    let bins = full_install_dir();
-    let cluster = Cluster::start().await;
-    let d = cluster.dir.path().to_path_buf();
-    let kubeconfig = cluster.kubeconfig.to_str().unwrap().to_string();
-    let serving = std::fs::read_to_string(d.join("certs/apiserver.crt")).expect("the apiserver's certificate");
-    let at = serving.rfind("-----BEGIN CERTIFICATE-----").expect("a certificate in apiserver.crt");
-    let ca = d.join("apiserver-ca.crt");
-    std::fs::write(&ca, &serving[at..]).unwrap();
-    let spawn = |binary: &str, args: Vec<String>| {
-        let log = std::fs::File::create(d.join(format!("{binary}.log"))).unwrap();
-        Command::new(bins.join(binary))
-            .args(args)
-            .env("KWOK_WORKDIR", d.join("kwok"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {binary}: {e}"))
-    };
-    let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-    let mut kcm = s(&["--kubeconfig", &kubeconfig, "--leader-elect=false"]);
-    kcm.extend(s(&["--use-service-account-credentials=false", "--controllers=*,-serviceaccount-token"]));
-    kcm.extend(s(&["--service-account-private-key-file", d.join("sa.key").to_str().unwrap()]));
-    kcm.extend(s(&["--root-ca-file", ca.to_str().unwrap(), NODE_MONITOR_GRACE]));
-    kcm.extend(s(&["--bind-address", "127.0.0.1", "--secure-port", "0"]));
-    let scheduler =
-        s(&["--kubeconfig", &kubeconfig, "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0"]);
-    let (key, value) = kwok_node_annotation();
-    let mut kwok = s(&["--kubeconfig", &kubeconfig, "--manage-all-nodes=false"]);
-    kwok.push(format!("--manage-nodes-with-annotation-selector={key}={value}"));
-    for stage in KWOK_STAGES {
-        kwok.extend(s(&["--config", bins.join("kwok-stages").join(stage).to_str().unwrap()]));
-    }
-    let parts = vec![spawn("kube-controller-manager", kcm), spawn("kube-scheduler", scheduler), spawn("kwok", kwok)];
-    let full = FullCluster { parts, cluster };
-    full.service_account("default").await;
-    full
-}
-
-impl FullCluster {
-    /// Waits for the `default` ServiceAccount of `ns` (the controller manager makes it; pods
-    /// are refused without it).
-    async fn service_account(&self, ns: &str) {
-        let api = Api::<ServiceAccount>::namespaced(self.client.clone(), ns);
-        until(
-            &format!("the default ServiceAccount in {ns} (kube-controller-manager)"),
-            Duration::from_secs(90),
-            Duration::from_millis(100),
-            || async { api.get_opt("default").await.ok().flatten() },
-            String::new,
-            || tail(&self.dir.path().join("kube-controller-manager.log"), 30),
-        )
-        .await;
-    }
-
-    async fn namespace(&self, prefix: &str) -> String {
-        let name = format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-        Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &ns).await.expect("namespace");
-        self.service_account(&name).await;
-        name
-    }
-
-    /// The tails of the parts' logs.
-    fn logs(&self) -> String {
-        ["kube-controller-manager", "kube-scheduler", "kwok"]
-            .iter()
-            .map(|b| format!("--- {b}:\n{}", tail(&self.dir.path().join(format!("{b}.log")), 10)))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
+/// The tails of the whole cluster's parts' logs (for a bench that times out).
+fn cluster_logs(cluster: &Cluster) -> String {
+    ["controller-manager.log", "scheduler.log", "kwok.log"]
+        .iter()
+        .map(|name| format!("--- {name}:\n{}", cluster.log(name)))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 // ------------------------------------------------------------------------------ the controller's requests
@@ -699,7 +594,7 @@ fn quantile(v: &[Duration], q: f64) -> Duration {
 }
 
 async fn rolling_update(n: usize, pods: usize) -> Rollout {
-    let cluster = start_cluster().await;
+    let cluster = Cluster::start_full().await;
     let ns = cluster.namespace("bench").await;
     let fake = start_fake(Some(&cluster.kubeconfig)).await;
     let db = fake.dir.path().join("store.db");
@@ -728,7 +623,7 @@ async fn rolling_update(n: usize, pods: usize) -> Rollout {
         Duration::from_millis(100),
         || async { md(&store).await.map(md_seen).filter(e2e_tests::rolled_out) },
         || format!("{}; nodes (total, Ready) {:?}", last.lock().unwrap(), node_count()),
-        || format!("{}\n{}", logs(&fake), cluster.logs()),
+        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
     )
     .await;
     let initial = started.elapsed();
@@ -771,7 +666,7 @@ async fn rolling_update(n: usize, pods: usize) -> Rollout {
         Duration::from_millis(250),
         || async { (watch.lock().unwrap().ready() == pods).then_some(()) },
         || format!("{} pods Ready", watch.lock().unwrap().ready()),
-        || format!("{}\n{}", logs(&fake), cluster.logs()),
+        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
     )
     .await;
     let pods_ready = started.elapsed();
@@ -787,7 +682,7 @@ async fn rolling_update(n: usize, pods: usize) -> Rollout {
             (s.current_healthy == Some(pods as i32) && s.disruptions_allowed == Some(allowed)).then_some(())
         },
         String::new,
-        || format!("{}\n{}", logs(&fake), cluster.logs()),
+        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
     )
     .await;
 
@@ -831,7 +726,7 @@ async fn rolling_update(n: usize, pods: usize) -> Rollout {
             (done && gone && on_new).then_some(())
         },
         progress,
-        || format!("{}\n{}", logs(&fake), cluster.logs()),
+        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
     )
     .await;
     let time = started.elapsed();
@@ -898,7 +793,7 @@ struct Join {
 
 /// `n` machines to Running on the embedded store; with `cluster`, their VMs join it and the
 /// controller manages Nodes (Running = Node Ready).
-async fn to_running(n: usize, cluster: Option<&FullCluster>) -> Join {
+async fn to_running(n: usize, cluster: Option<&Cluster>) -> Join {
     let kubeconfig = cluster.map(|c| c.kubeconfig.as_path());
     let fake = start_fake(kubeconfig).await;
     let db = fake.dir.path().join("store.db");
@@ -981,7 +876,7 @@ async fn main() {
     println!("     all clients, per replaced machine: {:.1} requests; {}", all.per_machine, all.breakdown);
 
     println!("[2a] {big} machines to Running, no target cluster ...");
-    let cluster = start_cluster().await;
+    let cluster = Cluster::start_full().await;
     let without = to_running(big, None).await;
     println!("     {} (peak RSS {} MB)", secs(without.time), without.peak_rss_mb);
     println!("[2b] {big} machines to Running, Nodes joining (Running = Node Ready) ...");
