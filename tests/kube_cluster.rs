@@ -402,13 +402,11 @@ current-context: test
 
     /// [`Cluster::apply_json`] for each document of a YAML text.
     pub async fn apply_yaml(&self, yaml: &str) -> Vec<DynamicObject> {
-        use k8s_openapi::serde::Deserialize;
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(yaml).unwrap_or_else(|e| panic!("YAML: {e}\n{yaml}"));
         let mut applied = Vec::new();
-        for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
-            let obj = serde_json::Value::deserialize(doc).unwrap_or_else(|e| panic!("YAML: {e}\n{yaml}"));
-            if !obj.is_null() {
-                applied.push(self.apply_json(obj).await);
-            }
+        for obj in docs {
+            applied.push(self.apply_json(obj).await);
         }
         applied
     }

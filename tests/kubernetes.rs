@@ -542,12 +542,8 @@ async fn deploy_manifests_pass_server_side_dry_run() {
             assert_eq!(code, 0, "{err}");
             assert_eq!(text, out, "deploy/crds.yaml is stale: run `machine-controller crds > deploy/crds.yaml`");
         }
-        for doc in text.split("\n---") {
-            let v: Value = match serde_yaml_ng::from_str(doc) {
-                Ok(Value::Null) => continue,
-                Ok(v) => v,
-                Err(e) => panic!("{}: {e}", file.display()),
-            };
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        for v in docs {
             let obj: DynamicObject = serde_json::from_value(v.clone()).unwrap();
             let tm = obj.types.clone().expect("apiVersion/kind");
             let gvk = GroupVersionKind::try_from(&tm).unwrap();

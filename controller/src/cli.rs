@@ -432,7 +432,7 @@ async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, out
             } else {
                 serde_json::json!({"apiVersion": "v1", "kind": "List", "items": raw})
             };
-            print!("{}", serde_yaml_ng::to_string(&v).map_err(|e| fail(e.to_string()))?);
+            print!("{}", serde_saphyr::to_string(&v).map_err(|e| fail(e.to_string()))?);
             return Ok(());
         }
         Output::Table | Output::Wide => {}
@@ -602,7 +602,7 @@ async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Res
     }
     if let Some(spec) = v.get("spec") {
         out += "Spec:\n";
-        out += &indent(&serde_yaml_ng::to_string(spec).unwrap_or_default());
+        out += &indent(&serde_saphyr::to_string(spec).unwrap_or_default());
     }
     let status = &v["status"];
     if let Some(phase) = status["phase"].as_str() {
@@ -716,7 +716,7 @@ async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Res
             })
             .unwrap_or_default();
         out += "Status:\n";
-        out += &indent(&serde_yaml_ng::to_string(&Value::Object(other)).unwrap_or_default());
+        out += &indent(&serde_saphyr::to_string(&Value::Object(other)).unwrap_or_default());
     }
     let events = store.backend().events(&key, 15).await?;
     out += "Events:\n";

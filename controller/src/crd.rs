@@ -225,11 +225,11 @@ pub fn crds() -> Vec<Value> {
 ///
 /// # Errors
 /// Serialization failures (not expected).
-pub fn crds_yaml() -> Result<String, serde_yaml_ng::Error> {
+pub fn crds_yaml() -> Result<String, serde_saphyr::SerializeError> {
     let mut out = String::new();
     for crd in crds() {
         out.push_str("---\n");
-        out.push_str(&serde_yaml_ng::to_string(&crd)?);
+        out.push_str(&serde_saphyr::to_string(&crd)?);
     }
     Ok(out)
 }
@@ -268,6 +268,13 @@ mod tests {
                 }
             });
         }
+    }
+
+    #[test]
+    fn the_yaml_reads_back_as_the_same_crds() {
+        let yaml = crds_yaml().unwrap();
+        let back: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+        assert_eq!(back, crds());
     }
 
     #[test]

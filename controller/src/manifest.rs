@@ -64,8 +64,11 @@ impl AnyObject {
 pub struct ManifestError {
     /// The file.
     pub source: String,
-    /// 1-based document number within the file.
+    /// 1-based number of the document among the file's non-empty documents.
     pub document: usize,
+    /// The line the document starts on, when known (not for YAML syntax errors: their message
+    /// has the line and column of the error itself).
+    pub line: Option<u64>,
     /// `Kind/name` when known.
     pub object: Option<String>,
     /// The field path (`spec.strategy.rollingUpdate.maxSurge`), empty for syntax errors.
@@ -77,6 +80,9 @@ pub struct ManifestError {
 impl fmt::Display for ManifestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: document {}", self.source, self.document)?;
+        if let Some(line) = self.line {
+            write!(f, " at line {line}")?;
+        }
         if let Some(o) = &self.object {
             write!(f, " ({o})")?;
         }
@@ -107,44 +113,88 @@ pub fn files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     }
 }
 
+/// The most a manifest file may hold; larger files are refused before they are parsed.
+pub const MAX_MANIFEST_BYTES: usize = 16 << 20;
+
+/// What the YAML reader accepts, and the budget that keeps a hostile file (alias bombs, deep
+/// nesting, document storms) from costing more than a few megabytes and milliseconds:
+///
+/// - duplicate keys are errors, as in Kubernetes' own strict field validation;
+/// - YAML 1.2 core scalars: only `true`/`false` are booleans (`yes`, `on` stay strings), and
+///   `0755` or `1_000` stay strings rather than numbers (what `serde_yaml` did);
+/// - anchors and aliases work, but at most 100,000 events are replayed from aliases in a file,
+///   and at most 1,000 aliases and 1,000 anchors are defined.
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_reader_input_bytes: Some(MAX_MANIFEST_BYTES),
+            max_events: 1_000_000,
+            max_nodes: 250_000,
+            max_depth: 64,
+            max_aliases: 1_000,
+            max_anchors: 1_000,
+            max_documents: 10_000,
+            max_total_scalar_bytes: MAX_MANIFEST_BYTES,
+        },
+        alias_limits: serde_saphyr::alias_limits! {
+            max_total_replayed_events: 100_000,
+            max_replay_stack_depth: 16,
+        },
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
+        strict_booleans: true,
+        leading_zero_numbers_as_strings: true,
+        underscored_numbers_as_strings: true,
+        with_snippet: false,
+    }
+}
+
+/// `not valid YAML: line L, column C: what` (where the reader stopped), in the words meant for
+/// users (no hints about the library's options).
+fn yaml_error(e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::MessageFormatter;
+    let what = serde_saphyr::UserMessageFormatter.format_message(e.without_snippet());
+    match e.location() {
+        Some(at) if at.line() > 0 => format!("not valid YAML: line {}, column {}: {what}", at.line(), at.column()),
+        _ => format!("not valid YAML: {what}"),
+    }
+}
+
 /// Parses and validates every document of `text`.
 ///
+/// Documents are numbered from 1 among the file's non-empty documents (an empty document
+/// between two `---` is skipped, as `kubectl apply` skips it); each error also carries the line
+/// its document starts on.
+///
 /// # Errors
-/// Every problem found (all documents are checked).
+/// Every problem found: every document is checked; after a YAML syntax error the rest of the
+/// file cannot be read and is not.
 pub fn parse(text: &str, source: &str) -> Result<Vec<AnyObject>, Vec<ManifestError>> {
-    use serde::Deserialize;
     let mut out = Vec::new();
     let mut errors = Vec::new();
-    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+    let mut reader = text.as_bytes();
+    let docs = serde_saphyr::read_with_options::<_, serde_saphyr::Spanned<Value>>(&mut reader, yaml_options());
+    for (i, doc) in docs.enumerate() {
         let document = i + 1;
-        let err = |object: Option<String>, field: &str, message: String| ManifestError {
+        let err = |line: Option<u64>, object: Option<String>, field: &str, message: String| ManifestError {
             source: source.to_string(),
             document,
+            line,
             object,
             field: field.to_string(),
             message,
         };
-        let value = match serde_yaml_ng::Value::deserialize(doc) {
-            Ok(v) => v,
+        let doc = match doc {
+            Ok(doc) => doc,
             Err(e) => {
-                errors.push(err(None, "", format!("not valid YAML: {e}")));
-                // The parser cannot continue after a syntax error.
-                break;
-            }
-        };
-        if value.is_null() {
-            continue;
-        }
-        let json: Value = match serde_json::to_value(&value) {
-            Ok(v) => v,
-            Err(e) => {
-                errors.push(err(None, "", format!("cannot be read as JSON-compatible data: {e}")));
+                // The reader goes on at the next document when it can, and ends otherwise.
+                errors.push(err(None, None, "", yaml_error(&e)));
                 continue;
             }
         };
-        match parse_object(&json) {
+        let line = Some(doc.referenced.line()).filter(|l| *l > 0);
+        match parse_object(&doc.value) {
             Ok(obj) => out.push(obj),
-            Err((object, field, message)) => errors.push(err(object, &field, message)),
+            Err((object, field, message)) => errors.push(err(line, object, &field, message)),
         }
     }
     if errors.is_empty() {
@@ -447,6 +497,90 @@ spec:
     fn broken_yaml_is_reported_with_its_location() {
         let e = first_error("kind: MachineClass\nmetadata: {name: [unclosed\n");
         assert!(e.contains("not valid YAML") && e.contains("line"), "{e}");
+    }
+
+    #[test]
+    fn a_syntax_error_names_its_line_and_column() {
+        let errors = parse("kind: MachineClass\nmetadata:\n  name: a\n   bad: indent\n", "bad.yaml").unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let e = errors[0].to_string();
+        assert!(e.starts_with("bad.yaml: document 1: not valid YAML: line 4, column"), "{e}");
+    }
+
+    #[test]
+    fn a_wrong_type_names_the_field_path_and_the_document_line() {
+        let e = first_error(&GOOD.replace("maxUnavailable: 0", "maxUnavailable: [0]"));
+        assert!(e.starts_with("bad.yaml: document 2 at line 9 (MachineDeployment/web): "), "{e}");
+        assert!(e.contains("spec.strategy.rollingUpdate.maxUnavailable"), "{e}");
+        let e = first_error(&GOOD.replace("replicas: 3", "replicas: {n: 3}"));
+        assert!(e.contains(": spec.replicas: invalid type: map, expected i64"), "{e}");
+    }
+
+    #[test]
+    fn a_broken_second_document_keeps_the_first_documents_error() {
+        // Document 1 is refused by validation, document 2 is not YAML: both are reported.
+        let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: '***'}\n---\nkind: [\n";
+        let errors = parse(text, "x.yaml").unwrap_err();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_eq!((errors[0].document, errors[0].field.as_str()), (1, "data.k"));
+        assert_eq!(errors[1].document, 2);
+        assert!(errors[1].message.starts_with("not valid YAML: line 6, column 7: "), "{errors:?}");
+        // A bad value in document 2 of 3 does not hide document 3's.
+        let text = format!("{GOOD}---\n{}", GOOD.replace("replicas: 3", "replicas: -1"));
+        let errors = parse(&text.replace("driver: fake", "driver: \"\""), "x.yaml").unwrap_err();
+        let fields: Vec<(usize, &str)> = errors.iter().map(|e| (e.document, e.field.as_str())).collect();
+        assert_eq!(fields, [(1, "spec.driver"), (3, "spec.driver"), (4, "spec.replicas")], "{errors:?}");
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused() {
+        let errors = parse(&GOOD.replace("replicas: 3", "replicas: 3\n  replicas: 30"), "x.yaml").unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let e = errors[0].to_string();
+        assert!(e.contains("document 2: not valid YAML: line 14, column 3: duplicate mapping key `replicas`"), "{e}");
+        let e = first_error(&GOOD.replace("metadata: {name: small}", "metadata: {name: small, name: big}"));
+        assert!(e.contains("document 1") && e.contains("duplicate"), "{e}");
+    }
+
+    #[test]
+    fn yaml_1_1_booleans_and_octals_stay_strings() {
+        let text = GOOD.replace("metadata: {name: web}", "metadata: {name: web, labels: {on: yes, mode: 0755}}");
+        let objs = parse(&text, "x.yaml").unwrap();
+        let labels = &objs[1].meta().labels;
+        assert_eq!(labels.get("on").map(String::as_str), Some("yes"), "{labels:?}");
+        assert_eq!(labels.get("mode").map(String::as_str), Some("0755"), "{labels:?}");
+    }
+
+    #[test]
+    fn anchors_work_and_an_alias_bomb_is_refused_cheaply() {
+        let text = GOOD.replace("providerSpec: {machineType: small}", "providerSpec: &p {machineType: small}\n  x: *p");
+        assert!(first_error(&text).contains("unknown field `x`"));
+        // A billion laughs: 9 levels of 10 aliases each would expand to 10^9 strings.
+        let mut bomb = String::from("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+        for i in 1..10 {
+            let refs = vec![format!("*a{}", i - 1); 10].join(", ");
+            bomb += &format!("a{i}: &a{i} [{refs}]\n");
+        }
+        let started = std::time::Instant::now();
+        let errors = parse(&bomb, "bomb.yaml").unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].message.contains("too large or too complex: total_replayed_events"), "{errors:?}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn hostile_input_is_an_error_not_a_panic() {
+        for text in [
+            "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[",
+            "*x",
+            "!!binary x",
+            "\u{feff}",
+            "? [a]\n: b",
+        ] {
+            let _ = parse(text, "x.yaml");
+        }
+        let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(parse(&deep, "x.yaml").is_err());
     }
 
     #[test]
