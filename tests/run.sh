@@ -48,6 +48,7 @@ INTEROP_DIR="$(bash tests/tools/install-interop.sh)"; export INTEROP_DIR
 GO_DRIVER_BIN="$(bash tests/tools/build-go-driver.sh)"; export GO_DRIVER_BIN
 
 bash tests/supply-chain.sh
+bash tests/proto-compat.sh
 echo "==> building binaries and examples"
 cargo build --workspace --bins --examples
 
