@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::hpack::{encode_literal, Decoder};
 
 /// What every Unix-socket request's `:authority` becomes.
-const AUTHORITY: &[u8] = b"localhost";
+pub(crate) const AUTHORITY: &[u8] = b"localhost";
 
 const PREFACE_LEN: usize = 24;
 const FRAME_HEADERS: u8 = 0x1;
@@ -36,10 +36,15 @@ const FLAG_PADDED: u8 = 0x8;
 const FLAG_PRIORITY: u8 = 0x20;
 /// The frame size every HTTP/2 server accepts (SETTINGS_MAX_FRAME_SIZE's initial value); the
 /// re-encoded blocks are cut into frames of at most this.
-const MAX_FRAME: usize = 16_384;
+pub(crate) const MAX_FRAME: usize = 16_384;
 /// The largest header block (all its frames) accepted. The server's own header-list limit is far
 /// lower; this only bounds what is buffered before the server gets to judge it.
-const MAX_BLOCK: usize = 1 << 20;
+pub(crate) const MAX_BLOCK: usize = 1 << 20;
+/// The largest header list re-encoded, counted as HTTP/2 counts SETTINGS_MAX_HEADER_LIST_SIZE
+/// (each field's name and value plus 32 bytes), which also bounds the re-encoded block. HPACK
+/// lets one byte name a table entry of up to 4 KB, so a block within [`MAX_BLOCK`] could
+/// otherwise expand to gigabytes here, before the server's own limit sees it.
+pub(crate) const MAX_HEADER_LIST: usize = 1 << 20;
 
 /// Wraps an accepted connection's IO.
 pub(crate) struct AuthorityRewrite<IO> {
@@ -161,12 +166,22 @@ impl Frames {
     fn reencode(&mut self, start: &BlockStart, out: &mut Vec<u8>) -> io::Result<()> {
         let encoded = &mut self.encoded;
         encoded.clear();
+        // Each field re-encodes to at most its name and value plus 11 bytes, so the block stays
+        // within the list's size. The rest of an oversized block is still decoded (not encoded)
+        // to keep the client's table in step until the error ends the connection.
+        let mut list_size = 0usize;
         self.decoder
             .decode(&self.block, |name, value, never_indexed| {
                 let value = if name == b":authority" { AUTHORITY } else { value };
-                encode_literal(encoded, name, value, never_indexed);
+                list_size = list_size.saturating_add(name.len() + value.len() + 32);
+                if list_size <= MAX_HEADER_LIST {
+                    encode_literal(encoded, name, value, never_indexed);
+                }
             })
             .map_err(invalid)?;
+        if list_size > MAX_HEADER_LIST {
+            return Err(invalid(format_args!("the header list exceeds the {MAX_HEADER_LIST} bytes accepted")));
+        }
         let priority: &[u8] = match &start.priority {
             Some(p) => p,
             None => &[],
@@ -703,6 +718,36 @@ mod tests {
             }
         }
         server.abort();
+    }
+
+    /// Found by the authority_reencode fuzz target's contract: a 4 KB field named again and again
+    /// by one-byte references (fuzz/regressions/authority_reencode/header-list-bomb) re-encoded
+    /// to a block a thousand times its size, limited by nothing. Now refused past
+    /// MAX_HEADER_LIST, without building the block.
+    #[test]
+    fn a_header_list_bomb_is_refused_not_expanded() {
+        let mut block = Vec::new();
+        write_int(&mut block, 6, 0x40, 0);
+        write_int(&mut block, 7, 0, 6);
+        block.extend_from_slice(b"x-bomb");
+        write_int(&mut block, 7, 0, 4000);
+        block.extend_from_slice(&[b'b'; 4000]);
+        // Up to the limit the block is re-encoded; one more reference is refused.
+        let fits = MAX_HEADER_LIST / (6 + 4000 + 32);
+        let mut frames = Frames::new();
+        frames.preface_left = 0;
+        let mut out = Vec::new();
+        let mut ok = block.clone();
+        ok.extend(std::iter::repeat_n(0xbe, fits - 1));
+        frames.take_header_frame(&frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &ok), &mut out).unwrap();
+        assert!(out.len() <= MAX_HEADER_LIST + 9 * (1 + MAX_HEADER_LIST / MAX_FRAME), "{}", out.len());
+        let mut frames = Frames::new();
+        frames.preface_left = 0;
+        let mut out = Vec::new();
+        block.extend(std::iter::repeat_n(0xbe, fits));
+        let err = frames.take_header_frame(&frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &block), &mut out).unwrap_err();
+        assert!(err.to_string().contains("header list exceeds"), "{err}");
+        assert!(out.is_empty() && frames.encoded.len() <= MAX_HEADER_LIST);
     }
 
     #[test]

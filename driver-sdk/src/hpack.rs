@@ -142,9 +142,28 @@ impl Decoder {
         }
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn table_size(&self) -> usize {
         self.size
+    }
+
+    /// Checks the table's bookkeeping: its counted size is its entries' sizes, within the
+    /// current maximum, which is within [`MAX_TABLE_SIZE`].
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn assert_consistent(&self) {
+        let counted: usize = self.table.iter().map(|(n, v)| entry_size(n, v)).sum();
+        assert_eq!(self.size, counted, "the dynamic table's size is not its entries' sizes");
+        assert!(
+            self.size <= self.max_size,
+            "the dynamic table holds {} bytes over its {} maximum",
+            self.size,
+            self.max_size
+        );
+        assert!(
+            self.max_size <= MAX_TABLE_SIZE,
+            "the dynamic table's maximum {} exceeds {MAX_TABLE_SIZE}",
+            self.max_size
+        );
     }
 }
 

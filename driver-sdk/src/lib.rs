@@ -58,6 +58,9 @@ pub mod convert;
 mod driver;
 pub mod endpoint;
 pub mod error;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod hpack;
 pub mod layer;
 pub mod metrics;

@@ -232,13 +232,17 @@ impl TokenCodec {
     }
 
     /// The token for a running operation.
+    ///
+    /// # Caveats
+    /// The start time is carried to the millisecond, and not at all when it is before the Unix
+    /// epoch or too far ahead for 64 bits of milliseconds.
     pub fn seal(&self, op: &Operation) -> Vec<u8> {
         let payload = Payload {
             d: self.driver.clone(),
             n: op.name.clone(),
             k: op.kind,
             t: op.target.clone(),
-            s: op.start_time.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_millis() as u64),
+            s: start_millis(op.start_time),
             st: op.state.clone(),
         };
         // Serializing plain data to JSON cannot fail.
@@ -297,6 +301,12 @@ impl TokenCodec {
     }
 }
 
+/// The start time as the token carries it: ms since the epoch, or nothing for a time before the
+/// epoch or too far ahead for 64 bits of ms (which `as u64` would wrap to another time).
+fn start_millis(t: Option<SystemTime>) -> Option<u64> {
+    u64::try_from(t?.duration_since(UNIX_EPOCH).ok()?.as_millis()).ok()
+}
+
 /// Unix time in ms (helper for drivers that put times in their resume state).
 pub fn unix_millis(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -324,6 +334,25 @@ mod tests {
         assert_eq!(handle.kind, OperationKind::CreateMachine);
         assert_eq!(handle.target, "m1");
         assert_eq!(handle.state, json!({"id": "op-7", "zone": "a"}));
+    }
+
+    /// Found by the token_open fuzz target: a start time past what 64 bits of ms hold came back
+    /// as another, wrapped time. It is not carried at all now, like one before the epoch.
+    #[test]
+    fn start_times_open_to_the_millisecond_or_not_at_all() {
+        let c = codec();
+        for (start, opened) in [
+            (
+                UNIX_EPOCH + Duration::new(1_764_028_800, 123_456_789),
+                Some(UNIX_EPOCH + Duration::from_millis(1_764_028_800_123)),
+            ),
+            (UNIX_EPOCH + Duration::from_secs(1 << 60), None),
+            (UNIX_EPOCH - Duration::from_secs(1), None),
+        ] {
+            let mut op = op();
+            op.start_time = Some(start);
+            assert_eq!(c.open(&c.seal(&op)).unwrap().start_time, opened, "{start:?}");
+        }
     }
 
     #[test]
