@@ -132,6 +132,11 @@ pub enum ServeError {
     /// TLS files could not be read or used.
     #[error("configuring TLS")]
     Tls(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The driver's provider-spec schema is not a valid JSON Schema draft 2020-12 schema or would
+    /// be weaker than it reads (an unknown keyword, a reference outside it, …): see
+    /// [`crate::schema`].
+    #[error("the driver's provider_spec_schema is refused")]
+    ProviderSpecSchema(#[source] crate::schema::SchemaError),
     /// The driver's name is not DNS-style or longer than 63 characters.
     #[error("driver name {0:?} must be 1 to 63 characters of letters, digits, '-' and '.'")]
     DriverName(String),
@@ -256,7 +261,7 @@ impl<D: Driver> DriverServer<D> {
         }
         let mut registry = self.registry;
         let metrics = RpcMetrics::register(&mut registry);
-        let service = DriverService::new(self.driver.clone(), key);
+        let service = DriverService::new(self.driver.clone(), key).map_err(ServeError::ProviderSpecSchema)?;
         let driver_name = service.shared().info.name.clone();
         let key_reloader = key_file.map(|path| {
             tokio::spawn(reload_keys(path, service.shared().codec.clone(), args.token_key_reload_interval))

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use crate::convert;
 use crate::driver::{Driver, RequestContext};
 use crate::error::{reason, DriverError, Result, Violation};
-use crate::schema;
+use crate::schema::{self, ProviderSchema, SchemaError};
 use crate::token::TokenCodec;
 use crate::types::*;
 
@@ -31,6 +31,8 @@ pub(crate) struct Shared<D> {
     pub(crate) info: DriverInfo,
     pub(crate) capabilities: Vec<Capability>,
     capability_set: HashSet<Capability>,
+    /// `info.provider_spec_schema`, compiled once.
+    spec_schema: ProviderSchema,
     pub(crate) codec: TokenCodec,
 }
 
@@ -46,12 +48,17 @@ impl<D> Clone for DriverService<D> {
 }
 
 impl<D: Driver> DriverService<D> {
-    pub(crate) fn new(driver: Arc<D>, codec_key: crate::token::TokenKey) -> Self {
+    /// The service for `driver`, its provider-spec schema compiled.
+    ///
+    /// # Errors
+    /// The driver's provider-spec schema is refused ([`ProviderSchema::compile`]).
+    pub(crate) fn new(driver: Arc<D>, codec_key: crate::token::TokenKey) -> Result<Self, SchemaError> {
         let info = driver.info();
+        let spec_schema = ProviderSchema::compile(&info.provider_spec_schema)?;
         let capabilities = driver.capabilities();
         let codec = TokenCodec::new(codec_key, info.name.clone());
         let capability_set = capabilities.iter().copied().collect();
-        Self { shared: Arc::new(Shared { driver, info, capabilities, capability_set, codec }) }
+        Ok(Self { shared: Arc::new(Shared { driver, info, capabilities, capability_set, spec_schema, codec }) })
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared<D>> {
@@ -131,7 +138,7 @@ impl<D: Driver> DriverService<D> {
             }
             Some(s) => {
                 let json = convert::struct_to_json(s);
-                v.schema(&self.shared.info.provider_spec_schema, &json, field);
+                v.schema(&self.shared.spec_schema, &json, field);
                 json
             }
         }
@@ -178,8 +185,8 @@ impl Check {
         }
     }
 
-    fn schema(&mut self, schema: &Value, spec: &Value, field: &str) {
-        for v in schema::validate(schema, spec, field) {
+    fn schema(&mut self, schema: &ProviderSchema, spec: &Value, field: &str) {
+        for v in schema.validate(spec, field) {
             self.add(reason::INVALID_PROVIDER_SPEC, v.field, v.description);
         }
     }

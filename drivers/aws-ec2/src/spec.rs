@@ -280,6 +280,7 @@ mod tests {
     #[test]
     fn examples_match_the_schema_and_parse() {
         let schema = schema();
+        driver_sdk::schema::ProviderSchema::compile(&schema).expect("the SDK accepts the schema at start");
         let examples = schema["examples"].as_array().unwrap();
         assert_eq!(examples.len(), 2);
         assert_ne!(examples[0], examples[1]);

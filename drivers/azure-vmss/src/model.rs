@@ -420,6 +420,7 @@ mod tests {
     #[test]
     fn examples_are_valid_and_build_a_scale_set() {
         let schema = schema();
+        driver_sdk::schema::ProviderSchema::compile(&schema).expect("the SDK accepts the schema at start");
         let examples = schema["examples"].as_array().unwrap();
         assert_eq!(examples.len(), 2);
         for ex in examples {

@@ -352,6 +352,7 @@ fn kubelet_stopped_patch_turns_conditions_unknown_once() {
 #[test]
 fn kubelet_spec_field_is_in_the_schema_and_replaces_like_simulate_failure() {
     let schema = FakeDriver::schema();
+    driver_sdk::schema::ProviderSchema::compile(&schema).expect("the SDK accepts the schema at start");
     let check = |spec: Value| driver_sdk::schema::validate(&schema, &spec, "provider_spec");
     for mode in ["Joins", "NeverJoins", "JoinsNotReady"] {
         assert!(check(json!({"machineType": "small", "kubelet": mode})).is_empty(), "{mode}");
