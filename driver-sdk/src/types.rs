@@ -67,7 +67,9 @@ pub struct DriverInfo {
     pub name: String,
     /// The driver's version.
     pub vendor_version: String,
-    /// JSON Schema of the provider spec; `examples` should hold at least one valid spec.
+    /// JSON Schema (draft 2020-12) of the provider spec; `examples` should hold at least one
+    /// valid spec. Compiled when the server starts, which refuses a schema that would be weaker
+    /// than it reads, e.g. one with an unknown keyword ([`crate::schema`]).
     pub provider_spec_schema: Value,
 }
 
