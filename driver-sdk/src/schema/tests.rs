@@ -144,6 +144,23 @@ fn refs_to_defs_are_enforced_where_they_are_used() {
 }
 
 #[test]
+fn recursive_refs_follow_the_data() {
+    let s = json!({
+        "$defs": {"rule": {
+            "type": "object",
+            "required": ["port"],
+            "properties": {"port": {"type": "integer"}, "then": {"type": "array", "items": {"$ref": "#/$defs/rule"}}}
+        }},
+        "properties": {"rules": {"type": "array", "items": {"$ref": "#/$defs/rule"}}, "loop": {"$ref": "#"}}
+    });
+    let spec = json!({"rules": [{"port": 1, "then": [{"port": 2, "then": [{"then": []}]}]}], "loop": {"loop": {"rules": [{}]}}});
+    assert_eq!(
+        fields(&s, spec),
+        ["provider_spec.loop.loop.rules[0].port", "provider_spec.rules[0].then[0].then[0].port"]
+    );
+}
+
+#[test]
 fn formats_are_asserted() {
     let s = json!({"properties": {
         "address": {"type": "string", "format": "ipv4"},
