@@ -5,8 +5,12 @@
 //! Kubernetes *structural* schema (inlined, no `anyOf` for optional fields, int-or-string for
 //! `IntOrPercent`, `x-kubernetes-preserve-unknown-fields` for free-form provider specs).
 
+use std::sync::OnceLock;
+
 use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
+
+use crate::manifest;
 
 use crate::resources::{
     Kind, MachineClassSpec, MachineClassStatus, MachineDeploymentSpec, MachineDeploymentStatus, MachinePoolSpec,
@@ -170,11 +174,39 @@ fn defs() -> Vec<Def> {
     ]
 }
 
+/// Adds the [`manifest::rules`] of `kind` to its spec schema as CEL rules, with the same field
+/// path and message `apply` gives.
+fn add_rules(kind: Kind, spec: &mut Value) {
+    for rule in manifest::rules().into_iter().filter(|r| r.kind == kind) {
+        let mut at = &mut *spec;
+        for key in rule.at.split('.').skip(1) {
+            at = &mut at["properties"][key];
+        }
+        let mut v = json!({ "rule": rule.cel, "message": rule.message, "reason": "FieldValueInvalid" });
+        if !rule.field.is_empty() {
+            v["fieldPath"] = json!(format!(".{}", rule.field));
+        }
+        match at.get_mut("x-kubernetes-validations").and_then(Value::as_array_mut) {
+            Some(list) => list.push(v),
+            None => at["x-kubernetes-validations"] = json!([v]),
+        }
+    }
+}
+
+/// The `openAPIV3Schema` of a kind's CRD (with its rules), built once.
+pub fn schema(kind: Kind) -> Option<&'static Value> {
+    static CRDS: OnceLock<Vec<Value>> = OnceLock::new();
+    let crds = CRDS.get_or_init(crds);
+    let crd = crds.iter().find(|c| c["spec"]["names"]["kind"] == kind.as_str())?;
+    crd.pointer("/spec/versions/0/schema/openAPIV3Schema")
+}
+
 /// The CustomResourceDefinitions of every kind but `Secret` (core v1), as JSON objects.
 pub fn crds() -> Vec<Value> {
     defs()
         .into_iter()
-        .map(|d| {
+        .map(|mut d| {
+            add_rules(d.kind, &mut d.spec);
             let plural = plural(d.kind);
             let mut subresources = json!({ "status": {} });
             if d.scale {
@@ -275,6 +307,32 @@ mod tests {
         let yaml = crds_yaml().unwrap();
         let back: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
         assert_eq!(back, crds());
+    }
+
+    #[test]
+    fn the_rules_are_cel_rules_on_their_fields() {
+        let crds = crds();
+        let md = &crds[1]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let rolling = &md["properties"]["strategy"]["properties"]["rollingUpdate"];
+        let rules = rolling["x-kubernetes-validations"].as_array().unwrap();
+        assert_eq!(rules.len(), 1, "{rules:?}");
+        assert_eq!(rules[0]["fieldPath"], json!(".maxUnavailable"));
+        assert_eq!(rules[0]["message"], json!("must not be 0 when maxSurge is 0"));
+        let surge = &rolling["properties"]["maxSurge"]["x-kubernetes-validations"];
+        assert_eq!(surge.as_array().map(Vec::len), Some(2), "{surge}");
+        let pool = &crds[2]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        assert!(pool["properties"]["strategy"]["x-kubernetes-validations"].is_array());
+        let total: usize = crds
+            .iter()
+            .map(|c| {
+                let mut n = 0;
+                walk(&c["spec"]["versions"][0]["schema"], "", &mut |_, o| {
+                    n += o.get("x-kubernetes-validations").and_then(Value::as_array).map_or(0, Vec::len)
+                });
+                n
+            })
+            .sum();
+        assert_eq!(total, manifest::rules().len());
     }
 
     #[test]

@@ -194,7 +194,9 @@ pub fn parse(text: &str, source: &str) -> Result<Vec<AnyObject>, Vec<ManifestErr
         let line = Some(doc.referenced.line()).filter(|l| *l > 0);
         match parse_object(&doc.value) {
             Ok(obj) => out.push(obj),
-            Err((object, field, message)) => errors.push(err(line, object, &field, message)),
+            Err(problems) => {
+                errors.extend(problems.into_iter().map(|(object, field, message)| err(line, object, &field, message)))
+            }
         }
     }
     if errors.is_empty() {
@@ -206,7 +208,26 @@ pub fn parse(text: &str, source: &str) -> Result<Vec<AnyObject>, Vec<ManifestErr
 
 type Problem = (Option<String>, String, String);
 
-fn parse_object(json: &Value) -> Result<AnyObject, Problem> {
+/// The object of one document, or its problems: every bound and [`rules`] violation (as the API
+/// server lists them all), else the first shape or semantic problem.
+fn parse_object(json: &Value) -> Result<AnyObject, Vec<Problem>> {
+    parse_kind(json).map_err(|p| vec![p]).and_then(|(kind, label)| {
+        let broken: Vec<Problem> = bounds(kind, json)
+            .into_iter()
+            .chain(broken_rules(kind, json))
+            .map(|(f, m)| (label.clone(), f, m))
+            .collect();
+        if !broken.is_empty() {
+            return Err(broken);
+        }
+        let obj = typed(kind, json).map_err(|(f, m)| vec![(label.clone(), f, m)])?;
+        validate(&obj).map_err(|(f, m)| vec![(label, f, m)])?;
+        Ok(obj)
+    })
+}
+
+/// The kind and `Kind/name` of a document, checking `kind` and `apiVersion`.
+fn parse_kind(json: &Value) -> Result<(Kind, Option<String>), Problem> {
     let Value::Object(map) = json else {
         return Err((None, String::new(), "a manifest document must be a mapping".into()));
     };
@@ -236,9 +257,7 @@ fn parse_object(json: &Value) -> Result<AnyObject, Problem> {
         }
         Some(_) => {}
     }
-    let obj = typed(kind, json).map_err(|(f, m)| (label.clone(), f, m))?;
-    validate(&obj).map_err(|(f, m)| (label, f, m))?;
-    Ok(obj)
+    Ok((kind, label))
 }
 
 fn typed(kind: Kind, json: &Value) -> Result<AnyObject, (String, String)> {
@@ -330,26 +349,7 @@ fn node_template(field: &str, t: &NodeTemplate) -> Check {
     Ok(())
 }
 
-/// The node settings a deployment or pool gives its machines.
-fn node_settings(s: &NodeSettings) -> Check {
-    if s.drain_timeout_seconds == 0 {
-        return fail("spec.drainTimeoutSeconds", "must be at least 1 (a drain always has a deadline)");
-    }
-    Ok(())
-}
-
-fn int_or_percent(field: &str, v: &IntOrPercent, round_up: bool) -> Check {
-    v.resolve(100, round_up).map(|_| ()).or_else(|m| fail(field, m))
-}
-
-fn replicas(n: i64) -> Check {
-    if !(0..=100_000).contains(&n) {
-        return fail("spec.replicas", format!("must be between 0 and 100000, got {n}"));
-    }
-    Ok(())
-}
-
-/// Semantic checks beyond the shape: names, ranges, formats.
+/// Semantic checks beyond the shape and the [`rules`]: names, references, formats.
 fn validate(obj: &AnyObject) -> Check {
     meta(obj.meta())?;
     match obj {
@@ -380,34 +380,8 @@ fn validate(obj: &AnyObject) -> Check {
             }
             Ok(())
         }
-        AnyObject::MachineDeployment(d) => {
-            replicas(d.spec.replicas)?;
-            template(&d.spec.template)?;
-            let s = &d.spec.strategy;
-            int_or_percent("spec.strategy.rollingUpdate.maxSurge", &s.rolling_update.max_surge, true)?;
-            int_or_percent("spec.strategy.rollingUpdate.maxUnavailable", &s.rolling_update.max_unavailable, false)?;
-            int_or_percent("spec.strategy.inPlace.maxUnavailable", &s.in_place.max_unavailable, false)?;
-            if d.spec.progress_deadline_seconds == 0 {
-                return fail("spec.progressDeadlineSeconds", "must be at least 1");
-            }
-            if d.spec.creation_timeout_seconds == 0 {
-                return fail("spec.creationTimeoutSeconds", "must be at least 1");
-            }
-            if d.spec.health_timeout_seconds == 0 {
-                return fail("spec.healthTimeoutSeconds", "must be at least 1");
-            }
-            if d.spec.max_concurrent_replacements == 0 {
-                return fail("spec.maxConcurrentReplacements", "must be at least 1");
-            }
-            node_settings(&d.spec.node_settings())
-        }
-        AnyObject::MachinePool(p) => {
-            replicas(p.spec.replicas)?;
-            template(&p.spec.template)?;
-            int_or_percent("spec.strategy.maxSurge", &p.spec.strategy.max_surge, true)?;
-            int_or_percent("spec.strategy.maxUnavailable", &p.spec.strategy.max_unavailable, false)?;
-            node_settings(&p.spec.node_settings())
-        }
+        AnyObject::MachineDeployment(d) => template(&d.spec.template),
+        AnyObject::MachinePool(p) => template(&p.spec.template),
         AnyObject::Machine(m) => {
             name("spec.classRef.name", &m.spec.class_ref.name)?;
             object_or_absent("spec.providerSpec", m.spec.provider_spec.as_ref())?;
@@ -419,8 +393,221 @@ fn validate(obj: &AnyObject) -> Check {
     }
 }
 
+// ------------------------------------------------------------------------------ shared rules
+
+/// A rule that `apply` checks and the CRDs carry as a CEL rule (`x-kubernetes-validations`), so
+/// that `machine-controller apply` and `kubectl apply` refuse the same objects, naming the same
+/// field with the same message.
+///
+/// Besides these, both check the bounds of the CRD schema (`minimum`/`maximum`, such as
+/// `replicas` ≥ 0 and every duration ≥ 0), with the API server's message ("should be greater than
+/// or equal to 0").
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// The kind the rule is about.
+    pub kind: Kind,
+    /// The field the rule sits on (`spec.strategy.rollingUpdate`). Like a CEL rule, it is only
+    /// checked when that field is present (a default is always valid).
+    pub at: &'static str,
+    /// The CEL expression, with `self` the field at `at`; true when the value is valid.
+    pub cel: String,
+    /// The field an error names, below `at` (the CEL `fieldPath`), or empty for `at` itself.
+    pub field: &'static str,
+    /// The error message.
+    pub message: &'static str,
+    holds: fn(&Value) -> bool,
+}
+
+impl Rule {
+    /// The path an error names (`spec.strategy.rollingUpdate.maxUnavailable`).
+    pub fn path(&self) -> String {
+        if self.field.is_empty() {
+            self.at.to_string()
+        } else {
+            format!("{}.{}", self.at, self.field)
+        }
+    }
+
+    /// Whether the rule holds for `object` (true when its field is absent).
+    pub fn holds(&self, object: &Value) -> bool {
+        self.at.split('.').try_fold(object, |v, key| v.get(key)).is_none_or(|v| (self.holds)(v))
+    }
+}
+
+/// Message of the int-or-percent format rule.
+const INT_OR_PERCENT: &str = "must be an integer of at least 0 or a percentage like \"25%\"";
+/// Message of the percentage range rule.
+const PERCENT_AT_MOST_100: &str = "must not be more than 100%";
+/// Message of the maxSurge/maxUnavailable rule (Kubernetes Deployments say the same).
+const NOT_BOTH_ZERO: &str = "must not be 0 when maxSurge is 0";
+/// Message of the positive-duration rules.
+const AT_LEAST_1: &str = "must be at least 1";
+/// The most machines one deployment or pool may ask for.
+pub const MAX_REPLICAS: i64 = 100_000;
+/// `progressDeadlineSeconds` when absent (a unit test checks it against the type's default).
+const DEFAULT_PROGRESS_DEADLINE: u64 = 600;
+
+/// An int-or-percent value: an integer ≥ 0, or digits with an optional `%`.
+fn int_or_percent_ok(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.as_i64().is_none_or(|n| n >= 0),
+        Value::String(s) => {
+            let digits = s.strip_suffix('%').unwrap_or(s);
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+        }
+        _ => true,
+    }
+}
+
+fn percent_at_most_100(v: &Value) -> bool {
+    let Some(digits) = v.as_str().and_then(|s| s.strip_suffix('%')) else { return true };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return true;
+    }
+    let significant = digits.trim_start_matches('0');
+    significant.len() < 3 || significant == "100"
+}
+
+/// An int-or-percent that is literally zero (`0`, `"0"`, `"0%"`).
+fn is_zero(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.as_i64() == Some(0),
+        Value::String(s) => {
+            let digits = s.strip_suffix('%').unwrap_or(s);
+            !digits.is_empty() && digits.bytes().all(|b| b == b'0')
+        }
+        _ => false,
+    }
+}
+
+/// CEL for [`is_zero`] of `x`.
+fn cel_is_zero(x: &str) -> String {
+    format!("(type({x}) == int ? {x} == 0 : {x}.matches('^0+%?$'))")
+}
+
+/// maxSurge (default 1) and maxUnavailable (default 0) are not both zero.
+fn surge_or_unavailable(v: &Value) -> bool {
+    !v.get("maxSurge").is_some_and(is_zero) || v.get("maxUnavailable").is_some_and(|u| !is_zero(u))
+}
+
+fn at_least_1(v: &Value) -> bool {
+    v.as_i64().is_none_or(|n| n >= 1)
+}
+
+fn deadline_after_min_ready(v: &Value) -> bool {
+    let field = |k: &str, default: u64| v.get(k).map_or(Some(default), Value::as_u64);
+    match (field("progressDeadlineSeconds", DEFAULT_PROGRESS_DEADLINE), field("minReadySeconds", 0)) {
+        (Some(deadline), Some(min_ready)) => deadline > min_ready,
+        _ => true,
+    }
+}
+
+/// Every [`Rule`], in the order `apply` checks them.
+pub fn rules() -> Vec<Rule> {
+    use Kind::{MachineDeployment as Md, MachinePool as Mp};
+    let rule = |kind, at, cel: String, field, message, holds| Rule { kind, at, cel, field, message, holds };
+    let int_or_percent = "type(self) == int ? self >= 0 : self.matches('^[0-9]+%?$')".to_string();
+    let percent = "type(self) == int || !self.matches('^[0-9]+%$') || self.matches('^0*(100|[0-9]?[0-9])%$')";
+    let not_both_zero = format!(
+        "!has(self.maxSurge) || !{} || (has(self.maxUnavailable) && !{})",
+        cel_is_zero("self.maxSurge"),
+        cel_is_zero("self.maxUnavailable")
+    );
+    let mut out = Vec::new();
+    for kind in [Md, Mp] {
+        out.push(rule(kind, "spec.replicas", format!("self <= {MAX_REPLICAS}"), "", "must be at most 100000", |v| {
+            v.as_i64().is_none_or(|n| n <= MAX_REPLICAS)
+        }));
+        let (strategy, fields): (&str, &[&str]) = match kind {
+            Md => (
+                "spec.strategy.rollingUpdate",
+                &[
+                    "spec.strategy.rollingUpdate.maxSurge",
+                    "spec.strategy.rollingUpdate.maxUnavailable",
+                    "spec.strategy.inPlace.maxUnavailable",
+                ],
+            ),
+            _ => ("spec.strategy", &["spec.strategy.maxSurge", "spec.strategy.maxUnavailable"]),
+        };
+        for &at in fields {
+            out.push(rule(kind, at, int_or_percent.clone(), "", INT_OR_PERCENT, int_or_percent_ok));
+            out.push(rule(kind, at, percent.to_string(), "", PERCENT_AT_MOST_100, percent_at_most_100));
+        }
+        out.push(rule(kind, strategy, not_both_zero.clone(), "maxUnavailable", NOT_BOTH_ZERO, surge_or_unavailable));
+        out.push(rule(
+            kind,
+            "spec.drainTimeoutSeconds",
+            "self >= 1".into(),
+            "",
+            "must be at least 1 (a drain always has a deadline)",
+            at_least_1,
+        ));
+    }
+    for at in ["spec.progressDeadlineSeconds", "spec.creationTimeoutSeconds", "spec.healthTimeoutSeconds"] {
+        out.push(rule(Md, at, "self >= 1".into(), "", AT_LEAST_1, at_least_1));
+    }
+    out.push(rule(Md, "spec.maxConcurrentReplacements", "self >= 1".into(), "", AT_LEAST_1, at_least_1));
+    out.push(rule(
+        Md,
+        "spec",
+        format!(
+            "(has(self.progressDeadlineSeconds) ? self.progressDeadlineSeconds : {DEFAULT_PROGRESS_DEADLINE}) > \
+             (has(self.minReadySeconds) ? self.minReadySeconds : 0)"
+        ),
+        "progressDeadlineSeconds",
+        "must be greater than minReadySeconds",
+        deadline_after_min_ready,
+    ));
+    out
+}
+
+/// The (field, message) of every rule of `kind` that `json` breaks.
+fn broken_rules(kind: Kind, json: &Value) -> Vec<(String, String)> {
+    rules().into_iter().filter(|r| r.kind == kind && !r.holds(json)).map(|r| (r.path(), r.message.into())).collect()
+}
+
+/// The (field, message) of every `minimum`/`maximum` of the CRD schema that `json` breaks, in the
+/// API server's words.
+fn bounds(kind: Kind, json: &Value) -> Vec<(String, String)> {
+    fn walk(schema: &Value, v: &Value, path: &str, out: &mut Vec<(String, String)>) {
+        if let Some(n) = v.as_f64() {
+            if schema.get("minimum").and_then(Value::as_f64).is_some_and(|min| n < min) {
+                out.push((path.into(), format!("should be greater than or equal to {}", schema["minimum"])));
+            }
+            if schema.get("maximum").and_then(Value::as_f64).is_some_and(|max| n > max) {
+                out.push((path.into(), format!("should be less than or equal to {}", schema["maximum"])));
+            }
+        }
+        match v {
+            Value::Object(o) => {
+                for (k, child) in o {
+                    let properties = schema.get("properties").and_then(|p| p.get(k));
+                    if let Some(sub) = properties.or_else(|| schema.get("additionalProperties")) {
+                        walk(sub, child, &if path.is_empty() { k.clone() } else { format!("{path}.{k}") }, out);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                if let Some(sub) = schema.get("items") {
+                    for (i, child) in items.iter().enumerate() {
+                        walk(sub, child, &format!("{path}[{i}]"), out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if let Some(schema) = crate::crd::schema(kind) {
+        walk(schema, json, "", &mut out);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     const GOOD: &str = r#"
@@ -581,6 +768,72 @@ spec:
         }
         let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
         assert!(parse(&deep, "x.yaml").is_err());
+    }
+
+    #[test]
+    fn int_or_percent_rules() {
+        for (v, format_ok, range_ok, zero) in [
+            (json!(0), true, true, true),
+            (json!(3), true, true, false),
+            (json!(-1), false, true, false),
+            (json!("0"), true, true, true),
+            (json!("00%"), true, true, true),
+            (json!("7"), true, true, false),
+            (json!("100%"), true, true, false),
+            (json!("007%"), true, true, false),
+            (json!("101%"), true, false, false),
+            (json!("0200%"), true, false, false),
+            (json!("99999999999999999999%"), true, false, false),
+            (json!("%"), false, true, false),
+            (json!(""), false, true, false),
+            (json!(" 5%"), false, true, false),
+            (json!("5 %"), false, true, false),
+            (json!("-5%"), false, true, false),
+            (json!("1.5"), false, true, false),
+        ] {
+            assert_eq!(int_or_percent_ok(&v), format_ok, "{v}");
+            assert_eq!(percent_at_most_100(&v), range_ok, "{v}");
+            assert_eq!(is_zero(&v), zero, "{v}");
+        }
+    }
+
+    #[test]
+    fn every_broken_rule_and_bound_of_a_document_is_reported() {
+        let text = GOOD.replace(
+            "replicas: 3",
+            "replicas: -2\n  minReadySeconds: 900\n  drainTimeoutSeconds: 0\n  volumeDetachTimeoutSeconds: -1",
+        );
+        let errors = parse(&text.replace("maxSurge: \"25%\"", "maxSurge: 0"), "x.yaml").unwrap_err();
+        let got: Vec<(&str, &str)> = errors.iter().map(|e| (e.field.as_str(), e.message.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("spec.replicas", "should be greater than or equal to 0"),
+                ("spec.volumeDetachTimeoutSeconds", "should be greater than or equal to 0"),
+                ("spec.strategy.rollingUpdate.maxUnavailable", "must not be 0 when maxSurge is 0"),
+                ("spec.drainTimeoutSeconds", "must be at least 1 (a drain always has a deadline)"),
+                ("spec.progressDeadlineSeconds", "must be greater than minReadySeconds"),
+            ],
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn the_rules_know_the_types_defaults() {
+        let md: MachineDeploymentSpec =
+            serde_json::from_value(json!({"replicas": 1, "template": {"spec": {"classRef": {"name": "c"}}}})).unwrap();
+        assert_eq!(md.progress_deadline_seconds, DEFAULT_PROGRESS_DEADLINE);
+        assert_eq!(md.min_ready_seconds, 0);
+        assert_eq!(md.strategy.rolling_update.max_surge, IntOrPercent::Int(1), "the not-both-0 rule's default");
+        assert_eq!(md.strategy.rolling_update.max_unavailable, IntOrPercent::Int(0));
+        let pool: MachinePoolSpec =
+            serde_json::from_value(json!({"replicas": 1, "template": {"spec": {"classRef": {"name": "c"}}}})).unwrap();
+        assert_eq!(pool.strategy, md.strategy.rolling_update);
+        // Every default passes every rule.
+        let spec = serde_json::to_value(&md).unwrap();
+        for rule in rules().iter().filter(|r| r.kind == Kind::MachineDeployment) {
+            assert!(rule.holds(&json!({ "spec": spec })), "{}", rule.path());
+        }
     }
 
     #[test]

@@ -1,0 +1,206 @@
+//! The validation rules `machine-controller apply` checks and the CRDs carry as CEL rules
+//! (`x-kubernetes-validations`) and schema bounds: one table of objects, each applied with the
+//! real CLI to an embedded store and with the real kubectl to a real kube-apiserver holding the
+//! CRDs. Both refuse the invalid ones naming the same field with the same message, and both
+//! accept the valid ones.
+
+use e2e_tests::kube_cluster::Cluster;
+use e2e_tests::{bin, run};
+use machine_controller::manifest;
+use serde_json::{json, Value};
+
+/// One row: a kind, the spec fields laid over a valid spec, and the refusal expected
+/// (`field`, `message`), or `None` when both must accept it.
+type Row = (&'static str, Value, Option<(&'static str, &'static str)>);
+
+const AT_LEAST_0: &str = "should be greater than or equal to 0";
+const INT_OR_PERCENT: &str = "must be an integer of at least 0 or a percentage like \"25%\"";
+const AT_MOST_100: &str = "must not be more than 100%";
+const NOT_BOTH_ZERO: &str = "must not be 0 when maxSurge is 0";
+const AT_LEAST_1: &str = "must be at least 1";
+
+fn table() -> Vec<Row> {
+    const MD: &str = "MachineDeployment";
+    const MP: &str = "MachinePool";
+    let rolling = |surge: Value, unavailable: Value| json!({"strategy": {"rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}}});
+    let pool =
+        |surge: Value, unavailable: Value| json!({"strategy": {"maxSurge": surge, "maxUnavailable": unavailable}});
+    let surge = "spec.strategy.rollingUpdate.maxSurge";
+    let unavailable = "spec.strategy.rollingUpdate.maxUnavailable";
+    vec![
+        // Valid: both accept.
+        (MD, rolling(json!("25%"), json!(0)), None),
+        (MD, rolling(json!(0), json!("10%")), None),
+        (MD, rolling(json!("100%"), json!("1")), None),
+        (MD, json!({"minReadySeconds": 30, "progressDeadlineSeconds": 31, "nodeStartupTimeoutSeconds": 0}), None),
+        (
+            MD,
+            json!({"replicas": 100000, "volumeDetachTimeoutSeconds": 0, "strategy": {"inPlace": {"maxUnavailable": 0}}}),
+            None,
+        ),
+        (MP, pool(json!(0), json!(1)), None),
+        (MP, pool(json!("0%"), json!("100%")), None),
+        // Replicas.
+        (MD, json!({"replicas": -1}), Some(("spec.replicas", AT_LEAST_0))),
+        (MD, json!({"replicas": 100001}), Some(("spec.replicas", "must be at most 100000"))),
+        (MP, json!({"replicas": -3}), Some(("spec.replicas", AT_LEAST_0))),
+        (MP, json!({"replicas": 200000}), Some(("spec.replicas", "must be at most 100000"))),
+        // Int-or-percent format and range.
+        (MD, rolling(json!("lots"), json!(0)), Some((surge, INT_OR_PERCENT))),
+        (MD, rolling(json!(-1), json!(1)), Some((surge, INT_OR_PERCENT))),
+        (MD, rolling(json!(" 25%"), json!(0)), Some((surge, INT_OR_PERCENT))),
+        (MD, rolling(json!("101%"), json!(0)), Some((surge, AT_MOST_100))),
+        (MD, rolling(json!(1), json!("-10%")), Some((unavailable, INT_OR_PERCENT))),
+        (MD, rolling(json!(1), json!("150%")), Some((unavailable, AT_MOST_100))),
+        (
+            MD,
+            json!({"strategy": {"inPlace": {"maxUnavailable": "x"}}}),
+            Some(("spec.strategy.inPlace.maxUnavailable", INT_OR_PERCENT)),
+        ),
+        (
+            MD,
+            json!({"strategy": {"inPlace": {"maxUnavailable": "0200%"}}}),
+            Some(("spec.strategy.inPlace.maxUnavailable", AT_MOST_100)),
+        ),
+        (MP, pool(json!("1.5"), json!(0)), Some(("spec.strategy.maxSurge", INT_OR_PERCENT))),
+        (MP, pool(json!("1000%"), json!(0)), Some(("spec.strategy.maxSurge", AT_MOST_100))),
+        (MP, pool(json!(1), json!("abc")), Some(("spec.strategy.maxUnavailable", INT_OR_PERCENT))),
+        (MP, pool(json!(1), json!("110%")), Some(("spec.strategy.maxUnavailable", AT_MOST_100))),
+        // maxSurge and maxUnavailable not both 0 (maxUnavailable defaults to 0).
+        (MD, rolling(json!(0), json!(0)), Some((unavailable, NOT_BOTH_ZERO))),
+        (MD, json!({"strategy": {"rollingUpdate": {"maxSurge": "0%"}}}), Some((unavailable, NOT_BOTH_ZERO))),
+        (MP, pool(json!("0"), json!("0%")), Some(("spec.strategy.maxUnavailable", NOT_BOTH_ZERO))),
+        // Durations and counts.
+        (
+            MD,
+            json!({"drainTimeoutSeconds": 0}),
+            Some(("spec.drainTimeoutSeconds", "must be at least 1 (a drain always has a deadline)")),
+        ),
+        (
+            MP,
+            json!({"drainTimeoutSeconds": 0}),
+            Some(("spec.drainTimeoutSeconds", "must be at least 1 (a drain always has a deadline)")),
+        ),
+        (
+            MD,
+            json!({"progressDeadlineSeconds": 0, "minReadySeconds": 0}),
+            Some(("spec.progressDeadlineSeconds", AT_LEAST_1)),
+        ),
+        (MD, json!({"creationTimeoutSeconds": 0}), Some(("spec.creationTimeoutSeconds", AT_LEAST_1))),
+        (MD, json!({"healthTimeoutSeconds": 0}), Some(("spec.healthTimeoutSeconds", AT_LEAST_1))),
+        (MD, json!({"maxConcurrentReplacements": 0}), Some(("spec.maxConcurrentReplacements", AT_LEAST_1))),
+        (
+            MD,
+            json!({"minReadySeconds": 600}),
+            Some(("spec.progressDeadlineSeconds", "must be greater than minReadySeconds")),
+        ),
+        (
+            MD,
+            json!({"minReadySeconds": 60, "progressDeadlineSeconds": 30}),
+            Some(("spec.progressDeadlineSeconds", "must be greater than minReadySeconds")),
+        ),
+        (MD, json!({"volumeDetachTimeoutSeconds": -5}), Some(("spec.volumeDetachTimeoutSeconds", AT_LEAST_0))),
+        (MD, json!({"minReadySeconds": -1}), Some(("spec.minReadySeconds", AT_LEAST_0))),
+        (MP, json!({"nodeStartupTimeoutSeconds": -1}), Some(("spec.nodeStartupTimeoutSeconds", AT_LEAST_0))),
+    ]
+}
+
+/// The object of row `i`: a valid spec with the row's fields laid over it.
+fn object(i: usize, kind: &str, fields: &Value) -> Value {
+    let mut spec = json!({"replicas": 2, "template": {"spec": {"classRef": {"name": "small"}}}});
+    for (k, v) in fields.as_object().expect("a mapping") {
+        spec[k] = v.clone();
+    }
+    json!({"apiVersion": "machine.driver.dev/v1alpha1", "kind": kind, "metadata": {"name": format!("row-{i}")}, "spec": spec})
+}
+
+/// The (field, message) pairs of `apply`'s errors (`error: FILE: document 1 at line 1 (KIND/NAME):
+/// FIELD: MESSAGE`).
+fn apply_errors(stderr: &str) -> Vec<(String, String)> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("error: "))
+        .filter_map(|l| l.split_once("): ").map(|(_, rest)| rest))
+        .filter_map(|l| l.split_once(": ").map(|(f, m)| (f.to_string(), m.to_string())))
+        .collect()
+}
+
+/// kubectl's causes: `The X "n" is invalid: FIELD: Invalid value: ...` for one, else one `* ...`
+/// line each. Left out: the scale subresource's own check of its replicas path
+/// (`.spec.replicas: ... should be a non-negative integer`), which repeats the schema's minimum.
+fn kubectl_causes(stderr: &str) -> Vec<&str> {
+    let mut causes: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("* ")).collect();
+    if causes.is_empty() {
+        causes = stderr.lines().filter_map(|l| l.split_once(" is invalid: ").map(|(_, c)| c)).collect();
+    }
+    causes.retain(|c| !c.starts_with(".spec.replicas: "));
+    causes
+}
+
+/// Whether both refuse with the same causes, `expected` among them: as many causes each, and
+/// each of `apply`'s (field, message) a kubectl cause naming that field and ending with that
+/// message.
+fn same_refusal(cli: &[(String, String)], kube: &[&str], expected: (&str, &str)) -> bool {
+    let has_expected = cli.iter().any(|(f, m)| (f.as_str(), m.as_str()) == expected);
+    let all_match = cli.iter().all(|(field, message)| {
+        kube.iter().any(|c| c.starts_with(&format!("{field}: ")) && c.ends_with(message.as_str()))
+    });
+    has_expected && all_match && cli.len() == kube.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_and_the_api_server_refuse_the_same_objects_with_the_same_words() {
+    let table = table();
+    // Every rule of the CLI is in the table.
+    for rule in manifest::rules() {
+        let path = rule.path();
+        let covered = table.iter().any(|(kind, _, e)| *kind == rule.kind.as_str() && *e == Some((&path, rule.message)));
+        assert!(covered, "no row for {} {}: {}", rule.kind.as_str(), rule.path(), rule.message);
+    }
+
+    let cluster = Cluster::start().await;
+    let ns = cluster.namespace("rules").await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("store.db").display());
+    let mut failures = Vec::new();
+    for (i, (kind, fields, expected)) in table.iter().enumerate() {
+        let obj = object(i, kind, fields);
+        let file = dir.path().join(format!("row-{i}.yaml"));
+        std::fs::write(&file, serde_saphyr::to_string(&obj).unwrap()).unwrap();
+        let path = file.to_str().unwrap();
+        let (cli_code, cli_out, cli_err) =
+            run(&bin("machine-controller"), &["--store", &store, "apply", "-f", path]).await;
+        let (kube_code, kube_out, kube_err) = cluster.kubectl(&["apply", "-n", &ns, "-f", path]).await;
+        let row = format!("row {i}: {kind} {fields}");
+        match expected {
+            None => {
+                if cli_code != 0 || kube_code != 0 {
+                    failures.push(format!(
+                        "{row}: not accepted by both\n  apply ({cli_code}): {cli_out}{cli_err}\n  kubectl ({kube_code}): {kube_out}{kube_err}"
+                    ));
+                }
+            }
+            Some((field, message)) => {
+                let (cli, kube) = (apply_errors(&cli_err), kubectl_causes(&kube_err));
+                let refused = cli_code != 0 && kube_code != 0;
+                if !refused || !same_refusal(&cli, &kube, (field, message)) {
+                    failures.push(format!(
+                        "{row}: expected {field}: {message}\n  apply ({cli_code}): {cli_err}\n  kubectl ({kube_code}): {kube_err}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} rows differ:\n{}", failures.len(), table.len(), failures.join("\n"));
+    // The valid rows are stored in both places.
+    let (code, out, err) =
+        run(&bin("machine-controller"), &["--store", &store, "get", "machinedeployments", "-o", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let stored: Value = serde_json::from_str(&out).unwrap();
+    let (code, out, err) = cluster.kubectl(&["get", "machinedeployments,machinepools", "-n", &ns, "-o", "name"]).await;
+    assert_eq!(code, 0, "{err}");
+    let valid = table.iter().filter(|(_, _, e)| e.is_none()).count();
+    assert_eq!(out.lines().count(), valid, "{out}");
+    let md_valid = table.iter().filter(|(k, _, e)| e.is_none() && *k == "MachineDeployment").count();
+    assert_eq!(stored["items"].as_array().map(Vec::len), Some(md_valid), "{stored}");
+}
