@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Protocol compatibility of machinedriver.v1 (docs/protocol.md, "Compatibility policy"):
+# Protocol compatibility of machinedriver.v1 (docs/src/reference/protocol.md, "Compatibility policy"):
 #   buf lint       buf.yaml's STANDARD rules (with the released-v1 exceptions listed there)
 #   buf breaking   FILE rules against proto/released/machinedriver-v1.binpb, the released v1
 # buf comes from npm (@bufbuild/buf, pinned), installed into a version-keyed folder outside the

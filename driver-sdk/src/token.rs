@@ -56,8 +56,8 @@ pub enum KeyError {
 }
 
 /// The keys that seal and verify operation tokens: the first seals, every one verifies, so a key
-/// can be rotated without stranding a token sealed with the old one (see the README's "Rotating
-/// the token key"). `Debug` never prints them.
+/// can be rotated without stranding a token sealed with the old one (see
+/// `docs/src/operating/token-rotation.md`). `Debug` never prints them.
 #[derive(Clone)]
 pub struct TokenKey {
     keys: Vec<Vec<u8>>,

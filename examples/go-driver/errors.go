@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// The stable reasons of docs/protocol.md ("Reasons") that this driver produces. Callers decide
+// The stable reasons of docs/src/reference/protocol.md ("Reasons") that this driver produces. Callers decide
 // on (code, reason), never on the message.
 const (
 	reasonFieldRequired          = "FIELD_REQUIRED"
@@ -90,7 +90,7 @@ func (e *driverError) statusProto(domain, requestID string) *spb.Status {
 }
 
 // invalidRequest collects every violation of a request; the first one decides the reason
-// (docs/protocol.md: "Request validation collects every violation; the first one decides").
+// (docs/src/reference/protocol.md: "Request validation collects every violation; the first one decides").
 type invalidRequest struct {
 	reason     string
 	violations []*errdetails.BadRequest_FieldViolation

@@ -6,7 +6,7 @@
 //	go-driver --endpoint unix:///tmp/go-driver.sock --dev
 //	driver-conformance --endpoint unix:///tmp/go-driver.sock
 //
-// docs/writing-a-driver.md walks through it.
+// docs/src/developer/writing-a-driver.md walks through it.
 package main
 
 import (

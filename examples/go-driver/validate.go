@@ -36,7 +36,7 @@ func providerSpecSchema() map[string]any {
 	}
 }
 
-// checkName applies the protocol's name rules (docs/protocol.md §4): 1–253 characters of
+// checkName applies the protocol's name rules (docs/src/reference/protocol.md §4): 1–253 characters of
 // [a-z0-9.-], starting and ending with a letter or digit.
 func checkName(v *invalidRequest, field, name string) {
 	if name == "" {

@@ -1,4 +1,4 @@
-//! Machines as Kubernetes Nodes at scale (docs/nodes.md), all in one process run so the
+//! Machines as Kubernetes Nodes at scale (docs/src/operating/nodes.md), all in one process run so the
 //! figures are comparable. Real processes: `fake-driver` and `machine-controller run` (release
 //! builds) over a Unix socket; a whole test cluster from `tests/tools/install-kube-cluster.sh`
 //! (kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kwok) on the same machine,

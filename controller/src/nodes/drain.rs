@@ -1,7 +1,7 @@
 //! What a drain does with each pod, and what an eviction's refusal means: pure decisions,
 //! table-tested; the calls are [`super::Target`]'s.
 //!
-//! The rules (see `docs/nodes.md`): mirror pods and DaemonSet pods are left alone (their
+//! The rules (see `docs/src/operating/nodes.md`): mirror pods and DaemonSet pods are left alone (their
 //! controllers would put them back), pods in a terminal phase are ignored, everything else is
 //! evicted through the Eviction API so PodDisruptionBudgets are honoured, until the drain's
 //! deadline: a pod still there at the deadline minus its own grace period is deleted with the

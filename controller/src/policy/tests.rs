@@ -1,4 +1,4 @@
-//! The retry table of `docs/protocol.md` section 5, row by row, then the blame table.
+//! The retry table of `docs/src/reference/protocol.md` section 5, row by row, then the blame table.
 
 use std::time::Duration;
 

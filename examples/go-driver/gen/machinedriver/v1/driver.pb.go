@@ -1,6 +1,6 @@
 // machinedriver.v1 — the protocol between a machine controller and a per-cloud driver sidecar.
 //
-// Rules (see docs/protocol.md for the per-RPC idempotency rules and error tables):
+// Rules (see docs/src/reference/protocol.md for the per-RPC idempotency rules and error tables):
 // - Every call carries `x-request-id` metadata (the sidecar makes one when absent) and gets it
 //   back in response metadata and in every error's RequestInfo.
 // - Errors are google.rpc.Status with ErrorInfo{reason, domain = driver name}, RetryInfo when the
