@@ -49,6 +49,7 @@ GO_DRIVER_BIN="$(bash tests/tools/build-go-driver.sh)"; export GO_DRIVER_BIN
 
 bash tests/supply-chain.sh
 bash tests/proto-compat.sh
+bash tests/docs.sh
 echo "==> building binaries and examples"
 cargo build --workspace --bins --examples
 
