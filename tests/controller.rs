@@ -834,7 +834,7 @@ async fn unusable_stored_tokens_are_dropped_and_each_machine_is_created_once() {
     for (m, (what, corrupt)) in machines.iter().zip(&cases) {
         let mut next = m.clone();
         next.status.operations[0].token = corrupt(&m.status.operations[0].token);
-        store.update_status(&next).await.unwrap_or_else(|e| panic!("planting the {what} token: {e}"));
+        store.replace_status(&next).await.unwrap_or_else(|e| panic!("planting the {what} token: {e}"));
     }
     w.start_controller(&[]);
     w.converged("web", MINUTE).await;

@@ -282,7 +282,16 @@ pub async fn execute(cli: Cli) -> Result<(), Failure> {
 }
 
 async fn open(spec: &StoreSpec) -> Result<Store, Failure> {
-    Store::connect(spec).await.map_err(|e| fail(format!("opening store {spec}: {}", driver_sdk::error_chain(&e))))
+    Ok(connect(spec).await?.0)
+}
+
+/// The store `spec` names, and the Kubernetes client it was built with (`--store kubernetes`),
+/// for whatever else talks to that API server (leader election).
+async fn connect(spec: &StoreSpec) -> Result<(Store, Option<kube::Client>), Failure> {
+    let failed = |e: crate::store::Error| fail(format!("opening store {spec}: {}", driver_sdk::error_chain(&e)));
+    let client = spec.kube_client().await.map_err(failed)?;
+    let store = Store::connect(spec, client.clone()).map_err(failed)?;
+    Ok((store, client))
 }
 
 /// Reads and validates every manifest; any error means nothing is applied.
@@ -816,7 +825,7 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Failure> {
         }
         other => other.clone(),
     };
-    let store = open(&spec).await?;
+    let (store, kube_client) = connect(&spec).await?;
     let target = match (&args.target_kubeconfig, &spec) {
         _ if args.no_target_cluster => None,
         (Some(path), _) => Some(
@@ -856,10 +865,7 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Failure> {
     }
     let names: Vec<String> = args.drivers.iter().map(|(n, e)| format!("{n}={e}")).collect();
     let result = if args.leader_elect {
-        let client = match store.backend().kube_client() {
-            Some(c) => c,
-            None => return Err(fail("--leader-elect needs --store kubernetes")),
-        };
+        let Some(client) = kube_client else { return Err(fail("--leader-elect needs --store kubernetes")) };
         let identity = args.leader_elect_identity.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
             format!("{}-{}", host.trim(), &uuid::Uuid::new_v4().simple().to_string()[..8])

@@ -38,7 +38,7 @@ where
     if after.status == before.status {
         return Ok(Written::Unchanged);
     }
-    match ctx.store.update_status(after).await {
+    match ctx.store.replace_status(after).await {
         Ok(_) => Ok(Written::Saved),
         Err(StoreError::NotFound(_)) => Ok(Written::Gone),
         Err(e) => Err(e.into()),

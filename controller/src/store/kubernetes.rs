@@ -95,6 +95,16 @@ pub struct KubernetesBackend {
     caches: HashMap<Kind, Arc<KindCache>>,
     tx: broadcast::Sender<Change>,
     events: mpsc::Sender<(Event, String)>,
+    /// The kinds' watch tasks, stopped when the backend goes.
+    watches: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Drop for KubernetesBackend {
+    fn drop(&mut self) {
+        for task in self.watches.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            task.abort();
+        }
+    }
 }
 
 fn api_resource(kind: Kind) -> ApiResource {
@@ -197,37 +207,42 @@ fn is_gone(v: &Value) -> bool {
     !meta["deletionTimestamp"].is_null() && meta["finalizers"].as_array().is_none_or(|f| f.is_empty())
 }
 
+/// The API server's answer as a store error: 404, 409 (AlreadyExists or Conflict), 400 and 422
+/// by meaning; 429, 5xx, 410 (a watch or list too old: read again) and failed connections as
+/// [`Error::Unavailable`]; anything else (401, 403, a bad configuration) as [`Error::Backend`]. The
+/// kube error stays the source, so the cause chain keeps the server's message.
 fn map_err(e: kube::Error, key: &Key, expected: &str) -> Error {
-    match e {
+    match &e {
         kube::Error::Api(s) if s.is_not_found() => Error::NotFound(key.clone()),
         kube::Error::Api(s) if s.is_already_exists() => Error::AlreadyExists(key.clone()),
         kube::Error::Api(s) if s.is_conflict() => {
             Error::Conflict { key: key.clone(), expected: expected.to_string(), actual: "a newer one".into() }
         }
         kube::Error::Api(s) if s.is_invalid() || s.code == 400 => Error::Invalid(s.message.clone()),
-        e => Error::Kube(Box::new(e)),
+        kube::Error::Api(s) if s.code == 429 || s.code == 410 || s.code >= 500 => Error::Unavailable {
+            reason: format!("the API server answered {} for {key}", s.code),
+            source: Some(e.into()),
+        },
+        kube::Error::HyperError(_) | kube::Error::Service(_) => Error::Unavailable {
+            reason: format!("the API server could not be reached for {key}"),
+            source: Some(e.into()),
+        },
+        _ => Error::backend("kubernetes", e),
     }
 }
 
 impl KubernetesBackend {
-    /// Connects with the kubeconfig (`KUBECONFIG`, `~/.kube/config`) or the in-cluster config.
-    /// `namespace` restricts watches to one namespace (`None`: all namespaces).
-    ///
-    /// # Errors
-    /// No usable configuration.
-    pub async fn connect(namespace: Option<String>) -> Result<Self> {
-        let client = kube::Client::try_default().await.map_err(|e| Error::Kube(Box::new(e)))?;
-        Ok(Self::new(client, namespace))
-    }
-
-    /// A backend over `client`.
+    /// A backend over `client`, which the caller built (see [`super::StoreSpec::kube_client`]) and
+    /// may share. `namespace` restricts watches to one namespace (`None`: all namespaces). Must
+    /// be called within a Tokio runtime (it spawns the event poster; watches start on first use).
+    /// Dropping the backend stops its watches.
     pub fn new(client: kube::Client, namespace: Option<String>) -> Self {
         let caches = Kind::ALL.iter().map(|k| (*k, Arc::new(KindCache::new()))).collect();
         // Bounded: a subscriber that falls behind gets `Lagged` and resyncs everything, so the
         // ring only needs to absorb bursts (each slot is preallocated and keeps its last value).
         let (tx, _) = broadcast::channel(1 << 13);
         let (events, rx) = mpsc::channel(4096);
-        let backend = Self { client, namespace, caches, tx, events };
+        let backend = Self { client, namespace, caches, tx, events, watches: Default::default() };
         tokio::spawn(post_events(backend.client.clone(), rx));
         backend
     }
@@ -251,7 +266,8 @@ impl KubernetesBackend {
                     Some(ns) => Api::namespaced_with(self.client.clone(), ns, &api_resource(kind)),
                     None => Api::all_with(self.client.clone(), &api_resource(kind)),
                 };
-                tokio::spawn(watch_kind(api, kind, cache.clone(), self.tx.clone()));
+                let task = tokio::spawn(watch_kind(api, kind, cache.clone(), self.tx.clone()));
+                self.watches.lock().unwrap_or_else(|p| p.into_inner()).push(task.abort_handle());
             })
             .await;
         let (mut synced, mut refused) = (cache.synced.subscribe(), cache.refused.subscribe());
@@ -265,8 +281,8 @@ impl KubernetesBackend {
         let plural = crate::crd::plural(kind);
         match outcome {
             Ok(None) if *cache.synced.borrow() => Ok(cache),
-            Ok(Some(why)) => Err(Error::Unavailable(format!("listing {plural}: {why}"))),
-            _ => Err(Error::Unavailable(format!(
+            Ok(Some(why)) => Err(Error::unavailable(format!("listing {plural}: {why}"))),
+            _ => Err(Error::unavailable(format!(
                 "the initial list of {plural} did not complete within {SYNC_TIMEOUT:?} (is the API server reachable?)"
             ))),
         }
@@ -289,8 +305,51 @@ impl KubernetesBackend {
         Ok((key, json))
     }
 
+    /// Drops an object this handle learnt is gone; late echoes of the versions it held cannot
+    /// bring it back.
     fn forget(&self, key: &Key) {
-        self.cache(key.kind).remove(key, None);
+        let cache = self.cache(key.kind);
+        let held = lock_read(&cache.objects).get(key).map(|c| c.rv).filter(|rv| *rv != u64::MAX);
+        cache.remove(key, held);
+    }
+
+    /// `PUT`s the object, or its `/status` when `status`; see [`Backend::update`].
+    async fn replace(&self, kind: Kind, obj: Value, status: bool) -> Result<Option<Arc<str>>> {
+        let key = key_of(kind, &obj)?;
+        let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string();
+        if rv.is_empty() {
+            return Err(Error::Invalid(format!("{key}: an update must carry the resourceVersion it read")));
+        }
+        self.synced(kind).await?;
+        let api = self.api(kind, &key.namespace);
+        let dynamic = to_dynamic(kind, obj)?;
+        let result = if status {
+            api.replace_status(&key.name, &PostParams::default(), &dynamic).await
+        } else {
+            api.replace(&key.name, &PostParams::default(), &dynamic).await
+        };
+        match result {
+            Ok(o) => {
+                let (_, json) = self.remember_write(kind, &o, status)?;
+                if is_gone(&serde_json::to_value(&o)?) {
+                    // The last finalizer went: the API server deletes the object now. Echoes of
+                    // this version or older must not bring it back into the cache.
+                    let gone_at = rv_number(o.metadata.resource_version.as_deref());
+                    self.cache(kind).remove(&key, Some(gone_at));
+                    return Ok(None);
+                }
+                Ok(Some(json))
+            }
+            Err(e) => {
+                let err = map_err(e, &key, &rv);
+                match err {
+                    Error::Conflict { .. } => self.refresh(&key).await,
+                    Error::NotFound(_) => self.forget(&key),
+                    _ => {}
+                }
+                Err(err)
+            }
+        }
     }
 
     /// Reads the object from the server into the cache (after a conflict: the retry then starts
@@ -373,40 +432,15 @@ impl Backend for KubernetesBackend {
         Ok(json)
     }
 
-    async fn update(&self, kind: Kind, obj: Value, status_only: bool) -> Result<Option<Arc<str>>> {
-        let key = key_of(kind, &obj)?;
-        let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string();
-        if rv.is_empty() {
-            return Err(Error::Invalid(format!("{key}: an update must carry the resourceVersion it read")));
+    async fn update(&self, kind: Kind, obj: Value) -> Result<Option<Arc<str>>> {
+        self.replace(kind, obj, false).await
+    }
+
+    async fn replace_status(&self, kind: Kind, json: String) -> Result<Option<Arc<str>>> {
+        if kind == Kind::Secret {
+            return Err(Error::Invalid("Secrets have no status".into()));
         }
-        self.synced(kind).await?;
-        let api = self.api(kind, &key.namespace);
-        let dynamic = to_dynamic(kind, obj)?;
-        let result = if status_only && kind != Kind::Secret {
-            api.replace_status(&key.name, &PostParams::default(), &dynamic).await
-        } else {
-            api.replace(&key.name, &PostParams::default(), &dynamic).await
-        };
-        match result {
-            Ok(o) => {
-                let (_, json) = self.remember_write(kind, &o, status_only && kind != Kind::Secret)?;
-                if is_gone(&serde_json::to_value(&o)?) {
-                    // The last finalizer went: the API server deletes the object now.
-                    self.forget(&key);
-                    return Ok(None);
-                }
-                Ok(Some(json))
-            }
-            Err(e) => {
-                let err = map_err(e, &key, &rv);
-                match err {
-                    Error::Conflict { .. } => self.refresh(&key).await,
-                    Error::NotFound(_) => self.forget(&key),
-                    _ => {}
-                }
-                Err(err)
-            }
-        }
+        self.replace(kind, serde_json::from_str(&json)?, true).await
     }
 
     async fn delete(&self, key: &Key) -> Result<Option<Arc<str>>> {
@@ -430,10 +464,6 @@ impl Backend for KubernetesBackend {
 
     fn subscribe(&self) -> broadcast::Receiver<Change> {
         self.tx.subscribe()
-    }
-
-    fn kube_client(&self) -> Option<kube::Client> {
-        Some(self.client.clone())
     }
 
     async fn record_event(&self, event: Event) -> Result<()> {
@@ -628,6 +658,35 @@ mod tests {
         assert!(lock_read(&cache.objects).get(&key).is_none());
         cache.put(&key, v(9)); // re-created under the same name
         assert_eq!(&*lock_read(&cache.objects)[&key].json, "9");
+    }
+
+    #[test]
+    fn api_answers_map_to_store_errors_by_meaning() {
+        let key = Key::new(Kind::Machine, "ns", "m");
+        let api = |code: u16, reason: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(&format!("the server says {code}"), reason).with_code(code).boxed(),
+            )
+        };
+        assert!(matches!(map_err(api(404, "NotFound"), &key, "1"), Error::NotFound(k) if k == key));
+        assert!(matches!(map_err(api(409, "AlreadyExists"), &key, "1"), Error::AlreadyExists(_)));
+        assert!(
+            matches!(map_err(api(409, "Conflict"), &key, "1"), Error::Conflict { expected, .. } if expected == "1")
+        );
+        assert!(matches!(map_err(api(422, "Invalid"), &key, "1"), Error::Invalid(m) if m == "the server says 422"));
+        for code in [410, 429, 500, 503, 504] {
+            let err = map_err(api(code, "ServiceUnavailable"), &key, "1");
+            assert!(err.is_transient(), "{code}: {err:?}");
+            let chain = driver_sdk::error_chain(&err);
+            assert!(chain.starts_with(&format!("store unavailable: the API server answered {code} for")), "{chain}");
+            assert!(chain.contains(&format!("the server says {code}")), "the server's message is kept: {chain}");
+        }
+        for code in [401, 403] {
+            let err = map_err(api(code, "Forbidden"), &key, "1");
+            assert!(matches!(err, Error::Backend { backend: "kubernetes", .. }), "{code}: {err:?}");
+            assert!(!err.is_transient());
+            assert!(driver_sdk::error_chain(&err).contains(&format!("the server says {code}")));
+        }
     }
 
     #[test]

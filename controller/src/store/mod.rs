@@ -14,6 +14,8 @@ use tokio::sync::broadcast;
 
 use crate::resources::{Kind, ObjectMeta, Resource, Time};
 
+#[doc(hidden)]
+pub mod conformance;
 pub mod kubernetes;
 pub mod sqlite;
 
@@ -94,7 +96,11 @@ pub struct Event {
     pub time: Time,
 }
 
-/// Store errors.
+/// A backend's own error, boxed: the store's API names no backend's crate.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Store errors. The semantic variants mean the same on every backend; what only one backend
+/// can say travels as the source of [`Error::Backend`] or [`Error::Unavailable`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -114,21 +120,51 @@ pub enum Error {
         /// The version stored.
         actual: String,
     },
-    /// The object is malformed.
+    /// The object is malformed, or the backend refused it as invalid.
     #[error("invalid object: {0}")]
     Invalid(String),
-    /// The database failed.
-    #[error("store database error")]
-    Db(#[from] rusqlite::Error),
-    /// (De)serialization failed.
+    /// The store cannot serve now; the same call may succeed later: a busy database, an API
+    /// server that is unreachable, throttling (429) or failing (5xx), an initial list that did
+    /// not complete.
+    #[error("store unavailable: {reason}")]
+    Unavailable {
+        /// What is unavailable (never a secret).
+        reason: String,
+        /// The backend's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// (De)serialization of an object failed.
     #[error("store data error")]
     Json(#[from] serde_json::Error),
-    /// The Kubernetes API server failed or refused.
-    #[error("Kubernetes API error")]
-    Kube(#[source] Box<kube::Error>),
-    /// The store cannot serve now (e.g. its initial list did not complete).
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
+    /// The backend failed in a way no other variant describes (not retried sooner than any
+    /// other reconcile error).
+    #[error("{backend} store error")]
+    Backend {
+        /// Which backend (`sqlite`, `kubernetes`).
+        backend: &'static str,
+        /// Its error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// [`Error::Unavailable`] without an underlying error.
+    pub fn unavailable(reason: impl Into<String>) -> Self {
+        Error::Unavailable { reason: reason.into(), source: None }
+    }
+
+    /// [`Error::Backend`] of `backend`.
+    pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Backend { backend, source: source.into() }
+    }
+
+    /// Whether the same call may succeed when made again later, unchanged ([`Error::Unavailable`]).
+    /// A [`Error::Conflict`] is not: the caller must read the object again first.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unavailable { .. })
+    }
 }
 
 /// Store result.
@@ -136,6 +172,51 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The narrow storage interface. Objects travel as JSON; the store owns `uid`,
 /// `resourceVersion`, `generation`, `creationTimestamp` and `deletionTimestamp`.
+///
+/// # Guarantees
+///
+/// Every backend keeps these promises; [`conformance`] checks each of them, against the SQLite
+/// backend in the controller's unit tests and against a real API server in
+/// `tests/store_conformance.rs`.
+///
+/// - **resourceVersion.** Every write that changes an object gives it a new
+///   `metadata.resourceVersion`. Versions are decimal integers that increase with every write
+///   anywhere in the store (SQLite: one counter per file; Kubernetes: etcd's revision — the
+///   Kubernetes API calls resourceVersions opaque, but kube-apiserver's etcd storage makes them
+///   so, and [`Store::watch`] relies on it). A write that changes nothing may keep the version (Kubernetes does; SQLite
+///   gives a new one).
+/// - **Read your writes.** Once a write returned, [`Backend::get`] and [`Backend::list`] on this
+///   handle return that version of the object or a newer one, never an older one (and not the
+///   object at all once a write or delete returned that it is gone).
+/// - **Optimistic concurrency.** [`Backend::create`] of an existing object fails
+///   [`Error::AlreadyExists`]. [`Backend::update`] and [`Backend::replace_status`] carry the
+///   `resourceVersion` the caller read: a stale one fails [`Error::Conflict`], none at all
+///   [`Error::Invalid`], an absent object [`Error::NotFound`].
+/// - **Spec and status are written apart.** [`Backend::update`] writes metadata (labels,
+///   annotations, finalizers, owner references) and spec; the status it is sent is ignored.
+///   [`Backend::replace_status`] writes the status; everything else it is sent is ignored. A
+///   change of the spec increments `metadata.generation`; status and metadata writes leave it as
+///   it is (marking an object deleted may increment it: Kubernetes does, SQLite does not).
+/// - **Finalizers.** [`Backend::delete`] of an object with finalizers sets its
+///   `deletionTimestamp` (once: deleting again keeps it) and the object stays, readable and
+///   writable; the write that removes its last finalizer removes the object and returns `None`.
+///   Without finalizers, delete removes it at once. Deleting an absent object is not an error.
+/// - **Notifications.** [`Backend::subscribe`] reports each write that changed an object once,
+///   after the write is visible to [`Backend::get`], in commit order per kind (SQLite: across
+///   kinds too, for writes through this handle). Writes through this handle are reported one by
+///   one; writes by other processes or clients are reported at least as their latest state
+///   (SQLite's poller and a Kubernetes relist coalesce). [`Change::status_only`] is `true` only for a write of the
+///   status alone; a backend may report such a write as `false` (Kubernetes does when a newer
+///   write of the object overtook the notification), never the reverse. A subscriber that falls
+///   behind gets `Lagged` and must list again.
+/// - **Watch from a resourceVersion.** [`Store::watch`] (built on `list` and `subscribe`, so the
+///   same on every backend) lists the objects whose current version is newer than the one given,
+///   then reports every change. It does not replay history: an object changed twice since is
+///   listed once, as it is now, and one deleted since is not reported.
+/// - **Events.** [`Backend::record_event`] records an event against an object; [`Backend::events`]
+///   returns the newest `limit` of them, oldest first. Recording is best effort: Kubernetes posts
+///   events in the background (they show up shortly after, and are dropped when the queue is
+///   full); SQLite keeps the newest 50,000.
 #[async_trait::async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// One object.
@@ -161,18 +242,20 @@ pub trait Backend: Send + Sync + 'static {
             .map(|n| Key::new(kind, &n.metadata.namespace, &n.metadata.name))
             .collect())
     }
-    /// Creates; `AlreadyExists` if present.
+    /// Creates; `AlreadyExists` if present. Returns the stored object.
     async fn create(&self, kind: Kind, obj: Value) -> Result<Arc<str>>;
-    /// Replaces metadata (labels, annotations, finalizers, owners) and spec — or only status
-    /// when `status_only` — if `metadata.resourceVersion` is still current. Removes the object
-    /// when it is being deleted and has no finalizers left. Returns the stored object, or
-    /// `None` when it was removed.
-    async fn update(&self, kind: Kind, obj: Value, status_only: bool) -> Result<Option<Arc<str>>>;
-    /// [`Backend::update`] of the status only, of an object given as JSON text (a backend that
-    /// can splice the status into what it stores need not parse the rest).
-    async fn update_status(&self, kind: Kind, json: String) -> Result<Option<Arc<str>>> {
-        self.update(kind, serde_json::from_str(&json)?, true).await
-    }
+    /// Replaces metadata (labels, annotations, finalizers, owners) and spec (a Secret's data and
+    /// type) if `metadata.resourceVersion` is still current; the status sent is ignored. Removes
+    /// the object when it is being deleted and has no finalizers left. Returns the stored object,
+    /// or `None` when it was removed.
+    async fn update(&self, kind: Kind, obj: Value) -> Result<Option<Arc<str>>>;
+    /// Replaces the status (only) of an object given as JSON text — its name, namespace,
+    /// `resourceVersion` and `status` are read, the rest is ignored — if that `resourceVersion`
+    /// is still current. Text, not a value: status writes are most of the store's writes, and a
+    /// backend that can splice the status into what it stores need not parse the rest. Returns
+    /// the stored object (`None`: removed, as for [`Backend::update`]). Secrets have no status:
+    /// [`Error::Invalid`].
+    async fn replace_status(&self, kind: Kind, json: String) -> Result<Option<Arc<str>>>;
     /// Deletes: marks `deletionTimestamp` while finalizers remain, else removes. Returns the
     /// object as it is afterwards (`None` when removed or absent).
     async fn delete(&self, key: &Key) -> Result<Option<Arc<str>>>;
@@ -182,10 +265,6 @@ pub trait Backend: Send + Sync + 'static {
     async fn record_event(&self, event: Event) -> Result<()>;
     /// The newest `limit` events of an object, oldest first.
     async fn events(&self, key: &Key, limit: usize) -> Result<Vec<Event>>;
-    /// The Kubernetes client, when the objects live on an API server (leader election uses it).
-    fn kube_client(&self) -> Option<kube::Client> {
-        None
-    }
 }
 
 /// Which backend to use (`--store`).
@@ -213,6 +292,24 @@ impl std::str::FromStr for StoreSpec {
                 None if s.contains("://") => Err(format!("{s:?}: unknown store; use sqlite://PATH or kubernetes")),
                 None => Ok(StoreSpec::Sqlite(s.into())),
             },
+        }
+    }
+}
+
+impl StoreSpec {
+    /// The Kubernetes client a `kubernetes` store needs, from the kubeconfig (`KUBECONFIG`,
+    /// `~/.kube/config`) or the in-cluster config; `None` for the embedded store. The caller
+    /// builds it once and hands it to [`Store::connect`] and to whatever else talks to that API
+    /// server (leader election).
+    ///
+    /// # Errors
+    /// No usable Kubernetes configuration ([`Error::Backend`]).
+    pub async fn kube_client(&self) -> Result<Option<kube::Client>> {
+        match self {
+            StoreSpec::Sqlite(_) => Ok(None),
+            StoreSpec::Kubernetes { .. } => {
+                kube::Client::try_default().await.map(Some).map_err(|e| Error::backend("kubernetes", e))
+            }
         }
     }
 }
@@ -316,7 +413,7 @@ impl<T: Resource> Watch<T> {
                     self.listed = false;
                 }
                 Err(broadcast::error::RecvError::Closed) => {
-                    return Err(Error::Unavailable("the store stopped sending changes".into()))
+                    return Err(Error::unavailable("the store stopped sending changes"))
                 }
             }
         }
@@ -347,15 +444,20 @@ impl Store {
         Ok(Self::new(Arc::new(sqlite::SqliteBackend::open(path)?)))
     }
 
-    /// The backend `spec` names.
+    /// The backend `spec` names. A Kubernetes store uses `client`, which the caller built (from
+    /// the kubeconfig or the in-cluster config: [`StoreSpec::kube_client`]) and may share, e.g.
+    /// with leader election.
     ///
     /// # Errors
-    /// The file cannot be opened; no Kubernetes configuration.
-    pub async fn connect(spec: &StoreSpec) -> Result<Self> {
-        match spec {
-            StoreSpec::Sqlite(path) => Self::open(path),
-            StoreSpec::Kubernetes { namespace } => {
-                Ok(Self::new(Arc::new(kubernetes::KubernetesBackend::connect(namespace.clone()).await?)))
+    /// The file cannot be opened; `--store kubernetes` without a client.
+    pub fn connect(spec: &StoreSpec, client: Option<kube::Client>) -> Result<Self> {
+        match (spec, client) {
+            (StoreSpec::Sqlite(path), _) => Self::open(path),
+            (StoreSpec::Kubernetes { namespace }, Some(client)) => {
+                Ok(Self::new(Arc::new(kubernetes::KubernetesBackend::new(client, namespace.clone()))))
+            }
+            (StoreSpec::Kubernetes { .. }, None) => {
+                Err(Error::Invalid("a Kubernetes store needs a Kubernetes client".into()))
             }
         }
     }
@@ -478,18 +580,18 @@ impl Store {
     /// # Errors
     /// `Conflict` when it changed since read; `NotFound`.
     pub async fn update<T: Resource>(&self, obj: &T) -> Result<Option<T>> {
-        match self.backend.update(T::KIND, serde_json::to_value(obj)?, false).await? {
+        match self.backend.update(T::KIND, serde_json::to_value(obj)?).await? {
             Some(json) => Ok(Some(serde_json::from_str(&json)?)),
             None => Ok(None),
         }
     }
 
-    /// Updates status only.
+    /// Replaces the status only.
     ///
     /// # Errors
     /// `Conflict` when it changed since read; `NotFound`.
-    pub async fn update_status<T: Resource>(&self, obj: &T) -> Result<()> {
-        match self.backend.update_status(T::KIND, serde_json::to_string(obj)?).await? {
+    pub async fn replace_status<T: Resource>(&self, obj: &T) -> Result<()> {
+        match self.backend.replace_status(T::KIND, serde_json::to_string(obj)?).await? {
             Some(_) => Ok(()),
             None => Err(Error::NotFound(Key::of(obj))),
         }
@@ -518,7 +620,7 @@ impl Store {
             tracing::info!(object = %event.key, reason, "{}", event.message);
         }
         if let Err(e) = self.backend.record_event(event).await {
-            tracing::warn!("recording event: {e}");
+            tracing::warn!("recording event: {}", driver_sdk::error_chain(&e));
         }
     }
 
@@ -560,7 +662,7 @@ impl Store {
             for field in ["labels", "annotations"] {
                 merged["metadata"][field] = meta.get(field).cloned().unwrap_or(Value::Object(Default::default()));
             }
-            match self.backend.update(kind, merged, false).await {
+            match self.backend.update(kind, merged).await {
                 Ok(Some(j)) => return Ok((false, j)),
                 Ok(None) => continue,
                 Err(Error::Conflict { .. }) => continue,

@@ -97,6 +97,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A SQLite error as a store error: a busy or locked database is [`Error::Unavailable`] (another
+/// process holds the lock longer than the busy timeout); anything else is [`Error::Backend`].
+fn db_error(e: rusqlite::Error) -> Error {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            Error::Unavailable { reason: "the store file is locked by another writer".into(), source: Some(e.into()) }
+        }
+        _ => Error::backend("sqlite", e),
+    }
+}
+
+/// `?` on SQLite results in store code.
+trait Db<T> {
+    fn db(self) -> Result<T>;
+}
+
+impl<T> Db<T> for rusqlite::Result<T> {
+    fn db(self) -> Result<T> {
+        self.map_err(db_error)
+    }
+}
+
 fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
@@ -117,24 +139,24 @@ impl SqliteBackend {
         let mut attempt = 0;
         let conn = loop {
             match Self::connect(path) {
-                Err(Error::Db(rusqlite::Error::SqliteFailure(e, _)))
+                Err(e)
                     if attempt < 100
                         && matches!(
-                            e.code,
-                            rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                            e.sqlite_error_code(),
+                            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
                         ) =>
                 {
                     attempt += 1;
                     // Deliberate: a short backoff before trying the lock again (open is synchronous).
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                other => break other?,
+                other => break other.db()?,
             }
         };
         Self::from_connection(path, conn)
     }
 
-    fn connect(path: &Path) -> Result<Connection> {
+    fn connect(path: &Path) -> rusqlite::Result<Connection> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(10))?;
         // Switching to WAL needs an exclusive lock; only do it when the file is not WAL yet, so a
@@ -166,24 +188,26 @@ impl SqliteBackend {
         let mut cache: Cache = HashMap::new();
         let mut synced = 0;
         {
-            let mut stmt = conn.prepare("SELECT kind, namespace, name, rv, body FROM objects")?;
-            let rows = stmt.query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, i64>(3)?,
-                    r.get::<_, String>(4)?,
-                ))
-            })?;
+            let mut stmt = conn.prepare("SELECT kind, namespace, name, rv, body FROM objects").db()?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, String>(4)?,
+                    ))
+                })
+                .db()?;
             for row in rows {
-                let (kind, ns, name, rv, body) = row?;
+                let (kind, ns, name, rv, body) = row.db()?;
                 let Some(kind) = kind_from(&kind) else { continue };
                 synced = synced.max(rv as u64);
                 cache.entry(kind).or_default().insert((ns, name), Entry { rv: rv as u64, json: body.into() });
             }
         }
-        let synced_rv: i64 = conn.query_row("SELECT rv FROM counter WHERE id = 0", [], |r| r.get(0))?;
+        let synced_rv: i64 = conn.query_row("SELECT rv FROM counter WHERE id = 0", [], |r| r.get(0)).db()?;
         let (tx, _) = broadcast::channel(CHANGES_BUFFERED);
         let backend = Self {
             writer: Mutex::new(Writer {
@@ -243,7 +267,7 @@ impl SqliteBackend {
                 last_version = version;
                 match sync_from(&conn, &cache, &tx, synced) {
                     Ok(rv) => synced = rv,
-                    Err(e) => tracing::warn!("store poller: {e}"),
+                    Err(e) => tracing::warn!("store poller: {}", driver_sdk::error_chain(&e)),
                 }
             }
         });
@@ -257,27 +281,28 @@ impl SqliteBackend {
             let mut guard = lock(&self.writer);
             let w = &mut *guard;
             if w.open == 0 {
-                w.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+                w.conn.prepare_cached("BEGIN IMMEDIATE").db()?.execute([]).db()?;
                 match w
                     .conn
-                    .prepare_cached("SELECT rv FROM counter WHERE id = 0")?
+                    .prepare_cached("SELECT rv FROM counter WHERE id = 0")
+                    .db()?
                     .query_row([], |r| r.get::<_, i64>(0))
                 {
                     Ok(rv) => w.rv = rv as u64,
                     Err(e) => {
                         let _ = w.conn.execute_batch("ROLLBACK");
-                        return Err(e.into());
+                        return Err(db_error(e));
                     }
                 }
                 w.numbered += 1;
                 w.open = w.numbered;
             }
             // Cached statements: execute_batch would parse the SQL again for every write.
-            w.conn.prepare_cached("SAVEPOINT write")?.execute([])?;
+            w.conn.prepare_cached("SAVEPOINT write").db()?.execute([]).db()?;
             let rv_before = w.rv;
             match f(&w.conn, &mut w.rv) {
                 Ok((out, effect)) => {
-                    w.conn.prepare_cached("RELEASE write")?.execute([])?;
+                    w.conn.prepare_cached("RELEASE write").db()?.execute([]).db()?;
                     w.effects.extend(effect);
                     w.writes += 1;
                     let group = w.open;
@@ -400,7 +425,7 @@ impl Pending<'_> {
             self.backend.commit(&mut w);
         }
         match &w.failed {
-            Some((g, why)) if *g == self.group => Err(Error::Unavailable(format!("the store did not commit: {why}"))),
+            Some((g, why)) if *g == self.group => Err(Error::unavailable(format!("the store did not commit: {why}"))),
             _ => Ok(()),
         }
     }
@@ -416,10 +441,12 @@ impl Drop for Pending<'_> {
 
 fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Change>, synced: u64) -> Result<u64> {
     let mut max = synced;
-    let mut stmt = conn.prepare_cached("SELECT kind, namespace, name, rv, body FROM objects WHERE rv > ?1")?;
+    let mut stmt = conn.prepare_cached("SELECT kind, namespace, name, rv, body FROM objects WHERE rv > ?1").db()?;
     let rows: Vec<(String, String, String, i64, String)> = stmt
-        .query_map([synced as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+        .query_map([synced as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .db()?
+        .collect::<rusqlite::Result<_>>()
+        .db()?;
     for (kind, ns, name, rv, body) in rows {
         let rv = rv as u64;
         max = max.max(rv);
@@ -441,10 +468,12 @@ fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Ch
             let _ = tx.send(Change { key, owner, deleted: false, status_only: false });
         }
     }
-    let mut stmt = conn.prepare_cached("SELECT kind, namespace, name, rv, owner FROM tombstones WHERE rv > ?1")?;
+    let mut stmt = conn.prepare_cached("SELECT kind, namespace, name, rv, owner FROM tombstones WHERE rv > ?1").db()?;
     let gone: Vec<(String, String, String, i64, Option<String>)> = stmt
-        .query_map([synced as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+        .query_map([synced as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .db()?
+        .collect::<rusqlite::Result<_>>()
+        .db()?;
     for (kind, ns, name, rv, owner) in gone {
         max = max.max(rv as u64);
         let Some(kind) = kind_from(&kind) else { continue };
@@ -481,6 +510,14 @@ fn key_of(kind: Kind, v: &Value) -> Result<Key> {
     Ok(Key::new(kind, meta_str(v, "namespace").unwrap_or("default"), name))
 }
 
+/// The `resourceVersion` a write must carry (the one its caller read).
+fn required_version(key: &Key, rv: Option<&str>) -> Result<String> {
+    match rv {
+        Some(rv) if !rv.is_empty() => Ok(rv.to_string()),
+        _ => Err(Error::Invalid(format!("{key}: an update must carry the resourceVersion it read"))),
+    }
+}
+
 /// The caller read `expected`; the store holds `actual`.
 fn conflict(key: &Key, expected: &str, actual: u64) -> Error {
     Error::Conflict { key: key.clone(), expected: expected.into(), actual: actual.to_string() }
@@ -488,9 +525,11 @@ fn conflict(key: &Key, expected: &str, actual: u64) -> Error {
 
 fn read_text(tx: &Connection, key: &Key) -> Result<Option<(u64, String)>> {
     let row: Option<(i64, String)> = tx
-        .prepare_cached("SELECT rv, body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?
+        .prepare_cached("SELECT rv, body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")
+        .db()?
         .query_row(params![key.kind.as_str(), key.namespace, key.name], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
+        .optional()
+        .db()?;
     Ok(row.map(|(rv, body)| (rv as u64, body)))
 }
 
@@ -537,35 +576,39 @@ fn insert_row(tx: &Connection, key: &Key, rv: u64, body: &str) -> Result<()> {
     tx.prepare_cached(
         "INSERT INTO objects(kind, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT(kind, namespace, name) DO UPDATE SET rv = excluded.rv, body = excluded.body",
-    )?
-    .execute(params![key.kind.as_str(), key.namespace, key.name, rv as i64, body])?;
-    tx.prepare_cached("DELETE FROM tombstones WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?.execute(params![
-        key.kind.as_str(),
-        key.namespace,
-        key.name
-    ])?;
+    )
+    .db()?
+    .execute(params![key.kind.as_str(), key.namespace, key.name, rv as i64, body])
+    .db()?;
+    tx.prepare_cached("DELETE FROM tombstones WHERE kind = ?1 AND namespace = ?2 AND name = ?3")
+        .db()?
+        .execute(params![key.kind.as_str(), key.namespace, key.name])
+        .db()?;
     Ok(())
 }
 
 /// Stores a new version of an object that exists (so it has no tombstone).
 fn replace_row(tx: &Connection, key: &Key, rv: u64, body: &str) -> Result<()> {
-    tx.prepare_cached("UPDATE objects SET rv = ?4, body = ?5 WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?
-        .execute(params![key.kind.as_str(), key.namespace, key.name, rv as i64, body])?;
+    tx.prepare_cached("UPDATE objects SET rv = ?4, body = ?5 WHERE kind = ?1 AND namespace = ?2 AND name = ?3")
+        .db()?
+        .execute(params![key.kind.as_str(), key.namespace, key.name, rv as i64, body])
+        .db()?;
     Ok(())
 }
 
 fn remove_row(tx: &Connection, key: &Key, rv: u64, owner: Option<&Key>) -> Result<()> {
-    tx.prepare_cached("DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?.execute(params![
-        key.kind.as_str(),
-        key.namespace,
-        key.name
-    ])?;
+    tx.prepare_cached("DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")
+        .db()?
+        .execute(params![key.kind.as_str(), key.namespace, key.name])
+        .db()?;
     let owner = owner.map(|o| format!("{}/{}", o.kind.as_str(), o.name));
     tx.prepare_cached(
         "INSERT INTO tombstones(kind, namespace, name, rv, owner) VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT(kind, namespace, name) DO UPDATE SET rv = excluded.rv, owner = excluded.owner",
-    )?
-    .execute(params![key.kind.as_str(), key.namespace, key.name, rv as i64, owner])?;
+    )
+    .db()?
+    .execute(params![key.kind.as_str(), key.namespace, key.name, rv as i64, owner])
+    .db()?;
     Ok(())
 }
 
@@ -623,13 +666,9 @@ impl Backend for SqliteBackend {
         .await
     }
 
-    async fn update(&self, kind: Kind, obj: Value, status_only: bool) -> Result<Option<Arc<str>>> {
+    async fn update(&self, kind: Kind, obj: Value) -> Result<Option<Arc<str>>> {
         let key = key_of(kind, &obj)?;
-        let expected = meta_str(&obj, "resourceVersion").unwrap_or_default().to_string();
-        if status_only {
-            let status = serde_json::value::to_raw_value(obj.get("status").unwrap_or(&Value::Null))?;
-            return self.write_status(key, expected, &status).await;
-        }
+        let expected = required_version(&key, meta_str(&obj, "resourceVersion"))?;
         self.write(|tx, rv| {
             let (current_rv, mut current) = read_row(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
             if expected != current_rv.to_string() {
@@ -673,7 +712,7 @@ impl Backend for SqliteBackend {
         .await
     }
 
-    async fn update_status(&self, kind: Kind, json: String) -> Result<Option<Arc<str>>> {
+    async fn replace_status(&self, kind: Kind, json: String) -> Result<Option<Arc<str>>> {
         use std::borrow::Cow;
         #[derive(serde::Deserialize)]
         struct Sent<'a> {
@@ -698,7 +737,10 @@ impl Backend for SqliteBackend {
             return Err(Error::Invalid("metadata.name is required".into()));
         }
         let key = Key::new(kind, sent.metadata.namespace.as_deref().unwrap_or("default"), &sent.metadata.name);
-        let expected = sent.metadata.resource_version.as_deref().unwrap_or_default().to_string();
+        if kind == Kind::Secret {
+            return Err(Error::Invalid(format!("{key}: Secrets have no status")));
+        }
+        let expected = required_version(&key, sent.metadata.resource_version.as_deref())?;
         let null = serde_json::value::to_raw_value(&Value::Null)?;
         self.write_status(key, expected, sent.status.unwrap_or(&null)).await
     }
@@ -734,7 +776,7 @@ impl Backend for SqliteBackend {
             (*n).is_multiple_of(1000)
         };
         self.batched(|conn, _| {
-            conn.prepare_cached("INSERT INTO events(kind, namespace, name, type, reason, message, time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
+            conn.prepare_cached("INSERT INTO events(kind, namespace, name, type, reason, message, time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)").db()?
             .execute(params![
                 e.key.kind.as_str(),
                 e.key.namespace,
@@ -743,10 +785,10 @@ impl Backend for SqliteBackend {
                 e.reason,
                 e.message,
                 e.time.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-            ])?;
+            ]).db()?;
             if trim {
                 // Keep the newest 50,000 events.
-                conn.prepare_cached("DELETE FROM events WHERE id < (SELECT MAX(id) - 50000 FROM events)")?.execute([])?;
+                conn.prepare_cached("DELETE FROM events WHERE id < (SELECT MAX(id) - 50000 FROM events)").db()?.execute([]).db()?;
             }
             Ok(((), None))
         })
@@ -755,10 +797,13 @@ impl Backend for SqliteBackend {
 
     async fn events(&self, key: &Key, limit: usize) -> Result<Vec<Event>> {
         let w = lock(&self.writer);
-        let mut stmt = w.conn.prepare_cached(
-            "SELECT type, reason, message, time FROM events WHERE kind = ?1 AND namespace = ?2 AND name = ?3
+        let mut stmt = w
+            .conn
+            .prepare_cached(
+                "SELECT type, reason, message, time FROM events WHERE kind = ?1 AND namespace = ?2 AND name = ?3
              ORDER BY id DESC LIMIT ?4",
-        )?;
+            )
+            .db()?;
         let mut out: Vec<Event> = stmt
             .query_map(params![key.kind.as_str(), key.namespace, key.name, limit as i64], |r| {
                 let time: String = r.get(3)?;
@@ -771,9 +816,45 @@ impl Backend for SqliteBackend {
                         .map(|t| t.with_timezone(&chrono::Utc))
                         .unwrap_or_default(),
                 })
-            })?
-            .collect::<rusqlite::Result<_>>()?;
+            })
+            .db()?
+            .collect::<rusqlite::Result<_>>()
+            .db()?;
         out.reverse();
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(code: std::ffi::c_int, message: &str) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some(message.into()))
+    }
+
+    #[test]
+    fn a_locked_database_is_unavailable_and_keeps_its_cause() {
+        for (code, message) in
+            [(rusqlite::ffi::SQLITE_BUSY, "database is locked"), (rusqlite::ffi::SQLITE_LOCKED, "table locked")]
+        {
+            let err = db_error(failure(code, message));
+            assert!(err.is_transient(), "{err:?}");
+            let chain = driver_sdk::error_chain(&err);
+            assert!(chain.starts_with("store unavailable: the store file is locked"), "{chain}");
+            assert!(
+                chain.contains(&format!("locked by another writer: {message}")),
+                "the SQLite cause is kept: {chain}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_database_errors_are_backend_errors_with_their_cause() {
+        let err = db_error(failure(rusqlite::ffi::SQLITE_CORRUPT, "database disk image is malformed"));
+        assert!(matches!(err, Error::Backend { backend: "sqlite", .. }), "{err:?}");
+        assert!(!err.is_transient());
+        let chain = driver_sdk::error_chain(&err);
+        assert!(chain.starts_with("sqlite store error: database disk image is malformed"), "{chain}");
     }
 }
