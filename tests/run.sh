@@ -22,6 +22,13 @@ if [ ! -x "$tools/bin/grpcurl" ]; then
 fi
 export GRPCURL="$PWD/$tools/bin/grpcurl"
 "$GRPCURL" -version
+# Python hpack 4.1.0 (PyPI), the independent HPACK implementation of the differential test
+# (tests/hpack_interop.rs), into the same venv.
+if ! "$tools/bin/python" -c 'import hpack, sys; sys.exit(hpack.__version__ != "4.1.0")' 2>/dev/null; then
+  echo "==> installing hpack 4.1.0 (PyPI) into $tools"
+  "$tools/bin/pip" install --quiet --disable-pip-version-check "hpack==4.1.0"
+fi
+export PYTHON_HPACK_PY="$PWD/$tools/bin/python"
 
 moto=.tools/moto
 if [ ! -x "$moto/bin/moto_server" ]; then
@@ -50,6 +57,7 @@ GO_DRIVER_BIN="$(bash tests/tools/build-go-driver.sh)"; export GO_DRIVER_BIN
 bash tests/supply-chain.sh
 bash tests/proto-compat.sh
 bash tests/docs.sh
+bash tests/fuzz.sh 30
 echo "==> building binaries and examples"
 cargo build --workspace --bins --examples
 

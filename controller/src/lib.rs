@@ -21,6 +21,8 @@
 pub mod cli;
 pub mod crd;
 pub mod demo;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod leader;
 pub mod manifest;
 pub mod nodes;

@@ -235,7 +235,9 @@ impl TokenCodec {
     ///
     /// # Caveats
     /// The start time is carried to the millisecond, and not at all when it is before the Unix
-    /// epoch or too far ahead for 64 bits of milliseconds.
+    /// epoch or too far ahead for 64 bits of milliseconds. A state nested more than 126 levels
+    /// deep seals into a token that [`TokenCodec::open`] refuses (the JSON parser's recursion
+    /// limit).
     pub fn seal(&self, op: &Operation) -> Vec<u8> {
         let payload = Payload {
             d: self.driver.clone(),
@@ -353,6 +355,18 @@ mod tests {
             op.start_time = Some(start);
             assert_eq!(c.open(&c.seal(&op)).unwrap().start_time, opened, "{start:?}");
         }
+    }
+
+    /// Where serde_json's recursion limit (128, the payload's own object included) falls.
+    #[test]
+    fn states_open_up_to_126_levels_deep() {
+        let c = codec();
+        let nested = |levels: usize| (0..levels).fold(json!(1), |v, _| json!([v]));
+        let mut op = op();
+        op.state = nested(126);
+        assert_eq!(c.open(&c.seal(&op)).unwrap().state, op.state);
+        op.state = nested(127);
+        assert!(c.open(&c.seal(&op)).is_err());
     }
 
     #[test]

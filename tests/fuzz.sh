@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target of fuzz/ for SECONDS (default 30) each, starting from the
+# committed seeds (fuzz/corpus/<target>/) and every crash found so far (fuzz/regressions/<target>/),
+# copied into a temporary corpus so the tree stays clean.
+#   - cargo-fuzz 0.13.2 from crates.io, built once into a version-keyed folder outside the clone
+#   - the fuzz crate, built with the nightly toolchain (AddressSanitizer, debug assertions) into
+#     its own target folder outside the clone (never the stable one)
+# Any crash, panic, leak, timeout or out-of-memory fails the run (after every target has run):
+# the input is copied to fuzz/regressions/<target>/, where `cargo test` replays it from then on,
+# and printed. A missing tool fails, never skips.
+# Usage: bash tests/fuzz.sh [SECONDS]
+# Env:   MACHINE_DRIVER_CACHE (default ~/.cache/machine-driver), FUZZ_TARGETS (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${1:-30}"
+case "$seconds" in '' | *[!0-9]*) echo "fuzz.sh: SECONDS must be a whole number, not '$seconds'" >&2; exit 2 ;; esac
+cargo_fuzz_version=0.13.2
+cache="${MACHINE_DRIVER_CACHE:-$HOME/.cache/machine-driver}"
+cargo_fuzz_root="$cache/cargo-fuzz-$cargo_fuzz_version"
+target_dir="$cache/fuzz-target"
+targets=(${FUZZ_TARGETS:-hpack_decode authority_reencode token_open manifest_parse provider_spec_validate})
+
+start=$SECONDS
+cargo +nightly --version >/dev/null || { echo "fuzz.sh: the nightly toolchain is required (rustup toolchain install nightly)" >&2; exit 1; }
+if [ ! -x "$cargo_fuzz_root/bin/cargo-fuzz" ]; then
+  echo "==> installing cargo-fuzz $cargo_fuzz_version (crates.io) into $cargo_fuzz_root"
+  cargo install cargo-fuzz --version "$cargo_fuzz_version" --locked --root "$cargo_fuzz_root"
+fi
+export PATH="$cargo_fuzz_root/bin:$PATH"
+cargo fuzz --version
+
+# The fuzz crate is its own workspace: give it the main workspace's versions of everything.
+cp Cargo.lock fuzz/Cargo.lock
+fuzz() { cargo +nightly fuzz "$1" --fuzz-dir fuzz --target-dir "$target_dir" --debug-assertions "${@:2}"; }
+echo "==> building the fuzz targets (nightly, into $target_dir)"
+fuzz build
+echo "==> built in $((SECONDS - start)) s"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failed=()
+for t in "${targets[@]}"; do
+  [ -n "$(ls -A "fuzz/corpus/$t" 2>/dev/null)" ] || { echo "fuzz.sh: fuzz/corpus/$t holds no seed" >&2; exit 1; }
+  mkdir -p "$work/$t/corpus" "$work/$t/artifacts"
+  cp fuzz/corpus/"$t"/* "$work/$t/corpus/"
+  if [ -d "fuzz/regressions/$t" ]; then
+    find "fuzz/regressions/$t" -maxdepth 1 -type f -exec cp {} "$work/$t/corpus/" \;
+  fi
+  echo "==> fuzzing $t for $seconds s"
+  # -timeout: a single input running 10 s is a hang; -rss_limit_mb: memory is bounded.
+  if fuzz run "$t" "$work/$t/corpus" -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -artifact_prefix="$work/$t/artifacts/" -print_final_stats=1 >"$work/$t/log" 2>&1; then
+    grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' "$work/$t/log" || true
+  else
+    failed+=("$t")
+    tail -n 60 "$work/$t/log"
+    found=0
+    for a in "$work/$t/artifacts"/*; do
+      [ -f "$a" ] || continue
+      found=1
+      mkdir -p "fuzz/regressions/$t"
+      cp "$a" "fuzz/regressions/$t/"
+      echo "==> $t failed on fuzz/regressions/$t/$(basename "$a") ($(wc -c <"$a") bytes):"
+      od -A d -t x1z -v "$a" | head -n 64
+    done
+    [ "$found" = 1 ] || echo "==> $t failed without leaving an input (see the log above)"
+  fi
+done
+echo "==> fuzzed ${#targets[@]} targets in $((SECONDS - start)) s"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "fuzz.sh: failed: ${failed[*]} (inputs in fuzz/regressions/; \`cargo test\` replays them)" >&2
+  exit 1
+fi
