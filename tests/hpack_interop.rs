@@ -8,6 +8,8 @@
 //!   decoder must read each as Python's own Decoder does.
 //! - The same blocks go through the SDK's Unix-socket `:authority` filter; Python's Decoder must
 //!   read every block the filter writes as the client's fields with `:authority` = localhost.
+//! - Damaged blocks (a byte changed, inserted or dropped, cut short): the SDK refuses exactly
+//!   what Python refuses and reads the rest alike.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -313,4 +315,46 @@ async fn blocks_the_authority_filter_writes_decode_in_python() {
         }
     }
     assert!(never > 50, "only {never} never-indexed fields went through the filter");
+}
+
+/// Damaged blocks (a byte changed, inserted or dropped, the block cut short), each on a fresh
+/// connection: the SDK refuses exactly what Python refuses, and reads the rest as Python does.
+#[tokio::test]
+async fn damaged_blocks_are_refused_or_read_alike() {
+    let mut rng = Rng(0x5eed_0003);
+    let connections = random_connections(rng.next(), 60);
+    let request: Vec<Value> = connections.iter().map(|c| c.iter().map(BlockSpec::to_json).collect()).collect();
+    let encoded = python(json!({"op": "encode", "connections": request})).await;
+    let mut damaged = Vec::new();
+    for block in encoded.iter().flatten().map(|answer| unhex(&answer["block"])).filter(|b| !b.is_empty()) {
+        for _ in 0..8 {
+            let mut b = block.clone();
+            let at = rng.below(b.len());
+            match rng.below(4) {
+                0 => b[at] ^= 1 << rng.below(8),
+                1 => b[at] = rng.next() as u8,
+                2 => b.insert(at, rng.next() as u8),
+                _ => b.truncate(at),
+            }
+            damaged.push(b);
+        }
+    }
+    let connections: Vec<Value> = damaged.iter().map(|b| json!([to_hex(b)])).collect();
+    let answers = python(json!({"op": "decode", "connections": connections})).await;
+    let (mut refused, mut read) = (0, 0);
+    for (block, answer) in damaged.iter().zip(&answers) {
+        let ours = HpackDecoder::default().decode(block);
+        match (ours, python_fields(&answer[0])) {
+            (Ok(ours), Ok(theirs)) => {
+                assert_eq!(ours, theirs, "{block:02x?}");
+                read += 1;
+            }
+            (Err(_), Err(_)) => refused += 1,
+            (ours, theirs) => {
+                panic!("the SDK and Python disagree on {block:02x?}:\n SDK: {ours:?}\n Python: {theirs:?}")
+            }
+        }
+    }
+    assert!(refused > 100 && read > 100, "{refused} refused, {read} read");
+    eprintln!("{} damaged blocks: {refused} refused by both, {read} read alike", damaged.len());
 }
