@@ -11,9 +11,14 @@
 //!   rolls back to the last good revision.
 //! - InPlace: old machines are converted (see [`super::in_place`]); only missing machines are
 //!   created and only a scale-down removes machines.
+//!
+//! [`plan`] runs named steps in order (choose the target, classify, track the rollout, the
+//! failure budget, replacements, scale up, scale down old, remove the excess, status); each
+//! records in [`Plan::notes`] why it acted or held back ([`Note`]), as Cluster API's rollout
+//! planner does, so tests can assert the reason as well as the action.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::Limits;
@@ -311,6 +316,8 @@ pub struct Plan {
     pub settled: bool,
     /// Failed machines remain (come back when the next replacement may go).
     pub has_failed: bool,
+    /// Why it decided as it did, step by step.
+    pub notes: Vec<Note>,
 }
 
 /// The InPlace strategy's share of a plan.
@@ -324,259 +331,562 @@ pub struct InPlaceWork {
     pub busy: i64,
 }
 
-/// Plans one reconcile of a deployment.
+/// Why the planner did, or did not, act: one entry per decision, in the order its steps ran
+/// (Cluster API's rollout planner keeps such notes). Table tests assert them; the Progressing
+/// condition's message carries those that hold the deployment back ([`Note::holds_back`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// The spec's revision failed before: the target is the last good revision.
+    RollingBack {
+        /// The spec's revision, remembered as bad.
+        bad: String,
+        /// The last good revision.
+        to: String,
+    },
+    /// The spec's revision failed before and no earlier revision is known: nothing is created.
+    NoGoodRevision {
+        /// The spec's revision.
+        revision: String,
+    },
+    /// A rollout of `revision` began (a first rollout too, though it records no event).
+    RolloutStarted {
+        /// The target revision.
+        revision: String,
+    },
+    /// Machines of `revision` failed `failures` times, reaching the failure budget: the rollout
+    /// is aborted and the revision remembered as bad.
+    RevisionAborted {
+        /// The aborted revision.
+        revision: String,
+        /// Attributable failures, this reconcile's included.
+        failures: u32,
+        /// `failureBudget`.
+        budget: u32,
+    },
+    /// Failed machines wait for the replacement pace.
+    ReplacementsPaced {
+        /// Failed machines not replaced.
+        waiting: usize,
+    },
+    /// Failed machines wait: `maxConcurrentReplacements` are under way.
+    ReplacementsCapped {
+        /// `maxConcurrentReplacements`.
+        limit: u32,
+        /// Replacements under way (machines deleted for replacement, still terminating).
+        in_flight: i64,
+        /// Failed machines not replaced.
+        waiting: usize,
+    },
+    /// The deployment is paused: nothing is created and no old machine is removed.
+    Paused,
+    /// Fewer machines are created than wanted: `replicas + maxSurge` bounds all machines,
+    /// terminating ones included.
+    SurgeExhausted {
+        /// `replicas + maxSurge`.
+        limit: i64,
+        /// Machines that exist.
+        current: i64,
+        /// Machines the target revision lacks.
+        wanted: i64,
+    },
+    /// Old machines are kept so that `replicas − maxUnavailable` stay available.
+    WaitingForAvailable {
+        /// Old machines kept.
+        held: usize,
+        /// Available machines.
+        available: i64,
+        /// `replicas − maxUnavailable`.
+        min_available: i64,
+        /// Machines of the target revision not available yet.
+        new_unavailable: i64,
+    },
+    /// InPlace: old machines are converted rather than replaced.
+    InPlace {
+        /// Old Running machines to try.
+        candidates: usize,
+        /// Old machines updating.
+        busy: i64,
+        /// The strategy's maxUnavailable.
+        max_unavailable: i64,
+    },
+    /// More machines of the target revision than `replicas`: the excess is removed.
+    AboveReplicas {
+        /// Live machines of the target revision.
+        machines: i64,
+        /// `replicas`.
+        replicas: i64,
+    },
+    /// The rollout made no progress within `progressDeadlineSeconds`.
+    ProgressDeadlineExceeded {
+        /// `progressDeadlineSeconds`.
+        seconds: u64,
+    },
+    /// Every machine is on `revision` and available.
+    Complete {
+        /// The target revision.
+        revision: String,
+    },
+}
+
+impl Note {
+    /// Whether it says what keeps the deployment from moving on (what a user waits for).
+    pub fn holds_back(&self) -> bool {
+        matches!(
+            self,
+            Note::ReplacementsPaced { .. }
+                | Note::ReplacementsCapped { .. }
+                | Note::SurgeExhausted { .. }
+                | Note::WaitingForAvailable { .. }
+                | Note::Paused
+        )
+    }
+}
+
+impl std::fmt::Display for Note {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Note::RollingBack { bad, to } => write!(f, "revision {bad} failed before; holding revision {to}"),
+            Note::NoGoodRevision { revision } => {
+                write!(f, "revision {revision} failed before and there is no earlier revision")
+            }
+            Note::RolloutStarted { revision } => write!(f, "rolling out revision {revision}"),
+            Note::RevisionAborted { revision, failures, budget } => {
+                write!(f, "{failures} machines of revision {revision} failed (budget {budget})")
+            }
+            Note::ReplacementsPaced { waiting } => {
+                write!(f, "{waiting} failed machine(s) wait for the replacement pace")
+            }
+            Note::ReplacementsCapped { limit, in_flight, waiting } => write!(
+                f,
+                "{waiting} failed machine(s) wait: {in_flight} replacement(s) under way, \
+                 maxConcurrentReplacements {limit}"
+            ),
+            Note::Paused => write!(f, "paused"),
+            Note::SurgeExhausted { limit, current, wanted } => {
+                write!(f, "{wanted} machine(s) wanted, {current} of {limit} (replicas + maxSurge) exist")
+            }
+            Note::WaitingForAvailable { held, available, min_available, new_unavailable } => write!(
+                f,
+                "{held} old machine(s) kept: {available} available, {min_available} required, \
+                 {new_unavailable} new not available yet"
+            ),
+            Note::InPlace { candidates, busy, max_unavailable } => write!(
+                f,
+                "{candidates} old machine(s) to update in place, {busy} updating (maxUnavailable {max_unavailable})"
+            ),
+            Note::AboveReplicas { machines, replicas } => {
+                write!(f, "{machines} machines of the target revision for {replicas} replicas")
+            }
+            Note::ProgressDeadlineExceeded { seconds } => write!(f, "no progress for {seconds}s"),
+            Note::Complete { revision } => write!(f, "revision {revision} is rolled out"),
+        }
+    }
+}
+
+/// What the steps of a plan write as they go: the status, events and notes.
+struct Draft {
+    status: MachineDeploymentStatus,
+    events: Vec<PlannedEvent>,
+    notes: Vec<Note>,
+}
+
+/// The deployment's machines sorted by what the steps decide on, and the numbers they share.
+struct Classes<'a> {
+    /// The spec's revision.
+    spec_rev: String,
+    /// The revision machines move to, and its template ([`Plan::target`]).
+    target_rev: String,
+    target: Option<MachineTemplate>,
+    /// `spec.replicas`.
+    desired: i64,
+    /// The InPlace strategy.
+    in_place: bool,
+    limits: Limits,
+    now: Time,
+    min_ready: chrono::Duration,
+    /// Every machine, terminating ones included.
+    all: &'a [Member],
+    /// Not being deleted.
+    live: Vec<&'a Member>,
+    /// Live, of the target revision.
+    new: Vec<&'a Member>,
+    /// Live, of another revision.
+    old: Vec<&'a Member>,
+    /// Live and Failed.
+    failed: Vec<&'a Member>,
+    /// Live and available.
+    available: i64,
+    /// Of the target revision and available.
+    new_available: i64,
+}
+
+impl Classes<'_> {
+    fn is_available(&self, m: &Member) -> bool {
+        m.is_available_at(self.now, self.min_ready)
+    }
+
+    /// `replicas − maxUnavailable`.
+    fn min_available(&self) -> i64 {
+        self.desired - self.limits.max_unavailable
+    }
+}
+
+/// Plans one reconcile of a deployment: the steps below, in order, each noting why it acted or
+/// held back.
 pub fn plan(o: Observed<'_>) -> Plan {
     let md = o.deployment;
-    let machines = o.machines;
-    let now = o.now;
-    let mut st = md.status.clone();
-    let mut events = Vec::new();
-    let spec_rev = revision(&md.spec.template);
-
-    // Which revision to move to: the spec's, unless it failed before.
-    let (target_rev, target) = if st.bad_revisions.iter().any(|b| b.revision == spec_rev) {
-        match st.revision_history.last() {
-            Some(good) => (good.revision.clone(), Some(good.template.clone())),
-            None => (spec_rev.clone(), None),
-        }
+    let mut d = Draft { status: md.status.clone(), events: Vec::new(), notes: Vec::new() };
+    let c = classify(&o, &mut d);
+    track_rollout(md, &c, &mut d);
+    if let Some(failures) = budget_spent(md, &c, &d) {
+        return abort(md, c, d, failures);
+    }
+    let replace = replacements(&o, &c, &mut d);
+    let (mut create, mut in_place, mut delete) = (0, None, Vec::new());
+    if md.spec.paused {
+        d.notes.push(Note::Paused);
     } else {
-        (spec_rev.clone(), Some(md.spec.template.clone()))
-    };
-
-    let desired = md.spec.replicas;
-    let in_place_mode = md.spec.strategy.strategy_type == StrategyType::InPlace;
-    let limits = if in_place_mode {
-        Limits::in_place(desired, &md.spec.strategy.rolling_update, &md.spec.strategy.in_place.max_unavailable)
-    } else {
-        Limits::resolve(desired, &md.spec.strategy.rolling_update)
-    };
-    let (surge, unavailable) = (limits.max_surge, limits.max_unavailable);
-
-    let min_ready = chrono::Duration::seconds(i64::try_from(md.spec.min_ready_seconds).unwrap_or(i64::MAX / 2));
-    let is_available = |m: &Member| m.is_available_at(now, min_ready);
-    let live: Vec<&Member> = machines.iter().filter(|m| !m.deleting).collect();
-    let total = machines.len() as i64;
-    let new: Vec<&Member> = live.iter().copied().filter(|m| m.revision == target_rev).collect();
-    let old: Vec<&Member> = live.iter().copied().filter(|m| m.revision != target_rev).collect();
-    let new_available = new.iter().filter(|m| is_available(m)).count() as i64;
-    let available = live.iter().filter(|m| is_available(m)).count() as i64;
-
-    // Rollout bookkeeping.
-    let rolling = target_rev != st.current_revision || !old.is_empty();
-    if rolling && st.rollout.as_ref().is_none_or(|r| r.revision != target_rev) {
-        st.rollout = Some(RolloutState { revision: target_rev.clone(), started: now, last_progress: now, failures: 0 });
-        if !st.current_revision.is_empty() {
-            events.push(PlannedEvent {
-                warning: false,
-                reason: "RolloutStarted",
-                message: format!("rolling out revision {target_rev}"),
-            });
-        }
+        (create, in_place) = scale_up(&c, &mut d);
+        delete = scale_down_old(md, &c, &replace, &mut d);
     }
-    if let Some(r) = st.rollout.as_mut() {
-        if new_available > md.status.available_replicas {
-            r.last_progress = now;
-        }
-    }
-
-    // Failed machines: counted against the failure budget, replaced within the meltdown cap.
-    let failed: Vec<&Member> = live.iter().copied().filter(|m| m.phase == Phase::Failed).collect();
-    let new_failed_now = failed.iter().filter(|m| m.revision == target_rev && attributable(m)).count() as u32;
-    let budget_used = st.rollout.as_ref().map_or(0, |r| r.failures) + new_failed_now;
-    if target.is_some()
-        && target_rev == spec_rev
-        && st.rollout.is_some()
-        && budget_used >= md.spec.failure_budget.max(1)
-    {
-        // Abort: remember the revision as bad and roll back (if there is anything to roll back to).
-        let reason =
-            format!("{budget_used} machines of revision {target_rev} failed (budget {})", md.spec.failure_budget);
-        st.bad_revisions.push(BadRevision { revision: target_rev.clone(), reason: reason.clone(), time: now });
-        st.rollout = None;
-        let then = match st.revision_history.last() {
-            Some(good) => format!("rolling back to the last good revision {}", good.revision),
-            None => "no earlier revision to roll back to; change the template".to_string(),
-        };
-        set_condition(
-            &mut st.conditions,
-            ConditionType::Progressing,
-            false,
-            Reason::RolloutAborted,
-            &format!("{reason}; {then}"),
-        );
-        events.push(PlannedEvent { warning: true, reason: "RolloutAborted", message: format!("{reason}; {then}") });
-        return Plan {
-            target_revision: target_rev,
-            target,
-            aborted: true,
-            replace: Vec::new(),
-            create: 0,
-            in_place: None,
-            delete: Vec::new(),
-            status: st,
-            events,
-            settled: false,
-            has_failed: true,
-        };
-    }
-
-    let replacing = machines.iter().filter(|m| m.deleting && m.replacing).count() as i64;
-    let room_for_replacements = (i64::from(md.spec.max_concurrent_replacements) - replacing).max(0) as usize;
-    let mut replace = Vec::new();
-    if o.may_replace {
-        for m in failed.iter().take(room_for_replacements) {
-            if m.revision == target_rev && attributable(m) {
-                if let Some(r) = st.rollout.as_mut() {
-                    r.failures += 1;
-                }
-            }
-            replace.push(m.name.clone());
-        }
-    }
-    let replaced: HashSet<&str> = replace.iter().map(String::as_str).collect();
-
-    let mut create = 0;
-    let mut in_place = None;
-    let mut delete = Vec::new();
-    if !md.spec.paused {
-        if target.is_some() {
-            // Scale up the target revision within replicas + maxSurge (terminating included).
-            // In place, old machines are converted, so only missing machines are created.
-            let room = desired + surge - total;
-            let want = if in_place_mode { desired - live.len() as i64 } else { desired - new.len() as i64 };
-            create = want.min(room).max(0) as usize;
-            if in_place_mode && !old.is_empty() {
-                in_place = Some(InPlaceWork {
-                    candidates: old.iter().filter(|m| m.phase == Phase::Running).map(|m| m.name.clone()).collect(),
-                    max_unavailable: unavailable,
-                    busy: old.iter().filter(|m| m.phase == Phase::Updating).count() as i64,
-                });
-            }
-        }
-
-        // Scale down old machines without going below replicas − maxUnavailable.
-        let min_available = desired - unavailable;
-        let new_unavailable = new.len() as i64 - new_available;
-        let mut budget = live.len() as i64 - min_available - new_unavailable;
-        if in_place_mode {
-            // Only a scale-down removes machines here; updates happen in place.
-            budget = budget.min(live.len() as i64 - desired);
-        }
-        let mut old_sorted: Vec<&Member> =
-            old.iter().copied().filter(|m| !replaced.contains(m.name.as_str())).collect();
-        deletion_order(&mut old_sorted, md.spec.delete_policy);
-        let mut can_remove_available = available - min_available;
-        for m in old_sorted {
-            if budget <= 0 {
-                break;
-            }
-            if is_available(m) {
-                if can_remove_available <= 0 {
-                    continue;
-                }
-                can_remove_available -= 1;
-            }
-            delete.push(m.name.clone());
-            budget -= 1;
-        }
-    }
-
-    // Scale down the target revision when there are too many (scale-down or leftover surge).
-    let excess = new.len() as i64 - desired;
-    if excess > 0 {
-        let mut new_sorted: Vec<&Member> =
-            new.iter().copied().filter(|m| !replaced.contains(m.name.as_str())).collect();
-        deletion_order(&mut new_sorted, md.spec.delete_policy);
-        delete.extend(new_sorted.iter().take(excess as usize).map(|m| m.name.clone()));
-    }
-
-    // Status.
-    st.observed_generation = md.metadata.generation;
-    st.replicas = total;
-    st.updated_replicas = new.len() as i64;
-    st.ready_replicas = available;
-    st.available_replicas = new_available;
-    st.failed_replicas = failed.len() as i64;
-    st.target_revision = target_rev.clone();
-    let complete = target.is_some() && new_available >= desired && old.is_empty() && new.len() as i64 == desired;
-    if complete {
-        if st.current_revision != target_rev {
-            if !st.current_revision.is_empty() {
-                events.push(PlannedEvent {
-                    warning: false,
-                    reason: "RolloutComplete",
-                    message: format!("revision {target_rev} is rolled out"),
-                });
-            }
-            st.current_revision = target_rev.clone();
-        }
-        if let Some(template) = &target {
-            st.revision_history.retain(|r| r.revision != target_rev);
-            st.revision_history.push(RevisionRecord { revision: target_rev.clone(), template: template.clone() });
-            let n = st.revision_history.len();
-            if n > HISTORY {
-                st.revision_history.drain(..n - HISTORY);
-            }
-        }
-        st.rollout = None;
-        let msg = if target_rev != spec_rev { "rolled back: the spec's revision failed before" } else { "" };
-        set_condition(
-            &mut st.conditions,
-            ConditionType::Progressing,
-            true,
-            if msg.is_empty() { Reason::NewRevisionAvailable } else { Reason::RolledBack },
-            msg,
-        );
-    } else if target.is_none() {
-        let why = st.bad_revisions.iter().rev().find(|b| b.revision == spec_rev).map_or("", |b| b.reason.as_str());
-        let msg = format!(
-            "revision {spec_rev} failed ({why}) and there is no earlier revision to roll back to; change the template"
-        );
-        set_condition(&mut st.conditions, ConditionType::Progressing, false, Reason::NoGoodRevision, &msg);
-    } else if let Some(r) = &st.rollout {
-        let stalled = (now - r.last_progress).to_std().unwrap_or_default()
-            > Duration::from_secs(md.spec.progress_deadline_seconds);
-        if stalled {
-            let msg = format!("no progress for {}s", md.spec.progress_deadline_seconds);
-            set_condition(
-                &mut st.conditions,
-                ConditionType::Progressing,
-                false,
-                Reason::ProgressDeadlineExceeded,
-                &msg,
-            );
-        } else {
-            let msg = format!("{new_available} of {desired} machines on revision {target_rev}");
-            set_condition(&mut st.conditions, ConditionType::Progressing, true, Reason::Rolling, &msg);
-        }
-    } else {
-        let msg = format!("{new_available} of {desired} running");
-        set_condition(&mut st.conditions, ConditionType::Progressing, true, Reason::Scaling, &msg);
-    }
-    let waiting: Vec<&Member> = live.iter().copied().filter(|m| !is_available(m)).collect();
-    let environment = lift_environment_conditions(&mut st.conditions, &waiting);
-    let min_available = desired - unavailable;
-    let below_reason = environment.map_or(Reason::BelowMinimum, Reason::from);
-    set_condition(
-        &mut st.conditions,
-        ConditionType::Available,
-        available >= min_available,
-        if available >= min_available { Reason::MinimumAvailable } else { below_reason },
-        &format!("{available} running, {min_available} required"),
-    );
+    delete.extend(scale_down_excess(md, &c, &replace, &mut d));
+    let complete = write_status(md, &c, &mut d);
     Plan {
-        target_revision: target_rev,
-        target,
+        settled: complete && c.failed.is_empty(),
+        has_failed: !c.failed.is_empty(),
+        target_revision: c.target_rev,
+        target: c.target,
         aborted: false,
         replace,
         create,
         in_place,
         delete,
-        status: st,
-        events,
-        settled: complete && failed.is_empty(),
-        has_failed: !failed.is_empty(),
+        status: d.status,
+        events: d.events,
+        notes: d.notes,
     }
+}
+
+/// Which revision to move to: the spec's, unless it failed before (then the last good one, or
+/// none).
+fn choose_target(md: &MachineDeployment, spec_rev: &str, notes: &mut Vec<Note>) -> (String, Option<MachineTemplate>) {
+    let st = &md.status;
+    if !st.bad_revisions.iter().any(|b| b.revision == spec_rev) {
+        return (spec_rev.to_string(), Some(md.spec.template.clone()));
+    }
+    match st.revision_history.last() {
+        Some(good) => {
+            notes.push(Note::RollingBack { bad: spec_rev.to_string(), to: good.revision.clone() });
+            (good.revision.clone(), Some(good.template.clone()))
+        }
+        None => {
+            notes.push(Note::NoGoodRevision { revision: spec_rev.to_string() });
+            (spec_rev.to_string(), None)
+        }
+    }
+}
+
+/// Sorts the machines into live, new, old and failed against the target revision, and counts
+/// the available ones.
+fn classify<'a>(o: &Observed<'a>, d: &mut Draft) -> Classes<'a> {
+    let md = o.deployment;
+    let spec_rev = revision(&md.spec.template);
+    let (target_rev, target) = choose_target(md, &spec_rev, &mut d.notes);
+    let desired = md.spec.replicas;
+    let in_place = md.spec.strategy.strategy_type == StrategyType::InPlace;
+    let limits = if in_place {
+        Limits::in_place(desired, &md.spec.strategy.rolling_update, &md.spec.strategy.in_place.max_unavailable)
+    } else {
+        Limits::resolve(desired, &md.spec.strategy.rolling_update)
+    };
+    let min_ready = chrono::Duration::seconds(i64::try_from(md.spec.min_ready_seconds).unwrap_or(i64::MAX / 2));
+    let live: Vec<&Member> = o.machines.iter().filter(|m| !m.deleting).collect();
+    let (new, old): (Vec<&Member>, Vec<&Member>) = live.iter().partition(|m| m.revision == target_rev);
+    let failed = live.iter().copied().filter(|m| m.phase == Phase::Failed).collect();
+    let mut c = Classes {
+        spec_rev,
+        target_rev,
+        target,
+        desired,
+        in_place,
+        limits,
+        now: o.now,
+        min_ready,
+        all: o.machines,
+        live,
+        new,
+        old,
+        failed,
+        available: 0,
+        new_available: 0,
+    };
+    c.available = c.live.iter().filter(|m| c.is_available(m)).count() as i64;
+    c.new_available = c.new.iter().filter(|m| c.is_available(m)).count() as i64;
+    c
+}
+
+/// Rollout bookkeeping: a rollout starts when machines are to move to a new target revision;
+/// it progresses when more new machines are available than last time.
+fn track_rollout(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) {
+    let st = &mut d.status;
+    let rolling = c.target_rev != st.current_revision || !c.old.is_empty();
+    if rolling && st.rollout.as_ref().is_none_or(|r| r.revision != c.target_rev) {
+        let revision = c.target_rev.clone();
+        st.rollout =
+            Some(RolloutState { revision: revision.clone(), started: c.now, last_progress: c.now, failures: 0 });
+        if !st.current_revision.is_empty() {
+            let message = format!("rolling out revision {revision}");
+            d.events.push(PlannedEvent { warning: false, reason: "RolloutStarted", message });
+        }
+        d.notes.push(Note::RolloutStarted { revision });
+    }
+    if let Some(r) = st.rollout.as_mut() {
+        if c.new_available > md.status.available_replicas {
+            r.last_progress = c.now;
+        }
+    }
+}
+
+/// The failures of the spec's revision under way, if they reach the failure budget (failed
+/// machines of the target revision count when their failure is the revision's doing).
+fn budget_spent(md: &MachineDeployment, c: &Classes<'_>, d: &Draft) -> Option<u32> {
+    let rollout = d.status.rollout.as_ref()?;
+    let failed_now = c.failed.iter().filter(|m| m.revision == c.target_rev && attributable(m)).count() as u32;
+    let used = rollout.failures + failed_now;
+    let spent = c.target.is_some() && c.target_rev == c.spec_rev && used >= md.spec.failure_budget.max(1);
+    spent.then_some(used)
+}
+
+/// Aborts the rollout: the revision is remembered as bad and the deployment rolls back (if there
+/// is anything to roll back to). Nothing else is done this time.
+fn abort(md: &MachineDeployment, c: Classes<'_>, mut d: Draft, failures: u32) -> Plan {
+    let (st, rev) = (&mut d.status, &c.target_rev);
+    let reason = format!("{failures} machines of revision {rev} failed (budget {})", md.spec.failure_budget);
+    st.bad_revisions.push(BadRevision { revision: rev.clone(), reason: reason.clone(), time: c.now });
+    st.rollout = None;
+    let then = match st.revision_history.last() {
+        Some(good) => format!("rolling back to the last good revision {}", good.revision),
+        None => "no earlier revision to roll back to; change the template".to_string(),
+    };
+    let message = format!("{reason}; {then}");
+    set_condition(&mut st.conditions, ConditionType::Progressing, false, Reason::RolloutAborted, &message);
+    d.events.push(PlannedEvent { warning: true, reason: "RolloutAborted", message });
+    d.notes.push(Note::RevisionAborted { revision: rev.clone(), failures, budget: md.spec.failure_budget });
+    Plan {
+        target_revision: c.target_rev,
+        target: c.target,
+        aborted: true,
+        replace: Vec::new(),
+        create: 0,
+        in_place: None,
+        delete: Vec::new(),
+        status: d.status,
+        events: d.events,
+        notes: d.notes,
+        settled: false,
+        has_failed: true,
+    }
+}
+
+/// Failed machines to replace: when the pace allows, within `maxConcurrentReplacements` (those
+/// still terminating count). Each one of the target revision counts against the failure budget
+/// when its failure is the revision's doing.
+fn replacements(o: &Observed<'_>, c: &Classes<'_>, d: &mut Draft) -> Vec<String> {
+    if c.failed.is_empty() {
+        return Vec::new();
+    }
+    if !o.may_replace {
+        d.notes.push(Note::ReplacementsPaced { waiting: c.failed.len() });
+        return Vec::new();
+    }
+    let limit = o.deployment.spec.max_concurrent_replacements;
+    let in_flight = o.machines.iter().filter(|m| m.deleting && m.replacing).count() as i64;
+    let room = (i64::from(limit) - in_flight).max(0) as usize;
+    let mut replace = Vec::new();
+    for m in c.failed.iter().take(room) {
+        if m.revision == c.target_rev && attributable(m) {
+            if let Some(r) = d.status.rollout.as_mut() {
+                r.failures += 1;
+            }
+        }
+        replace.push(m.name.clone());
+    }
+    if replace.len() < c.failed.len() {
+        d.notes.push(Note::ReplacementsCapped { limit, in_flight, waiting: c.failed.len() - replace.len() });
+    }
+    replace
+}
+
+/// Scales up the target revision within `replicas + maxSurge` (terminating machines included).
+/// In place, old machines are converted, so only missing machines are created.
+fn scale_up(c: &Classes<'_>, d: &mut Draft) -> (usize, Option<InPlaceWork>) {
+    if c.target.is_none() {
+        return (0, None);
+    }
+    let limit = c.desired + c.limits.max_surge;
+    let current = c.all.len() as i64;
+    let have = if c.in_place { c.live.len() } else { c.new.len() } as i64;
+    let wanted = c.desired - have;
+    let create = wanted.min(limit - current).max(0) as usize;
+    if wanted > 0 && (create as i64) < wanted {
+        d.notes.push(Note::SurgeExhausted { limit, current, wanted });
+    }
+    if !c.in_place || c.old.is_empty() {
+        return (create, None);
+    }
+    let work = InPlaceWork {
+        candidates: c.old.iter().filter(|m| m.phase == Phase::Running).map(|m| m.name.clone()).collect(),
+        max_unavailable: c.limits.max_unavailable,
+        busy: c.old.iter().filter(|m| m.phase == Phase::Updating).count() as i64,
+    };
+    let (candidates, busy, max_unavailable) = (work.candidates.len(), work.busy, work.max_unavailable);
+    d.notes.push(Note::InPlace { candidates, busy, max_unavailable });
+    (create, Some(work))
+}
+
+/// Scales down old machines (not being replaced) in deletion order without going below
+/// `replicas − maxUnavailable` available; in place, only a scale-down removes them.
+fn scale_down_old(md: &MachineDeployment, c: &Classes<'_>, replace: &[String], d: &mut Draft) -> Vec<String> {
+    let min_available = c.min_available();
+    let new_unavailable = c.new.len() as i64 - c.new_available;
+    let live = c.live.len() as i64;
+    let mut budget = live - min_available - new_unavailable;
+    if c.in_place {
+        // Only a scale-down removes machines here; updates happen in place.
+        budget = budget.min(live - c.desired);
+    }
+    let mut order: Vec<&Member> = c.old.iter().copied().filter(|m| !replace.contains(&m.name)).collect();
+    deletion_order(&mut order, md.spec.delete_policy);
+    let mut can_remove_available = c.available - min_available;
+    let mut delete = Vec::new();
+    for m in &order {
+        if budget <= 0 {
+            break;
+        }
+        if c.is_available(m) {
+            if can_remove_available <= 0 {
+                continue;
+            }
+            can_remove_available -= 1;
+        }
+        delete.push(m.name.clone());
+        budget -= 1;
+    }
+    let held = order.len() - delete.len();
+    if held > 0 && !c.in_place {
+        let available = c.available;
+        d.notes.push(Note::WaitingForAvailable { held, available, min_available, new_unavailable });
+    }
+    delete
+}
+
+/// Scales down the target revision when there are too many (a scale-down, or leftover surge).
+fn scale_down_excess(md: &MachineDeployment, c: &Classes<'_>, replace: &[String], d: &mut Draft) -> Vec<String> {
+    let excess = c.new.len() as i64 - c.desired;
+    if excess <= 0 {
+        return Vec::new();
+    }
+    d.notes.push(Note::AboveReplicas { machines: c.new.len() as i64, replicas: c.desired });
+    let mut order: Vec<&Member> = c.new.iter().copied().filter(|m| !replace.contains(&m.name)).collect();
+    deletion_order(&mut order, md.spec.delete_policy);
+    order.iter().take(excess as usize).map(|m| m.name.clone()).collect()
+}
+
+/// The status: counts, then the Progressing and Available conditions. Returns whether the
+/// rollout is complete (every machine on the target revision, `replicas` of them available).
+fn write_status(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) -> bool {
+    let st = &mut d.status;
+    st.observed_generation = md.metadata.generation;
+    st.replicas = c.all.len() as i64;
+    st.updated_replicas = c.new.len() as i64;
+    st.ready_replicas = c.available;
+    st.available_replicas = c.new_available;
+    st.failed_replicas = c.failed.len() as i64;
+    st.target_revision = c.target_rev.clone();
+    let complete =
+        c.target.is_some() && c.new_available >= c.desired && c.old.is_empty() && c.new.len() as i64 == c.desired;
+    if complete {
+        complete_rollout(c, d);
+    } else {
+        progressing(md, c, d);
+    }
+    available(c, &mut d.status);
+    complete
+}
+
+/// A complete rollout: the target becomes the current revision and joins the history.
+fn complete_rollout(c: &Classes<'_>, d: &mut Draft) {
+    let (st, rev) = (&mut d.status, &c.target_rev);
+    if st.current_revision != *rev {
+        if !st.current_revision.is_empty() {
+            let message = format!("revision {rev} is rolled out");
+            d.events.push(PlannedEvent { warning: false, reason: "RolloutComplete", message });
+        }
+        st.current_revision = rev.clone();
+    }
+    if let Some(template) = &c.target {
+        st.revision_history.retain(|r| r.revision != *rev);
+        st.revision_history.push(RevisionRecord { revision: rev.clone(), template: template.clone() });
+        let n = st.revision_history.len();
+        if n > HISTORY {
+            st.revision_history.drain(..n - HISTORY);
+        }
+    }
+    st.rollout = None;
+    let (reason, msg) = if *rev != c.spec_rev {
+        (Reason::RolledBack, "rolled back: the spec's revision failed before")
+    } else {
+        (Reason::NewRevisionAvailable, "")
+    };
+    set_condition(&mut st.conditions, ConditionType::Progressing, true, reason, msg);
+    d.notes.push(Note::Complete { revision: rev.clone() });
+}
+
+/// The Progressing condition of a deployment not (yet) complete: no good revision, a stalled or
+/// rolling rollout, or scaling; the notes that hold it back follow the message.
+fn progressing(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) {
+    let (st, rev, spec_rev) = (&mut d.status, &c.target_rev, &c.spec_rev);
+    let (desired, new_available) = (c.desired, c.new_available);
+    let (holds, reason, msg) = if c.target.is_none() {
+        let why = st.bad_revisions.iter().rev().find(|b| b.revision == *spec_rev).map_or("", |b| b.reason.as_str());
+        let msg = format!(
+            "revision {spec_rev} failed ({why}) and there is no earlier revision to roll back to; change the template"
+        );
+        (false, Reason::NoGoodRevision, msg)
+    } else if let Some(r) = &st.rollout {
+        let seconds = md.spec.progress_deadline_seconds;
+        let stalled = (c.now - r.last_progress).to_std().unwrap_or_default() > Duration::from_secs(seconds);
+        if stalled {
+            d.notes.push(Note::ProgressDeadlineExceeded { seconds });
+            (false, Reason::ProgressDeadlineExceeded, format!("no progress for {seconds}s"))
+        } else {
+            let msg = format!("{new_available} of {desired} machines on revision {rev}");
+            (true, Reason::Rolling, with_holds(msg, &d.notes))
+        }
+    } else {
+        (true, Reason::Scaling, with_holds(format!("{new_available} of {desired} running"), &d.notes))
+    };
+    set_condition(&mut st.conditions, ConditionType::Progressing, holds, reason, &msg);
+}
+
+/// `message`, then the notes that hold the deployment back.
+fn with_holds(message: String, notes: &[Note]) -> String {
+    notes.iter().filter(|n| n.holds_back()).fold(message, |m, n| format!("{m}; {n}"))
+}
+
+/// The Available condition (with the environment problems of the machines that wait lifted
+/// onto the deployment).
+fn available(c: &Classes<'_>, st: &mut MachineDeploymentStatus) {
+    let waiting: Vec<&Member> = c.live.iter().copied().filter(|m| !c.is_available(m)).collect();
+    let environment = lift_environment_conditions(&mut st.conditions, &waiting);
+    let (available, min_available) = (c.available, c.min_available());
+    let reason = if available >= min_available {
+        Reason::MinimumAvailable
+    } else {
+        environment.map_or(Reason::BelowMinimum, Reason::from)
+    };
+    let message = format!("{available} running, {min_available} required");
+    set_condition(&mut st.conditions, ConditionType::Available, available >= min_available, reason, &message);
 }
 
 #[cfg(test)]

@@ -40,6 +40,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         may_replace: ctx.replacement_wait(key).is_zero(),
         now: Utc::now(),
     });
+    if !plan.notes.is_empty() {
+        let notes: Vec<String> = plan.notes.iter().map(ToString::to_string).collect();
+        tracing::debug!("plan.notes" = %notes.join("; "), "planned deployment");
+    }
     for e in &plan.events {
         ctx.store.event(Kind::MachineDeployment, &md.metadata, e.warning, e.reason, e.message.clone()).await;
     }

@@ -160,10 +160,12 @@ struct Row {
     create: usize,
     delete: &'static [&'static str],
     replace: &'static [&'static str],
+    /// Why: every note the planner gives, in order.
+    notes: Vec<Note>,
 }
 
 fn row(name: &'static str, md: MachineDeployment, machines: Vec<Fx>) -> Row {
-    Row { name, md, machines, may_replace: true, create: 0, delete: &[], replace: &[] }
+    Row { name, md, machines, may_replace: true, create: 0, delete: &[], replace: &[], notes: Vec::new() }
 }
 
 impl Row {
@@ -183,6 +185,44 @@ impl Row {
         self.may_replace = false;
         self
     }
+    fn because(mut self, notes: Vec<Note>) -> Self {
+        self.notes = notes;
+        self
+    }
+}
+
+/// A rollout of the new revision began.
+fn started() -> Note {
+    Note::RolloutStarted { revision: new_rev() }
+}
+
+fn surge_exhausted(limit: i64, current: i64, wanted: i64) -> Note {
+    Note::SurgeExhausted { limit, current, wanted }
+}
+
+fn waiting(held: usize, available: i64, min_available: i64, new_unavailable: i64) -> Note {
+    Note::WaitingForAvailable { held, available, min_available, new_unavailable }
+}
+
+fn above(machines: i64, replicas: i64) -> Note {
+    Note::AboveReplicas { machines, replicas }
+}
+
+fn paused(mut md: MachineDeployment) -> MachineDeployment {
+    md.spec.paused = true;
+    md
+}
+
+fn in_place(mut md: MachineDeployment, max_unavailable: i64) -> MachineDeployment {
+    md.spec.strategy.strategy_type = StrategyType::InPlace;
+    md.spec.strategy.in_place.max_unavailable = int(max_unavailable);
+    md
+}
+
+/// The spec's revision (os-2) failed before.
+fn bad_spec(mut md: MachineDeployment) -> MachineDeployment {
+    md.status.bad_revisions.push(BadRevision { revision: new_rev(), reason: "3 failed".into(), time: t0() });
+    md
 }
 
 fn settled(md: MachineDeployment) -> MachineDeployment {
@@ -207,10 +247,13 @@ fn the_planner_decides_creates_deletes_and_replacements() {
             settled(deployment(2)),
             vec![Fx::new("a").at(3), Fx::new("b").at(1), Fx::new("c").at(2), Fx::new("d").at(4)],
         )
-        .deletes(&["b", "c"]),
+        .deletes(&["b", "c"])
+        .because(vec![above(4, 2)]),
         row("scale down to zero", settled(deployment(0)), vec![Fx::new("a").at(1), Fx::new("b").at(2)])
-            .deletes(&["a", "b"]),
-        row("steady: nothing to do", settled(deployment(2)), vec![Fx::new("a"), Fx::new("b")]),
+            .deletes(&["a", "b"])
+            .because(vec![above(2, 0)]),
+        row("steady: nothing to do", settled(deployment(2)), vec![Fx::new("a"), Fx::new("b")])
+            .because(vec![Note::Complete { revision: new_rev() }]),
         row(
             "machines being created are not created again",
             settled(deployment(3)),
@@ -222,35 +265,41 @@ fn the_planner_decides_creates_deletes_and_replacements() {
             surge(deployment(3), int(1), int(0)),
             vec![Fx::new("o1").old().at(1), Fx::new("o2").old().at(2), Fx::new("o3").old().at(3)],
         )
-        .creates(1),
+        .creates(1)
+        .because(vec![started(), surge_exhausted(4, 3, 3), waiting(3, 3, 3, 0)]),
         row(
             "surge 1 / unavailable 0: the new machine runs, the oldest old one goes",
             surge(deployment(3), int(1), int(0)),
             vec![Fx::new("o1").old().at(1), Fx::new("o2").old().at(2), Fx::new("o3").old().at(3), Fx::new("n1")],
         )
-        .deletes(&["o1"]),
+        .deletes(&["o1"])
+        .because(vec![started(), surge_exhausted(4, 4, 2), waiting(2, 4, 3, 0)]),
         row(
             "surge 1 / unavailable 0: an unready new machine holds the old ones",
             surge(deployment(3), int(1), int(0)),
             vec![Fx::new("o1").old(), Fx::new("o2").old(), Fx::new("o3").old(), Fx::new("n1").phase(Phase::Creating)],
-        ),
+        )
+        .because(vec![started(), surge_exhausted(4, 4, 2), waiting(3, 3, 3, 1)]),
         row(
             "surge 0 / unavailable 1: delete first, then create",
             surge(deployment(3), int(0), int(1)),
             vec![Fx::new("o1").old().at(1), Fx::new("o2").old().at(2), Fx::new("o3").old().at(3)],
         )
-        .deletes(&["o1"]),
+        .deletes(&["o1"])
+        .because(vec![started(), surge_exhausted(3, 3, 3), waiting(2, 3, 2, 0)]),
         row(
             "surge 0 / unavailable 1: the terminating machine still counts toward the surge",
             surge(deployment(3), int(0), int(1)),
             vec![Fx::new("o1").old().terminating(), Fx::new("o2").old(), Fx::new("o3").old()],
-        ),
+        )
+        .because(vec![started(), surge_exhausted(3, 3, 3), waiting(2, 2, 2, 0)]),
         row(
             "surge 0 / unavailable 1: once it is gone, its replacement is created",
             surge(deployment(3), int(0), int(1)),
             vec![Fx::new("o2").old(), Fx::new("o3").old()],
         )
-        .creates(1),
+        .creates(1)
+        .because(vec![started(), surge_exhausted(3, 2, 3), waiting(2, 2, 2, 0)]),
         row(
             "surge 2 / unavailable 2",
             surge(deployment(4), int(2), int(2)),
@@ -262,7 +311,8 @@ fn the_planner_decides_creates_deletes_and_replacements() {
             ],
         )
         .creates(2)
-        .deletes(&["o1", "o2"]),
+        .deletes(&["o1", "o2"])
+        .because(vec![started(), surge_exhausted(6, 4, 4), waiting(2, 4, 2, 0)]),
         // ---- rolling update, percents (surge rounds up, unavailable down; both 0 → 1)
         row(
             "25% / 25% of 10 is 3 up and 2 down",
@@ -270,25 +320,29 @@ fn the_planner_decides_creates_deletes_and_replacements() {
             (0..10).map(|i| Fx::new(&format!("o{i}")).old().at(i)).collect(),
         )
         .creates(3)
-        .deletes(&["o0", "o1"]),
+        .deletes(&["o0", "o1"])
+        .because(vec![started(), surge_exhausted(13, 10, 10), waiting(8, 10, 8, 0)]),
         row(
             "10% / 10% of 4 is 1 up and 0 down",
             surge(deployment(4), pct("10%"), pct("10%")),
             (0..4).map(|i| Fx::new(&format!("o{i}")).old().at(i)).collect(),
         )
-        .creates(1),
+        .creates(1)
+        .because(vec![started(), surge_exhausted(5, 4, 4), waiting(4, 4, 4, 0)]),
         row(
             "0% / 0% means one unavailable",
             surge(deployment(4), pct("0%"), pct("0%")),
             (0..4).map(|i| Fx::new(&format!("o{i}")).old().at(i)).collect(),
         )
-        .deletes(&["o0"]),
+        .deletes(&["o0"])
+        .because(vec![started(), surge_exhausted(4, 4, 4), waiting(3, 4, 3, 0)]),
         row(
             "50% / 0 of 3 rounds the surge up to 2",
             surge(deployment(3), pct("50%"), int(0)),
             (0..3).map(|i| Fx::new(&format!("o{i}")).old().at(i)).collect(),
         )
-        .creates(2),
+        .creates(2)
+        .because(vec![started(), surge_exhausted(5, 3, 3), waiting(3, 3, 3, 0)]),
         // ---- rollouts with failing machines
         row(
             "a failed new machine is replaced, within the surge",
@@ -300,7 +354,8 @@ fn the_planner_decides_creates_deletes_and_replacements() {
                 Fx::new("n1").failed("Internal", "CLOUD_OPERATION_FAILED"),
             ],
         )
-        .replaces(&["n1"]),
+        .replaces(&["n1"])
+        .because(vec![started(), surge_exhausted(4, 4, 2), waiting(3, 3, 3, 1)]),
         row(
             "replacements wait for the pace",
             surge(deployment(3), int(1), int(0)),
@@ -311,7 +366,13 @@ fn the_planner_decides_creates_deletes_and_replacements() {
                 Fx::new("n1").failed("Internal", "CLOUD_OPERATION_FAILED"),
             ],
         )
-        .paced(),
+        .paced()
+        .because(vec![
+            started(),
+            Note::ReplacementsPaced { waiting: 1 },
+            surge_exhausted(4, 4, 2),
+            waiting(3, 3, 3, 1),
+        ]),
         row(
             "replacements are capped by maxConcurrentReplacements (2, one in flight)",
             settled(deployment(4)),
@@ -323,14 +384,16 @@ fn the_planner_decides_creates_deletes_and_replacements() {
             ],
         )
         .creates(1)
-        .replaces(&["a"]),
+        .replaces(&["a"])
+        .because(vec![Note::ReplacementsCapped { limit: 2, in_flight: 1, waiting: 2 }]),
         row(
             "failed old machines are replaced too, and not deleted twice",
             surge(deployment(2), int(1), int(0)),
             vec![Fx::new("o1").old().failed("Unavailable", "HEALTH_TIMEOUT"), Fx::new("o2").old()],
         )
         .creates(1)
-        .replaces(&["o1"]),
+        .replaces(&["o1"])
+        .because(vec![started(), surge_exhausted(3, 2, 2), waiting(1, 1, 2, 0)]),
         row(
             "a failed machine goes first when scaling down",
             settled(deployment(2)),
@@ -341,7 +404,8 @@ fn the_planner_decides_creates_deletes_and_replacements() {
             ],
         )
         .paced()
-        .deletes(&["f"]),
+        .deletes(&["f"])
+        .because(vec![Note::ReplacementsPaced { waiting: 1 }, above(3, 2)]),
         // ---- deletion priority
         row(
             "deletion priority: annotated, failed, unknown, creating, updating, then the oldest",
@@ -355,7 +419,8 @@ fn the_planner_decides_creates_deletes_and_replacements() {
                 Fx::new("annotated").marked_for_deletion().at(5),
             ],
         )
-        .deletes(&["annotated", "unknown", "creating", "updating", "running-old"]),
+        .deletes(&["annotated", "unknown", "creating", "updating", "running-old"])
+        .because(vec![above(6, 1)]),
         row(
             "old machines go by the same priority, within maxUnavailable",
             surge(deployment(3), int(0), int(1)),
@@ -365,7 +430,68 @@ fn the_planner_decides_creates_deletes_and_replacements() {
                 Fx::new("o-creating").old().phase(Phase::Creating).at(6),
             ],
         )
-        .deletes(&["o-unknown"]),
+        .deletes(&["o-unknown"])
+        .because(vec![started(), surge_exhausted(3, 3, 3), waiting(2, 1, 2, 0)]),
+        // ---- decisions the rows above do not reach
+        row(
+            "minReadySeconds: a new machine Ready for too short a time holds the old ones",
+            {
+                let mut md = surge(deployment(2), int(1), int(0));
+                md.spec.min_ready_seconds = 30;
+                md
+            },
+            vec![Fx::new("o1").old(), Fx::new("o2").old(), Fx::new("n1").ready_since(50)],
+        )
+        .because(vec![started(), surge_exhausted(3, 3, 1), waiting(2, 2, 2, 1)]),
+        row(
+            "paused: nothing is created and no old machine goes",
+            paused(surge(deployment(2), int(1), int(0))),
+            vec![Fx::new("o1").old(), Fx::new("o2").old()],
+        )
+        .because(vec![started(), Note::Paused]),
+        row(
+            "paused: the excess of the target revision still goes",
+            paused(settled(deployment(1))),
+            vec![Fx::new("a").at(1), Fx::new("b").at(2)],
+        )
+        .deletes(&["a"])
+        .because(vec![Note::Paused, above(2, 1)]),
+        row(
+            "in place: old machines are converted, only missing ones created",
+            in_place(deployment(3), 2),
+            vec![Fx::new("o1").old(), Fx::new("o2").old().phase(Phase::Updating)],
+        )
+        .creates(1)
+        .because(vec![started(), Note::InPlace { candidates: 1, busy: 1, max_unavailable: 2 }]),
+        row(
+            "in place: a scale-down removes old machines, nothing waits for availability",
+            in_place(deployment(1), 1),
+            vec![Fx::new("o1").old().at(1), Fx::new("o2").old().at(2)],
+        )
+        .deletes(&["o1"])
+        .because(vec![started(), Note::InPlace { candidates: 2, busy: 0, max_unavailable: 1 }]),
+        row(
+            "a bad spec revision: the last good one is rolled back to",
+            bad_spec(surge(deployment(2), int(1), int(0))),
+            vec![Fx::new("o1").old(), Fx::new("n1")],
+        )
+        .creates(1)
+        .because(vec![
+            Note::RollingBack { bad: new_rev(), to: old_rev() },
+            Note::RolloutStarted { revision: old_rev() },
+            waiting(1, 2, 2, 0),
+        ]),
+        row(
+            "a bad spec revision and no good one: nothing is created, the excess goes",
+            {
+                let mut md = bad_spec(deployment(1));
+                md.status.revision_history.clear();
+                md
+            },
+            vec![Fx::new("n1").at(1), Fx::new("n2").at(2)],
+        )
+        .deletes(&["n1"])
+        .because(vec![Note::NoGoodRevision { revision: new_rev() }, started(), above(2, 1)]),
     ];
     for r in rows {
         let p = run(&r.md, r.machines, r.may_replace);
@@ -373,6 +499,7 @@ fn the_planner_decides_creates_deletes_and_replacements() {
         assert_eq!(p.create, r.create, "{}: creates", r.name);
         assert_eq!(names(&p.delete), r.delete, "{}: deletes", r.name);
         assert_eq!(names(&p.replace), r.replace, "{}: replacements", r.name);
+        assert_eq!(p.notes, r.notes, "{}: notes", r.name);
     }
 }
 
@@ -416,12 +543,14 @@ fn attributable_failures_spend_the_budget_and_abort_with_a_rollback() {
     assert_eq!(p.status.bad_revisions.iter().map(|b| b.revision.clone()).collect::<Vec<_>>(), [new_rev()]);
     assert_eq!(condition(&p, "Progressing"), ("False", "RolloutAborted"));
     assert_eq!(p.events.last().map(|e| (e.warning, e.reason)), Some((true, "RolloutAborted")));
+    assert_eq!(p.notes, [Note::RevisionAborted { revision: new_rev(), failures: 2, budget: 2 }]);
     // Then the deployment rolls back: the last good revision is the target, the bad machine goes.
     md.status = p.status;
     let p = run(&md, machines(), true);
     assert!(!p.aborted);
     assert_eq!(p.target_revision, old_rev());
     assert_eq!(names(&p.replace), ["n1"]);
+    assert_eq!(p.notes.first(), Some(&Note::RollingBack { bad: new_rev(), to: old_rev() }));
     // Back on the good revision everywhere: rolled back.
     md.status = p.status;
     let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old(), Fx::new("o3").old()], true);
@@ -466,6 +595,7 @@ fn a_bad_first_revision_has_nothing_to_roll_back_to() {
     assert!(p.target.is_none());
     assert_eq!(p.create, 0, "nothing is created from a bad revision");
     assert_eq!(condition(&p, "Progressing"), ("False", "NoGoodRevision"));
+    assert_eq!(p.notes.first(), Some(&Note::NoGoodRevision { revision: new_rev() }));
     assert_eq!(condition(&p, "Available"), ("False", "BelowMinimum"));
 }
 
@@ -479,6 +609,7 @@ fn a_complete_rollout_records_the_revision() {
     assert_eq!(p.status.revision_history.len(), 2);
     assert_eq!(p.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["RolloutStarted", "RolloutComplete"]);
     assert_eq!(condition(&p, "Progressing"), ("True", "NewRevisionAvailable"));
+    assert_eq!(p.notes, [started(), Note::Complete { revision: new_rev() }]);
     assert_eq!(condition(&p, "Available"), ("True", "MinimumAvailable"));
     assert_eq!((p.status.replicas, p.status.updated_replicas, p.status.available_replicas), (2, 2, 2));
 }
@@ -490,9 +621,33 @@ fn progress_stalls_past_the_deadline() {
     md.status.rollout = Some(RolloutState { revision: new_rev(), started: t0(), last_progress: t0(), failures: 0 });
     let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old(), Fx::new("n1").phase(Phase::Creating)], true);
     assert_eq!(condition(&p, "Progressing"), ("False", "ProgressDeadlineExceeded"));
+    assert_eq!(p.notes.last(), Some(&Note::ProgressDeadlineExceeded { seconds: 30 }));
     md.spec.progress_deadline_seconds = 600;
     let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old(), Fx::new("n1").phase(Phase::Creating)], true);
     assert_eq!(condition(&p, "Progressing"), ("True", "Rolling"));
+    assert!(!p.notes.iter().any(|n| matches!(n, Note::ProgressDeadlineExceeded { .. })));
+}
+
+#[test]
+fn the_progressing_message_says_what_holds_the_deployment_back() {
+    let message = |p: &Plan| {
+        let c = p.status.conditions.iter().find(|c| c.condition_type == "Progressing").expect("Progressing");
+        c.message.clone()
+    };
+    let md = surge(deployment(2), int(1), int(0));
+    let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old(), Fx::new("n1").phase(Phase::Creating)], true);
+    assert_eq!(
+        message(&p),
+        format!(
+            "0 of 2 machines on revision {}; 1 machine(s) wanted, 3 of 3 (replicas + maxSurge) exist; \
+             2 old machine(s) kept: 2 available, 2 required, 1 new not available yet",
+            new_rev()
+        )
+    );
+    let p = run(&settled(deployment(2)), vec![Fx::new("a"), Fx::new("b").failed("Internal", "X")], false);
+    assert_eq!(message(&p), "1 of 2 running; 1 failed machine(s) wait for the replacement pace");
+    let p = run(&settled(deployment(3)), vec![Fx::new("a"), Fx::new("b")], true);
+    assert_eq!(message(&p), "2 of 3 running", "creating within the surge holds nothing back");
 }
 
 #[test]
