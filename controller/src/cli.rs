@@ -250,7 +250,18 @@ fn fail(message: impl Into<String>) -> Failure {
 }
 
 fn kind_arg(s: &str) -> Result<Kind, Failure> {
-    Kind::parse(s).ok_or_else(|| fail(format!("unknown kind {s:?}; use machines, machinedeployments (md), machinepools (mp), machineclasses (mc) or secrets")))
+    Kind::parse(s).ok_or_else(|| {
+        let names: Vec<String> = Kind::ALL
+            .iter()
+            .rev()
+            .map(|k| match k.aliases().first() {
+                Some(alias) => format!("{} ({alias})", k.plural()),
+                None => k.plural().to_string(),
+            })
+            .collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        fail(format!("unknown kind {s:?}; use {}", one_of(&names)))
+    })
 }
 
 /// Runs a parsed command.
@@ -403,10 +414,6 @@ fn print_table(rows: Vec<Vec<String>>) {
     }
 }
 
-fn condition_column(conds: &[Condition], kind: ConditionType) -> String {
-    condition(conds, kind).map_or("-".into(), |c| format!("{}/{}", c.status, c.reason))
-}
-
 async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, output: Output) -> Result<(), Failure> {
     let mut raw: Vec<Value> = store
         .backend()
@@ -451,122 +458,43 @@ async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, out
         eprintln!("no {kind} objects in namespace {namespace}");
         return Ok(());
     }
-    let mut rows = Vec::new();
-    match kind {
-        Kind::Machine => {
-            let mut header = vec!["NAME", "PHASE", "NODE", "PROVIDER-ID", "AGE"];
-            if wide {
-                header.extend(["CLASS", "REVISION", "ADDRESS", "LAST-OP", "REQUEST-ID"]);
-            }
-            rows.push(header.into_iter().map(String::from).collect());
-            for v in raw {
-                let m: Machine = serde_json::from_value(v)?;
-                let mut row = vec![
-                    m.metadata.name.clone(),
-                    m.status.phase.to_string(),
-                    m.status.node_ref.as_ref().map_or("-".into(), |n| n.name.clone()),
-                    or_dash(&m.status.provider_id),
-                    age(m.metadata.creation_timestamp),
-                ];
-                if wide {
-                    let last = m.status.last_operation.as_ref();
-                    row.extend([
-                        m.spec.class_ref.name.clone(),
-                        m.metadata.labels.get(LABEL_REVISION).cloned().unwrap_or("-".into()),
-                        m.status.addresses.first().map_or("-".into(), |a| a.address.clone()),
-                        last.map_or("-".into(), |l| format!("{}/{}/{}", l.op_type, l.state, l.code)),
-                        last.map_or("-".into(), |l| l.request_id.clone()),
-                    ]);
-                }
-                rows.push(row);
-            }
-        }
-        Kind::MachineDeployment => {
-            let mut header = vec!["NAME", "DESIRED", "CURRENT", "UPDATED", "READY", "AVAILABLE", "REVISION", "AGE"];
-            if wide {
-                header.extend(["STRATEGY", "PROGRESSING", "BAD-REVISIONS"]);
-            }
-            rows.push(header.into_iter().map(String::from).collect());
-            for v in raw {
-                let d: MachineDeployment = serde_json::from_value(v)?;
-                let mut row = vec![
-                    d.metadata.name.clone(),
-                    d.spec.replicas.to_string(),
-                    d.status.replicas.to_string(),
-                    d.status.updated_replicas.to_string(),
-                    d.status.ready_replicas.to_string(),
-                    d.status.available_replicas.to_string(),
-                    or_dash(&d.status.target_revision),
-                    age(d.metadata.creation_timestamp),
-                ];
-                if wide {
-                    row.extend([
-                        format!("{:?}", d.spec.strategy.strategy_type),
-                        condition_column(&d.status.conditions, ConditionType::Progressing),
-                        d.status
-                            .bad_revisions
-                            .iter()
-                            .map(|b| b.revision.clone())
-                            .collect::<Vec<_>>()
-                            .join(",")
-                            .chars()
-                            .take(40)
-                            .collect::<String>(),
-                    ]);
-                }
-                rows.push(row);
-            }
-        }
-        Kind::MachinePool => {
-            rows.push(
-                ["NAME", "DESIRED", "CURRENT", "READY", "UPDATED", "AGE"].into_iter().map(String::from).collect(),
-            );
-            for v in raw {
-                let p: MachinePool = serde_json::from_value(v)?;
-                rows.push(vec![
-                    p.metadata.name.clone(),
-                    p.spec.replicas.to_string(),
-                    p.status.replicas.to_string(),
-                    p.status.ready_replicas.to_string(),
-                    p.status.updated_replicas.to_string(),
-                    age(p.metadata.creation_timestamp),
-                ]);
-            }
-        }
-        Kind::MachineClass => {
-            rows.push(["NAME", "DRIVER", "VALID", "AGE"].into_iter().map(String::from).collect());
-            for v in raw {
-                let c: MachineClass = serde_json::from_value(v)?;
-                rows.push(vec![
-                    c.metadata.name.clone(),
-                    c.spec.driver.clone(),
-                    condition_column(&c.status.conditions, ConditionType::Valid),
-                    age(c.metadata.creation_timestamp),
-                ]);
-            }
-        }
-        Kind::Secret => {
-            rows.push(["NAME", "KEYS", "AGE"].into_iter().map(String::from).collect());
-            for v in raw {
-                let keys = ["data", "stringData"]
-                    .iter()
-                    .filter_map(|f| v.get(*f).and_then(Value::as_object))
-                    .map(|o| o.len())
-                    .sum::<usize>();
-                let created = v["metadata"]["creationTimestamp"]
-                    .as_str()
-                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-                    .map(|t| t.with_timezone(&chrono::Utc));
-                rows.push(vec![
-                    v["metadata"]["name"].as_str().unwrap_or("").to_string(),
-                    keys.to_string(),
-                    age(created),
-                ]);
-            }
-        }
-    }
-    print_table(rows);
+    print_table(table(kind, raw, wide)?);
     Ok(())
+}
+
+/// The rows of `get`'s table: a header (NAME, then the kind's [`Column`]s in capitals, the wide
+/// ones after the others), then one row per object.
+fn table(kind: Kind, raw: Vec<Value>, wide: bool) -> Result<Vec<Vec<String>>, Failure> {
+    let columns = kind.columns().iter().filter(|c| c.in_table(wide) && !c.is_wide());
+    let columns: Vec<&Column> =
+        columns.chain(kind.columns().iter().filter(|c| c.in_table(wide) && c.is_wide())).collect();
+    let mut rows =
+        vec![std::iter::once("NAME".to_string()).chain(columns.iter().map(|c| c.name.to_uppercase())).collect()];
+    for v in raw {
+        let v = kind.normalize(v)?;
+        let mut row = vec![v["metadata"]["name"].as_str().unwrap_or("").to_string()];
+        row.extend(columns.iter().map(|c| cell(c, &v)));
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// One cell of `get`'s table.
+fn cell(column: &Column, object: &Value) -> String {
+    if let Some(f) = column.cell {
+        return f(object);
+    }
+    let value = column.lookup(object).filter(|v| !v.is_null());
+    match (column.ty, value) {
+        (ColumnType::Date, v) => age(v
+            .and_then(Value::as_str)
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&chrono::Utc))),
+        (ColumnType::Integer, None) => "0".into(),
+        (_, None) => "-".into(),
+        (_, Some(Value::String(s))) => or_dash(s),
+        (_, Some(v)) => v.to_string(),
+    }
 }
 
 fn or_dash(s: &str) -> String {
@@ -620,40 +548,8 @@ async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Res
     if let Some(p) = status["providerId"].as_str() {
         out += &format!("Provider ID:  {p}\n");
     }
-    if kind == Kind::Machine {
-        match status["nodeRef"]["name"].as_str() {
-            Some(node) => out += &format!("Node:         {node}\n"),
-            None => {
-                out += "Node:         <none> (nodes are managed when the controller runs with a target cluster: \
-                        run --target-kubeconfig, or --store kubernetes)\n"
-            }
-        }
-        if let Some(d) = status.get("deletion").filter(|d| !d.is_null()) {
-            out += &format!(
-                "Deletion:     {} since {}\n",
-                d["phase"].as_str().unwrap_or(""),
-                d["phaseStarted"].as_str().unwrap_or("")
-            );
-            if let Some(deadline) = d["drainDeadline"].as_str() {
-                out += &format!(
-                    "  drain:      started {}, deadline {deadline}\n",
-                    d["drainStarted"].as_str().unwrap_or("-")
-                );
-            }
-            if let Some(n) = d["podsLeft"].as_u64() {
-                out += &format!("  pods left:  {n}\n");
-            }
-            if let Some(b) = d["blockedBy"].as_str() {
-                out += &format!("  blocked by: {b}\n");
-            }
-            if d["forced"].as_bool() == Some(true) {
-                out += "  forced:     pods were deleted at the drain deadline\n";
-            }
-            if d["outOfService"].as_bool() == Some(true) {
-                out += "  out of service: the VM was gone; pods deleted without eviction\n";
-            }
-        }
-    }
+    let (head, tail) = kind.describe(status);
+    out += &head;
     if let Some(a) = status["addresses"].as_array() {
         for addr in a {
             out += &format!(
@@ -714,19 +610,7 @@ async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Res
             f["message"].as_str().unwrap_or("")
         );
     }
-    if kind == Kind::MachineDeployment {
-        let other: serde_json::Map<String, Value> = status
-            .as_object()
-            .map(|o| {
-                o.iter()
-                    .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "revisionHistory"))
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        out += "Status:\n";
-        out += &indent(&serde_saphyr::to_string(&Value::Object(other)).unwrap_or_default());
-    }
+    out += &tail;
     let events = store.backend().events(&key, 15).await?;
     out += "Events:\n";
     if events.is_empty() {
@@ -933,5 +817,207 @@ pub async fn shutdown_signal() {
             }
         }
         _ => futures::future::pending::<()>().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition_column(conds: &[Condition], kind: ConditionType) -> String {
+        condition(conds, kind).map_or("-".into(), |c| format!("{}/{}", c.status, c.reason))
+    }
+
+    /// `get` as it was before the columns were declared on the types (the oracle).
+    fn legacy_table(kind: Kind, raw: Vec<Value>, wide: bool) -> Result<Vec<Vec<String>>, Failure> {
+        let mut rows = Vec::new();
+        match kind {
+            Kind::Machine => {
+                let mut header = vec!["NAME", "PHASE", "NODE", "PROVIDER-ID", "AGE"];
+                if wide {
+                    header.extend(["CLASS", "REVISION", "ADDRESS", "LAST-OP", "REQUEST-ID"]);
+                }
+                rows.push(header.into_iter().map(String::from).collect());
+                for v in raw {
+                    let m: Machine = serde_json::from_value(v)?;
+                    let mut row = vec![
+                        m.metadata.name.clone(),
+                        m.status.phase.to_string(),
+                        m.status.node_ref.as_ref().map_or("-".into(), |n| n.name.clone()),
+                        or_dash(&m.status.provider_id),
+                        age(m.metadata.creation_timestamp),
+                    ];
+                    if wide {
+                        let last = m.status.last_operation.as_ref();
+                        row.extend([
+                            m.spec.class_ref.name.clone(),
+                            m.metadata.labels.get(LABEL_REVISION).cloned().unwrap_or("-".into()),
+                            m.status.addresses.first().map_or("-".into(), |a| a.address.clone()),
+                            last.map_or("-".into(), |l| format!("{}/{}/{}", l.op_type, l.state, l.code)),
+                            last.map_or("-".into(), |l| l.request_id.clone()),
+                        ]);
+                    }
+                    rows.push(row);
+                }
+            }
+            Kind::MachineDeployment => {
+                let mut header = vec!["NAME", "DESIRED", "CURRENT", "UPDATED", "READY", "AVAILABLE", "REVISION", "AGE"];
+                if wide {
+                    header.extend(["STRATEGY", "PROGRESSING", "BAD-REVISIONS"]);
+                }
+                rows.push(header.into_iter().map(String::from).collect());
+                for v in raw {
+                    let d: MachineDeployment = serde_json::from_value(v)?;
+                    let mut row = vec![
+                        d.metadata.name.clone(),
+                        d.spec.replicas.to_string(),
+                        d.status.replicas.to_string(),
+                        d.status.updated_replicas.to_string(),
+                        d.status.ready_replicas.to_string(),
+                        d.status.available_replicas.to_string(),
+                        or_dash(&d.status.target_revision),
+                        age(d.metadata.creation_timestamp),
+                    ];
+                    if wide {
+                        row.extend([
+                            format!("{:?}", d.spec.strategy.strategy_type),
+                            condition_column(&d.status.conditions, ConditionType::Progressing),
+                            d.status
+                                .bad_revisions
+                                .iter()
+                                .map(|b| b.revision.clone())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                                .chars()
+                                .take(40)
+                                .collect::<String>(),
+                        ]);
+                    }
+                    rows.push(row);
+                }
+            }
+            Kind::MachinePool => {
+                rows.push(
+                    ["NAME", "DESIRED", "CURRENT", "READY", "UPDATED", "AGE"].into_iter().map(String::from).collect(),
+                );
+                for v in raw {
+                    let p: MachinePool = serde_json::from_value(v)?;
+                    rows.push(vec![
+                        p.metadata.name.clone(),
+                        p.spec.replicas.to_string(),
+                        p.status.replicas.to_string(),
+                        p.status.ready_replicas.to_string(),
+                        p.status.updated_replicas.to_string(),
+                        age(p.metadata.creation_timestamp),
+                    ]);
+                }
+            }
+            Kind::MachineClass => {
+                rows.push(["NAME", "DRIVER", "VALID", "AGE"].into_iter().map(String::from).collect());
+                for v in raw {
+                    let c: MachineClass = serde_json::from_value(v)?;
+                    rows.push(vec![
+                        c.metadata.name.clone(),
+                        c.spec.driver.clone(),
+                        condition_column(&c.status.conditions, ConditionType::Valid),
+                        age(c.metadata.creation_timestamp),
+                    ]);
+                }
+            }
+            Kind::Secret => {
+                rows.push(["NAME", "KEYS", "AGE"].into_iter().map(String::from).collect());
+                for v in raw {
+                    let keys = ["data", "stringData"]
+                        .iter()
+                        .filter_map(|f| v.get(*f).and_then(Value::as_object))
+                        .map(|o| o.len())
+                        .sum::<usize>();
+                    let created = v["metadata"]["creationTimestamp"]
+                        .as_str()
+                        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                        .map(|t| t.with_timezone(&chrono::Utc));
+                    rows.push(vec![
+                        v["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                        keys.to_string(),
+                        age(created),
+                    ]);
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    fn samples() -> Vec<(Kind, Vec<Value>)> {
+        use serde_json::json;
+        let meta = |name: &str| json!({"name": name, "namespace": "default"});
+        vec![
+            (
+                Kind::Secret,
+                vec![
+                    json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta("s"), "stringData": {"a": "b"}, "data": {"c": "ZA=="}}),
+                    json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta("t")}),
+                ],
+            ),
+            (
+                Kind::MachineClass,
+                vec![
+                    json!({"apiVersion": API_VERSION, "kind": "MachineClass", "metadata": meta("c"), "spec": {"driver": "fake", "providerSpec": {}}}),
+                    json!({"apiVersion": API_VERSION, "kind": "MachineClass", "metadata": meta("d"), "spec": {"driver": "fake", "providerSpec": {}},
+                    "status": {"conditions": [{"type": "Valid", "status": "False", "reason": "Invalid", "message": "m", "lastTransitionTime": "2024-01-01T00:00:00Z"}]}}),
+                ],
+            ),
+            (
+                Kind::MachineDeployment,
+                vec![
+                    json!({"apiVersion": API_VERSION, "kind": "MachineDeployment", "metadata": meta("web"), "spec": {"replicas": 3, "template": {"spec": {"classRef": {"name": "c"}}}}}),
+                    json!({"apiVersion": API_VERSION, "kind": "MachineDeployment", "metadata": meta("api"),
+                    "spec": {"replicas": 2, "template": {"spec": {"classRef": {"name": "c"}}}, "strategy": {"type": "InPlace"}},
+                    "status": {"replicas": 2, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1, "targetRevision": "abc",
+                        "badRevisions": [{"revision": "0123456789abcdef0123", "reason": "r", "time": "2024-01-01T00:00:00Z"}, {"revision": "fedcba98765432100000", "reason": "r", "time": "2024-01-01T00:00:00Z"}],
+                        "conditions": [{"type": "Progressing", "status": "True", "reason": "NewRevisionAvailable", "message": "", "lastTransitionTime": "2024-01-01T00:00:00Z"}]}}),
+                ],
+            ),
+            (
+                Kind::MachinePool,
+                vec![
+                    json!({"apiVersion": API_VERSION, "kind": "MachinePool", "metadata": meta("p"), "spec": {"replicas": 4, "template": {"spec": {"classRef": {"name": "c"}}}},
+                    "status": {"replicas": 3, "readyReplicas": 2, "updatedReplicas": 1, "providerId": "pool-1"}}),
+                ],
+            ),
+            (
+                Kind::Machine,
+                vec![
+                    json!({"apiVersion": API_VERSION, "kind": "Machine", "metadata": meta("m"), "spec": {"classRef": {"name": "c"}}}),
+                    json!({"apiVersion": API_VERSION, "kind": "Machine", "metadata": {"name": "n", "namespace": "default", "labels": {LABEL_REVISION: "r1"}},
+                    "spec": {"classRef": {"name": "c"}},
+                    "status": {"phase": "Running", "providerId": "fake:///a/1", "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
+                        "nodeRef": {"name": "node-1"},
+                        "lastOperation": {"type": "Create", "state": "Succeeded", "code": "OK", "requestId": "req-1", "time": "2024-01-01T00:00:00Z"}}}),
+                ],
+            ),
+        ]
+    }
+
+    #[test]
+    fn the_tables_are_the_ones_get_printed_before_columns_were_declared() {
+        for (kind, raw) in samples() {
+            for wide in [false, true] {
+                let new = table(kind, raw.clone(), wide).unwrap();
+                let old = legacy_table(kind, raw.clone(), wide).unwrap();
+                assert_eq!(new, old, "{kind} wide={wide}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_kind_is_named_by_its_plural_short_names_and_aliases() {
+        for kind in Kind::ALL {
+            for name in [kind.as_str(), kind.plural()].iter().chain(kind.short_names()).chain(kind.aliases()) {
+                assert_eq!(Kind::parse(name), Some(kind), "{name}");
+                assert_eq!(Kind::parse(&name.to_uppercase()), Some(kind), "{name}");
+            }
+        }
+        let e = kind_arg("gizmos").unwrap_err().message;
+        assert!(e.starts_with("unknown kind \"gizmos\"; use machines (m), "), "{e}");
     }
 }

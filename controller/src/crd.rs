@@ -12,26 +12,13 @@ use serde_json::{json, Map, Value};
 
 use crate::manifest;
 
-use crate::resources::{
-    Kind, MachineClassSpec, MachineClassStatus, MachineDeploymentSpec, MachineDeploymentStatus, MachinePoolSpec,
-    MachinePoolStatus, MachineSpec, MachineStatus, GROUP,
-};
+use crate::resources::{Column, Kind, GROUP};
 
 /// The served and stored version.
 pub const VERSION: &str = "v1alpha1";
 
-/// Plural resource name of a kind (as in `kubectl get machines`).
-pub fn plural(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Secret => "secrets",
-        Kind::MachineClass => "machineclasses",
-        Kind::MachineDeployment => "machinedeployments",
-        Kind::MachinePool => "machinepools",
-        Kind::Machine => "machines",
-    }
-}
-
-fn schema_of<T: JsonSchema>() -> Value {
+/// The structural schema of `T` (inlined).
+pub(crate) fn schema_of<T: JsonSchema>() -> Value {
     let mut settings = schemars::generate::SchemaSettings::openapi3();
     settings.inline_subschemas = true;
     structural(settings.into_generator().into_root_schema_for::<T>().to_value())
@@ -100,78 +87,10 @@ pub fn structural(schema: Value) -> Value {
     Value::Object(o)
 }
 
-struct Def {
-    kind: Kind,
-    short: &'static [&'static str],
-    spec: Value,
-    status: Value,
-    columns: Value,
-    scale: bool,
-}
-
-fn col(name: &str, ty: &str, path: &str) -> Value {
-    json!({ "name": name, "type": ty, "jsonPath": path })
-}
-
-fn age() -> Value {
-    col("Age", "date", ".metadata.creationTimestamp")
-}
-
-fn defs() -> Vec<Def> {
-    vec![
-        Def {
-            kind: Kind::MachineClass,
-            short: &["mcl"],
-            spec: schema_of::<MachineClassSpec>(),
-            status: schema_of::<MachineClassStatus>(),
-            columns: json!([col("Driver", "string", ".spec.driver"), age()]),
-            scale: false,
-        },
-        Def {
-            kind: Kind::MachineDeployment,
-            short: &["md", "mcd"],
-            spec: schema_of::<MachineDeploymentSpec>(),
-            status: schema_of::<MachineDeploymentStatus>(),
-            columns: json!([
-                col("Desired", "integer", ".spec.replicas"),
-                col("Current", "integer", ".status.replicas"),
-                col("Updated", "integer", ".status.updatedReplicas"),
-                col("Ready", "integer", ".status.readyReplicas"),
-                col("Available", "integer", ".status.availableReplicas"),
-                age()
-            ]),
-            scale: true,
-        },
-        Def {
-            kind: Kind::MachinePool,
-            short: &["mp"],
-            spec: schema_of::<MachinePoolSpec>(),
-            status: schema_of::<MachinePoolStatus>(),
-            columns: json!([
-                col("Desired", "integer", ".spec.replicas"),
-                col("Ready", "integer", ".status.readyReplicas"),
-                col("Updated", "integer", ".status.updatedReplicas"),
-                col("Provider-ID", "string", ".status.providerId"),
-                age()
-            ]),
-            scale: true,
-        },
-        Def {
-            kind: Kind::Machine,
-            short: &["ma"],
-            spec: schema_of::<MachineSpec>(),
-            status: schema_of::<MachineStatus>(),
-            columns: json!([
-                col("Phase", "string", ".status.phase"),
-                col("Node", "string", ".status.nodeRef.name"),
-                col("Provider-ID", "string", ".status.providerId"),
-                col("Address", "string", ".status.addresses[0].address"),
-                age(),
-                col("Request-ID", "string", ".status.lastOperation.requestId"),
-            ]),
-            scale: false,
-        },
-    ]
+/// A kind's `additionalPrinterColumns`: its [`Column`]s the CRD shows.
+fn printer_columns(columns: &[Column]) -> Value {
+    let shown = columns.iter().filter(|c| c.in_crd());
+    Value::Array(shown.map(|c| json!({ "name": c.name, "type": c.ty.as_str(), "jsonPath": c.path })).collect())
 }
 
 /// Adds the [`manifest::rules`] of `kind` to its spec schema as CEL rules, with the same field
@@ -203,17 +122,18 @@ pub fn schema(kind: Kind) -> Option<&'static Value> {
 
 /// The CustomResourceDefinitions of every kind but `Secret` (core v1), as JSON objects.
 pub fn crds() -> Vec<Value> {
-    defs()
+    Kind::ALL
         .into_iter()
-        .map(|mut d| {
-            add_rules(d.kind, &mut d.spec);
-            let plural = plural(d.kind);
+        .filter_map(|kind| {
+            let (mut spec, status) = kind.crd_schemas()?;
+            add_rules(kind, &mut spec);
+            let plural = kind.plural();
             let mut subresources = json!({ "status": {} });
-            if d.scale {
+            if kind.scale() {
                 subresources["scale"] =
                     json!({ "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas" });
             }
-            json!({
+            Some(json!({
                 "apiVersion": "apiextensions.k8s.io/v1",
                 "kind": "CustomResourceDefinition",
                 "metadata": { "name": format!("{plural}.{GROUP}") },
@@ -221,11 +141,11 @@ pub fn crds() -> Vec<Value> {
                     "group": GROUP,
                     "scope": "Namespaced",
                     "names": {
-                        "kind": d.kind.as_str(),
-                        "listKind": format!("{}List", d.kind.as_str()),
+                        "kind": kind.as_str(),
+                        "listKind": format!("{}List", kind.as_str()),
                         "plural": plural,
-                        "singular": d.kind.as_str().to_ascii_lowercase(),
-                        "shortNames": d.short,
+                        "singular": kind.as_str().to_ascii_lowercase(),
+                        "shortNames": kind.short_names(),
                         "categories": ["machine-driver"],
                     },
                     "versions": [{
@@ -233,22 +153,22 @@ pub fn crds() -> Vec<Value> {
                         "served": true,
                         "storage": true,
                         "subresources": subresources,
-                        "additionalPrinterColumns": d.columns,
+                        "additionalPrinterColumns": printer_columns(kind.columns()),
                         "schema": { "openAPIV3Schema": {
                             "type": "object",
-                            "description": format!("A {} (machine-driver).", d.kind.as_str()),
+                            "description": format!("A {} (machine-driver).", kind.as_str()),
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": { "type": "string" },
                                 "kind": { "type": "string" },
                                 "metadata": { "type": "object" },
-                                "spec": d.spec,
-                                "status": d.status,
+                                "spec": spec,
+                                "status": status,
                             }
                         }}
                     }]
                 }
-            })
+            }))
         })
         .collect()
 }

@@ -6,6 +6,7 @@
 //! nothing: in-flight operations resume from status, no machine is created twice, none leaks.
 //!
 //! - [`resources`] and [`manifest`]: the model and validated YAML input;
+//! - [`registry`]: one line per kind, from which every list of kinds follows;
 //! - [`store`]: the storage trait, the embedded SQLite store and the Kubernetes backend;
 //! - [`crd`]: CustomResourceDefinitions generated from the resource types;
 //! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
@@ -29,6 +30,7 @@ pub mod nodes;
 pub mod plan;
 pub mod policy;
 pub mod reconcile;
+pub mod registry;
 pub mod resources;
 pub mod runtime;
 pub mod store;

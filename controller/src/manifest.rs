@@ -6,58 +6,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::resources::checks::{self, Check};
+pub use crate::resources::checks::{Rule, MAX_REPLICAS};
 use crate::resources::*;
 
-/// Any object a manifest may hold.
-#[derive(Debug, Clone, PartialEq)]
-pub enum AnyObject {
-    /// A Secret.
-    Secret(Secret),
-    /// A MachineClass.
-    MachineClass(MachineClass),
-    /// A MachineDeployment.
-    MachineDeployment(MachineDeployment),
-    /// A MachinePool.
-    MachinePool(MachinePool),
-    /// A Machine.
-    Machine(Machine),
-}
-
-impl AnyObject {
-    /// The kind.
-    pub fn kind(&self) -> Kind {
-        match self {
-            AnyObject::Secret(_) => Kind::Secret,
-            AnyObject::MachineClass(_) => Kind::MachineClass,
-            AnyObject::MachineDeployment(_) => Kind::MachineDeployment,
-            AnyObject::MachinePool(_) => Kind::MachinePool,
-            AnyObject::Machine(_) => Kind::Machine,
-        }
-    }
-
-    /// The metadata.
-    pub fn meta(&self) -> &ObjectMeta {
-        match self {
-            AnyObject::Secret(o) => &o.metadata,
-            AnyObject::MachineClass(o) => &o.metadata,
-            AnyObject::MachineDeployment(o) => &o.metadata,
-            AnyObject::MachinePool(o) => &o.metadata,
-            AnyObject::Machine(o) => &o.metadata,
-        }
-    }
-
-    /// As JSON.
-    pub fn to_json(&self) -> Value {
-        let v = match self {
-            AnyObject::Secret(o) => serde_json::to_value(o),
-            AnyObject::MachineClass(o) => serde_json::to_value(o),
-            AnyObject::MachineDeployment(o) => serde_json::to_value(o),
-            AnyObject::MachinePool(o) => serde_json::to_value(o),
-            AnyObject::Machine(o) => serde_json::to_value(o),
-        };
-        v.unwrap_or(Value::Null)
-    }
-}
+pub use crate::registry::AnyObject;
 
 /// A manifest problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,21 +187,9 @@ fn parse_kind(json: &Value) -> Result<(Kind, Option<String>), Problem> {
     let kind_str = map.get("kind").and_then(Value::as_str).ok_or((None, "kind".into(), "is required".into()))?;
     let name = map.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("");
     let label = Some(format!("{kind_str}/{name}"));
-    let kind = match kind_str {
-        "Secret" => Kind::Secret,
-        "MachineClass" => Kind::MachineClass,
-        "MachineDeployment" => Kind::MachineDeployment,
-        "MachinePool" => Kind::MachinePool,
-        "Machine" => Kind::Machine,
-        other => {
-            return Err((
-                None,
-                "kind".into(),
-                format!(
-                    "unknown kind {other:?}; expected Secret, MachineClass, MachineDeployment, MachinePool or Machine"
-                ),
-            ))
-        }
+    let Some(kind) = Kind::from_name(kind_str) else {
+        let names: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+        return Err((None, "kind".into(), format!("unknown kind {kind_str:?}; expected {}", one_of(&names))));
     };
     match map.get("apiVersion").and_then(Value::as_str) {
         None => return Err((label, "apiVersion".into(), "is required".into())),
@@ -261,304 +202,23 @@ fn parse_kind(json: &Value) -> Result<(Kind, Option<String>), Problem> {
 }
 
 fn typed(kind: Kind, json: &Value) -> Result<AnyObject, (String, String)> {
-    fn de<T: serde::de::DeserializeOwned>(json: &Value) -> Result<T, (String, String)> {
-        serde_path_to_error::deserialize(json).map_err(|e| {
-            let path = e.path().to_string();
-            let field = if path == "." { String::new() } else { path };
-            (field, e.into_inner().to_string())
-        })
-    }
-    Ok(match kind {
-        Kind::Secret => AnyObject::Secret(de(json)?),
-        Kind::MachineClass => AnyObject::MachineClass(de(json)?),
-        Kind::MachineDeployment => AnyObject::MachineDeployment(de(json)?),
-        Kind::MachinePool => AnyObject::MachinePool(de(json)?),
-        Kind::Machine => AnyObject::Machine(de(json)?),
+    AnyObject::from_json(kind, json).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { String::new() } else { path };
+        (field, e.into_inner().to_string())
     })
 }
 
-type Check = Result<(), (String, String)>;
-
-fn fail(field: &str, message: impl Into<String>) -> Check {
-    Err((field.to_string(), message.into()))
-}
-
-fn name(field: &str, value: &str) -> Check {
-    driver_sdk::schema::check_name(value).or_else(|why| fail(field, why))?;
-    if value.len() > 63 {
-        return fail(field, "must be at most 63 characters");
-    }
-    Ok(())
-}
-
-fn object_or_absent(field: &str, v: Option<&Value>) -> Check {
-    match v {
-        None | Some(Value::Object(_)) => Ok(()),
-        Some(other) => fail(field, format!("must be a mapping, got {}", json_type(other))),
-    }
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
-    }
-}
-
-fn meta(m: &ObjectMeta) -> Check {
-    name("metadata.name", &m.name)?;
-    name("metadata.namespace", &m.namespace)?;
-    for (k, v) in &m.labels {
-        if k.is_empty() || k.len() > 253 || v.len() > 63 {
-            return fail(&format!("metadata.labels.{k}"), "label keys are 1..=253 and values at most 63 characters");
-        }
-    }
-    Ok(())
-}
-
-fn template(t: &MachineTemplate) -> Check {
-    name("spec.template.spec.classRef.name", &t.spec.class_ref.name)?;
-    object_or_absent("spec.template.spec.providerSpec", t.spec.provider_spec.as_ref())?;
-    if let Some(nt) = &t.spec.node_template {
-        node_template("spec.template.spec.nodeTemplate", nt)?;
-    }
-    Ok(())
-}
-
-fn node_template(field: &str, t: &NodeTemplate) -> Check {
-    for (i, taint) in t.taints.iter().enumerate() {
-        if taint.key.is_empty() {
-            return fail(&format!("{field}.taints[{i}].key"), "must not be empty");
-        }
-        if !matches!(taint.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
-            return fail(
-                &format!("{field}.taints[{i}].effect"),
-                format!("must be NoSchedule, PreferNoSchedule or NoExecute, got {:?}", taint.effect),
-            );
-        }
-    }
-    for k in t.labels.keys().chain(t.annotations.keys()) {
-        if k.is_empty() {
-            return fail(field, "label and annotation keys must not be empty");
-        }
-    }
-    Ok(())
-}
-
-/// Semantic checks beyond the shape and the [`rules`]: names, references, formats.
+/// Semantic checks beyond the shape and the [`rules`]: the common metadata, then the kind's own
+/// ([`KindInfo::validate`](crate::resources::KindInfo::validate)).
 fn validate(obj: &AnyObject) -> Check {
-    meta(obj.meta())?;
-    match obj {
-        AnyObject::Secret(s) => {
-            if s.secret_type.as_deref().is_some_and(|t| t != "Opaque") {
-                return fail("type", "only Opaque secrets are supported");
-            }
-            use base64::Engine;
-            for (k, v) in &s.data {
-                if base64::engine::general_purpose::STANDARD.decode(v).is_err() {
-                    return fail(&format!("data.{k}"), "is not valid base64 (use stringData for plain text)");
-                }
-            }
-            Ok(())
-        }
-        AnyObject::MachineClass(c) => {
-            if c.spec.driver.is_empty() {
-                return fail("spec.driver", "is required (the name given to `run --driver NAME=ENDPOINT`)");
-            }
-            if !c.spec.provider_spec.is_object() {
-                return fail(
-                    "spec.providerSpec",
-                    format!("must be a mapping, got {}", json_type(&c.spec.provider_spec)),
-                );
-            }
-            if let Some(r) = &c.spec.secret_ref {
-                name("spec.secretRef.name", &r.name)?;
-            }
-            Ok(())
-        }
-        AnyObject::MachineDeployment(d) => template(&d.spec.template),
-        AnyObject::MachinePool(p) => template(&p.spec.template),
-        AnyObject::Machine(m) => {
-            name("spec.classRef.name", &m.spec.class_ref.name)?;
-            object_or_absent("spec.providerSpec", m.spec.provider_spec.as_ref())?;
-            if let Some(p) = &m.spec.pool_ref {
-                name("spec.poolRef.name", &p.name)?;
-            }
-            Ok(())
-        }
-    }
+    checks::meta(obj.meta())?;
+    obj.validate()
 }
 
-// ------------------------------------------------------------------------------ shared rules
-
-/// A rule that `apply` checks and the CRDs carry as a CEL rule (`x-kubernetes-validations`), so
-/// that `machine-controller apply` and `kubectl apply` refuse the same objects, naming the same
-/// field with the same message.
-///
-/// Besides these, both check the bounds of the CRD schema (`minimum`/`maximum`, such as
-/// `replicas` ≥ 0 and every duration ≥ 0), with the API server's message ("should be greater than
-/// or equal to 0").
-#[derive(Debug, Clone)]
-pub struct Rule {
-    /// The kind the rule is about.
-    pub kind: Kind,
-    /// The field the rule sits on (`spec.strategy.rollingUpdate`). Like a CEL rule, it is only
-    /// checked when that field is present (a default is always valid).
-    pub at: &'static str,
-    /// The CEL expression, with `self` the field at `at`; true when the value is valid.
-    pub cel: String,
-    /// The field an error names, below `at` (the CEL `fieldPath`), or empty for `at` itself.
-    pub field: &'static str,
-    /// The error message.
-    pub message: &'static str,
-    holds: fn(&Value) -> bool,
-}
-
-impl Rule {
-    /// The path an error names (`spec.strategy.rollingUpdate.maxUnavailable`).
-    pub fn path(&self) -> String {
-        if self.field.is_empty() {
-            self.at.to_string()
-        } else {
-            format!("{}.{}", self.at, self.field)
-        }
-    }
-
-    /// Whether the rule holds for `object` (true when its field is absent).
-    pub fn holds(&self, object: &Value) -> bool {
-        self.at.split('.').try_fold(object, |v, key| v.get(key)).is_none_or(|v| (self.holds)(v))
-    }
-}
-
-/// Message of the int-or-percent format rule.
-const INT_OR_PERCENT: &str = "must be an integer of at least 0 or a percentage like \"25%\"";
-/// Message of the percentage range rule.
-const PERCENT_AT_MOST_100: &str = "must not be more than 100%";
-/// Message of the maxSurge/maxUnavailable rule (Kubernetes Deployments say the same).
-const NOT_BOTH_ZERO: &str = "must not be 0 when maxSurge is 0";
-/// Message of the positive-duration rules.
-const AT_LEAST_1: &str = "must be at least 1";
-/// The most machines one deployment or pool may ask for.
-pub const MAX_REPLICAS: i64 = 100_000;
-/// `progressDeadlineSeconds` when absent (a unit test checks it against the type's default).
-const DEFAULT_PROGRESS_DEADLINE: u64 = 600;
-
-/// An int-or-percent value: an integer ≥ 0, or digits with an optional `%`.
-fn int_or_percent_ok(v: &Value) -> bool {
-    match v {
-        Value::Number(n) => n.as_i64().is_none_or(|n| n >= 0),
-        Value::String(s) => {
-            let digits = s.strip_suffix('%').unwrap_or(s);
-            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
-        }
-        _ => true,
-    }
-}
-
-fn percent_at_most_100(v: &Value) -> bool {
-    let Some(digits) = v.as_str().and_then(|s| s.strip_suffix('%')) else { return true };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return true;
-    }
-    let significant = digits.trim_start_matches('0');
-    significant.len() < 3 || significant == "100"
-}
-
-/// An int-or-percent that is literally zero (`0`, `"0"`, `"0%"`).
-fn is_zero(v: &Value) -> bool {
-    match v {
-        Value::Number(n) => n.as_i64() == Some(0),
-        Value::String(s) => {
-            let digits = s.strip_suffix('%').unwrap_or(s);
-            !digits.is_empty() && digits.bytes().all(|b| b == b'0')
-        }
-        _ => false,
-    }
-}
-
-/// CEL for [`is_zero`] of `x`.
-fn cel_is_zero(x: &str) -> String {
-    format!("(type({x}) == int ? {x} == 0 : {x}.matches('^0+%?$'))")
-}
-
-/// maxSurge (default 1) and maxUnavailable (default 0) are not both zero.
-fn surge_or_unavailable(v: &Value) -> bool {
-    !v.get("maxSurge").is_some_and(is_zero) || v.get("maxUnavailable").is_some_and(|u| !is_zero(u))
-}
-
-fn at_least_1(v: &Value) -> bool {
-    v.as_i64().is_none_or(|n| n >= 1)
-}
-
-fn deadline_after_min_ready(v: &Value) -> bool {
-    let field = |k: &str, default: u64| v.get(k).map_or(Some(default), Value::as_u64);
-    match (field("progressDeadlineSeconds", DEFAULT_PROGRESS_DEADLINE), field("minReadySeconds", 0)) {
-        (Some(deadline), Some(min_ready)) => deadline > min_ready,
-        _ => true,
-    }
-}
-
-/// Every [`Rule`], in the order `apply` checks them.
+/// Every [`Rule`] of every kind, in the order `apply` checks them.
 pub fn rules() -> Vec<Rule> {
-    use Kind::{MachineDeployment as Md, MachinePool as Mp};
-    let rule = |kind, at, cel: String, field, message, holds| Rule { kind, at, cel, field, message, holds };
-    let int_or_percent = "type(self) == int ? self >= 0 : self.matches('^[0-9]+%?$')".to_string();
-    let percent = "type(self) == int || !self.matches('^[0-9]+%$') || self.matches('^0*(100|[0-9]?[0-9])%$')";
-    let not_both_zero = format!(
-        "!has(self.maxSurge) || !{} || (has(self.maxUnavailable) && !{})",
-        cel_is_zero("self.maxSurge"),
-        cel_is_zero("self.maxUnavailable")
-    );
-    let mut out = Vec::new();
-    for kind in [Md, Mp] {
-        out.push(rule(kind, "spec.replicas", format!("self <= {MAX_REPLICAS}"), "", "must be at most 100000", |v| {
-            v.as_i64().is_none_or(|n| n <= MAX_REPLICAS)
-        }));
-        let (strategy, fields): (&str, &[&str]) = match kind {
-            Md => (
-                "spec.strategy.rollingUpdate",
-                &[
-                    "spec.strategy.rollingUpdate.maxSurge",
-                    "spec.strategy.rollingUpdate.maxUnavailable",
-                    "spec.strategy.inPlace.maxUnavailable",
-                ],
-            ),
-            _ => ("spec.strategy", &["spec.strategy.maxSurge", "spec.strategy.maxUnavailable"]),
-        };
-        for &at in fields {
-            out.push(rule(kind, at, int_or_percent.clone(), "", INT_OR_PERCENT, int_or_percent_ok));
-            out.push(rule(kind, at, percent.to_string(), "", PERCENT_AT_MOST_100, percent_at_most_100));
-        }
-        out.push(rule(kind, strategy, not_both_zero.clone(), "maxUnavailable", NOT_BOTH_ZERO, surge_or_unavailable));
-        out.push(rule(
-            kind,
-            "spec.drainTimeoutSeconds",
-            "self >= 1".into(),
-            "",
-            "must be at least 1 (a drain always has a deadline)",
-            at_least_1,
-        ));
-    }
-    for at in ["spec.progressDeadlineSeconds", "spec.creationTimeoutSeconds", "spec.healthTimeoutSeconds"] {
-        out.push(rule(Md, at, "self >= 1".into(), "", AT_LEAST_1, at_least_1));
-    }
-    out.push(rule(Md, "spec.maxConcurrentReplacements", "self >= 1".into(), "", AT_LEAST_1, at_least_1));
-    out.push(rule(
-        Md,
-        "spec",
-        format!(
-            "(has(self.progressDeadlineSeconds) ? self.progressDeadlineSeconds : {DEFAULT_PROGRESS_DEADLINE}) > \
-             (has(self.minReadySeconds) ? self.minReadySeconds : 0)"
-        ),
-        "progressDeadlineSeconds",
-        "must be greater than minReadySeconds",
-        deadline_after_min_ready,
-    ));
-    out
+    Kind::ALL.into_iter().flat_map(Kind::rules).collect()
 }
 
 /// The (field, message) of every rule of `kind` that `json` breaks.
@@ -609,6 +269,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::resources::checks::{int_or_percent_ok, is_zero, percent_at_most_100, DEFAULT_PROGRESS_DEADLINE};
 
     const GOOD: &str = r#"
 apiVersion: machine.driver.dev/v1alpha1

@@ -8,8 +8,14 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod checks;
+mod kind;
 mod state;
+pub use kind::*;
 pub use state::*;
+
+pub use crate::registry::Kind;
+use checks::Check;
 
 /// The API group and version of every kind but `Secret`.
 pub const API_VERSION: &str = "machine.driver.dev/v1alpha1";
@@ -49,60 +55,6 @@ pub const ANNOTATION_OWNED_NODE_METADATA: &str = "machine.driver.dev/owned-node-
 
 /// Timestamps are RFC 3339, UTC.
 pub type Time = chrono::DateTime<chrono::Utc>;
-
-/// The kinds this controller knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
-pub enum Kind {
-    /// Credentials referenced by classes (Kubernetes `v1/Secret` shape).
-    Secret,
-    /// Driver + provider spec + secret reference.
-    MachineClass,
-    /// Replicated machines with rolling updates.
-    MachineDeployment,
-    /// Scale-set pools through the pool RPCs.
-    MachinePool,
-    /// One machine.
-    Machine,
-}
-
-impl Kind {
-    /// All kinds, in apply order (dependencies first).
-    pub const ALL: [Kind; 5] =
-        [Kind::Secret, Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine];
-
-    /// The kind's name as in manifests.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Secret => "Secret",
-            Kind::MachineClass => "MachineClass",
-            Kind::MachineDeployment => "MachineDeployment",
-            Kind::MachinePool => "MachinePool",
-            Kind::Machine => "Machine",
-        }
-    }
-
-    /// The apiVersion manifests of this kind carry.
-    pub fn api_version(self) -> &'static str {
-        match self {
-            Kind::Secret => "v1",
-            _ => API_VERSION,
-        }
-    }
-
-    /// Parses a kind as typed on the command line (`machines`, `md`, `MachineDeployment`, ...).
-    pub fn parse(s: &str) -> Option<Kind> {
-        Some(match s.to_ascii_lowercase().as_str() {
-            "secret" | "secrets" => Kind::Secret,
-            "machineclass" | "machineclasses" | "mc" | "class" | "classes" => Kind::MachineClass,
-            "machinedeployment" | "machinedeployments" | "md" | "mds" | "deployment" | "deployments" => {
-                Kind::MachineDeployment
-            }
-            "machinepool" | "machinepools" | "mp" | "pool" | "pools" => Kind::MachinePool,
-            "machine" | "machines" | "m" | "ma" => Kind::Machine,
-            _ => return None,
-        })
-    }
-}
 
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -292,6 +244,36 @@ impl Resource for Secret {
     }
 }
 
+impl KindInfo for Secret {
+    const API_VERSION: &'static str = "v1";
+    const PLURAL: &'static str = "secrets";
+    const CRD: bool = false;
+    type Spec = ();
+    type Status = ();
+    const COLUMNS: &'static [Column] = &[
+        Column::computed("Keys", |v| {
+            let keys: usize =
+                ["data", "stringData"].iter().filter_map(|f| v.get(*f)?.as_object()).map(|o| o.len()).sum();
+            keys.to_string()
+        }),
+        Column::age(),
+    ];
+    const WOKEN_BY: &'static [(Kind, Via)] = &[];
+
+    fn validate(&self) -> Check {
+        if self.secret_type.as_deref().is_some_and(|t| t != "Opaque") {
+            return checks::fail("type", "only Opaque secrets are supported");
+        }
+        use base64::Engine;
+        for (k, v) in &self.data {
+            if base64::engine::general_purpose::STANDARD.decode(v).is_err() {
+                return checks::fail(&format!("data.{k}"), "is not valid base64 (use stringData for plain text)");
+            }
+        }
+        Ok(())
+    }
+}
+
 // ----------------------------------------------------------------------------------- MachineClass
 
 /// A reference by name (same namespace).
@@ -334,6 +316,44 @@ pub type MachineClass = Object<MachineClassSpec, MachineClassStatus>;
 
 impl KindOf for MachineClass {
     const KIND: Kind = Kind::MachineClass;
+}
+
+impl KindInfo for MachineClass {
+    const PLURAL: &'static str = "machineclasses";
+    const SHORT_NAMES: &'static [&'static str] = &["mcl"];
+    const ALIASES: &'static [&'static str] = &["mc", "class", "classes"];
+    type Spec = MachineClassSpec;
+    type Status = MachineClassStatus;
+    const COLUMNS: &'static [Column] = &[
+        Column::new("Driver", ColumnType::String, ".spec.driver"),
+        Column::computed("Valid", |v| condition_cell(v, ConditionType::Valid)),
+        Column::age(),
+    ];
+    // A Secret changes the classes that use it, and so their objects.
+    const WOKEN_BY: &'static [(Kind, Via)] = &[(Kind::Secret, Via::SecretRef)];
+
+    fn validate(&self) -> Check {
+        if self.spec.driver.is_empty() {
+            return checks::fail("spec.driver", "is required (the name given to `run --driver NAME=ENDPOINT`)");
+        }
+        if !self.spec.provider_spec.is_object() {
+            return checks::fail(
+                "spec.providerSpec",
+                format!("must be a mapping, got {}", checks::json_type(&self.spec.provider_spec)),
+            );
+        }
+        if let Some(r) = &self.spec.secret_ref {
+            checks::name("spec.secretRef.name", &r.name)?;
+        }
+        Ok(())
+    }
+}
+
+/// `get`'s cell for a condition: `Status/Reason`, or `-`.
+fn condition_cell(object: &Value, condition_type: ConditionType) -> String {
+    let conditions = object.pointer("/status/conditions").cloned().unwrap_or_default();
+    let conditions: Vec<Condition> = serde_json::from_value(conditions).unwrap_or_default();
+    condition(&conditions, condition_type).map_or("-".into(), |c| format!("{}/{}", c.status, c.reason))
 }
 
 // ------------------------------------------------------------------------------------- templates
@@ -717,6 +737,64 @@ impl KindOf for MachineDeployment {
     const KIND: Kind = Kind::MachineDeployment;
 }
 
+impl KindInfo for MachineDeployment {
+    const PLURAL: &'static str = "machinedeployments";
+    const SHORT_NAMES: &'static [&'static str] = &["md", "mcd"];
+    const ALIASES: &'static [&'static str] = &["md", "mds", "deployment", "deployments"];
+    type Spec = MachineDeploymentSpec;
+    type Status = MachineDeploymentStatus;
+    const COLUMNS: &'static [Column] = &[
+        Column::new("Desired", ColumnType::Integer, ".spec.replicas"),
+        Column::new("Current", ColumnType::Integer, ".status.replicas"),
+        Column::new("Updated", ColumnType::Integer, ".status.updatedReplicas"),
+        Column::new("Ready", ColumnType::Integer, ".status.readyReplicas"),
+        Column::new("Available", ColumnType::Integer, ".status.availableReplicas"),
+        Column::new("Revision", ColumnType::String, ".status.targetRevision").shown(Shown::Table),
+        Column::age(),
+        Column::new("Strategy", ColumnType::String, ".spec.strategy.type").shown(Shown::TableWide),
+        Column::computed("Progressing", |v| condition_cell(v, ConditionType::Progressing)).shown(Shown::TableWide),
+        Column::computed("Bad-Revisions", |v| {
+            let bad = v.pointer("/status/badRevisions").and_then(Value::as_array);
+            let names: Vec<&str> = bad.into_iter().flatten().filter_map(|b| b.get("revision")?.as_str()).collect();
+            names.join(",").chars().take(40).collect()
+        })
+        .shown(Shown::TableWide),
+    ];
+    const SCALE: bool = true;
+    const WOKEN_BY: &'static [(Kind, Via)] = &[
+        // A machine's phase changes what its owner plans.
+        (Kind::Machine, Via::Owner),
+        // A class's spec (its driver, provider spec, credentials) changes every call made with it.
+        (Kind::MachineClass, Via::ClassRef),
+    ];
+
+    fn rules() -> Vec<checks::Rule> {
+        let mut out = checks::replicated_rules(Kind::MachineDeployment);
+        out.extend(checks::deployment_rules());
+        out
+    }
+
+    fn validate(&self) -> Check {
+        checks::template(&self.spec.template)
+    }
+
+    fn describe_tail(status: &Value) -> String {
+        let other: serde_json::Map<String, Value> = status
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "revisionHistory"))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let yaml = serde_saphyr::to_string(&Value::Object(other)).unwrap_or_default();
+        let mut out = String::from("Status:\n");
+        out.extend(yaml.lines().map(|l| format!("  {l}\n")));
+        out
+    }
+}
+
 // ------------------------------------------------------------------------------------ MachinePool
 
 /// Desired state of a MachinePool.
@@ -784,6 +862,32 @@ pub type MachinePool = Object<MachinePoolSpec, MachinePoolStatus>;
 
 impl KindOf for MachinePool {
     const KIND: Kind = Kind::MachinePool;
+}
+
+impl KindInfo for MachinePool {
+    const PLURAL: &'static str = "machinepools";
+    const SHORT_NAMES: &'static [&'static str] = &["mp"];
+    const ALIASES: &'static [&'static str] = &["mp", "pool", "pools"];
+    type Spec = MachinePoolSpec;
+    type Status = MachinePoolStatus;
+    const COLUMNS: &'static [Column] = &[
+        Column::new("Desired", ColumnType::Integer, ".spec.replicas"),
+        Column::new("Current", ColumnType::Integer, ".status.replicas").shown(Shown::Table),
+        Column::new("Ready", ColumnType::Integer, ".status.readyReplicas"),
+        Column::new("Updated", ColumnType::Integer, ".status.updatedReplicas"),
+        Column::new("Provider-ID", ColumnType::String, ".status.providerId").shown(Shown::CrdOnly),
+        Column::age(),
+    ];
+    const SCALE: bool = true;
+    const WOKEN_BY: &'static [(Kind, Via)] = &[(Kind::Machine, Via::Owner), (Kind::MachineClass, Via::ClassRef)];
+
+    fn rules() -> Vec<checks::Rule> {
+        checks::replicated_rules(Kind::MachinePool)
+    }
+
+    fn validate(&self) -> Check {
+        checks::template(&self.spec.template)
+    }
 }
 
 // ---------------------------------------------------------------------------------------- Machine
@@ -1063,6 +1167,83 @@ impl KindOf for Machine {
     const KIND: Kind = Kind::Machine;
 }
 
+impl KindInfo for Machine {
+    const PLURAL: &'static str = "machines";
+    const SHORT_NAMES: &'static [&'static str] = &["ma"];
+    const ALIASES: &'static [&'static str] = &["m"];
+    type Spec = MachineSpec;
+    type Status = MachineStatus;
+    const COLUMNS: &'static [Column] = &[
+        Column::new("Phase", ColumnType::String, ".status.phase"),
+        Column::new("Node", ColumnType::String, ".status.nodeRef.name"),
+        Column::new("Provider-ID", ColumnType::String, ".status.providerId"),
+        Column::new("Class", ColumnType::String, ".spec.classRef.name").shown(Shown::TableWide),
+        Column::computed("Revision", |v| {
+            let revision = v.pointer("/metadata/labels").and_then(|l| l.get(LABEL_REVISION)?.as_str());
+            revision.unwrap_or("-").to_string()
+        })
+        .shown(Shown::TableWide),
+        Column::new("Address", ColumnType::String, ".status.addresses[0].address").shown(Shown::Wide),
+        Column::age(),
+        Column::computed("Last-Op", |v| match v.pointer("/status/lastOperation") {
+            Some(l) if l.is_object() => {
+                let field = |k: &str| l.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+                format!("{}/{}/{}", field("type"), field("state"), field("code"))
+            }
+            _ => "-".into(),
+        })
+        .shown(Shown::TableWide),
+        Column::new("Request-ID", ColumnType::String, ".status.lastOperation.requestId").shown(Shown::Wide),
+    ];
+    const WOKEN_BY: &'static [(Kind, Via)] = &[(Kind::MachineClass, Via::ClassRef)];
+
+    fn validate(&self) -> Check {
+        checks::name("spec.classRef.name", &self.spec.class_ref.name)?;
+        checks::object_or_absent("spec.providerSpec", self.spec.provider_spec.as_ref())?;
+        if let Some(p) = &self.spec.pool_ref {
+            checks::name("spec.poolRef.name", &p.name)?;
+        }
+        Ok(())
+    }
+
+    fn describe_head(status: &Value) -> String {
+        let mut out = String::new();
+        match status["nodeRef"]["name"].as_str() {
+            Some(node) => out += &format!("Node:         {node}\n"),
+            None => {
+                out += "Node:         <none> (nodes are managed when the controller runs with a target cluster: \
+                        run --target-kubeconfig, or --store kubernetes)\n"
+            }
+        }
+        if let Some(d) = status.get("deletion").filter(|d| !d.is_null()) {
+            out += &format!(
+                "Deletion:     {} since {}\n",
+                d["phase"].as_str().unwrap_or(""),
+                d["phaseStarted"].as_str().unwrap_or("")
+            );
+            if let Some(deadline) = d["drainDeadline"].as_str() {
+                out += &format!(
+                    "  drain:      started {}, deadline {deadline}\n",
+                    d["drainStarted"].as_str().unwrap_or("-")
+                );
+            }
+            if let Some(n) = d["podsLeft"].as_u64() {
+                out += &format!("  pods left:  {n}\n");
+            }
+            if let Some(b) = d["blockedBy"].as_str() {
+                out += &format!("  blocked by: {b}\n");
+            }
+            if d["forced"].as_bool() == Some(true) {
+                out += "  forced:     pods were deleted at the drain deadline\n";
+            }
+            if d["outOfService"].as_bool() == Some(true) {
+                out += "  out of service: the VM was gone; pods deleted without eviction\n";
+            }
+        }
+        out
+    }
+}
+
 impl MachineDeploymentSpec {
     /// The node settings its machines get.
     pub fn node_settings(&self) -> NodeSettings {
@@ -1094,7 +1275,7 @@ impl Machine {
     /// The deployment or pool that owns this machine, if any.
     pub fn owner(&self) -> Option<(Kind, &str)> {
         self.metadata.owner_references.iter().find(|o| o.controller).and_then(|o| {
-            let kind = Kind::parse(&o.kind)?;
+            let kind = Kind::from_name(&o.kind)?;
             Some((kind, o.name.as_str()))
         })
     }

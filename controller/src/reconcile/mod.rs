@@ -1,6 +1,7 @@
 //! Reconcilers, one per kind, plus orphan collection.
 
 use driver_sdk::proto as pb;
+use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::policy::{self, Decision, Rpc, Source};
@@ -106,7 +107,7 @@ pub struct Controller;
 #[async_trait::async_trait]
 impl crate::runtime::Reconciler for Controller {
     fn kinds(&self) -> &[Kind] {
-        &relations::RECONCILED
+        relations::reconciled()
     }
 
     async fn reconcile(&self, ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
@@ -141,17 +142,36 @@ impl crate::runtime::Reconciler for Controller {
     }
 }
 
-/// Runs the reconciler of `key`'s kind.
+/// A kind's reconcile function (kube-runtime's `reconcile`, by key).
+pub type ReconcileFn = for<'a> fn(&'a Ctx, &'a Key) -> BoxFuture<'a, Result<Action, ReconcileError>>;
+
+/// A kind's reconciler, as [`RECONCILERS`] lists it.
+#[derive(Clone, Copy)]
+pub struct Registered {
+    /// The kind it reconciles.
+    pub kind: Kind,
+    /// Its reconcile function.
+    pub reconcile: ReconcileFn,
+}
+
+/// The reconcilers, one line per reconciled kind, in the order a full resync queues them: the
+/// runtime's dispatch. What wakes each kind is declared on its type
+/// ([`KindInfo::WOKEN_BY`](crate::resources::KindInfo::WOKEN_BY)).
+pub const RECONCILERS: &[Registered] = &[
+    Registered { kind: Kind::MachineClass, reconcile: |ctx, key| Box::pin(class::reconcile(ctx, key)) },
+    Registered { kind: Kind::MachineDeployment, reconcile: |ctx, key| Box::pin(deployment::reconcile(ctx, key)) },
+    Registered { kind: Kind::MachinePool, reconcile: |ctx, key| Box::pin(pool::reconcile(ctx, key)) },
+    Registered { kind: Kind::Machine, reconcile: |ctx, key| Box::pin(machine::reconcile(ctx, key)) },
+];
+
+/// Runs the reconciler of `key`'s kind (a kind without one waits for changes).
 ///
 /// # Errors
 /// Store failures.
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
-    match key.kind {
-        Kind::Machine => machine::reconcile(ctx, key).await,
-        Kind::MachineDeployment => deployment::reconcile(ctx, key).await,
-        Kind::MachinePool => pool::reconcile(ctx, key).await,
-        Kind::MachineClass => class::reconcile(ctx, key).await,
-        Kind::Secret => Ok(Action::AwaitChange),
+    match RECONCILERS.iter().find(|r| r.kind == key.kind) {
+        Some(r) => (r.reconcile)(ctx, key).await,
+        None => Ok(Action::AwaitChange),
     }
 }
 

@@ -1,24 +1,19 @@
-//! Which kinds have a reconciler, and which changes wake which objects: declared here once and
-//! answered to the runtime by [`super::Controller`]. A new reconciler adds its file, its line in
-//! [`super::reconcile`]'s dispatch and [`RECONCILED`], and its rows in [`RELATIONS`].
+//! Which kinds have a reconciler, and which changes wake which objects, as the runtime asks
+//! [`super::Controller`]: the reconciled kinds are those of [`super::RECONCILERS`], and the
+//! relations are what each kind's type declares in
+//! [`KindInfo::WOKEN_BY`](crate::resources::KindInfo::WOKEN_BY).
+
+use std::sync::LazyLock;
 
 use crate::resources::Kind;
+pub use crate::resources::Via;
 use crate::runtime::Ctx;
 use crate::store::Key;
 
 /// The kinds that have a reconciler, in the order a full resync queues them.
-pub const RECONCILED: [Kind; 4] = [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine];
-
-/// How a changed object finds the objects it wakes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Via {
-    /// Its controlling owner (`ownerReferences` with `controller: true`).
-    Owner,
-    /// The objects whose `classRef` (or template's) names it. Only a new generation wakes
-    /// them: a class's own status writes do not (that would undo their backoff in a loop).
-    ClassRef,
-    /// The classes whose `secretRef` names it (and, through them, their objects).
-    SecretRef,
+pub fn reconciled() -> &'static [Kind] {
+    static RECONCILED: LazyLock<Vec<Kind>> = LazyLock::new(|| super::RECONCILERS.iter().map(|r| r.kind).collect());
+    &RECONCILED
 }
 
 /// One row: a change of `changed` wakes related objects of kind `wakes`.
@@ -32,45 +27,36 @@ pub struct Relation {
     pub via: Via,
 }
 
-const fn row(changed: Kind, wakes: Kind, via: Via) -> Relation {
-    Relation { changed, wakes, via }
+/// Every relation, as the kinds declare them ([`Kind::woken_by`]), in registry order. Each
+/// object is also woken by its own changes (except Secrets, which have no reconciler); objects
+/// woken through a class or Secret have their backoff forgotten, so a machine waiting out
+/// refused credentials retries at once after the Secret is fixed.
+pub fn relations() -> impl Iterator<Item = Relation> {
+    Kind::ALL
+        .into_iter()
+        .flat_map(|wakes| wakes.woken_by().iter().map(move |&(changed, via)| Relation { changed, wakes, via }))
 }
-
-/// Every relation. Each object is also woken by its own changes (except Secrets, which have no
-/// reconciler); objects woken through a class or Secret have their backoff forgotten, so a
-/// machine waiting out refused credentials retries at once after the Secret is fixed.
-pub const RELATIONS: &[Relation] = &[
-    // A machine's phase changes what its owner plans.
-    row(Kind::Machine, Kind::MachineDeployment, Via::Owner),
-    row(Kind::Machine, Kind::MachinePool, Via::Owner),
-    // A class's spec (its driver, provider spec, credentials) changes every call made with it.
-    row(Kind::MachineClass, Kind::MachineDeployment, Via::ClassRef),
-    row(Kind::MachineClass, Kind::MachinePool, Via::ClassRef),
-    row(Kind::MachineClass, Kind::Machine, Via::ClassRef),
-    // A Secret changes the classes that use it, and so their objects.
-    row(Kind::Secret, Kind::MachineClass, Via::SecretRef),
-];
 
 /// Whether a change of `changed` wakes its controlling owner of kind `owner`.
 pub fn wakes_owner(changed: Kind, owner: Kind) -> bool {
-    RELATIONS.iter().any(|r| r.changed == changed && r.wakes == owner && r.via == Via::Owner)
+    relations().any(|r| r.changed == changed && r.wakes == owner && r.via == Via::Owner)
 }
 
 /// Whether a change of `changed` wakes objects through a reference (class or Secret).
 pub fn has_dependents(changed: Kind) -> bool {
-    RELATIONS.iter().any(|r| r.changed == changed && r.via != Via::Owner)
+    relations().any(|r| r.changed == changed && r.via != Via::Owner)
 }
 
 /// The kinds a class's change wakes through their `classRef`.
 pub fn class_dependents() -> impl Iterator<Item = Kind> {
-    RELATIONS.iter().filter(|r| r.changed == Kind::MachineClass && r.via == Via::ClassRef).map(|r| r.wakes)
+    relations().filter(|r| r.changed == Kind::MachineClass && r.via == Via::ClassRef).map(|r| r.wakes)
 }
 
 /// A MachineClass or a Secret changed: every class that uses it, and every deployment, pool and
 /// machine of those classes, is to run again with its backoff forgotten — a machine waiting
 /// out a refused credential retries at once after the Secret is fixed.
 pub(crate) async fn dependents(ctx: &Ctx, changed: &Key) -> Vec<Key> {
-    use crate::resources::{MachineClass, MachineDeployment, MachinePool};
+    use crate::resources::MachineClass;
     let classes: Vec<String> = match changed.kind {
         Kind::MachineClass => {
             // Only a new generation (spec) wakes; the class's status writes do not.
@@ -102,6 +88,7 @@ pub(crate) async fn dependents(ctx: &Ctx, changed: &Key) -> Vec<Key> {
     }
     let uses = |ns: &str, class: &str| ns == changed.namespace && classes.iter().any(|c| c == class);
     let mut keys: Vec<Key> = classes.iter().map(|c| Key::new(Kind::MachineClass, &changed.namespace, c)).collect();
+    // Objects may be many: only their name, namespace and class are read.
     #[derive(serde::Deserialize)]
     struct ClassUser {
         metadata: UserMeta,
@@ -116,33 +103,28 @@ pub(crate) async fn dependents(ctx: &Ctx, changed: &Key) -> Vec<Key> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct UserSpec {
-        class_ref: crate::resources::NameRef,
+        class_ref: Option<crate::resources::NameRef>,
+        template: Option<Box<UserTemplate>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct UserTemplate {
+        spec: UserSpec,
+    }
+    impl UserSpec {
+        /// `classRef`, or the template's.
+        fn class(&self) -> Option<&str> {
+            let template = self.template.as_ref().and_then(|t| t.spec.class());
+            self.class_ref.as_ref().map(|r| r.name.as_str()).or(template)
+        }
     }
     for kind in class_dependents() {
-        // The class each object of the kind names.
-        let found = match kind {
-            Kind::MachineDeployment => ctx.store.list::<MachineDeployment>().await.map(|all| {
-                all.iter()
-                    .filter(|d| uses(&d.metadata.namespace, &d.spec.template.spec.class_ref.name))
-                    .map(Key::of)
-                    .collect()
-            }),
-            Kind::MachinePool => ctx.store.list::<MachinePool>().await.map(|all| {
-                all.iter()
-                    .filter(|p| uses(&p.metadata.namespace, &p.spec.template.spec.class_ref.name))
-                    .map(Key::of)
-                    .collect()
-            }),
-            // Machines are many: only their name, namespace and class are read.
-            Kind::Machine => ctx.store.backend().list(Kind::Machine).await.map(|all| {
-                all.iter()
-                    .filter_map(|json| serde_json::from_str::<ClassUser>(json).ok())
-                    .filter(|m| uses(&m.metadata.namespace, &m.spec.class_ref.name))
-                    .map(|m| Key::new(Kind::Machine, &m.metadata.namespace, &m.metadata.name))
-                    .collect()
-            }),
-            Kind::MachineClass | Kind::Secret => Ok(Vec::new()),
-        };
+        let found = ctx.store.backend().list(kind).await.map(|all| {
+            all.iter()
+                .filter_map(|json| serde_json::from_str::<ClassUser>(json).ok())
+                .filter(|o| o.spec.class().is_some_and(|class| uses(&o.metadata.namespace, class)))
+                .map(|o| Key::new(kind, &o.metadata.namespace, &o.metadata.name))
+                .collect::<Vec<Key>>()
+        });
         match found {
             Ok(found) => keys.extend(found),
             Err(e) => tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e)),
@@ -168,9 +150,27 @@ mod tests {
 
     #[test]
     fn every_woken_kind_has_a_reconciler() {
-        for r in RELATIONS {
-            assert!(RECONCILED.contains(&r.wakes), "{r:?}");
+        for r in relations() {
+            assert!(reconciled().contains(&r.wakes), "{r:?}");
         }
-        assert!(!RECONCILED.contains(&Kind::Secret));
+        assert!(!reconciled().contains(&Kind::Secret));
+        assert_eq!(reconciled(), [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine]);
+    }
+
+    #[test]
+    fn the_relations_are_the_ones_declared_before_they_moved_onto_the_types() {
+        let got: Vec<(Kind, Kind, Via)> = relations().map(|r| (r.changed, r.wakes, r.via)).collect();
+        let mut want = vec![
+            (Kind::Machine, Kind::MachineDeployment, Via::Owner),
+            (Kind::Machine, Kind::MachinePool, Via::Owner),
+            (Kind::MachineClass, Kind::MachineDeployment, Via::ClassRef),
+            (Kind::MachineClass, Kind::MachinePool, Via::ClassRef),
+            (Kind::MachineClass, Kind::Machine, Via::ClassRef),
+            (Kind::Secret, Kind::MachineClass, Via::SecretRef),
+        ];
+        let mut got_sorted = got.clone();
+        got_sorted.sort_by_key(|(c, w, _)| (*c, *w));
+        want.sort_by_key(|(c, w, _)| (*c, *w));
+        assert_eq!(got_sorted, want);
     }
 }

@@ -27,7 +27,7 @@ use serde_json::{Map, Value};
 use tokio::sync::{broadcast, mpsc, watch, OnceCell};
 
 use super::{Backend, Change, Error, Event, Key, Result};
-use crate::resources::{Kind, API_VERSION, GROUP};
+use crate::resources::Kind;
 
 /// How long a read waits for a kind's initial list.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
@@ -108,13 +108,8 @@ impl Drop for KubernetesBackend {
 }
 
 fn api_resource(kind: Kind) -> ApiResource {
-    match kind {
-        Kind::Secret => ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Secret"), "secrets"),
-        _ => ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(GROUP, crate::crd::VERSION, kind.as_str()),
-            crate::crd::plural(kind),
-        ),
-    }
+    let (group, version) = kind.api_version().rsplit_once('/').unwrap_or(("", kind.api_version()));
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind.as_str()), kind.plural())
 }
 
 fn lock_read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -198,7 +193,7 @@ fn normalize(kind: Kind, obj: Value) -> Option<(Key, Cached, Value)> {
 fn owner_of(v: &Value, namespace: &str) -> Option<Key> {
     let refs = v.get("metadata")?.get("ownerReferences")?.as_array()?;
     let owner = refs.iter().find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))?;
-    let kind = Kind::parse(owner.get("kind")?.as_str()?)?;
+    let kind = Kind::from_name(owner.get("kind")?.as_str()?)?;
     Some(Key::new(kind, namespace, owner.get("name")?.as_str()?))
 }
 
@@ -278,7 +273,7 @@ impl KubernetesBackend {
             }
         })
         .await;
-        let plural = crate::crd::plural(kind);
+        let plural = kind.plural();
         match outcome {
             Ok(None) if *cache.synced.borrow() => Ok(cache),
             Ok(Some(why)) => Err(Error::unavailable(format!("listing {plural}: {why}"))),
@@ -576,7 +571,7 @@ async fn watch_kind(api: Api<DynamicObject>, kind: Kind, cache: Arc<KindCache>, 
                 }
             }
             Err(e) => {
-                tracing::warn!(kind = %kind, "watching {}: {e}", crate::crd::plural(kind));
+                tracing::warn!(kind = %kind, "watching {}: {e}", kind.plural());
                 if let watcher::Error::InitialListFailed(kube::Error::Api(s)) = &e {
                     let why = match s.code {
                         404 => Some(format!(
@@ -626,7 +621,7 @@ async fn post_events(client: kube::Client, mut rx: mpsc::Receiver<(Event, String
             reporting_controller: Some(REPORTING_CONTROLLER.into()),
             reporting_instance: Some(instance.clone()),
             regarding: Some(ObjectReference {
-                api_version: Some(if e.key.kind == Kind::Secret { "v1".into() } else { API_VERSION.into() }),
+                api_version: Some(e.key.kind.api_version().into()),
                 kind: Some(e.key.kind.as_str().into()),
                 name: Some(e.key.name.clone()),
                 namespace: Some(e.key.namespace.clone()),

@@ -83,7 +83,7 @@ pub struct SqliteBackend {
 }
 
 fn kind_from(s: &str) -> Option<Kind> {
-    Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    Kind::from_name(s)
 }
 
 fn owner_of(json: &Value, namespace: &str) -> Option<Key> {

@@ -1,0 +1,267 @@
+//! Checks shared by `apply` and the CRDs: the helpers kinds use in
+//! [`KindInfo::validate`](super::KindInfo::validate), and the [`Rule`]s they return from
+//! [`KindInfo::rules`](super::KindInfo::rules) (CEL on the API server, the same function here).
+
+use serde_json::Value;
+
+use super::*;
+
+/// A check's result: the field and what is wrong with it.
+pub type Check = Result<(), (String, String)>;
+
+pub(crate) fn fail(field: &str, message: impl Into<String>) -> Check {
+    Err((field.to_string(), message.into()))
+}
+
+pub(crate) fn name(field: &str, value: &str) -> Check {
+    driver_sdk::schema::check_name(value).or_else(|why| fail(field, why))?;
+    if value.len() > 63 {
+        return fail(field, "must be at most 63 characters");
+    }
+    Ok(())
+}
+
+pub(crate) fn object_or_absent(field: &str, v: Option<&Value>) -> Check {
+    match v {
+        None | Some(Value::Object(_)) => Ok(()),
+        Some(other) => fail(field, format!("must be a mapping, got {}", json_type(other))),
+    }
+}
+
+pub(crate) fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+pub(crate) fn meta(m: &ObjectMeta) -> Check {
+    name("metadata.name", &m.name)?;
+    name("metadata.namespace", &m.namespace)?;
+    for (k, v) in &m.labels {
+        if k.is_empty() || k.len() > 253 || v.len() > 63 {
+            return fail(&format!("metadata.labels.{k}"), "label keys are 1..=253 and values at most 63 characters");
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn template(t: &MachineTemplate) -> Check {
+    name("spec.template.spec.classRef.name", &t.spec.class_ref.name)?;
+    object_or_absent("spec.template.spec.providerSpec", t.spec.provider_spec.as_ref())?;
+    if let Some(nt) = &t.spec.node_template {
+        node_template("spec.template.spec.nodeTemplate", nt)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn node_template(field: &str, t: &NodeTemplate) -> Check {
+    for (i, taint) in t.taints.iter().enumerate() {
+        if taint.key.is_empty() {
+            return fail(&format!("{field}.taints[{i}].key"), "must not be empty");
+        }
+        if !matches!(taint.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+            return fail(
+                &format!("{field}.taints[{i}].effect"),
+                format!("must be NoSchedule, PreferNoSchedule or NoExecute, got {:?}", taint.effect),
+            );
+        }
+    }
+    for k in t.labels.keys().chain(t.annotations.keys()) {
+        if k.is_empty() {
+            return fail(field, "label and annotation keys must not be empty");
+        }
+    }
+    Ok(())
+}
+
+/// A rule that `apply` checks and the CRDs carry as a CEL rule (`x-kubernetes-validations`), so
+/// that `machine-controller apply` and `kubectl apply` refuse the same objects, naming the same
+/// field with the same message.
+///
+/// Besides these, both check the bounds of the CRD schema (`minimum`/`maximum`, such as
+/// `replicas` ≥ 0 and every duration ≥ 0), with the API server's message ("should be greater than
+/// or equal to 0").
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// The kind the rule is about.
+    pub kind: Kind,
+    /// The field the rule sits on (`spec.strategy.rollingUpdate`). Like a CEL rule, it is only
+    /// checked when that field is present (a default is always valid).
+    pub at: &'static str,
+    /// The CEL expression, with `self` the field at `at`; true when the value is valid.
+    pub cel: String,
+    /// The field an error names, below `at` (the CEL `fieldPath`), or empty for `at` itself.
+    pub field: &'static str,
+    /// The error message.
+    pub message: &'static str,
+    holds: fn(&Value) -> bool,
+}
+
+impl Rule {
+    /// A rule of `kind` on the field `at`: `cel` for the API server, `holds` for `apply`, both
+    /// true when the value is valid; an error names `at.field` (or `at`) with `message`.
+    pub fn new(
+        kind: Kind,
+        at: &'static str,
+        cel: String,
+        field: &'static str,
+        message: &'static str,
+        holds: fn(&Value) -> bool,
+    ) -> Rule {
+        Rule { kind, at, cel, field, message, holds }
+    }
+
+    /// The path an error names (`spec.strategy.rollingUpdate.maxUnavailable`).
+    pub fn path(&self) -> String {
+        if self.field.is_empty() {
+            self.at.to_string()
+        } else {
+            format!("{}.{}", self.at, self.field)
+        }
+    }
+
+    /// Whether the rule holds for `object` (true when its field is absent).
+    pub fn holds(&self, object: &Value) -> bool {
+        self.at.split('.').try_fold(object, |v, key| v.get(key)).is_none_or(|v| (self.holds)(v))
+    }
+}
+
+/// Message of the int-or-percent format rule.
+pub(crate) const INT_OR_PERCENT: &str = "must be an integer of at least 0 or a percentage like \"25%\"";
+/// Message of the percentage range rule.
+pub(crate) const PERCENT_AT_MOST_100: &str = "must not be more than 100%";
+/// Message of the maxSurge/maxUnavailable rule (Kubernetes Deployments say the same).
+pub(crate) const NOT_BOTH_ZERO: &str = "must not be 0 when maxSurge is 0";
+/// Message of the positive-duration rules.
+pub(crate) const AT_LEAST_1: &str = "must be at least 1";
+/// The most machines one deployment or pool may ask for.
+pub const MAX_REPLICAS: i64 = 100_000;
+/// `progressDeadlineSeconds` when absent (a unit test checks it against the type's default).
+pub(crate) const DEFAULT_PROGRESS_DEADLINE: u64 = 600;
+
+/// An int-or-percent value: an integer ≥ 0, or digits with an optional `%`.
+pub(crate) fn int_or_percent_ok(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.as_i64().is_none_or(|n| n >= 0),
+        Value::String(s) => {
+            let digits = s.strip_suffix('%').unwrap_or(s);
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+        }
+        _ => true,
+    }
+}
+
+pub(crate) fn percent_at_most_100(v: &Value) -> bool {
+    let Some(digits) = v.as_str().and_then(|s| s.strip_suffix('%')) else { return true };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return true;
+    }
+    let significant = digits.trim_start_matches('0');
+    significant.len() < 3 || significant == "100"
+}
+
+/// An int-or-percent that is literally zero (`0`, `"0"`, `"0%"`).
+pub(crate) fn is_zero(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.as_i64() == Some(0),
+        Value::String(s) => {
+            let digits = s.strip_suffix('%').unwrap_or(s);
+            !digits.is_empty() && digits.bytes().all(|b| b == b'0')
+        }
+        _ => false,
+    }
+}
+
+/// CEL for [`is_zero`] of `x`.
+pub(crate) fn cel_is_zero(x: &str) -> String {
+    format!("(type({x}) == int ? {x} == 0 : {x}.matches('^0+%?$'))")
+}
+
+/// maxSurge (default 1) and maxUnavailable (default 0) are not both zero.
+pub(crate) fn surge_or_unavailable(v: &Value) -> bool {
+    !v.get("maxSurge").is_some_and(is_zero) || v.get("maxUnavailable").is_some_and(|u| !is_zero(u))
+}
+
+pub(crate) fn at_least_1(v: &Value) -> bool {
+    v.as_i64().is_none_or(|n| n >= 1)
+}
+
+pub(crate) fn deadline_after_min_ready(v: &Value) -> bool {
+    let field = |k: &str, default: u64| v.get(k).map_or(Some(default), Value::as_u64);
+    match (field("progressDeadlineSeconds", DEFAULT_PROGRESS_DEADLINE), field("minReadySeconds", 0)) {
+        (Some(deadline), Some(min_ready)) => deadline > min_ready,
+        _ => true,
+    }
+}
+
+/// The rules of a replicated kind (MachineDeployment, MachinePool): replicas, strategy, drain.
+pub(crate) fn replicated_rules(kind: Kind) -> Vec<Rule> {
+    use Kind::MachineDeployment as Md;
+    let rule = Rule::new;
+    let int_or_percent = "type(self) == int ? self >= 0 : self.matches('^[0-9]+%?$')".to_string();
+    let percent = "type(self) == int || !self.matches('^[0-9]+%$') || self.matches('^0*(100|[0-9]?[0-9])%$')";
+    let not_both_zero = format!(
+        "!has(self.maxSurge) || !{} || (has(self.maxUnavailable) && !{})",
+        cel_is_zero("self.maxSurge"),
+        cel_is_zero("self.maxUnavailable")
+    );
+    let mut out = Vec::new();
+    {
+        out.push(rule(kind, "spec.replicas", format!("self <= {MAX_REPLICAS}"), "", "must be at most 100000", |v| {
+            v.as_i64().is_none_or(|n| n <= MAX_REPLICAS)
+        }));
+        let (strategy, fields): (&str, &[&str]) = match kind {
+            Md => (
+                "spec.strategy.rollingUpdate",
+                &[
+                    "spec.strategy.rollingUpdate.maxSurge",
+                    "spec.strategy.rollingUpdate.maxUnavailable",
+                    "spec.strategy.inPlace.maxUnavailable",
+                ],
+            ),
+            _ => ("spec.strategy", &["spec.strategy.maxSurge", "spec.strategy.maxUnavailable"]),
+        };
+        for &at in fields {
+            out.push(rule(kind, at, int_or_percent.clone(), "", INT_OR_PERCENT, int_or_percent_ok));
+            out.push(rule(kind, at, percent.to_string(), "", PERCENT_AT_MOST_100, percent_at_most_100));
+        }
+        out.push(rule(kind, strategy, not_both_zero.clone(), "maxUnavailable", NOT_BOTH_ZERO, surge_or_unavailable));
+        out.push(rule(
+            kind,
+            "spec.drainTimeoutSeconds",
+            "self >= 1".into(),
+            "",
+            "must be at least 1 (a drain always has a deadline)",
+            at_least_1,
+        ));
+    }
+    out
+}
+
+/// The rules of a MachineDeployment only (after [`replicated_rules`]).
+pub(crate) fn deployment_rules() -> Vec<Rule> {
+    use Kind::MachineDeployment as Md;
+    let rule = Rule::new;
+    let mut out = Vec::new();
+    for at in ["spec.progressDeadlineSeconds", "spec.creationTimeoutSeconds", "spec.healthTimeoutSeconds"] {
+        out.push(rule(Md, at, "self >= 1".into(), "", AT_LEAST_1, at_least_1));
+    }
+    out.push(rule(Md, "spec.maxConcurrentReplacements", "self >= 1".into(), "", AT_LEAST_1, at_least_1));
+    out.push(rule(
+        Md,
+        "spec",
+        format!(
+            "(has(self.progressDeadlineSeconds) ? self.progressDeadlineSeconds : {DEFAULT_PROGRESS_DEADLINE}) > \
+             (has(self.minReadySeconds) ? self.minReadySeconds : 0)"
+        ),
+        "progressDeadlineSeconds",
+        "must be greater than minReadySeconds",
+        deadline_after_min_ready,
+    ));
+    out
+}
