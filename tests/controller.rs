@@ -3,149 +3,20 @@
 //! cloud's inspection API as the ground truth.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e_tests::{controller_apply, controller_cli, eventually, rolled_out, start_controller, Sidecar};
+use e2e_tests::eventually;
+use e2e_tests::world::{Builder, Driver, World};
 use fake_driver::pb as fake;
 use machine_controller::resources::*;
-use machine_controller::store::Store;
-use tokio::process::Child;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-/// One test's world: a fake sidecar, a store file, and (usually) a running controller.
-struct World {
-    sidecar: Option<Sidecar>,
-    dir: tempfile::TempDir,
-    controller: Option<Child>,
-    fake_args: Vec<String>,
-}
-
-impl World {
-    async fn new(fake_args: &[&str]) -> World {
-        let dir = tempfile::tempdir().unwrap();
-        let fake_args: Vec<String> = fake_args.iter().map(|s| s.to_string()).collect();
-        let args: Vec<&str> = fake_args.iter().map(String::as_str).collect();
-        let sidecar = Sidecar::start("fake-driver", &args).await;
-        let mut w = World { sidecar: Some(sidecar), dir, controller: None, fake_args };
-        w.start_controller(&[]);
-        w
-    }
-
-    fn sidecar(&self) -> &Sidecar {
-        self.sidecar.as_ref().unwrap()
-    }
-
-    fn store_path(&self) -> PathBuf {
-        self.dir.path().join("store.db")
-    }
-
-    fn start_controller(&mut self, extra: &[&str]) {
-        let mut args = vec!["--resync-interval", "5s"];
-        args.extend_from_slice(extra);
-        let driver = format!("fake={}", self.sidecar().endpoint());
-        let child = start_controller(&self.store_path(), &driver, &args, &self.dir.path().join("controller.log"));
-        self.controller = Some(child);
-    }
-
-    async fn kill9_controller(&mut self) {
-        if let Some(mut c) = self.controller.take() {
-            c.kill().await.unwrap();
-        }
-    }
-
-    /// SIGKILLs the sidecar and starts a new one on the same socket (and state file).
-    async fn restart_sidecar(&mut self) {
-        let old = self.sidecar.take().unwrap();
-        let dir = old.kill9().await;
-        let args: Vec<&str> = self.fake_args.iter().map(String::as_str).collect();
-        self.sidecar = Some(Sidecar::start_in(dir, "fake-driver", &args).await);
-    }
-
-    fn controller_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("controller.log")).unwrap_or_default()
-    }
-
-    async fn cli(&self, args: &[&str]) -> (i32, String, String) {
-        controller_cli(&self.store_path(), args).await
-    }
-
-    async fn apply(&self, yaml: &str) {
-        controller_apply(&self.store_path(), self.dir.path(), yaml).await;
-    }
-
-    fn store(&self) -> Store {
-        Store::open(&self.store_path()).unwrap()
-    }
-
-    async fn inspect(&self) -> fake::InspectResponse {
-        let c = self.sidecar().client().await;
-        let mut f = fake::fake_cloud_client::FakeCloudClient::new(c.channel());
-        f.inspect(fake::InspectRequest::default()).await.unwrap().into_inner()
-    }
-
-    async fn set_faults(&self, rules: Vec<fake::FaultRule>) {
-        let c = self.sidecar().client().await;
-        let mut f = fake::fake_cloud_client::FakeCloudClient::new(c.channel());
-        f.set_faults(fake::SetFaultsRequest { rules }).await.unwrap();
-    }
-
-    async fn md(&self, name: &str) -> MachineDeployment {
-        self.store().get::<MachineDeployment>("default", name).await.unwrap().expect("deployment")
-    }
-
-    /// Waits until `name` has `replicas` available machines of its target revision and no others.
-    async fn converged(&self, name: &str, within: Duration) -> MachineDeployment {
-        let store = self.store();
-        let deadline = std::time::Instant::now() + within;
-        loop {
-            if let Some(md) = store.get::<MachineDeployment>("default", name).await.ok().flatten() {
-                if rolled_out(&md) {
-                    return md;
-                }
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "deployment {name} not converged after {within:?}; controller log:\n{}",
-                tail(&self.controller_log(), 40)
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    async fn machines(&self) -> Vec<Machine> {
-        self.store().list::<Machine>().await.unwrap()
-    }
-
-    /// The cloud and the store agree: every Machine has exactly one cloud machine created once,
-    /// and no cloud machine is without a Machine.
-    async fn assert_consistent(&self, replicas: usize) {
-        let cloud = self.inspect().await;
-        let machines = self.machines().await;
-        let names: HashSet<String> = machines.iter().map(|m| m.metadata.name.clone()).collect();
-        let cloud_names: HashSet<String> = cloud.machines.iter().map(|m| m.name.clone()).collect();
-        assert_eq!(names, cloud_names, "store and cloud disagree");
-        assert_eq!(machines.len(), replicas);
-        for m in &cloud.machines {
-            assert_eq!(m.times_created, 1, "{} was created {} times", m.name, m.times_created);
-        }
-        let c = cloud.counters.unwrap();
-        assert_eq!(
-            c.machines_created - c.machines_deleted,
-            replicas as u64,
-            "creates {} − deletes {} ≠ {replicas}",
-            c.machines_created,
-            c.machines_deleted
-        );
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+/// A world of the fake driver, the embedded store and a controller with the tests' timings.
+fn world(fake_args: &[&str]) -> Builder {
+    World::builder().driver(Driver::fake(fake_args)).controller_args(&["--resync-interval", "5s"])
 }
 
 fn class_yaml(spec: &str) -> String {
@@ -176,7 +47,7 @@ const FAST: &[&str] =
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_update_stays_within_max_surge_and_max_unavailable() {
-    let w = World::new(FAST).await;
+    let w = world(FAST).in_process().start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.apply(&md_yaml("web", 10, "os-1", "30%", "20%", "")).await;
     w.converged("web", MINUTE).await;
@@ -184,7 +55,7 @@ async fn rolling_update_stays_within_max_surge_and_max_unavailable() {
 
     // Watch the cloud while the rollout runs: the fake counts the peak itself (exact), and a
     // sampler records the fewest Running machines seen.
-    let c = w.sidecar().client().await;
+    let c = w.driver_client().await;
     let mut f = fake::fake_cloud_client::FakeCloudClient::new(c.channel());
     f.inspect(fake::InspectRequest { reset_peak: true }).await.unwrap();
     let min_running = Arc::new(AtomicI64::new(i64::MAX));
@@ -225,7 +96,7 @@ async fn rolling_update_stays_within_max_surge_and_max_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_of_the_controller_mid_rollout_loses_and_duplicates_nothing() {
-    let mut w = World::new(&["--create-latency", "1s", "--delete-latency", "500ms"]).await;
+    let mut w = world(&["--create-latency", "1s", "--delete-latency", "500ms"]).start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.apply(&md_yaml("web", 8, "os-1", "50%", "25%", "")).await;
     // Kill it while creates are in flight.
@@ -234,7 +105,7 @@ async fn kill9_of_the_controller_mid_rollout_loses_and_duplicates_nothing() {
         async move { (w.inspect().await.machines.iter().filter(|m| m.state == "CREATING").count() >= 3).then_some(()) }
     })
     .await;
-    w.kill9_controller().await;
+    w.kill9().await;
     w.start_controller(&[]);
     w.converged("web", MINUTE).await;
     w.assert_consistent(8).await;
@@ -249,19 +120,19 @@ async fn kill9_of_the_controller_mid_rollout_loses_and_duplicates_nothing() {
         }
     })
     .await;
-    w.kill9_controller().await;
+    w.kill9().await;
     w.start_controller(&[]);
     let md = w.converged("web", MINUTE).await;
     w.assert_consistent(8).await;
     assert_eq!(md.status.replicas, 8);
-    assert!(w.controller_log().contains("machine-controller running"));
+    assert!(w.controller_log(2).contains("machine-controller running"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecar_restart_mid_operation_resumes_from_the_stored_token() {
     let dir_state = tempfile::tempdir().unwrap();
     let state = dir_state.path().join("cloud.json");
-    let mut w = World::new(&["--create-latency", "2s", "--state-file", state.to_str().unwrap()]).await;
+    let mut w = world(&["--create-latency", "2s", "--state-file", state.to_str().unwrap()]).start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.apply(&md_yaml("web", 3, "os-1", "1", "0", "")).await;
     // Wait until the three creates are stored in status, then crash the sidecar.
@@ -278,7 +149,7 @@ async fn sidecar_restart_mid_operation_resumes_from_the_stored_token() {
         }
     })
     .await;
-    w.restart_sidecar().await;
+    w.restart_driver().await;
     w.converged("web", MINUTE).await;
     w.assert_consistent(3).await;
     // The same operations finished: the request IDs of their final polls are in status, and the
@@ -306,7 +177,7 @@ fn rule(rpc: &str, action: &str, code: &str, times: u32, retry_after_ms: u32) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_errors_and_throttling_back_off_then_converge() {
-    let w = World::new(&["--create-latency", "200ms", "--rate-limit", "8", "--burst", "3"]).await;
+    let w = world(&["--create-latency", "200ms", "--rate-limit", "8", "--burst", "3"]).in_process().start().await;
     w.set_faults(vec![rule("CreateMachine", "error", "UNAVAILABLE", 4, 0)]).await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.apply(&md_yaml("web", 6, "os-1", "1", "0", "")).await;
@@ -322,7 +193,7 @@ async fn transient_errors_and_throttling_back_off_then_converge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_and_invalid_specs_become_conditions_without_a_hot_loop() {
-    let w = World::new(&["--create-latency", "200ms", "--max-machines", "2"]).await;
+    let w = world(&["--create-latency", "200ms", "--max-machines", "2"]).in_process().start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.apply(&md_yaml("web", 3, "os-1", "0", "1", "")).await;
     let store = w.store();
@@ -367,7 +238,7 @@ async fn quota_and_invalid_specs_become_conditions_without_a_hot_loop() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_rollout_is_aborted_rolled_back_and_not_retried() {
-    let w = World::new(FAST).await;
+    let w = world(FAST).in_process().start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.apply(&md_yaml("web", 4, "os-1", "1", "0", "  failureBudget: 2\n  maxConcurrentReplacements: 1\n")).await;
     let good = w.converged("web", MINUTE).await.status.current_revision;
@@ -403,7 +274,7 @@ async fn a_failing_rollout_is_aborted_rolled_back_and_not_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_yaml_and_invalid_fields_are_refused_and_change_nothing() {
-    let w = World::new(FAST).await;
+    let w = world(FAST).in_process().start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     // What apply could change: the class's spec and generation (its status is the controller's).
     let class_state = |json: String| {
@@ -420,7 +291,7 @@ async fn bad_yaml_and_invalid_fields_are_refused_and_change_nothing() {
     ];
     for (file, text, needle) in cases {
         // A valid class change travels with the bad document: it must not be applied either.
-        let path = w.dir.path().join(file);
+        let path = w.dir().join(file);
         std::fs::write(&path, format!("{}---\n{text}", class_yaml("{machineType: large}"))).unwrap();
         let (code, out, err) = w.cli(&["apply", "-f", path.to_str().unwrap()]).await;
         assert_eq!(code, 1, "{file}: {out}{err}");
@@ -440,7 +311,7 @@ async fn bad_yaml_and_invalid_fields_are_refused_and_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_place_strategy_updates_machines_without_replacing_them() {
-    let w = World::new(FAST).await;
+    let w = world(FAST).in_process().start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     let strategy = |ty: &str| {
         format!(
@@ -478,7 +349,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machine_pool_scales_rolls_and_deletes_one_instance() {
-    let w = World::new(FAST).await;
+    let w = world(FAST).in_process().start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     let pool = |ty: &str, replicas: i64| {
         format!(
@@ -542,14 +413,13 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphans_tagged_by_this_controller_are_collected() {
-    let mut w = World::new(FAST).await;
-    w.kill9_controller().await;
-    w.start_controller(&["--orphan-interval", "300ms", "--orphan-grace", "1s"]);
+    let w =
+        world(FAST).controller_args(&["--orphan-interval", "300ms", "--orphan-grace", "1s"]).in_process().start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.apply(&md_yaml("web", 1, "os-1", "1", "0", "")).await;
     w.converged("web", MINUTE).await;
     // A machine in the cloud tagged as ours with no Machine, and one that is not ours.
-    let client = w.sidecar().client().await;
+    let client = w.driver_client().await;
     let spec = Some(driver_sdk::convert::json_to_struct(&serde_json::json!({"machineType": "small"})));
     for (name, tags) in [
         ("orphan-1", vec![(TAG_CONTROLLER, "machine-controller"), (TAG_MACHINE, "default.gone")]),
@@ -583,7 +453,7 @@ async fn orphans_tagged_by_this_controller_are_collected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_shows_status_request_ids_and_deletes_through_the_cloud() {
-    let w = World::new(FAST).await;
+    let w = world(FAST).start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.apply(&md_yaml("web", 2, "os-1", "1", "0", "")).await;
     w.converged("web", MINUTE).await;
@@ -629,7 +499,10 @@ fn md_condition<'a>(md: &'a MachineDeployment, kind: &str) -> Option<&'a Conditi
 /// brings it to its replicas at once, with no template change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_recover_when_the_secret_is_fixed_without_a_template_change() {
-    let w = World::new(&["--api-key", "the-right-key", "--create-latency", "300ms", "--delete-latency", "200ms"]).await;
+    let w = world(&["--api-key", "the-right-key", "--create-latency", "300ms", "--delete-latency", "200ms"])
+        .in_process()
+        .start()
+        .await;
     w.apply(&creds_yaml("a-wrong-key")).await;
     w.apply(&class_with_creds_yaml()).await;
     w.apply(&md_yaml("web", 2, "os-1", "1", "0", "  failureBudget: 1\n")).await;
@@ -686,7 +559,7 @@ async fn wrong_credentials_recover_when_the_secret_is_fixed_without_a_template_c
 /// Quota is the environment too: a condition while it lasts, then recovery when it is raised.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_refusals_set_a_condition_and_recover_when_the_quota_is_raised() {
-    let w = World::new(FAST).await;
+    let w = world(FAST).in_process().start().await;
     let mut quota = rule("CreateMachine", "error", "RESOURCE_EXHAUSTED", 0, 0);
     quota.reason = "QUOTA_EXCEEDED".into();
     quota.message = "vCPU quota of the region reached".into();
@@ -717,7 +590,7 @@ async fn quota_refusals_set_a_condition_and_recover_when_the_quota_is_raised() {
 /// remembered as bad, and the deployment says there is no earlier revision to roll back to.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_first_revision_is_aborted_with_nothing_to_roll_back_to() {
-    let w = World::new(FAST).await;
+    let w = world(FAST).in_process().start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.set_faults(vec![rule("CreateMachine", "fail_operation", "INTERNAL", 0, 0)]).await;
     w.apply(&md_yaml("web", 2, "os-bad", "1", "0", "  failureBudget: 2\n  maxConcurrentReplacements: 1\n")).await;
@@ -745,7 +618,10 @@ async fn a_bad_first_revision_is_aborted_with_nothing_to_roll_back_to() {
 /// Secret is fixed, then the pool fills without a template change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_with_refused_credentials_recovers_when_the_secret_is_fixed() {
-    let w = World::new(&["--api-key", "the-right-key", "--pool-latency", "300ms", "--create-latency", "300ms"]).await;
+    let w = world(&["--api-key", "the-right-key", "--pool-latency", "300ms", "--create-latency", "300ms"])
+        .in_process()
+        .start()
+        .await;
     w.apply(&creds_yaml("a-wrong-key")).await;
     w.apply(&class_with_creds_yaml()).await;
     w.apply(
@@ -796,7 +672,7 @@ async fn unusable_stored_tokens_are_dropped_and_each_machine_is_created_once() {
     use base64::Engine;
     use driver_sdk::{Operation, OperationKind, TokenCodec, TokenKey};
     let b64 = base64::engine::general_purpose::STANDARD;
-    let mut w = World::new(&["--create-latency", "3s", "--delete-latency", "200ms"]).await;
+    let mut w = world(&["--create-latency", "3s", "--delete-latency", "200ms"]).start().await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.apply(&md_yaml("web", 6, "os-1", "1", "0", "")).await;
     eventually(MINUTE, "six creates in flight", || {
@@ -807,7 +683,7 @@ async fn unusable_stored_tokens_are_dropped_and_each_machine_is_created_once() {
         }
     })
     .await;
-    w.kill9_controller().await;
+    w.kill9().await;
     let sealed_by = |key: TokenKey, driver: &str| {
         let op = Operation::running(OperationKind::CreateMachine, "x", serde_json::json!({"id": "op-1"}));
         b64.encode(TokenCodec::new(key, driver).seal(&op))
@@ -854,8 +730,9 @@ async fn rotating_the_token_key_mid_rollout_loses_no_operation() {
     let (old, new) = ("old-token-key-0123456789abcdef", "new-token-key-0123456789abcdef");
     std::fs::write(&key_file, format!("{old}\n")).unwrap();
     let file = key_file.to_str().unwrap();
-    let w =
-        World::new(&["--create-latency", "2s", "--token-key-file", file, "--token-key-reload-interval", "100ms"]).await;
+    let w = world(&["--create-latency", "2s", "--token-key-file", file, "--token-key-reload-interval", "100ms"])
+        .start()
+        .await;
     w.apply(&class_yaml("{machineType: small}")).await;
     w.apply(&md_yaml("web", 4, "os-1", "1", "0", "")).await;
     let stored_tokens = |w: &World| {

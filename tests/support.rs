@@ -11,6 +11,8 @@ use driver_sdk::DriverClient;
 
 #[path = "kube_cluster.rs"]
 pub mod kube_cluster;
+#[path = "support/world.rs"]
+pub mod world;
 use tokio::process::{Child, Command};
 
 /// How long anything in a test may take to become ready.
