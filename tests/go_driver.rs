@@ -7,36 +7,24 @@
 //! sets it); without it these tests fail with the command to run, they never skip.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use driver_sdk::convert::json_to_struct;
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, ErrorReport, OperationExt};
-use e2e_tests::{bin, controller_apply, eventually, rolled_out, run, start_controller, Sidecar};
-use machine_controller::resources::{Machine, MachineDeployment, Phase, LABEL_REVISION};
-use machine_controller::store::Store;
+use e2e_tests::world::{go_driver, Driver, World};
+use e2e_tests::{bin, eventually, run, Sidecar};
+use machine_controller::resources::{Machine, Phase, LABEL_REVISION};
 use serde_json::json;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tonic::Code;
 
 const MINUTE: Duration = Duration::from_secs(60);
 const DOMAIN: &str = "go.machinedriver.dev";
 /// Every await on a single call is bounded by this.
 const CALL: Duration = Duration::from_secs(10);
-
-/// The Go driver binary. Never skipped: a missing binary fails with the command that builds it.
-fn go_driver() -> String {
-    let how = "build it and pass its path: \
-               GO_DRIVER_BIN=\"$(bash tests/tools/build-go-driver.sh)\" cargo test -p e2e-tests --test go_driver \
-               (tests/run.sh does this)";
-    let path = std::env::var("GO_DRIVER_BIN").unwrap_or_default();
-    assert!(!path.is_empty(), "GO_DRIVER_BIN is not set: {how}");
-    assert!(Path::new(&path).is_absolute(), "GO_DRIVER_BIN={path} must be an absolute path: {how}");
-    assert!(Path::new(&path).is_file(), "GO_DRIVER_BIN={path} does not exist: {how}");
-    path
-}
 
 /// The Go driver on a temporary Unix socket, with a random (dev-mode) token key.
 async fn start(args: &[&str]) -> Sidecar {
@@ -54,6 +42,11 @@ async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T 
 async fn stop(sidecar: Sidecar) {
     let socket = sidecar.socket.clone();
     let (status, _dir) = sidecar.terminate().await;
+    stopped(status, &socket);
+}
+
+/// What SIGTERM must leave: exit 0 and no socket.
+fn stopped(status: std::process::ExitStatus, socket: &Path) {
     assert!(status.success(), "go-driver exited with {status} after SIGTERM");
     assert!(!socket.exists(), "go-driver left its socket {} behind", socket.display());
 }
@@ -128,66 +121,6 @@ fn creates_in_log(log: &str) -> BTreeMap<String, usize> {
     out
 }
 
-struct Controller {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Controller {
-    /// `machine-controller run` on an embedded store, with the Go driver registered as `go`.
-    fn start(endpoint: &str) -> Controller {
-        let dir = tempfile::tempdir().unwrap();
-        let driver = format!("go={endpoint}");
-        let extra = ["--resync-interval", "5s"];
-        let child = start_controller(&dir.path().join("store.db"), &driver, &extra, &dir.path().join("controller.log"));
-        Controller { child, dir }
-    }
-
-    fn store_path(&self) -> PathBuf {
-        self.dir.path().join("store.db")
-    }
-
-    fn store(&self) -> Store {
-        Store::open(&self.store_path()).unwrap()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("controller.log")).unwrap_or_default()
-    }
-
-    async fn apply(&self, yaml: &str) {
-        controller_apply(&self.store_path(), self.dir.path(), yaml).await;
-    }
-
-    /// Waits until `name` has all its replicas available, of its target revision, and no others.
-    async fn converged(&self, name: &str) -> MachineDeployment {
-        let store = self.store();
-        let waited = tokio::time::timeout(MINUTE, async {
-            loop {
-                if let Some(md) = store.get::<MachineDeployment>("default", name).await.ok().flatten() {
-                    if rolled_out(&md) {
-                        return md;
-                    }
-                }
-                // Deliberate: the store has no change feed here; poll it.
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-        })
-        .await;
-        waited.unwrap_or_else(|_| {
-            panic!(
-                "deployment {name} not rolled out after {MINUTE:?}; controller log (end):\n{}",
-                tail(&self.log(), 60)
-            )
-        })
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 fn md_yaml(replicas: i64, image: &str) -> String {
     format!(
         "apiVersion: machine.driver.dev/v1alpha1
@@ -215,20 +148,23 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_rolls_out_a_machine_deployment_on_the_go_driver() {
-    let sidecar = start(&["--create-latency", "300ms", "--delete-latency", "100ms"]).await;
-    let client = sidecar.client().await;
-    let mut controller = Controller::start(&sidecar.endpoint());
-    controller.apply(CLASS_YAML).await;
-    controller.apply(&md_yaml(3, "go-os-1")).await;
-    let first = controller.converged("web").await;
+    let mut w = World::builder()
+        .driver(Driver::go(&["--create-latency", "300ms", "--delete-latency", "100ms"]))
+        .controller_args(&["--resync-interval", "5s"])
+        .start()
+        .await;
+    let client = w.driver_client().await;
+    w.apply(CLASS_YAML).await;
+    w.apply(&md_yaml(3, "go-os-1")).await;
+    let first = w.converged("web", MINUTE).await;
 
     // Then a new image: a rolling update replaces every machine.
-    controller.apply(&md_yaml(3, "go-os-2")).await;
-    let md = controller.converged("web").await;
+    w.apply(&md_yaml(3, "go-os-2")).await;
+    let md = w.converged("web", MINUTE).await;
     assert_ne!(md.status.current_revision, first.status.current_revision, "the image change made no new revision");
 
     // The store and the Go driver's cloud agree: 3 Running machines of the new revision.
-    let machines = controller.store().list::<Machine>().await.unwrap();
+    let machines = w.store().list::<Machine>().await.unwrap();
     assert_eq!(machines.len(), 3, "{machines:?}");
     for m in &machines {
         assert_eq!(m.status.phase, Phase::Running, "{} is {:?}", m.metadata.name, m.status.phase);
@@ -253,7 +189,7 @@ async fn the_controller_rolls_out_a_machine_deployment_on_the_go_driver() {
     }
 
     // Each machine was created once: 3, then 3 replacements, no name twice.
-    let log = sidecar.log_text();
+    let log = w.sidecar().log_text();
     let creates = creates_in_log(&log);
     assert_eq!(creates.len(), 6, "6 machines should have been created: {creates:?}");
     assert!(creates.values().all(|n| *n == 1), "a machine was created twice: {creates:?}");
@@ -268,8 +204,9 @@ async fn the_controller_rolls_out_a_machine_deployment_on_the_go_driver() {
         "request {rid:?} not in the Go driver's log"
     );
 
-    controller.child.kill().await.unwrap();
-    stop(sidecar).await;
+    w.kill9().await;
+    let (status, socket) = w.terminate_driver().await;
+    stopped(status, &socket);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
