@@ -4,15 +4,14 @@
 //! truth for what went to "ARM".
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use driver_sdk::proto as pb;
 use driver_sdk::{convert, reason, DriverClient, OperationExt};
-use e2e_tests::{bin, controller_apply, controller_cli, eventually, free_port, run, start_controller, Sidecar};
+use e2e_tests::world::{Driver, World};
+use e2e_tests::{bin, eventually, run, Sidecar};
 use machine_controller::resources::*;
-use machine_controller::store::Store;
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
@@ -31,9 +30,11 @@ impl Arm {
     async fn start(args: &[&str]) -> Arm {
         let dir = tempfile::tempdir().unwrap();
         let log = std::fs::File::create(dir.path().join("arm.log")).unwrap();
-        let port = free_port();
-        let child = Command::new(bin("arm-emulator"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
+        // Port 0, and the emulator writes the address it bound: nothing can take the port first.
+        let addr_file = dir.path().join("arm.addr");
+        let mut child = Command::new(bin("arm-emulator"))
+            .args(["--listen", "127.0.0.1:0", "--addr-file"])
+            .arg(&addr_file)
             .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -41,6 +42,13 @@ impl Arm {
             .kill_on_drop(true)
             .spawn()
             .expect("start arm-emulator");
+        let port = eventually(Duration::from_secs(30), "arm-emulator bound", || {
+            let exited = child.try_wait().ok().flatten();
+            assert!(exited.is_none(), "arm-emulator exited ({exited:?}) before listening");
+            let addr = std::fs::read_to_string(&addr_file).ok();
+            async move { addr?.trim().parse::<std::net::SocketAddr>().ok().map(|a| a.port()) }
+        })
+        .await;
         let arm = Arm { _child: child, port, _dir: dir };
         eventually(Duration::from_secs(30), "arm-emulator listening", || async {
             http(port, "GET", "/_emulator/faults", None).await.filter(|(s, _)| *s == 200).map(|_| ())
@@ -443,17 +451,6 @@ async fn arm_errors_map_to_protocol_errors() {
     assert_eq!((err.code(), err.reason()), (tonic::Code::NotFound, reason::POOL_NOT_FOUND), "{err}");
 }
 
-/// `machine-controller run` driving the Azure sidecar on `arm`, on its own embedded store, with
-/// the MachineClass `azure-d2` applied. Killed when dropped.
-struct Controller {
-    _child: Child,
-    driver: Option<Sidecar>,
-    driver_args: Vec<String>,
-    dir: tempfile::TempDir,
-    store_path: PathBuf,
-    store: Store,
-}
-
 /// The pool class `azure-d2`.
 const POOL_CLASS: &str = "apiVersion: machine.driver.dev/v1alpha1
 kind: MachineClass
@@ -466,61 +463,60 @@ spec:
     image: {publisher: Canonical, offer: ubuntu-24_04-lts, sku: server, version: latest}
 ";
 
-impl Controller {
-    async fn start(arm: &Arm) -> Controller {
-        Self::start_with(arm, POOL_CLASS, &[], &[]).await
-    }
+/// `machine-controller run` driving the Azure sidecar on `arm`, on its own embedded store, with
+/// the MachineClass `azure-d2` applied.
+async fn controller(arm: &Arm) -> World {
+    controller_with(arm, POOL_CLASS, &[], &[]).await
+}
 
-    /// The controller (with `controller_extra` arguments) with `manifest` (classes, secrets)
-    /// applied, and the sidecar started with `extra` arguments.
-    async fn start_with(arm: &Arm, manifest: &str, extra: &[&str], controller_extra: &[&str]) -> Controller {
-        let mut driver_args: Vec<String> = arm.driver_args().into_iter().map(String::from).collect();
-        driver_args.extend(extra.iter().map(|a| a.to_string()));
-        let args: Vec<&str> = driver_args.iter().map(String::as_str).collect();
-        let driver = Sidecar::start("azure-vmss-driver", &args).await;
-        let dir = tempfile::tempdir().unwrap();
-        let store_path: PathBuf = dir.path().join("store.db");
-        let driver_arg = format!("azure={}", driver.endpoint());
-        let child = start_controller(&store_path, &driver_arg, controller_extra, &dir.path().join("controller.log"));
-        // The class goes in through the CLI first, so the store exists before this process opens it.
-        let class = dir.path().join("class.yaml");
-        std::fs::write(&class, manifest).unwrap();
-        let (code, out, err) = controller_cli(&store_path, &["apply", "-f", class.to_str().unwrap()]).await;
-        assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
-        let store = Store::open(&store_path).unwrap();
-        Controller { _child: child, driver: Some(driver), driver_args, dir, store_path, store }
-    }
+/// The controller (with `controller_extra` arguments) with `manifest` (classes, secrets)
+/// applied, and the sidecar started with `extra` arguments.
+async fn controller_with(arm: &Arm, manifest: &str, extra: &[&str], controller_extra: &[&str]) -> World {
+    let mut args = arm.driver_args();
+    args.extend_from_slice(extra);
+    World::builder().driver(Driver::azure(&args)).controller_args(controller_extra).manifest(manifest).start().await
+}
 
-    fn driver(&self) -> &Sidecar {
-        self.driver.as_ref().expect("the sidecar runs")
-    }
+/// What these tests read of the controller's world.
+trait Azure {
+    async fn ready(&self, n: i64) -> Option<()>;
+    async fn apply_web(&self, yaml: &str);
+    async fn web_rolled_out(&self) -> Option<Vec<Machine>>;
+}
 
-    /// kill -9 of the sidecar, and a new one on the same socket.
-    async fn crash_driver(&mut self) {
-        let dir = self.driver.take().expect("the sidecar runs").kill9().await;
-        let args: Vec<&str> = self.driver_args.iter().map(String::as_str).collect();
-        self.driver = Some(Sidecar::start_in(dir, "azure-vmss-driver", &args).await);
-    }
-
-    async fn cli(&self, args: &[&str]) -> (i32, String, String) {
-        controller_cli(&self.store_path, args).await
-    }
-
-    async fn apply(&self, yaml: &str) {
-        controller_apply(&self.store_path, self.dir.path(), yaml).await;
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("controller.log")).unwrap_or_default()
-    }
-
+impl Azure for World {
     /// `Some` once the pool `workers` has `n` ready instances on the latest model and `n` Running Machines.
     async fn ready(&self, n: i64) -> Option<()> {
-        let p = self.store.get::<MachinePool>("default", "workers").await.ok()??;
-        let ms = self.store.list::<Machine>().await.ok()?;
+        let store = self.store();
+        let p = store.get::<MachinePool>("default", "workers").await.ok()??;
+        let ms = store.list::<Machine>().await.ok()?;
         let live = ms.iter().filter(|m| !m.is_deleting() && m.status.phase == Phase::Running).count() as i64;
         (p.status.ready_replicas == n && p.status.updated_replicas == n && p.status.replicas == n && live == n)
             .then_some(())
+    }
+
+    /// Applies a new spec of the deployment `web`, and waits until this process's store sees
+    /// it (the CLI writes from another process), so no later check reads the old generation.
+    async fn apply_web(&self, yaml: &str) {
+        let generation = |md: Option<MachineDeployment>| md.map_or(0, |md| md.metadata.generation);
+        let before = generation(self.store().get::<MachineDeployment>("default", "web").await.unwrap());
+        self.apply(yaml).await;
+        eventually(MINUTE, "the new spec of web visible", || async {
+            let now = generation(self.store().get::<MachineDeployment>("default", "web").await.ok()?);
+            (now > before).then_some(())
+        })
+        .await;
+    }
+
+    /// `Some(machines)` once the deployment `web` has rolled out its latest template.
+    async fn web_rolled_out(&self) -> Option<Vec<Machine>> {
+        let md = self.store().get::<MachineDeployment>("default", "web").await.ok()??;
+        if !e2e_tests::rolled_out(&md) {
+            return None;
+        }
+        let ms: Vec<Machine> =
+            self.store().list::<Machine>().await.ok()?.into_iter().filter(|m| !m.is_deleting()).collect();
+        (ms.len() as i64 == md.spec.replicas && ms.iter().all(|m| m.status.phase == Phase::Running)).then_some(ms)
     }
 }
 
@@ -554,13 +550,13 @@ async fn machine_pool_through_the_controller() {
     let arm =
         Arm::start(&["--operation-duration", "500ms", "--delete-duration", "300ms", "--upgrade-duration", "300ms"])
             .await;
-    let c = Controller::start(&arm).await;
+    let c = controller(&arm).await;
 
     // Scale out to 3.
     c.apply(&workers("Standard_D2s_v5")).await;
     tokio::time::timeout(2 * MINUTE, eventually(2 * MINUTE, "pool scaled out to 3", || c.ready(3)))
         .await
-        .unwrap_or_else(|_| panic!("controller log:\n{}", c.log()));
+        .unwrap_or_else(|_| panic!("controller log:\n{}", c.controller_log(0)));
     let sets = arm.scale_sets().await;
     assert_eq!(sets.len(), 1);
     assert_eq!(sets[0]["vms"].as_array().unwrap().len(), 3);
@@ -596,7 +592,7 @@ async fn machine_pool_through_the_controller() {
 
     // Delete exactly one pool Machine: exactly that instance is deleted, and the pool refills.
     let victim = c
-        .store
+        .store()
         .list::<Machine>()
         .await
         .unwrap()
@@ -635,7 +631,7 @@ async fn an_instance_missed_by_a_listing_torn_by_a_finishing_delete_stays() {
     // Deletes never finish by themselves here: a fault rule finishes the one in flight at an
     // exact point of the reconciler's requests.
     let arm = Arm::start(&["--operation-duration", "300ms", "--delete-duration", "10m", "--page-size", "2"]).await;
-    let c = Controller::start(&arm).await;
+    let c = controller(&arm).await;
     c.apply(&workers("Standard_D2s_v5")).await;
     eventually(2 * MINUTE, "pool scaled out to 3", || c.ready(3)).await;
     let ids = cloud_instances(&arm).await.expect("the scale set");
@@ -646,7 +642,7 @@ async fn an_instance_missed_by_a_listing_torn_by_a_finishing_delete_stays() {
         v.sort();
         v
     };
-    let before = uids(c.store.list::<Machine>().await.unwrap());
+    let before = uids(c.store().list::<Machine>().await.unwrap());
     assert_eq!(before.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["0", "1", "2"]);
 
     // Delete the Machine of instance 0, the first of the first page: [0, 1] then [2]. Once 0
@@ -687,11 +683,11 @@ async fn an_instance_missed_by_a_listing_torn_by_a_finishing_delete_stays() {
     })
     .await;
     let ids = settled.unwrap_or_else(|sent| {
-        panic!("deleting Machine workers-0 also deleted other instances: POST …/delete bodies {sent:?}\ncontroller log:\n{}", c.log())
+        panic!("deleting Machine workers-0 also deleted other instances: POST …/delete bodies {sent:?}\ncontroller log:\n{}", c.controller_log(0))
     });
     assert!(ids.contains(&"1".to_string()) && ids.contains(&"2".to_string()), "{ids:?}");
     // The Machines of instances 1 and 2 are the same objects: never taken for gone, never recreated.
-    let after = uids(c.store.list::<Machine>().await.unwrap());
+    let after = uids(c.store().list::<Machine>().await.unwrap());
     for kept in &before[1..] {
         assert!(
             after.contains(kept),
@@ -707,12 +703,12 @@ async fn an_instance_missed_by_a_listing_torn_by_a_finishing_delete_stays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_deleted_out_of_band_loses_its_machine_without_a_call() {
     let arm = Arm::start(&["--operation-duration", "300ms", "--delete-duration", "300ms"]).await;
-    let c = Controller::start(&arm).await;
+    let c = controller(&arm).await;
     c.apply(&workers("Standard_D2s_v5")).await;
     eventually(2 * MINUTE, "pool scaled out to 3", || c.ready(3)).await;
 
     let op = c
-        .driver()
+        .sidecar()
         .client()
         .await
         .delete_pool_instances(pb::DeletePoolInstancesRequest {
@@ -722,9 +718,9 @@ async fn an_instance_deleted_out_of_band_loses_its_machine_without_a_call() {
         })
         .await
         .expect("DeletePoolInstances");
-    wait_done(&c.driver().client().await, op.value).await;
+    wait_done(&c.sidecar().client().await, op.value).await;
     eventually(2 * MINUTE, "Machine workers-1 gone and the pool refilled", || async {
-        let gone = c.store.get::<Machine>("default", "workers-1").await.ok()?.is_none();
+        let gone = c.store().get::<Machine>("default", "workers-1").await.ok()?.is_none();
         let ids = cloud_instances(&arm).await?;
         c.ready(3).await?;
         (gone && ids.len() == 3 && !ids.contains(&"1".to_string())).then_some(())
@@ -788,32 +784,6 @@ spec:
 
 const ROLLING: &str = "{type: RollingUpdate, rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}";
 
-impl Controller {
-    /// Applies a new spec of the deployment `web`, and waits until this process's store sees
-    /// it (the CLI writes from another process), so no later check reads the old generation.
-    async fn apply_web(&self, yaml: &str) {
-        let generation = |md: Option<MachineDeployment>| md.map_or(0, |md| md.metadata.generation);
-        let before = generation(self.store.get::<MachineDeployment>("default", "web").await.unwrap());
-        self.apply(yaml).await;
-        eventually(MINUTE, "the new spec of web visible", || async {
-            let now = generation(self.store.get::<MachineDeployment>("default", "web").await.ok()?);
-            (now > before).then_some(())
-        })
-        .await;
-    }
-
-    /// `Some(machines)` once the deployment `web` has rolled out its latest template.
-    async fn web_rolled_out(&self) -> Option<Vec<Machine>> {
-        let md = self.store.get::<MachineDeployment>("default", "web").await.ok()??;
-        if !e2e_tests::rolled_out(&md) {
-            return None;
-        }
-        let ms: Vec<Machine> =
-            self.store.list::<Machine>().await.ok()?.into_iter().filter(|m| !m.is_deleting()).collect();
-        (ms.len() as i64 == md.spec.replicas && ms.iter().all(|m| m.status.phase == Phase::Running)).then_some(ms)
-    }
-}
-
 /// The machine VMs ARM holds, as (lower-cased id → the emulator's record).
 async fn cloud_vms(arm: &Arm) -> std::collections::BTreeMap<String, Value> {
     arm.vms().await.into_iter().map(|v| (v["id"].as_str().unwrap_or("").to_ascii_lowercase(), v)).collect()
@@ -841,12 +811,14 @@ fn peak_vms(reqs: &[Value]) -> i64 {
 async fn machine_deployment_on_a_flexible_scale_set_through_the_controller() {
     let arm = Arm::start(&["--operation-duration", "500ms", "--delete-duration", "300ms"]).await;
     let flex = arm.flexible_scale_set("workers-flex").await.to_ascii_lowercase();
-    let c = Controller::start_with(&arm, &vm_class(None), &[], &[]).await;
+    let c = controller_with(&arm, &vm_class(None), &[], &[]).await;
 
     c.apply_web(&web(3, "1.0.0", "Standard_D2s_v5", ROLLING)).await;
     let first = tokio::time::timeout(2 * MINUTE, eventually(2 * MINUTE, "3 machines Running", || c.web_rolled_out()))
         .await
-        .unwrap_or_else(|_| panic!("controller log:\n{}\nsidecar log:\n{}", c.log(), c.driver().log_text()));
+        .unwrap_or_else(|_| {
+            panic!("controller log:\n{}\nsidecar log:\n{}", c.controller_log(0), c.sidecar().log_text())
+        });
     let vms = cloud_vms(&arm).await;
     assert_eq!(vms.len(), 3, "{vms:?}");
     assert!(vms.values().all(|v| v["scaleSet"] == flex.as_str() && v["powerState"] == "running"), "{vms:?}");
@@ -887,7 +859,7 @@ async fn machine_deployment_on_a_flexible_scale_set_through_the_controller() {
     .await;
     let reqs = arm.requests().await;
     let patches: Vec<&Value> = reqs.iter().filter(|r| is(r, "PATCH", "/virtualMachines/")).collect();
-    assert_eq!(patches.len(), 3, "{patches:?}\ncontroller log:\n{}", c.log());
+    assert_eq!(patches.len(), 3, "{patches:?}\ncontroller log:\n{}", c.controller_log(0));
     assert!(patches.iter().all(|p| p["body"]["properties"]["hardwareProfile"]["vmSize"] == "Standard_D4s_v5"));
 
     // Deleting the deployment deletes the VMs with their NICs and disks.
@@ -904,17 +876,19 @@ async fn machine_deployment_on_a_flexible_scale_set_through_the_controller() {
 async fn creates_resume_from_their_tokens_after_the_sidecar_is_killed() {
     let arm = Arm::start(&["--operation-duration", "4s", "--delete-duration", "300ms"]).await;
     arm.flexible_scale_set("workers-flex").await;
-    let mut c = Controller::start_with(&arm, &vm_class(None), &[], &[]).await;
+    let mut c = controller_with(&arm, &vm_class(None), &[], &[]).await;
     c.apply_web(&web(2, "1.0.0", "Standard_D2s_v5", ROLLING)).await;
     eventually(MINUTE, "2 VMs being created", || async {
         let vms = cloud_vms(&arm).await;
         (vms.len() == 2 && vms.values().all(|v| v["provisioningState"] == "Creating")).then_some(())
     })
     .await;
-    c.crash_driver().await;
+    c.restart_driver().await;
     tokio::time::timeout(2 * MINUTE, eventually(2 * MINUTE, "2 machines Running", || c.web_rolled_out()))
         .await
-        .unwrap_or_else(|_| panic!("controller log:\n{}\nsidecar log:\n{}", c.log(), c.driver().log_text()));
+        .unwrap_or_else(|_| {
+            panic!("controller log:\n{}\nsidecar log:\n{}", c.controller_log(0), c.sidecar().log_text())
+        });
     let reqs = arm.requests().await;
     let puts: Vec<String> = reqs
         .iter()
@@ -925,7 +899,7 @@ async fn creates_resume_from_their_tokens_after_the_sidecar_is_killed() {
     assert_eq!(puts.iter().collect::<HashSet<_>>().len(), 2, "{puts:?}");
     assert_eq!(cloud_vms(&arm).await.len(), 2);
     // The new sidecar finished the operations: it polled ARM's operation URLs.
-    assert!(c.driver().log_text().contains("/operations/"), "the restarted sidecar never polled an operation");
+    assert!(c.sidecar().log_text().contains("/operations/"), "the restarted sidecar never polled an operation");
 }
 
 /// A MachineClass whose Secret holds a service principal (and a subscription): every ARM call
@@ -971,22 +945,21 @@ async fn a_class_secret_picks_the_azure_identity_and_subscription() {
     ]
     .join("---\n");
     let authority = arm.endpoint();
-    let c =
-        Controller::start_with(&arm, &manifest, &["--authority-host", &authority], &["--orphan-interval", "1s"]).await;
+    let c = controller_with(&arm, &manifest, &["--authority-host", &authority], &["--orphan-interval", "1s"]).await;
     c.apply(&[md("web-a", "azure-a"), md("web-wrong", "azure-wrong")].join("---\n")).await;
 
     eventually(2 * MINUTE, "web-a available", || async {
-        let md = c.store.get::<MachineDeployment>("default", "web-a").await.ok()??;
+        let md = c.store().get::<MachineDeployment>("default", "web-a").await.ok()??;
         (md.status.available_replicas == 2).then_some(())
     })
     .await;
     let invalid = eventually(MINUTE, "class azure-wrong invalid", || async {
-        let class = c.store.get::<MachineClass>("default", "azure-wrong").await.ok()??;
+        let class = c.store().get::<MachineClass>("default", "azure-wrong").await.ok()??;
         class.status.conditions.into_iter().find(|c| c.condition_type == "Valid" && c.status == "False")
     })
     .await;
     assert!(invalid.message.contains("client secret"), "{invalid:?}");
-    for text in [invalid.message.clone(), c.log(), c.driver().log_text()] {
+    for text in [invalid.message.clone(), c.controller_log(0), c.sidecar().log_text()] {
         assert!(!text.contains(SECRET) && !text.contains(WRONG), "a client secret leaked: {text}");
     }
 
