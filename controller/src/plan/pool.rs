@@ -22,11 +22,15 @@
 //!   ones plus those whose Machines are being deleted): while a chosen Machine drains, a lower
 //!   capacity would let the cloud pick another instance. A higher one (a scale-up, a template
 //!   change's surge) goes ahead: it removes nothing.
+//!
+//! [`plan`] classifies the instances, chooses the step ([`Step`]) with or without nodes, and
+//! the Ready condition to set; [`Plan::notes`] say why ([`Note`]). With nodes managed an
+//! instance is ready only once its Node is ([`Observed::ready`]).
 
 use std::collections::HashSet;
 
 use super::Limits;
-use crate::resources::{Phase, RollingUpdate};
+use crate::resources::{Phase, Reason, RollingUpdate};
 
 /// An instance's lifecycle state: the protocol's, as the SDK types it.
 pub use driver_sdk::InstanceState;
@@ -66,10 +70,12 @@ pub struct Instance {
     pub running: bool,
     /// The instance runs the pool's latest model.
     pub latest_model: bool,
+    /// Its Machine says its Node is Ready (`NodeReady=True`); read only with nodes managed.
+    pub node_ready: bool,
 }
 
 impl Instance {
-    /// Provisioned and running.
+    /// Provisioned and running (its Node aside: see [`Observed::ready`]).
     pub fn ready(&self) -> bool {
         self.state == InstanceState::Running && self.running
     }
@@ -99,6 +105,14 @@ pub struct Observed<'a> {
     pub nodes_managed: bool,
 }
 
+impl Observed<'_> {
+    /// Whether an instance counts as ready: provisioned and running, and with nodes managed,
+    /// its Node Ready.
+    pub fn ready(&self, i: &Instance) -> bool {
+        i.ready() && (!self.nodes_managed || i.node_ready)
+    }
+}
+
 /// The one call a pool reconcile makes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -118,6 +132,128 @@ pub enum Step {
     Wait,
 }
 
+/// Why the pool planner chose its step, or held back: in the order it decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// The template changed since it was last applied: applied with room for the surge.
+    TemplateChanged {
+        /// The capacity applied (`replicas + maxSurge` while old instances remain).
+        capacity: i64,
+    },
+    /// The capacity to apply differs from the one applied (a scale, or the surge given back).
+    CapacityChanged {
+        /// `status.appliedCapacity`.
+        from: i64,
+        /// The capacity now.
+        to: i64,
+    },
+    /// Fewer live instances than the capacity: the pool is refilled.
+    Missing {
+        /// Live instances.
+        live: i64,
+        /// The capacity.
+        capacity: i64,
+    },
+    /// Instances are missing, but Machines are being deleted: no refill until they are gone.
+    RefillHeld {
+        /// Machines being deleted.
+        deleting: usize,
+    },
+    /// Nodes managed: ApplyPool waits, as a capacity below the instances the cloud still holds
+    /// would let it pick one.
+    ApplyHeld {
+        /// The capacity to apply.
+        capacity: i64,
+        /// Instances the cloud holds (draining ones included).
+        held: i64,
+    },
+    /// Nodes managed: more live instances than the capacity; the excess goes as Machines.
+    AboveCapacity {
+        /// Live instances.
+        live: i64,
+        /// The capacity.
+        capacity: i64,
+    },
+    /// Old-model instances are upgraded (by deletion, or in place with maxSurge 0 and no
+    /// nodes), `budget` ready ones at most (`ready − replicas + maxUnavailable`, in place
+    /// `maxUnavailable` less those not ready).
+    Upgrading {
+        /// Old-model instances.
+        old: usize,
+        /// Ready ones that may go.
+        budget: i64,
+    },
+    /// Old-model instances wait: none may go without leaving fewer than `min_ready` ready.
+    WaitingForReady {
+        /// Old-model instances.
+        old: usize,
+        /// Ready instances.
+        ready: i64,
+        /// `replicas − maxUnavailable`.
+        min_ready: i64,
+    },
+    /// maxSurge 0 without nodes: old-model instances wait, `maxUnavailable` are not ready.
+    WaitingForUnavailable {
+        /// Old-model instances.
+        old: usize,
+        /// Live instances not ready.
+        busy: i64,
+        /// maxUnavailable.
+        max_unavailable: i64,
+    },
+    /// `replicas` instances, all ready, on the latest model.
+    Done,
+}
+
+impl Note {
+    /// Whether it says what keeps the pool from moving on.
+    pub fn holds_back(&self) -> bool {
+        matches!(
+            self,
+            Note::RefillHeld { .. }
+                | Note::ApplyHeld { .. }
+                | Note::WaitingForReady { .. }
+                | Note::WaitingForUnavailable { .. }
+        )
+    }
+}
+
+impl std::fmt::Display for Note {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Note::TemplateChanged { capacity } => write!(f, "new template applied with capacity {capacity}"),
+            Note::CapacityChanged { from, to } => write!(f, "capacity {from} → {to}"),
+            Note::Missing { live, capacity } => write!(f, "{live} of {capacity} instances: refilling"),
+            Note::RefillHeld { deleting } => write!(f, "no refill while {deleting} Machine(s) are being deleted"),
+            Note::ApplyHeld { capacity, held } => {
+                write!(f, "capacity {capacity} waits: the cloud still holds {held} instances")
+            }
+            Note::AboveCapacity { live, capacity } => write!(f, "{live} instances for capacity {capacity}"),
+            Note::Upgrading { old, budget } => {
+                write!(f, "{old} old instance(s); {budget} ready one(s) may go")
+            }
+            Note::WaitingForReady { old, ready, min_ready } => {
+                write!(f, "{old} old instance(s) wait: {ready} ready, {min_ready} required")
+            }
+            Note::WaitingForUnavailable { old, busy, max_unavailable } => {
+                write!(f, "{old} old instance(s) wait: {busy} not ready, maxUnavailable {max_unavailable}")
+            }
+            Note::Done => write!(f, "every instance ready on the latest model"),
+        }
+    }
+}
+
+/// The pool's Ready condition as a plan sets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ready {
+    /// Its status.
+    pub holds: bool,
+    /// Its reason.
+    pub reason: Reason,
+    /// Its message.
+    pub message: String,
+}
+
 /// The plan for one pool reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
@@ -131,6 +267,29 @@ pub struct Plan {
     pub updated_replicas: i64,
     /// `replicas` instances, all ready, all on the latest model.
     pub done: bool,
+    /// The Ready condition to set with [`Step::DeleteMachines`] and [`Step::Wait`] (after a
+    /// call, its outcome sets it).
+    pub ready: Option<Ready>,
+    /// Why, in the order decided.
+    pub notes: Vec<Note>,
+}
+
+/// The instances sorted by what the steps decide on, and the numbers they share.
+struct Classes<'a> {
+    limits: Limits,
+    template_changed: bool,
+    /// Not being deleted.
+    live: Vec<&'a Instance>,
+    /// Live, not on the latest model of the current template.
+    old: Vec<&'a Instance>,
+    /// maxSurge, at most one per old instance.
+    surge: i64,
+    /// The capacity wanted: `replicas`, plus the surge while old instances remain.
+    capacity: i64,
+    /// Live and ready.
+    ready: i64,
+    /// Live and on the latest model of the current template.
+    updated: i64,
 }
 
 /// Where an instance goes in a deletion order: failed, annotated, unready, old model, the rest.
@@ -139,7 +298,7 @@ fn rank(o: &Observed<'_>, i: &Instance, old: bool) -> u8 {
         0
     } else if o.annotated.contains(&i.id) {
         1
-    } else if !i.ready() {
+    } else if !o.ready(i) {
         2
     } else if old {
         3
@@ -161,7 +320,7 @@ fn upgrade_victims(o: &Observed<'_>, old: &[&Instance], budget: i64) -> Vec<Stri
     let mut left = budget;
     let mut victims = Vec::new();
     for i in order {
-        if !i.ready() {
+        if !o.ready(i) {
             victims.push(i.id.clone());
         } else if left > 0 {
             victims.push(i.id.clone());
@@ -182,73 +341,146 @@ fn scale_down_victims(o: &Observed<'_>, live: &[&Instance], old: &[&Instance], c
     order.into_iter().take(count).map(|i| i.id.clone()).collect()
 }
 
-/// Plans one reconcile of a pool.
+/// Plans one reconcile of a pool: classify, choose the one step (with or without nodes), then
+/// the Ready condition.
 pub fn plan(o: Observed<'_>) -> Plan {
-    let replicas = o.replicas;
-    let limits = Limits::resolve(replicas, o.strategy);
-    let unavailable = limits.max_unavailable;
+    let c = classify(&o);
+    let mut notes = Vec::new();
+    let step =
+        if o.nodes_managed { step_with_nodes(&o, &c, &mut notes) } else { step_without_nodes(&o, &c, &mut notes) };
+    let done = c.old.is_empty() && c.live.len() as i64 == o.replicas && c.ready == o.replicas;
+    if done {
+        notes.push(Note::Done);
+    }
+    Plan {
+        ready: ready_condition(&o, &c, &step, done, &notes),
+        step,
+        replicas: c.live.len() as i64,
+        ready_replicas: c.ready,
+        updated_replicas: c.updated,
+        done,
+        notes,
+    }
+}
+
+/// Sorts the instances into live and old, and resolves the capacity.
+fn classify<'a>(o: &Observed<'a>) -> Classes<'a> {
+    let limits = Limits::resolve(o.replicas, o.strategy);
     let template_changed = o.applied_revision != o.revision;
     let live: Vec<&Instance> =
         o.instances.iter().filter(|i| i.state != InstanceState::Deleting && !o.deleting.contains(&i.id)).collect();
     let old: Vec<&Instance> = live.iter().copied().filter(|i| !i.latest_model || template_changed).collect();
     let surge = limits.max_surge.min(old.len() as i64);
-    let capacity = if old.is_empty() { replicas } else { replicas + surge };
-    let ready_replicas = live.iter().filter(|i| i.ready()).count() as i64;
-    let updated_replicas = live.iter().filter(|i| i.latest_model && !template_changed).count() as i64;
-    let done = old.is_empty() && live.len() as i64 == replicas && ready_replicas == replicas;
-    let plan = |step| Plan { step, replicas: live.len() as i64, ready_replicas, updated_replicas, done };
+    let capacity = if old.is_empty() { o.replicas } else { o.replicas + surge };
+    let ready = live.iter().filter(|i| o.ready(i)).count() as i64;
+    let updated = live.iter().filter(|i| i.latest_model && !template_changed).count() as i64;
+    Classes { limits, template_changed, live, old, surge, capacity, ready, updated }
+}
 
-    let wants_apply =
-        template_changed || o.applied_capacity != capacity || (live.len() as i64) < capacity && o.deleting.is_empty();
-    if !o.nodes_managed {
-        if wants_apply {
-            return plan(Step::Apply { capacity });
+/// Whether ApplyPool is due: a new template, another capacity, or instances missing (unless
+/// Machines are being deleted: then the cloud refills once they are gone).
+fn wants_apply(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> bool {
+    let (live, capacity) = (c.live.len() as i64, c.capacity);
+    if c.template_changed {
+        notes.push(Note::TemplateChanged { capacity });
+    } else if o.applied_capacity != capacity {
+        notes.push(Note::CapacityChanged { from: o.applied_capacity, to: capacity });
+    } else if live < capacity && o.deleting.is_empty() {
+        notes.push(Note::Missing { live, capacity });
+    } else {
+        if live < capacity {
+            notes.push(Note::RefillHeld { deleting: o.deleting.len() });
         }
-        if old.is_empty() {
-            return plan(Step::Wait);
-        }
-        if surge > 0 {
-            // CAPZ: delete old-model instances within ready − replicas + maxUnavailable.
-            let victims = upgrade_victims(&o, &old, ready_replicas - replicas + unavailable);
-            if !victims.is_empty() {
-                return plan(Step::Delete(victims));
-            }
-        } else {
-            let busy = live.iter().filter(|i| !i.ready()).count() as i64;
-            let budget = (unavailable - busy).max(0) as usize;
-            let ids: Vec<String> = old.iter().filter(|i| i.ready()).take(budget).map(|i| i.id.clone()).collect();
-            if !ids.is_empty() {
-                return plan(Step::Upgrade(ids));
-            }
-        }
-        return plan(Step::Wait);
+        return false;
     }
+    true
+}
 
-    // Nodes managed: the pool chooses what goes, and it goes as Machines (drained first).
-    let excess = live.len() as i64 - capacity;
-    if excess > 0 {
-        return plan(Step::DeleteMachines(scale_down_victims(&o, &live, &old, excess as usize)));
+/// Without nodes: apply, or upgrade old instances, by deletion with a surge (CAPZ) or in place
+/// without.
+fn step_without_nodes(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> Step {
+    if wants_apply(o, c, notes) {
+        return Step::Apply { capacity: c.capacity };
     }
-    if wants_apply {
+    if c.old.is_empty() {
+        return Step::Wait;
+    }
+    if c.surge > 0 {
+        // CAPZ: delete old-model instances.
+        return upgrade_by_deletion(o, c, notes).map_or(Step::Wait, Step::Delete);
+    }
+    let busy = c.live.iter().filter(|i| !o.ready(i)).count() as i64;
+    let max_unavailable = c.limits.max_unavailable;
+    let budget = (max_unavailable - busy).max(0) as usize;
+    let ids: Vec<String> = c.old.iter().filter(|i| o.ready(i)).take(budget).map(|i| i.id.clone()).collect();
+    if ids.is_empty() {
+        notes.push(Note::WaitingForUnavailable { old: c.old.len(), busy, max_unavailable });
+        return Step::Wait;
+    }
+    notes.push(Note::Upgrading { old: c.old.len(), budget: budget as i64 });
+    Step::Upgrade(ids)
+}
+
+/// Nodes managed: the pool chooses what goes, and it goes as Machines (drained first); ApplyPool
+/// never lets the cloud pick an instance.
+fn step_with_nodes(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> Step {
+    let (live, capacity) = (c.live.len() as i64, c.capacity);
+    if live > capacity {
+        notes.push(Note::AboveCapacity { live, capacity });
+        return Step::DeleteMachines(scale_down_victims(o, &c.live, &c.old, (live - capacity) as usize));
+    }
+    if wants_apply(o, c, notes) {
         // The instances the cloud still holds: a lower capacity would make it pick among them,
         // and those whose Machines drain are not yet to go.
         let held =
             o.instances.iter().filter(|i| i.state != InstanceState::Deleting || o.deleting.contains(&i.id)).count()
                 as i64;
         if capacity >= held {
-            return plan(Step::Apply { capacity });
+            return Step::Apply { capacity };
         }
-        return plan(Step::Wait);
+        notes.push(Note::ApplyHeld { capacity, held });
+        return Step::Wait;
     }
-    if old.is_empty() {
-        return plan(Step::Wait);
+    if c.old.is_empty() {
+        return Step::Wait;
     }
-    // Upgrades by deletion, with or without surge: within ready − replicas + maxUnavailable.
-    let victims = upgrade_victims(&o, &old, ready_replicas - replicas + unavailable);
-    if !victims.is_empty() {
-        return plan(Step::DeleteMachines(victims));
+    // Upgrades by deletion, with or without surge.
+    upgrade_by_deletion(o, c, notes).map_or(Step::Wait, Step::DeleteMachines)
+}
+
+/// Old instances to delete in CAPZ's order within `ready − replicas + maxUnavailable`, if any.
+fn upgrade_by_deletion(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> Option<Vec<String>> {
+    let budget = c.ready - o.replicas + c.limits.max_unavailable;
+    let victims = upgrade_victims(o, &c.old, budget);
+    let old = c.old.len();
+    if victims.is_empty() {
+        notes.push(Note::WaitingForReady { old, ready: c.ready, min_ready: o.replicas - c.limits.max_unavailable });
+        return None;
     }
-    plan(Step::Wait)
+    notes.push(Note::Upgrading { old, budget });
+    Some(victims)
+}
+
+/// The Ready condition after [`Step::DeleteMachines`] (rolling, naming the Nodes drained) or
+/// [`Step::Wait`] (ready once done; what holds the pool back follows the message).
+fn ready_condition(o: &Observed<'_>, c: &Classes<'_>, step: &Step, done: bool, notes: &[Note]) -> Option<Ready> {
+    let (ready, replicas) = (c.ready, o.replicas);
+    match step {
+        Step::DeleteMachines(ids) => Some(Ready {
+            holds: false,
+            reason: Reason::Rolling,
+            message: format!("{ready} of {replicas} ready; draining the Nodes of {}", ids.join(", ")),
+        }),
+        Step::Wait => {
+            let message = format!("{ready} of {replicas} ready, {} on the latest model", c.updated);
+            Some(Ready {
+                holds: done,
+                reason: if done { Reason::Ready } else { Reason::Rolling },
+                message: notes.iter().filter(|n| n.holds_back()).fold(message, |m, n| format!("{m}; {n}")),
+            })
+        }
+        Step::Apply { .. } | Step::Delete(_) | Step::Upgrade(_) => None,
+    }
 }
 
 #[cfg(test)]

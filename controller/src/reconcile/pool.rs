@@ -59,13 +59,14 @@ fn state_of(i: &pb::PoolInstance) -> plan::InstanceState {
     }
 }
 
-/// A listed instance as the planner sees it.
+/// A listed instance as the planner sees it, its Node's readiness (its Machine's) aside.
 fn instance(i: &pb::PoolInstance) -> plan::Instance {
     plan::Instance {
         id: i.instance_id.clone(),
         state: state_of(i),
         running: i.power_state == pb::PowerState::Running as i32,
         latest_model: i.latest_model_applied,
+        node_ready: false,
     }
 }
 
@@ -131,7 +132,8 @@ async fn instances(
     }
 }
 
-/// Reconciles one MachinePool.
+/// Reconciles one MachinePool: an operation in flight is polled, a pool being deleted is torn
+/// down; otherwise [`observe`] (instances, Machines, Nodes), [`plan::plan`], [`act`].
 ///
 /// # Errors
 /// Store failures.
@@ -158,201 +160,229 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
-    // An operation in flight: poll it first.
     if let Some(op) = pool.status.operations.first().cloned() {
-        let mut next = pool.clone();
-        let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &op).await {
-            Polled::Operation(reply) => Ok(*reply),
-            Polled::Unusable(why) => {
-                // ApplyPool / DeletePool are idempotent: drop the handle and reconcile again.
-                next.status.operations.clear();
-                set_condition(
-                    &mut next.status.conditions,
-                    ConditionType::OperationTokenUnusable,
-                    true,
-                    Reason::Dropped,
-                    &why,
-                );
-                ctx.store
-                    .event(
-                        Kind::MachinePool,
-                        &pool.metadata,
-                        true,
-                        "OperationTokenUnusable",
-                        format!("{why}; asking the driver again"),
-                    )
-                    .await;
-                write::status(ctx, &pool, &next).await?;
-                return Ok(Action::requeue_now());
-            }
-            Polled::Failed(e) => Err(e),
-        };
-        match reply {
-            Ok(reply) if !reply.value.done => return Ok(Action::poll_after(reply.value.poll_after())),
-            Ok(reply) => {
-                next.status.operations.clear();
-                let err = reply.value.error_report();
-                next.status.last_operation = Some(last(
-                    op.kind.into(),
-                    if err.is_some() { OperationState::Failed } else { OperationState::Succeeded },
-                    &reply.request_id,
-                    err.as_ref(),
-                ));
-                if let Some(e) = &err {
-                    set_condition(
-                        &mut next.status.conditions,
-                        ConditionType::Ready,
-                        false,
-                        Reason::OperationFailed,
-                        &e.to_string(),
-                    );
-                    ctx.store
-                        .event(Kind::MachinePool, &pool.metadata, true, "OperationFailed", format!("{}: {e}", op.kind))
-                        .await;
-                }
-                write::status(ctx, &pool, &next).await?;
-                if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == OperationKind::DeletePool {
-                    return finish_delete(ctx, &pool).await;
-                }
-                return Ok(Action::requeue_now());
-            }
-            Err(e) => return Err(ReconcileError::call(&e, Rpc::Poll)),
-        }
+        return poll(ctx, &pool, &r, op).await;
     }
     if pool.metadata.deletion_timestamp.is_some() {
-        // With a target cluster every instance's Node is drained first: its Machine's deletion
-        // drains it and deletes that instance; the pool goes once none is left.
-        if ctx.target.is_some() {
-            let machines = owned_machines(ctx, &pool).await?;
-            if !machines.is_empty() {
-                let doomed: Vec<Key> = machines.iter().filter(|m| !m.is_deleting()).map(Key::of).collect();
-                super::slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
-                return Ok(Action::requeue(Duration::from_secs(2)));
-            }
-        }
-        let req =
-            pb::DeletePoolRequest { name: pool.metadata.name.clone(), provider_spec: None, secrets: r.secrets.clone() };
-        return match ctx.call(r.driver, "DeletePool", |c| async move { c.delete_pool(req).await }).await {
-            Ok(reply) if reply.value.done => finish_delete(ctx, &pool).await,
-            Ok(reply) => start(ctx, &pool, OperationKind::DeletePool, reply).await,
-            Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => {
-                finish_delete(ctx, &pool).await
-            }
-            Err(e) => Err(ReconcileError::call(&e, Rpc::Delete)),
-        };
+        return delete_pool(ctx, &pool, &r).await;
     }
-
-    let mut list = match instances(ctx, &r, &pool.metadata.name).await {
-        Ok(l) => l,
+    let seen = match observe(ctx, &pool, &r).await? {
+        Ok(seen) => seen,
         Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
     };
-    let machines = owned_machines(ctx, &pool).await?;
-    // A listing of several pages is no snapshot: when an instance goes while the pages are read
-    // (a delete finishing), the later pages shift and a live instance can be missing from it.
-    // So an instance counts as gone only when a second listing lacks it too.
-    if !unlisted(&list, &machines).is_empty() {
-        match instances(ctx, &r, &pool.metadata.name).await {
-            Ok(again) => list = union(again, list),
-            Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
+    let plan = plan::plan(seen.input(&pool));
+    if !plan.notes.is_empty() {
+        let notes: Vec<String> = plan.notes.iter().map(ToString::to_string).collect();
+        tracing::debug!("plan.notes" = %notes.join("; "), "planned pool");
+    }
+    act(ctx, &pool, &r, &seen, plan).await
+}
+
+/// An operation in flight: polled; once done its outcome is recorded (and a pool being deleted
+/// goes once DeletePool succeeded).
+async fn poll(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, op: StoredOperation) -> Result<Action> {
+    let mut next = pool.clone();
+    let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &op).await {
+        Polled::Operation(reply) => *reply,
+        Polled::Unusable(why) => {
+            // ApplyPool / DeletePool are idempotent: drop the handle and reconcile again.
+            next.status.operations.clear();
+            set_condition(
+                &mut next.status.conditions,
+                ConditionType::OperationTokenUnusable,
+                true,
+                Reason::Dropped,
+                &why,
+            );
+            let message = format!("{why}; asking the driver again");
+            ctx.store.event(Kind::MachinePool, &pool.metadata, true, "OperationTokenUnusable", message).await;
+            write::status(ctx, pool, &next).await?;
+            return Ok(Action::requeue_now());
+        }
+        Polled::Failed(e) => return Err(ReconcileError::call(&e, Rpc::Poll)),
+    };
+    if !reply.value.done {
+        return Ok(Action::poll_after(reply.value.poll_after()));
+    }
+    next.status.operations.clear();
+    let err = reply.value.error_report();
+    let state = if err.is_some() { OperationState::Failed } else { OperationState::Succeeded };
+    next.status.last_operation = Some(last(op.kind.into(), state, &reply.request_id, err.as_ref()));
+    if let Some(e) = &err {
+        set_condition(
+            &mut next.status.conditions,
+            ConditionType::Ready,
+            false,
+            Reason::OperationFailed,
+            &e.to_string(),
+        );
+        let message = format!("{}: {e}", op.kind);
+        ctx.store.event(Kind::MachinePool, &pool.metadata, true, "OperationFailed", message).await;
+    }
+    write::status(ctx, pool, &next).await?;
+    if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == OperationKind::DeletePool {
+        return finish_delete(ctx, pool).await;
+    }
+    Ok(Action::requeue_now())
+}
+
+/// A pool being deleted: with a target cluster every instance's Node is drained first (its
+/// Machine's deletion drains it and deletes that instance); the pool goes once none is left.
+async fn delete_pool(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>) -> Result<Action> {
+    if ctx.target.is_some() {
+        let machines = owned_machines(ctx, pool).await?;
+        if !machines.is_empty() {
+            let doomed: Vec<Key> = machines.iter().filter(|m| !m.is_deleting()).map(Key::of).collect();
+            super::slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
+            return Ok(Action::requeue(Duration::from_secs(2)));
         }
     }
-    mirror(ctx, &pool, &r, &list, &machines).await?;
+    let req =
+        pb::DeletePoolRequest { name: pool.metadata.name.clone(), provider_spec: None, secrets: r.secrets.clone() };
+    match ctx.call(r.driver, "DeletePool", |c| async move { c.delete_pool(req).await }).await {
+        Ok(reply) if reply.value.done => finish_delete(ctx, pool).await,
+        Ok(reply) => start(ctx, pool, OperationKind::DeletePool, reply).await,
+        Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => {
+            finish_delete(ctx, pool).await
+        }
+        Err(e) => Err(ReconcileError::call(&e, Rpc::Delete)),
+    }
+}
 
-    let deleting: HashSet<String> = machines
-        .iter()
-        .filter(|m| m.is_deleting())
-        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.clone()))
-        .collect();
-    let annotated: HashSet<String> = machines
+/// What one pool reconcile observed: the driver's instances, the pool's Machines, and what the
+/// planner reads of them (their Nodes' readiness through the Machines' `NodeReady`).
+struct Observation {
+    /// The instances listed (two listings merged when the first lacked a Machine's instance).
+    list: Vec<pb::PoolInstance>,
+    /// The pool's Machines.
+    machines: Vec<Machine>,
+    /// The instances as the planner sees them.
+    instances: Vec<plan::Instance>,
+    /// Instances whose Machine is being deleted.
+    deleting: HashSet<String>,
+    /// Instances whose Machine carries the delete-machine annotation.
+    annotated: HashSet<String>,
+    /// A target cluster: the instances' Nodes are managed.
+    nodes_managed: bool,
+    /// The revision of the pool's template.
+    revision: String,
+}
+
+impl Observation {
+    /// The planner's input.
+    fn input<'a>(&'a self, pool: &'a MachinePool) -> plan::Observed<'a> {
+        plan::Observed {
+            replicas: pool.spec.replicas,
+            strategy: &pool.spec.strategy,
+            revision: &self.revision,
+            applied_revision: &pool.status.applied_revision,
+            applied_capacity: pool.status.applied_capacity,
+            instances: &self.instances,
+            deleting: &self.deleting,
+            annotated: &self.annotated,
+            nodes_managed: self.nodes_managed,
+        }
+    }
+}
+
+/// Lists the instances and the pool's Machines. A listing of several pages is no snapshot: when
+/// an instance goes while the pages are read (a delete finishing), the later pages shift and a
+/// live instance can be missing from it. So an instance counts as gone only when a second
+/// listing lacks it too.
+///
+/// # Errors
+/// Store failures; a failed listing is the inner error.
+async fn observe(
+    ctx: &Ctx,
+    pool: &MachinePool,
+    r: &Resolved<'_>,
+) -> Result<std::result::Result<Observation, driver_sdk::CallError>> {
+    let mut list = match instances(ctx, r, &pool.metadata.name).await {
+        Ok(l) => l,
+        Err(e) => return Ok(Err(e)),
+    };
+    let machines = owned_machines(ctx, pool).await?;
+    if !unlisted(&list, &machines).is_empty() {
+        match instances(ctx, r, &pool.metadata.name).await {
+            Ok(again) => list = union(again, list),
+            Err(e) => return Ok(Err(e)),
+        }
+    }
+    let instance_of = |m: &Machine| m.spec.pool_ref.as_ref().map(|p| p.instance_id.clone());
+    let deleting = machines.iter().filter(|m| m.is_deleting()).filter_map(instance_of).collect();
+    let annotated = machines
         .iter()
         .filter(|m| m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"))
-        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.clone()))
+        .filter_map(instance_of)
         .collect();
-    // With a target cluster an instance is ready only once its Node is Ready.
-    let node_ready: HashSet<&str> = machines
+    let node_ready: HashSet<String> = machines.iter().filter(|m| node_ready(m)).filter_map(instance_of).collect();
+    let instances = list
         .iter()
-        .filter(|m| node_ready(m))
-        .filter_map(|m| m.spec.pool_ref.as_ref().map(|p| p.instance_id.as_str()))
+        .map(|i| plan::Instance { node_ready: node_ready.contains(&i.instance_id), ..instance(i) })
         .collect();
-    let observed: Vec<plan::Instance> = list
-        .iter()
-        .map(instance)
-        .map(|mut i| {
-            i.running &= ctx.target.is_none() || node_ready.contains(i.id.as_str());
-            i
-        })
-        .collect();
-    let rev = short_hash(&pool.spec.template);
-    let replicas = pool.spec.replicas;
-    let plan = plan::plan(plan::Observed {
-        replicas,
-        strategy: &pool.spec.strategy,
-        revision: &rev,
-        applied_revision: &pool.status.applied_revision,
-        applied_capacity: pool.status.applied_capacity,
-        instances: &observed,
-        deleting: &deleting,
-        annotated: &annotated,
-        nodes_managed: ctx.target.is_some(),
-    });
+    let nodes_managed = ctx.target.is_some();
+    let revision = short_hash(&pool.spec.template);
+    Ok(Ok(Observation { list, machines, instances, deleting, annotated, nodes_managed, revision }))
+}
 
+/// Carries out a plan: mirrors the instances as Machines, then makes its one call (or deletes
+/// its Machines) and writes the status.
+async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation, plan: plan::Plan) -> Result<Action> {
+    mirror(ctx, pool, r, &seen.list, &seen.machines).await?;
     let mut next = pool.clone();
     next.status.replicas = plan.replicas;
     next.status.ready_replicas = plan.ready_replicas;
     next.status.updated_replicas = plan.updated_replicas;
+    if let Some(ready) = &plan.ready {
+        set_condition(
+            &mut next.status.conditions,
+            ConditionType::Ready,
+            ready.holds,
+            ready.reason.clone(),
+            &ready.message,
+        );
+    }
     match plan.step {
         plan::Step::Apply { capacity } => {
-            let req = pb::ApplyPoolRequest {
-                name: pool.metadata.name.clone(),
-                provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
-                capacity: capacity as i32,
-                secrets: r.secrets.clone(),
-                labels: [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into(),
-            };
-            next.status.applied_revision = rev.clone();
+            next.status.applied_revision = seen.revision.clone();
             next.status.applied_capacity = capacity;
-            write::status(ctx, &pool, &next).await?;
-            let Some(fresh) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
-                return Ok(Action::AwaitChange);
-            };
-            return match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
-                Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
-                Ok(reply) => start(ctx, &fresh, OperationKind::ApplyPool, reply).await,
-                Err(e) => failed(ctx, &fresh, OperationType::ApplyPool, Rpc::Mutate, &e).await,
-            };
+            apply(ctx, pool, r, &next, capacity).await
         }
-        plan::Step::Delete(ids) => {
-            return pool_instances_call(ctx, &pool, &r, OperationKind::DeletePoolInstances, ids).await
-        }
-        plan::Step::Upgrade(ids) => {
-            return pool_instances_call(ctx, &pool, &r, OperationKind::UpgradePoolInstances, ids).await
-        }
+        plan::Step::Delete(ids) => pool_instances_call(ctx, pool, r, OperationKind::DeletePoolInstances, ids).await,
+        plan::Step::Upgrade(ids) => pool_instances_call(ctx, pool, r, OperationKind::UpgradePoolInstances, ids).await,
         plan::Step::DeleteMachines(ids) => {
-            delete_machines(ctx, &pool, &machines, &ids).await?;
-            let message =
-                format!("{} of {replicas} ready; draining the Nodes of {}", plan.ready_replicas, ids.join(", "));
-            set_condition(&mut next.status.conditions, ConditionType::Ready, false, Reason::Rolling, &message);
-            write::status(ctx, &pool, &next).await?;
+            delete_machines(ctx, pool, &seen.machines, &ids).await?;
+            write::status(ctx, pool, &next).await?;
             // The Machines' changes wake the pool; this is a safety net.
-            return Ok(Action::requeue(Duration::from_secs(2)));
+            Ok(Action::requeue(Duration::from_secs(2)))
         }
-        plan::Step::Wait => {}
+        plan::Step::Wait => {
+            // The driver answered: whatever the environment refused before is over.
+            next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type));
+            write::status(ctx, pool, &next).await?;
+            Ok(Action::requeue(if plan.done { Duration::from_secs(30) } else { Duration::from_secs(1) }))
+        }
     }
-    let done = plan.done;
-    // The driver answered: whatever the environment refused before is over.
-    next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type));
-    set_condition(
-        &mut next.status.conditions,
-        ConditionType::Ready,
-        done,
-        if done { Reason::Ready } else { Reason::Rolling },
-        &format!(
-            "{} of {replicas} ready, {} on the latest model",
-            next.status.ready_replicas, next.status.updated_replicas
-        ),
-    );
-    write::status(ctx, &pool, &next).await?;
-    Ok(Action::requeue(if done { Duration::from_secs(30) } else { Duration::from_secs(1) }))
+}
+
+/// ApplyPool: the revision and capacity are recorded first (`next`), then the call made.
+async fn apply(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, next: &MachinePool, capacity: i64) -> Result<Action> {
+    let req = pb::ApplyPoolRequest {
+        name: pool.metadata.name.clone(),
+        provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+        capacity: capacity as i32,
+        secrets: r.secrets.clone(),
+        labels: [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into(),
+    };
+    write::status(ctx, pool, next).await?;
+    let Some(fresh) = ctx.store.get::<MachinePool>(&pool.metadata.namespace, &pool.metadata.name).await? else {
+        return Ok(Action::AwaitChange);
+    };
+    match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
+        Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
+        Ok(reply) => start(ctx, &fresh, OperationKind::ApplyPool, reply).await,
+        Err(e) => failed(ctx, &fresh, OperationType::ApplyPool, Rpc::Mutate, &e).await,
+    }
 }
 
 /// Nodes managed: the chosen instances go by deleting their Machines (each drains its Node,

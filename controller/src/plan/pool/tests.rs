@@ -3,10 +3,10 @@
 use std::collections::HashSet;
 
 use super::*;
-use crate::resources::IntOrPercent;
+use crate::resources::{IntOrPercent, Reason};
 
 fn i(id: &str) -> Instance {
-    Instance { id: id.into(), state: InstanceState::Running, running: true, latest_model: true }
+    Instance { id: id.into(), state: InstanceState::Running, running: true, latest_model: true, node_ready: true }
 }
 
 fn old(id: &str) -> Instance {
@@ -193,6 +193,129 @@ fn the_pool_planner_decides_the_one_call() {
 
 fn not_running(inst: Instance) -> Instance {
     Instance { running: false, ..inst }
+}
+
+fn node_not_ready(inst: Instance) -> Instance {
+    Instance { node_ready: false, ..inst }
+}
+
+/// Why the planner chose each step, or held back.
+#[test]
+fn the_pool_planner_says_why() {
+    use Note::*;
+    use Step::*;
+    let rows: Vec<(&str, Case, Step, Vec<Note>)> = vec![
+        (
+            "a new pool",
+            case(3, int(1), int(0), vec![]).applied("", 0),
+            Apply { capacity: 3 },
+            vec![TemplateChanged { capacity: 3 }],
+        ),
+        (
+            "scale up",
+            case(5, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("rev", 3),
+            Apply { capacity: 5 },
+            vec![CapacityChanged { from: 3, to: 5 }],
+        ),
+        (
+            "a missing instance",
+            case(3, int(1), int(0), vec![i("0"), i("1")]),
+            Apply { capacity: 3 },
+            vec![Missing { live: 2, capacity: 3 }],
+        ),
+        (
+            "no refill while a Machine is being deleted",
+            case(3, int(1), int(0), vec![i("0"), i("1"), i("2")]).deleting("2"),
+            Wait,
+            vec![RefillHeld { deleting: 1 }],
+        ),
+        ("steady", case(2, int(1), int(0), vec![i("0"), i("1")]), Wait, vec![Done]),
+        (
+            "a new template grows the pool by maxSurge",
+            case(3, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("old", 3),
+            Apply { capacity: 4 },
+            vec![TemplateChanged { capacity: 4 }],
+        ),
+        (
+            "a surge upgrade deletes within ready − replicas + maxUnavailable",
+            case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")]).applied("rev", 4),
+            Delete(ids(&["0"])),
+            vec![Upgrading { old: 3, budget: 1 }],
+        ),
+        (
+            "the surge instance is not ready: the old ones wait",
+            case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), state(i("3"), InstanceState::Creating)])
+                .applied("rev", 4),
+            Wait,
+            vec![WaitingForReady { old: 3, ready: 3, min_ready: 3 }],
+        ),
+        (
+            "maxSurge 0 upgrades in place",
+            case(3, int(0), int(1), vec![old("0"), old("1"), old("2")]),
+            Upgrade(ids(&["0"])),
+            vec![Upgrading { old: 3, budget: 1 }],
+        ),
+        (
+            "maxSurge 0: an updating instance uses maxUnavailable",
+            case(3, int(0), int(1), vec![state(old("0"), InstanceState::Updating), old("1"), old("2")]),
+            Wait,
+            vec![WaitingForUnavailable { old: 3, busy: 1, max_unavailable: 1 }],
+        ),
+        (
+            "nodes managed: a scale-down deletes the excess as Machines",
+            case(1, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("rev", 3).managed(),
+            DeleteMachines(ids(&["2", "1"])),
+            vec![AboveCapacity { live: 3, capacity: 1 }],
+        ),
+        (
+            "nodes managed: the surge is not given back while the last old instance drains",
+            case(3, int(1), int(0), vec![old("2"), i("3"), i("4"), i("5")]).applied("rev", 4).deleting("2").managed(),
+            Wait,
+            vec![CapacityChanged { from: 4, to: 3 }, ApplyHeld { capacity: 3, held: 4 }, Done],
+        ),
+        (
+            "nodes managed: an instance whose Node is not Ready is not ready",
+            case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), node_not_ready(i("3"))])
+                .applied("rev", 4)
+                .managed(),
+            Wait,
+            vec![WaitingForReady { old: 3, ready: 3, min_ready: 3 }],
+        ),
+        (
+            "without nodes its Node is not read",
+            case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), node_not_ready(i("3"))]).applied("rev", 4),
+            Delete(ids(&["0"])),
+            vec![Upgrading { old: 3, budget: 1 }],
+        ),
+    ];
+    for (name, c, step, notes) in rows {
+        let p = c.plan();
+        assert_eq!(p.step, step, "{name}");
+        assert_eq!(p.notes, notes, "{name}");
+    }
+}
+
+#[test]
+fn the_ready_condition_says_how_far_the_pool_is() {
+    let ready = |c: Case| c.plan().ready.map(|r| (r.holds, r.reason, r.message));
+    assert_eq!(
+        ready(case(2, int(1), int(0), vec![i("0"), i("1")])),
+        Some((true, Reason::Ready, "2 of 2 ready, 2 on the latest model".to_string()))
+    );
+    assert_eq!(
+        ready(case(3, int(0), int(1), vec![state(old("0"), InstanceState::Updating), old("1"), old("2")])),
+        Some((
+            false,
+            Reason::Rolling,
+            "2 of 3 ready, 0 on the latest model; 3 old instance(s) wait: 1 not ready, maxUnavailable 1".to_string()
+        ))
+    );
+    assert_eq!(
+        ready(case(1, int(1), int(0), vec![i("0"), i("1"), i("2")]).applied("rev", 3).managed()),
+        Some((false, Reason::Rolling, "3 of 1 ready; draining the Nodes of 2, 1".to_string()))
+    );
+    assert_eq!(ready(case(3, int(1), int(0), vec![]).applied("", 0)), None, "a call's outcome sets it");
+    assert_eq!(ready(case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")]).applied("rev", 4)), None);
 }
 
 /// With nodes managed (a target cluster), instances go only as Machines (drained first), and
