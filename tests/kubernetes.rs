@@ -4,14 +4,13 @@
 //! under server-side dry-run. The fake-driver sidecar is a real process on a Unix socket; its
 //! inspection API is the ground truth for what the cloud did.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e_tests::kube_cluster::Cluster;
-use e2e_tests::{bin, eventually, free_port, http_get, run, Sidecar};
+use e2e_tests::world::{Driver, World};
+use e2e_tests::{bin, eventually, http_get, run};
 use fake_driver::pb as fake;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -19,7 +18,7 @@ use machine_controller::resources::*;
 use machine_controller::store::kubernetes::KubernetesBackend;
 use machine_controller::store::Store;
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -27,85 +26,28 @@ fn ar(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("machine.driver.dev", "v1alpha1", kind), plural)
 }
 
-/// One test's world: a control plane, a namespace, a fake sidecar, controllers.
-struct World {
-    cluster: Cluster,
-    ns: String,
-    sidecar: Sidecar,
-    controllers: Vec<Option<(Child, PathBuf, u16)>>,
-    store: Store,
+/// One test's world: a control plane, a namespace, a fake sidecar; controllers are started by
+/// the test. These tests are about the store; the node tests (tests/nodes.rs) run a whole cluster.
+async fn world(fake_args: &[&str]) -> World {
+    World::builder()
+        .driver(Driver::fake(fake_args))
+        .kubernetes(Cluster::start().await, "t")
+        .controller_args(&["--no-target-cluster", "--resync-interval", "5s"])
+        .metrics()
+        .without_controller()
+        .start()
+        .await
 }
 
-impl World {
-    async fn new(fake_args: &[&str]) -> World {
-        let cluster = Cluster::start().await;
-        let ns = cluster.namespace("t").await;
-        let sidecar = Sidecar::start("fake-driver", fake_args).await;
-        let store = Store::new(Arc::new(KubernetesBackend::new(cluster.client.clone(), Some(ns.clone()))));
-        World { cluster, ns, sidecar, controllers: Vec::new(), store }
-    }
+/// The objects these tests apply.
+trait Objects {
+    async fn class(&self);
+    async fn apply_md(&self, name: &str, replicas: i64, image: &str, surge: &str, unavailable: &str);
+}
 
-    /// Starts a controller replica; returns its index.
-    fn start_controller(&mut self, extra: &[&str]) -> usize {
-        let i = self.controllers.len();
-        let log_path = self.cluster.dir.path().join(format!("controller-{i}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let port = free_port();
-        let child = Command::new(bin("machine-controller"))
-            .args(["--store", "kubernetes", "run", "--namespace", &self.ns])
-            // These tests are about the store; the node tests (tests/nodes.rs) run a whole cluster.
-            .arg("--no-target-cluster")
-            .args(["--driver", &format!("fake={}", self.sidecar.endpoint())])
-            .args(["--debounce", "20ms", "--health-check-interval", "1s", "--resync-interval", "5s"])
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .env("KUBECONFIG", &self.cluster.kubeconfig)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        self.controllers.push(Some((child, log_path, port)));
-        i
-    }
-
-    async fn kill9(&mut self, i: usize) {
-        if let Some((mut c, _, _)) = self.controllers[i].take() {
-            c.kill().await.unwrap();
-        }
-    }
-
-    fn log(&self, i: usize) -> String {
-        let path = self.cluster.dir.path().join(format!("controller-{i}.log"));
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    fn logs(&self) -> String {
-        (0..self.controllers.len()).map(|i| format!("--- controller {i}\n{}", self.log(i))).collect()
-    }
-
-    fn api(&self, kind: &str, plural: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.cluster.client.clone(), &self.ns, &ar(kind, plural))
-    }
-
-    /// Server-side apply, as `kubectl apply --server-side` does.
-    async fn apply(&self, kind: &str, plural: &str, obj: Value) {
-        let name = obj["metadata"]["name"].as_str().unwrap().to_string();
-        let mut obj = obj;
-        obj["apiVersion"] = json!("machine.driver.dev/v1alpha1");
-        obj["kind"] = json!(kind);
-        self.api(kind, plural)
-            .patch(&name, &PatchParams::apply("e2e-test").force(), &Patch::Apply(&obj))
-            .await
-            .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
-    }
-
+impl Objects for World {
     async fn class(&self) {
-        self.apply(
+        self.apply_object(
             "MachineClass",
             "machineclasses",
             json!({"metadata": {"name": "small"},
@@ -114,8 +56,8 @@ impl World {
         .await;
     }
 
-    async fn md(&self, name: &str, replicas: i64, image: &str, surge: &str, unavailable: &str) {
-        self.apply(
+    async fn apply_md(&self, name: &str, replicas: i64, image: &str, surge: &str, unavailable: &str) {
+        self.apply_object(
             "MachineDeployment",
             "machinedeployments",
             json!({"metadata": {"name": name}, "spec": {
@@ -124,68 +66,6 @@ impl World {
             "strategy": {"rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}}}}),
         )
         .await;
-    }
-
-    async fn inspect(&self) -> fake::InspectResponse {
-        let c = self.sidecar.client().await;
-        let mut f = fake::fake_cloud_client::FakeCloudClient::new(c.channel());
-        f.inspect(fake::InspectRequest::default()).await.unwrap().into_inner()
-    }
-
-    async fn converged(&self, name: &str, within: Duration) -> MachineDeployment {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(md) = self.store.get::<MachineDeployment>(&self.ns, name).await.ok().flatten() {
-                if md.status.observed_generation >= md.metadata.generation
-                    && md.status.available_replicas == md.spec.replicas
-                    && md.status.replicas == md.spec.replicas
-                    && md.status.updated_replicas == md.spec.replicas
-                {
-                    return md;
-                }
-            }
-            assert!(Instant::now() < deadline, "{name} not converged in {within:?}\n{}", self.logs());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn machines(&self) -> Vec<Machine> {
-        self.store.list::<Machine>().await.unwrap().into_iter().filter(|m| m.metadata.namespace == self.ns).collect()
-    }
-
-    /// Every Machine has exactly one cloud machine, created once; nothing else in the cloud.
-    async fn assert_consistent(&self, replicas: usize) {
-        let cloud = self.inspect().await;
-        let names: HashSet<String> = self.machines().await.iter().map(|m| m.metadata.name.clone()).collect();
-        let cloud_names: HashSet<String> = cloud.machines.iter().map(|m| m.name.clone()).collect();
-        assert_eq!(names, cloud_names, "API server and cloud disagree");
-        assert_eq!(names.len(), replicas);
-        for m in &cloud.machines {
-            assert_eq!(m.times_created, 1, "{} was created {} times", m.name, m.times_created);
-        }
-        let c = cloud.counters.unwrap();
-        assert_eq!(c.machines_created - c.machines_deleted, replicas as u64, "creates − deletes ≠ {replicas}");
-    }
-
-    async fn cli(&self, args: &[&str]) -> (i32, String, String) {
-        let out = tokio::time::timeout(
-            MINUTE,
-            Command::new(bin("machine-controller"))
-                .args(["--store", "kubernetes"])
-                .args(args)
-                .env("KUBECONFIG", &self.cluster.kubeconfig)
-                .stdin(Stdio::null())
-                .kill_on_drop(true)
-                .output(),
-        )
-        .await
-        .expect("cli finished")
-        .expect("cli ran");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
     }
 }
 
@@ -256,10 +136,10 @@ async fn crds_install_and_the_api_server_rejects_invalid_objects() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deployment_applied_through_the_api_reconciles_with_operations_in_status() {
-    let mut w = World::new(&["--create-latency", "1500ms", "--delete-latency", "200ms"]).await;
+    let mut w = world(&["--create-latency", "1500ms", "--delete-latency", "200ms"]).await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 3, "os-1", "1", "0").await;
+    w.apply_md("web", 3, "os-1", "1", "0").await;
     // While creates are in flight, each Machine's .status holds its operation token.
     let with_tokens = eventually(MINUTE, "operation tokens in .status", || {
         let api = w.api("Machine", "machines");
@@ -291,7 +171,7 @@ async fn a_deployment_applied_through_the_api_reconciles_with_operations_in_stat
         assert_eq!(m.metadata.owner_references[0].uid, md.metadata.uid);
     }
     // The CLI reads the same objects through the API server.
-    let (code, out, err) = w.cli(&["get", "machines", "-n", &w.ns]).await;
+    let (code, out, err) = w.cli(&["get", "machines", "-n", w.ns()]).await;
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.matches("Running").count(), 3, "{out}");
     // Events are posted as events.k8s.io/v1 and shown by describe.
@@ -300,28 +180,28 @@ async fn a_deployment_applied_through_the_api_reconciles_with_operations_in_stat
         let w = &w;
         let machine = machine.clone();
         async move {
-            let r = w.cli(&["describe", "machine", &machine, "-n", &w.ns]).await;
+            let r = w.cli(&["describe", "machine", &machine, "-n", w.ns()]).await;
             r.1.contains("Created").then_some(r)
         }
     })
     .await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("Events"), "{out}");
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(w.cluster.client.clone(), &w.ns);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(w.cluster().client.clone(), w.ns());
     let list = events.list(&Default::default()).await.unwrap();
     assert!(list.items.iter().any(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(machine.as_str())));
-    w.kill9(0).await;
+    w.kill9_controller(0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_update_and_kill9_mid_rollout_lose_and_duplicate_nothing() {
-    let mut w = World::new(&["--create-latency", "800ms", "--delete-latency", "300ms"]).await;
+    let mut w = world(&["--create-latency", "800ms", "--delete-latency", "300ms"]).await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 6, "os-1", "2", "1").await;
+    w.apply_md("web", 6, "os-1", "2", "1").await;
     w.converged("web", MINUTE).await;
     w.assert_consistent(6).await;
-    let c = w.sidecar.client().await;
+    let c = w.driver_client().await;
     let mut f = fake::fake_cloud_client::FakeCloudClient::new(c.channel());
     f.inspect(fake::InspectRequest { reset_peak: true }).await.unwrap();
     // Sample the cloud while the rollout runs: the fewest Running machines seen.
@@ -338,14 +218,14 @@ async fn rolling_update_and_kill9_mid_rollout_lose_and_duplicate_nothing() {
             }
         })
     };
-    w.md("web", 6, "os-2", "2", "1").await;
+    w.apply_md("web", 6, "os-2", "2", "1").await;
     // Kill -9 the controller while the rollout's creates are in flight; start a new one.
     eventually(MINUTE, "rollout creates in flight", || {
         let w = &w;
         async move { (w.inspect().await.machines.iter().filter(|m| m.state == "CREATING").count() >= 1).then_some(()) }
     })
     .await;
-    w.kill9(0).await;
+    w.kill9_controller(0).await;
     w.start_controller(&[]);
     let md = w.converged("web", 2 * MINUTE).await;
     sampler.abort();
@@ -364,8 +244,8 @@ async fn rolling_update_and_kill9_mid_rollout_lose_and_duplicate_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_one_leader_and_the_follower_takes_over_after_kill9() {
-    let mut w = World::new(&["--create-latency", "1s", "--delete-latency", "300ms"]).await;
-    let lease_ns = w.ns.clone();
+    let mut w = world(&["--create-latency", "1s", "--delete-latency", "300ms"]).await;
+    let lease_ns = w.ns().to_string();
     let a = w.start_controller(&[
         "--leader-elect",
         "--leader-elect-identity",
@@ -373,7 +253,7 @@ async fn two_replicas_one_leader_and_the_follower_takes_over_after_kill9() {
         "--leader-elect-namespace",
         &lease_ns,
     ]);
-    let lease: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(w.cluster.client.clone(), &w.ns);
+    let lease: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(w.cluster().client.clone(), w.ns());
     let holder = || async {
         lease
             .get_opt("machine-controller")
@@ -393,29 +273,29 @@ async fn two_replicas_one_leader_and_the_follower_takes_over_after_kill9() {
         &lease_ns,
     ]);
     // /readyz: the leader is ready, the follower is not.
-    let ports: Vec<u16> = w.controllers.iter().map(|c| c.as_ref().unwrap().2).collect();
+    let ports = [w.metrics_addr(a).await.port(), w.metrics_addr(b).await.port()];
     let port = |i: usize| ports[i];
     eventually(MINUTE, "leader ready", || async { (http_get(port(a), "/readyz").await?.0 == 200).then_some(()) }).await;
     eventually(MINUTE, "follower serving /readyz", || async { http_get(port(b), "/healthz").await.map(|_| ()) }).await;
     assert_eq!(http_get(port(b), "/readyz").await.unwrap().0, 503, "a follower must not be ready");
 
     w.class().await;
-    w.md("web", 4, "os-1", "1", "0").await;
+    w.apply_md("web", 4, "os-1", "1", "0").await;
     w.converged("web", MINUTE).await;
     // Only the leader called the driver.
-    let b_log = std::fs::read_to_string(w.cluster.dir.path().join("controller-1.log")).unwrap();
+    let b_log = w.controller_log(b);
     assert!(!b_log.contains("driver call"), "the follower called a driver:\n{b_log}");
     assert!(!b_log.contains("became the leader"), "{b_log}");
 
     // Roll, and kill -9 the leader mid-rollout.
-    w.md("web", 4, "os-2", "1", "0").await;
+    w.apply_md("web", 4, "os-2", "1", "0").await;
     eventually(MINUTE, "rollout in flight", || {
         let w = &w;
         async move { (w.inspect().await.machines.iter().filter(|m| m.state == "CREATING").count() >= 1).then_some(()) }
     })
     .await;
     let killed = Instant::now();
-    w.kill9(a).await;
+    w.kill9_controller(a).await;
     eventually(MINUTE, "replica-b leads", || async { (holder().await.as_deref() == Some("replica-b")).then_some(()) })
         .await;
     let takeover = killed.elapsed();
@@ -436,8 +316,8 @@ async fn two_replicas_one_leader_and_the_follower_takes_over_after_kill9() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_loses_its_lease_stops_at_once() {
-    let mut w = World::new(FAST).await;
-    let ns = w.ns.clone();
+    let mut w = world(FAST).await;
+    let ns = w.ns().to_string();
     let a = w.start_controller(&[
         "--leader-elect",
         "--leader-elect-identity",
@@ -445,7 +325,7 @@ async fn a_leader_that_loses_its_lease_stops_at_once() {
         "--leader-elect-namespace",
         &ns,
     ]);
-    let lease: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(w.cluster.client.clone(), &w.ns);
+    let lease: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(w.cluster().client.clone(), w.ns());
     let l = eventually(MINUTE, "a lease", || {
         let lease = lease.clone();
         async move { lease.get_opt("machine-controller").await.ok().flatten() }
@@ -467,19 +347,18 @@ async fn a_leader_that_loses_its_lease_stops_at_once() {
         }
     })
     .await;
-    let (child, log, _) = w.controllers[a].as_mut().unwrap();
-    let status = tokio::time::timeout(MINUTE, child.wait()).await.expect("the leader exits").unwrap();
+    let status = w.wait_controller_exit(a, MINUTE).await;
     assert!(!status.success());
-    let text = std::fs::read_to_string(log).unwrap();
+    let text = w.controller_log(a);
     assert!(text.contains("leader election lost"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_deployment_deletes_every_cloud_machine_before_the_finalizers_go() {
-    let mut w = World::new(FAST).await;
+    let mut w = world(FAST).await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 3, "os-1", "1", "0").await;
+    w.apply_md("web", 3, "os-1", "1", "0").await;
     w.converged("web", MINUTE).await;
     let api = w.api("MachineDeployment", "machinedeployments");
     api.delete("web", &DeleteParams::background()).await.unwrap();
@@ -497,10 +376,10 @@ async fn deleting_a_deployment_deletes_every_cloud_machine_before_the_finalizers
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_scale_through_the_scale_subresource() {
-    let mut w = World::new(FAST).await;
+    let mut w = world(FAST).await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 2, "os-1", "1", "0").await;
+    w.apply_md("web", 2, "os-1", "1", "0").await;
     w.converged("web", MINUTE).await;
     let api = w.api("MachineDeployment", "machinedeployments");
     // What `kubectl scale md/web --replicas=4` sends.
@@ -508,7 +387,7 @@ async fn kubectl_scale_through_the_scale_subresource() {
     eventually(MINUTE, "the scale seen", || {
         let w = &w;
         async move {
-            let md = w.store.get::<MachineDeployment>(&w.ns, "web").await.ok()??;
+            let md = w.store().get::<MachineDeployment>(w.ns(), "web").await.ok()??;
             (md.spec.replicas == 4).then_some(())
         }
     })
