@@ -9,13 +9,12 @@
 //! kubernetes` (the target cluster is then the same) unless the test says otherwise.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use e2e_tests::eventually;
 use e2e_tests::kube_cluster::{node_ready, Cluster};
-use e2e_tests::{bin, eventually, Sidecar};
+use e2e_tests::world::{Driver, World};
 use fake_driver::pb as fake;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -23,10 +22,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher;
 use machine_controller::resources::*;
-use machine_controller::store::kubernetes::KubernetesBackend;
-use machine_controller::store::{Key, Store};
+use machine_controller::store::Key;
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const FAST: &[&str] = &["--create-latency", "300ms", "--delete-latency", "200ms", "--update-latency", "200ms"];
@@ -35,88 +32,44 @@ fn ar(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("machine.driver.dev", "v1alpha1", kind), plural)
 }
 
-/// One test's world: a whole cluster, a namespace, a fake cloud whose VMs join it, a controller.
-struct World {
-    cluster: Cluster,
-    ns: String,
-    sidecar: Sidecar,
-    controller: Option<Child>,
-    runs: usize,
-    store: Store,
+/// One test's world: a whole cluster, a namespace, a fake cloud whose VMs join it; the test
+/// starts the controller (`--store kubernetes`: the target cluster is the same).
+async fn world() -> World {
+    let cluster = Cluster::start_full().await;
+    let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
+    let mut args = FAST.to_vec();
+    args.extend(["--join-cluster", &kubeconfig]);
+    World::builder()
+        .driver(Driver::fake(&args))
+        .kubernetes(cluster, "nodes")
+        .controller_args(&["--resync-interval", "5s", "--drain-poll-interval", "500ms"])
+        .without_controller()
+        .start()
+        .await
 }
 
-impl World {
-    async fn new() -> World {
-        let cluster = Cluster::start_full().await;
-        let ns = cluster.namespace("nodes").await;
-        let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
-        let mut args = FAST.to_vec();
-        args.extend(["--join-cluster", &kubeconfig]);
-        let sidecar = Sidecar::start("fake-driver", &args).await;
-        let store = Store::new(Arc::new(KubernetesBackend::new(cluster.client.clone(), Some(ns.clone()))));
-        World { cluster, ns, sidecar, controller: None, runs: 0, store }
-    }
+/// What these tests apply and read besides the world's own operations.
+trait Nodes {
+    async fn class(&self);
+    async fn apply_md(&self, name: &str, replicas: i64, provider_spec: Value, extra: Value);
+    async fn machine(&self, name: &str) -> Option<Machine>;
+    async fn rolled_out(&self, name: &str, within: Duration) -> MachineDeployment;
+    async fn nodes(&self) -> Vec<Node>;
+    async fn node(&self, name: &str) -> Option<Node>;
+    fn pods_api(&self) -> Api<Pod>;
+    async fn ready_pods(&self, app: &str) -> Vec<Pod>;
+    async fn workload(&self, name: &str, replicas: i32, budget: Option<Value>);
+    async fn events(&self, machine: &str) -> Vec<machine_controller::store::Event>;
+}
 
-    fn log_path(&self, run: usize) -> PathBuf {
-        self.cluster.dir.path().join(format!("controller-{run}.log"))
-    }
-
-    /// Starts the controller (`--store kubernetes`: the target cluster is the same).
-    fn start_controller(&mut self, extra: &[&str]) {
-        let log = std::fs::File::create(self.log_path(self.runs)).unwrap();
-        self.runs += 1;
-        let child = Command::new(bin("machine-controller"))
-            .args(["--store", "kubernetes", "run", "--namespace", &self.ns])
-            .args(["--driver", &format!("fake={}", self.sidecar.endpoint())])
-            .args(["--debounce", "20ms", "--health-check-interval", "1s", "--resync-interval", "5s"])
-            .args(["--drain-poll-interval", "500ms"])
-            .args(extra)
-            .env("KUBECONFIG", &self.cluster.kubeconfig)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        self.controller = Some(child);
-    }
-
-    async fn kill9(&mut self) {
-        if let Some(mut c) = self.controller.take() {
-            c.kill().await.unwrap();
-        }
-    }
-
-    fn logs(&self) -> String {
-        (0..self.runs)
-            .map(|i| {
-                let text = std::fs::read_to_string(self.log_path(i)).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                format!("--- controller run {i}\n{}", lines[lines.len().saturating_sub(30)..].join("\n"))
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-            + &format!("\n--- fake-driver\n{}", tail(&self.sidecar.log_text(), 15))
-    }
-
-    async fn apply(&self, kind: &str, plural: &str, mut obj: Value) {
-        let name = obj["metadata"]["name"].as_str().unwrap().to_string();
-        obj["apiVersion"] = json!("machine.driver.dev/v1alpha1");
-        obj["kind"] = json!(kind);
-        Api::<DynamicObject>::namespaced_with(self.cluster.client.clone(), &self.ns, &ar(kind, plural))
-            .patch(&name, &PatchParams::apply("e2e-test").force(), &Patch::Apply(&obj))
-            .await
-            .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
-    }
-
+impl Nodes for World {
     async fn class(&self) {
         let spec = json!({"driver": "fake", "providerSpec": {"machineType": "small"}});
-        self.apply("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": spec})).await;
+        self.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": spec})).await;
     }
 
     /// A MachineDeployment of `replicas` machines with `provider_spec` and extra spec fields.
-    async fn md(&self, name: &str, replicas: i64, provider_spec: Value, extra: Value) {
+    async fn apply_md(&self, name: &str, replicas: i64, provider_spec: Value, extra: Value) {
         let mut spec = json!({
             "replicas": replicas,
             "template": {"spec": {"classRef": {"name": "small"}, "providerSpec": provider_spec}},
@@ -125,21 +78,19 @@ impl World {
         for (k, v) in extra.as_object().cloned().unwrap_or_default() {
             spec[k] = v;
         }
-        self.apply("MachineDeployment", "machinedeployments", json!({"metadata": {"name": name}, "spec": spec})).await;
-    }
-
-    async fn machines(&self) -> Vec<Machine> {
-        self.store.list::<Machine>().await.unwrap().into_iter().filter(|m| m.metadata.namespace == self.ns).collect()
+        self.apply_object("MachineDeployment", "machinedeployments", json!({"metadata": {"name": name}, "spec": spec}))
+            .await;
     }
 
     async fn machine(&self, name: &str) -> Option<Machine> {
-        self.store.get::<Machine>(&self.ns, name).await.unwrap()
+        self.store().get::<Machine>(self.ns(), name).await.unwrap()
     }
 
     async fn rolled_out(&self, name: &str, within: Duration) -> MachineDeployment {
         let what = format!("{name} rolled out");
-        let store = &self.store;
-        let ns = &self.ns;
+        let store = self.store();
+        let store = &store;
+        let ns = self.ns();
         let md = tokio::time::timeout(
             within,
             eventually(within + Duration::from_secs(1), &what, || async move {
@@ -152,15 +103,15 @@ impl World {
     }
 
     async fn nodes(&self) -> Vec<Node> {
-        Api::<Node>::all(self.cluster.client.clone()).list(&ListParams::default()).await.unwrap().items
+        Api::<Node>::all(self.cluster().client.clone()).list(&ListParams::default()).await.unwrap().items
     }
 
     async fn node(&self, name: &str) -> Option<Node> {
-        Api::<Node>::all(self.cluster.client.clone()).get_opt(name).await.unwrap()
+        Api::<Node>::all(self.cluster().client.clone()).get_opt(name).await.unwrap()
     }
 
     fn pods_api(&self) -> Api<Pod> {
-        Api::namespaced(self.cluster.client.clone(), &self.ns)
+        Api::namespaced(self.cluster().client.clone(), self.ns())
     }
 
     /// Running, Ready pods of `app` (not being deleted).
@@ -172,10 +123,10 @@ impl World {
     /// A Deployment of `replicas` pods labelled `app=NAME`, spread over nodes, and optionally
     /// a PodDisruptionBudget with `budget` as its spec's rule.
     async fn workload(&self, name: &str, replicas: i32, budget: Option<Value>) {
-        self.cluster
+        self.cluster()
             .apply_json(json!({
                 "apiVersion": "apps/v1", "kind": "Deployment",
-                "metadata": {"name": name, "namespace": self.ns},
+                "metadata": {"name": name, "namespace": self.ns()},
                 "spec": {
                     "replicas": replicas,
                     "selector": {"matchLabels": {"app": name}},
@@ -199,10 +150,10 @@ impl World {
             for (k, v) in rule.as_object().cloned().unwrap_or_default() {
                 spec[k] = v;
             }
-            self.cluster
+            self.cluster()
                 .apply_json(json!({
                     "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                    "metadata": {"name": format!("{name}-budget"), "namespace": self.ns},
+                    "metadata": {"name": format!("{name}-budget"), "namespace": self.ns()},
                     "spec": spec
                 }))
                 .await;
@@ -215,22 +166,13 @@ impl World {
     }
 
     async fn events(&self, machine: &str) -> Vec<machine_controller::store::Event> {
-        self.store.backend().events(&Key::new(Kind::Machine, &self.ns, machine), 100).await.unwrap()
-    }
-
-    async fn fake(&self) -> fake::fake_cloud_client::FakeCloudClient<tonic::transport::Channel> {
-        fake::fake_cloud_client::FakeCloudClient::new(self.sidecar.client().await.channel())
+        self.store().backend().events(&Key::new(Kind::Machine, self.ns(), machine), 100).await.unwrap()
     }
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
-}
-
-fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn pod_ready(p: &Pod) -> bool {
@@ -263,10 +205,10 @@ fn has_event(events: &[machine_controller::store::Event], reason: &str) -> bool 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_join_as_ready_nodes_linked_by_provider_id() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 2, json!({"machineType": "small"}), json!({})).await;
+    w.apply_md("web", 2, json!({"machineType": "small"}), json!({})).await;
     w.rolled_out("web", 2 * MINUTE).await;
     let nodes: HashMap<String, Node> =
         w.nodes().await.into_iter().map(|n| (n.metadata.name.clone().unwrap(), n)).collect();
@@ -280,7 +222,7 @@ async fn machines_join_as_ready_nodes_linked_by_provider_id() {
         assert_eq!(node.metadata.uid.as_deref(), Some(r.uid.as_str()));
         assert!(node_ready(node));
         let annotation = node.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_NODE_MACHINE));
-        assert_eq!(annotation, Some(&format!("{}/{}", w.ns, m.metadata.name)), "the Node names its Machine");
+        assert_eq!(annotation, Some(&format!("{}/{}", w.ns(), m.metadata.name)), "the Node names its Machine");
         let ready = condition(&m.status.conditions, ConditionType::NodeReady).expect("NodeReady");
         assert_eq!(ready.status, ConditionStatus::True);
         // Running only after the Node was Ready: the events say so in that order.
@@ -288,31 +230,14 @@ async fn machines_join_as_ready_nodes_linked_by_provider_id() {
         assert!(has_event(&events, "NodeReady"), "{events:?}");
     }
     // As a user sees it: the NODE column, in kubectl and in our CLI.
-    let (code, out, err) = w.cluster.kubectl(&["get", "machines", "-n", &w.ns]).await;
+    let (code, out, err) = w.cluster().kubectl(&["get", "machines", "-n", w.ns()]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.lines().next().unwrap_or("").contains("NODE"), "{out}");
     for m in &machines {
         let node = &m.status.node_ref.as_ref().unwrap().name;
         assert!(out.lines().any(|l| l.starts_with(&m.metadata.name) && l.contains(node.as_str())), "{out}");
     }
-    let (code, out, err) = tokio::time::timeout(
-        MINUTE,
-        Command::new(bin("machine-controller"))
-            .args(["--store", "kubernetes", "get", "machines", "-n", &w.ns])
-            .env("KUBECONFIG", &w.cluster.kubeconfig)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map(|o| {
-        let o = o.unwrap();
-        (
-            o.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    })
-    .unwrap();
+    let (code, out, err) = w.cli(&["get", "machines", "-n", w.ns()]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("NODE"), "{out}");
     // Node metadata from the template, kept in sync; others' keys stay; nothing is replaced.
@@ -324,7 +249,12 @@ async fn machines_join_as_ready_nodes_linked_by_provider_id() {
     let apply = |spec: Value| {
         let w = &w;
         async move {
-            w.apply("MachineDeployment", "machinedeployments", json!({"metadata": {"name": "web"}, "spec": spec})).await
+            w.apply_object(
+                "MachineDeployment",
+                "machinedeployments",
+                json!({"metadata": {"name": "web"}, "spec": spec}),
+            )
+            .await
         }
     };
     apply(node_template(
@@ -352,7 +282,7 @@ async fn machines_join_as_ready_nodes_linked_by_provider_id() {
     })
     .await;
     // Someone else labels a node; the template drops "team" and the taint.
-    let nodes_api = Api::<Node>::all(w.cluster.client.clone());
+    let nodes_api = Api::<Node>::all(w.cluster().client.clone());
     let other = json!({"metadata": {"labels": {"ops.example.com/owner": "alice"}}});
     nodes_api.patch(&names[0], &PatchParams::default(), &Patch::Merge(&other)).await.unwrap();
     apply(node_template(json!({"tier": "api"}), json!([]))).await;
@@ -408,7 +338,7 @@ impl PodWatch {
         let ready_now = Arc::new(Mutex::new(0));
         let uncordoned = Arc::new(Mutex::new(Vec::new()));
         let pods = w.pods_api();
-        let nodes = Api::<Node>::all(w.cluster.client.clone());
+        let nodes = Api::<Node>::all(w.cluster().client.clone());
         let (min, now, bad) = (min_ready.clone(), ready_now.clone(), uncordoned.clone());
         let config = watcher::Config::default().labels(&format!("app={app}"));
         let task = tokio::spawn(async move {
@@ -450,10 +380,10 @@ impl PodWatch {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_drains_each_old_node_by_eviction_within_the_disruption_budget() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 3, json!({"machineType": "small", "image": "os-1"}), json!({})).await;
+    w.apply_md("web", 3, json!({"machineType": "small", "image": "os-1"}), json!({})).await;
     let before = w.rolled_out("web", 2 * MINUTE).await;
     let old_nodes: Vec<String> =
         w.machines().await.iter().map(|m| m.status.node_ref.as_ref().unwrap().name.clone()).collect();
@@ -463,9 +393,9 @@ async fn a_rolling_update_drains_each_old_node_by_eviction_within_the_disruption
         (*watch.ready.lock().unwrap() == 6 && *watch.min_ready.lock().unwrap() == 6).then_some(())
     })
     .await;
-    w.md("web", 3, json!({"machineType": "small", "image": "os-2"}), json!({})).await;
+    w.apply_md("web", 3, json!({"machineType": "small", "image": "os-2"}), json!({})).await;
     eventually(3 * MINUTE, "a new revision rolled out", || async {
-        let md = w.store.get::<MachineDeployment>(&w.ns, "web").await.ok().flatten()?;
+        let md = w.store().get::<MachineDeployment>(w.ns(), "web").await.ok().flatten()?;
         (e2e_tests::rolled_out(&md) && md.status.target_revision != before.status.target_revision).then_some(())
     })
     .await;
@@ -490,7 +420,7 @@ async fn a_rolling_update_drains_each_old_node_by_eviction_within_the_disruption
     let uncordoned = watch.uncordoned_evictions.lock().unwrap().clone();
     assert!(uncordoned.is_empty(), "{uncordoned:?}");
     // Nothing was forced: every pod left by eviction.
-    for m in w.store.list::<Machine>().await.unwrap() {
+    for m in w.store().list::<Machine>().await.unwrap() {
         assert!(!has_event(&w.events(&m.metadata.name).await, "DrainForced"));
     }
     let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
@@ -500,17 +430,17 @@ async fn a_rolling_update_drains_each_old_node_by_eviction_within_the_disruption
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_that_forbids_every_eviction_holds_the_drain_until_its_deadline() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 1, json!({"machineType": "small"}), json!({"drainTimeoutSeconds": 20})).await;
+    w.apply_md("web", 1, json!({"machineType": "small"}), json!({"drainTimeoutSeconds": 20})).await;
     w.rolled_out("web", 2 * MINUTE).await;
     let m = w.machines().await.remove(0);
     let name = m.metadata.name.clone();
     let node = m.status.node_ref.clone().unwrap().name;
     // minAvailable = every replica: no eviction can ever be allowed.
     w.workload("db", 2, Some(json!({"minAvailable": 2}))).await;
-    w.apply(
+    w.apply_object(
         "MachineDeployment",
         "machinedeployments",
         json!({"metadata": {"name": "web"}, "spec": {"replicas": 0,
@@ -526,13 +456,13 @@ async fn a_budget_that_forbids_every_eviction_holds_the_drain_until_its_deadline
     .await;
     let d = held.status.deletion.clone().unwrap();
     assert_eq!(d.phase, DeletionPhase::Draining);
-    assert!(d.blocked_by.contains(&format!("{}/db-budget", w.ns)), "{}", d.blocked_by);
+    assert!(d.blocked_by.contains(&format!("{}/db-budget", w.ns())), "{}", d.blocked_by);
     assert_eq!(d.pods_left, 2);
     let msg = &condition(&held.status.conditions, ConditionType::Deleting).unwrap().message;
     assert!(msg.contains("db-budget") && msg.contains("pod"), "{msg}");
     assert!(w.node(&node).await.as_ref().is_some_and(cordoned), "the node is cordoned while held");
     // What an operator sees.
-    let (code, out, _) = w.cluster.kubectl(&["describe", "machine", &name, "-n", &w.ns]).await;
+    let (code, out, _) = w.cluster().kubectl(&["describe", "machine", &name, "-n", w.ns()]).await;
     assert_eq!(code, 0);
     assert!(out.contains("DisruptionBudgetUnsatisfiable") && out.contains("db-budget"), "{out}");
     // At the deadline the pods are deleted and the machine goes, with an event saying so.
@@ -549,18 +479,18 @@ async fn a_budget_that_forbids_every_eviction_holds_the_drain_until_its_deadline
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hooks_hold_the_deletion_and_daemon_set_pods_are_not_evicted() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 1, json!({"machineType": "small"}), json!({})).await;
+    w.apply_md("web", 1, json!({"machineType": "small"}), json!({})).await;
     w.rolled_out("web", 2 * MINUTE).await;
     let m = w.machines().await.remove(0);
     let name = m.metadata.name.clone();
     let node = m.status.node_ref.clone().unwrap().name;
-    w.cluster
+    w.cluster()
         .apply_json(json!({
             "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "agent", "namespace": w.ns},
+            "metadata": {"name": "agent", "namespace": w.ns()},
             "spec": {"selector": {"matchLabels": {"app": "agent"}},
                      "template": {"metadata": {"labels": {"app": "agent"}},
                                   "spec": {"containers": [{"name": "a", "image": "registry.invalid/agent:1"}]}}}
@@ -571,7 +501,8 @@ async fn hooks_hold_the_deletion_and_daemon_set_pods_are_not_evicted() {
     let pre_drain = format!("{PRE_DRAIN_HOOK_PREFIX}/backup");
     let pre_terminate = format!("{PRE_TERMINATE_HOOK_PREFIX}/detach-storage");
     let patch = json!({"metadata": {"annotations": {pre_drain.clone(): "", pre_terminate.clone(): ""}}});
-    let machines = Api::<DynamicObject>::namespaced_with(w.cluster.client.clone(), &w.ns, &ar("Machine", "machines"));
+    let machines =
+        Api::<DynamicObject>::namespaced_with(w.cluster().client.clone(), w.ns(), &ar("Machine", "machines"));
     machines.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     machines.delete(&name, &DeleteParams::default()).await.unwrap();
     let phase = |m: &Machine| m.status.deletion.as_ref().map(|d| d.phase);
@@ -608,16 +539,16 @@ async fn hooks_hold_the_deletion_and_daemon_set_pods_are_not_evicted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_that_never_join_fail_their_machines_and_the_revision_is_rolled_back() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
     let settings = json!({"nodeStartupTimeoutSeconds": 3, "failureBudget": 2});
-    w.md("web", 2, json!({"machineType": "small", "image": "os-1"}), settings.clone()).await;
+    w.apply_md("web", 2, json!({"machineType": "small", "image": "os-1"}), settings.clone()).await;
     let good = w.rolled_out("web", 2 * MINUTE).await;
     // A new revision whose VMs run but whose Nodes never join.
-    w.md("web", 2, json!({"machineType": "small", "image": "os-2", "kubelet": "NeverJoins"}), settings).await;
+    w.apply_md("web", 2, json!({"machineType": "small", "image": "os-2", "kubelet": "NeverJoins"}), settings).await;
     let md = eventually(3 * MINUTE, "the revision aborted and rolled back", || async {
-        let md = w.store.get::<MachineDeployment>(&w.ns, "web").await.ok().flatten()?;
+        let md = w.store().get::<MachineDeployment>(w.ns(), "web").await.ok().flatten()?;
         (!md.status.bad_revisions.is_empty() && e2e_tests::rolled_out(&md)).then_some(md)
     })
     .await;
@@ -626,7 +557,7 @@ async fn nodes_that_never_join_fail_their_machines_and_the_revision_is_rolled_ba
         assert_eq!(m.metadata.labels.get(LABEL_REVISION), Some(&good.status.target_revision));
     }
     // The failures said why.
-    let api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.cluster.client.clone(), &w.ns);
+    let api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.cluster().client.clone(), w.ns());
     let failed: Vec<String> = api
         .list(&ListParams::default())
         .await
@@ -643,14 +574,15 @@ async fn nodes_that_never_join_fail_their_machines_and_the_revision_is_rolled_ba
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_resumes_after_kill_9_with_the_same_phase_and_deadline() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 1, json!({"machineType": "small"}), json!({"drainTimeoutSeconds": 25})).await;
+    w.apply_md("web", 1, json!({"machineType": "small"}), json!({"drainTimeoutSeconds": 25})).await;
     w.rolled_out("web", 2 * MINUTE).await;
     let name = w.machines().await.remove(0).metadata.name;
     w.workload("db", 1, Some(json!({"minAvailable": 1}))).await;
-    let machines = Api::<DynamicObject>::namespaced_with(w.cluster.client.clone(), &w.ns, &ar("Machine", "machines"));
+    let machines =
+        Api::<DynamicObject>::namespaced_with(w.cluster().client.clone(), w.ns(), &ar("Machine", "machines"));
     machines.delete(&name, &DeleteParams::default()).await.unwrap();
     let first = eventually(MINUTE, "the drain under way", || async {
         let m = w.machine(&name).await?;
@@ -662,7 +594,7 @@ async fn a_drain_resumes_after_kill_9_with_the_same_phase_and_deadline() {
     w.start_controller(&[]);
     let resumed = eventually(MINUTE, "the new process at work on the same drain", || async {
         let m = w.machine(&name).await?;
-        let log = std::fs::read_to_string(w.log_path(1)).unwrap_or_default();
+        let log = w.controller_log(1);
         let d = m.status.deletion.clone()?;
         (log.contains("running") && d.phase == DeletionPhase::Draining).then_some(d)
     })
@@ -687,10 +619,10 @@ async fn a_drain_resumes_after_kill_9_with_the_same_phase_and_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_gone_out_of_band_takes_its_not_ready_node_out_of_service_without_evictions() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 1, json!({"machineType": "small"}), json!({"healthTimeoutSeconds": 2})).await;
+    w.apply_md("web", 1, json!({"machineType": "small"}), json!({"healthTimeoutSeconds": 2})).await;
     w.rolled_out("web", 2 * MINUTE).await;
     let m = w.machines().await.remove(0);
     let node = m.status.node_ref.clone().unwrap().name;
@@ -713,15 +645,15 @@ async fn a_vm_gone_out_of_band_takes_its_not_ready_node_out_of_service_without_e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_deployment_drains_every_node_before_its_vm_goes() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 2, json!({"machineType": "small"}), json!({})).await;
+    w.apply_md("web", 2, json!({"machineType": "small"}), json!({})).await;
     w.rolled_out("web", 2 * MINUTE).await;
     w.workload("shop", 2, None).await;
     let mds = Api::<DynamicObject>::namespaced_with(
-        w.cluster.client.clone(),
-        &w.ns,
+        w.cluster().client.clone(),
+        w.ns(),
         &ar("MachineDeployment", "machinedeployments"),
     );
     mds.delete("web", &DeleteParams::default()).await.unwrap();
@@ -729,7 +661,7 @@ async fn deleting_a_deployment_drains_every_node_before_its_vm_goes() {
         (w.machines().await.is_empty() && w.nodes().await.is_empty()).then_some(())
     })
     .await;
-    let api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.cluster.client.clone(), &w.ns);
+    let api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.cluster().client.clone(), w.ns());
     let events = api.list(&ListParams::default()).await.unwrap().items;
     let drained = events.iter().filter(|e| e.reason.as_deref() == Some("Drained")).count();
     let deleted = events.iter().filter(|e| e.reason.as_deref() == Some("NodeDeleted")).count();
@@ -740,23 +672,14 @@ async fn deleting_a_deployment_drains_every_node_before_its_vm_goes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_embedded_store_manages_nodes_in_a_target_cluster() {
     let cluster = Cluster::start_full().await;
-    let dir = tempfile::tempdir().unwrap();
     let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
     let mut args = FAST.to_vec();
     args.extend(["--join-cluster", &kubeconfig]);
-    let sidecar = Sidecar::start("fake-driver", &args).await;
-    let store = dir.path().join("store.db");
-    let log = dir.path().join("controller.log");
-    let mut controller = e2e_tests::start_controller(
-        &store,
-        &format!("fake={}", sidecar.endpoint()),
-        &["--target-kubeconfig", &kubeconfig, "--drain-poll-interval", "500ms"],
-        &log,
-    );
-    e2e_tests::controller_apply(
-        &store,
-        dir.path(),
-        "apiVersion: machine.driver.dev/v1alpha1
+    let mut w = World::builder()
+        .driver(Driver::fake(&args))
+        .controller_args(&["--target-kubeconfig", &kubeconfig, "--drain-poll-interval", "500ms"])
+        .manifest(
+            "apiVersion: machine.driver.dev/v1alpha1
 kind: MachineClass
 metadata: {name: small}
 spec: {driver: fake, providerSpec: {machineType: small}}
@@ -768,21 +691,12 @@ spec:
   replicas: 2
   template: {spec: {classRef: {name: small}}}
 ",
-    )
-    .await;
-    let db = Store::open(&store).unwrap();
-    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
-    let md = tokio::time::timeout(
-        2 * MINUTE,
-        eventually(2 * MINUTE, "web rolled out", || async {
-            let md = db.get::<MachineDeployment>("default", "web").await.ok().flatten()?;
-            e2e_tests::rolled_out(&md).then_some(md)
-        }),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("not rolled out:\n{}", logs()));
+        )
+        .start()
+        .await;
+    let md = w.converged("web", 2 * MINUTE).await;
     assert_eq!(md.status.available_replicas, 2);
-    let (code, out, err) = e2e_tests::controller_cli(&store, &["get", "machines"]).await;
+    let (code, out, err) = w.cli(&["get", "machines"]).await;
     assert_eq!(code, 0, "{err}");
     let nodes = Api::<Node>::all(cluster.client.clone()).list(&ListParams::default()).await.unwrap().items;
     assert_eq!(nodes.len(), 2);
@@ -793,14 +707,14 @@ spec:
             n.metadata.name
         );
     }
-    let (code, _, err) = e2e_tests::controller_cli(&store, &["delete", "machinedeployment", "web"]).await;
+    let (code, _, err) = w.cli(&["delete", "machinedeployment", "web"]).await;
     assert_eq!(code, 0, "{err}");
     eventually(2 * MINUTE, "the Nodes gone after their VMs", || async {
         let nodes = Api::<Node>::all(cluster.client.clone()).list(&ListParams::default()).await.ok()?.items;
         nodes.is_empty().then_some(())
     })
     .await;
-    controller.kill().await.unwrap();
+    w.kill9().await;
 }
 
 /// The pool's Machines now (not being deleted), by name.
@@ -815,7 +729,7 @@ async fn pool_machines(w: &World, pool: &str) -> BTreeMap<String, Machine> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
     let pool = |replicas: i64| {
@@ -825,10 +739,10 @@ async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
             "strategy": {"maxSurge": 1, "maxUnavailable": 0},
         }})
     };
-    w.apply("MachinePool", "machinepools", pool(2)).await;
+    w.apply_object("MachinePool", "machinepools", pool(2)).await;
     // Two instances running, their Nodes (named <pool>-<id>) Ready and carrying their provider IDs.
     let before = eventually(2 * MINUTE, "2 pool Machines Running with Ready Nodes", || async {
-        let p = w.store.get::<MachinePool>(&w.ns, "workers").await.ok().flatten()?;
+        let p = w.store().get::<MachinePool>(w.ns(), "workers").await.ok().flatten()?;
         let machines = pool_machines(&w, "workers").await;
         let nodes: HashMap<String, Node> =
             w.nodes().await.into_iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n)).collect();
@@ -857,12 +771,13 @@ async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
     eventually(MINUTE, "the pod watch to see 4 Ready", || async { (*watch.ready.lock().unwrap() == 4).then_some(()) })
         .await;
     // The annotation chooses the victim: the cloud, left to pick, might take the other.
-    let machines = Api::<DynamicObject>::namespaced_with(w.cluster.client.clone(), &w.ns, &ar("Machine", "machines"));
+    let machines =
+        Api::<DynamicObject>::namespaced_with(w.cluster().client.clone(), w.ns(), &ar("Machine", "machines"));
     let mark = json!({"metadata": {"annotations": {ANNOTATION_DELETE: "true"}}});
     machines.patch(victim, &PatchParams::default(), &Patch::Merge(&mark)).await.unwrap();
-    w.apply("MachinePool", "machinepools", pool(1)).await;
+    w.apply_object("MachinePool", "machinepools", pool(1)).await;
     eventually(2 * MINUTE, "the pool scaled down to 1 and its Node gone", || async {
-        let p = w.store.get::<MachinePool>(&w.ns, "workers").await.ok().flatten()?;
+        let p = w.store().get::<MachinePool>(w.ns(), "workers").await.ok().flatten()?;
         let all = w.machines().await;
         let gone = w.machine(victim).await.is_none() && w.node(victim).await.is_none();
         (gone && all.len() == 1 && p.status.replicas == 1 && p.status.ready_replicas == 1).then_some(())
@@ -875,7 +790,7 @@ async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
     };
     assert!(at("Drained") <= at("DeletingInstance"), "{events:?}");
     assert!(at("DeletingInstance") <= at("NodeDeleted"), "{events:?}");
-    let pool_events = w.store.backend().events(&Key::new(Kind::MachinePool, &w.ns, "workers"), 100).await.unwrap();
+    let pool_events = w.store().backend().events(&Key::new(Kind::MachinePool, w.ns(), "workers"), 100).await.unwrap();
     assert!(
         pool_events.iter().any(|e| e.reason == "DeletingMachines" && e.message.contains(victim)),
         "{pool_events:?}"
@@ -907,7 +822,7 @@ async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
     assert_eq!((counters.instances_created, counters.instances_deleted), (2, 1));
     // The pool records the capacity it settled on (its last ApplyPool, a no-op in the cloud).
     eventually(MINUTE, "the pool's status at 1 replica, Ready", || async {
-        let p = w.store.get::<MachinePool>(&w.ns, "workers").await.ok().flatten()?;
+        let p = w.store().get::<MachinePool>(w.ns(), "workers").await.ok().flatten()?;
         let ready =
             condition(&p.status.conditions, ConditionType::Ready).is_some_and(|c| c.status == ConditionStatus::True);
         ((p.status.replicas, p.status.ready_replicas, p.status.applied_capacity) == (1, 1, 1) && ready).then_some(())
@@ -915,10 +830,10 @@ async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
     .await;
     // Deleting the pool drains its last node before the pool goes.
     let pools =
-        Api::<DynamicObject>::namespaced_with(w.cluster.client.clone(), &w.ns, &ar("MachinePool", "machinepools"));
+        Api::<DynamicObject>::namespaced_with(w.cluster().client.clone(), w.ns(), &ar("MachinePool", "machinepools"));
     pools.delete("workers", &DeleteParams::default()).await.unwrap();
     eventually(2 * MINUTE, "the pool, its Machines and Nodes gone", || async {
-        let pool_gone = w.store.get::<MachinePool>(&w.ns, "workers").await.ok()?.is_none();
+        let pool_gone = w.store().get::<MachinePool>(w.ns(), "workers").await.ok()?.is_none();
         (pool_gone && w.machines().await.is_empty() && w.nodes().await.is_empty()).then_some(())
     })
     .await;
@@ -931,7 +846,7 @@ async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machine_pool_max_surge_0_upgrade_replaces_drained_instances_instead_of_reimaging() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
     let pool = |machine_type: &str| {
@@ -944,7 +859,7 @@ async fn machine_pool_max_surge_0_upgrade_replaces_drained_instances_instead_of_
     let rolled = |ids: &'static [&'static str]| {
         let w = &w;
         move || async move {
-            let p = w.store.get::<MachinePool>(&w.ns, "workers").await.ok().flatten()?;
+            let p = w.store().get::<MachinePool>(w.ns(), "workers").await.ok().flatten()?;
             let names: Vec<String> = pool_machines(w, "workers").await.into_keys().collect();
             let want: Vec<String> = ids.iter().map(|id| format!("workers-{id}")).collect();
             let nodes = w.nodes().await;
@@ -955,10 +870,10 @@ async fn machine_pool_max_surge_0_upgrade_replaces_drained_instances_instead_of_
             (done && names == want && ready && nodes.len() == 2).then_some(())
         }
     };
-    w.apply("MachinePool", "machinepools", pool("small")).await;
+    w.apply_object("MachinePool", "machinepools", pool("small")).await;
     eventually(2 * MINUTE, "2 pool instances with Ready Nodes", rolled(&["0", "1"])).await;
     w.workload("shop", 2, None).await;
-    w.apply("MachinePool", "machinepools", pool("large")).await;
+    w.apply_object("MachinePool", "machinepools", pool("large")).await;
     // Each old instance goes through its Machine's deletion (drained first), and a new one on
     // the latest model takes its place: nothing is reimaged under its pods.
     eventually(3 * MINUTE, "both instances replaced on the new model", rolled(&["2", "3"])).await;
@@ -985,17 +900,17 @@ async fn machine_pool_max_surge_0_upgrade_replaces_drained_instances_instead_of_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deletion_waits_for_the_nodes_volume_attachments_and_a_vanished_node_is_recorded() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
-    w.md("web", 2, json!({"machineType": "small"}), json!({"volumeDetachTimeoutSeconds": 300})).await;
+    w.apply_md("web", 2, json!({"machineType": "small"}), json!({"volumeDetachTimeoutSeconds": 300})).await;
     w.rolled_out("web", 2 * MINUTE).await;
     let mut machines = w.machines().await;
     machines.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let (first, second) = (machines[0].clone(), machines[1].clone());
     // A Node deleted while its VM runs is recorded, not ignored.
     let second_node = second.status.node_ref.clone().unwrap().name;
-    Api::<Node>::all(w.cluster.client.clone()).delete(&second_node, &DeleteParams::default()).await.unwrap();
+    Api::<Node>::all(w.cluster().client.clone()).delete(&second_node, &DeleteParams::default()).await.unwrap();
     eventually(MINUTE, "NodeMissing on the machine whose Node vanished", || async {
         let m = w.machine(&second.metadata.name).await?;
         let c = condition(&m.status.conditions, ConditionType::NodeReady)?;
@@ -1005,7 +920,7 @@ async fn a_deletion_waits_for_the_nodes_volume_attachments_and_a_vanished_node_i
     assert!(has_event(&w.events(&second.metadata.name).await, "NodeMissing"));
     // A volume still attached to a node holds the VM's delete after the drain.
     let node = first.status.node_ref.clone().unwrap().name;
-    w.cluster
+    w.cluster()
         .apply_json(json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
             "metadata": {"name": "data-1"},
@@ -1014,7 +929,7 @@ async fn a_deletion_waits_for_the_nodes_volume_attachments_and_a_vanished_node_i
         }))
         .await;
     let machines_api =
-        Api::<DynamicObject>::namespaced_with(w.cluster.client.clone(), &w.ns, &ar("Machine", "machines"));
+        Api::<DynamicObject>::namespaced_with(w.cluster().client.clone(), w.ns(), &ar("Machine", "machines"));
     machines_api.delete(&first.metadata.name, &DeleteParams::default()).await.unwrap();
     let held = eventually(MINUTE, "held for the volume", || async {
         let m = w.machine(&first.metadata.name).await?;
@@ -1027,7 +942,7 @@ async fn a_deletion_waits_for_the_nodes_volume_attachments_and_a_vanished_node_i
     assert_eq!(c.reason, Reason::WaitingForVolumeDetach);
     let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
     assert!(cloud.machines.iter().any(|vm| vm.name == first.metadata.name), "the VM stays while a volume is attached");
-    let vas = Api::<k8s_openapi::api::storage::v1::VolumeAttachment>::all(w.cluster.client.clone());
+    let vas = Api::<k8s_openapi::api::storage::v1::VolumeAttachment>::all(w.cluster().client.clone());
     vas.delete("data-1", &DeleteParams::default()).await.unwrap();
     eventually(MINUTE, "the machine and its Node gone once the volume detached", || async {
         (w.machine(&first.metadata.name).await.is_none() && w.node(&node).await.is_none()).then_some(())
@@ -1038,10 +953,10 @@ async fn a_deletion_waits_for_the_nodes_volume_attachments_and_a_vanished_node_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_instance_whose_node_never_joins_is_replaced() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     w.start_controller(&[]);
     w.class().await;
-    w.apply(
+    w.apply_object(
         "MachinePool",
         "machinepools",
         json!({"metadata": {"name": "workers"}, "spec": {
