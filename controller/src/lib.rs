@@ -14,7 +14,7 @@
 //! - [`plan`]: pure planners (rollouts, in-place updates, pool upgrades);
 //! - [`policy`]: the error policy (what a driver error means: retry, back off, fail, done);
 //! - [`runtime`]: work queue, workers, rate limits, backoff;
-//! - [`reconcile`]: the machine, deployment, pool and orphan reconcilers;
+//! - [`reconcile`]: the machine, deployment, pool, health-check and orphan reconcilers;
 //! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`.
 
 #![warn(missing_docs)]

@@ -20,4 +20,6 @@ kinds! {
     MachinePool => MachinePool,
     /// One machine.
     Machine => Machine,
+    /// Deletes unhealthy Machines of deployments and pools (which replace them).
+    MachineHealthCheck => MachineHealthCheck,
 }

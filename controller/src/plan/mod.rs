@@ -6,11 +6,13 @@
 //!
 //! - [`rollout`]: MachineDeployment rolling updates, scale up/down, failed-machine replacement,
 //!   failure budget and rollback, deletion priority;
+//! - [`health`]: MachineHealthCheck: unhealthy machines, maxUnhealthy, remediation;
 //! - [`in_place`]: the InPlace strategy's per-machine decisions;
 //! - [`pool`]: MachinePool capacity, surge upgrades by deletion and maxSurge-0 upgrades.
 
 use crate::resources::{IntOrPercent, RollingUpdate};
 
+pub mod health;
 pub mod in_place;
 pub mod pool;
 pub mod rollout;

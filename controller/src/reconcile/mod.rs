@@ -11,6 +11,7 @@ use crate::store::Key;
 
 pub mod class;
 pub mod deployment;
+pub mod health;
 pub mod machine;
 pub mod node;
 pub mod orphans;
@@ -162,6 +163,7 @@ pub const RECONCILERS: &[Registered] = &[
     Registered { kind: Kind::MachineDeployment, reconcile: |ctx, key| Box::pin(deployment::reconcile(ctx, key)) },
     Registered { kind: Kind::MachinePool, reconcile: |ctx, key| Box::pin(pool::reconcile(ctx, key)) },
     Registered { kind: Kind::Machine, reconcile: |ctx, key| Box::pin(machine::reconcile(ctx, key)) },
+    Registered { kind: Kind::MachineHealthCheck, reconcile: |ctx, key| Box::pin(health::reconcile(ctx, key)) },
 ];
 
 /// Runs the reconciler of `key`'s kind (a kind without one waits for changes).

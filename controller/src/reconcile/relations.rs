@@ -52,10 +52,78 @@ pub fn class_dependents() -> impl Iterator<Item = Kind> {
     relations().filter(|r| r.changed == Kind::MachineClass && r.via == Via::ClassRef).map(|r| r.wakes)
 }
 
+/// The objects a change of `changed` wakes through a reference or a selector (not its owner),
+/// to run again with their backoff forgotten.
+pub(crate) async fn dependents(ctx: &Ctx, changed: &Key) -> Vec<Key> {
+    let mut keys = Vec::new();
+    let rows: Vec<Relation> = relations().filter(|r| r.changed == changed.kind).collect();
+    for r in rows.iter().filter(|r| r.via == Via::Selector) {
+        keys.extend(selecting(ctx, changed, r.wakes).await);
+    }
+    if rows.iter().any(|r| matches!(r.via, Via::ClassRef | Via::SecretRef)) {
+        keys.extend(class_users(ctx, changed).await);
+    }
+    keys
+}
+
+/// The objects of kind `kind` whose `spec.selector.matchLabels` pick `changed` (all of its
+/// namespace when it is gone: what it was is not known any more).
+async fn selecting(ctx: &Ctx, changed: &Key, kind: Kind) -> Vec<Key> {
+    // Only names, namespaces, labels and selectors are read.
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        name: String,
+        #[serde(default)]
+        namespace: String,
+        #[serde(default)]
+        labels: std::collections::BTreeMap<String, String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Selecting {
+        metadata: Meta,
+        spec: SelectingSpec,
+    }
+    #[derive(serde::Deserialize)]
+    struct SelectingSpec {
+        selector: crate::resources::LabelSelector,
+    }
+    #[derive(serde::Deserialize)]
+    struct Labelled {
+        metadata: Meta,
+    }
+    let selectors: Vec<Selecting> = match ctx.store.backend().list(kind).await {
+        Ok(all) => all
+            .iter()
+            .filter_map(|json| serde_json::from_str::<Selecting>(json).ok())
+            .filter(|s| s.metadata.namespace == changed.namespace)
+            .collect(),
+        Err(e) => {
+            tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e));
+            return Vec::new();
+        }
+    };
+    if selectors.is_empty() {
+        return Vec::new();
+    }
+    let labels = match ctx.store.backend().get(changed).await {
+        Ok(Some(json)) => serde_json::from_str::<Labelled>(&json).ok().map(|o| o.metadata.labels),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!("reading {changed}: {}", driver_sdk::error_chain(&e));
+            None
+        }
+    };
+    selectors
+        .into_iter()
+        .filter(|s| labels.as_ref().is_none_or(|l| s.spec.selector.matches(l)))
+        .map(|s| Key::new(kind, &s.metadata.namespace, &s.metadata.name))
+        .collect()
+}
+
 /// A MachineClass or a Secret changed: every class that uses it, and every deployment, pool and
 /// machine of those classes, is to run again with its backoff forgotten — a machine waiting
 /// out a refused credential retries at once after the Secret is fixed.
-pub(crate) async fn dependents(ctx: &Ctx, changed: &Key) -> Vec<Key> {
+async fn class_users(ctx: &Ctx, changed: &Key) -> Vec<Key> {
     use crate::resources::MachineClass;
     let classes: Vec<String> = match changed.kind {
         Kind::MachineClass => {
@@ -144,7 +212,8 @@ mod tests {
         assert!(wakes_owner(Kind::Machine, Kind::MachinePool));
         assert!(!wakes_owner(Kind::MachineDeployment, Kind::MachineClass), "owners are only woken as declared");
         assert!(has_dependents(Kind::Secret) && has_dependents(Kind::MachineClass));
-        assert!(!has_dependents(Kind::Machine) && !has_dependents(Kind::MachineDeployment));
+        assert!(has_dependents(Kind::Machine), "machines wake the health checks that select them");
+        assert!(!has_dependents(Kind::MachineDeployment));
         assert_eq!(class_dependents().collect::<Vec<_>>(), [Kind::MachineDeployment, Kind::MachinePool, Kind::Machine]);
     }
 
@@ -154,11 +223,14 @@ mod tests {
             assert!(reconciled().contains(&r.wakes), "{r:?}");
         }
         assert!(!reconciled().contains(&Kind::Secret));
-        assert_eq!(reconciled(), [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine]);
+        assert_eq!(
+            reconciled(),
+            [Kind::MachineClass, Kind::MachineDeployment, Kind::MachinePool, Kind::Machine, Kind::MachineHealthCheck]
+        );
     }
 
     #[test]
-    fn the_relations_are_the_ones_declared_before_they_moved_onto_the_types() {
+    fn the_relations_are_the_declared_ones() {
         let got: Vec<(Kind, Kind, Via)> = relations().map(|r| (r.changed, r.wakes, r.via)).collect();
         let mut want = vec![
             (Kind::Machine, Kind::MachineDeployment, Via::Owner),
@@ -167,6 +239,7 @@ mod tests {
             (Kind::MachineClass, Kind::MachinePool, Via::ClassRef),
             (Kind::MachineClass, Kind::Machine, Via::ClassRef),
             (Kind::Secret, Kind::MachineClass, Via::SecretRef),
+            (Kind::Machine, Kind::MachineHealthCheck, Via::Selector),
         ];
         let mut got_sorted = got.clone();
         got_sorted.sort_by_key(|(c, w, _)| (*c, *w));

@@ -73,6 +73,9 @@ pub enum Via {
     ClassRef,
     /// The classes whose `secretRef` names it (and, through them, their objects).
     SecretRef,
+    /// The objects whose `spec.selector.matchLabels` its labels match (all of the namespace
+    /// when it is gone). Its own status writes wake them too: health is in status.
+    Selector,
 }
 
 /// The type of a column (as in a CRD's `additionalPrinterColumns`).

@@ -129,6 +129,9 @@ wire_enum! {
         NodeReady,
         /// Machine: the deletion sequence and the step it is in (hooks, drain, volumes, VM, Node).
         Deleting,
+        /// MachineHealthCheck: whether it may remediate (not more unhealthy machines than
+        /// `maxUnhealthy`).
+        RemediationAllowed,
     }
 }
 
@@ -384,6 +387,10 @@ reasons! {
     WaitingForPreTerminateHooks,
     /// The VM is being deleted.
     DeletingInstance,
+    /// MachineHealthCheck: no more machines are unhealthy than `maxUnhealthy`.
+    WithinMaxUnhealthy,
+    /// MachineHealthCheck: more machines are unhealthy than `maxUnhealthy`; none is remediated.
+    TooManyUnhealthy,
 }
 
 impl Reason {
