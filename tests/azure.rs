@@ -883,6 +883,14 @@ async fn creates_resume_from_their_tokens_after_the_sidecar_is_killed() {
         (vms.len() == 2 && vms.values().all(|v| v["provisioningState"] == "Creating")).then_some(())
     })
     .await;
+    // Kill only once the controller holds both tokens: a sidecar killed before its CreateMachine
+    // answer arrived leaves nothing to resume (the create is then asked again by name, which is
+    // another path, tested elsewhere).
+    eventually(MINUTE, "both create tokens stored", || async {
+        let ms = c.machines().await;
+        (ms.len() == 2 && ms.iter().all(|m| !m.status.operations.is_empty())).then_some(())
+    })
+    .await;
     c.restart_driver().await;
     tokio::time::timeout(2 * MINUTE, eventually(2 * MINUTE, "2 machines Running", || c.web_rolled_out()))
         .await
