@@ -54,7 +54,9 @@ for t in "${targets[@]}"; do
     grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' "$work/$t/log" || true
   else
     failed+=("$t")
-    tail -n 60 "$work/$t/log"
+    # What went wrong (the panic or the sanitizer's report), then how the run ended.
+    grep -E -A3 "panicked at|==[0-9]+==ERROR|^SUMMARY|ERROR: libFuzzer|^error" "$work/$t/log" | head -n 40 || true
+    tail -n 30 "$work/$t/log"
     found=0
     for a in "$work/$t/artifacts"/*; do
       [ -f "$a" ] || continue
