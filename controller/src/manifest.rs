@@ -498,6 +498,25 @@ spec:
     }
 
     #[test]
+    fn a_health_check_is_checked_by_its_kinds_validate() {
+        let good = "apiVersion: machine.driver.dev/v1alpha1\nkind: MachineHealthCheck\nmetadata: {name: web}\nspec:\n  \
+                    selector: {matchLabels: {app: web}}\n  unhealthyConditions: [{type: Ready, status: Unknown, timeoutSeconds: 60}]\n";
+        let objs = parse(good, "x.yaml").unwrap();
+        let AnyObject::MachineHealthCheck(h) = &objs[0] else { panic!("{objs:?}") };
+        assert_eq!(h.spec.max_unhealthy, IntOrPercent::Str("100%".into()), "the default");
+        for (from, to, field) in [
+            ("{matchLabels: {app: web}}", "{}", "spec.selector.matchLabels"),
+            ("type: Ready", "type: MemoryPressure", "spec.unhealthyConditions[0].type"),
+            ("status: Unknown", "status: \"True\"", "spec.unhealthyConditions[0].status"),
+            ("  selector:", "  maxUnhealthy: 120%\n  selector:", "spec.maxUnhealthy"),
+            ("timeoutSeconds: 60", "timeoutSeconds: -1", "spec.unhealthyConditions[0].timeoutSeconds"),
+        ] {
+            let errors = parse(&good.replace(from, to), "x.yaml").unwrap_err();
+            assert_eq!(errors[0].field, field, "{errors:?}");
+        }
+    }
+
+    #[test]
     fn every_bad_document_is_reported() {
         let text = format!(
             "{GOOD}\n---\nkind: Nope\n---\napiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\ndata: {{k: '***'}}\n"

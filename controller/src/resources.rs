@@ -258,7 +258,6 @@ impl KindInfo for Secret {
         }),
         Column::age(),
     ];
-    const WOKEN_BY: &'static [(Kind, Via)] = &[];
 
     fn validate(&self) -> Check {
         if self.secret_type.as_deref().is_some_and(|t| t != "Opaque") {

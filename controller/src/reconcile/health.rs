@@ -57,9 +57,8 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     }
     for u in a.unhealthy.iter().filter(|u| a.remediate.contains(&u.name)) {
         let machine = Key::new(Kind::Machine, &key.namespace, &u.name);
-        if ctx.store.delete(&machine).await?.is_none() {
-            continue;
-        }
+        // Removed at once, or marked for its finalizer (the drain and the VM's deletion).
+        ctx.store.delete(&machine).await?;
         let message = format!("deleted Machine {} ({}); its owner replaces it", u.name, u.why);
         tracing::info!(machine = %machine, "machine health check: {message}");
         ctx.store.event(Kind::MachineHealthCheck, &after.metadata, false, "MachineRemediated", message).await;

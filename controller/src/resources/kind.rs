@@ -375,3 +375,39 @@ impl Kind {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_name_the_cli_accepts_names_two_kinds() {
+        let mut seen = std::collections::BTreeMap::new();
+        for kind in Kind::ALL {
+            let mut names: Vec<String> = [kind.as_str(), kind.plural()]
+                .iter()
+                .chain(kind.short_names())
+                .chain(kind.aliases())
+                .map(|n| n.to_ascii_lowercase())
+                .collect();
+            names.sort();
+            names.dedup();
+            for name in names {
+                if let Some(other) = seen.insert(name.clone(), kind) {
+                    panic!("{name:?} names both {other} and {kind}");
+                }
+            }
+            assert_eq!(Kind::from_name(kind.as_str()), Some(kind));
+        }
+    }
+
+    #[test]
+    fn json_paths_reach_into_lists() {
+        let v = serde_json::json!({"status": {"addresses": [{"address": "10.0.0.1"}], "phase": "Running"}});
+        assert_eq!(lookup(&v, ".status.addresses[0].address"), Some(&serde_json::json!("10.0.0.1")));
+        assert_eq!(lookup(&v, ".status.phase"), Some(&serde_json::json!("Running")));
+        assert_eq!(lookup(&v, ".status.addresses[1].address"), None);
+        assert_eq!(lookup(&v, ".status.addresses[x]"), None);
+        assert_eq!(one_of(&["a", "b", "c"]), "a, b or c");
+    }
+}
