@@ -573,7 +573,8 @@ async fn aws_errors_map_to_typed_errors_with_the_aws_code_and_request_id() {
     let driver = stub_driver(&stub).await;
     let c = driver.client().await;
     // (status, AWS code, gRPC code, reason, RetryInfo?, violation field)
-    let cases: &[(u16, &str, Code, &str, bool, Option<&str>)] = &[
+    type Case = (u16, &'static str, Code, &'static str, bool, Option<&'static str>);
+    let cases: &[Case] = &[
         (500, "InsufficientInstanceCapacity", Code::ResourceExhausted, reason::QUOTA_EXCEEDED, false, None),
         (400, "InstanceLimitExceeded", Code::ResourceExhausted, reason::QUOTA_EXCEEDED, false, None),
         (400, "VcpuLimitExceeded", Code::ResourceExhausted, reason::QUOTA_EXCEEDED, false, None),

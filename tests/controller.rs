@@ -689,7 +689,9 @@ async fn unusable_stored_tokens_are_dropped_and_each_machine_is_created_once() {
         b64.encode(TokenCodec::new(key, driver).seal(&op))
     };
     let other_key = TokenKey::try_new(b"a different key of enough length".to_vec()).unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&str) -> String>)> = vec![
+    /// Turns a valid token into the broken one of a case.
+    type Mangle<'a> = Box<dyn Fn(&str) -> String + 'a>;
+    let cases: Vec<(&str, Mangle<'_>)> = vec![
         ("undecodable", Box::new(|_| "%%% not base64 %%%".to_string())),
         ("empty", Box::new(|_| String::new())),
         ("truncated", Box::new(|t: &str| b64.encode(&b64.decode(t).unwrap()[..10]))),

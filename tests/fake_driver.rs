@@ -139,7 +139,6 @@ async fn grpcurl_lists_describes_and_drives_an_operation() {
     let done: Value = eventually(Duration::from_secs(20), "grpcurl GetOperation done", || {
         let args =
             base(&["-d", &format!(r#"{{"token":"{token}"}}"#), &sock, "machinedriver.v1.Operations/GetOperation"]);
-        let grpc = grpc.clone();
         async move {
             let (code, out, _) = grpc(args).await;
             let v: Value = serde_json::from_str(&out).ok()?;

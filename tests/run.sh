@@ -57,6 +57,8 @@ GO_DRIVER_BIN="$(bash tests/tools/build-go-driver.sh)"; export GO_DRIVER_BIN
 bash tests/supply-chain.sh
 bash tests/proto-compat.sh
 bash tests/docs.sh
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
 bash tests/fuzz.sh 30
 echo "==> building binaries and examples"
 cargo build --workspace --bins --examples

@@ -91,7 +91,10 @@ impl Violation {
 /// assert_eq!(err.code(), tonic::Code::Unavailable);
 /// ```
 #[non_exhaustive]
-pub struct DriverError {
+pub struct DriverError(Box<Fields>);
+
+/// The fields of a [`DriverError`], boxed so that `Result<T, DriverError>` stays small.
+struct Fields {
     code: Code,
     reason: String,
     message: String,
@@ -105,7 +108,7 @@ pub struct DriverError {
 impl DriverError {
     /// An error with the given code, reason (UPPER_SNAKE) and message.
     pub fn new(code: Code, reason: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
+        Self(Box::new(Fields {
             code,
             reason: reason.into(),
             message: message.into(),
@@ -114,7 +117,7 @@ impl DriverError {
             cloud_request_ids: Vec::new(),
             violations: Vec::new(),
             metadata: BTreeMap::new(),
-        }
+        }))
     }
 
     /// INVALID_ARGUMENT: the request is wrong; retrying it unchanged will fail again.
@@ -127,7 +130,7 @@ impl DriverError {
         let fields: Vec<&str> = violations.iter().map(|v| v.field.as_str()).collect();
         let message = format!("invalid provider spec: {}", fields.join(", "));
         let mut err = Self::invalid_argument(reason::INVALID_PROVIDER_SPEC, message);
-        err.violations = violations;
+        err.0.violations = violations;
         err
     }
 
@@ -188,21 +191,21 @@ impl DriverError {
     /// Keeps `source` as the cause of this error.
     #[must_use]
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        self.source = Some(Box::new(source));
+        self.0.source = Some(Box::new(source));
         self
     }
 
     /// Keeps a boxed cause.
     #[must_use]
     pub fn with_boxed_source(mut self, source: Box<dyn std::error::Error + Send + Sync>) -> Self {
-        self.source = Some(source);
+        self.0.source = Some(source);
         self
     }
 
     /// Tells the caller to come back after `delay` (sent as RetryInfo).
     #[must_use]
     pub fn with_retry_after(mut self, delay: Duration) -> Self {
-        self.retry_after = Some(delay);
+        self.0.retry_after = Some(delay);
         self
     }
 
@@ -210,8 +213,8 @@ impl DriverError {
     #[must_use]
     pub fn with_cloud_request_id(mut self, id: impl Into<String>) -> Self {
         let id = id.into();
-        if !id.is_empty() && !self.cloud_request_ids.contains(&id) {
-            self.cloud_request_ids.push(id);
+        if !id.is_empty() && !self.0.cloud_request_ids.contains(&id) {
+            self.0.cloud_request_ids.push(id);
         }
         self
     }
@@ -219,57 +222,57 @@ impl DriverError {
     /// Adds a BadRequest field violation.
     #[must_use]
     pub fn with_violation(mut self, field: impl Into<String>, description: impl Into<String>) -> Self {
-        self.violations.push(Violation::new(field, description));
+        self.0.violations.push(Violation::new(field, description));
         self
     }
 
     /// Adds ErrorInfo metadata, e.g. the cloud's own error code.
     #[must_use]
     pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.metadata.insert(key.into(), value.into());
+        self.0.metadata.insert(key.into(), value.into());
         self
     }
 
     /// The gRPC code.
     pub fn code(&self) -> Code {
-        self.code
+        self.0.code
     }
 
     /// The stable reason.
     pub fn reason(&self) -> &str {
-        &self.reason
+        &self.0.reason
     }
 
     /// The message of this layer (causes not included).
     pub fn message(&self) -> &str {
-        &self.message
+        &self.0.message
     }
 
     /// When the caller should retry, if the cloud said.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        self.0.retry_after
     }
 
     /// The cloud's request IDs.
     pub fn cloud_request_ids(&self) -> &[String] {
-        &self.cloud_request_ids
+        &self.0.cloud_request_ids
     }
 
     /// Field violations.
     pub fn violations(&self) -> &[Violation] {
-        &self.violations
+        &self.0.violations
     }
 
     /// ErrorInfo metadata.
     pub fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.metadata
+        &self.0.metadata
     }
 
     /// The messages of the cause chain, outermost first (this error's own message excluded).
     pub fn causes(&self) -> Vec<String> {
         let mut out = Vec::new();
         let mut next: Option<&(dyn std::error::Error + 'static)> =
-            self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static));
+            self.0.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static));
         while let Some(err) = next {
             out.push(err.to_string());
             next = err.source();
@@ -282,7 +285,7 @@ impl DriverError {
     /// `secrets` are replaced by `[REDACTED]` wherever they appear.
     pub fn to_status(&self, domain: &str, request_id: &str, secrets: Option<&Secrets>) -> tonic::Status {
         let rpc = self.to_rpc_status(domain, request_id, secrets);
-        tonic::Status::with_details(self.code, rpc.message.clone(), rpc.encode_to_vec().into())
+        tonic::Status::with_details(self.0.code, rpc.message.clone(), rpc.encode_to_vec().into())
     }
 
     /// The error as a `google.rpc.Status` message (for `Operation.error`).
@@ -291,28 +294,29 @@ impl DriverError {
             Some(secrets) => secrets.redact(s),
             None => s.to_string(),
         };
-        let mut metadata: HashMap<String, String> = self.metadata.iter().map(|(k, v)| (k.clone(), redact(v))).collect();
-        if !self.cloud_request_ids.is_empty() {
-            metadata.insert("cloudRequestIds".into(), self.cloud_request_ids.join(","));
+        let mut metadata: HashMap<String, String> =
+            self.0.metadata.iter().map(|(k, v)| (k.clone(), redact(v))).collect();
+        if !self.0.cloud_request_ids.is_empty() {
+            metadata.insert("cloudRequestIds".into(), self.0.cloud_request_ids.join(","));
         }
         let mut details = ErrorDetails::new();
-        details.set_error_info(self.reason.clone(), domain.to_string(), metadata);
-        if let Some(delay) = self.retry_after {
+        details.set_error_info(self.0.reason.clone(), domain.to_string(), metadata);
+        if let Some(delay) = self.0.retry_after {
             details.set_retry_info(Some(delay));
         }
-        details.set_request_info(request_id.to_string(), self.cloud_request_ids.join(","));
-        for v in &self.violations {
+        details.set_request_info(request_id.to_string(), self.0.cloud_request_ids.join(","));
+        for v in &self.0.violations {
             details.add_bad_request_violation(v.field.clone(), redact(&v.description));
         }
         let causes: Vec<String> = self.causes().iter().map(|c| redact(c)).collect();
         if !causes.is_empty() {
             details.set_debug_info(causes, "cause chain, outermost first");
         }
-        let status = tonic::Status::with_error_details(self.code, redact(&self.message), details);
+        let status = tonic::Status::with_error_details(self.0.code, redact(&self.0.message), details);
         // The details bytes of a tonic::Status are exactly an encoded google.rpc.Status.
         tonic_types::pb::Status::decode(status.details()).unwrap_or_else(|_| tonic_types::pb::Status {
-            code: self.code as i32,
-            message: redact(&self.message),
+            code: self.0.code as i32,
+            message: redact(&self.0.message),
             details: Vec::new(),
         })
     }
@@ -320,19 +324,19 @@ impl DriverError {
 
 impl fmt::Display for DriverError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.message, self.reason)
+        write!(f, "{} ({})", self.0.message, self.0.reason)
     }
 }
 
 impl fmt::Debug for DriverError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DriverError")
-            .field("code", &self.code)
-            .field("reason", &self.reason)
-            .field("message", &self.message)
-            .field("retry_after", &self.retry_after)
-            .field("cloud_request_ids", &self.cloud_request_ids)
-            .field("violations", &self.violations)
+            .field("code", &self.0.code)
+            .field("reason", &self.0.reason)
+            .field("message", &self.0.message)
+            .field("retry_after", &self.0.retry_after)
+            .field("cloud_request_ids", &self.0.cloud_request_ids)
+            .field("violations", &self.0.violations)
             .field("causes", &self.causes())
             .finish()
     }
@@ -340,7 +344,7 @@ impl fmt::Debug for DriverError {
 
 impl std::error::Error for DriverError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+        self.0.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 

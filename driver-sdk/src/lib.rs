@@ -103,7 +103,7 @@ pub fn parse_duration(s: &str) -> std::result::Result<std::time::Duration, Strin
         "h" => n * 3600.0,
         _ => return Err(format!("invalid duration {s:?}: unit must be ms, s, m or h")),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1.0e9 {
+    if !secs.is_finite() || !(0.0..=1.0e9).contains(&secs) {
         return Err(format!("invalid duration {s:?}: out of range"));
     }
     Ok(std::time::Duration::from_secs_f64(secs))

@@ -131,7 +131,7 @@ fn md_status(db: &rusqlite::Connection) -> Option<serde_json::Value> {
 
 async fn wait_converged(p: &Procs, replicas: usize, timeout: Duration) -> Option<Duration> {
     let started = Instant::now();
-    let db = rusqlite::Connection::open_with_flags(&p.store(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
+    let db = rusqlite::Connection::open_with_flags(p.store(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
     db.busy_timeout(Duration::from_secs(10)).ok()?;
     loop {
         if let Some(v) = md_status(&db) {

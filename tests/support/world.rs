@@ -235,7 +235,7 @@ impl Builder {
             assert!(matches!(store, WorldStore::Sqlite(_)), "in-process worlds use the embedded store only");
             DriverSlot::InProcess(InProcessFake::start(dir.path(), args).await)
         } else {
-            DriverSlot::Process(Some(Sidecar::start(&self.driver.binary(), &self.driver.args()).await))
+            DriverSlot::Process(Some(Box::new(Sidecar::start(&self.driver.binary(), &self.driver.args()).await)))
         };
         let in_process_store = match (&store, self.in_process) {
             (WorldStore::Sqlite(path), true) => Some(Store::open(path).expect("opening the embedded store")),
@@ -268,8 +268,8 @@ enum WorldStore {
 }
 
 enum DriverSlot {
-    /// `None` between a kill and the restart.
-    Process(Option<Sidecar>),
+    /// `None` between a kill and the restart (boxed: a Sidecar is large).
+    Process(Option<Box<Sidecar>>),
     InProcess(InProcessFake),
 }
 
@@ -372,7 +372,7 @@ impl World {
     /// In an in-process world (use [`Builder::process`] to read the sidecar's log or kill it).
     pub fn sidecar(&self) -> &Sidecar {
         match &self.driver_slot {
-            DriverSlot::Process(s) => s.as_ref().expect("the sidecar runs"),
+            DriverSlot::Process(s) => s.as_deref().expect("the sidecar runs"),
             DriverSlot::InProcess(_) => panic!("the fake driver runs in-process; use .process() for its process"),
         }
     }
@@ -409,7 +409,7 @@ impl World {
             panic!("the fake driver runs in-process; use .process() to kill it")
         };
         let dir = slot.take().expect("the sidecar runs").kill9().await;
-        *slot = Some(Sidecar::start_in(dir, &self.driver.binary(), &self.driver.args()).await);
+        *slot = Some(Box::new(Sidecar::start_in(dir, &self.driver.binary(), &self.driver.args()).await));
     }
 
     /// SIGTERM to the sidecar; returns its exit status and the socket it served on.

@@ -28,8 +28,6 @@
 //!   `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` override the endpoint.
 
 #![warn(missing_docs)]
-// DriverError is the SDK's error type, returned unboxed by every Driver method; helpers match it.
-#![allow(clippy::result_large_err)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;

@@ -33,9 +33,6 @@
 //! PERMISSION_DENIED / CLOUD_AUTH_FAILED (Entra refused) or UNAVAILABLE / CLOUD_UNAVAILABLE
 //! (Entra unreachable or failing) naming the kind that failed.
 
-// DriverError is the SDK's error type, returned unboxed by every Driver method (as in aws-ec2).
-#![allow(clippy::result_large_err)]
-
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Component, Path, PathBuf};

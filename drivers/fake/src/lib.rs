@@ -20,9 +20,6 @@
 //!   (`Joins`, `NeverJoins`, `JoinsNotReady`) injects registration faults. Without the option no
 //!   Kubernetes client exists and nothing of this runs.
 
-// The Driver trait's error type is driver_sdk::DriverError; its size is the SDK's to choose.
-#![allow(clippy::result_large_err)]
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
