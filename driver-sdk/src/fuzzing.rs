@@ -171,7 +171,7 @@ impl Pieces<'_> {
 
 impl AsyncRead for Pieces<'_> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if self.max_piece != usize::MAX && self.next() % 5 == 0 {
+        if self.max_piece != usize::MAX && self.next().is_multiple_of(5) {
             // Nothing to read just now.
             cx.waker().wake_by_ref();
             return Poll::Pending;
@@ -217,11 +217,15 @@ fn frame_len(head: &[u8]) -> usize {
 /// The events of a client's connection (after the preface), as the filter's contract reads them:
 /// frames up to the first incomplete one, and whether the filter must refuse the connection
 /// (it does so at the first frame it cannot accept, after the events returned).
+/// A header block being collected: the opening HEADERS frame's stream id, whether it ended the
+/// stream, its priority fields, and the fragments so far.
+type OpenBlock = ([u8; 4], bool, Option<[u8; 5]>, Vec<u8>);
+
 fn inbound_events(mut data: &[u8]) -> (Vec<Event>, bool) {
     let mut events = Vec::new();
     let mut client = Decoder::default();
     // The HEADERS frame that opened the block being collected, and the fragments so far.
-    let mut open: Option<([u8; 4], bool, Option<[u8; 5]>, Vec<u8>)> = None;
+    let mut open: Option<OpenBlock> = None;
     loop {
         if data.len() < 9 {
             return (events, false);
@@ -285,7 +289,7 @@ fn inbound_events(mut data: &[u8]) -> (Vec<Event>, bool) {
 fn outbound_events(mut data: &[u8]) -> Vec<Event> {
     let mut events = Vec::new();
     let mut server = Decoder::default();
-    let mut open: Option<([u8; 4], bool, Option<[u8; 5]>, Vec<u8>)> = None;
+    let mut open: Option<OpenBlock> = None;
     while data.len() >= 9 {
         let (len, kind, flags) = (frame_len(data), data[3], data[4]);
         let stream = [data[5], data[6], data[7], data[8]];
