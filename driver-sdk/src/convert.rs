@@ -237,7 +237,7 @@ pub fn machine(m: &Machine) -> pb::Machine {
             })
             .collect(),
         cloud_error: m.cloud_error.as_ref().map(|(code, reason, message)| {
-            crate::DriverError::new(*code, reason.clone(), message.clone()).to_rpc_status("", "", None)
+            crate::error::DriverError::new(*code, reason.clone(), message.clone()).to_rpc_status("", "", None)
         }),
         create_time: m.create_time.map(timestamp),
         spec_hash: m.spec_hash.clone(),

@@ -1,73 +1,8 @@
-//! The trait a driver implements, and the per-call context it receives.
+//! The trait a driver implements.
 
-use std::time::{Duration, Instant};
-
+use crate::context::RequestContext;
 use crate::error::{DriverError, Result};
 use crate::types::*;
-
-/// Everything the SDK knows about the current call.
-#[derive(Debug, Clone)]
-pub struct RequestContext {
-    pub(crate) request_id: String,
-    pub(crate) method: String,
-    pub(crate) deadline: Option<Instant>,
-    pub(crate) trace_id: Option<String>,
-    pub(crate) connection: Option<Connection>,
-}
-
-/// The data a connection hook attached to the caller's connection.
-#[derive(Clone)]
-pub(crate) struct Connection(pub(crate) crate::server::ConnectionData);
-
-impl std::fmt::Debug for Connection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Connection(..)")
-    }
-}
-
-impl RequestContext {
-    /// A context for calling driver methods directly (tests, embedding).
-    pub fn new(request_id: impl Into<String>) -> Self {
-        Self { request_id: request_id.into(), method: String::new(), deadline: None, trace_id: None, connection: None }
-    }
-
-    /// A context for calling driver methods directly as if serving `method` (tests).
-    pub fn for_method(request_id: impl Into<String>, method: &str) -> Self {
-        Self { method: method.to_string(), ..Self::new(request_id) }
-    }
-
-    /// The call's request ID (from `x-request-id`, or generated). Pass it on to the cloud where
-    /// the cloud accepts one (Azure `x-ms-client-request-id`).
-    pub fn request_id(&self) -> &str {
-        &self.request_id
-    }
-
-    /// The RPC's name, e.g. `CreateMachine`.
-    pub fn method(&self) -> &str {
-        &self.method
-    }
-
-    /// When the caller stops waiting (from `grpc-timeout`).
-    pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
-    }
-
-    /// Time left before the deadline.
-    pub fn remaining(&self) -> Option<Duration> {
-        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
-    }
-
-    /// The W3C trace ID of the caller's `traceparent`, if it sent one.
-    pub fn trace_id(&self) -> Option<&str> {
-        self.trace_id.as_deref()
-    }
-
-    /// What the server's connection hook ([`crate::DriverServer::with_connection_hook`])
-    /// attached to the caller's connection, if it is a `T`.
-    pub fn connection<T: std::any::Any + Send + Sync>(&self) -> Option<&T> {
-        self.connection.as_ref()?.0.downcast_ref::<T>()
-    }
-}
 
 /// A machine driver. Implement the methods of the capabilities you advertise; the SDK answers
 /// UNIMPLEMENTED for the rest without calling you.

@@ -14,7 +14,7 @@ use prost::Message;
 use tonic::Code;
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
-use crate::types::Secrets;
+use crate::secrets::Secrets;
 
 /// The result type of driver methods.
 pub type Result<T, E = DriverError> = std::result::Result<T, E>;

@@ -10,7 +10,8 @@ use http::{HeaderValue, Request, Response};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::driver::RequestContext;
+use crate::connection::{connection_data, Connection};
+use crate::context::RequestContext;
 use crate::metrics::RpcMetrics;
 use crate::telemetry::{trace_id_of, HeaderExtractor};
 
@@ -115,9 +116,9 @@ impl Drop for CallRecord {
 
 /// The answer to a call whose `grpc-timeout` passed: DEADLINE_EXCEEDED with the usual details.
 fn deadline_exceeded<RB: Default>(domain: &str, request_id: &str, timeout: Duration) -> Response<RB> {
-    let err = crate::DriverError::new(
+    let err = crate::error::DriverError::new(
         tonic::Code::DeadlineExceeded,
-        crate::reason::DEADLINE_EXCEEDED,
+        crate::error::reason::DEADLINE_EXCEEDED,
         format!(
             "the caller's deadline ({} ms, from grpc-timeout) passed before the driver answered",
             timeout.as_millis()
@@ -174,7 +175,7 @@ where
             let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(req.headers())));
             let _ = span.set_parent(parent);
         }
-        let connection = connection_data(&req).map(crate::driver::Connection);
+        let connection = connection_data(&req).map(Connection);
         req.extensions_mut().insert(RequestContext {
             request_id: request_id.clone(),
             method: method.clone(),
@@ -228,17 +229,6 @@ where
         )
     }
 }
-
-fn connection_data<B>(req: &Request<B>) -> Option<crate::server::ConnectionData> {
-    let ext = req.extensions();
-    ext.get::<ConnectionInfo>()
-        .or_else(|| ext.get::<tonic::transport::server::TlsConnectInfo<ConnectionInfo>>().map(|t| t.get_ref()))
-        .and_then(|c| c.0.clone())
-}
-
-/// What the server knows of a call's connection: the data its connection hook attached.
-#[derive(Clone)]
-pub(crate) struct ConnectionInfo(pub(crate) Option<crate::server::ConnectionData>);
 
 /// Upper snake name of a code, for metrics labels.
 pub(crate) fn code_label(code: tonic::Code) -> &'static str {

@@ -54,6 +54,8 @@
 mod authority;
 pub mod client;
 pub mod conformance;
+mod connection;
+mod context;
 pub mod convert;
 mod driver;
 pub mod endpoint;
@@ -65,6 +67,7 @@ mod hpack;
 pub mod layer;
 pub mod metrics;
 pub mod schema;
+mod secrets;
 mod server;
 mod service;
 pub mod telemetry;
@@ -73,12 +76,12 @@ pub mod types;
 
 pub use async_trait::async_trait;
 pub use client::{CallError, CallResult, DriverClient, OperationExt, Reply};
-pub use driver::{Driver, RequestContext};
+pub use connection::{BoxedConnection, ConnectionData, ConnectionIo};
+pub use context::RequestContext;
+pub use driver::Driver;
 pub use error::{reason, DriverError, ErrorReport, Result, Violation};
 pub use machine_driver_proto::v1 as proto;
-pub use server::{
-    BoxedConnection, ConnectionData, ConnectionIo, DriverServer, ServeArgs, ServeError, DEFAULT_ENDPOINT,
-};
+pub use server::{DriverServer, ServeArgs, ServeError, DEFAULT_ENDPOINT};
 pub use service::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
 pub use token::{TokenCodec, TokenKey};
 pub use types::*;

@@ -11,25 +11,23 @@
 use std::convert::Infallible;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use machine_driver_proto::v1 as pb;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::server::NamedService;
 use tonic::service::RoutesBuilder;
-use tonic::transport::server::Connected;
 use tonic_health::ServingStatus;
 
-use crate::driver::{Driver, RequestContext};
+use crate::connection::{BoxedConnection, Conn, ConnectionData, ConnectionHook};
+use crate::context::RequestContext;
+use crate::driver::Driver;
 use crate::endpoint::{Endpoint, EndpointError};
-use crate::layer::{ConnectionInfo, RpcLayer};
+use crate::layer::RpcLayer;
 use crate::metrics::RpcMetrics;
 use crate::service::DriverService;
 use crate::telemetry::LogFormat;
@@ -559,99 +557,5 @@ async fn probe_loop<D: Driver>(
         // Deliberate periodic probe; re-probe faster while not ready.
         let wait = if now_ready { interval } else { interval.min(Duration::from_millis(500)) };
         tokio::time::sleep(wait).await;
-    }
-}
-
-/// The IO of an accepted connection, as a [connection hook](DriverServer::with_connection_hook)
-/// gets and returns it.
-pub trait ConnectionIo: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> ConnectionIo for T {}
-
-/// A boxed [`ConnectionIo`].
-pub type BoxedConnection = Box<dyn ConnectionIo>;
-
-/// What a connection hook attaches to a connection; each call on it reads it back with
-/// [`RequestContext::connection`](crate::RequestContext::connection).
-pub type ConnectionData = Arc<dyn std::any::Any + Send + Sync>;
-
-type ConnectionHook = Arc<dyn Fn(BoxedConnection) -> (BoxedConnection, ConnectionData) + Send + Sync>;
-
-/// An accepted connection: as it came, or as the driver's connection hook wrapped it.
-enum Conn<IO> {
-    Plain(IO),
-    Hooked(BoxedConnection, ConnectionData),
-}
-
-impl<IO: ConnectionIo> Conn<IO> {
-    fn new(io: IO, hook: Option<&ConnectionHook>) -> Self {
-        match hook {
-            None => Conn::Plain(io),
-            Some(hook) => {
-                let (io, data) = hook(Box::new(io));
-                Conn::Hooked(io, data)
-            }
-        }
-    }
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Conn<IO> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(io) => Pin::new(io).poll_read(cx, buf),
-            Conn::Hooked(io, _) => Pin::new(io).poll_read(cx, buf),
-        }
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Conn<IO> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(io) => Pin::new(io).poll_write(cx, buf),
-            Conn::Hooked(io, _) => Pin::new(io).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(io) => Pin::new(io).poll_flush(cx),
-            Conn::Hooked(io, _) => Pin::new(io).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(io) => Pin::new(io).poll_shutdown(cx),
-            Conn::Hooked(io, _) => Pin::new(io).poll_shutdown(cx),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
-            Conn::Hooked(io, _) => Pin::new(io).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Conn::Plain(io) => io.is_write_vectored(),
-            Conn::Hooked(io, _) => io.is_write_vectored(),
-        }
-    }
-}
-
-impl<IO: Send + 'static> Connected for Conn<IO> {
-    type ConnectInfo = ConnectionInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        match self {
-            Conn::Plain(_) => ConnectionInfo(None),
-            Conn::Hooked(_, data) => ConnectionInfo(Some(data.clone())),
-        }
     }
 }

@@ -10,8 +10,9 @@ use machine_driver_proto::v1 as pb;
 use serde_json::Value;
 use tonic::{Request, Response, Status};
 
+use crate::context::RequestContext;
 use crate::convert;
-use crate::driver::{Driver, RequestContext};
+use crate::driver::Driver;
 use crate::error::{reason, DriverError, Result, Violation};
 use crate::schema::{self, ProviderSchema, SchemaError};
 use crate::token::TokenCodec;
@@ -76,7 +77,7 @@ impl<D: Driver> DriverService<D> {
             let name = crate::convert::capability(cap).as_str_name();
             Err(DriverError::new(
                 tonic::Code::Unimplemented,
-                crate::reason::CAPABILITY_NOT_SUPPORTED,
+                crate::error::reason::CAPABILITY_NOT_SUPPORTED,
                 format!("this driver does not implement {rpc}: it does not advertise the {name} capability"),
             ))
         }

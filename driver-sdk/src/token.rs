@@ -377,7 +377,7 @@ mod tests {
             let mut bad = token.clone();
             bad[i] ^= 0x20;
             let err = c.open(&bad).unwrap_err();
-            assert_eq!(err.reason(), crate::reason::OPERATION_TOKEN_INVALID, "byte {i}");
+            assert_eq!(err.reason(), crate::error::reason::OPERATION_TOKEN_INVALID, "byte {i}");
             assert_eq!(err.code(), tonic::Code::InvalidArgument);
         }
     }
@@ -395,7 +395,7 @@ mod tests {
     fn empty_truncated_and_garbage_tokens_are_refused() {
         let c = codec();
         for bad in [&b""[..], &[1u8][..], &[1u8, b'{', b'}'][..], b"hello world, this is not a token at all!!"] {
-            assert_eq!(c.open(bad).unwrap_err().reason(), crate::reason::OPERATION_TOKEN_INVALID);
+            assert_eq!(c.open(bad).unwrap_err().reason(), crate::error::reason::OPERATION_TOKEN_INVALID);
         }
     }
 
