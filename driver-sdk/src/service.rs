@@ -216,6 +216,36 @@ pub(crate) fn context<T>(req: &Request<T>) -> RequestContext {
     })
 }
 
+/// The prologue every RPC handler shares, so that a handler states only what differs: its
+/// capability gate (if any) and its body.
+///
+/// Binds `$ctx` (the call's [`RequestContext`]), `$r` (the request message) and `$secrets` (its
+/// [`Secrets`]), checks the capability, runs the body — an expression of type `Result<T>` that
+/// may use `?` and `return` — and encodes its error with the secrets redacted ([`DriverService::run`]).
+///
+/// - `rpc!(self, req, |ctx| body)`: a request without secrets (the Identity service);
+/// - `rpc!(self, req, |ctx, r, secrets| body)`: no capability gate (the Operations service);
+/// - `rpc!(self, req, Capability::Pools, "ApplyPool", |ctx, r, secrets| body)`: UNIMPLEMENTED
+///   unless the driver advertises the capability.
+macro_rules! rpc {
+    ($svc:ident, $req:ident, |$ctx:ident| $body:expr) => {{
+        let $ctx = context(&$req);
+        $svc.run(&$ctx, &Secrets::default(), async { $body }).await
+    }};
+    ($svc:ident, $req:ident, |$ctx:ident, $r:ident, $secrets:ident| $body:expr) => {{
+        let $ctx = context(&$req);
+        let $r = $req.into_inner();
+        let $secrets = convert::secrets($r.secrets.as_ref());
+        $svc.run(&$ctx, &$secrets, async { $body }).await
+    }};
+    ($svc:ident, $req:ident, $cap:path, $rpc:literal, |$ctx:ident, $r:ident, $secrets:ident| $body:expr) => {
+        rpc!($svc, $req, |$ctx, $r, $secrets| {
+            $svc.require($cap, $rpc)?;
+            $body
+        })
+    };
+}
+
 // ------------------------------------------------------------------------------------ Identity
 
 #[tonic::async_trait]
@@ -224,9 +254,8 @@ impl<D: Driver> pb::identity_server::Identity for DriverService<D> {
         &self,
         req: Request<pb::GetDriverInfoRequest>,
     ) -> std::result::Result<Response<pb::GetDriverInfoResponse>, Status> {
-        let ctx = context(&req);
         let info = &self.shared.info;
-        self.run(&ctx, &Secrets::default(), async {
+        rpc!(self, req, |ctx| {
             Ok(pb::GetDriverInfoResponse {
                 name: info.name.clone(),
                 vendor_version: info.vendor_version.clone(),
@@ -234,29 +263,24 @@ impl<D: Driver> pb::identity_server::Identity for DriverService<D> {
                 provider_spec_schema: Some(convert::json_to_struct(&info.provider_spec_schema)),
             })
         })
-        .await
     }
 
     async fn get_capabilities(
         &self,
         req: Request<pb::GetCapabilitiesRequest>,
     ) -> std::result::Result<Response<pb::GetCapabilitiesResponse>, Status> {
-        let ctx = context(&req);
-        self.run(&ctx, &Secrets::default(), async {
+        rpc!(self, req, |ctx| {
             Ok(pb::GetCapabilitiesResponse {
                 capabilities: self.shared.capabilities.iter().map(|c| convert::capability(*c) as i32).collect(),
             })
         })
-        .await
     }
 
     async fn probe(&self, req: Request<pb::ProbeRequest>) -> std::result::Result<Response<pb::ProbeResponse>, Status> {
-        let ctx = context(&req);
-        self.run(&ctx, &Secrets::default(), async {
+        rpc!(self, req, |ctx| {
             let p = self.driver().probe(&ctx).await?;
             Ok(pb::ProbeResponse { ready: p.ready, message: p.message })
         })
-        .await
     }
 }
 
@@ -268,11 +292,7 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
         &self,
         req: Request<pb::CreateMachineRequest>,
     ) -> std::result::Result<Response<pb::Operation>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::Machines, "CreateMachine")?;
+        rpc!(self, req, Capability::Machines, "CreateMachine", |ctx, r, secrets| {
             let mut v = Check::default();
             v.name("name", &r.name);
             let spec = self.spec(&mut v, "provider_spec", r.provider_spec.as_ref());
@@ -292,18 +312,13 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
                 .await?;
             Ok(self.operation(&ctx, op, &secrets))
         })
-        .await
     }
 
     async fn delete_machine(
         &self,
         req: Request<pb::DeleteMachineRequest>,
     ) -> std::result::Result<Response<pb::Operation>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::Machines, "DeleteMachine")?;
+        rpc!(self, req, Capability::Machines, "DeleteMachine", |ctx, r, secrets| {
             let mut v = Check::default();
             v.name("name", &r.name);
             v.finish()?;
@@ -313,18 +328,13 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
                 .await?;
             Ok(self.operation(&ctx, op, &secrets))
         })
-        .await
     }
 
     async fn get_machine_status(
         &self,
         req: Request<pb::GetMachineStatusRequest>,
     ) -> std::result::Result<Response<pb::Machine>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::Machines, "GetMachineStatus")?;
+        rpc!(self, req, Capability::Machines, "GetMachineStatus", |ctx, r, secrets| {
             let mut v = Check::default();
             v.name("name", &r.name);
             v.finish()?;
@@ -334,18 +344,13 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
                 .await?;
             Ok(convert::machine(&m))
         })
-        .await
     }
 
     async fn list_machines(
         &self,
         req: Request<pb::ListMachinesRequest>,
     ) -> std::result::Result<Response<pb::ListMachinesResponse>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::Machines, "ListMachines")?;
+        rpc!(self, req, Capability::Machines, "ListMachines", |ctx, r, secrets| {
             let mut v = Check::default();
             let page_size = Self::page_size(&mut v, r.page_size);
             v.finish()?;
@@ -367,18 +372,13 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
                 next_page_token: page.next_page_token,
             })
         })
-        .await
     }
 
     async fn validate_machine_class(
         &self,
         req: Request<pb::ValidateMachineClassRequest>,
     ) -> std::result::Result<Response<pb::ValidateMachineClassResponse>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::ValidateMachineClass, "ValidateMachineClass")?;
+        rpc!(self, req, Capability::ValidateMachineClass, "ValidateMachineClass", |ctx, r, secrets| {
             let mut v = Check::default();
             let spec = self.spec(&mut v, "provider_spec", r.provider_spec.as_ref());
             v.finish()?;
@@ -388,18 +388,13 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
                 .await?;
             Ok(pb::ValidateMachineClassResponse { warnings })
         })
-        .await
     }
 
     async fn can_update_machine(
         &self,
         req: Request<pb::CanUpdateMachineRequest>,
     ) -> std::result::Result<Response<pb::CanUpdateMachineResponse>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::InPlaceUpdate, "CanUpdateMachine")?;
+        rpc!(self, req, Capability::InPlaceUpdate, "CanUpdateMachine", |ctx, r, secrets| {
             let mut v = Check::default();
             v.name("name", &r.name);
             let current = match r.current_provider_spec.as_ref() {
@@ -424,18 +419,13 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
                 .await?;
             Ok(pb::CanUpdateMachineResponse { in_place_paths: plan.in_place_paths, replace_paths: plan.replace_paths })
         })
-        .await
     }
 
     async fn update_machine(
         &self,
         req: Request<pb::UpdateMachineRequest>,
     ) -> std::result::Result<Response<pb::Operation>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::InPlaceUpdate, "UpdateMachine")?;
+        rpc!(self, req, Capability::InPlaceUpdate, "UpdateMachine", |ctx, r, secrets| {
             let mut v = Check::default();
             v.name("name", &r.name);
             let spec = self.spec(&mut v, "provider_spec", r.provider_spec.as_ref());
@@ -446,7 +436,6 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
                 .await?;
             Ok(self.operation(&ctx, op, &secrets))
         })
-        .await
     }
 }
 
@@ -471,11 +460,7 @@ impl<D: Driver> pb::pools_server::Pools for DriverService<D> {
         &self,
         req: Request<pb::ApplyPoolRequest>,
     ) -> std::result::Result<Response<pb::Operation>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::Pools, "ApplyPool")?;
+        rpc!(self, req, Capability::Pools, "ApplyPool", |ctx, r, secrets| {
             let mut v = Check::default();
             v.name("name", &r.name);
             let spec = self.spec(&mut v, "provider_spec", r.provider_spec.as_ref());
@@ -498,33 +483,23 @@ impl<D: Driver> pb::pools_server::Pools for DriverService<D> {
                 .await?;
             Ok(self.operation(&ctx, op, &secrets))
         })
-        .await
     }
 
     async fn get_pool(&self, req: Request<pb::GetPoolRequest>) -> std::result::Result<Response<pb::Pool>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::Pools, "GetPool")?;
+        rpc!(self, req, Capability::Pools, "GetPool", |ctx, r, secrets| {
             let mut v = Check::default();
             v.name("name", &r.name);
             v.finish()?;
             let p = self.driver().get_pool(&ctx, pool_ref(r.name, r.provider_spec.as_ref(), secrets.clone())).await?;
             Ok(convert::pool(&p))
         })
-        .await
     }
 
     async fn list_pool_instances(
         &self,
         req: Request<pb::ListPoolInstancesRequest>,
     ) -> std::result::Result<Response<pb::ListPoolInstancesResponse>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::Pools, "ListPoolInstances")?;
+        rpc!(self, req, Capability::Pools, "ListPoolInstances", |ctx, r, secrets| {
             let mut v = Check::default();
             v.name("pool_name", &r.pool_name);
             let page_size = Self::page_size(&mut v, r.page_size);
@@ -545,50 +520,35 @@ impl<D: Driver> pb::pools_server::Pools for DriverService<D> {
                 next_page_token: page.next_page_token,
             })
         })
-        .await
     }
 
     async fn delete_pool_instances(
         &self,
         req: Request<pb::DeletePoolInstancesRequest>,
     ) -> std::result::Result<Response<pb::Operation>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::Pools, "DeletePoolInstances")?;
+        rpc!(self, req, Capability::Pools, "DeletePoolInstances", |ctx, r, secrets| {
             let instances = pool_instances(r.pool_name, r.instance_ids, r.provider_spec.as_ref(), &secrets)?;
             let op = self.driver().delete_pool_instances(&ctx, instances).await?;
             Ok(self.operation(&ctx, op, &secrets))
         })
-        .await
     }
 
     async fn upgrade_pool_instances(
         &self,
         req: Request<pb::UpgradePoolInstancesRequest>,
     ) -> std::result::Result<Response<pb::Operation>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::Pools, "UpgradePoolInstances")?;
+        rpc!(self, req, Capability::Pools, "UpgradePoolInstances", |ctx, r, secrets| {
             let instances = pool_instances(r.pool_name, r.instance_ids, r.provider_spec.as_ref(), &secrets)?;
             let op = self.driver().upgrade_pool_instances(&ctx, instances).await?;
             Ok(self.operation(&ctx, op, &secrets))
         })
-        .await
     }
 
     async fn delete_pool(
         &self,
         req: Request<pb::DeletePoolRequest>,
     ) -> std::result::Result<Response<pb::Operation>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
-            self.require(Capability::Pools, "DeletePool")?;
+        rpc!(self, req, Capability::Pools, "DeletePool", |ctx, r, secrets| {
             let mut v = Check::default();
             v.name("name", &r.name);
             v.finish()?;
@@ -596,7 +556,6 @@ impl<D: Driver> pb::pools_server::Pools for DriverService<D> {
                 self.driver().delete_pool(&ctx, pool_ref(r.name, r.provider_spec.as_ref(), secrets.clone())).await?;
             Ok(self.operation(&ctx, op, &secrets))
         })
-        .await
     }
 }
 
@@ -628,10 +587,7 @@ impl<D: Driver> pb::operations_server::Operations for DriverService<D> {
         &self,
         req: Request<pb::GetOperationRequest>,
     ) -> std::result::Result<Response<pb::Operation>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
+        rpc!(self, req, |ctx, r, secrets| {
             let mut v = Check::default();
             v.token(&r.token);
             v.finish()?;
@@ -639,17 +595,13 @@ impl<D: Driver> pb::operations_server::Operations for DriverService<D> {
             let op = self.driver().get_operation(&ctx, handle, secrets.clone()).await?;
             Ok(self.operation(&ctx, op, &secrets))
         })
-        .await
     }
 
     async fn wait_operation(
         &self,
         req: Request<pb::WaitOperationRequest>,
     ) -> std::result::Result<Response<pb::Operation>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
+        rpc!(self, req, |ctx, r, secrets| {
             let mut v = Check::default();
             v.token(&r.token);
             v.finish()?;
@@ -669,17 +621,13 @@ impl<D: Driver> pb::operations_server::Operations for DriverService<D> {
                 tokio::time::sleep(op.poll_after.max(Duration::from_millis(10)).min(left)).await;
             }
         })
-        .await
     }
 
     async fn cancel_operation(
         &self,
         req: Request<pb::CancelOperationRequest>,
     ) -> std::result::Result<Response<pb::Operation>, Status> {
-        let ctx = context(&req);
-        let r = req.into_inner();
-        let secrets = convert::secrets(r.secrets.as_ref());
-        self.run(&ctx, &secrets, async {
+        rpc!(self, req, |ctx, r, secrets| {
             let mut v = Check::default();
             v.token(&r.token);
             v.finish()?;
@@ -687,6 +635,5 @@ impl<D: Driver> pb::operations_server::Operations for DriverService<D> {
             let op = self.driver().cancel_operation(&ctx, handle, secrets.clone()).await?;
             Ok(self.operation(&ctx, op, &secrets))
         })
-        .await
     }
 }
