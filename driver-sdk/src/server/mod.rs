@@ -7,24 +7,27 @@
 //!   reflection (v1 and v1alpha, so grpcurl 1.8 works) are always on.
 //! - Request IDs, spans, metrics ([`crate::layer`]); message-size and concurrency limits.
 //! - SIGTERM / SIGINT: stop accepting, drain in-flight calls (bounded), remove the socket, exit.
+//!
+//! [`DriverServer::serve`] wires together [`routes`] (what is answered), [`listeners`] (where)
+//! and [`shutdown`] (when to stop).
+
+mod listeners;
+mod routes;
+mod shutdown;
 
 use std::convert::Infallible;
 use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt};
-use machine_driver_proto::v1 as pb;
+use futures::FutureExt;
 use prometheus_client::registry::Registry;
 use tonic::server::NamedService;
 use tonic::service::RoutesBuilder;
-use tonic_health::ServingStatus;
 
-use crate::connection::{BoxedConnection, Conn, ConnectionData, ConnectionHook};
-use crate::context::RequestContext;
+use crate::connection::{BoxedConnection, ConnectionData, ConnectionHook};
 use crate::driver::Driver;
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::layer::RpcLayer;
@@ -269,62 +272,11 @@ impl<D: Driver> DriverServer<D> {
             return Err(ServeError::DriverName(driver_name));
         }
 
-        // Health: NOT_SERVING until the first successful ready probe.
-        let (health, health_service) = tonic_health::server::health_reporter();
-        let mut names: Vec<&str> = vec![""];
-        names.extend(machine_driver_proto::SERVICE_NAMES);
-        for n in &names {
-            health.set_service_status(*n, ServingStatus::NotServing).await;
-        }
-        let ready = Arc::new(AtomicBool::new(false));
-        let draining = Arc::new(AtomicBool::new(false));
-        let prober = tokio::spawn(probe_loop(
-            self.driver.clone(),
-            health.clone(),
-            names.iter().map(|s| s.to_string()).collect(),
-            ready.clone(),
-            draining.clone(),
-            args.probe_interval,
-        ));
+        let routes::Routes { routes, served, health } =
+            routes::build(&service, &self.descriptor_sets, self.routes, self.extra_services, args.max_message_bytes)
+                .await?;
+        let prober = tokio::spawn(health.clone().probe_loop(self.driver.clone(), args.probe_interval));
 
-        let reflection = |fds: &[&'static [u8]]| {
-            let mut b = tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(machine_driver_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                // google.rpc.ErrorInfo & co., so grpcurl can print error details.
-                .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET);
-            for f in fds {
-                b = b.register_encoded_file_descriptor_set(f);
-            }
-            b
-        };
-        let reflection_v1 = reflection(&self.descriptor_sets).build_v1().map_err(ServeError::Reflection)?;
-        let reflection_v1alpha = reflection(&self.descriptor_sets).build_v1alpha().map_err(ServeError::Reflection)?;
-
-        let limit = args.max_message_bytes;
-        let mut routes = RoutesBuilder::default();
-        routes
-            .add_service(pb::identity_server::IdentityServer::new(service.clone()).max_decoding_message_size(limit))
-            .add_service(pb::machines_server::MachinesServer::new(service.clone()).max_decoding_message_size(limit))
-            .add_service(pb::pools_server::PoolsServer::new(service.clone()).max_decoding_message_size(limit))
-            .add_service(pb::operations_server::OperationsServer::new(service.clone()).max_decoding_message_size(limit))
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha);
-        for add in self.routes {
-            add(&mut routes);
-        }
-
-        let mut served: Vec<String> = names.iter().filter(|n| !n.is_empty()).map(|n| n.to_string()).collect();
-        served.extend(
-            [
-                "grpc.health.v1.Health",
-                "grpc.reflection.v1.ServerReflection",
-                "grpc.reflection.v1alpha.ServerReflection",
-            ]
-            .map(String::from),
-        );
-        served.extend(self.extra_services);
         let layers = tower::ServiceBuilder::new()
             .layer(RpcLayer::new(metrics, driver_name.clone(), served))
             .layer(tower::limit::GlobalConcurrencyLimitLayer::new(args.max_concurrent_calls.max(1)));
@@ -336,34 +288,13 @@ impl<D: Driver> DriverServer<D> {
                 return Err(ServeError::TlsOnUnix);
             }
             server = server
-                .tls_config(tls_config(cert, key_file, args.tls_client_ca.as_deref())?)
+                .tls_config(listeners::tls_config(cert, key_file, args.tls_client_ca.as_deref())?)
                 .map_err(|e| ServeError::Tls(Box::new(e)))?;
         }
         let router = server.layer(layers).add_routes(routes.routes());
 
         // Shutdown: a signal or the caller's future; then drain, bounded.
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let external = self.shutdown;
-        let signal = {
-            let health = health.clone();
-            let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-            let draining = draining.clone();
-            let ready = ready.clone();
-            async move {
-                let why = match external {
-                    Some(f) => tokio::select! { w = os_signal() => w, () = f => "shutdown requested" },
-                    None => os_signal().await,
-                };
-                tracing::info!("{why}: draining in-flight calls");
-                draining.store(true, Ordering::SeqCst);
-                // /readyz answers 503 while draining, like the health service.
-                ready.store(false, Ordering::SeqCst);
-                for n in &names {
-                    health.set_service_status(n.as_str(), ServingStatus::NotServing).await;
-                }
-                let _ = stop_tx.send(true);
-            }
-        };
+        let (signal, stopped) = shutdown::signal(self.shutdown, health.clone());
 
         let metrics_task = match args.metrics_addr {
             Some(addr) => {
@@ -374,59 +305,30 @@ impl<D: Driver> DriverServer<D> {
                     "metrics on http://{}/metrics",
                     listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
                 );
-                let ready = ready.clone();
-                let mut stop = stop_rx.clone();
+                let health = health.clone();
                 Some(tokio::spawn(crate::metrics::serve_http(
                     listener,
                     Arc::new(registry),
-                    Arc::new(move || ready.load(Ordering::SeqCst)),
-                    async move {
-                        let _ = stop.wait_for(|s| *s).await;
-                    },
+                    Arc::new(move || health.is_ready()),
+                    stopped.clone().wait(),
                 )))
             }
             None => None,
         };
 
-        let mut stop = stop_rx.clone();
-        let drain_timeout = args.drain_timeout;
-        let drain_deadline = async move {
-            let _ = stop.wait_for(|s| *s).await;
-            tokio::time::sleep(drain_timeout).await;
-        };
-
         let hook = self.connection_hook;
         let result = match &endpoint {
             Endpoint::Unix(path) => {
-                let listener = bind_unix(path)?;
-                tracing::info!(driver = %driver_name, "serving on {endpoint}");
-                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener)
-                    .map(move |r| r.map(|s| Conn::new(crate::authority::AuthorityRewrite::new(s), hook.as_ref())));
+                let incoming = listeners::unix(path, hook, &driver_name)?;
                 let served = router.serve_with_incoming_shutdown(incoming, signal);
-                let r = tokio::select! { r = served => r.map_err(ServeError::Transport), () = drain_deadline => {
-                    tracing::warn!("drain timeout passed; closing remaining calls");
-                    Ok(())
-                }};
+                let r = stopped.drain_bounded(served, args.drain_timeout).await;
                 let _ = std::fs::remove_file(path);
                 r
             }
             Endpoint::Tcp(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr.as_str())
-                    .await
-                    .map_err(|source| ServeError::Bind { endpoint: endpoint.to_string(), source })?;
-                let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-                tracing::info!(driver = %driver_name, "serving on tcp://{local}");
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|r| {
-                    r.map(|s| {
-                        let _ = s.set_nodelay(true);
-                        Conn::new(s, hook.as_ref())
-                    })
-                });
+                let incoming = listeners::tcp(addr, hook, &driver_name).await?;
                 let served = router.serve_with_incoming_shutdown(incoming, signal);
-                tokio::select! { r = served => r.map_err(ServeError::Transport), () = drain_deadline => {
-                    tracing::warn!("drain timeout passed; closing remaining calls");
-                    Ok(())
-                }}
+                stopped.drain_bounded(served, args.drain_timeout).await
             }
         };
         prober.abort();
@@ -463,99 +365,5 @@ async fn reload_keys(path: PathBuf, codec: crate::token::TokenCodec, interval: D
             Err(e) => tracing::warn!("keeping the current operation token keys: {e}"),
         }
         last = Some(now);
-    }
-}
-
-fn tls_config(
-    cert: &Path,
-    key: &Path,
-    client_ca: Option<&Path>,
-) -> Result<tonic::transport::ServerTlsConfig, ServeError> {
-    let read = |p: &Path| std::fs::read(p).map_err(|e| ServeError::Tls(format!("reading {}: {e}", p.display()).into()));
-    let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
-    let mut cfg = tonic::transport::ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = client_ca {
-        cfg = cfg.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
-    }
-    Ok(cfg)
-}
-
-async fn os_signal() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-        (Ok(mut term), Ok(mut int)) => tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        },
-        _ => {
-            // Without signal handlers we can only wait for the other shutdown source.
-            futures::future::pending::<()>().await;
-            "unreachable"
-        }
-    }
-}
-
-/// Binds a Unix socket: creates the parent folder, removes a stale socket, refuses to remove a
-/// live one or a non-socket file, and sets mode 0660.
-fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    let bind_err = |source| ServeError::Bind { endpoint: format!("unix://{}", path.display()), source };
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(bind_err)?;
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(ServeError::SocketInUse(path.to_path_buf()));
-            }
-            tracing::info!("removing stale socket {}", path.display());
-            std::fs::remove_file(path).map_err(bind_err)?;
-        }
-        Ok(_) => return Err(ServeError::NotASocket(path.to_path_buf())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(bind_err(e)),
-    }
-    let listener = tokio::net::UnixListener::bind(path).map_err(bind_err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(bind_err)?;
-    Ok(listener)
-}
-
-async fn probe_loop<D: Driver>(
-    driver: Arc<D>,
-    health: tonic_health::server::HealthReporter,
-    names: Vec<String>,
-    ready: Arc<AtomicBool>,
-    draining: Arc<AtomicBool>,
-    interval: Duration,
-) {
-    let mut last: Option<bool> = None;
-    loop {
-        let ctx = RequestContext::new(format!("probe-{}", uuid::Uuid::new_v4()));
-        let now_ready = match driver.probe(&ctx).await {
-            Ok(p) => {
-                if !p.ready && last != Some(false) {
-                    tracing::info!("driver not ready yet: {}", p.message);
-                }
-                p.ready
-            }
-            Err(e) => {
-                tracing::warn!("probe failed: {e}");
-                false
-            }
-        };
-        if draining.load(Ordering::SeqCst) {
-            return;
-        }
-        if last != Some(now_ready) {
-            let status = if now_ready { ServingStatus::Serving } else { ServingStatus::NotServing };
-            for n in &names {
-                health.set_service_status(n.as_str(), status).await;
-            }
-            ready.store(now_ready, Ordering::SeqCst);
-            last = Some(now_ready);
-        }
-        // Deliberate periodic probe; re-probe faster while not ready.
-        let wait = if now_ready { interval } else { interval.min(Duration::from_millis(500)) };
-        tokio::time::sleep(wait).await;
     }
 }
