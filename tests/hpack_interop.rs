@@ -1,4 +1,4 @@
-//! The SDK's HPACK code against an independent implementation, Python hpack 4.1.0 (PyPI; tests/run.sh
+//! h2-authority's HPACK code (the SDK's Unix-socket `:authority` filter) against an independent implementation, Python hpack 4.1.0 (PyPI; tests/run.sh
 //! installs it and sets `$PYTHON_HPACK_PY` to its Python). Never skipped: without that Python the
 //! tests fail.
 //!
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use driver_sdk::fuzzing::{rewrite_authority, HeaderField, HpackDecoder, REWRITTEN_AUTHORITY};
+use h2_authority::fuzzing::{rewrite_authority, HeaderField, HpackDecoder, REWRITTEN_AUTHORITY};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 

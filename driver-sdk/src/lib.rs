@@ -51,7 +51,6 @@
 
 #![warn(missing_docs)]
 
-mod authority;
 pub mod client;
 pub mod conformance;
 mod connection;
@@ -63,7 +62,6 @@ pub mod error;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
-mod hpack;
 pub mod layer;
 pub mod metrics;
 pub mod schema;

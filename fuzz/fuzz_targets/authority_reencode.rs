@@ -1,4 +1,4 @@
-//! The `authority_reencode` target; the check (and its contract) is `driver_sdk::fuzzing::check_authority_reencode`.
+//! The `authority_reencode` target; the check (and its contract) is `h2_authority::fuzzing::check_authority_reencode`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| driver_sdk::fuzzing::check_authority_reencode(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| h2_authority::fuzzing::check_authority_reencode(data));

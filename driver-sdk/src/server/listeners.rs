@@ -6,10 +6,10 @@ use std::io;
 use std::path::Path;
 
 use futures::{Stream, StreamExt};
+use h2_authority::AuthorityRewrite;
 use tokio::net::{TcpStream, UnixStream};
 
 use super::ServeError;
-use crate::authority::AuthorityRewrite;
 use crate::connection::{Conn, ConnectionHook};
 
 /// Listens on the Unix socket at `path` ([`bind_unix`]); connections get their `:authority`

@@ -1,4 +1,4 @@
-//! Lets every gRPC client stack call us over a Unix socket, whatever it sends as `:authority`.
+//! Lets every gRPC client stack call a server over a Unix socket, whatever it sends as `:authority`.
 //!
 //! A Unix socket has no host, so clients fill HTTP/2's `:authority` as they like: `localhost`
 //! (grpc-go with a `unix:///` target, grpc-js), the socket path (grpc-java, grpcurl 1.8), the
@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::hpack::{encode_literal, Decoder};
 
 /// What every Unix-socket request's `:authority` becomes.
-pub(crate) const AUTHORITY: &[u8] = b"localhost";
+pub const AUTHORITY: &[u8] = b"localhost";
 
 const PREFACE_LEN: usize = 24;
 const FRAME_HEADERS: u8 = 0x1;
@@ -46,8 +46,15 @@ pub(crate) const MAX_BLOCK: usize = 1 << 20;
 /// otherwise expand to gigabytes here, before the server's own limit sees it.
 pub(crate) const MAX_HEADER_LIST: usize = 1 << 20;
 
-/// Wraps an accepted connection's IO.
-pub(crate) struct AuthorityRewrite<IO> {
+/// Wraps an accepted Unix-socket connection's IO. Inbound bytes (the client preface, then HTTP/2
+/// frames) are read through the filter: every header block is re-encoded as plain literals with
+/// `:authority` = [`AUTHORITY`], all other frames pass through. Outbound bytes pass untouched.
+///
+/// # Errors
+/// A read fails with [`io::ErrorKind::InvalidData`] when the client breaks HTTP/2 framing or
+/// HPACK, or sends a header block or header list over 1 MiB, so the connection ends with a clear
+/// error before the server parses anything.
+pub struct AuthorityRewrite<IO> {
     io: IO,
     frames: Frames,
     /// Bytes read but not yet taken: a partial frame header or an incomplete header-block frame.
@@ -235,7 +242,8 @@ fn headers_fragment(payload: &[u8], flags: u8) -> io::Result<(&[u8], Option<[u8;
 }
 
 impl<IO> AuthorityRewrite<IO> {
-    pub(crate) fn new(io: IO) -> Self {
+    /// Filters `io`'s inbound bytes, from the client preface on.
+    pub fn new(io: IO) -> Self {
         Self { io, frames: Frames::new(), pending: Vec::new(), ready: Vec::new(), ready_pos: 0, scratch: Vec::new() }
     }
 
