@@ -18,6 +18,8 @@ use crate::schema::{self, ProviderSchema, SchemaError};
 use crate::token::TokenCodec;
 use crate::types::*;
 
+/// The protocol version this SDK speaks.
+pub const PROTOCOL_VERSION: &str = "v1";
 /// Page size when the caller sends 0.
 pub const DEFAULT_PAGE_SIZE: usize = 100;
 /// Largest page size honoured.
@@ -259,7 +261,7 @@ impl<D: Driver> pb::identity_server::Identity for DriverService<D> {
             Ok(pb::GetDriverInfoResponse {
                 name: info.name.clone(),
                 vendor_version: info.vendor_version.clone(),
-                protocol_version: crate::PROTOCOL_VERSION.to_string(),
+                protocol_version: PROTOCOL_VERSION.to_string(),
                 provider_spec_schema: Some(convert::json_to_struct(&info.provider_spec_schema)),
             })
         })

@@ -9,7 +9,7 @@ use futures::{Stream, StreamExt};
 use h2_authority::AuthorityRewrite;
 use tokio::net::{TcpStream, UnixStream};
 
-use super::ServeError;
+use super::error::ServeError;
 use crate::connection::{Conn, ConnectionHook};
 
 /// Listens on the Unix socket at `path` ([`bind_unix`]); connections get their `:authority`

@@ -11,12 +11,12 @@
 //! [`DriverServer::serve`] wires together [`routes`] (what is answered), [`listeners`] (where)
 //! and [`shutdown`] (when to stop).
 
+mod error;
 mod listeners;
 mod routes;
 mod shutdown;
 
 use std::convert::Infallible;
-use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,14 +27,16 @@ use prometheus_client::registry::Registry;
 use tonic::server::NamedService;
 use tonic::service::RoutesBuilder;
 
+pub use self::error::ServeError;
+use self::routes::RouteFn;
 use crate::connection::{BoxedConnection, ConnectionData, ConnectionHook};
 use crate::driver::Driver;
-use crate::endpoint::{Endpoint, EndpointError};
+use crate::endpoint::Endpoint;
 use crate::layer::RpcLayer;
 use crate::metrics::RpcMetrics;
 use crate::service::DriverService;
 use crate::telemetry::LogFormat;
-use crate::token::{KeyError, TokenKey};
+use crate::token::TokenKey;
 
 /// The endpoint used when neither `--endpoint` nor `DRIVER_ENDPOINT` is given.
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/machine-driver/driver.sock";
@@ -71,14 +73,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub max_concurrent_calls: usize,
     /// How long in-flight calls may take to finish after SIGTERM.
-    #[arg(long, default_value = "30s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse_duration)]
     pub drain_timeout: Duration,
     /// How often the driver's Probe drives the health service.
-    #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::duration::parse_duration)]
     pub probe_interval: Duration,
     /// How often the token key file is checked for new keys (a rotated Secret takes effect
     /// without a restart).
-    #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::duration::parse_duration)]
     pub token_key_reload_interval: Duration,
     /// Log format.
     #[arg(long, env = "DRIVER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -104,55 +106,6 @@ impl Default for ServeArgs {
         }
     }
 }
-
-/// Why the server could not start or stopped with an error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ServeError {
-    /// The endpoint string is malformed.
-    #[error(transparent)]
-    Endpoint(#[from] EndpointError),
-    /// The token key is missing or unusable.
-    #[error(transparent)]
-    Key(#[from] KeyError),
-    /// Another process serves on the socket.
-    #[error("another process is already serving on {0}")]
-    SocketInUse(PathBuf),
-    /// A non-socket file is where the socket should go.
-    #[error("{0} exists and is not a socket; refusing to remove it")]
-    NotASocket(PathBuf),
-    /// Binding or preparing the listener failed.
-    #[error("listening on {endpoint}")]
-    Bind {
-        /// The endpoint.
-        endpoint: String,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// TLS files could not be read or used.
-    #[error("configuring TLS")]
-    Tls(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// The driver's provider-spec schema is not a valid JSON Schema draft 2020-12 schema or would
-    /// be weaker than it reads (an unknown keyword, a reference outside it, …): see
-    /// [`crate::schema`].
-    #[error("the driver's provider_spec_schema is refused")]
-    ProviderSpecSchema(#[source] crate::schema::SchemaError),
-    /// The driver's name is not DNS-style or longer than 63 characters.
-    #[error("driver name {0:?} must be 1 to 63 characters of letters, digits, '-' and '.'")]
-    DriverName(String),
-    /// TLS was asked for on a Unix socket.
-    #[error("TLS is only supported on tcp:// endpoints")]
-    TlsOnUnix,
-    /// Building the reflection service failed.
-    #[error("building the reflection service")]
-    Reflection(#[source] tonic_reflection::server::Error),
-    /// The gRPC server failed.
-    #[error("serving gRPC")]
-    Transport(#[source] tonic::transport::Error),
-}
-
-type RouteFn = Box<dyn FnOnce(&mut RoutesBuilder) + Send>;
 
 /// A driver sidecar server. See the [crate docs](crate) for an example.
 pub struct DriverServer<D> {

@@ -10,10 +10,13 @@ use tonic::service::RoutesBuilder;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use super::{RouteFn, ServeError};
+use super::error::ServeError;
 use crate::context::RequestContext;
 use crate::driver::Driver;
 use crate::service::DriverService;
+
+/// Adds a driver's extra service ([`DriverServer::add_service`](crate::DriverServer::add_service)).
+pub(super) type RouteFn = Box<dyn FnOnce(&mut RoutesBuilder) + Send>;
 
 /// The services a server answers, and the names of all of them (the layer labels their methods'
 /// metrics; anything else is `other`).

@@ -7,8 +7,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
+use super::error::ServeError;
 use super::routes::Health;
-use super::ServeError;
 
 /// The future that stops accepting connections, and a handle that tells when it fired.
 ///
