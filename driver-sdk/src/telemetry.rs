@@ -48,8 +48,14 @@ fn may_record(meta: &tracing::Metadata<'_>) -> bool {
 /// of libraries known to log credentials stay off whatever it says. Call once, from `main`; a
 /// second call leaves the first subscriber in place.
 pub fn init(service_name: &str, format: LogFormat) -> TelemetryGuard {
+    init_with_default_level(service_name, format, "info")
+}
+
+/// [`init`] with another filter than `info` when `RUST_LOG` is not set (a CLI that prints its
+/// own output logs only warnings by default).
+pub fn init_with_default_level(service_name: &str, format: LogFormat, default: &str) -> TelemetryGuard {
     opentelemetry::global::set_text_map_propagator(opentelemetry_sdk::propagation::TraceContextPropagator::new());
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let fmt = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
