@@ -421,11 +421,27 @@ current-context: test
                 }
             }
             if let Some(Ok(Some(status))) = self.apiserver.as_mut().map(|c| c.try_wait()) {
-                panic!("kube-apiserver exited ({status}):\n{}", self.log("apiserver.log"));
+                panic!("kube-apiserver exited ({status}):\n{}", self.start_logs());
             }
-            assert!(Instant::now() < deadline, "kube-apiserver not ready in 90 s:\n{}", self.log("apiserver.log"));
+            assert!(Instant::now() < deadline, "kube-apiserver not ready in 90 s:\n{}", self.start_logs());
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// What explains a failed start: the apiserver's log, and etcd's state and log (a failed
+    /// etcd, say on a full disk, only shows in the apiserver's log as "connection refused").
+    fn start_logs(&mut self) -> String {
+        let etcd = match self.etcd.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(Some(status))) => format!("exited ({status})"),
+            Some(Ok(None)) => "running".to_string(),
+            other => format!("{other:?}"),
+        };
+        let free = std::process::Command::new("df")
+            .args(["-h", self.dir.path().to_str().unwrap_or("/tmp")])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        format!("{}\n--- etcd: {etcd}\n{}\n--- free disk\n{free}", self.log("apiserver.log"), self.log("etcd.log"))
     }
 
     /// The tail of one of the cluster's logs.

