@@ -62,3 +62,38 @@ macro_rules! cases {
 }
 
 machine_controller::store_conformance_cases!(cases);
+
+/// Only on the API server: repeats of one event on one object are one Event whose series count
+/// grows (as client-go's recorder does), not one Event each.
+#[test]
+fn repeated_events_are_one_series_on_the_api_server() {
+    use machine_controller::resources::Kind;
+    use machine_controller::store::{Event, Key};
+    run("repeated_events_are_one_series_on_the_api_server", async |s: &Subject| {
+        let key = Key::new(Kind::MachineClass, &s.namespace, "flaky");
+        let event = || Event {
+            key: key.clone(),
+            event_type: "Warning".into(),
+            reason: "OperationFailed".into(),
+            message: "the cloud said no".into(),
+            time: chrono::Utc::now(),
+        };
+        for _ in 0..2 {
+            s.store.backend().record_event(event()).await.map_err(|e| format!("record: {e}"))?;
+        }
+        // Posted in the background: wait (bounded) for the series to show.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let events = s.store.backend().events(&key, 10).await.map_err(|e| format!("events: {e}"))?;
+            let messages: Vec<&str> = events.iter().map(|e| e.message.as_str()).collect();
+            if messages == ["the cloud said no (x2)"] {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!("events after two repeats: {messages:?}, want one series of 2"));
+            }
+            // Deliberate: the interval between polls of a condition with a deadline.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}

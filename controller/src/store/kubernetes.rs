@@ -13,7 +13,8 @@
 //! - Metadata is trimmed to the fields the resource model knows: what a real API server adds
 //!   (`managedFields`, …) never reaches parsing, nor the cache's memory.
 //! - Events are posted as `events.k8s.io/v1` Events by a background task (a reconcile never
-//!   waits for one) and read back for `describe`.
+//!   waits for one), repeats aggregated into event series as client-go does ([`events`]), and
+//!   read back for `describe`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -29,11 +30,10 @@ use tokio::sync::{broadcast, mpsc, watch, OnceCell};
 use super::{Backend, Change, Error, Event, Key, Result};
 use crate::resources::Kind;
 
+mod events;
+
 /// How long a read waits for a kind's initial list.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Who reports events.
-const REPORTING_CONTROLLER: &str = "machine.driver.dev/machine-controller";
 
 #[derive(Clone)]
 struct Cached {
@@ -238,7 +238,7 @@ impl KubernetesBackend {
         let (tx, _) = broadcast::channel(1 << 13);
         let (events, rx) = mpsc::channel(4096);
         let backend = Self { client, namespace, caches, tx, events, watches: Default::default() };
-        tokio::spawn(post_events(backend.client.clone(), rx));
+        tokio::spawn(events::post(backend.client.clone(), rx));
         backend
     }
 
@@ -488,15 +488,23 @@ impl Backend for KubernetesBackend {
             .iter()
             .filter_map(|e| {
                 let d = &e.data;
-                let time = ["eventTime", "lastTimestamp", "firstTimestamp"]
-                    .iter()
-                    .find_map(|f| d.get(*f).and_then(Value::as_str).and_then(|s| s.parse().ok()))
+                let series = d.get("series");
+                let time = series
+                    .and_then(|s| s.get("lastObservedTime"))
+                    .into_iter()
+                    .chain(["eventTime", "lastTimestamp", "firstTimestamp"].iter().filter_map(|f| d.get(*f)))
+                    .find_map(|t| t.as_str().and_then(|s| s.parse().ok()))
                     .or(e.metadata.creation_timestamp.as_ref().and_then(|t| t.0.to_string().parse().ok()))?;
+                let mut message: String = d.get("message").and_then(Value::as_str).unwrap_or_default().into();
+                // A series is one Event standing for many (kubectl shows "x5 over 3m").
+                if let Some(n) = series.and_then(|s| s.get("count")).and_then(Value::as_u64).filter(|n| *n > 1) {
+                    message.push_str(&format!(" (x{n})"));
+                }
                 Some(Event {
                     key: key.clone(),
                     event_type: d.get("type").and_then(Value::as_str).unwrap_or("Normal").into(),
                     reason: d.get("reason").and_then(Value::as_str).unwrap_or_default().into(),
-                    message: d.get("message").and_then(Value::as_str).unwrap_or_default().into(),
+                    message,
                     time,
                 })
             })
@@ -593,47 +601,6 @@ async fn watch_kind(api: Api<DynamicObject>, kind: Kind, cache: Arc<KindCache>, 
 
 fn to_value(kind: Kind, o: &DynamicObject) -> Option<(Key, Cached, Value)> {
     normalize(kind, serde_json::to_value(o).ok()?)
-}
-
-/// Posts events as `events.k8s.io/v1` Events, one at a time, off the reconcile path.
-async fn post_events(client: kube::Client, mut rx: mpsc::Receiver<(Event, String)>) {
-    use k8s_openapi::api::core::v1::ObjectReference;
-    use k8s_openapi::api::events::v1::Event as KubeEvent;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-    let instance = std::env::var("POD_NAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
-        .unwrap_or_else(|| "machine-controller".into());
-    while let Some((e, uid)) = rx.recv().await {
-        let api: Api<KubeEvent> = Api::namespaced(client.clone(), &e.key.namespace);
-        let suffix = uuid::Uuid::new_v4().simple().to_string();
-        let event = KubeEvent {
-            metadata: ObjectMeta {
-                name: Some(format!("{}.{}", e.key.name, &suffix[..16])),
-                namespace: Some(e.key.namespace.clone()),
-                ..Default::default()
-            },
-            event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-            action: Some(e.reason.clone()),
-            reason: Some(e.reason.clone()),
-            note: Some(e.message.chars().take(1024).collect()),
-            type_: Some(e.event_type.clone()),
-            reporting_controller: Some(REPORTING_CONTROLLER.into()),
-            reporting_instance: Some(instance.clone()),
-            regarding: Some(ObjectReference {
-                api_version: Some(e.key.kind.api_version().into()),
-                kind: Some(e.key.kind.as_str().into()),
-                name: Some(e.key.name.clone()),
-                namespace: Some(e.key.namespace.clone()),
-                uid: (!uid.is_empty()).then_some(uid),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        if let Err(err) = api.create(&PostParams::default(), &event).await {
-            tracing::debug!(object = %e.key, "posting event {}: {err}", e.reason);
-        }
-    }
 }
 
 #[cfg(test)]
