@@ -17,15 +17,15 @@ use crate::store::Key;
 /// Store failures; driver failures other than a refusal of the class (which is status).
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     let Some(before) = ctx.store.get::<MachineClass>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     if before.status.validated_generation == before.metadata.generation {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     }
     // A retry waits out its backoff even when the class's own status write wakes it.
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
-        return Ok(Action::Wait(wait));
+        return Ok(Action::wait(wait));
     }
     let r = match resolve(ctx, &key.namespace, &key.name, None).await? {
         Ok(r) => r,
@@ -85,7 +85,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     }
     c.status.validated_generation = c.metadata.generation;
     write::status(ctx, &before, &c).await?;
-    Ok(Action::AwaitChange)
+    Ok(Action::await_change())
 }
 
 /// What a driver's answer to ValidateMachineClass makes of a class.

@@ -25,7 +25,7 @@ type Result<T> = std::result::Result<T, ReconcileError>;
 /// Store failures.
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(md) = ctx.store.get::<MachineDeployment>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     let md = match write::finalizer(ctx, md).await? {
         Finalizer::Apply(md) => md,
@@ -78,7 +78,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
     write::status(ctx, &md, &next).await?;
     Ok(if plan.settled {
-        Action::AwaitChange
+        Action::await_change()
     } else if plan.has_failed {
         // Come back when the next replacement may go.
         Action::requeue(ctx.replacement_wait(key).clamp(Duration::from_millis(100), Duration::from_secs(5)))
@@ -304,5 +304,5 @@ async fn teardown(ctx: &Ctx, md: MachineDeployment) -> Result<Action> {
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
     write::release(ctx, &md).await?;
-    Ok(Action::AwaitChange)
+    Ok(Action::await_change())
 }

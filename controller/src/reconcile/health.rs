@@ -14,10 +14,10 @@ use crate::store::{Key, ListParams};
 /// Store failures.
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     let Some(before) = ctx.store.get::<MachineHealthCheck>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     if before.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     }
     let params = before
         .spec
@@ -37,7 +37,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
                 ctx.store.event(Kind::MachineHealthCheck, &after.metadata, true, "Invalid", why).await;
             }
             write::status(ctx, &before, &after).await?;
-            return Ok(Action::AwaitChange);
+            return Ok(Action::await_change());
         }
     };
     record(&mut after.status, &a);
@@ -68,7 +68,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         }
     }
     write::status(ctx, &before, &after).await?;
-    Ok(a.recheck_after.map_or(Action::AwaitChange, Action::requeue))
+    Ok(a.recheck_after.map_or(Action::await_change(), Action::requeue))
 }
 
 /// The status fields an assessment sets.

@@ -25,7 +25,7 @@ const KEEP_REQUEST_IDS: usize = 5;
 /// Store failures (driver failures become status).
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(m) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     if m.spec.pool_ref.is_some() {
         return super::pool::reconcile_machine(ctx, key, m).await;
@@ -58,7 +58,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     }
     match step {
         Step::Poll(op) => poll(ctx, m, &r, op).await,
-        Step::Hold => Ok(Action::AwaitChange),
+        Step::Hold => Ok(Action::await_change()),
         Step::Update => update(ctx, key, m, &r).await,
         Step::Health => health(ctx, key, m, &r).await,
         Step::Create => create(ctx, key, m, &r).await,
@@ -71,14 +71,14 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
 /// Between driver calls, a Running machine's Node is still watched: its readiness is kept in
 /// `NodeReady` (a Node change wakes the machine).
 async fn watch_node(ctx: &Ctx, key: &Key, before: Machine, wait: Duration) -> Result<Action> {
-    let Some(target) = ctx.target.as_deref() else { return Ok(Action::Wait(wait)) };
+    let Some(target) = ctx.target.as_deref() else { return Ok(Action::wait(wait)) };
     if before.status.phase != Phase::Running || before.status.provider_id.is_empty() {
-        return Ok(Action::Wait(wait));
+        return Ok(Action::wait(wait));
     }
     let mut m = before.clone();
     super::node::observe(ctx, target, key, &mut m).await?;
     write::status(ctx, &before, &m).await?;
-    Ok(Action::Wait(wait))
+    Ok(Action::wait(wait))
 }
 
 /// What a reconcile of a live Machine does, decided from its status alone.
@@ -244,7 +244,7 @@ async fn call_failed(
             fail(&mut m, r.class.metadata.generation, &code, reason, &message);
             ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), e.report.to_string()).await;
             write::status(ctx, before, &m).await?;
-            Ok(Action::AwaitChange)
+            Ok(Action::await_change())
         }
         decision => {
             // The environment (quota, credentials, an unavailable cloud), not the spec: retried
@@ -270,7 +270,7 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
             fail(&mut m, r.class.metadata.generation, "DeadlineExceeded", policy::REASON_CREATION_TIMEOUT, &msg);
             ctx.store.event(Kind::Machine, &m.metadata, true, "CreationTimeout", msg).await;
             write::status(ctx, &before, &m).await?;
-            return Ok(Action::AwaitChange);
+            return Ok(Action::await_change());
         }
     }
     m.status.failure = None;
@@ -384,7 +384,7 @@ async fn finished(
         }
         fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
         write::status(ctx, before, &m).await?;
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     }
     m.status.last_operation = Some(last_ok(op_type, OperationState::Succeeded, &op_request_id(&m)));
     if let Some(machine) = op.machine() {
@@ -481,7 +481,7 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
                 fail(&mut m, r.class.metadata.generation, "Unavailable", policy::REASON_HEALTH_TIMEOUT, &msg);
                 ctx.store.event(Kind::Machine, &m.metadata, true, "HealthTimeout", msg).await;
                 write::status(ctx, &before, &m).await?;
-                return Ok(Action::AwaitChange);
+                return Ok(Action::await_change());
             }
             m.status.phase = Phase::Unknown;
             set_condition(&mut m.status.conditions, ConditionType::Ready, false, reason, &message);
@@ -556,7 +556,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
     }
     let wait = ctx.wait_before_call(key);
     if matches!(step, DeleteStep::Poll(_)) && !wait.is_zero() {
-        return Ok(Action::Wait(wait));
+        return Ok(Action::wait(wait));
     }
     let r = match resolved {
         Ok(r) => r,
@@ -625,7 +625,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
             if op.done && op.error_report().is_none() {
                 write::status(ctx, &before, &m).await?;
                 let Some(fresh) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
-                    return Ok(Action::AwaitChange);
+                    return Ok(Action::await_change());
                 };
                 return release(ctx, key, fresh).await;
             }
@@ -673,7 +673,7 @@ async fn release(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
         let message = format!("{} is gone from the cloud", m.metadata.name);
         ctx.store.event(Kind::Machine, &m.metadata, false, "Deleted", message).await;
     }
-    Ok(Action::AwaitChange)
+    Ok(Action::await_change())
 }
 
 #[cfg(test)]

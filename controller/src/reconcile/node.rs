@@ -122,7 +122,7 @@ pub(crate) async fn join(
         set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotJoined, &message);
         ctx.store.event(Kind::Machine, &m.metadata, true, "NodeNotJoined", message).await;
         write::status(ctx, &before, &m).await?;
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     }
     write::status(ctx, &before, &m).await?;
     let left = if timeout.is_zero() { JOIN_RECHECK } else { timeout.saturating_sub(waited) };

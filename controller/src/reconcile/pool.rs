@@ -139,7 +139,7 @@ async fn instances(
 /// Store failures.
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     let pool = match write::finalizer(ctx, pool).await? {
         // A pool being deleted is reconciled below (poll, then DeletePool).
@@ -148,7 +148,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     };
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
-        return Ok(Action::Wait(wait));
+        return Ok(Action::wait(wait));
     }
     let t = &pool.spec.template.spec;
     let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
@@ -376,7 +376,7 @@ async fn apply(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, next: &MachinePo
     };
     write::status(ctx, pool, next).await?;
     let Some(fresh) = ctx.store.get::<MachinePool>(&pool.metadata.namespace, &pool.metadata.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
         Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
@@ -640,7 +640,7 @@ async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
         ctx.store.delete(&Key::of(m)).await?;
     }
     write::release(ctx, pool).await?;
-    Ok(Action::AwaitChange)
+    Ok(Action::await_change())
 }
 
 /// A pool Machine: deleting it deletes exactly its instance.
@@ -652,9 +652,9 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
     // instance gone from the cloud must go without a call). The pool mirrors their instances;
     // here only their Node (with a target cluster) and their deletion are reconciled.
     if !write::cleanup_due(&m) {
-        let Some(target) = ctx.target.as_deref() else { return Ok(Action::AwaitChange) };
+        let Some(target) = ctx.target.as_deref() else { return Ok(Action::await_change()) };
         if m.is_deleting() || m.status.provider_id.is_empty() {
-            return Ok(Action::AwaitChange);
+            return Ok(Action::await_change());
         }
         let mut next = m.clone();
         super::node::observe(ctx, target, key, &mut next).await?;
@@ -665,21 +665,21 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
             }
         }
         write::status(ctx, &m, &next).await?;
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     }
-    let Some(pref) = m.spec.pool_ref.clone() else { return Ok(Action::AwaitChange) };
+    let Some(pref) = m.spec.pool_ref.clone() else { return Ok(Action::await_change()) };
     let release = |m: Machine| async move {
         // The instance is gone: its Node goes before the Machine (with a target cluster).
         if let Some(action) = super::node::delete_node(ctx, key, &m).await? {
             return Ok(action);
         }
         write::release(ctx, &m).await?;
-        Ok(Action::AwaitChange)
+        Ok(Action::await_change())
     };
     let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &pref.name).await? else { return release(m).await };
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
-        return Ok(Action::Wait(wait));
+        return Ok(Action::wait(wait));
     }
     let t = &pool.spec.template.spec;
     let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
@@ -738,7 +738,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
             next.status.last_operation =
                 Some(last(OperationType::Delete, OperationState::Processing, &reply.request_id, None));
             if write::status(ctx, &m, &next).await? == Written::Gone {
-                return Ok(Action::AwaitChange);
+                return Ok(Action::await_change());
             }
             ctx.store
                 .event(
