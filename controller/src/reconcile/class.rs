@@ -6,6 +6,7 @@ use std::time::Duration;
 use driver_sdk::proto as pb;
 
 use super::{resolve, write};
+use crate::events::EventReason;
 use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
@@ -59,11 +60,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
             Validation::Accepted(warnings) => {
                 set_condition(&mut c.status.conditions, ConditionType::Valid, true, Reason::Validated, &warnings);
                 let msg = format!("the driver accepted the class {warnings}");
-                ctx.store.event(Kind::MachineClass, &c.metadata, false, "Validated", msg).await;
+                ctx.store.event(Kind::MachineClass, &c.metadata, EventReason::Validated, msg).await;
             }
             Validation::Refused(msg) => {
                 set_condition(&mut c.status.conditions, ConditionType::Valid, false, Reason::Invalid, &msg);
-                ctx.store.event(Kind::MachineClass, &c.metadata, true, "Invalid", msg).await;
+                ctx.store.event(Kind::MachineClass, &c.metadata, EventReason::Invalid, msg).await;
             }
             Validation::Retry(credentials) => {
                 if let Some(msg) = credentials {

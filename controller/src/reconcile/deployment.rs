@@ -10,6 +10,7 @@ use driver_sdk::proto as pb;
 
 use super::write::{self, Finalizer};
 use super::{resolve, slow_start};
+use crate::events::EventReason;
 use crate::plan::in_place::{self, Verdict};
 use crate::plan::rollout::{self, InPlaceWork, Member, Observed, StoredMember, ANNOTATION_REPLACING};
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
@@ -45,7 +46,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         tracing::debug!("plan.notes" = %notes.join("; "), "planned deployment");
     }
     for e in &plan.events {
-        ctx.store.event(Kind::MachineDeployment, &md.metadata, e.warning, e.reason, e.message.clone()).await;
+        ctx.store.event(Kind::MachineDeployment, &md.metadata, e.reason, e.message.clone()).await;
     }
     let mut next = md.clone();
     next.status = plan.status.clone();
@@ -205,8 +206,7 @@ async fn replace(ctx: &Ctx, md: &MachineDeployment, member: &Member) -> Result<(
         .event(
             Kind::Machine,
             &m.metadata,
-            true,
-            "Replacing",
+            EventReason::Replacing,
             format!("{} failed ({why}); replacing it", m.metadata.name),
         )
         .await;
@@ -251,8 +251,7 @@ async fn in_place(
                     .event(
                         Kind::Machine,
                         &m.metadata,
-                        false,
-                        "ReplacingForUpdate",
+                        EventReason::ReplacingForUpdate,
                         format!("{} cannot change in place; replacing", paths.join(", ")),
                     )
                     .await;

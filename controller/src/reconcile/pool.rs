@@ -19,6 +19,7 @@ use driver_sdk::OperationExt;
 
 use super::write::{self, Finalizer, Written};
 use super::{poll_stored, resolve, stored, Polled, Resolved};
+use crate::events::EventReason;
 use crate::plan::pool as plan;
 use crate::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
 use crate::resources::*;
@@ -195,7 +196,7 @@ async fn poll(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, op: StoredOperati
                 &why,
             );
             let message = format!("{why}; asking the driver again");
-            ctx.store.event(Kind::MachinePool, &pool.metadata, true, "OperationTokenUnusable", message).await;
+            ctx.store.event(Kind::MachinePool, &pool.metadata, EventReason::OperationTokenUnusable, message).await;
             write::status(ctx, pool, &next).await?;
             return Ok(Action::requeue_now());
         }
@@ -217,7 +218,7 @@ async fn poll(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, op: StoredOperati
             &e.to_string(),
         );
         let message = format!("{}: {e}", op.kind);
-        ctx.store.event(Kind::MachinePool, &pool.metadata, true, "OperationFailed", message).await;
+        ctx.store.event(Kind::MachinePool, &pool.metadata, EventReason::OperationFailed, message).await;
     }
     write::status(ctx, pool, &next).await?;
     if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == OperationKind::DeletePool {
@@ -406,7 +407,7 @@ async fn delete_machines(ctx: &Ctx, pool: &MachinePool, machines: &[Machine], id
     if !names.is_empty() {
         let message =
             format!("deleting Machine(s) {} (each Node is drained before its instance goes)", names.join(", "));
-        ctx.store.event(Kind::MachinePool, &pool.metadata, false, "DeletingMachines", message).await;
+        ctx.store.event(Kind::MachinePool, &pool.metadata, EventReason::DeletingMachines, message).await;
     }
     Ok(())
 }
@@ -550,7 +551,7 @@ async fn mirror(
                     // Replaced like a failed deployment machine: its deletion removes exactly
                     // this instance, and the pool refills.
                     let message = next.status.failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
-                    ctx.store.event(Kind::Machine, &next.metadata, true, "NodeNotJoined", message).await;
+                    ctx.store.event(Kind::Machine, &next.metadata, EventReason::NodeNotJoined, message).await;
                     match write::status(ctx, *m, &next).await {
                         Err(e) if e.is_conflict() => continue,
                         Err(e) => return Err(e),
@@ -695,7 +696,12 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
                 next.status.operations.clear();
                 write::status(ctx, &m, &next).await?;
                 ctx.store
-                    .event(Kind::Machine, &m.metadata, true, "OperationTokenUnusable", format!("{why}; deleting again"))
+                    .event(
+                        Kind::Machine,
+                        &m.metadata,
+                        EventReason::OperationTokenUnusable,
+                        format!("{why}; deleting again"),
+                    )
                     .await;
                 return Ok(Action::requeue_now());
             }
@@ -744,8 +750,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
                 .event(
                     Kind::Machine,
                     &m.metadata,
-                    false,
-                    "DeletingInstance",
+                    EventReason::DeletingInstance,
                     format!("deleting instance {} of pool {}", pref.instance_id, pref.name),
                 )
                 .await;
