@@ -8,6 +8,7 @@
 //! - [`resources`] and [`manifest`]: the model and validated YAML input;
 //! - [`registry`]: one line per kind, from which every list of kinds follows;
 //! - [`store`]: the storage trait, the embedded SQLite store and the Kubernetes backend;
+//! - [`events`]: the reasons of the events the reconcilers record, with their types;
 //! - [`crd`]: CustomResourceDefinitions generated from the resource types;
 //! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
 //! - [`nodes`]: the target cluster where the machines' Nodes live (linking, drain calls);
@@ -22,6 +23,7 @@
 pub mod cli;
 pub mod crd;
 pub mod demo;
+pub mod events;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod leader;

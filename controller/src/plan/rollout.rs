@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::Limits;
+use crate::events::EventReason;
 use crate::policy::{self, ENVIRONMENT_CONDITIONS};
 use crate::resources::*;
 
@@ -282,10 +283,8 @@ pub struct Observed<'a> {
 /// An event to record on the deployment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedEvent {
-    /// A warning (else normal).
-    pub warning: bool,
-    /// UpperCamel reason.
-    pub reason: &'static str,
+    /// Why (its type with it).
+    pub reason: EventReason,
     /// Message.
     pub message: String,
 }
@@ -636,7 +635,7 @@ fn track_rollout(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) {
             Some(RolloutState { revision: revision.clone(), started: c.now, last_progress: c.now, failures: 0 });
         if !st.current_revision.is_empty() {
             let message = format!("rolling out revision {revision}");
-            d.events.push(PlannedEvent { warning: false, reason: "RolloutStarted", message });
+            d.events.push(PlannedEvent { reason: EventReason::RolloutStarted, message });
         }
         d.notes.push(Note::RolloutStarted { revision });
     }
@@ -670,7 +669,7 @@ fn abort(md: &MachineDeployment, c: Classes<'_>, mut d: Draft, failures: u32) ->
     };
     let message = format!("{reason}; {then}");
     set_condition(&mut st.conditions, ConditionType::Progressing, false, Reason::RolloutAborted, &message);
-    d.events.push(PlannedEvent { warning: true, reason: "RolloutAborted", message });
+    d.events.push(PlannedEvent { reason: EventReason::RolloutAborted, message });
     d.notes.push(Note::RevisionAborted { revision: rev.clone(), failures, budget: md.spec.failure_budget });
     Plan {
         target_revision: c.target_rev,
@@ -820,7 +819,7 @@ fn complete_rollout(c: &Classes<'_>, d: &mut Draft) {
     if st.current_revision != *rev {
         if !st.current_revision.is_empty() {
             let message = format!("revision {rev} is rolled out");
-            d.events.push(PlannedEvent { warning: false, reason: "RolloutComplete", message });
+            d.events.push(PlannedEvent { reason: EventReason::RolloutComplete, message });
         }
         st.current_revision = rev.clone();
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use driver_sdk::proto as pb;
 
 use super::{resolve, write};
+use crate::events::EventReason;
 use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
@@ -17,15 +18,15 @@ use crate::store::Key;
 /// Store failures; driver failures other than a refusal of the class (which is status).
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     let Some(before) = ctx.store.get::<MachineClass>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     if before.status.validated_generation == before.metadata.generation {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     }
     // A retry waits out its backoff even when the class's own status write wakes it.
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
-        return Ok(Action::Wait(wait));
+        return Ok(Action::wait(wait));
     }
     let r = match resolve(ctx, &key.namespace, &key.name, None).await? {
         Ok(r) => r,
@@ -59,11 +60,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
             Validation::Accepted(warnings) => {
                 set_condition(&mut c.status.conditions, ConditionType::Valid, true, Reason::Validated, &warnings);
                 let msg = format!("the driver accepted the class {warnings}");
-                ctx.store.event(Kind::MachineClass, &c.metadata, false, "Validated", msg).await;
+                ctx.store.event(Kind::MachineClass, &c.metadata, EventReason::Validated, msg).await;
             }
             Validation::Refused(msg) => {
                 set_condition(&mut c.status.conditions, ConditionType::Valid, false, Reason::Invalid, &msg);
-                ctx.store.event(Kind::MachineClass, &c.metadata, true, "Invalid", msg).await;
+                ctx.store.event(Kind::MachineClass, &c.metadata, EventReason::Invalid, msg).await;
             }
             Validation::Retry(credentials) => {
                 if let Some(msg) = credentials {
@@ -85,7 +86,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     }
     c.status.validated_generation = c.metadata.generation;
     write::status(ctx, &before, &c).await?;
-    Ok(Action::AwaitChange)
+    Ok(Action::await_change())
 }
 
 /// What a driver's answer to ValidateMachineClass makes of a class.

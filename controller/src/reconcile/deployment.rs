@@ -10,6 +10,7 @@ use driver_sdk::proto as pb;
 
 use super::write::{self, Finalizer};
 use super::{resolve, slow_start};
+use crate::events::EventReason;
 use crate::plan::in_place::{self, Verdict};
 use crate::plan::rollout::{self, InPlaceWork, Member, Observed, StoredMember, ANNOTATION_REPLACING};
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
@@ -25,7 +26,7 @@ type Result<T> = std::result::Result<T, ReconcileError>;
 /// Store failures.
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(md) = ctx.store.get::<MachineDeployment>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     let md = match write::finalizer(ctx, md).await? {
         Finalizer::Apply(md) => md,
@@ -45,7 +46,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         tracing::debug!("plan.notes" = %notes.join("; "), "planned deployment");
     }
     for e in &plan.events {
-        ctx.store.event(Kind::MachineDeployment, &md.metadata, e.warning, e.reason, e.message.clone()).await;
+        ctx.store.event(Kind::MachineDeployment, &md.metadata, e.reason, e.message.clone()).await;
     }
     let mut next = md.clone();
     next.status = plan.status.clone();
@@ -78,7 +79,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
     write::status(ctx, &md, &next).await?;
     Ok(if plan.settled {
-        Action::AwaitChange
+        Action::await_change()
     } else if plan.has_failed {
         // Come back when the next replacement may go.
         Action::requeue(ctx.replacement_wait(key).clamp(Duration::from_millis(100), Duration::from_secs(5)))
@@ -205,8 +206,7 @@ async fn replace(ctx: &Ctx, md: &MachineDeployment, member: &Member) -> Result<(
         .event(
             Kind::Machine,
             &m.metadata,
-            true,
-            "Replacing",
+            EventReason::Replacing,
             format!("{} failed ({why}); replacing it", m.metadata.name),
         )
         .await;
@@ -251,8 +251,7 @@ async fn in_place(
                     .event(
                         Kind::Machine,
                         &m.metadata,
-                        false,
-                        "ReplacingForUpdate",
+                        EventReason::ReplacingForUpdate,
                         format!("{} cannot change in place; replacing", paths.join(", ")),
                     )
                     .await;
@@ -304,5 +303,5 @@ async fn teardown(ctx: &Ctx, md: MachineDeployment) -> Result<Action> {
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
     write::release(ctx, &md).await?;
-    Ok(Action::AwaitChange)
+    Ok(Action::await_change())
 }

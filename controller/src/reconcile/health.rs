@@ -3,6 +3,7 @@
 //! and reports what it found in status. The decisions are [`crate::plan::health`]'s.
 
 use super::write;
+use crate::events::EventReason;
 use crate::plan::health::{self, Assessment};
 use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
@@ -14,10 +15,10 @@ use crate::store::{Key, ListParams};
 /// Store failures.
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     let Some(before) = ctx.store.get::<MachineHealthCheck>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     if before.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     }
     let params = before
         .spec
@@ -34,10 +35,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         Err(why) => {
             let conditions = &mut after.status.conditions;
             if set_condition(conditions, ConditionType::RemediationAllowed, false, Reason::Invalid, &why) {
-                ctx.store.event(Kind::MachineHealthCheck, &after.metadata, true, "Invalid", why).await;
+                ctx.store.event(Kind::MachineHealthCheck, &after.metadata, EventReason::Invalid, why).await;
             }
             write::status(ctx, &before, &after).await?;
-            return Ok(Action::AwaitChange);
+            return Ok(Action::await_change());
         }
     };
     record(&mut after.status, &a);
@@ -50,7 +51,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
             a.max_unhealthy
         );
         if set_condition(conditions, ConditionType::RemediationAllowed, false, Reason::TooManyUnhealthy, &message) {
-            ctx.store.event(Kind::MachineHealthCheck, &after.metadata, true, "RemediationRestricted", message).await;
+            ctx.store
+                .event(Kind::MachineHealthCheck, &after.metadata, EventReason::RemediationRestricted, message)
+                .await;
         }
     } else {
         set_condition(conditions, ConditionType::RemediationAllowed, true, Reason::WithinMaxUnhealthy, "");
@@ -61,14 +64,14 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         ctx.store.delete(&machine).await?;
         let message = format!("deleted Machine {} ({}); its owner replaces it", u.name, u.why);
         tracing::info!(machine = %machine, "machine health check: {message}");
-        ctx.store.event(Kind::MachineHealthCheck, &after.metadata, false, "MachineRemediated", message).await;
+        ctx.store.event(Kind::MachineHealthCheck, &after.metadata, EventReason::MachineRemediated, message).await;
         if let Some(m) = machines.iter().find(|m| m.metadata.name == u.name) {
             let message = format!("deleted by MachineHealthCheck {}: {}", key.name, u.why);
-            ctx.store.event(Kind::Machine, &m.metadata, true, "Remediated", message).await;
+            ctx.store.event(Kind::Machine, &m.metadata, EventReason::Remediated, message).await;
         }
     }
     write::status(ctx, &before, &after).await?;
-    Ok(a.recheck_after.map_or(Action::AwaitChange, Action::requeue))
+    Ok(a.recheck_after.map_or(Action::await_change(), Action::requeue))
 }
 
 /// The status fields an assessment sets.

@@ -10,6 +10,7 @@ use driver_sdk::{CallError, OperationExt};
 
 use super::write::{self, Finalizer};
 use super::{poll_stored, resolve, stored, Polled, Resolved};
+use crate::events::EventReason;
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
@@ -25,7 +26,7 @@ const KEEP_REQUEST_IDS: usize = 5;
 /// Store failures (driver failures become status).
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(m) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     if m.spec.pool_ref.is_some() {
         return super::pool::reconcile_machine(ctx, key, m).await;
@@ -58,7 +59,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     }
     match step {
         Step::Poll(op) => poll(ctx, m, &r, op).await,
-        Step::Hold => Ok(Action::AwaitChange),
+        Step::Hold => Ok(Action::await_change()),
         Step::Update => update(ctx, key, m, &r).await,
         Step::Health => health(ctx, key, m, &r).await,
         Step::Create => create(ctx, key, m, &r).await,
@@ -71,14 +72,14 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
 /// Between driver calls, a Running machine's Node is still watched: its readiness is kept in
 /// `NodeReady` (a Node change wakes the machine).
 async fn watch_node(ctx: &Ctx, key: &Key, before: Machine, wait: Duration) -> Result<Action> {
-    let Some(target) = ctx.target.as_deref() else { return Ok(Action::Wait(wait)) };
+    let Some(target) = ctx.target.as_deref() else { return Ok(Action::wait(wait)) };
     if before.status.phase != Phase::Running || before.status.provider_id.is_empty() {
-        return Ok(Action::Wait(wait));
+        return Ok(Action::wait(wait));
     }
     let mut m = before.clone();
     super::node::observe(ctx, target, key, &mut m).await?;
     write::status(ctx, &before, &m).await?;
-    Ok(Action::Wait(wait))
+    Ok(Action::wait(wait))
 }
 
 /// What a reconcile of a live Machine does, decided from its status alone.
@@ -202,6 +203,16 @@ fn retrying_reason(decision: Decision, op_type: OperationType) -> Reason {
         .map_or_else(|| Reason::retrying(op_type), Reason::from)
 }
 
+/// The event of a failed create or update (refused, or its operation ended with an error): the
+/// only calls whose failure this reconcile reports (a delete's is a condition).
+fn failed_event(op_type: OperationType) -> EventReason {
+    if op_type == OperationType::Create {
+        EventReason::CreateFailed
+    } else {
+        EventReason::UpdateFailed
+    }
+}
+
 pub(crate) fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, message: &str) {
     m.status.phase = Phase::Failed;
     m.status.failure = Some(Failure {
@@ -242,9 +253,9 @@ async fn call_failed(
                 _ => e.report.message.clone(),
             };
             fail(&mut m, r.class.metadata.generation, &code, reason, &message);
-            ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), e.report.to_string()).await;
+            ctx.store.event(Kind::Machine, &m.metadata, failed_event(op_type), e.report.to_string()).await;
             write::status(ctx, before, &m).await?;
-            Ok(Action::AwaitChange)
+            Ok(Action::await_change())
         }
         decision => {
             // The environment (quota, credentials, an unavailable cloud), not the spec: retried
@@ -255,7 +266,7 @@ async fn call_failed(
             let newly = condition(&before.status.conditions, ConditionType::Ready).is_none_or(|c| c.reason != reason);
             set_condition(&mut m.status.conditions, ConditionType::Ready, false, reason.clone(), &message);
             if newly && reason == Reason::CloudCredentialsRefused {
-                ctx.store.event(Kind::Machine, &m.metadata, true, reason.as_str(), message).await;
+                ctx.store.event(Kind::Machine, &m.metadata, EventReason::CloudCredentialsRefused, message).await;
             }
             write::status_then_fail(ctx, before, &m, ReconcileError::call(e, Rpc::Mutate)).await
         }
@@ -268,9 +279,9 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         if elapsed_since(Some(started)) > creation_timeout(&m) {
             let msg = format!("not Running {}s after its create started", creation_timeout(&m).as_secs());
             fail(&mut m, r.class.metadata.generation, "DeadlineExceeded", policy::REASON_CREATION_TIMEOUT, &msg);
-            ctx.store.event(Kind::Machine, &m.metadata, true, "CreationTimeout", msg).await;
+            ctx.store.event(Kind::Machine, &m.metadata, EventReason::CreationTimeout, msg).await;
             write::status(ctx, &before, &m).await?;
-            return Ok(Action::AwaitChange);
+            return Ok(Action::await_change());
         }
     }
     m.status.failure = None;
@@ -321,8 +332,7 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
                 .event(
                     Kind::Machine,
                     &m.metadata,
-                    true,
-                    "OperationTokenUnusable",
+                    EventReason::OperationTokenUnusable,
                     format!("{why}; asking the driver again"),
                 )
                 .await;
@@ -362,7 +372,7 @@ async fn finished(
     let op_type = OperationType::from(kind);
     if let Some(err) = op.error_report() {
         m.status.last_operation = Some(last_err(op_type, &err));
-        ctx.store.event(Kind::Machine, &m.metadata, true, &format!("{op_type}Failed"), err.to_string()).await;
+        ctx.store.event(Kind::Machine, &m.metadata, failed_event(op_type), err.to_string()).await;
         // An operation that ran and failed in the cloud is final for this machine (its owner
         // replaces it); a lost, cancelled or transiently failed one is asked again (idempotent).
         let rpc = if op_type == OperationType::Delete { Rpc::Delete } else { Rpc::Mutate };
@@ -384,7 +394,7 @@ async fn finished(
         }
         fail(&mut m, r.class.metadata.generation, &format!("{:?}", err.code), &err.reason, &err.message);
         write::status(ctx, before, &m).await?;
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     }
     m.status.last_operation = Some(last_ok(op_type, OperationState::Succeeded, &op_request_id(&m)));
     if let Some(machine) = op.machine() {
@@ -406,14 +416,12 @@ async fn finished(
         set_condition(&mut m.status.conditions, ConditionType::Ready, true, Reason::Running, "");
     }
     set_condition(&mut m.status.conditions, ConditionType::UpToDate, true, Reason::SpecApplied, "");
-    let reason = if op_type == OperationType::Create { "Created" } else { "Updated" };
+    let reason = if op_type == OperationType::Create { EventReason::Created } else { EventReason::Updated };
     let message = format!("{} is running ({})", m.metadata.name, m.status.provider_id);
     // The event goes first into the store's open group and the status joins it: one commit to
     // wait for, not two, and the event is never stored after the status it announces.
-    let (_, written) = tokio::join!(
-        ctx.store.event(Kind::Machine, &m.metadata, false, reason, message),
-        write::status(ctx, before, &m)
-    );
+    let (_, written) =
+        tokio::join!(ctx.store.event(Kind::Machine, &m.metadata, reason, message), write::status(ctx, before, &m));
     written?;
     if joining {
         // The Node may be Ready already: look at once (no driver call).
@@ -479,9 +487,9 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
             if elapsed_since(Some(since)) >= health_timeout(&m) {
                 let msg = format!("{message} for more than {}s", health_timeout(&m).as_secs());
                 fail(&mut m, r.class.metadata.generation, "Unavailable", policy::REASON_HEALTH_TIMEOUT, &msg);
-                ctx.store.event(Kind::Machine, &m.metadata, true, "HealthTimeout", msg).await;
+                ctx.store.event(Kind::Machine, &m.metadata, EventReason::HealthTimeout, msg).await;
                 write::status(ctx, &before, &m).await?;
-                return Ok(Action::AwaitChange);
+                return Ok(Action::await_change());
             }
             m.status.phase = Phase::Unknown;
             set_condition(&mut m.status.conditions, ConditionType::Ready, false, reason, &message);
@@ -556,7 +564,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
     }
     let wait = ctx.wait_before_call(key);
     if matches!(step, DeleteStep::Poll(_)) && !wait.is_zero() {
-        return Ok(Action::Wait(wait));
+        return Ok(Action::wait(wait));
     }
     let r = match resolved {
         Ok(r) => r,
@@ -601,8 +609,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
                     .event(
                         Kind::Machine,
                         &before.metadata,
-                        true,
-                        "OperationTokenUnusable",
+                        EventReason::OperationTokenUnusable,
                         format!("{why}; deleting again"),
                     )
                     .await;
@@ -625,7 +632,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
             if op.done && op.error_report().is_none() {
                 write::status(ctx, &before, &m).await?;
                 let Some(fresh) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
-                    return Ok(Action::AwaitChange);
+                    return Ok(Action::await_change());
                 };
                 return release(ctx, key, fresh).await;
             }
@@ -671,9 +678,9 @@ async fn release(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
     }
     if write::release(ctx, &m).await? {
         let message = format!("{} is gone from the cloud", m.metadata.name);
-        ctx.store.event(Kind::Machine, &m.metadata, false, "Deleted", message).await;
+        ctx.store.event(Kind::Machine, &m.metadata, EventReason::Deleted, message).await;
     }
-    Ok(Action::AwaitChange)
+    Ok(Action::await_change())
 }
 
 #[cfg(test)]

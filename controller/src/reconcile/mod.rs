@@ -173,7 +173,7 @@ pub const RECONCILERS: &[Registered] = &[
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     match RECONCILERS.iter().find(|r| r.kind == key.kind) {
         Some(r) => (r.reconcile)(ctx, key).await,
-        None => Ok(Action::AwaitChange),
+        None => Ok(Action::await_change()),
     }
 }
 

@@ -21,6 +21,7 @@ use super::write;
 use super::Resolved;
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::events::EventReason;
 use crate::nodes::{self, drain, Evicted, Lookup, NodeView, Target};
 use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
@@ -70,7 +71,7 @@ async fn link(ctx: &Ctx, target: &Target, m: &mut Machine, node: &NodeView) -> R
         let desired = m.spec.node_template.clone().unwrap_or_default();
         if target.sync_metadata(node, &desired).await? {
             let message = format!("node {} carries the template's labels, annotations and taints", node.name);
-            ctx.store.event(Kind::Machine, &m.metadata, false, "NodeMetadataApplied", message).await;
+            ctx.store.event(Kind::Machine, &m.metadata, EventReason::NodeMetadataApplied, message).await;
         }
     }
     Ok(())
@@ -97,7 +98,7 @@ pub(crate) async fn join(
                 set_condition(&mut m.status.conditions, ConditionType::Ready, true, Reason::Running, "");
                 let message = format!("node {} is Ready", node.name);
                 let (_, written) = tokio::join!(
-                    ctx.store.event(Kind::Machine, &m.metadata, false, "NodeReady", message),
+                    ctx.store.event(Kind::Machine, &m.metadata, EventReason::NodeReady, message),
                     write::status(ctx, &before, &m)
                 );
                 written?;
@@ -120,9 +121,9 @@ pub(crate) async fn join(
         super::machine::fail(&mut m, class_generation, "DeadlineExceeded", policy::REASON_NODE_NOT_JOINED, &message);
         m.status.phase = Phase::Failed;
         set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotJoined, &message);
-        ctx.store.event(Kind::Machine, &m.metadata, true, "NodeNotJoined", message).await;
+        ctx.store.event(Kind::Machine, &m.metadata, EventReason::NodeNotJoined, message).await;
         write::status(ctx, &before, &m).await?;
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     }
     write::status(ctx, &before, &m).await?;
     let left = if timeout.is_zero() { JOIN_RECHECK } else { timeout.saturating_sub(waited) };
@@ -158,7 +159,7 @@ pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machi
                 .is_none_or(|c| c.reason != Reason::NodeMissing);
             set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeMissing, &message);
             if newly {
-                ctx.store.event(Kind::Machine, &m.metadata, true, "NodeMissing", message).await;
+                ctx.store.event(Kind::Machine, &m.metadata, EventReason::NodeMissing, message).await;
             }
             Ok(())
         }
@@ -258,16 +259,16 @@ async fn hooks(ctx: &Ctx, m: &mut Machine, prefix: &str, next: DeletionPhase) ->
         return Action::requeue_now();
     }
     let names = held.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
-    let reason = if prefix == PRE_DRAIN_HOOK_PREFIX {
-        Reason::WaitingForPreDrainHooks
+    let (reason, event) = if prefix == PRE_DRAIN_HOOK_PREFIX {
+        (Reason::WaitingForPreDrainHooks, EventReason::WaitingForPreDrainHooks)
     } else {
-        Reason::WaitingForPreTerminateHooks
+        (Reason::WaitingForPreTerminateHooks, EventReason::WaitingForPreTerminateHooks)
     };
     let message = format!("held by {names} (the deletion goes on when removed)");
     let d = deletion(m);
     if d.blocked_by != names {
         d.blocked_by = names;
-        ctx.store.event(Kind::Machine, &m.metadata, false, reason.as_str(), message.clone()).await;
+        ctx.store.event(Kind::Machine, &m.metadata, event, message.clone()).await;
     }
     set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
     Action::requeue(HOOK_RECHECK)
@@ -320,7 +321,7 @@ async fn drain(
             pass.forced.len(),
             pass.forced.join(", ")
         );
-        ctx.store.event(Kind::Machine, &m.metadata, true, "DrainForced", message).await;
+        ctx.store.event(Kind::Machine, &m.metadata, EventReason::DrainForced, message).await;
     }
     deletion(m).pods_left = pass.left;
     if pass.left == 0 {
@@ -330,7 +331,7 @@ async fn drain(
             (false, false) => "every pod evicted",
         };
         let message = format!("node {} drained ({how})", node.name);
-        ctx.store.event(Kind::Machine, &m.metadata, false, "Drained", message).await;
+        ctx.store.event(Kind::Machine, &m.metadata, EventReason::Drained, message).await;
         advance(m, DeletionPhase::VolumesDetaching);
         return Ok(Action::requeue_now());
     }
@@ -365,7 +366,7 @@ async fn dead_node(
     if !deletion(m).out_of_service {
         deletion(m).out_of_service = true;
         let message = format!("node {} is not Ready and its VM is gone: deleting its pods without eviction", node.name);
-        ctx.store.event(Kind::Machine, &m.metadata, true, "OutOfService", message).await;
+        ctx.store.event(Kind::Machine, &m.metadata, EventReason::OutOfService, message).await;
     }
     target.mark_out_of_service(node).await?;
     Ok(true)
@@ -421,20 +422,22 @@ async fn report_held(
     deadline: Time,
 ) -> Result<()> {
     let left = pass.left;
-    let (reason, message, blocked) = match &pass.refused {
+    // `event` is set when something blocks the drain (then `blocked` says what).
+    let (reason, event, message, blocked) = match &pass.refused {
         Some((pod, refusal)) => {
-            let (reason, by) = match &refusal.budget {
+            let (reason, event, by) = match &refusal.budget {
                 Some(b) => {
                     let ns = pod.split('/').next().unwrap_or("default");
                     let never = target.budget(ns, b).await?.as_ref().is_some_and(drain::never_allows_eviction);
                     if never {
                         let by = format!("PodDisruptionBudget {ns}/{b} (it can never allow an eviction as configured)");
-                        (Reason::DisruptionBudgetUnsatisfiable, by)
+                        (Reason::DisruptionBudgetUnsatisfiable, EventReason::DisruptionBudgetUnsatisfiable, by)
                     } else {
-                        (Reason::EvictionBlocked, format!("PodDisruptionBudget {ns}/{b}"))
+                        let by = format!("PodDisruptionBudget {ns}/{b}");
+                        (Reason::EvictionBlocked, EventReason::EvictionBlocked, by)
                     }
                 }
-                None => (Reason::EvictionBlocked, "the API server".to_string()),
+                None => (Reason::EvictionBlocked, EventReason::EvictionBlocked, "the API server".to_string()),
             };
             let blocked = format!("{by} blocks the eviction of pod {pod}");
             let message = format!(
@@ -442,7 +445,7 @@ async fn report_held(
                 refusal.message,
                 deadline.to_rfc3339()
             );
-            (reason, message, blocked)
+            (reason, Some(event), message, blocked)
         }
         None => {
             let message = format!(
@@ -450,11 +453,11 @@ async fn report_held(
                 pass.evicted,
                 deadline.to_rfc3339()
             );
-            (Reason::Draining, message, String::new())
+            (Reason::Draining, None, message, String::new())
         }
     };
-    if !blocked.is_empty() && deletion(m).blocked_by != blocked {
-        ctx.store.event(Kind::Machine, &m.metadata, true, reason.as_str(), message.clone()).await;
+    if let Some(event) = event.filter(|_| deletion(m).blocked_by != blocked) {
+        ctx.store.event(Kind::Machine, &m.metadata, event, message.clone()).await;
     }
     deletion(m).blocked_by = blocked;
     set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
@@ -496,7 +499,7 @@ pub(crate) async fn delete_node(ctx: &Ctx, key: &Key, m: &Machine) -> Result<Opt
     if let Some(node) = node {
         target.delete_node(&node.name, &node.uid).await?;
         let message = format!("deleted node {} after its VM", node.name);
-        ctx.store.event(Kind::Machine, &m.metadata, false, "NodeDeleted", message).await;
+        ctx.store.event(Kind::Machine, &m.metadata, EventReason::NodeDeleted, message).await;
     }
     target.cache.unlink(key);
     Ok(None)

@@ -8,6 +8,7 @@ use driver_sdk::proto as pb;
 use tokio::time::Instant;
 
 use super::resolve;
+use crate::events::EventReason;
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
 use crate::runtime::Ctx;
@@ -116,8 +117,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
                         .event(
                             Kind::MachineClass,
                             &class.metadata,
-                            true,
-                            "OrphanDeleted",
+                            EventReason::OrphanDeleted,
                             format!(
                                 "deleted cloud machine {} ({}) that has no Machine (request {})",
                                 cm.name, cm.provider_id, reply.request_id

@@ -19,6 +19,7 @@ use driver_sdk::OperationExt;
 
 use super::write::{self, Finalizer, Written};
 use super::{poll_stored, resolve, stored, Polled, Resolved};
+use crate::events::EventReason;
 use crate::plan::pool as plan;
 use crate::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
 use crate::resources::*;
@@ -139,7 +140,7 @@ async fn instances(
 /// Store failures.
 pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &key.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     let pool = match write::finalizer(ctx, pool).await? {
         // A pool being deleted is reconciled below (poll, then DeletePool).
@@ -148,7 +149,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     };
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
-        return Ok(Action::Wait(wait));
+        return Ok(Action::wait(wait));
     }
     let t = &pool.spec.template.spec;
     let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
@@ -195,7 +196,7 @@ async fn poll(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, op: StoredOperati
                 &why,
             );
             let message = format!("{why}; asking the driver again");
-            ctx.store.event(Kind::MachinePool, &pool.metadata, true, "OperationTokenUnusable", message).await;
+            ctx.store.event(Kind::MachinePool, &pool.metadata, EventReason::OperationTokenUnusable, message).await;
             write::status(ctx, pool, &next).await?;
             return Ok(Action::requeue_now());
         }
@@ -217,7 +218,7 @@ async fn poll(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, op: StoredOperati
             &e.to_string(),
         );
         let message = format!("{}: {e}", op.kind);
-        ctx.store.event(Kind::MachinePool, &pool.metadata, true, "OperationFailed", message).await;
+        ctx.store.event(Kind::MachinePool, &pool.metadata, EventReason::OperationFailed, message).await;
     }
     write::status(ctx, pool, &next).await?;
     if pool.metadata.deletion_timestamp.is_some() && err.is_none() && op.kind == OperationKind::DeletePool {
@@ -376,7 +377,7 @@ async fn apply(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, next: &MachinePo
     };
     write::status(ctx, pool, next).await?;
     let Some(fresh) = ctx.store.get::<MachinePool>(&pool.metadata.namespace, &pool.metadata.name).await? else {
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     };
     match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
         Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
@@ -406,7 +407,7 @@ async fn delete_machines(ctx: &Ctx, pool: &MachinePool, machines: &[Machine], id
     if !names.is_empty() {
         let message =
             format!("deleting Machine(s) {} (each Node is drained before its instance goes)", names.join(", "));
-        ctx.store.event(Kind::MachinePool, &pool.metadata, false, "DeletingMachines", message).await;
+        ctx.store.event(Kind::MachinePool, &pool.metadata, EventReason::DeletingMachines, message).await;
     }
     Ok(())
 }
@@ -550,7 +551,7 @@ async fn mirror(
                     // Replaced like a failed deployment machine: its deletion removes exactly
                     // this instance, and the pool refills.
                     let message = next.status.failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
-                    ctx.store.event(Kind::Machine, &next.metadata, true, "NodeNotJoined", message).await;
+                    ctx.store.event(Kind::Machine, &next.metadata, EventReason::NodeNotJoined, message).await;
                     match write::status(ctx, *m, &next).await {
                         Err(e) if e.is_conflict() => continue,
                         Err(e) => return Err(e),
@@ -640,7 +641,7 @@ async fn finish_delete(ctx: &Ctx, pool: &MachinePool) -> Result<Action> {
         ctx.store.delete(&Key::of(m)).await?;
     }
     write::release(ctx, pool).await?;
-    Ok(Action::AwaitChange)
+    Ok(Action::await_change())
 }
 
 /// A pool Machine: deleting it deletes exactly its instance.
@@ -652,9 +653,9 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
     // instance gone from the cloud must go without a call). The pool mirrors their instances;
     // here only their Node (with a target cluster) and their deletion are reconciled.
     if !write::cleanup_due(&m) {
-        let Some(target) = ctx.target.as_deref() else { return Ok(Action::AwaitChange) };
+        let Some(target) = ctx.target.as_deref() else { return Ok(Action::await_change()) };
         if m.is_deleting() || m.status.provider_id.is_empty() {
-            return Ok(Action::AwaitChange);
+            return Ok(Action::await_change());
         }
         let mut next = m.clone();
         super::node::observe(ctx, target, key, &mut next).await?;
@@ -665,21 +666,21 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
             }
         }
         write::status(ctx, &m, &next).await?;
-        return Ok(Action::AwaitChange);
+        return Ok(Action::await_change());
     }
-    let Some(pref) = m.spec.pool_ref.clone() else { return Ok(Action::AwaitChange) };
+    let Some(pref) = m.spec.pool_ref.clone() else { return Ok(Action::await_change()) };
     let release = |m: Machine| async move {
         // The instance is gone: its Node goes before the Machine (with a target cluster).
         if let Some(action) = super::node::delete_node(ctx, key, &m).await? {
             return Ok(action);
         }
         write::release(ctx, &m).await?;
-        Ok(Action::AwaitChange)
+        Ok(Action::await_change())
     };
     let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &pref.name).await? else { return release(m).await };
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
-        return Ok(Action::Wait(wait));
+        return Ok(Action::wait(wait));
     }
     let t = &pool.spec.template.spec;
     let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
@@ -695,7 +696,12 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
                 next.status.operations.clear();
                 write::status(ctx, &m, &next).await?;
                 ctx.store
-                    .event(Kind::Machine, &m.metadata, true, "OperationTokenUnusable", format!("{why}; deleting again"))
+                    .event(
+                        Kind::Machine,
+                        &m.metadata,
+                        EventReason::OperationTokenUnusable,
+                        format!("{why}; deleting again"),
+                    )
                     .await;
                 return Ok(Action::requeue_now());
             }
@@ -738,14 +744,13 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
             next.status.last_operation =
                 Some(last(OperationType::Delete, OperationState::Processing, &reply.request_id, None));
             if write::status(ctx, &m, &next).await? == Written::Gone {
-                return Ok(Action::AwaitChange);
+                return Ok(Action::await_change());
             }
             ctx.store
                 .event(
                     Kind::Machine,
                     &m.metadata,
-                    false,
-                    "DeletingInstance",
+                    EventReason::DeletingInstance,
                     format!("deleting instance {} of pool {}", pref.instance_id, pref.name),
                 )
                 .await;

@@ -94,13 +94,13 @@ pub(crate) async fn finalizer<T: Resource>(ctx: &Ctx, obj: T) -> Result<Finalize
     Ok(match (deleting, has) {
         (false, true) => Finalizer::Apply(obj),
         (true, true) => Finalizer::Cleanup(obj),
-        (true, false) => Finalizer::Done(Action::AwaitChange),
+        (true, false) => Finalizer::Done(Action::await_change()),
         (false, false) => {
             let mut with = obj;
             with.meta_mut().finalizers.push(FINALIZER.into());
             match ctx.store.update(&with).await {
                 Ok(_) => Finalizer::Done(Action::requeue_now()),
-                Err(StoreError::NotFound(_)) => Finalizer::Done(Action::AwaitChange),
+                Err(StoreError::NotFound(_)) => Finalizer::Done(Action::await_change()),
                 Err(e) => return Err(e.into()),
             }
         }

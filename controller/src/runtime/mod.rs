@@ -239,41 +239,54 @@ impl KeyState {
     }
 }
 
-/// What to do after a reconcile (the reconciler's answer; the runtime schedules it).
+/// What to do after a reconcile (the reconciler's answer; the runtime schedules it). Opaque:
+/// a reconciler builds it only with the named constructors, which say when each applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub struct Action(Next);
+
+/// What an [`Action`] asks of the runtime; only the runtime reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
     /// Run again after this long; a change runs it sooner.
     Requeue(Duration),
-    /// The driver sets the pace (its `poll_after`, the health-check interval): run again after
-    /// this long, and make no driver call for this object before then, even when a change runs
-    /// the reconcile sooner ([`Ctx::wait_before_call`]).
+    /// Run again after this long, and make no driver call for this object before then.
     Poll(Duration),
-    /// Nothing was done: the object is still waiting out its backoff or poll interval (this
-    /// long). Unlike the other actions, this keeps the count of failed attempts.
+    /// Run again after this long, keeping the count of failed attempts.
     Wait(Duration),
     /// Run again when something changes.
     AwaitChange,
 }
 
 impl Action {
-    /// Run again after `d`.
+    /// Run again after `d`; a change runs it sooner. For waits the controller paces itself
+    /// (hooks, a missing class or Secret, a Node that has not joined yet).
     pub fn requeue(d: Duration) -> Self {
-        Action::Requeue(d)
+        Action(Next::Requeue(d))
     }
 
     /// Run again now (after a write conflict, or to take the next step at once).
     pub fn requeue_now() -> Self {
-        Action::Requeue(Duration::ZERO)
+        Action(Next::Requeue(Duration::ZERO))
     }
 
-    /// Poll again after `d`, calling no driver before then.
+    /// The driver sets the pace (its `poll_after`, the health-check interval): run again after
+    /// `d`, and make no driver call for this object before then, even when a change runs the
+    /// reconcile sooner ([`Ctx::wait_before_call`]).
     pub fn poll_after(d: Duration) -> Self {
-        Action::Poll(d)
+        Action(Next::Poll(d))
     }
 
-    /// Run again when something changes.
+    /// Nothing was done: the object is still waiting out its backoff or poll interval, `d` more
+    /// ([`Ctx::wait_before_call`]). Unlike the other actions, this keeps the count of failed
+    /// attempts, so the next backoff still grows.
+    pub fn wait(d: Duration) -> Self {
+        Action(Next::Wait(d))
+    }
+
+    /// Run again only when something changes: the object is settled, gone, or held until its
+    /// spec changes (a permanent failure).
     pub fn await_change() -> Self {
-        Action::AwaitChange
+        Action(Next::AwaitChange)
     }
 }
 
@@ -629,17 +642,17 @@ async fn worker<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>, id: usize) {
         ctx.reconciled_in(&key, started.elapsed());
         match result {
             Ok(Ok(action)) => {
-                match action {
-                    Action::Wait(_) => {}
+                match action.0 {
+                    Next::Wait(_) => {}
                     _ => ctx.succeeded(&key),
                 }
-                match action {
-                    Action::Requeue(d) | Action::Wait(d) => ctx.queue.add_after(key.clone(), d),
-                    Action::Poll(d) => {
+                match action.0 {
+                    Next::Requeue(d) | Next::Wait(d) => ctx.queue.add_after(key.clone(), d),
+                    Next::Poll(d) => {
                         ctx.hold(&key, d);
                         ctx.queue.add_after(key.clone(), d);
                     }
-                    Action::AwaitChange => {}
+                    Next::AwaitChange => {}
                 }
             }
             Ok(Err(e)) => {

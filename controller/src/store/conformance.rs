@@ -41,6 +41,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 use super::{Change, Error, Event, Key, Result, Store, WatchEvent};
+use crate::events::EventReason;
 use crate::resources::{Kind, MachineClass, MachineClassSpec, ObjectMeta, FINALIZER};
 
 /// Calls every case with `$then!` (a macro taking a comma-separated list of case names, each a
@@ -524,10 +525,10 @@ pub async fn events_newest_n_oldest_first(s: &Subject) -> Outcome {
     let store = &s.store;
     let a = ok("create a", store.create(&class(&s.namespace, "a"))).await?;
     let b = ok("create b", store.create(&class(&s.namespace, "b"))).await?;
-    store.event(Kind::MachineClass, &a.metadata, false, "First", "one").await;
-    store.event(Kind::MachineClass, &b.metadata, false, "Other", "of b").await;
-    store.event(Kind::MachineClass, &a.metadata, true, "Second", "two").await;
-    store.event(Kind::MachineClass, &a.metadata, false, "Third", "three").await;
+    store.event(Kind::MachineClass, &a.metadata, EventReason::Validated, "one").await;
+    store.event(Kind::MachineClass, &b.metadata, EventReason::OrphanDeleted, "of b").await;
+    store.event(Kind::MachineClass, &a.metadata, EventReason::Invalid, "two").await;
+    store.event(Kind::MachineClass, &a.metadata, EventReason::Deleted, "three").await;
     // Recording may be asynchronous (Kubernetes posts in the background): wait for all three.
     let deadline = tokio::time::Instant::now() + WITHIN;
     let all = loop {
@@ -542,7 +543,7 @@ pub async fn events_newest_n_oldest_first(s: &Subject) -> Outcome {
         events.iter().map(|e| (e.event_type.clone(), e.reason.clone(), e.message.clone())).collect()
     };
     let t = |ty: &str, reason: &str, message: &str| (ty.to_string(), reason.to_string(), message.to_string());
-    let want = vec![t("Normal", "First", "one"), t("Warning", "Second", "two"), t("Normal", "Third", "three")];
+    let want = vec![t("Normal", "Validated", "one"), t("Warning", "Invalid", "two"), t("Normal", "Deleted", "three")];
     ensure!(summary(&all) == want, "events of a: {:?}, recorded {want:?}", summary(&all));
     ensure!(all.iter().all(|e| e.key == key(s, "a")), "events of a name another object");
     let newest = ok("newest 2 events", store.backend().events(&key(s, "a"), 2)).await?;

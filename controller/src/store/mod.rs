@@ -12,6 +12,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use crate::events::{EventReason, EventType};
 use crate::resources::{Kind, ObjectMeta, Resource, Time};
 
 #[doc(hidden)]
@@ -85,10 +86,10 @@ pub struct Event {
     /// The object.
     #[serde(skip)]
     pub key: Key,
-    /// `Normal` or `Warning`.
+    /// `Normal` or `Warning` ([`EventType::as_str`]).
     #[serde(rename = "type")]
     pub event_type: String,
-    /// UpperCamel reason.
+    /// UpperCamel reason ([`EventReason::as_str`]; a String, as a backend reads it back).
     pub reason: String,
     /// Detail.
     pub message: String,
@@ -605,19 +606,21 @@ impl Store {
         self.backend.delete(key).await
     }
 
-    /// Records an event against an object; failures are logged, not returned.
-    pub async fn event(&self, kind: Kind, meta: &ObjectMeta, warning: bool, reason: &str, message: impl Into<String>) {
+    /// Records an event against an object, its type the reason's; failures are logged, not
+    /// returned.
+    pub async fn event(&self, kind: Kind, meta: &ObjectMeta, reason: EventReason, message: impl Into<String>) {
+        let event_type = reason.event_type();
         let event = Event {
             key: Key::new(kind, &meta.namespace, &meta.name),
-            event_type: if warning { "Warning" } else { "Normal" }.into(),
-            reason: reason.into(),
+            event_type: event_type.as_str().into(),
+            reason: reason.as_str().into(),
             message: message.into(),
             time: chrono::Utc::now(),
         };
-        if warning {
-            tracing::warn!(object = %event.key, reason, "{}", event.message);
-        } else {
-            tracing::info!(object = %event.key, reason, "{}", event.message);
+        let reason = reason.as_str();
+        match event_type {
+            EventType::Warning => tracing::warn!(object = %event.key, reason, "{}", event.message),
+            EventType::Normal => tracing::info!(object = %event.key, reason, "{}", event.message),
         }
         if let Err(e) = self.backend.record_event(event).await {
             tracing::warn!("recording event: {}", driver_sdk::error_chain(&e));

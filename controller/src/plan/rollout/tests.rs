@@ -534,7 +534,7 @@ fn attributable_failures_spend_the_budget_and_abort_with_a_rollback() {
     let p = run(&md, machines(), true);
     assert_eq!(names(&p.replace), ["n1"]);
     assert_eq!(p.status.rollout.as_ref().map(|r| r.failures), Some(1));
-    assert_eq!(p.events.first().map(|e| e.reason), Some("RolloutStarted"));
+    assert_eq!(p.events.first().map(|e| e.reason), Some(EventReason::RolloutStarted));
     // The second reaches the budget: aborted, the revision remembered as bad, nothing else done.
     md.status = p.status;
     let p = run(&md, machines(), true);
@@ -542,7 +542,7 @@ fn attributable_failures_spend_the_budget_and_abort_with_a_rollback() {
     assert!(p.replace.is_empty() && p.delete.is_empty() && p.create == 0);
     assert_eq!(p.status.bad_revisions.iter().map(|b| b.revision.clone()).collect::<Vec<_>>(), [new_rev()]);
     assert_eq!(condition(&p, "Progressing"), ("False", "RolloutAborted"));
-    assert_eq!(p.events.last().map(|e| (e.warning, e.reason)), Some((true, "RolloutAborted")));
+    assert_eq!(p.events.last().map(|e| e.reason), Some(EventReason::RolloutAborted));
     assert_eq!(p.notes, [Note::RevisionAborted { revision: new_rev(), failures: 2, budget: 2 }]);
     // Then the deployment rolls back: the last good revision is the target, the bad machine goes.
     md.status = p.status;
@@ -589,7 +589,7 @@ fn a_bad_first_revision_has_nothing_to_roll_back_to() {
     assert!(p.aborted);
     let message = &p.status.conditions.iter().find(|c| c.reason == "RolloutAborted").expect("aborted").message;
     assert!(message.contains("no earlier revision to roll back to"), "{message}");
-    assert!(p.events.iter().all(|e| e.reason != "RolloutStarted"), "a first rollout is no event");
+    assert!(p.events.iter().all(|e| e.reason != EventReason::RolloutStarted), "a first rollout is no event");
     md.status = p.status;
     let p = run(&md, vec![Fx::new("n2")], true);
     assert!(p.target.is_none());
@@ -607,7 +607,10 @@ fn a_complete_rollout_records_the_revision() {
     assert_eq!(p.status.current_revision, new_rev());
     assert_eq!(p.status.revision_history.last().map(|r| r.revision.clone()), Some(new_rev()));
     assert_eq!(p.status.revision_history.len(), 2);
-    assert_eq!(p.events.iter().map(|e| e.reason).collect::<Vec<_>>(), ["RolloutStarted", "RolloutComplete"]);
+    assert_eq!(
+        p.events.iter().map(|e| e.reason).collect::<Vec<_>>(),
+        [EventReason::RolloutStarted, EventReason::RolloutComplete]
+    );
     assert_eq!(condition(&p, "Progressing"), ("True", "NewRevisionAvailable"));
     assert_eq!(p.notes, [started(), Note::Complete { revision: new_rev() }]);
     assert_eq!(condition(&p, "Available"), ("True", "MinimumAvailable"));

@@ -1,0 +1,178 @@
+//! The reasons of the events the controller records ([`crate::store::Store::event`]), each with
+//! its type. Operators read them in `docs/src/operating/running-the-controller.md` (section
+//! "Events"); a test keeps that table and this enum the same.
+
+/// An event's type, spelled as Kubernetes spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// Something went as it should.
+    Normal,
+    /// Something an operator may have to look at.
+    Warning,
+}
+
+impl EventType {
+    /// The wire string (`Normal`, `Warning`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// Declares the event reasons: the variant's name is the wire string, so it cannot differ.
+macro_rules! event_reasons {
+    ( $( $(#[$vmeta:meta])* $variant:ident: $ty:ident, )+ ) => {
+        /// Why the controller recorded an event. Distinct from a condition's
+        /// [`Reason`](crate::resources::Reason): some strings are alike, the sets are not.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum EventReason {
+            $( $(#[$vmeta])* $variant, )+
+        }
+
+        impl EventReason {
+            /// Every reason, in declaration order.
+            pub const ALL: &'static [EventReason] = &[ $( EventReason::$variant, )+ ];
+
+            /// The stable UpperCamel string `describe` shows and Kubernetes stores.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $( EventReason::$variant => stringify!($variant), )+
+                }
+            }
+
+            /// Whether it is a `Normal` or a `Warning` event.
+            pub fn event_type(self) -> EventType {
+                match self {
+                    $( EventReason::$variant => EventType::$ty, )+
+                }
+            }
+        }
+    };
+}
+
+event_reasons! {
+    /// MachineClass: the driver accepted the class.
+    Validated: Normal,
+    /// MachineClass: the driver refused the class. MachineHealthCheck: its spec cannot be
+    /// assessed.
+    Invalid: Warning,
+    /// MachineClass: a cloud machine tagged as this controller's without a Machine was deleted
+    /// after `--orphan-grace`.
+    OrphanDeleted: Warning,
+    /// MachineDeployment: a new revision started rolling out.
+    RolloutStarted: Normal,
+    /// MachineDeployment: a revision is fully rolled out.
+    RolloutComplete: Normal,
+    /// MachineDeployment: new machines used up `failureBudget`; the revision is bad.
+    RolloutAborted: Warning,
+    /// MachinePool: a stored ApplyPool or DeletePool handle was unusable and is dropped.
+    /// Machine: a stored operation handle was unusable; the driver is asked again by name.
+    OperationTokenUnusable: Warning,
+    /// MachinePool: an ApplyPool, DeletePool, DeletePoolInstances or UpgradePoolInstances
+    /// operation ended with an error.
+    OperationFailed: Warning,
+    /// MachinePool: scale-down deletes these Machines (each Node is drained first).
+    DeletingMachines: Normal,
+    /// MachineHealthCheck: more machines are unhealthy than `maxUnhealthy` allows; none is
+    /// remediated.
+    RemediationRestricted: Warning,
+    /// MachineHealthCheck: it deleted an unhealthy Machine, which its owner replaces.
+    MachineRemediated: Normal,
+    /// Machine: a MachineHealthCheck deleted it.
+    Remediated: Warning,
+    /// Machine: the cloud machine runs after its create.
+    Created: Normal,
+    /// Machine: the cloud machine runs the new spec after an in-place update.
+    Updated: Normal,
+    /// Machine: the driver refused a create, or its operation ended with an error.
+    CreateFailed: Warning,
+    /// Machine: the driver refused an in-place update, or its operation ended with an error.
+    UpdateFailed: Warning,
+    /// Machine: the cloud refuses the credentials; the create or update is retried with backoff.
+    CloudCredentialsRefused: Warning,
+    /// Machine: not Running `creationTimeoutSeconds` after its create started; it fails.
+    CreationTimeout: Warning,
+    /// Machine: unhealthy or missing in the cloud for `healthTimeoutSeconds`; it fails.
+    HealthTimeout: Warning,
+    /// Machine: its deployment replaces it because it failed.
+    Replacing: Warning,
+    /// Machine: its deployment replaces it because the new template cannot be applied in place.
+    ReplacingForUpdate: Normal,
+    /// Machine: its cloud machine is deleted; the finalizer is removed.
+    Deleted: Normal,
+    /// Machine (of a pool): its instance is being deleted from the pool.
+    DeletingInstance: Normal,
+    /// Machine: the template's labels, annotations and taints are on its Node.
+    NodeMetadataApplied: Normal,
+    /// Machine: its Node is Ready; the machine is Running.
+    NodeReady: Normal,
+    /// Machine: no Ready Node within `nodeStartupTimeoutSeconds`; it fails (`NODE_NOT_JOINED`).
+    NodeNotJoined: Warning,
+    /// Machine: the Node of its running VM disappeared.
+    NodeMissing: Warning,
+    /// Machine: `pre-drain.delete.hook…` annotations hold its deletion.
+    WaitingForPreDrainHooks: Normal,
+    /// Machine: `pre-terminate.delete.hook…` annotations hold its deletion.
+    WaitingForPreTerminateHooks: Normal,
+    /// Machine: a PodDisruptionBudget (or the API server) refuses an eviction of its drain.
+    EvictionBlocked: Warning,
+    /// Machine: a PodDisruptionBudget that can never allow an eviction blocks its drain.
+    DisruptionBudgetUnsatisfiable: Warning,
+    /// Machine: the drain deadline passed; the pods left were deleted without eviction.
+    DrainForced: Warning,
+    /// Machine: its Node is drained.
+    Drained: Normal,
+    /// Machine: the VM is gone and the Node not Ready; its pods were deleted without eviction.
+    OutOfService: Warning,
+    /// Machine: its Node is deleted after the VM.
+    NodeDeleted: Normal,
+}
+
+impl std::fmt::Display for EventReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOC: &str = include_str!("../../docs/src/operating/running-the-controller.md");
+
+    /// The rows of the events table: `| \`Reason\` | Type | … |` under the `## Events` heading.
+    fn doc_rows() -> Vec<(String, String)> {
+        let section = DOC.split("\n## Events\n").nth(1).expect("running-the-controller.md has an `## Events` section");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        section
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.trim().strip_prefix('|')?.split('|').map(str::trim).collect();
+                let reason = cells.first()?.strip_prefix('`')?.strip_suffix('`')?;
+                Some((reason.to_string(), cells.get(1)?.to_string()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_reason_is_in_the_docs_table_with_its_type_and_nothing_else_is() {
+        let rows = doc_rows();
+        for r in EventReason::ALL {
+            let row = rows.iter().find(|(name, _)| name == r.as_str());
+            assert_eq!(
+                row.map(|(_, ty)| ty.as_str()),
+                Some(r.event_type().as_str()),
+                "the events table of docs/src/operating/running-the-controller.md: row of {r}"
+            );
+        }
+        for (name, _) in &rows {
+            assert!(
+                EventReason::ALL.iter().any(|r| r.as_str() == name),
+                "the events table lists `{name}`, which is no EventReason"
+            );
+        }
+        assert_eq!(rows.len(), EventReason::ALL.len(), "the events table lists a reason twice");
+    }
+}
