@@ -464,7 +464,11 @@ async fn cli_shows_status_request_ids_and_deletes_through_the_cloud() {
     let (code, out, _) = w.cli(&["describe", "machine", &m.metadata.name]).await;
     assert_eq!(code, 0);
     let last = m.status.last_operation.unwrap();
-    assert!(out.contains(&last.request_id) && out.contains("Created") && out.contains("Ready"), "{out}");
+    assert!(out.contains(&last.request_id) && out.contains("Ready"), "{out}");
+    // That it runs is told once on its deployment, as a ReplicaSet tells of its pods.
+    let (code, out, _) = w.cli(&["describe", "md", "web"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("Created") && out.contains(&format!("{} is running", m.metadata.name)), "{out}");
     // The request ID the controller recorded is in the sidecar's log for the same call.
     let rid = m.status.request_ids[0].clone();
     assert!(w.sidecar().log_text().contains(&rid), "request {rid} not in the sidecar log");

@@ -174,14 +174,13 @@ async fn a_deployment_applied_through_the_api_reconciles_with_operations_in_stat
     let (code, out, err) = w.cli(&["get", "machines", "-n", w.ns()]).await;
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.matches("Running").count(), 3, "{out}");
-    // Events are posted as events.k8s.io/v1 and shown by describe.
-    let machine = w.machines().await[0].metadata.name.clone();
-    let (code, out, err) = eventually(MINUTE, "events in describe", || {
+    // Events are posted as events.k8s.io/v1 and shown by describe. That the three machines run
+    // is told on their deployment, and repeats of one reason there are one event series.
+    let (code, out, err) = eventually(MINUTE, "a series of Created events in describe", || {
         let w = &w;
-        let machine = machine.clone();
         async move {
-            let r = w.cli(&["describe", "machine", &machine, "-n", w.ns()]).await;
-            r.1.contains("Created").then_some(r)
+            let r = w.cli(&["describe", "machinedeployment", "web", "-n", w.ns()]).await;
+            (r.1.contains("Created") && r.1.contains("(x")).then_some(r)
         }
     })
     .await;
@@ -189,7 +188,11 @@ async fn a_deployment_applied_through_the_api_reconciles_with_operations_in_stat
     assert!(out.contains("Events"), "{out}");
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(w.cluster().client.clone(), w.ns());
     let list = events.list(&Default::default()).await.unwrap();
-    assert!(list.items.iter().any(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(machine.as_str())));
+    let created: Vec<_> = list.items.iter().filter(|e| e.reason.as_deref() == Some("Created")).collect();
+    assert_eq!(created.len(), 1, "one Event for the series: {created:?}");
+    let regarding = created[0].regarding.as_ref().expect("regarding");
+    assert_eq!((regarding.kind.as_deref(), regarding.name.as_deref()), (Some("MachineDeployment"), Some("web")));
+    assert!(created[0].series.as_ref().is_some_and(|s| s.count >= 2), "{:?}", created[0].series);
     w.kill9_controller(0).await;
 }
 

@@ -82,9 +82,10 @@ event_reasons! {
     MachineRemediated: Normal,
     /// Machine: a MachineHealthCheck deleted it.
     Remediated: Warning,
-    /// Machine: the cloud machine runs after its create.
+    /// The Machine's owner (the Machine when it has none): a cloud machine runs after its create.
     Created: Normal,
-    /// Machine: the cloud machine runs the new spec after an in-place update.
+    /// The Machine's owner (the Machine when it has none): a cloud machine runs the new spec
+    /// after an in-place update.
     Updated: Normal,
     /// Machine: the driver refused a create, or its operation ended with an error.
     CreateFailed: Warning,

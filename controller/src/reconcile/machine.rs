@@ -418,10 +418,18 @@ async fn finished(
     set_condition(&mut m.status.conditions, ConditionType::UpToDate, true, Reason::SpecApplied, "");
     let reason = if op_type == OperationType::Create { EventReason::Created } else { EventReason::Updated };
     let message = format!("{} is running ({})", m.metadata.name, m.status.provider_id);
+    // On the owner when there is one, as a ReplicaSet reports the pods it creates: the Machine's
+    // own status says the same, and on the API server the owner's events of one reason are one
+    // event series, not one Event per machine.
+    let (kind, about) = match m.owner() {
+        Some((kind, owner)) => {
+            (kind, ObjectMeta { namespace: m.metadata.namespace.clone(), name: owner.into(), ..Default::default() })
+        }
+        None => (Kind::Machine, m.metadata.clone()),
+    };
     // The event goes first into the store's open group and the status joins it: one commit to
     // wait for, not two, and the event is never stored after the status it announces.
-    let (_, written) =
-        tokio::join!(ctx.store.event(Kind::Machine, &m.metadata, reason, message), write::status(ctx, before, &m));
+    let (_, written) = tokio::join!(ctx.store.event(kind, &about, reason, message), write::status(ctx, before, &m));
     written?;
     if joining {
         // The Node may be Ready already: look at once (no driver call).
