@@ -19,7 +19,7 @@ use crate::store::{Key, Store, StoreSpec, WatchEvent};
 pub struct Cli {
     /// Where objects live: `sqlite://PATH` (or just PATH) for the embedded store, or
     /// `kubernetes` for custom resources on the API server of the kubeconfig / in-cluster config.
-    #[arg(long, global = true, env = "MACHINE_CONTROLLER_STORE", default_value = "machine-controller.db")]
+    #[arg(long, global = true, env = "MACHINE_CONTROLLER_STORE", default_value = crate::defaults::STORE)]
     pub store: StoreSpec,
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = driver_sdk::telemetry::LogFormat::Text)]
@@ -116,6 +116,7 @@ pub enum RolloutAction {
         #[arg(short, long, default_value = "default")]
         namespace: String,
         /// Give up after this long.
+        // Duration defaults are strings (no `Display`); `defaults`' tests pin them to the constants.
         #[arg(long, default_value = "10m", value_parser = driver_sdk::parse_duration)]
         timeout: Duration,
         /// Print the status once instead of waiting.
@@ -131,7 +132,7 @@ pub struct RunArgs {
     #[arg(long = "driver", value_parser = parse_driver, required = true)]
     pub drivers: Vec<(String, String)>,
     /// Concurrent reconciles.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = crate::defaults::WORKERS)]
     pub workers: usize,
     /// Serve /metrics, /healthz and /readyz here.
     #[arg(long, env = "MACHINE_CONTROLLER_METRICS_ADDR")]
@@ -143,10 +144,10 @@ pub struct RunArgs {
     #[arg(long, default_value = "100ms", value_parser = driver_sdk::parse_duration)]
     pub debounce: Duration,
     /// Driver calls per second, per driver.
-    #[arg(long, default_value_t = 200.0)]
+    #[arg(long, default_value_t = crate::defaults::DRIVER_QPS)]
     pub driver_qps: f64,
     /// Burst of driver calls, per driver.
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = crate::defaults::DRIVER_BURST)]
     pub driver_burst: u32,
     /// How often Running machines are checked.
     #[arg(long, default_value = "30s", value_parser = driver_sdk::parse_duration)]
@@ -158,7 +159,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "5m", value_parser = driver_sdk::parse_duration)]
     pub orphan_grace: Duration,
     /// The tag value that marks cloud machines as this controller's.
-    #[arg(long, default_value = "machine-controller")]
+    #[arg(long, default_value = crate::defaults::CONTROLLER_ID)]
     pub controller_id: String,
     /// Reconcile every object again this often, even without a change.
     #[arg(long, default_value = "60s", value_parser = driver_sdk::parse_duration)]
@@ -184,7 +185,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub leader_elect_namespace: Option<String>,
     /// Name of the Lease.
-    #[arg(long, default_value = "machine-controller")]
+    #[arg(long, default_value = crate::defaults::LEASE_NAME)]
     pub leader_elect_lease_name: String,
     /// This replica's identity (default: POD_NAME, else the host name and a random suffix).
     #[arg(long, env = "POD_NAME")]

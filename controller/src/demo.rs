@@ -26,6 +26,21 @@ pub const SAMPLE_CLASS: &str = include_str!("../../examples/machineclass.yaml");
 /// The sample deployment.
 pub const SAMPLE_DEPLOYMENT: &str = include_str!("../../examples/machinedeployment.yaml");
 
+/// `demo --create-latency`: the fake's own default, so machines are seen creating.
+pub const DEFAULT_CREATE_LATENCY: Duration = Duration::from_secs(2);
+/// `demo --step-timeout`: each step (20 creates, a rolling update, scaling) takes seconds;
+/// this only ends a demo that is stuck.
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the sidecar may take to start answering Probe ready, and to stop after SIGTERM.
+const SIDECAR_TIMEOUT: Duration = Duration::from_secs(20);
+/// How often the sidecar is probed while it starts.
+const READY_POLL: Duration = Duration::from_millis(50);
+/// How often the demo looks at the cloud and the store while a step converges.
+const WATCH_INTERVAL: Duration = Duration::from_millis(100);
+/// The demo's health-check interval: shorter than `run`'s default, for a demo that lasts a
+/// minute or two.
+const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
 /// `demo` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
@@ -33,6 +48,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub fake_driver: Option<PathBuf>,
     /// How long a fake create takes.
+    // Duration defaults are strings (no `Display`); `defaults`' tests pin them to the constants.
     #[arg(long, default_value = "2s", value_parser = driver_sdk::parse_duration)]
     pub create_latency: Duration,
     /// Give up on any step after this long.
@@ -65,7 +81,7 @@ impl Sidecar {
         if let Some(pid) = self.0.id() {
             let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
         }
-        match tokio::time::timeout(Duration::from_secs(20), self.0.wait()).await {
+        match tokio::time::timeout(SIDECAR_TIMEOUT, self.0.wait()).await {
             Ok(Ok(_)) => Ok(()),
             _ => {
                 let _ = self.0.kill().await;
@@ -134,7 +150,7 @@ async fn wait_ready(endpoint: &str, timeout: Duration) -> Result<driver_sdk::Dri
         if Instant::now() > deadline {
             return Err(fail(format!("the sidecar at {endpoint} did not become ready")));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(READY_POLL).await;
     }
 }
 
@@ -149,17 +165,17 @@ fn watch_cloud(client: driver_sdk::DriverClient) -> Watch {
     let p = peak.clone();
     let task = tokio::spawn(async move {
         loop {
-            if let Ok(list) = client.list_all_machines(HashMap::new(), 1000, None).await {
+            if let Ok(list) = client.list_all_machines(HashMap::new(), driver_sdk::MAX_PAGE_SIZE as i32, None).await {
                 p.fetch_max(list.len(), Ordering::SeqCst);
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(WATCH_INTERVAL).await;
         }
     });
     Watch { peak, task }
 }
 
 async fn demo(args: &DemoArgs, dir: &std::path::Path, endpoint: &str) -> Result<(), Failure> {
-    let client = wait_ready(endpoint, Duration::from_secs(20)).await?;
+    let client = wait_ready(endpoint, SIDECAR_TIMEOUT).await?;
     let info = client.get_driver_info(Default::default()).await.map_err(|e| fail(e.to_string()))?;
     println!(
         "   driver {} {} (protocol {}), request {}",
@@ -178,7 +194,7 @@ async fn demo(args: &DemoArgs, dir: &std::path::Path, endpoint: &str) -> Result<
         println!("   {}/{} created", o.kind(), o.meta().name);
     }
     let mut registry = prometheus_client::registry::Registry::default();
-    let config = Config { health_check_interval: Duration::from_secs(5), ..Config::default() };
+    let config = Config { health_check_interval: HEALTH_CHECK_INTERVAL, ..Config::default() };
     let ctx = Ctx::new(store.clone(), &[("fake".into(), endpoint.into())], config, &mut registry, None)
         .map_err(|e| fail(e.to_string()))?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
@@ -232,7 +248,7 @@ async fn converge(store: &Store, what: &str, timeout: Duration) -> Result<Durati
             bar.abandon();
             return Err(fail(format!("{what}: not converged after {timeout:?}")));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(WATCH_INTERVAL).await;
     }
 }
 
@@ -319,7 +335,10 @@ async fn steps(
     store.delete(&Key::new(Kind::MachineDeployment, "default", "web")).await?;
     let started = Instant::now();
     loop {
-        let cloud = client.list_all_machines(HashMap::new(), 1000, None).await.map_err(|e| fail(e.to_string()))?;
+        let cloud = client
+            .list_all_machines(HashMap::new(), driver_sdk::MAX_PAGE_SIZE as i32, None)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
         let objects = store.list::<Machine>().await?.len();
         if cloud.is_empty() && objects == 0 && store.get::<MachineDeployment>("default", "web").await?.is_none() {
             println!("   cloud empty, no Machine objects left ({:.1}s)", started.elapsed().as_secs_f64());
@@ -328,7 +347,7 @@ async fn steps(
         if started.elapsed() > t {
             return Err(fail(format!("delete: {} cloud machines and {objects} objects left after {t:?}", cloud.len())));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(WATCH_INTERVAL).await;
     }
     Ok(())
 }

@@ -17,6 +17,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use tokio::time::Instant;
 
+/// The shortest wait of a follower before it tries again: a Lease that expires now (or a create
+/// race just lost) is tried again soon, without a busy loop.
+const MIN_RETRY_WAIT: Duration = Duration::from_millis(50);
+
 /// Leader election settings (`run --leader-elect …`).
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -26,11 +30,12 @@ pub struct Config {
     pub name: String,
     /// This candidate (the pod name in a cluster).
     pub identity: String,
-    /// How long a Lease is valid after its last renewal (15 s).
+    /// How long a Lease is valid after its last renewal ([`defaults::LEASE_DURATION`](crate::defaults::LEASE_DURATION)).
     pub lease_duration: Duration,
-    /// The leader gives up when it could not renew for this long (10 s).
+    /// The leader gives up when it could not renew for this long
+    /// ([`defaults::RENEW_DEADLINE`](crate::defaults::RENEW_DEADLINE)).
     pub renew_deadline: Duration,
-    /// How often candidates try and the leader renews (2 s).
+    /// How often candidates try and the leader renews ([`defaults::RETRY_PERIOD`](crate::defaults::RETRY_PERIOD)).
     pub retry_period: Duration,
 }
 
@@ -38,11 +43,11 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             namespace: "default".into(),
-            name: "machine-controller".into(),
+            name: crate::defaults::LEASE_NAME.into(),
             identity: "machine-controller".into(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
+            lease_duration: crate::defaults::LEASE_DURATION,
+            renew_deadline: crate::defaults::RENEW_DEADLINE,
+            retry_period: crate::defaults::RETRY_PERIOD,
         }
     }
 }
@@ -98,7 +103,7 @@ impl Elector {
                         logged_holder = holder;
                     }
                     // Deliberate: try again at the retry period, or right when the lease expires.
-                    let wait = self.config.retry_period.min(expires_in.max(Duration::from_millis(50)));
+                    let wait = self.config.retry_period.min(expires_in.max(MIN_RETRY_WAIT));
                     tokio::time::sleep(wait).await;
                 }
                 Err(e) => {

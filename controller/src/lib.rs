@@ -16,12 +16,14 @@
 //! - [`policy`]: the error policy (what a driver error means: retry, back off, fail, done);
 //! - [`runtime`]: work queue, workers, rate limits, backoff;
 //! - [`reconcile`]: the machine, deployment, pool, health-check and orphan reconcilers;
-//! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`.
+//! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`;
+//! - [`defaults`]: the default of every flag, shared by the CLI, the runtime's settings and the book.
 
 #![warn(missing_docs)]
 
 pub mod cli;
 pub mod crd;
+pub mod defaults;
 pub mod demo;
 pub mod events;
 #[doc(hidden)]

@@ -625,30 +625,50 @@ impl Default for NodeSettings {
     }
 }
 
+/// `nodeStartupTimeoutSeconds` by default: a VM boots and its kubelet registers well within 10
+/// minutes (Cluster API's MachineHealthCheck uses the same).
+pub const DEFAULT_NODE_STARTUP_TIMEOUT_SECONDS: u64 = 600;
+/// `drainTimeoutSeconds` by default: a drain always ends, after an hour at most.
+pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 3600;
+/// `volumeDetachTimeoutSeconds` by default.
+pub const DEFAULT_VOLUME_DETACH_TIMEOUT_SECONDS: u64 = 600;
+/// `progressDeadlineSeconds` by default: a Deployment's default.
+pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: u64 = 600;
+/// `failureBudget` by default: a few failed machines of a new revision may be bad luck, more
+/// are the revision.
+pub const DEFAULT_FAILURE_BUDGET: u32 = 3;
+/// `maxConcurrentReplacements` by default: failed machines are replaced one at a time.
+pub const DEFAULT_MAX_CONCURRENT_REPLACEMENTS: u32 = 1;
+/// `creationTimeoutSeconds` by default: a VM create that has not led to a Running machine in 20
+/// minutes will not.
+pub const DEFAULT_CREATION_TIMEOUT_SECONDS: u64 = 1200;
+/// `healthTimeoutSeconds` by default.
+pub const DEFAULT_HEALTH_TIMEOUT_SECONDS: u64 = 600;
+
 fn default_node_startup_timeout() -> u64 {
-    600
+    DEFAULT_NODE_STARTUP_TIMEOUT_SECONDS
 }
 fn default_drain_timeout() -> u64 {
-    3600
+    DEFAULT_DRAIN_TIMEOUT_SECONDS
 }
 fn default_volume_detach_timeout() -> u64 {
-    600
+    DEFAULT_VOLUME_DETACH_TIMEOUT_SECONDS
 }
 
 fn default_progress_deadline() -> u64 {
-    600
+    DEFAULT_PROGRESS_DEADLINE_SECONDS
 }
 fn default_failure_budget() -> u32 {
-    3
+    DEFAULT_FAILURE_BUDGET
 }
 fn default_max_replacements() -> u32 {
-    1
+    DEFAULT_MAX_CONCURRENT_REPLACEMENTS
 }
 fn default_creation_timeout() -> u64 {
-    1200
+    DEFAULT_CREATION_TIMEOUT_SECONDS
 }
 fn default_health_timeout() -> u64 {
-    600
+    DEFAULT_HEALTH_TIMEOUT_SECONDS
 }
 
 /// A revision that failed and is not applied again.

@@ -16,6 +16,14 @@ use crate::layer::REQUEST_ID_HEADER;
 
 /// The default per-call deadline (CSI's external-provisioner uses 15 s).
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long establishing a connection may take; a call's own deadline bounds it further.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The HTTP/2 keepalive ping interval: 5 minutes, the least the default ping policy of grpc-go
+/// and C-core servers accepts.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(300);
+/// How much longer than the call timeout the client waits itself (beyond the `grpc-timeout` the
+/// server enforces), so a connect that never completes still ends.
+const CLIENT_DEADLINE_SLACK: Duration = Duration::from_secs(1);
 
 /// A successful reply and the request ID it was sent with.
 #[derive(Debug, Clone)]
@@ -124,12 +132,12 @@ fn builder(endpoint: &Endpoint) -> tonic::transport::Endpoint {
     // Both forms are valid URIs by construction.
     tonic::transport::Endpoint::from_shared(uri)
         .unwrap_or_else(|_| tonic::transport::Endpoint::from_static("http://driver.sock"))
-        .connect_timeout(Duration::from_secs(5))
+        .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         // Pings only during calls and at most every 5 minutes: the default ping policy of
         // grpc-go and C-core servers (a third party's driver) answers more frequent pings, or any
         // ping without a call, with GOAWAY "too_many_pings". Call deadlines bound every wait.
-        .http2_keep_alive_interval(Duration::from_secs(300))
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .keep_alive_while_idle(false)
 }
 
@@ -229,7 +237,7 @@ impl DriverClient {
         });
         req.set_timeout(self.call_timeout);
         // The client-side bound covers a connect that never completes, too.
-        match tokio::time::timeout(self.call_timeout + Duration::from_secs(1), send(req)).await {
+        match tokio::time::timeout(self.call_timeout + CLIENT_DEADLINE_SLACK, send(req)).await {
             Ok(Ok(resp)) => {
                 let echoed = resp.metadata().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
                 Ok(Reply { value: resp.into_inner(), request_id: echoed.unwrap_or(request_id) })
@@ -355,7 +363,7 @@ impl DriverClient {
 pub trait OperationExt {
     /// The failure of a done operation, decoded.
     fn error_report(&self) -> Option<ErrorReport>;
-    /// When to poll next (1 s when the driver did not say).
+    /// When to poll next ([`DEFAULT_POLL_AFTER`](crate::DEFAULT_POLL_AFTER) when the driver did not say).
     fn poll_after(&self) -> Duration;
     /// The machine a done operation produced.
     fn machine(&self) -> Option<&pb::Machine>;
@@ -370,7 +378,7 @@ impl OperationExt for pb::Operation {
     }
 
     fn poll_after(&self) -> Duration {
-        self.poll_after.as_ref().map(crate::convert::from_duration).unwrap_or(Duration::from_secs(1))
+        self.poll_after.as_ref().map(crate::convert::from_duration).unwrap_or(crate::types::DEFAULT_POLL_AFTER)
     }
 
     fn machine(&self) -> Option<&pb::Machine> {

@@ -28,6 +28,8 @@ pub const MAX_PAGE_SIZE: usize = 1000;
 const MAX_WAIT: Duration = Duration::from_secs(60);
 /// Reserved before the caller's deadline so the answer arrives in time.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
+/// The shortest pause between polls inside WaitOperation, so a `poll_after` of zero cannot spin.
+const MIN_WAIT_POLL: Duration = Duration::from_millis(10);
 
 pub(crate) struct Shared<D> {
     pub(crate) driver: Arc<D>,
@@ -620,7 +622,7 @@ impl<D: Driver> pb::operations_server::Operations for DriverService<D> {
                     return Ok(self.operation(&ctx, op, &secrets));
                 }
                 // Deliberate poll interval: the cloud told us when to come back.
-                tokio::time::sleep(op.poll_after.max(Duration::from_millis(10)).min(left)).await;
+                tokio::time::sleep(op.poll_after.max(MIN_WAIT_POLL).min(left)).await;
             }
         })
     }

@@ -364,6 +364,11 @@ pub enum OperationOutput {
     Pool(Pool),
 }
 
+/// The `poll_after` of a running operation whose driver sets none ([`Operation::running`]), and
+/// what [`OperationExt::poll_after`](crate::OperationExt::poll_after) assumes when an operation
+/// carries none: soon enough for a fast cloud, one cheap `GetOperation` a second for a slow one.
+pub const DEFAULT_POLL_AFTER: Duration = Duration::from_secs(1);
+
 /// The state of a long-running operation, as a driver reports it.
 ///
 /// `state` is the driver's own resume data (any JSON): the SDK seals it into the operation
@@ -381,7 +386,7 @@ pub struct Operation {
     pub outcome: Option<Result<OperationOutput>>,
     /// 0..=100.
     pub progress_percent: u8,
-    /// When to poll next.
+    /// When to poll next ([`DEFAULT_POLL_AFTER`] unless the driver says).
     pub poll_after: Duration,
     /// When it started.
     pub start_time: Option<SystemTime>,
@@ -403,7 +408,7 @@ impl Operation {
             target,
             outcome: None,
             progress_percent: 0,
-            poll_after: Duration::from_secs(1),
+            poll_after: DEFAULT_POLL_AFTER,
             start_time: Some(SystemTime::now()),
             end_time: None,
             cloud_request_ids: Vec::new(),

@@ -21,12 +21,14 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::hpack::{encode_literal, Decoder};
+use crate::hpack::{encode_literal, entry_size, Decoder};
 
 /// What every Unix-socket request's `:authority` becomes.
 pub const AUTHORITY: &[u8] = b"localhost";
 
 const PREFACE_LEN: usize = 24;
+/// Every HTTP/2 frame starts with a 9-byte header: length (3), type, flags, stream (4).
+const FRAME_HEADER_LEN: usize = 9;
 const FRAME_HEADERS: u8 = 0x1;
 const FRAME_PUSH_PROMISE: u8 = 0x5;
 const FRAME_CONTINUATION: u8 = 0x9;
@@ -121,13 +123,17 @@ impl Frames {
             self.passthrough_left -= n;
             i += n;
             let rest = &data[i..];
-            if self.preface_left > 0 || self.passthrough_left > 0 || self.block_start.is_some() || rest.len() < 9 {
+            if self.preface_left > 0
+                || self.passthrough_left > 0
+                || self.block_start.is_some()
+                || rest.len() < FRAME_HEADER_LEN
+            {
                 return i;
             }
             if matches!(rest[3], FRAME_HEADERS | FRAME_CONTINUATION | FRAME_PUSH_PROMISE) {
                 return i;
             }
-            self.passthrough_left = 9 + frame_len(rest);
+            self.passthrough_left = FRAME_HEADER_LEN + frame_len(rest);
         }
     }
 
@@ -135,7 +141,7 @@ impl Frames {
     /// the re-encoded block, framed, to `out`. Returns the bytes taken: 0 while the frame is
     /// incomplete.
     fn take_header_frame(&mut self, data: &[u8], out: &mut Vec<u8>) -> io::Result<usize> {
-        if data.len() < 9 {
+        if data.len() < FRAME_HEADER_LEN {
             return Ok(0);
         }
         let len = frame_len(data);
@@ -144,7 +150,7 @@ impl Frames {
         if len > MAX_BLOCK {
             return Err(invalid(format_args!("a {len}-byte frame is larger than the {MAX_BLOCK} accepted")));
         }
-        let Some(payload) = data.get(9..9 + len) else { return Ok(0) };
+        let Some(payload) = data.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + len) else { return Ok(0) };
         match (kind, &self.block_start) {
             (FRAME_HEADERS, None) => {
                 let (fragment, priority) = headers_fragment(payload, flags)?;
@@ -165,7 +171,7 @@ impl Frames {
                 self.reencode(&start, out)?;
             }
         }
-        Ok(9 + len)
+        Ok(FRAME_HEADER_LEN + len)
     }
 
     /// Re-encodes the collected block with `:authority` replaced and appends it to `out` as a
@@ -180,7 +186,7 @@ impl Frames {
         self.decoder
             .decode(&self.block, |name, value, never_indexed| {
                 let value = if name == b":authority" { AUTHORITY } else { value };
-                list_size = list_size.saturating_add(name.len() + value.len() + 32);
+                list_size = list_size.saturating_add(entry_size(name, value));
                 if list_size <= MAX_HEADER_LIST {
                     encode_literal(encoded, name, value, never_indexed);
                 }
@@ -302,7 +308,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityRewrite<IO> {
             }
             // `pending` holds an incomplete frame: read more.
             if this.scratch.is_empty() {
-                this.scratch = vec![0u8; MAX_FRAME + 9];
+                this.scratch = vec![0u8; MAX_FRAME + FRAME_HEADER_LEN];
             }
             let mut rb = ReadBuf::new(&mut this.scratch);
             ready!(Pin::new(&mut this.io).poll_read(cx, &mut rb))?;

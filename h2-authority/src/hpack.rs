@@ -7,6 +7,9 @@ use std::collections::VecDeque;
 /// SETTINGS_HEADER_TABLE_SIZE's initial value. Our server never advertises another, so this is
 /// the largest dynamic table a client may use (RFC 7541 §4.2).
 pub(crate) const MAX_TABLE_SIZE: usize = 4096;
+/// What a field adds to a table's size beside its name and value (RFC 7541 §4.1); HTTP/2 counts
+/// SETTINGS_MAX_HEADER_LIST_SIZE the same way.
+pub(crate) const ENTRY_OVERHEAD: usize = 32;
 
 /// Why a header block could not be decoded; the connection is then unusable (a COMPRESSION_ERROR
 /// in HTTP/2 terms).
@@ -172,8 +175,9 @@ fn static_entry(index: usize) -> Option<(&'static [u8], &'static [u8])> {
     Some((name.as_bytes(), value.as_bytes()))
 }
 
-fn entry_size(name: &[u8], value: &[u8]) -> usize {
-    name.len() + value.len() + 32
+/// A field's size as RFC 7541 §4.1 (and HTTP/2's header-list limit) counts it.
+pub(crate) fn entry_size(name: &[u8], value: &[u8]) -> usize {
+    name.len() + value.len() + ENTRY_OVERHEAD
 }
 
 /// Reads an integer with an `n`-bit prefix at `i` (§5.1); returns it and the next index.

@@ -12,6 +12,10 @@ use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::Key;
 
+/// How soon a class that does not resolve (its driver is not registered, its Secret is missing)
+/// is tried again; a change of the class or its Secret wakes it sooner.
+const UNRESOLVED_RECHECK: Duration = Duration::from_secs(30);
+
 /// Validates a class with its driver once per generation (ValidateMachineClass).
 ///
 /// # Errors
@@ -34,7 +38,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
             let mut c = before.clone();
             set_condition(&mut c.status.conditions, ConditionType::Valid, false, reason, &message);
             write::status(ctx, &before, &c).await?;
-            return Ok(Action::requeue(Duration::from_secs(30)));
+            return Ok(Action::requeue(UNRESOLVED_RECHECK));
         }
     };
     let caps = match ctx

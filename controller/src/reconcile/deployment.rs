@@ -20,6 +20,11 @@ use crate::store::{Error as StoreError, Key};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
 
+/// How often a deployment whose rollout or replacements are under way looks again without being
+/// woken (its machines' changes wake it: a safety net), and the longest wait for its next
+/// replacement.
+const PROGRESS_RECHECK: Duration = Duration::from_secs(5);
+
 /// Reconciles one MachineDeployment.
 ///
 /// # Errors
@@ -82,9 +87,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Action::await_change()
     } else if plan.has_failed {
         // Come back when the next replacement may go.
-        Action::requeue(ctx.replacement_wait(key).clamp(Duration::from_millis(100), Duration::from_secs(5)))
+        Action::requeue(ctx.replacement_wait(key).clamp(super::MIN_REQUEUE, PROGRESS_RECHECK))
     } else {
-        Action::requeue(Duration::from_secs(5))
+        Action::requeue(PROGRESS_RECHECK)
     })
 }
 
@@ -300,7 +305,7 @@ async fn teardown(ctx: &Ctx, md: MachineDeployment) -> Result<Action> {
     if !machines.is_empty() {
         let doomed: Vec<Key> = machines.iter().filter(|m| !m.is_deleting()).map(Key::of).collect();
         slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
-        return Ok(Action::requeue(Duration::from_secs(2)));
+        return Ok(Action::requeue(super::DELETION_RECHECK));
     }
     write::release(ctx, &md).await?;
     Ok(Action::await_change())

@@ -42,7 +42,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             let mut next = m.clone();
             set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
             write::status(ctx, &m, &next).await?;
-            return Ok(Action::requeue(Duration::from_secs(10)));
+            return Ok(Action::requeue(super::UNRESOLVED_RECHECK));
         }
     };
     // The driver is called at most when it asked (poll_after, RetryInfo, backoff, the health
@@ -182,12 +182,16 @@ fn labels_for(ctx: &Ctx, m: &Machine) -> std::collections::HashMap<String, Strin
     labels
 }
 
+/// How soon a deletion whose class does not resolve (so its driver cannot be called) tries
+/// again; a change of the class wakes it sooner.
+const DELETE_UNRESOLVED_RECHECK: Duration = Duration::from_secs(30);
+
 fn creation_timeout(m: &Machine) -> Duration {
-    Duration::from_secs(m.spec.creation_timeout_seconds.unwrap_or(1200))
+    Duration::from_secs(m.spec.creation_timeout_seconds.unwrap_or(DEFAULT_CREATION_TIMEOUT_SECONDS))
 }
 
 fn health_timeout(m: &Machine) -> Duration {
-    Duration::from_secs(m.spec.health_timeout_seconds.unwrap_or(600))
+    Duration::from_secs(m.spec.health_timeout_seconds.unwrap_or(DEFAULT_HEALTH_TIMEOUT_SECONDS))
 }
 
 fn elapsed_since(t: Option<Time>) -> Duration {
@@ -503,7 +507,7 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
             set_condition(&mut m.status.conditions, ConditionType::Ready, false, reason, &message);
             let left = health_timeout(&m).saturating_sub(elapsed_since(Some(since)));
             write::status(ctx, &before, &m).await?;
-            return Ok(Action::poll_after(interval.min(left).max(Duration::from_millis(100))));
+            return Ok(Action::poll_after(interval.min(left).max(super::MIN_REQUEUE)));
         }
     }
     write::status(ctx, &before, &m).await?;
@@ -581,7 +585,7 @@ async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
             m.status.phase = Phase::Terminating;
             set_condition(&mut m.status.conditions, ConditionType::DeletionFailed, true, reason, &message);
             write::status(ctx, &before, &m).await?;
-            return Ok(Action::requeue(Duration::from_secs(30)));
+            return Ok(Action::requeue(DELETE_UNRESOLVED_RECHECK));
         }
     };
     if let DeleteStep::Poll(stored_op) = step {

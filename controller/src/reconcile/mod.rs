@@ -77,6 +77,16 @@ pub(crate) async fn poll_stored(
 /// The largest batch [`slow_start`] runs at once.
 const SLOW_START_MAX: usize = 256;
 
+/// The shortest requeue of a wait computed from a deadline or a backoff: what is due now is
+/// looked at again shortly, not in a busy loop.
+const MIN_REQUEUE: std::time::Duration = std::time::Duration::from_millis(100);
+/// How soon an object whose class (its driver, its Secret) does not resolve looks again; a
+/// change of the class wakes it sooner.
+const UNRESOLVED_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often an owner looks again while the machines it deleted are going; their changes wake
+/// it too (this is a safety net).
+const DELETION_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Runs `f` on `items` in batches of 1, 2, 4, … (at most [`SLOW_START_MAX`]), each batch at
 /// once, and stops after the first batch in which one fails, returning that error (Kubernetes'
 /// ReplicaSet slow start: thousands of store writes share commits instead of waiting one by one,

@@ -37,6 +37,8 @@ const NOT_SYNCED_RETRY: Duration = Duration::from_secs(1);
 const JOIN_RECHECK: Duration = Duration::from_secs(30);
 /// How often a deletion held by hook annotations looks again (their removal wakes it too).
 const HOOK_RECHECK: Duration = Duration::from_secs(30);
+/// How often a deletion waiting for its node's VolumeAttachments to go looks again.
+const VOLUME_RECHECK: Duration = Duration::from_secs(2);
 
 /// The name the Node of `m` registers under when the driver says so: its `Hostname` address.
 pub(crate) fn reported_node_name(m: &Machine) -> &str {
@@ -127,7 +129,7 @@ pub(crate) async fn join(
     }
     write::status(ctx, &before, &m).await?;
     let left = if timeout.is_zero() { JOIN_RECHECK } else { timeout.saturating_sub(waited) };
-    Ok(Action::requeue(left.min(JOIN_RECHECK).max(Duration::from_millis(100))))
+    Ok(Action::requeue(left.min(JOIN_RECHECK).max(super::MIN_REQUEUE)))
 }
 
 /// A Running machine's Node, as seen now: `NodeReady` follows the Node's `Ready`; a Node that
@@ -339,7 +341,7 @@ async fn drain(
     // Look again soon; no later than the next forced deletion comes due.
     let mut next = ctx.config.drain_poll_interval;
     if let Some(due) = drain::next_forced(&pods, deadline) {
-        next = next.min((due - now).to_std().unwrap_or_default().max(Duration::from_millis(100)));
+        next = next.min((due - now).to_std().unwrap_or_default().max(super::MIN_REQUEUE));
     }
     Ok(Action::requeue(next))
 }
@@ -475,7 +477,7 @@ async fn volumes(target: &Target, m: &mut Machine, node: &NodeView) -> Result<Ac
     }
     let message = format!("{attached} volume(s) still attached to node {}", node.name);
     set_condition(&mut m.status.conditions, ConditionType::Deleting, true, Reason::WaitingForVolumeDetach, &message);
-    Ok(Action::requeue(Duration::from_secs(2)))
+    Ok(Action::requeue(VOLUME_RECHECK))
 }
 
 /// Records that the VM's delete begins (the step after the hooks).

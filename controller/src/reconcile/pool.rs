@@ -28,6 +28,15 @@ use crate::store::{Error as StoreError, Key, ListParams};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
 
+/// How often a pool whose instances are all ready and up to date looks at them again without
+/// being woken.
+const SETTLED_RECHECK: Duration = Duration::from_secs(30);
+/// How often a pool waiting for its instances (to become ready, or up to date) looks again.
+const PROGRESS_RECHECK: Duration = Duration::from_secs(1);
+/// How soon a pool looks again after a pool call the driver finished at once: its next step
+/// follows shortly.
+const DONE_RECHECK: Duration = Duration::from_millis(200);
+
 fn last(
     op_type: OperationType,
     state: OperationState,
@@ -158,7 +167,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             let mut next = pool.clone();
             set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
             write::status(ctx, &pool, &next).await?;
-            return Ok(Action::requeue(Duration::from_secs(10)));
+            return Ok(Action::requeue(super::UNRESOLVED_RECHECK));
         }
     };
     if let Some(op) = pool.status.operations.first().cloned() {
@@ -235,7 +244,7 @@ async fn delete_pool(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>) -> Result<
         if !machines.is_empty() {
             let doomed: Vec<Key> = machines.iter().filter(|m| !m.is_deleting()).map(Key::of).collect();
             super::slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
-            return Ok(Action::requeue(Duration::from_secs(2)));
+            return Ok(Action::requeue(super::DELETION_RECHECK));
         }
     }
     let req =
@@ -355,13 +364,13 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
             delete_machines(ctx, pool, &seen.machines, &ids).await?;
             write::status(ctx, pool, &next).await?;
             // The Machines' changes wake the pool; this is a safety net.
-            Ok(Action::requeue(Duration::from_secs(2)))
+            Ok(Action::requeue(super::DELETION_RECHECK))
         }
         plan::Step::Wait => {
             // The driver answered: whatever the environment refused before is over.
             next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type));
             write::status(ctx, pool, &next).await?;
-            Ok(Action::requeue(if plan.done { Duration::from_secs(30) } else { Duration::from_secs(1) }))
+            Ok(Action::requeue(if plan.done { SETTLED_RECHECK } else { PROGRESS_RECHECK }))
         }
     }
 }
@@ -380,7 +389,7 @@ async fn apply(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, next: &MachinePo
         return Ok(Action::await_change());
     };
     match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
-        Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
+        Ok(reply) if reply.value.done => Ok(Action::requeue(DONE_RECHECK)),
         Ok(reply) => start(ctx, &fresh, OperationKind::ApplyPool, reply).await,
         Err(e) => failed(ctx, &fresh, OperationType::ApplyPool, Rpc::Mutate, &e).await,
     }
@@ -447,7 +456,7 @@ async fn pool_instances_call(
     };
     let rpc = if kind == OperationKind::DeletePoolInstances { Rpc::Delete } else { Rpc::Mutate };
     match result {
-        Ok(reply) if reply.value.done => Ok(Action::requeue(Duration::from_millis(200))),
+        Ok(reply) if reply.value.done => Ok(Action::requeue(DONE_RECHECK)),
         Ok(reply) => start(ctx, pool, kind, reply).await,
         Err(e) => failed(ctx, pool, kind.into(), rpc, &e).await,
     }
@@ -685,7 +694,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
     let t = &pool.spec.template.spec;
     let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
         Ok(r) => r,
-        Err(_) => return Ok(Action::requeue(Duration::from_secs(10))),
+        Err(_) => return Ok(Action::requeue(super::UNRESOLVED_RECHECK)),
     };
     if let Some(op) = m.status.operations.first().cloned() {
         let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &op).await {

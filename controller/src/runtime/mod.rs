@@ -31,6 +31,12 @@ pub mod queue;
 
 /// The longest an owner's wake-up by its objects' changes is put off ([`Ctx::owner_wake_delay`]).
 pub const OWNER_WAKE_MAX: Duration = Duration::from_secs(5);
+/// How soon a key whose reconcile ran past [`Config::reconcile_timeout`] runs again.
+const TIMED_OUT_RETRY: Duration = Duration::from_secs(1);
+/// The shortest resync interval honoured, so `--resync-interval 0` cannot spin.
+const MIN_RESYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the phase and in-flight gauges are recounted.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Runtime settings.
 #[derive(Debug, Clone)]
@@ -68,20 +74,20 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            workers: 10,
-            call_timeout: Duration::from_secs(5),
-            reconcile_timeout: Duration::from_secs(30),
-            debounce: Duration::from_millis(100),
-            driver_qps: 200.0,
-            driver_burst: 400,
-            health_check_interval: Duration::from_secs(30),
-            orphan_interval: Duration::from_secs(60),
-            orphan_grace: Duration::from_secs(300),
-            controller_id: "machine-controller".into(),
-            resync_interval: Duration::from_secs(60),
-            backoff_base: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(300),
-            drain_poll_interval: Duration::from_secs(5),
+            workers: crate::defaults::WORKERS,
+            call_timeout: crate::defaults::CALL_TIMEOUT,
+            reconcile_timeout: crate::defaults::RECONCILE_TIMEOUT,
+            debounce: crate::defaults::DEBOUNCE,
+            driver_qps: crate::defaults::DRIVER_QPS,
+            driver_burst: crate::defaults::DRIVER_BURST,
+            health_check_interval: crate::defaults::HEALTH_CHECK_INTERVAL,
+            orphan_interval: crate::defaults::ORPHAN_INTERVAL,
+            orphan_grace: crate::defaults::ORPHAN_GRACE,
+            controller_id: crate::defaults::CONTROLLER_ID.into(),
+            resync_interval: crate::defaults::RESYNC_INTERVAL,
+            backoff_base: crate::defaults::BACKOFF_BASE,
+            backoff_max: crate::defaults::BACKOFF_MAX,
+            drain_poll_interval: crate::defaults::DRAIN_POLL_INTERVAL,
         }
     }
 }
@@ -672,7 +678,7 @@ async fn worker<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>, id: usize) {
                 span.in_scope(|| {
                     tracing::warn!("reconcile took longer than {:?}; retrying", ctx.config.reconcile_timeout)
                 });
-                ctx.queue.add_after(key.clone(), Duration::from_secs(1));
+                ctx.queue.add_after(key.clone(), TIMED_OUT_RETRY);
             }
         }
         ctx.queue.done(&key);
@@ -682,7 +688,7 @@ async fn worker<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>, id: usize) {
 /// Reconciles everything again every `resync_interval`: a missed notification (or a store
 /// written by a process whose change went unseen) delays a reconcile, never loses it.
 async fn resync<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>) {
-    let mut tick = tokio::time::interval(ctx.config.resync_interval.max(Duration::from_secs(1)));
+    let mut tick = tokio::time::interval(ctx.config.resync_interval.max(MIN_RESYNC_INTERVAL));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
@@ -697,7 +703,7 @@ async fn resync<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>) {
 
 /// Keeps the phase and in-flight gauges current.
 async fn gauges(ctx: Arc<Ctx>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    let mut tick = tokio::time::interval(GAUGE_INTERVAL);
     loop {
         tick.tick().await;
         // Only the phase and the operation count are read, not whole objects: with 10,000

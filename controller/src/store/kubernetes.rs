@@ -34,6 +34,13 @@ mod events;
 
 /// How long a read waits for a kind's initial list.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+/// Deletions remembered per kind (so a write's late echo cannot resurrect an object) before they
+/// are forgotten at once; a relist clears them anyway.
+const MAX_TOMBSTONES: usize = 100_000;
+/// Change notifications buffered for a slow subscriber before it lags (and relists).
+const CHANGES_BUFFERED: usize = 1 << 13;
+/// Events waiting to be posted; beyond it new events are dropped, never the reconciles.
+const EVENTS_BUFFERED: usize = 4096;
 
 #[derive(Clone)]
 struct Cached {
@@ -80,7 +87,7 @@ impl KindCache {
         if let Some(rv) = rv {
             let mut t = lock_write(&self.tombstones);
             // Bounded: a relist (InitDone) clears them anyway.
-            if t.len() >= 100_000 {
+            if t.len() >= MAX_TOMBSTONES {
                 t.clear();
             }
             t.insert(key.clone(), rv);
@@ -235,8 +242,8 @@ impl KubernetesBackend {
         let caches = Kind::ALL.iter().map(|k| (*k, Arc::new(KindCache::new()))).collect();
         // Bounded: a subscriber that falls behind gets `Lagged` and resyncs everything, so the
         // ring only needs to absorb bursts (each slot is preallocated and keeps its last value).
-        let (tx, _) = broadcast::channel(1 << 13);
-        let (events, rx) = mpsc::channel(4096);
+        let (tx, _) = broadcast::channel(CHANGES_BUFFERED);
+        let (events, rx) = mpsc::channel(EVENTS_BUFFERED);
         let backend = Self { client, namespace, caches, tx, events, watches: Default::default() };
         tokio::spawn(events::post(backend.client.clone(), rx));
         backend

@@ -43,6 +43,18 @@ const CHANGES_BUFFERED: usize = 1 << 12;
 /// Writes at most this many per transaction; the write that fills a group commits it.
 const GROUP_MAX: usize = 256;
 
+/// How long a connection waits for another process's lock (SQLite's busy timeout) before a
+/// write fails as [`Error::Unavailable`]: far longer than any write transaction holds it.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts at opening a new file while another process switches it to WAL, and the pause
+/// between them: 100 × 50 ms, five seconds in all.
+const OPEN_ATTEMPTS: u32 = 100;
+/// See [`OPEN_ATTEMPTS`].
+const OPEN_RETRY: Duration = Duration::from_millis(50);
+/// How often the poller checks the file for other processes' writes (`PRAGMA data_version`),
+/// and how soon it retries opening its connection.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
 /// What one write changes, applied to the cache and announced once its group commits.
 struct Effect {
     key: Key,
@@ -140,7 +152,7 @@ impl SqliteBackend {
         let conn = loop {
             match Self::connect(path) {
                 Err(e)
-                    if attempt < 100
+                    if attempt < OPEN_ATTEMPTS
                         && matches!(
                             e.sqlite_error_code(),
                             Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
@@ -148,7 +160,7 @@ impl SqliteBackend {
                 {
                     attempt += 1;
                     // Deliberate: a short backoff before trying the lock again (open is synchronous).
-                    std::thread::sleep(Duration::from_millis(50));
+                    std::thread::sleep(OPEN_RETRY);
                 }
                 other => break other.db()?,
             }
@@ -158,7 +170,7 @@ impl SqliteBackend {
 
     fn connect(path: &Path) -> rusqlite::Result<Connection> {
         let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
         // Switching to WAL needs an exclusive lock; only do it when the file is not WAL yet, so a
         // second process (the CLI) can open the store while `run` writes to it.
         let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
@@ -242,13 +254,13 @@ impl SqliteBackend {
                     Ok(c) => break c,
                     Err(e) => {
                         tracing::warn!("store poller: opening {}: {e}; retrying", path.display());
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        tokio::time::sleep(POLL_INTERVAL).await;
                     }
                 }
             };
-            let _ = conn.busy_timeout(Duration::from_secs(10));
+            let _ = conn.busy_timeout(BUSY_TIMEOUT);
             let mut last_version: i64 = -1;
-            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            let mut tick = tokio::time::interval(POLL_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;

@@ -30,9 +30,10 @@ struct Cli {
     #[arg(long)]
     secrets_file: Option<PathBuf>,
     /// How often idempotent calls are repeated.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = conformance::DEFAULT_REPEAT)]
     repeat: usize,
     /// How long one operation may take.
+    // The test `cli_defaults_are_the_constants` pins these duration strings to the constants.
     #[arg(long, default_value = "120s", value_parser = driver_sdk::parse_duration)]
     operation_timeout: Duration,
     /// Per-call deadline.
@@ -95,5 +96,45 @@ async fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// The default of `--long` as clap shows it in `--help` and parses it.
+    fn default_of(long: &str) -> String {
+        let cmd = Cli::command();
+        let arg = cmd.get_arguments().find(|a| a.get_long() == Some(long)).unwrap_or_else(|| panic!("no --{long}"));
+        arg.get_default_values().iter().map(|v| v.to_string_lossy()).collect::<Vec<_>>().join(",")
+    }
+
+    #[test]
+    fn cli_defaults_are_the_constants() {
+        let duration = |long: &str| driver_sdk::parse_duration(&default_of(long)).unwrap();
+        assert_eq!(duration("operation-timeout"), conformance::DEFAULT_OPERATION_TIMEOUT);
+        assert_eq!(duration("call-timeout"), driver_sdk::client::DEFAULT_CALL_TIMEOUT);
+        let d = Config::default();
+        assert_eq!(
+            (d.repeat, d.operation_timeout, d.call_timeout),
+            (conformance::DEFAULT_REPEAT, duration("operation-timeout"), duration("call-timeout"))
+        );
+    }
+
+    /// The flag table of `docs/src/developer/driver-sdk.md` states every default.
+    #[test]
+    fn the_book_states_the_cli_defaults() {
+        let doc = include_str!("../../../docs/src/developer/driver-sdk.md");
+        for long in ["repeat", "operation-timeout", "call-timeout"] {
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&format!("| `--{long}` |")))
+                .unwrap_or_else(|| panic!("driver-sdk.md has no row for --{long}"));
+            let default = default_of(long);
+            assert!(row.contains(&format!("| `{default}` |")), "driver-sdk.md: --{long} defaults to {default}: {row}");
+        }
     }
 }

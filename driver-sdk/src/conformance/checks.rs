@@ -17,6 +17,17 @@ use crate::layer::REQUEST_ID_HEADER;
 
 type On<'a> = &'a mut dyn FnMut(&CheckResult);
 
+/// How long a driver may take to become ready (Probe) before the suite gives up on it.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+/// How often Probe is called while the driver is not ready.
+const PROBE_RETRY: Duration = Duration::from_millis(200);
+/// The `timeout` of the WaitOperation check: the finished operation must come back at once, long
+/// before it.
+const WAIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The call deadline of the WaitOperation check: beyond [`WAIT_TIMEOUT`], so the wait, not the
+/// deadline, bounds the call.
+const WAIT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 fn skip(why: &str) -> Verdict {
     Err(NotPassed::Skip(why.to_string()))
 }
@@ -52,14 +63,19 @@ pub(super) async fn identity(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         Ok(())
     });
     check!(s, on, "identity.probe_ready", |s| {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let deadline = tokio::time::Instant::now() + READY_WITHIN;
         loop {
             let p = s.client.probe(pb::ProbeRequest {}).await?.value;
             if p.ready {
                 return Ok(());
             }
-            ensure!(tokio::time::Instant::now() < deadline, "Probe still not ready after 30 s: {}", p.message);
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "Probe still not ready after {} s: {}",
+                READY_WITHIN.as_secs(),
+                p.message
+            );
+            tokio::time::sleep(PROBE_RETRY).await;
         }
     });
     check!(s, on, "health.serving", |s| {
@@ -330,11 +346,11 @@ pub(super) async fn machines(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     });
     check!(s, on, "operations.wait_operation", |s| {
         let op = s.client.create_machine(s.create_request(&s.name("m0"), s.spec_struct()?)).await?.value;
-        let waiter = s.client.clone().with_call_timeout(Duration::from_secs(10));
+        let waiter = s.client.clone().with_call_timeout(WAIT_CALL_TIMEOUT);
         let waited = waiter
             .wait_operation(pb::WaitOperationRequest {
                 token: op.token.clone(),
-                timeout: Some(crate::convert::duration(Duration::from_secs(5))),
+                timeout: Some(crate::convert::duration(WAIT_TIMEOUT)),
                 secrets: s.secrets(),
             })
             .await?

@@ -24,6 +24,18 @@ mod checks;
 
 /// The label every machine and pool created by a run carries.
 pub const RUN_LABEL: &str = "machinedriver.dev/conformance-run";
+/// [`Config::repeat`] by default: a second and third call catch state an idempotent call keeps
+/// by mistake.
+pub const DEFAULT_REPEAT: usize = 3;
+/// [`Config::operation_timeout`] by default: what a real cloud's VM create takes, with room.
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(120);
+/// The longest `poll_after` a running operation may ask for (`docs/src/reference/protocol.md`,
+/// Polling).
+const MAX_POLL_AFTER: Duration = Duration::from_secs(300);
+/// The pace of the suite's own polling: the driver's `poll_after`, within these bounds.
+const POLL_MIN: Duration = Duration::from_millis(20);
+/// See [`POLL_MIN`].
+const POLL_MAX: Duration = Duration::from_secs(2);
 
 /// What to test against.
 #[derive(Debug, Clone)]
@@ -40,7 +52,7 @@ pub struct Config {
     pub repeat: usize,
     /// How long one operation may take to finish.
     pub operation_timeout: Duration,
-    /// Per-call deadline.
+    /// Per-call deadline ([`DEFAULT_CALL_TIMEOUT`](crate::client::DEFAULT_CALL_TIMEOUT) by default).
     pub call_timeout: Duration,
 }
 
@@ -51,9 +63,9 @@ impl Default for Config {
             provider_spec: None,
             alt_provider_spec: None,
             secrets: HashMap::new(),
-            repeat: 3,
-            operation_timeout: Duration::from_secs(120),
-            call_timeout: Duration::from_secs(15),
+            repeat: DEFAULT_REPEAT,
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
+            call_timeout: crate::client::DEFAULT_CALL_TIMEOUT,
         }
     }
 }
@@ -294,12 +306,12 @@ impl Suite {
             // A running operation says when to poll again, within reason (protocol.md, Polling).
             let poll_after = op.poll_after.as_ref().map(|d| (d.seconds, d.nanos));
             ensure!(
-                matches!(poll_after, Some((s, n)) if (s > 0 || n > 0) && s >= 0 && n >= 0 && s <= 300),
+                matches!(poll_after, Some((s, n)) if (s > 0 || n > 0) && s >= 0 && n >= 0 && s <= MAX_POLL_AFTER.as_secs() as i64),
                 "running operation {} has poll_after {poll_after:?}; it must be set, positive and at most 5 min",
                 op.name
             );
             // Deliberate poll interval from the driver's poll_after, kept within sane bounds.
-            tokio::time::sleep(op.poll_after().clamp(Duration::from_millis(20), Duration::from_secs(2))).await;
+            tokio::time::sleep(op.poll_after().clamp(POLL_MIN, POLL_MAX)).await;
             op = self
                 .client
                 .get_operation(pb::GetOperationRequest { token: op.token.clone(), secrets: self.secrets() })

@@ -15,6 +15,8 @@ mod error;
 mod listeners;
 mod routes;
 mod shutdown;
+#[cfg(test)]
+mod tests;
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -40,6 +42,27 @@ use crate::token::TokenKey;
 
 /// The endpoint used when neither `--endpoint` nor `DRIVER_ENDPOINT` is given.
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/machine-driver/driver.sock";
+/// `--max-message-bytes`: gRPC's own default receive limit (4 MiB), which every stack's client
+/// already stays within.
+pub(crate) const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// `--max-concurrent-calls`: far above what a controller keeps in flight (one call per
+/// worker), low enough that a flood of calls queues instead of all reaching the cloud at once.
+pub(crate) const DEFAULT_MAX_CONCURRENT_CALLS: usize = 256;
+/// `--drain-timeout`: Kubernetes' default `terminationGracePeriodSeconds`, after which the pod
+/// is killed anyway.
+pub(crate) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// `--probe-interval`: half the kubelet's default probe period (10 s), so a readiness probe never
+/// reads a status older than one period.
+pub(crate) const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(5);
+/// `--token-key-reload-interval`: small next to the kubelet's own delay in updating a Secret
+/// volume (up to a minute), for one small file read.
+pub(crate) const DEFAULT_TOKEN_KEY_RELOAD_INTERVAL: Duration = Duration::from_secs(5);
+/// The shortest key reload interval honoured, so `--token-key-reload-interval 0` cannot spin.
+const MIN_TOKEN_KEY_RELOAD_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the server pings an idle client connection, to notice a dead peer (HTTP/2 PING).
+const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a keepalive ping may go unanswered before the connection is closed.
+const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Command-line / environment configuration of a driver sidecar. Flatten it into your CLI:
 /// `#[command(flatten)] serve: ServeArgs`.
@@ -67,12 +90,14 @@ pub struct ServeArgs {
     #[arg(long, requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
     /// Largest request message accepted, in bytes.
-    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    #[arg(long, default_value_t = DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
     /// Most calls served at once (more wait their turn).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENT_CALLS)]
     pub max_concurrent_calls: usize,
     /// How long in-flight calls may take to finish after SIGTERM.
+    // Durations have no `Display` for `default_value_t`: the test `cli_defaults_are_the_constants`
+    // pins these strings to the constants.
     #[arg(long, default_value = "30s", value_parser = crate::duration::parse_duration)]
     pub drain_timeout: Duration,
     /// How often the driver's Probe drives the health service.
@@ -97,11 +122,11 @@ impl Default for ServeArgs {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
-            max_message_bytes: 4 * 1024 * 1024,
-            max_concurrent_calls: 256,
-            drain_timeout: Duration::from_secs(30),
-            probe_interval: Duration::from_secs(5),
-            token_key_reload_interval: Duration::from_secs(5),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_concurrent_calls: DEFAULT_MAX_CONCURRENT_CALLS,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+            token_key_reload_interval: DEFAULT_TOKEN_KEY_RELOAD_INTERVAL,
             log_format: LogFormat::Text,
         }
     }
@@ -234,8 +259,8 @@ impl<D: Driver> DriverServer<D> {
             .layer(RpcLayer::new(metrics, driver_name.clone(), served))
             .layer(tower::limit::GlobalConcurrencyLimitLayer::new(args.max_concurrent_calls.max(1)));
         let mut server = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+            .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT));
         if let (Some(cert), Some(key_file)) = (&args.tls_cert, &args.tls_key) {
             if matches!(endpoint, Endpoint::Unix(_)) {
                 return Err(ServeError::TlsOnUnix);
@@ -301,7 +326,7 @@ impl<D: Driver> DriverServer<D> {
 /// that is unreadable or holds no valid key keeps the current keys.
 async fn reload_keys(path: PathBuf, codec: crate::token::TokenCodec, interval: Duration) {
     let mut last = tokio::fs::read(&path).await.ok();
-    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
+    let mut tick = tokio::time::interval(interval.max(MIN_TOKEN_KEY_RELOAD_INTERVAL));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     tick.tick().await;
     loop {

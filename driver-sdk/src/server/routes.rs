@@ -15,6 +15,10 @@ use crate::context::RequestContext;
 use crate::driver::Driver;
 use crate::service::DriverService;
 
+/// The longest wait between probes while the driver is not ready, whatever `--probe-interval`
+/// says: a starting driver is announced ready within half a second.
+const NOT_READY_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
 /// Adds a driver's extra service ([`DriverServer::add_service`](crate::DriverServer::add_service)).
 pub(super) type RouteFn = Box<dyn FnOnce(&mut RoutesBuilder) + Send>;
 
@@ -148,7 +152,7 @@ impl Health {
                 last = Some(now_ready);
             }
             // Deliberate periodic probe; re-probe faster while not ready.
-            let wait = if now_ready { interval } else { interval.min(Duration::from_millis(500)) };
+            let wait = if now_ready { interval } else { interval.min(NOT_READY_PROBE_INTERVAL) };
             tokio::time::sleep(wait).await;
         }
     }

@@ -78,6 +78,21 @@ struct Ec2 {
     source: Source,
 }
 
+/// [`Config::poll_interval`] by default (`--poll-interval`): instances start in tens of seconds;
+/// DescribeInstances every 3 s sees it soon without eating into the account's API rate.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(3);
+/// [`Config::max_attempts`] by default (`--max-attempts`): one retry of a call that failed on the
+/// way; the controller owns backoff.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 2;
+/// [`Config::call_timeout`] by default (`--call-timeout`): a slow EC2 answer still arrives; the
+/// caller's deadline ends the wait sooner when it is shorter.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// [`Config::visibility_timeout`] by default (`--visibility-timeout`): EC2's eventual consistency
+/// hides a new instance from DescribeInstances for seconds, rarely minutes.
+pub const DEFAULT_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(300);
+/// The connect timeout of EC2 calls (at most the call timeout).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// How the driver behaves.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -99,10 +114,10 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             region: None,
-            poll_interval: Duration::from_secs(3),
-            max_attempts: 2,
-            call_timeout: Duration::from_secs(10),
-            visibility_timeout: Duration::from_secs(300),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            visibility_timeout: DEFAULT_VISIBILITY_TIMEOUT,
         }
     }
 }
@@ -213,7 +228,7 @@ impl AwsEc2Driver {
             .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts))
             .timeout_config(
                 TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(3).min(config.call_timeout))
+                    .connect_timeout(CONNECT_TIMEOUT.min(config.call_timeout))
                     .operation_timeout(config.call_timeout)
                     .build(),
             );

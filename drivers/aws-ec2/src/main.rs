@@ -17,10 +17,11 @@ struct Cli {
     #[arg(long, env = "AWS_EC2_DRIVER_REGION")]
     region: Option<String>,
     /// poll_after of running operations.
+    // The test `cli_defaults_are_the_constants` pins the duration strings to the constants.
     #[arg(long, env = "AWS_EC2_DRIVER_POLL_INTERVAL", default_value = "3s", value_parser = driver_sdk::parse_duration)]
     poll_interval: Duration,
     /// Attempts per EC2 call, including the first. Small on purpose: the controller owns backoff.
-    #[arg(long, env = "AWS_EC2_DRIVER_MAX_ATTEMPTS", default_value_t = 2,
+    #[arg(long, env = "AWS_EC2_DRIVER_MAX_ATTEMPTS", default_value_t = aws_ec2_driver::DEFAULT_MAX_ATTEMPTS,
           value_parser = clap::value_parser!(u32).range(1..=10))]
     max_attempts: u32,
     /// Bound on one EC2 call, retries included.
@@ -56,6 +57,59 @@ async fn main() -> ExitCode {
         Err(e) => {
             eprintln!("aws-ec2-driver: {}", driver_sdk::error_chain(&e));
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// The default of `--long` as clap shows it in `--help` and parses it.
+    fn default_of(cmd: &clap::Command, long: &str) -> String {
+        let arg = cmd.get_arguments().find(|a| a.get_long() == Some(long)).unwrap_or_else(|| panic!("no --{long}"));
+        arg.get_default_values().iter().map(|v| v.to_string_lossy()).collect::<Vec<_>>().join(",")
+    }
+
+    #[test]
+    fn cli_defaults_are_the_constants() {
+        let cmd = Cli::command();
+        let duration = |long: &str| driver_sdk::parse_duration(&default_of(&cmd, long)).unwrap();
+        assert_eq!(duration("poll-interval"), aws_ec2_driver::DEFAULT_POLL_INTERVAL);
+        assert_eq!(duration("call-timeout"), aws_ec2_driver::DEFAULT_CALL_TIMEOUT);
+        assert_eq!(duration("visibility-timeout"), aws_ec2_driver::DEFAULT_VISIBILITY_TIMEOUT);
+        let d = Config::default();
+        assert_eq!(
+            (d.poll_interval, d.max_attempts, d.call_timeout, d.visibility_timeout),
+            (
+                aws_ec2_driver::DEFAULT_POLL_INTERVAL,
+                aws_ec2_driver::DEFAULT_MAX_ATTEMPTS,
+                aws_ec2_driver::DEFAULT_CALL_TIMEOUT,
+                aws_ec2_driver::DEFAULT_VISIBILITY_TIMEOUT
+            )
+        );
+    }
+
+    /// `docs/src/operating/aws-ec2.md` (the driver's own flags) and `sidecar.md` (the shared ones)
+    /// have a row for every flag with a default, stating that default.
+    #[test]
+    fn the_book_states_the_cli_defaults() {
+        let doc = [
+            include_str!("../../../docs/src/operating/aws-ec2.md"),
+            include_str!("../../../docs/src/operating/sidecar.md"),
+        ]
+        .concat();
+        let cmd = Cli::command();
+        for arg in cmd.get_arguments().filter(|a| a.get_action().takes_values()) {
+            let (Some(long), [default]) = (arg.get_long(), arg.get_default_values()) else { continue };
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&format!("| `--{long}` |")))
+                .unwrap_or_else(|| panic!("aws-ec2.md has no row for --{long}"));
+            let default = default.to_string_lossy();
+            assert!(row.contains(&format!("| `{default}` |")), "--{long} defaults to {default}: {row}");
         }
     }
 }

@@ -150,6 +150,17 @@ pub enum ArmError {
     Url(String),
 }
 
+/// [`ArmConfig::endpoint`] by default (`--arm-endpoint`): the public Azure cloud.
+pub const DEFAULT_ENDPOINT: &str = "https://management.azure.com";
+/// [`ArmConfig::request_timeout`] by default (`--request-timeout`): a long-running ARM call
+/// answers 201/202 at once and is polled, so only a stuck request waits this long.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// [`ArmConfig::max_retries`] by default (`--max-retries`): one retry of a request that got no
+/// response; the controller owns backoff.
+pub const DEFAULT_MAX_RETRIES: u32 = 1;
+/// The pause before such a retry.
+const RETRY_DELAY: Duration = Duration::from_millis(200);
+
 /// Where the ARM API is, and how to authenticate.
 #[derive(Debug, Clone)]
 pub struct ArmConfig {
@@ -277,11 +288,11 @@ impl ArmClient {
                 // Only a request that got no answer at all is retried here, and only briefly:
                 // statuses (429, 5xx) go back so the controller's backoff stays in charge.
                 Err(ArmError::Transport(e))
-                    if attempt < self.config.max_retries && started.elapsed() + Duration::from_millis(200) < limit =>
+                    if attempt < self.config.max_retries && started.elapsed() + RETRY_DELAY < limit =>
                 {
                     attempt += 1;
                     tracing::debug!(error = %e, attempt, "ARM request failed without a response; retrying once");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    tokio::time::sleep(RETRY_DELAY).await;
                 }
                 other => return other,
             }

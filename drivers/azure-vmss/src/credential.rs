@@ -116,6 +116,9 @@ pub fn build(
     })
 }
 
+/// How long a [`StaticToken`] claims to be valid: an Entra token's usual lifetime.
+const STATIC_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+
 /// TEST ONLY: a fixed bearer token (the ARM emulator accepts any).
 #[derive(Debug)]
 pub struct StaticToken(Secret);
@@ -123,7 +126,7 @@ pub struct StaticToken(Secret);
 #[async_trait::async_trait]
 impl TokenCredential for StaticToken {
     async fn get_token(&self, _scopes: &[&str]) -> azure_core::Result<AccessToken> {
-        Ok(AccessToken::new(self.0.clone(), OffsetDateTime::now_utc() + Duration::from_secs(3600)))
+        Ok(AccessToken::new(self.0.clone(), OffsetDateTime::now_utc() + STATIC_TOKEN_LIFETIME))
     }
 
     async fn clear_cache(&self) -> azure_core::Result<()> {

@@ -82,6 +82,17 @@ use errors::{operation_failed, to_driver_error};
 /// The driver's name (and ErrorInfo domain).
 pub const DRIVER_NAME: &str = "azure-vmss.machinedriver.dev";
 
+/// The `poll_after` when ARM sends no `Retry-After` (`--default-poll-interval`): VM operations take
+/// minutes, so a poll every 15 s costs little and still sees the end soon.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(15);
+/// The shortest `poll_after` sent ([`Config::min_poll`] of the sidecar), so a `Retry-After: 0`
+/// cannot make callers spin.
+pub const MIN_POLL: Duration = Duration::from_millis(200);
+/// Kept back from the caller's deadline for an ARM call, so the answer still reaches the caller.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
+/// How long Probe waits for a token from the credential before it answers "not ready".
+const PROBE_TOKEN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where the driver's resources live by default and how it polls.
 #[derive(Debug, Clone, Default)]
 pub struct Config {
@@ -226,7 +237,7 @@ impl AzureVmssDriver {
         body: Option<&serde_json::Value>,
     ) -> Result<ArmResponse, ArmError> {
         // Leave a little of the caller's deadline for answering.
-        let budget = ctx.remaining().map(|d| d.saturating_sub(Duration::from_millis(100)));
+        let budget = ctx.remaining().map(|d| d.saturating_sub(DEADLINE_MARGIN));
         arm.send(method, url, body, ctx.request_id(), budget).await
     }
 
@@ -453,10 +464,13 @@ impl Driver for AzureVmssDriver {
 
     async fn probe(&self, _ctx: &RequestContext) -> Result<Probe> {
         // Ready once the credential yields a token: without one every call would fail.
-        match tokio::time::timeout(Duration::from_secs(10), self.arm.check_credential()).await {
+        match tokio::time::timeout(PROBE_TOKEN_TIMEOUT, self.arm.check_credential()).await {
             Ok(Ok(())) => Ok(Probe::ready()),
             Ok(Err(e)) => Ok(Probe::starting(format!("no ARM token yet: {}", driver_sdk::error_chain(&e)))),
-            Err(_) => Ok(Probe::starting("no ARM token yet: the credential did not answer within 10s")),
+            Err(_) => Ok(Probe::starting(format!(
+                "no ARM token yet: the credential did not answer within {}s",
+                PROBE_TOKEN_TIMEOUT.as_secs()
+            ))),
         }
     }
 

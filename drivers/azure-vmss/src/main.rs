@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use azure_core::Url;
-use azure_vmss_driver::arm::{ArmClient, ArmConfig};
+use azure_vmss_driver::arm::{self, ArmClient, ArmConfig};
 use azure_vmss_driver::class_credential::ClassCredentials;
 use azure_vmss_driver::credential::{self, CredentialKind};
 use azure_vmss_driver::{AzureVmssDriver, Config};
@@ -27,7 +27,7 @@ struct Cli {
     #[arg(long, env = "AZURE_VMSS_SCALE_SET")]
     scale_set: Option<String>,
     /// ARM endpoint (sovereign clouds: e.g. https://management.usgovcloudapi.net; tests: the emulator).
-    #[arg(long, env = "AZURE_ARM_ENDPOINT", default_value = "https://management.azure.com")]
+    #[arg(long, env = "AZURE_ARM_ENDPOINT", default_value = arm::DEFAULT_ENDPOINT)]
     arm_endpoint: String,
     /// Token scopes (comma-separated; default `{arm-endpoint}/.default`).
     #[arg(long = "scope", env = "AZURE_ARM_SCOPES", value_delimiter = ',')]
@@ -42,10 +42,11 @@ struct Cli {
     #[arg(long, env = "AZURE_VMSS_STATIC_TOKEN", hide_env_values = true)]
     static_token: Option<String>,
     /// Time limit of one ARM request.
+    // The test `cli_defaults_are_the_constants` pins the duration strings to the constants.
     #[arg(long, default_value = "30s", value_parser = driver_sdk::parse_duration)]
     request_timeout: Duration,
     /// Retries of an ARM request that got no response (statuses are never retried here).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = arm::DEFAULT_MAX_RETRIES)]
     max_retries: u32,
     /// `poll_after` when ARM sends no Retry-After.
     #[arg(long, default_value = "15s", value_parser = driver_sdk::parse_duration)]
@@ -100,7 +101,7 @@ async fn main() -> ExitCode {
             resource_group: cli.resource_group.clone().filter(|s| !s.is_empty()),
             scale_set: cli.scale_set.clone().filter(|s| !s.is_empty()),
             default_poll: cli.default_poll_interval,
-            min_poll: Duration::from_millis(200),
+            min_poll: azure_vmss_driver::MIN_POLL,
         },
     );
     match DriverServer::new(driver).serve(&cli.serve).await {
@@ -108,6 +109,48 @@ async fn main() -> ExitCode {
         Err(e) => {
             eprintln!("azure-vmss-driver: {}", driver_sdk::error_chain(&e));
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// The default of `--long` as clap shows it in `--help` and parses it.
+    fn default_of(cmd: &clap::Command, long: &str) -> String {
+        let arg = cmd.get_arguments().find(|a| a.get_long() == Some(long)).unwrap_or_else(|| panic!("no --{long}"));
+        arg.get_default_values().iter().map(|v| v.to_string_lossy()).collect::<Vec<_>>().join(",")
+    }
+
+    #[test]
+    fn cli_defaults_are_the_constants() {
+        let cmd = Cli::command();
+        let duration = |long: &str| driver_sdk::parse_duration(&default_of(&cmd, long)).unwrap();
+        assert_eq!(duration("request-timeout"), arm::DEFAULT_REQUEST_TIMEOUT);
+        assert_eq!(duration("default-poll-interval"), azure_vmss_driver::DEFAULT_POLL_INTERVAL);
+    }
+
+    /// `docs/src/operating/azure-vmss.md` (the driver's own flags) and `sidecar.md` (the shared
+    /// ones) have a row for every flag with a default, stating that default.
+    #[test]
+    fn the_book_states_the_cli_defaults() {
+        let doc = [
+            include_str!("../../../docs/src/operating/azure-vmss.md"),
+            include_str!("../../../docs/src/operating/sidecar.md"),
+        ]
+        .concat();
+        let cmd = Cli::command();
+        for arg in cmd.get_arguments().filter(|a| a.get_action().takes_values()) {
+            let (Some(long), [default]) = (arg.get_long(), arg.get_default_values()) else { continue };
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&format!("| `--{long}` |")))
+                .unwrap_or_else(|| panic!("azure-vmss.md has no row for --{long}"));
+            let default = default.to_string_lossy();
+            assert!(row.contains(&format!("| `{default}` |")), "--{long} defaults to {default}: {row}");
         }
     }
 }

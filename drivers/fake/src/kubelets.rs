@@ -72,6 +72,15 @@ const WARN_EVERY: Duration = Duration::from_secs(30);
 /// How long after its mark a Node is watched, and marked again if something (a kwok heartbeat
 /// scheduled before the mark) undoes it: beyond kwok's default heartbeat delay (20 + 25 s).
 pub const SETTLE: Duration = Duration::from_secs(75);
+/// Connect timeout of the kubelets' API calls (not the watch): a slow API server delays a
+/// registration, never the task for long.
+const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read and write timeout of the kubelets' API calls (not the watch).
+const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// Nodes per page when the Nodes registered before a restart are listed.
+const LIST_PAGE_SIZE: u32 = 500;
+/// The pod capacity a registered Node reports: the kubelet's default `--max-pods`.
+const MAX_PODS: &str = "110";
 
 /// How a machine's kubelet behaves: provider spec field `kubelet` (a test aid).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -157,7 +166,7 @@ pub fn capacity(machine_type: &str) -> (&'static str, &'static str) {
 /// The Node a VM's kubelet registers.
 pub fn node(vm: &Vm, cloud_id: &str) -> Node {
     let (cpu, memory) = capacity(&vm.machine_type);
-    let resources: BTreeMap<String, Quantity> = [("cpu", cpu), ("memory", memory), ("pods", "110")]
+    let resources: BTreeMap<String, Quantity> = [("cpu", cpu), ("memory", memory), ("pods", MAX_PODS)]
         .into_iter()
         .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
         .collect();
@@ -278,9 +287,9 @@ pub fn spawn(driver: Arc<FakeDriver>, config: kube::Config) -> Result<tokio::tas
     // Calls time out soon, so that a slow API server delays registrations, never the task for
     // long; the watch keeps kube's defaults (its requests last up to ~5 minutes).
     let mut calls = config.clone();
-    calls.connect_timeout = Some(Duration::from_secs(5));
-    calls.read_timeout = Some(Duration::from_secs(15));
-    calls.write_timeout = Some(Duration::from_secs(15));
+    calls.connect_timeout = Some(API_CONNECT_TIMEOUT);
+    calls.read_timeout = Some(API_CALL_TIMEOUT);
+    calls.write_timeout = Some(API_CALL_TIMEOUT);
     let calls = kube::Client::try_from(calls).map_err(|e| format!("--join-cluster: {e}"))?;
     let watch = kube::Client::try_from(config).map_err(|e| format!("--join-cluster: {e}"))?;
     Ok(tokio::spawn(async move {
@@ -385,7 +394,7 @@ impl Kubelets {
     /// Finds the Nodes this cloud registered before a restart of the sidecar.
     async fn adopt(&mut self, cloud_id: &str) {
         let mut found = BTreeMap::new();
-        let mut params = ListParams::default().limit(500);
+        let mut params = ListParams::default().limit(LIST_PAGE_SIZE);
         loop {
             let page = match self.nodes.list(&params).await {
                 Ok(p) => p,

@@ -57,6 +57,24 @@ pub const DRIVER_NAME: &str = "fake.machinedriver.dev";
 /// The ErrorInfo reason of an injected fault (unless the rule names another).
 pub const FAULT_INJECTED: &str = "FAULT_INJECTED";
 
+/// [`Config::create_latency`] by default (`--create-latency`): long enough that operations are
+/// seen running and polled, short enough for demos and tests.
+pub const DEFAULT_CREATE_LATENCY: Duration = Duration::from_secs(2);
+/// [`Config::delete_latency`] by default (`--delete-latency`).
+pub const DEFAULT_DELETE_LATENCY: Duration = Duration::from_secs(1);
+/// [`Config::update_latency`] by default (`--update-latency`).
+pub const DEFAULT_UPDATE_LATENCY: Duration = Duration::from_secs(1);
+/// [`Config::pool_latency`] by default (`--pool-latency`).
+pub const DEFAULT_POOL_LATENCY: Duration = Duration::from_secs(2);
+/// [`Config::burst`] by default (`--burst`): with a `--rate-limit`, this many calls pass at once
+/// before the rate applies.
+pub const DEFAULT_BURST: u32 = 50;
+/// The `poll_after` of a running operation is the time it has left, within these bounds
+/// (`docs/src/reference/protocol.md`, Operation): never a busy poll, never a long sleep past the end.
+const POLL_AFTER_MIN: Duration = Duration::from_millis(50);
+/// See [`POLL_AFTER_MIN`].
+const POLL_AFTER_MAX: Duration = Duration::from_secs(5);
+
 /// How the fake cloud behaves.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -85,13 +103,13 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            create_latency: Duration::from_secs(2),
-            delete_latency: Duration::from_secs(1),
-            update_latency: Duration::from_secs(1),
-            pool_latency: Duration::from_secs(2),
+            create_latency: DEFAULT_CREATE_LATENCY,
+            delete_latency: DEFAULT_DELETE_LATENCY,
+            update_latency: DEFAULT_UPDATE_LATENCY,
+            pool_latency: DEFAULT_POOL_LATENCY,
             max_machines: None,
             rate_limit: None,
-            burst: 50,
+            burst: DEFAULT_BURST,
             state_file: None,
             api_key: None,
             faults: Vec::new(),
@@ -349,7 +367,7 @@ impl FakeDriver {
             let left = Duration::from_millis(op.done_ms.saturating_sub(now));
             return base
                 .with_progress((elapsed * 100 / total) as u8)
-                .with_poll_after(left.clamp(Duration::from_millis(50), Duration::from_secs(5)));
+                .with_poll_after(left.clamp(POLL_AFTER_MIN, POLL_AFTER_MAX));
         }
         let mut done = base;
         done.end_time = Some(std::time::UNIX_EPOCH + Duration::from_millis(op.done_ms));

@@ -25,6 +25,7 @@ struct Cli {
     #[command(flatten)]
     serve: ServeArgs,
     /// How long a machine create takes.
+    // The test `cli_defaults_are_the_constants` pins the duration strings to the constants.
     #[arg(long, env = "FAKE_CREATE_LATENCY", default_value = "2s", value_parser = driver_sdk::parse_duration)]
     create_latency: Duration,
     /// How long a machine delete takes.
@@ -43,7 +44,7 @@ struct Cli {
     #[arg(long, env = "FAKE_RATE_LIMIT")]
     rate_limit: Option<f64>,
     /// Burst size of the rate limit.
-    #[arg(long, env = "FAKE_BURST", default_value_t = 50)]
+    #[arg(long, env = "FAKE_BURST", default_value_t = fake_driver::DEFAULT_BURST)]
     burst: u32,
     /// Keep the cloud in this JSON file so it survives a restart.
     #[arg(long, env = "FAKE_STATE_FILE")]
@@ -124,6 +125,61 @@ async fn main() -> ExitCode {
         Err(e) => {
             eprintln!("fake-driver: {}", driver_sdk::error_chain(&e));
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// The default of `--long` as clap shows it in `--help` and parses it.
+    fn default_of(cmd: &clap::Command, long: &str) -> String {
+        let arg = cmd.get_arguments().find(|a| a.get_long() == Some(long)).unwrap_or_else(|| panic!("no --{long}"));
+        arg.get_default_values().iter().map(|v| v.to_string_lossy()).collect::<Vec<_>>().join(",")
+    }
+
+    #[test]
+    fn cli_defaults_are_the_constants() {
+        let cmd = Cli::command();
+        let duration = |long: &str| driver_sdk::parse_duration(&default_of(&cmd, long)).unwrap();
+        assert_eq!(duration("create-latency"), fake_driver::DEFAULT_CREATE_LATENCY);
+        assert_eq!(duration("delete-latency"), fake_driver::DEFAULT_DELETE_LATENCY);
+        assert_eq!(duration("update-latency"), fake_driver::DEFAULT_UPDATE_LATENCY);
+        assert_eq!(duration("pool-latency"), fake_driver::DEFAULT_POOL_LATENCY);
+        let d = Config::default();
+        assert_eq!(
+            (d.create_latency, d.delete_latency, d.update_latency, d.pool_latency, d.burst),
+            (
+                fake_driver::DEFAULT_CREATE_LATENCY,
+                fake_driver::DEFAULT_DELETE_LATENCY,
+                fake_driver::DEFAULT_UPDATE_LATENCY,
+                fake_driver::DEFAULT_POOL_LATENCY,
+                fake_driver::DEFAULT_BURST
+            )
+        );
+    }
+
+    /// `docs/src/operating/fake-driver.md` (the fake's own flags) and `sidecar.md` (the shared
+    /// ones) have a row for every flag with a default, stating that default.
+    #[test]
+    fn the_book_states_the_cli_defaults() {
+        let doc = [
+            include_str!("../../../docs/src/operating/fake-driver.md"),
+            include_str!("../../../docs/src/operating/sidecar.md"),
+        ]
+        .concat();
+        let cmd = Cli::command();
+        for arg in cmd.get_arguments().filter(|a| a.get_action().takes_values()) {
+            let (Some(long), [default]) = (arg.get_long(), arg.get_default_values()) else { continue };
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&format!("| `--{long}` |")))
+                .unwrap_or_else(|| panic!("fake-driver.md has no row for --{long}"));
+            let default = default.to_string_lossy();
+            assert!(row.contains(&format!("| `{default}` |")), "--{long} defaults to {default}: {row}");
         }
     }
 }

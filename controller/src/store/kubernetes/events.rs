@@ -20,6 +20,9 @@ use super::super::Event;
 /// Who reports events.
 const REPORTING_CONTROLLER: &str = "machine.driver.dev/machine-controller";
 
+/// The longest Event note the API server accepts (events.k8s.io/v1: 1 kB).
+const MAX_EVENT_NOTE: usize = 1024;
+
 /// A repeat later than this after the last one starts a new Event (client-go: 6 minutes).
 pub(super) const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 
@@ -103,7 +106,7 @@ impl Recorder {
             event_time: Some(MicroTime(wall)),
             action: Some(e.reason.clone()),
             reason: Some(e.reason.clone()),
-            note: Some(e.message.chars().take(1024).collect()),
+            note: Some(truncate(&e.message, MAX_EVENT_NOTE).to_string()),
             type_: Some(e.event_type.clone()),
             reporting_controller: Some(REPORTING_CONTROLLER.into()),
             reporting_instance: Some(self.instance.clone()),
@@ -133,6 +136,15 @@ impl Recorder {
         self.series.retain(|_, s| now.duration_since(s.last_seen) <= SERIES_WINDOW);
         writes
     }
+}
+
+/// The longest prefix of `s` within `max` bytes that ends on a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 fn series_write(key: &SeriesKey, s: &Series) -> Write {
@@ -234,6 +246,14 @@ mod tests {
         let writes = r.refresh(t0 + Duration::from_secs(100));
         assert_eq!(writes.iter().map(count).collect::<Vec<_>>(), vec![100]);
         assert!(r.refresh(t0 + Duration::from_secs(160)).is_empty(), "nothing new, nothing written");
+    }
+
+    #[test]
+    fn notes_are_cut_to_the_servers_byte_limit_on_a_character_boundary() {
+        let long = "é".repeat(MAX_EVENT_NOTE); // 2 bytes each
+        assert_eq!(truncate(&long, MAX_EVENT_NOTE).len(), MAX_EVENT_NOTE);
+        assert_eq!(truncate("aé", 2), "a");
+        assert_eq!(truncate("short", MAX_EVENT_NOTE), "short");
     }
 
     #[test]

@@ -87,9 +87,25 @@ pub use entra::Principal;
 
 /// The only api-version served.
 pub const API_VERSION: &str = "2024-07-01";
+/// The largest request body read; a larger one reads as empty.
 const MAX_BODY: usize = 4 * 1024 * 1024;
 /// Characters ARM refuses in tag names.
 const BAD_TAG_CHARS: &[char] = &['<', '>', '%', '&', '\\', '?', '/'];
+
+/// [`Config::operation_duration`] by default (`--operation-duration`): long enough that a driver
+/// sees operations running and polls them, short enough for tests.
+pub const DEFAULT_OPERATION_DURATION: Duration = Duration::from_secs(2);
+/// [`Config::delete_duration`] by default (`--delete-duration`).
+pub const DEFAULT_DELETE_DURATION: Duration = Duration::from_secs(1);
+/// [`Config::upgrade_duration`] by default (`--upgrade-duration`).
+pub const DEFAULT_UPGRADE_DURATION: Duration = Duration::from_secs(1);
+/// [`Config::retry_after_secs`] by default (`--retry-after`): the smallest whole `Retry-After`.
+pub const DEFAULT_RETRY_AFTER_SECS: u64 = 1;
+/// [`Config::page_size`] by default (`--page-size`): small, so a few VMs already take several
+/// pages and `nextLink` is followed.
+pub const DEFAULT_PAGE_SIZE: usize = 2;
+/// [`Config::token_lifetime`] by default (`--token-lifetime`): an Entra token's usual lifetime.
+pub const DEFAULT_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 
 /// How the emulated cloud behaves.
 #[derive(Debug, Clone)]
@@ -117,15 +133,15 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            operation_duration: Duration::from_secs(2),
-            delete_duration: Duration::from_secs(1),
-            upgrade_duration: Duration::from_secs(1),
-            retry_after_secs: 1,
-            page_size: 2,
+            operation_duration: DEFAULT_OPERATION_DURATION,
+            delete_duration: DEFAULT_DELETE_DURATION,
+            upgrade_duration: DEFAULT_UPGRADE_DURATION,
+            retry_after_secs: DEFAULT_RETRY_AFTER_SECS,
+            page_size: DEFAULT_PAGE_SIZE,
             max_instances: None,
             faults: Vec::new(),
             principals: Vec::new(),
-            token_lifetime: Duration::from_secs(3600),
+            token_lifetime: DEFAULT_TOKEN_LIFETIME,
         }
     }
 }

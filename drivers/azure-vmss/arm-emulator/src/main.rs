@@ -22,6 +22,7 @@ struct Cli {
     #[arg(long)]
     addr_file: Option<PathBuf>,
     /// How long a scale-set create or update takes.
+    // The test `cli_defaults_are_the_constants` pins the duration strings to the constants.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     operation_duration: Duration,
     /// How long deleting a scale set or instances takes.
@@ -31,10 +32,10 @@ struct Cli {
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     upgrade_duration: Duration,
     /// Retry-After (seconds) on accepted operations and in-progress polls.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = arm_emulator::DEFAULT_RETRY_AFTER_SECS)]
     retry_after: u64,
     /// VMs per page of the VM list.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = arm_emulator::DEFAULT_PAGE_SIZE)]
     page_size: usize,
     /// Most VMs in the emulated subscription (quota).
     #[arg(long)]
@@ -122,5 +123,25 @@ async fn main() -> ExitCode {
             Err(e) => { eprintln!("arm-emulator: {e}"); ExitCode::FAILURE }
         },
         _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_defaults_are_the_constants() {
+        let cmd = Cli::command();
+        let duration = |long: &str| {
+            let arg = cmd.get_arguments().find(|a| a.get_long() == Some(long)).unwrap();
+            parse_duration(&arg.get_default_values()[0].to_string_lossy()).unwrap()
+        };
+        assert_eq!(duration("operation-duration"), arm_emulator::DEFAULT_OPERATION_DURATION);
+        assert_eq!(duration("delete-duration"), arm_emulator::DEFAULT_DELETE_DURATION);
+        assert_eq!(duration("upgrade-duration"), arm_emulator::DEFAULT_UPGRADE_DURATION);
+        assert_eq!(duration("token-lifetime"), arm_emulator::DEFAULT_TOKEN_LIFETIME);
     }
 }
