@@ -123,7 +123,7 @@ async fn embedded(n: usize) -> Duration {
     t
 }
 
-/// kube-apiserver's `apiserver_request_total` by "VERB resource[/subresource]".
+/// kube-apiserver's `apiserver_request_total` by "VERB resource[/subresource] [(code)]".
 async fn api_requests(client: &kube::Client) -> BTreeMap<String, f64> {
     let text = client.request_text(http::Request::get("/metrics").body(Vec::new()).unwrap()).await.unwrap_or_default();
     let label = |l: &str, name: &str| -> String {
@@ -135,7 +135,10 @@ async fn api_requests(client: &kube::Client) -> BTreeMap<String, f64> {
         let Some(n) = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else { continue };
         let sub = label(l, "subresource");
         let sub = if sub.is_empty() { sub } else { format!("/{sub}") };
-        *out.entry(format!("{} {}{sub}", label(l, "verb"), label(l, "resource"))).or_insert(0.0) += n;
+        // Refused requests (a 409 conflict, say) count apart: they are work that bought nothing.
+        let code = label(l, "code");
+        let code = if code.starts_with('2') { String::new() } else { format!(" ({code})") };
+        *out.entry(format!("{} {}{sub}{code}", label(l, "verb"), label(l, "resource"))).or_insert(0.0) += n;
     }
     out
 }

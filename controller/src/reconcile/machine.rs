@@ -20,6 +20,10 @@ type Result<T> = std::result::Result<T, ReconcileError>;
 
 const KEEP_REQUEST_IDS: usize = 5;
 
+/// An operation's progress reaches status only once it has run this long: most creates finish
+/// sooner, and each progress step would be one more write through the API server.
+const PROGRESS_SHOWN_AFTER: Duration = Duration::from_secs(30);
+
 /// Reconciles one Machine.
 ///
 /// # Errors
@@ -350,9 +354,10 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
     };
     let op = reply.value;
     if !op.done {
-        // Progress is written in coarse steps only, to keep status writes rare.
+        // Progress is written in coarse steps only, and not while the operation is young: a
+        // short one goes from Creating to Running in two status writes.
         if let Some(s) = m.status.operations.first_mut() {
-            if op.progress_percent / 25 != s.progress / 25 {
+            if elapsed_since(Some(s.started)) >= PROGRESS_SHOWN_AFTER && op.progress_percent / 25 != s.progress / 25 {
                 s.progress = op.progress_percent;
             }
         }

@@ -572,7 +572,22 @@ impl Store {
     /// # Errors
     /// `AlreadyExists`, database errors.
     pub async fn create<T: Resource>(&self, obj: &T) -> Result<T> {
-        let json = self.backend.create(T::KIND, serde_json::to_value(obj)?).await?;
+        let mut value = serde_json::to_value(obj)?;
+        // A status that says nothing (what an object without one reads as) is not stored: on the
+        // API server, which ignores status on create, it would cost a second write.
+        if let Some(status) = value.get("status") {
+            let mut bare = value.clone();
+            if let Some(o) = bare.as_object_mut() {
+                o.remove("status");
+            }
+            let read_back = serde_json::to_value(serde_json::from_value::<T>(bare)?)?;
+            if read_back.get("status") == Some(status) {
+                if let Some(o) = value.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        }
+        let json = self.backend.create(T::KIND, value).await?;
         Ok(serde_json::from_str(&json)?)
     }
 
