@@ -15,7 +15,8 @@
 //! cargo bench -p e2e-tests --bench kube_scale -- --quick   # 200 / 2,000 machines
 //! cargo bench -p e2e-tests --bench kube_scale -- --rss-only  # only the 10,000-machine run
 //! ```
-//! Set BENCH_OUT=path to also write the markdown table there.
+//! Set BENCH_OUT=path to also write the markdown table there, and BENCH_COMPARE=<another
+//! machine-controller binary> to run every step with both builds in the same run (A/B).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -63,8 +64,31 @@ async fn start_fake() -> Fake {
     Fake { _child: child, dir }
 }
 
-fn controller(store: &str, fake: &Fake, kubeconfig: Option<&Path>) -> Child {
-    let mut cmd = Command::new(e2e_tests::release_bin("machine-controller"));
+/// The controller build to measure: this tree's release build, or `BENCH_COMPARE`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Build {
+    This,
+    Compare,
+}
+
+impl Build {
+    fn binary(self) -> std::path::PathBuf {
+        match self {
+            Build::This => e2e_tests::release_bin("machine-controller"),
+            Build::Compare => std::env::var_os("BENCH_COMPARE").expect("BENCH_COMPARE").into(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Build::This => "this build",
+            Build::Compare => "BENCH_COMPARE build",
+        }
+    }
+}
+
+fn controller(build: Build, store: &str, fake: &Fake, kubeconfig: Option<&Path>) -> Child {
+    let mut cmd = Command::new(build.binary());
     cmd.args(["--store", store, "run", "--driver", &format!("fake={}", fake.endpoint())])
         .args(["--workers", "10", "--driver-qps", "100000", "--driver-burst", "100000"])
         .args(["--health-check-interval", "300s", "--resync-interval", "600s"])
@@ -99,11 +123,11 @@ fn converged(md: &MachineDeployment, n: i64) -> bool {
 }
 
 /// 1,000 (or `n`) machines to Running through the embedded store.
-async fn embedded(n: usize) -> Duration {
+async fn embedded(build: Build, n: usize) -> Duration {
     let fake = start_fake().await;
     let db = fake.dir.path().join("store.db");
     let spec = format!("sqlite://{}", db.display());
-    let mut c = controller(&spec, &fake, None);
+    let mut c = controller(build, &spec, &fake, None);
     let store = Store::open(&db).unwrap();
     let (class, md) = objects(n);
     let started = Instant::now();
@@ -162,10 +186,10 @@ struct KubeRun {
 }
 
 /// `n` machines to Running through the API server.
-async fn through_api_server(cluster: &Cluster, n: usize) -> KubeRun {
+async fn through_api_server(build: Build, cluster: &Cluster, n: usize) -> KubeRun {
     let fake = start_fake().await;
     let ns = cluster.namespace("bench").await;
-    let mut c = controller("kubernetes", &fake, Some(&cluster.kubeconfig));
+    let mut c = controller(build, "kubernetes", &fake, Some(&cluster.kubeconfig));
     let ar = |kind: &str, plural: &str| {
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("machine.driver.dev", "v1alpha1", kind), plural)
     };
@@ -211,6 +235,7 @@ async fn through_api_server(cluster: &Cluster, n: usize) -> KubeRun {
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let (n, big) = if quick { (200, 2_000) } else { (1_000, 10_000) };
+    let compare = std::env::var_os("BENCH_COMPARE").is_some();
     let cluster = Arc::new(Cluster::start().await);
     let mut out = format!(
         "Machine: {} cores ({}), {} — fake create latency 2 s, 10 workers, release builds; \
@@ -220,7 +245,7 @@ async fn main() {
         if quick { "quick run" } else { "full run" }
     );
     if std::env::args().any(|a| a == "--rss-only") {
-        let r = through_api_server(&cluster, big).await;
+        let r = through_api_server(Build::This, &cluster, big).await;
         println!(
             "{big} machines: {:.1} s, {:.1} requests/machine, peak RSS {} MB",
             r.time.as_secs_f64(),
@@ -229,38 +254,90 @@ async fn main() {
         );
         return;
     }
-    println!("[1a] {n} machines through the embedded store ...");
-    let emb = embedded(n).await;
-    println!("     {:.2} s", emb.as_secs_f64());
-    println!("[1b] {n} machines through the API server ...");
-    let api = through_api_server(&cluster, n).await;
-    println!("     {:.2} s, {:.1} API requests per machine", api.time.as_secs_f64(), api.requests_per_machine);
-    println!("     per machine: {} (the benchmark's own polling included)", api.breakdown);
-    println!("[3] {big} machines through the API server ...");
-    let bigrun = through_api_server(&cluster, big).await;
-    println!(
-        "     {:.1} s, {:.1} API requests per machine, controller peak RSS {} MB",
-        bigrun.time.as_secs_f64(),
-        bigrun.requests_per_machine,
-        bigrun.peak_rss_mb
-    );
+    // With a second build, each step runs both, alternating which goes first so drift in the
+    // shared API server (it grows with every run) does not favour one.
+    let builds: &[Build] = if compare { &[Build::This, Build::Compare] } else { &[Build::This] };
+    let order = |step: usize| -> Vec<Build> {
+        let mut b = builds.to_vec();
+        if step % 2 == 1 {
+            b.reverse();
+        }
+        b
+    };
+    let mut emb = BTreeMap::new();
+    let mut api = BTreeMap::new();
+    let mut bigrun = BTreeMap::new();
+    for build in order(0) {
+        println!("[1a] {n} machines through the embedded store, {} ...", build.name());
+        let t = embedded(build, n).await;
+        println!("     {:.2} s", t.as_secs_f64());
+        emb.insert(build.name(), t);
+    }
+    for build in order(1) {
+        println!("[1b] {n} machines through the API server, {} ...", build.name());
+        let r = through_api_server(build, &cluster, n).await;
+        println!("     {:.2} s, {:.2} API requests per machine", r.time.as_secs_f64(), r.requests_per_machine);
+        println!("     per machine: {} (the benchmark's own polling included)", r.breakdown);
+        api.insert(build.name(), r);
+    }
+    for build in order(2) {
+        println!("[3] {big} machines through the API server, {} ...", build.name());
+        let r = through_api_server(build, &cluster, big).await;
+        println!(
+            "     {:.1} s, {:.2} API requests per machine, controller peak RSS {} MB",
+            r.time.as_secs_f64(),
+            r.requests_per_machine,
+            r.peak_rss_mb
+        );
+        println!("     per machine: {} (the benchmark's own polling included)", r.breakdown);
+        bigrun.insert(build.name(), r);
+    }
     let yes = |b: bool| if b { "yes" } else { "NO" };
+    let this = Build::This.name();
+    let (emb_t, api_r, big_r) = (emb[this].as_secs_f64(), &api[this], &bigrun[this]);
     out += "| benchmark | result | target | met |\n|---|---|---|---|\n";
-    out += &format!("| {n} machines Running, embedded store | {:.2} s | — | |\n", emb.as_secs_f64());
+    out += &format!("| {n} machines Running, embedded store | {emb_t:.2} s | — | |\n");
+    out += &format!("| {n} machines Running, API server | {:.2} s | — | |\n", api_r.time.as_secs_f64());
+    let ratio = api_r.time.as_secs_f64() / emb_t;
+    out += &format!("| ratio (API server ÷ embedded), same run | {ratio:.2}× | ≤ 1.5× | {} |\n", yes(ratio <= 1.5));
     out += &format!(
-        "| {n} machines Running, API server | {:.2} s | ≤ 20 s | {} |\n",
-        api.time.as_secs_f64(),
-        yes(api.time.as_secs_f64() <= 20.0)
+        "| API requests per machine, create to Running ({n}) | {:.2} | ≤ 3 | {} |\n",
+        api_r.requests_per_machine,
+        yes(api_r.requests_per_machine <= 3.0)
     );
-    out += &format!("| ratio (API server ÷ embedded) | {:.2}× | — | |\n", api.time.as_secs_f64() / emb.as_secs_f64());
-    out += &format!("| API requests per reconciled machine ({n}) | {:.1} | — | |\n", api.requests_per_machine);
     out += &format!(
-        "| controller peak RSS holding {big} Machines, API server ({:.1} s to Running, {:.1} requests/machine) | {} MB | ≤ 150 MB | {} |\n",
-        bigrun.time.as_secs_f64(),
-        bigrun.requests_per_machine,
-        bigrun.peak_rss_mb,
-        yes(bigrun.peak_rss_mb <= 150)
+        "| controller peak RSS holding {big} Machines, API server ({:.1} s to Running, {:.2} requests/machine) | {} MB | ≤ 64 MB | {} |\n",
+        big_r.time.as_secs_f64(),
+        big_r.requests_per_machine,
+        big_r.peak_rss_mb,
+        yes(big_r.peak_rss_mb <= 64)
     );
+    if compare {
+        let other = Build::Compare.name();
+        let (old_emb, old_api, old_big) = (emb[other].as_secs_f64(), &api[other], &bigrun[other]);
+        out += &format!(
+            "| {n} machines, embedded store, this ÷ {other} | {:.2}× ({emb_t:.2} s ÷ {old_emb:.2} s) | — | |\n",
+            emb_t / old_emb
+        );
+        out += &format!(
+            "| {n} machines, API server, this ÷ {other} | {:.2}× ({:.2} s ÷ {:.2} s; ratio to embedded then {:.2}×) | — | |\n",
+            api_r.time.as_secs_f64() / old_api.time.as_secs_f64(),
+            api_r.time.as_secs_f64(),
+            old_api.time.as_secs_f64(),
+            old_api.time.as_secs_f64() / old_emb
+        );
+        let big_ratio = big_r.time.as_secs_f64() / old_big.time.as_secs_f64();
+        out += &format!(
+            "| {big} machines, API server, this ÷ {other} | {big_ratio:.2}× ({:.1} s ÷ {:.1} s) | ≤ 0.65× | {} |\n",
+            big_r.time.as_secs_f64(),
+            old_big.time.as_secs_f64(),
+            yes(big_ratio <= 0.65)
+        );
+        out += &format!(
+            "| {other}: requests per machine ({n}); peak RSS at {big} | {:.2}; {} MB | — | |\n",
+            old_api.requests_per_machine, old_big.peak_rss_mb
+        );
+    }
     println!("\n{out}");
     if let Ok(path) = std::env::var("BENCH_OUT") {
         std::fs::write(path, &out).unwrap();
