@@ -167,11 +167,6 @@ impl NodeCache {
         self.inner.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether the first list of Nodes has arrived.
-    pub fn is_synced(&self) -> bool {
-        self.read().synced
-    }
-
     /// The Node of a machine: by provider ID; else by the node name the driver reported, if
     /// that Node has no provider ID yet or the same one (a Node named alike that is another
     /// VM's is never taken).

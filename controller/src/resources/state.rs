@@ -156,35 +156,6 @@ wire_enum! {
 }
 
 impl OperationKind {
-    /// The protocol's enum value.
-    pub fn to_proto(self) -> driver_sdk::proto::OperationKind {
-        use driver_sdk::proto::OperationKind as P;
-        match self {
-            OperationKind::CreateMachine => P::CreateMachine,
-            OperationKind::DeleteMachine => P::DeleteMachine,
-            OperationKind::UpdateMachine => P::UpdateMachine,
-            OperationKind::ApplyPool => P::ApplyPool,
-            OperationKind::DeletePoolInstances => P::DeletePoolInstances,
-            OperationKind::UpgradePoolInstances => P::UpgradePoolInstances,
-            OperationKind::DeletePool => P::DeletePool,
-        }
-    }
-
-    /// From the protocol's enum (`None` for `UNSPECIFIED`).
-    pub fn from_proto(kind: driver_sdk::proto::OperationKind) -> Option<Self> {
-        use driver_sdk::proto::OperationKind as P;
-        Some(match kind {
-            P::Unspecified => return None,
-            P::CreateMachine => OperationKind::CreateMachine,
-            P::DeleteMachine => OperationKind::DeleteMachine,
-            P::UpdateMachine => OperationKind::UpdateMachine,
-            P::ApplyPool => OperationKind::ApplyPool,
-            P::DeletePoolInstances => OperationKind::DeletePoolInstances,
-            P::UpgradePoolInstances => OperationKind::UpgradePoolInstances,
-            P::DeletePool => OperationKind::DeletePool,
-        })
-    }
-
     /// The method name (for errors and metrics).
     pub fn method(self) -> &'static str {
         self.as_str()
@@ -351,8 +322,6 @@ reasons! {
     CreateRetrying,
     /// An update is retried.
     UpdateRetrying,
-    /// A delete is retried.
-    DeleteRetrying,
     /// The cloud refuses the credentials.
     CloudCredentialsRefused,
     /// A quota or capacity limit.
@@ -403,7 +372,6 @@ impl Reason {
     pub fn retrying(op: OperationType) -> Self {
         match op {
             OperationType::Update => Reason::UpdateRetrying,
-            OperationType::Delete => Reason::DeleteRetrying,
             OperationType::Create => Reason::CreateRetrying,
             other => Reason::Other(format!("{other}Retrying")),
         }
