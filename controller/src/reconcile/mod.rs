@@ -167,7 +167,7 @@ pub struct Registered {
 
 /// The reconcilers, one line per reconciled kind, in the order a full resync queues them: the
 /// runtime's dispatch. What wakes each kind is declared on its type
-/// ([`KindInfo::WOKEN_BY`](crate::resources::KindInfo::WOKEN_BY)).
+/// ([`KindInfo::WOKEN_BY`]).
 pub const RECONCILERS: &[Registered] = &[
     Registered { kind: Kind::MachineClass, reconcile: |ctx, key| Box::pin(class::reconcile(ctx, key)) },
     Registered { kind: Kind::MachineDeployment, reconcile: |ctx, key| Box::pin(deployment::reconcile(ctx, key)) },
