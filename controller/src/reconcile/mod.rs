@@ -189,9 +189,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
 
 /// A class resolved for a call: its driver, secrets and the merged provider spec.
 pub struct Resolved<'a> {
-    /// The class.
+    /// The MachineClass the object names, as read for this reconcile.
     pub class: MachineClass,
-    /// Its driver.
+    /// The connection to the driver the class's `spec.driver` names.
     pub driver: &'a DriverHandle,
     /// Secrets from its secretRef.
     pub secrets: Option<pb::Secrets>,

@@ -138,19 +138,19 @@ wire_enum! {
 wire_enum! {
     /// What a stored operation does (the protocol's `OperationKind`, as its RPC names).
     pub enum OperationKind {
-        /// `CreateMachine`.
+        /// On a Machine: the cloud creates it.
         CreateMachine,
-        /// `DeleteMachine`.
+        /// On a Machine being deleted: the cloud deletes it.
         DeleteMachine,
-        /// `UpdateMachine`.
+        /// On a Machine: the cloud applies a new spec in place.
         UpdateMachine,
-        /// `ApplyPool`.
+        /// On a MachinePool: the cloud applies its template and capacity.
         ApplyPool,
-        /// `DeletePoolInstances`.
+        /// On a MachinePool: the cloud deletes some of its instances.
         DeletePoolInstances,
-        /// `UpgradePoolInstances`.
+        /// On a MachinePool: some of its instances move to the latest model.
         UpgradePoolInstances,
-        /// `DeletePool`.
+        /// On a MachinePool being deleted: the cloud deletes the pool.
         DeletePool,
     }
 }
@@ -173,7 +173,7 @@ wire_enum! {
         Delete,
         /// A poll (GetOperation) that failed.
         Poll,
-        /// ListPoolInstances.
+        /// A ListPoolInstances that failed (a pool's reconcile starts with one).
         ListPoolInstances,
         /// ApplyPool (and its operation). Objects written before these types say `Apply`
         /// for a refused call; it reads as this.
@@ -258,7 +258,7 @@ reasons! {
     Pending,
     /// The cloud is creating it.
     Creating,
-    /// Running.
+    /// The machine runs (with a target cluster: its Node is Ready).
     Running,
     /// The cloud is updating it.
     Updating,
