@@ -27,7 +27,7 @@ static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 /// The kwok stages [`Cluster::start_full`] gives kwok, relative to `kwok-stages/` in the install
 /// folder (kwok's own `kustomize/stage/`). `node-not-ready` only acts on Nodes labelled
-/// [`kwok_not_ready_label`].
+/// `node-not-ready.stage.kwok.x-k8s.io=true` (NotReady after about 1-2 s, for good).
 pub const KWOK_STAGES: [&str; 6] = [
     "node/fast/node-initialize.yaml",
     "node/heartbeat/node-heartbeat.yaml",
@@ -93,12 +93,6 @@ pub fn kubectl() -> PathBuf {
 /// its kubelet (Ready, heartbeats, the pods bound to it Running). Nodes without it stay as created.
 pub fn kwok_node_annotation() -> (&'static str, &'static str) {
     ("kwok.x-k8s.io/node", "fake")
-}
-
-/// The label that makes kwok turn a Running node NotReady (its `node-not-ready` stage, after about
-/// 1-2 s); a node so failed does not come back by removing the label.
-pub fn kwok_not_ready_label() -> (&'static str, &'static str) {
-    ("node-not-ready.stage.kwok.x-k8s.io", "true")
 }
 
 /// A running etcd + kube-apiserver with the CRDs installed; from [`Cluster::start_full`] also
@@ -398,17 +392,6 @@ current-context: test
         api.patch(name, &PatchParams::apply("e2e-tests").force(), &Patch::Apply(&obj))
             .await
             .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"))
-    }
-
-    /// [`Cluster::apply_json`] for each document of a YAML text.
-    pub async fn apply_yaml(&self, yaml: &str) -> Vec<DynamicObject> {
-        let docs: Vec<serde_json::Value> =
-            serde_saphyr::from_multiple(yaml).unwrap_or_else(|e| panic!("YAML: {e}\n{yaml}"));
-        let mut applied = Vec::new();
-        for obj in docs {
-            applied.push(self.apply_json(obj).await);
-        }
-        applied
     }
 
     async fn wait_ready(&mut self) {

@@ -13,8 +13,8 @@
 #   - every binary and example (the end-to-end tests start them as real processes)
 # and runs the checks before the tests, each installing its own tool into a version-keyed cache:
 #   tests/supply-chain.sh (cargo-deny, cargo-machete), tests/proto-compat.sh (buf lint and
-#   breaking), tests/docs.sh (mdbook, link check), cargo clippy -D warnings, tests/fuzz.sh 30
-#   (cargo-fuzz on nightly, 30 s per target).
+#   breaking), tests/docs.sh (mdbook, link check, cargo doc), cargo clippy -D warnings,
+#   tests/fuzz.sh 30 (cargo-fuzz on nightly, 30 s per target).
 # Usage: bash tests/run.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."

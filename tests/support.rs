@@ -1,8 +1,6 @@
 //! Helpers for end-to-end tests: start the workspace's real binaries on temporary Unix sockets,
 //! wait for them with deadlines, stop them, and find grpcurl.
 
-#![allow(missing_docs)]
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};

@@ -21,7 +21,7 @@ pub struct Cli {
     /// `kubernetes` for custom resources on the API server of the kubeconfig / in-cluster config.
     #[arg(long, global = true, env = "MACHINE_CONTROLLER_STORE", default_value = crate::defaults::STORE)]
     pub store: StoreSpec,
-    /// Log format.
+    /// How log lines on stderr look (`RUST_LOG` sets the filter).
     #[arg(long, global = true, value_enum, default_value_t = driver_sdk::telemetry::LogFormat::Text)]
     pub log_format: driver_sdk::telemetry::LogFormat,
     /// What to do.
@@ -32,13 +32,13 @@ pub struct Cli {
 /// Output formats of `get`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
-    /// A table.
+    /// A table of the kind's main columns.
     Table,
-    /// A wider table.
+    /// The table with the wide columns too (address, request ID, …).
     Wide,
-    /// YAML.
+    /// YAML: the object when a name is given, else a `List` of them (as kubectl prints).
     Yaml,
-    /// JSON.
+    /// JSON: the object when a name is given, else a `List` of them (as kubectl prints).
     Json,
 }
 
@@ -69,9 +69,9 @@ pub enum Command {
     },
     /// Shows one object with its conditions, stored operations, request IDs and recent events.
     Describe {
-        /// Kind.
+        /// Kind: machines, md, mc, mp, secrets (or the full kind name).
         kind: String,
-        /// Name.
+        /// The object's name.
         name: String,
         /// Namespace.
         #[arg(short, long, default_value = "default")]
@@ -79,9 +79,9 @@ pub enum Command {
     },
     /// Deletes objects (machines go through their finalizer: the cloud machine is deleted first).
     Delete {
-        /// Kind (or use -f).
+        /// Kind (or use -f): machines, md, mc, mp, secrets (or the full kind name).
         kind: Option<String>,
-        /// Name.
+        /// The object's name (or use -f).
         name: Option<String>,
         /// Delete what these manifests name.
         #[arg(short = 'f', long = "filename")]

@@ -83,11 +83,6 @@ impl Elector {
         Self { api: Api::namespaced(client, &config.namespace), config, observed: None }
     }
 
-    /// The settings.
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
     /// Waits until this candidate holds the Lease.
     pub async fn acquire(&mut self) {
         let mut logged_holder = String::new();

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+pub use crate::resources::checks::Rule;
 use crate::resources::checks::{self, Check};
-pub use crate::resources::checks::{Rule, MAX_REPLICAS};
 use crate::resources::*;
 
 pub use crate::registry::AnyObject;

@@ -5,7 +5,7 @@
 //! the kind's line in [`crate::reconcile::RECONCILERS`], the runtime's dispatch and wakes.
 //!
 //! A line names the variant (the kind's name, which is also its store key and CRD kind — never
-//! rename one) and the type, whose [`KindInfo`](crate::resources::KindInfo) holds its facts.
+//! rename one) and the type, whose [`KindInfo`] holds its facts.
 
 use crate::resources::*;
 

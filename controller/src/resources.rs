@@ -94,10 +94,13 @@ pub struct ObjectMeta {
     /// Set by the store when a delete waits for finalizers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_timestamp: Option<Time>,
-    /// Labels.
+    /// A Machine's labels are also its cloud machine's: sent to the driver on create, with
+    /// [`TAG_CONTROLLER`] and [`TAG_MACHINE`] added.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    /// Annotations.
+    /// Never sent to the driver. The controller reads its own on Machines
+    /// ([`ANNOTATION_DELETE`], the deletion hooks' [`PRE_DRAIN_HOOK_PREFIX`] and
+    /// [`PRE_TERMINATE_HOOK_PREFIX`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
     /// Finalizers: the object stays until they are removed.
@@ -112,15 +115,17 @@ pub struct ObjectMeta {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OwnerReference {
-    /// apiVersion of the owner.
+    /// [`API_VERSION`] for the owners the controller sets.
     pub api_version: String,
-    /// Kind of the owner.
+    /// `MachineDeployment` or `MachinePool` on the Machines the controller makes (a [`Kind`]'s
+    /// name; another kind is not an owner the controller knows).
     pub kind: String,
-    /// Name of the owner.
+    /// The owner's name, in the object's namespace.
     pub name: String,
-    /// UID of the owner.
+    /// The owner's uid: on the Kubernetes store, the garbage collector deletes the object once
+    /// no owner with this uid exists.
     pub uid: String,
-    /// Whether the owner manages this object.
+    /// Whether the owner manages this object; the controller acts on the one that does.
     #[serde(default)]
     pub controller: bool,
 }
@@ -131,9 +136,10 @@ pub struct OwnerReference {
 pub struct Object<S, T> {
     /// `machine.driver.dev/v1alpha1`.
     pub api_version: String,
-    /// The kind.
+    /// The kind's name (`Machine`, …), as manifests spell it; [`Object::new`] sets it from the
+    /// type.
     pub kind: String,
-    /// Metadata.
+    /// Name and namespace, and what the store keeps about the object.
     pub metadata: ObjectMeta,
     /// Desired state.
     pub spec: S,
@@ -144,11 +150,11 @@ pub struct Object<S, T> {
 
 /// Lets generic code know each type's kind.
 pub trait Resource: Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + 'static {
-    /// The kind.
+    /// The kind of every object of this type (its `kind` field says the same).
     const KIND: Kind;
-    /// Metadata.
+    /// The object's `metadata`: what the store keys, versions and guards it by.
     fn meta(&self) -> &ObjectMeta;
-    /// Metadata, mutable.
+    /// The object's `metadata`, to set finalizers, labels or the `resourceVersion` to write.
     fn meta_mut(&mut self) -> &mut ObjectMeta;
 }
 
@@ -171,7 +177,7 @@ where
 
 /// Maps an object type to its kind.
 pub trait KindOf {
-    /// The kind.
+    /// The kind of every object of this type: what [`Object::new`] writes into `kind`.
     const KIND: Kind;
 }
 
@@ -202,7 +208,7 @@ pub struct Secret {
     pub api_version: String,
     /// `Secret`.
     pub kind: String,
-    /// Metadata.
+    /// Name and namespace: a MachineClass's `secretRef` names it, in its own namespace.
     pub metadata: ObjectMeta,
     /// Plain values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -310,7 +316,7 @@ pub struct MachineClassStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// A MachineClass.
+/// A MachineClass: the driver, provider spec and credentials its machines are created with.
 pub type MachineClass = Object<MachineClassSpec, MachineClassStatus>;
 
 impl KindOf for MachineClass {
@@ -400,10 +406,12 @@ impl IntOrPercent {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TemplateMeta {
-    /// Labels.
+    /// Labels of each Machine a MachineDeployment makes, also sent to the driver as its cloud
+    /// machine's labels. A change is a new revision, which the deployment rolls out.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    /// Annotations.
+    /// Annotations of each Machine a MachineDeployment makes (not sent to the driver). A change
+    /// is a new revision, which the deployment rolls out.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
@@ -427,13 +435,16 @@ pub struct MachineTemplateSpec {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeTemplate {
-    /// Labels.
+    /// Labels set on the Node. One removed from here is removed from the Node; labels others
+    /// set stay.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    /// Annotations.
+    /// Annotations set on the Node. One removed from here is removed from the Node;
+    /// annotations others set stay.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
-    /// Taints.
+    /// Taints set on the Node. One removed from here is removed from the Node; taints others
+    /// set stay.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<NodeTaint>,
 }
@@ -442,16 +453,17 @@ pub struct NodeTemplate {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeTaint {
-    /// Key.
+    /// A label-style key, e.g. `dedicated` or `example.com/gpu`.
     pub key: String,
-    /// Value.
+    /// May be empty; a toleration with `operator: Equal` must name it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub value: String,
     /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
     pub effect: String,
 }
 
-/// A machine template.
+/// What a deployment's or pool's machines are made from; its hash is the revision (a
+/// deployment's leaves `nodeTemplate` out).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineTemplate {
@@ -679,7 +691,7 @@ pub struct BadRevision {
     pub revision: String,
     /// Why it was abandoned.
     pub reason: String,
-    /// When.
+    /// When it was abandoned.
     pub time: Time,
 }
 
@@ -689,7 +701,7 @@ pub struct BadRevision {
 pub struct RevisionRecord {
     /// The template hash.
     pub revision: String,
-    /// The template.
+    /// That revision's template, applied again by a rollback.
     pub template: MachineTemplate,
 }
 
@@ -749,7 +761,7 @@ pub struct MachineDeploymentStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// A MachineDeployment.
+/// A MachineDeployment: `replicas` Machines of a template, rolled out revision by revision.
 pub type MachineDeployment = Object<MachineDeploymentSpec, MachineDeploymentStatus>;
 
 impl KindOf for MachineDeployment {
@@ -871,12 +883,14 @@ pub struct MachinePoolStatus {
     /// The last driver call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_operation: Option<LastOperation>,
-    /// Conditions.
+    /// `Ready` (every instance ready on the latest model), `OperationTokenUnusable`, and the
+    /// environment's (`QuotaExceeded`, `CloudCredentialsRefused`, `CloudUnavailable`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
 
-/// A MachinePool.
+/// A MachinePool: a cloud-side group of instances (a driver's `Pools` capability), each
+/// mirrored as a Machine.
 pub type MachinePool = Object<MachinePoolSpec, MachinePoolStatus>;
 
 impl KindOf for MachinePool {
@@ -986,7 +1000,7 @@ pub struct Condition {
     pub status: ConditionStatus,
     /// UpperCamel reason.
     pub reason: Reason,
-    /// Detail.
+    /// What a person needs to know beyond `reason` (may be empty).
     #[serde(default)]
     pub message: String,
     /// When status last changed.
@@ -1026,12 +1040,12 @@ pub struct LastOperation {
     /// ErrorInfo reason.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
-    /// Message.
+    /// The error's message (empty when the call succeeded).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     /// The request ID of the call.
     pub request_id: String,
-    /// When.
+    /// When the controller recorded the answer (or the end of its operation).
     pub time: Time,
 }
 
@@ -1041,7 +1055,7 @@ pub struct Address {
     /// InternalIP, ExternalIP, Hostname, ...
     #[serde(rename = "type")]
     pub address_type: String,
-    /// The address.
+    /// An IP address or a host name, per `type`.
     pub address: String,
 }
 
@@ -1051,9 +1065,10 @@ pub struct Address {
 pub struct Failure {
     /// gRPC code name.
     pub code: String,
-    /// Reason.
+    /// UPPER_SNAKE: the driver's ErrorInfo reason, or the controller's own
+    /// (`CREATION_TIMEOUT`, `HEALTH_TIMEOUT`, `NODE_NOT_JOINED`, `RETRIES_EXHAUSTED`).
     pub reason: String,
-    /// Message.
+    /// The driver's message, or the controller's for its own reasons.
     pub message: String,
     /// The Machine generation it applies to.
     pub generation: i64,
@@ -1066,16 +1081,18 @@ pub struct Failure {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineStatus {
-    /// Phase.
+    /// Where the machine is in its life: Pending, Creating, Provisioned, Running, Updating,
+    /// Terminating, Failed or Unknown.
     #[serde(default)]
     pub phase: Phase,
     /// The cloud's ID.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub provider_id: String,
-    /// Addresses.
+    /// The cloud machine's addresses, as its driver last reported them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<Address>,
-    /// Conditions.
+    /// `Ready`, `UpToDate`, `Failed`, `NodeReady`, `Deleting`, `DeletionFailed`,
+    /// `OperationTokenUnusable`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The operation in flight (at most one).
@@ -1179,7 +1196,8 @@ pub struct Deletion {
     pub forced: bool,
 }
 
-/// A Machine.
+/// A Machine: one cloud machine, created, polled, health-checked and deleted through its
+/// class's driver.
 pub type Machine = Object<MachineSpec, MachineStatus>;
 
 impl KindOf for Machine {

@@ -134,12 +134,15 @@ impl DriverError {
         err
     }
 
-    /// NOT_FOUND.
+    /// NOT_FOUND: the named machine, pool or operation does not exist (e.g.
+    /// [`reason::MACHINE_NOT_FOUND`]); a delete treats it as done.
     pub fn not_found(reason: impl Into<String>, message: impl Into<String>) -> Self {
         Self::new(Code::NotFound, reason, message)
     }
 
-    /// ALREADY_EXISTS.
+    /// ALREADY_EXISTS: the name is taken by something else, e.g.
+    /// [`reason::MACHINE_SPEC_CONFLICT`] (a machine of this name with another spec); permanent for
+    /// this request.
     pub fn already_exists(reason: impl Into<String>, message: impl Into<String>) -> Self {
         Self::new(Code::AlreadyExists, reason, message)
     }
@@ -169,7 +172,8 @@ impl DriverError {
         Self::new(Code::PermissionDenied, reason::CLOUD_AUTH_FAILED, message)
     }
 
-    /// INTERNAL.
+    /// INTERNAL, reason INTERNAL: a bug or an unexpected answer inside the driver; the caller retries
+    /// with backoff.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(Code::Internal, reason::INTERNAL, message)
     }
@@ -253,7 +257,8 @@ impl DriverError {
         self.0.retry_after
     }
 
-    /// The cloud's request IDs.
+    /// The request IDs the cloud gave the calls behind this error, for the cloud provider's
+    /// support (sent as ErrorInfo metadata `cloudRequestIds` and `RequestInfo.serving_data`).
     pub fn cloud_request_ids(&self) -> &[String] {
         &self.0.cloud_request_ids
     }
@@ -365,7 +370,8 @@ pub struct ErrorReport {
     pub retry_after: Option<Duration>,
     /// RequestInfo.request_id (our request ID, echoed by the driver).
     pub request_id: String,
-    /// The cloud's request IDs.
+    /// ErrorInfo.metadata `cloudRequestIds`, split at commas: the request IDs the cloud gave the
+    /// calls behind the error.
     pub cloud_request_ids: Vec<String>,
     /// BadRequest field violations.
     pub violations: Vec<Violation>,

@@ -50,7 +50,7 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// Ready.
+    /// Ready to serve, with no message.
     pub fn ready() -> Self {
         Self { ready: true, message: String::new() }
     }
@@ -68,7 +68,8 @@ pub struct CreateMachine {
     pub name: String,
     /// The provider spec (a JSON object).
     pub provider_spec: Value,
-    /// Secrets.
+    /// The caller's credentials (the controller sends the MachineClass's Secret); may be empty.
+    /// Errors the SDK encodes have their values redacted.
     pub secrets: Secrets,
     /// Owner labels, to apply as cloud tags.
     pub labels: Labels,
@@ -85,7 +86,8 @@ pub struct MachineRef {
     pub provider_id: Option<String>,
     /// The provider spec, when the caller sent it (`Value::Null` otherwise).
     pub provider_spec: Value,
-    /// Secrets.
+    /// The caller's credentials (the controller sends the MachineClass's Secret); may be empty.
+    /// Errors the SDK encodes have their values redacted.
     pub secrets: Secrets,
 }
 
@@ -100,14 +102,15 @@ pub struct ListMachines {
     pub page_token: String,
     /// The provider spec, when sent.
     pub provider_spec: Value,
-    /// Secrets.
+    /// The caller's credentials (the controller sends the MachineClass's Secret); may be empty.
+    /// Errors the SDK encodes have their values redacted.
     pub secrets: Secrets,
 }
 
 /// One page of machines.
 #[derive(Debug, Clone, Default)]
 pub struct Page<T> {
-    /// The items.
+    /// At most the request's page size.
     pub items: Vec<T>,
     /// Empty on the last page.
     pub next_page_token: String,
@@ -118,7 +121,8 @@ pub struct Page<T> {
 pub struct ValidateMachineClass {
     /// The provider spec, already checked against the schema.
     pub provider_spec: Value,
-    /// Secrets.
+    /// The caller's credentials (the controller sends the MachineClass's Secret); may be empty.
+    /// Errors the SDK encodes have their values redacted.
     pub secrets: Secrets,
 }
 
@@ -133,7 +137,8 @@ pub struct CanUpdateMachine {
     pub desired: Value,
     /// JSON pointers of every leaf that differs between the two.
     pub changed_paths: Vec<String>,
-    /// Secrets.
+    /// The caller's credentials (the controller sends the MachineClass's Secret); may be empty.
+    /// Errors the SDK encodes have their values redacted.
     pub secrets: Secrets,
 }
 
@@ -153,7 +158,8 @@ pub struct UpdateMachine {
     pub name: String,
     /// The desired spec.
     pub provider_spec: Value,
-    /// Secrets.
+    /// The caller's credentials (the controller sends the MachineClass's Secret); may be empty.
+    /// Errors the SDK encodes have their values redacted.
     pub secrets: Secrets,
 }
 
@@ -168,13 +174,13 @@ pub enum MachineState {
     Running,
     /// Being updated in place.
     Updating,
-    /// Stopped.
+    /// Exists but does not run (the controller counts it unhealthy).
     Stopped,
     /// Being deleted.
     Deleting,
-    /// Failed.
+    /// The cloud gave up on it; `cloud_error` says why.
     Failed,
-    /// Not known.
+    /// The driver cannot map the cloud's state to another.
     Unknown,
 }
 
@@ -183,7 +189,7 @@ pub enum MachineState {
 pub struct Address {
     /// InternalIP, ExternalIP, InternalDNS, ExternalDNS or Hostname.
     pub kind: String,
-    /// The address.
+    /// An IP address or a DNS name, per `kind`.
     pub address: String,
 }
 
@@ -196,7 +202,7 @@ pub struct ResourceStatus {
     pub id: String,
     /// The cloud's state.
     pub state: String,
-    /// Detail.
+    /// The cloud's explanation of `state`, for a person (may be empty).
     pub message: String,
 }
 
@@ -205,11 +211,12 @@ pub struct ResourceStatus {
 pub struct Machine {
     /// The machine name.
     pub name: String,
-    /// The provider ID.
+    /// The cloud's ID in the form of a Node's `spec.providerID` (the fake driver's
+    /// `fake:///<zone>/<vm-id>`): the controller finds the machine's Node by it.
     pub provider_id: String,
-    /// The state.
+    /// Where it is in its life, mapped from the cloud's own states.
     pub state: MachineState,
-    /// Addresses.
+    /// Known so far; a creating machine may have none yet.
     pub addresses: Vec<Address>,
     /// Labels (cloud tags).
     pub labels: Labels,
@@ -232,9 +239,10 @@ pub struct ApplyPool {
     pub provider_spec: Value,
     /// Desired instance count.
     pub capacity: u32,
-    /// Labels.
+    /// Owner labels, to apply as cloud tags of the pool.
     pub labels: Labels,
-    /// Secrets.
+    /// The caller's credentials (the controller sends the MachineClass's Secret); may be empty.
+    /// Errors the SDK encodes have their values redacted.
     pub secrets: Secrets,
 }
 
@@ -245,14 +253,15 @@ pub struct PoolRef {
     pub name: String,
     /// The provider spec, when sent.
     pub provider_spec: Value,
-    /// Secrets.
+    /// The caller's credentials (the controller sends the MachineClass's Secret); may be empty.
+    /// Errors the SDK encodes have their values redacted.
     pub secrets: Secrets,
 }
 
 /// `ListPoolInstances` arguments.
 #[derive(Debug, Clone)]
 pub struct ListPoolInstances {
-    /// The pool.
+    /// Which pool, with the spec and credentials the call carried.
     pub pool: PoolRef,
     /// Page size (defaulted and capped by the SDK).
     pub page_size: usize,
@@ -263,26 +272,26 @@ pub struct ListPoolInstances {
 /// `DeletePoolInstances` / `UpgradePoolInstances` arguments.
 #[derive(Debug, Clone)]
 pub struct PoolInstances {
-    /// The pool.
+    /// Which pool, with the spec and credentials the call carried.
     pub pool: PoolRef,
     /// Instance IDs (at least one).
     pub instance_ids: Vec<String>,
 }
 
-/// A pool.
+/// A pool as the cloud sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pool {
     /// The pool name.
     pub name: String,
-    /// The provider ID.
+    /// The cloud's ID of the pool itself (instances have their own).
     pub provider_id: String,
     /// Current capacity.
     pub capacity: u32,
     /// Identifies the latest model.
     pub model_version: String,
-    /// Provisioning state.
+    /// The cloud's own word for the pool's provisioning state, for display.
     pub provisioning_state: String,
-    /// Labels.
+    /// The pool's cloud tags.
     pub labels: Labels,
 }
 
@@ -323,24 +332,25 @@ pub struct PoolInstance {
     pub instance_id: String,
     /// Name (e.g. computer name).
     pub name: String,
-    /// Provider ID.
+    /// The instance's ID in the form of a Node's `spec.providerID`: the controller finds the
+    /// instance's Node by it.
     pub provider_id: String,
     /// Lifecycle state (what callers decide on).
     pub state: InstanceState,
     /// The cloud's own word for the provisioning state, for display (sent as the deprecated
     /// `provisioning_state`, which callers older than `state` read).
     pub provisioning_state: String,
-    /// Power state.
+    /// Whether it is powered on, apart from `state`.
     pub power_state: PowerState,
     /// Whether it runs the pool's latest model.
     pub latest_model_applied: bool,
-    /// Addresses.
+    /// Known so far; a creating instance may have none yet.
     pub addresses: Vec<Address>,
     /// When it was created.
     pub create_time: Option<SystemTime>,
 }
 
-/// Kinds of operations.
+/// What an operation does: the RPC that started it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[allow(missing_docs)]
 pub enum OperationKind {
@@ -358,9 +368,9 @@ pub enum OperationKind {
 pub enum OperationOutput {
     /// Nothing (deletes).
     None,
-    /// A machine.
+    /// The machine as created or updated (CreateMachine, UpdateMachine).
     Machine(Machine),
-    /// A pool.
+    /// The pool as it is afterwards (pool operations).
     Pool(Pool),
 }
 
@@ -378,7 +388,8 @@ pub const DEFAULT_POLL_AFTER: Duration = Duration::from_secs(1);
 pub struct Operation {
     /// Unique name, for logs.
     pub name: String,
-    /// Kind.
+    /// The RPC that started it; sealed into the token and handed back as
+    /// [`OperationHandle::kind`].
     pub kind: OperationKind,
     /// Machine or pool name.
     pub target: String,
@@ -481,9 +492,9 @@ impl Operation {
 pub struct OperationHandle {
     /// The operation's name.
     pub name: String,
-    /// Kind.
+    /// As the driver set it in [`Operation::kind`].
     pub kind: OperationKind,
-    /// Target.
+    /// The machine or pool name, as in [`Operation::target`].
     pub target: String,
     /// When it started.
     pub start_time: Option<SystemTime>,

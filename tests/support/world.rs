@@ -351,11 +351,6 @@ impl World {
         }
     }
 
-    /// Whether the controller and the fake driver run in this process.
-    pub fn is_in_process(&self) -> bool {
-        matches!(self.driver_slot, DriverSlot::InProcess(_))
-    }
-
     // ----- the driver -----
 
     /// The driver's endpoint (`unix://…`).

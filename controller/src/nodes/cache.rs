@@ -27,9 +27,9 @@ pub enum Readiness {
 /// What the controller keeps of a Node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeView {
-    /// Name.
+    /// What a Machine's `status.nodeRef.name` names.
     pub name: String,
-    /// UID.
+    /// A Node re-created under the same name has another uid: it is another node.
     pub uid: String,
     /// `spec.providerID` as written.
     pub provider_id: String,
@@ -37,11 +37,11 @@ pub struct NodeView {
     pub readiness: Readiness,
     /// `spec.unschedulable`.
     pub unschedulable: bool,
-    /// Labels.
+    /// As on the Node, to compare with a machine template's `nodeTemplate.labels`.
     pub labels: BTreeMap<String, String>,
-    /// Annotations.
+    /// As on the Node: deletion hooks' and the controller's own annotations, and a template's.
     pub annotations: BTreeMap<String, String>,
-    /// Taints.
+    /// As on the Node: a template's, the draining taint, anyone else's.
     pub taints: Vec<Taint>,
     /// Being deleted.
     pub deleting: bool,
@@ -165,11 +165,6 @@ impl NodeCache {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether the first list of Nodes has arrived.
-    pub fn is_synced(&self) -> bool {
-        self.read().synced
     }
 
     /// The Node of a machine: by provider ID; else by the node name the driver reported, if

@@ -48,7 +48,7 @@ pub fn revision(t: &MachineTemplate) -> String {
 /// reconcile, so it is kept to about 200 bytes (a whole [`Machine`] parsed is about 1.6 KB).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Member {
-    /// Name.
+    /// The Machine's name.
     pub name: String,
     /// UID (orders the Random delete policy).
     pub uid: String,
@@ -285,7 +285,7 @@ pub struct Observed<'a> {
 pub struct PlannedEvent {
     /// Why (its type with it).
     pub reason: EventReason,
-    /// Message.
+    /// For a person: the Event's message.
     pub message: String,
 }
 

@@ -1,6 +1,6 @@
 //! MachineDeployment: keeps `replicas` machines of the target template revision. The decisions
-//! are [`plan::rollout`]'s (rolling updates, replacements, failure budget and rollback, deletion
-//! order) and [`plan::in_place`]'s; this reconciler observes, plans, acts and writes status once.
+//! are [`plan::rollout`](crate::plan::rollout)'s (rolling updates, replacements, failure budget and rollback, deletion
+//! order) and [`plan::in_place`](crate::plan::in_place)'s; this reconciler observes, plans, acts and writes status once.
 
 use std::collections::HashMap;
 use std::time::Duration;

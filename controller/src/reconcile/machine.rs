@@ -369,7 +369,8 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
     finished(ctx, &before, m, r, stored_op.kind, op).await
 }
 
-/// Applies a done operation's outcome.
+/// Applies a done create or update operation's outcome. A delete never ends here: a Machine being
+/// deleted is reconciled by [`delete`], a pool's Machine by `pool::reconcile_machine`.
 async fn finished(
     ctx: &Ctx,
     before: &Machine,
@@ -384,12 +385,17 @@ async fn finished(
         ctx.store.event(Kind::Machine, &m.metadata, failed_event(op_type), err.to_string()).await;
         // An operation that ran and failed in the cloud is final for this machine (its owner
         // replaces it); a lost, cancelled or transiently failed one is asked again (idempotent).
-        let rpc = if op_type == OperationType::Delete { Rpc::Delete } else { Rpc::Mutate };
-        let decision = policy::decide(&err, Source::Operation(rpc));
+        let decision = policy::decide(&err, Source::Operation(Rpc::Mutate));
         if decision.is_retry() || decision == Decision::DropToken {
             let reason = retrying_reason(decision, op_type);
             set_condition(&mut m.status.conditions, ConditionType::Ready, false, reason, &err.to_string());
-            return write::status_then_fail(ctx, before, &m, ReconcileError::operation(kind.method(), err, rpc)).await;
+            return write::status_then_fail(
+                ctx,
+                before,
+                &m,
+                ReconcileError::operation(kind.method(), err, Rpc::Mutate),
+            )
+            .await;
         }
         if op_type == OperationType::Update {
             set_condition(

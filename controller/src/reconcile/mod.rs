@@ -167,7 +167,7 @@ pub struct Registered {
 
 /// The reconcilers, one line per reconciled kind, in the order a full resync queues them: the
 /// runtime's dispatch. What wakes each kind is declared on its type
-/// ([`KindInfo::WOKEN_BY`](crate::resources::KindInfo::WOKEN_BY)).
+/// ([`KindInfo::WOKEN_BY`]).
 pub const RECONCILERS: &[Registered] = &[
     Registered { kind: Kind::MachineClass, reconcile: |ctx, key| Box::pin(class::reconcile(ctx, key)) },
     Registered { kind: Kind::MachineDeployment, reconcile: |ctx, key| Box::pin(deployment::reconcile(ctx, key)) },
@@ -189,9 +189,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
 
 /// A class resolved for a call: its driver, secrets and the merged provider spec.
 pub struct Resolved<'a> {
-    /// The class.
+    /// The MachineClass the object names, as read for this reconcile.
     pub class: MachineClass,
-    /// Its driver.
+    /// The connection to the driver the class's `spec.driver` names.
     pub driver: &'a DriverHandle,
     /// Secrets from its secretRef.
     pub secrets: Option<pb::Secrets>,

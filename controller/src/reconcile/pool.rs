@@ -143,7 +143,7 @@ async fn instances(
 }
 
 /// Reconciles one MachinePool: an operation in flight is polled, a pool being deleted is torn
-/// down; otherwise [`observe`] (instances, Machines, Nodes), [`plan::plan`], [`act`].
+/// down; otherwise it observes (instances, Machines, Nodes), plans ([`plan::plan`]) and acts.
 ///
 /// # Errors
 /// Store failures.

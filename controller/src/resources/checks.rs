@@ -1,6 +1,6 @@
 //! Checks shared by `apply` and the CRDs: the helpers kinds use in
-//! [`KindInfo::validate`](super::KindInfo::validate), and the [`Rule`]s they return from
-//! [`KindInfo::rules`](super::KindInfo::rules) (CEL on the API server, the same function here).
+//! [`KindInfo::validate`], and the [`Rule`]s they return from
+//! [`KindInfo::rules`] (CEL on the API server, the same function here).
 
 use serde_json::Value;
 

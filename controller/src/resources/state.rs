@@ -138,53 +138,24 @@ wire_enum! {
 wire_enum! {
     /// What a stored operation does (the protocol's `OperationKind`, as its RPC names).
     pub enum OperationKind {
-        /// `CreateMachine`.
+        /// On a Machine: the cloud creates it.
         CreateMachine,
-        /// `DeleteMachine`.
+        /// On a Machine being deleted: the cloud deletes it.
         DeleteMachine,
-        /// `UpdateMachine`.
+        /// On a Machine: the cloud applies a new spec in place.
         UpdateMachine,
-        /// `ApplyPool`.
+        /// On a MachinePool: the cloud applies its template and capacity.
         ApplyPool,
-        /// `DeletePoolInstances`.
+        /// On a MachinePool: the cloud deletes some of its instances.
         DeletePoolInstances,
-        /// `UpgradePoolInstances`.
+        /// On a MachinePool: some of its instances move to the latest model.
         UpgradePoolInstances,
-        /// `DeletePool`.
+        /// On a MachinePool being deleted: the cloud deletes the pool.
         DeletePool,
     }
 }
 
 impl OperationKind {
-    /// The protocol's enum value.
-    pub fn to_proto(self) -> driver_sdk::proto::OperationKind {
-        use driver_sdk::proto::OperationKind as P;
-        match self {
-            OperationKind::CreateMachine => P::CreateMachine,
-            OperationKind::DeleteMachine => P::DeleteMachine,
-            OperationKind::UpdateMachine => P::UpdateMachine,
-            OperationKind::ApplyPool => P::ApplyPool,
-            OperationKind::DeletePoolInstances => P::DeletePoolInstances,
-            OperationKind::UpgradePoolInstances => P::UpgradePoolInstances,
-            OperationKind::DeletePool => P::DeletePool,
-        }
-    }
-
-    /// From the protocol's enum (`None` for `UNSPECIFIED`).
-    pub fn from_proto(kind: driver_sdk::proto::OperationKind) -> Option<Self> {
-        use driver_sdk::proto::OperationKind as P;
-        Some(match kind {
-            P::Unspecified => return None,
-            P::CreateMachine => OperationKind::CreateMachine,
-            P::DeleteMachine => OperationKind::DeleteMachine,
-            P::UpdateMachine => OperationKind::UpdateMachine,
-            P::ApplyPool => OperationKind::ApplyPool,
-            P::DeletePoolInstances => OperationKind::DeletePoolInstances,
-            P::UpgradePoolInstances => OperationKind::UpgradePoolInstances,
-            P::DeletePool => OperationKind::DeletePool,
-        })
-    }
-
     /// The method name (for errors and metrics).
     pub fn method(self) -> &'static str {
         self.as_str()
@@ -202,7 +173,7 @@ wire_enum! {
         Delete,
         /// A poll (GetOperation) that failed.
         Poll,
-        /// ListPoolInstances.
+        /// A ListPoolInstances that failed (a pool's reconcile starts with one).
         ListPoolInstances,
         /// ApplyPool (and its operation). Objects written before these types say `Apply`
         /// for a refused call; it reads as this.
@@ -287,7 +258,7 @@ reasons! {
     Pending,
     /// The cloud is creating it.
     Creating,
-    /// Running.
+    /// The machine runs (with a target cluster: its Node is Ready).
     Running,
     /// The cloud is updating it.
     Updating,
@@ -351,8 +322,6 @@ reasons! {
     CreateRetrying,
     /// An update is retried.
     UpdateRetrying,
-    /// A delete is retried.
-    DeleteRetrying,
     /// The cloud refuses the credentials.
     CloudCredentialsRefused,
     /// A quota or capacity limit.
@@ -403,7 +372,6 @@ impl Reason {
     pub fn retrying(op: OperationType) -> Self {
         match op {
             OperationType::Update => Reason::UpdateRetrying,
-            OperationType::Delete => Reason::DeleteRetrying,
             OperationType::Create => Reason::CreateRetrying,
             other => Reason::Other(format!("{other}Retrying")),
         }

@@ -204,7 +204,7 @@ impl Metrics {
 
 /// Everything a reconciler needs.
 pub struct Ctx {
-    /// The store.
+    /// Where objects live: reconcilers read and write them only through it.
     pub store: Store,
     /// Drivers by name.
     pub drivers: HashMap<String, DriverHandle>,
@@ -212,7 +212,7 @@ pub struct Ctx {
     pub config: Config,
     /// The work queue.
     pub queue: Arc<queue::WorkQueue>,
-    /// Metrics.
+    /// The controller's own metrics (served at `/metrics` with `run --metrics-addr`).
     pub metrics: Metrics,
     /// The cluster where the machines' Nodes live; `None`: nodes are not managed.
     pub target: Option<Arc<crate::nodes::Target>>,

@@ -13,7 +13,7 @@
 //! - Metadata is trimmed to the fields the resource model knows: what a real API server adds
 //!   (`managedFields`, …) never reaches parsing, nor the cache's memory.
 //! - Events are posted as `events.k8s.io/v1` Events by a background task (a reconcile never
-//!   waits for one), repeats aggregated into event series as client-go does ([`events`]), and
+//!   waits for one), repeats aggregated into event series as client-go does (`kubernetes/events.rs`), and
 //!   read back for `describe`.
 
 use std::collections::HashMap;

@@ -23,16 +23,16 @@ pub mod sqlite;
 /// Identifies an object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {
-    /// Kind.
+    /// Each kind has its own names: a Machine and a MachineDeployment may share one.
     pub kind: Kind,
-    /// Namespace.
+    /// `default` when a manifest names none.
     pub namespace: String,
-    /// Name.
+    /// Unique per kind and namespace.
     pub name: String,
 }
 
 impl Key {
-    /// A key.
+    /// The key of `kind` `namespace/name`; [`Key::of`] takes them from an object.
     pub fn new(kind: Kind, namespace: &str, name: &str) -> Self {
         Self { kind, namespace: namespace.into(), name: name.into() }
     }
@@ -52,7 +52,7 @@ impl std::fmt::Display for Key {
 /// Something changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
-    /// What.
+    /// The object that changed.
     pub key: Key,
     /// Its controlling owner, so the owner can be reconciled too.
     pub owner: Option<Key>,
@@ -91,9 +91,9 @@ pub struct Event {
     pub event_type: String,
     /// UpperCamel reason ([`EventReason::as_str`]; a String, as a backend reads it back).
     pub reason: String,
-    /// Detail.
+    /// For a person. Read back from a Kubernetes event series of N > 1 events, it ends in ` (xN)`.
     pub message: String,
-    /// When.
+    /// When it was recorded. Read back from a Kubernetes event series: its last occurrence.
     pub time: Time,
 }
 
@@ -262,7 +262,8 @@ pub trait Backend: Send + Sync + 'static {
     async fn delete(&self, key: &Key) -> Result<Option<Arc<str>>>;
     /// Change notifications.
     fn subscribe(&self) -> broadcast::Receiver<Change>;
-    /// Records an event.
+    /// Records an event. The Kubernetes backend posts it in the background and aggregates
+    /// repeats into event series, so an `Ok` does not mean it is readable yet.
     async fn record_event(&self, event: Event) -> Result<()>;
     /// The newest `limit` events of an object, oldest first.
     async fn events(&self, key: &Key, limit: usize) -> Result<Vec<Event>>;
@@ -463,7 +464,7 @@ impl Store {
         }
     }
 
-    /// The backend.
+    /// The backend, for what the store's typed API does not cover (raw JSON, events).
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }

@@ -25,7 +25,8 @@ pub enum ServeError {
     /// Binding or preparing the listener failed.
     #[error("listening on {endpoint}")]
     Bind {
-        /// The endpoint.
+        /// The gRPC endpoint (`unix:///path`, `tcp://host:port`) or the metrics listener
+        /// (`http://host:port`).
         endpoint: String,
         /// Why.
         #[source]

@@ -107,7 +107,7 @@ pub struct ServeArgs {
     /// without a restart).
     #[arg(long, default_value = "5s", value_parser = crate::duration::parse_duration)]
     pub token_key_reload_interval: Duration,
-    /// Log format.
+    /// How log lines on stderr look (`RUST_LOG` sets the filter, default `info`).
     #[arg(long, env = "DRIVER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }

@@ -24,9 +24,9 @@ pub struct ProviderSpec {
     pub image_id: Option<String>,
     /// Instance type, e.g. `t3.micro`.
     pub instance_type: String,
-    /// Subnet ID.
+    /// `subnet-…`; none: the launch template's, else EC2 picks the default VPC's subnet.
     pub subnet_id: Option<String>,
-    /// Security group IDs.
+    /// `sg-…` IDs; none: the launch template's, else the VPC's default group.
     #[serde(default)]
     pub security_group_ids: Vec<String>,
     /// EC2 key pair name.

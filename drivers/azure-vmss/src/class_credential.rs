@@ -630,12 +630,6 @@ impl ClassTokenError {
         }
     }
 
-    /// Whether trying again later may work without changing the credential (Entra failed or
-    /// was not reached).
-    pub fn is_transient(&self) -> bool {
-        matches!(self.answer, Some(EntraAnswer::Failed { .. } | EntraAnswer::NoAnswer))
-    }
-
     /// The underlying `azure_identity` error.
     pub fn into_cause(self) -> azure_core::Error {
         self.cause

@@ -111,9 +111,9 @@ pub struct Config {
 /// The scale set or VM an operation works on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceId {
-    /// Subscription.
+    /// Subscription ID: the provider spec's, the class Secret's or [`Config::subscription_id`].
     pub subscription: String,
-    /// Resource group.
+    /// The provider spec's, else [`Config::resource_group`].
     pub resource_group: String,
     /// Scale set or VM name.
     pub name: String,

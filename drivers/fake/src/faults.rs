@@ -40,7 +40,7 @@ pub struct FaultRule {
     /// ErrorInfo reason (default `FAULT_INJECTED`).
     #[serde(default)]
     pub reason: Option<String>,
-    /// Message.
+    /// The error's message (default `injected fault on RPC TARGET`).
     #[serde(default)]
     pub message: Option<String>,
     /// RetryInfo delay.

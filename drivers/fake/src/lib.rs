@@ -92,7 +92,8 @@ pub struct Config {
     pub rate_limit: Option<f64>,
     /// Bucket size of the rate limit.
     pub burst: u32,
-    /// Persist the cloud here.
+    /// Where the cloud is kept across restarts, rewritten (atomically) after every change; `None`:
+    /// in memory only.
     pub state_file: Option<std::path::PathBuf>,
     /// When set, calls must carry secret `apiKey` with this value.
     pub api_key: Option<String>,

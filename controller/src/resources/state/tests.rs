@@ -1,3 +1,5 @@
+use std::collections::BTreeSet;
+
 use serde_json::json;
 
 use super::*;
@@ -15,10 +17,14 @@ fn closed_enums_serialize_to_their_names_and_back() {
     }
     for k in OperationKind::ALL {
         assert_eq!(serde_json::to_value(k).unwrap(), json!(k.as_str()));
-        assert_eq!(OperationKind::from_proto(k.to_proto()), Some(*k));
-        // The protocol's enum names the same RPCs.
-        assert_eq!(k.to_proto().as_str_name().replace('_', ""), format!("OPERATIONKIND{}", k.as_str().to_uppercase()));
     }
+    // The protocol's enum names the same RPCs.
+    let ours: BTreeSet<String> = OperationKind::ALL.iter().map(|k| k.as_str().to_uppercase()).collect();
+    let protocol: BTreeSet<String> = (1..)
+        .map_while(|v| driver_sdk::proto::OperationKind::try_from(v).ok())
+        .map(|p| p.as_str_name().trim_start_matches("OPERATION_KIND_").replace('_', ""))
+        .collect();
+    assert_eq!(ours, protocol);
     for o in OperationType::ALL {
         assert_eq!(serde_json::to_value(o).unwrap(), json!(o.as_str()));
     }
