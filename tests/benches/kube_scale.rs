@@ -87,7 +87,8 @@ impl Build {
     }
 }
 
-fn controller(build: Build, store: &str, fake: &Fake, kubeconfig: Option<&Path>) -> Child {
+/// `kube`: the API server's kubeconfig and the namespace the run uses.
+fn controller(build: Build, store: &str, fake: &Fake, kube: Option<(&Path, &str)>) -> Child {
     let mut cmd = Command::new(build.binary());
     cmd.args(["--store", store, "run", "--driver", &format!("fake={}", fake.endpoint())])
         .args(["--workers", "10", "--driver-qps", "100000", "--driver-burst", "100000"])
@@ -97,9 +98,10 @@ fn controller(build: Build, store: &str, fake: &Fake, kubeconfig: Option<&Path>)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);
-    if let Some(k) = kubeconfig {
-        // Machines through the API server, without Nodes (no kubelets here).
-        cmd.env("KUBECONFIG", k).arg("--no-target-cluster");
+    if let Some((k, namespace)) = kube {
+        // Machines through the API server, without Nodes (no kubelets here). Only the run's own
+        // namespace: the runs before it left their machines, which are not this run's work.
+        cmd.env("KUBECONFIG", k).args(["--no-target-cluster", "--namespace", namespace]);
     }
     cmd.spawn().unwrap()
 }
@@ -189,7 +191,7 @@ struct KubeRun {
 async fn through_api_server(build: Build, cluster: &Cluster, n: usize) -> KubeRun {
     let fake = start_fake().await;
     let ns = cluster.namespace("bench").await;
-    let mut c = controller(build, "kubernetes", &fake, Some(&cluster.kubeconfig));
+    let mut c = controller(build, "kubernetes", &fake, Some((&cluster.kubeconfig, &ns)));
     let ar = |kind: &str, plural: &str| {
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("machine.driver.dev", "v1alpha1", kind), plural)
     };
