@@ -25,6 +25,9 @@ use crate::free_port;
 /// At most this many control planes run at once in one test binary (2 cores).
 static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
+/// Starts tried before a port collision fails the test.
+const PORT_ATTEMPTS: usize = 3;
+
 /// The kwok stages [`Cluster::start_full`] gives kwok, relative to `kwok-stages/` in the install
 /// folder (kwok's own `kustomize/stage/`). `node-not-ready` only acts on Nodes labelled
 /// `node-not-ready.stage.kwok.x-k8s.io=true` (NotReady after about 1-2 s, for good).
@@ -123,6 +126,19 @@ impl Cluster {
 
     /// Starts etcd and kube-apiserver, with or without the CRDs.
     pub async fn start_with(crds: bool) -> Cluster {
+        // etcd and kube-apiserver bind their own ports (they take no inherited listener), so a
+        // port picked free can be taken by another process before they bind it: then the start
+        // is tried again on new ports.
+        for _ in 1..PORT_ATTEMPTS {
+            if let Some(cluster) = Self::try_start(crds).await {
+                return cluster;
+            }
+        }
+        Self::try_start(crds).await.expect("a port was taken on every attempt")
+    }
+
+    /// One start; `None` when a port it picked was taken before etcd or the apiserver bound it.
+    async fn try_start(crds: bool) -> Option<Cluster> {
         let slot = SLOTS.acquire().await.expect("semaphore");
         let bins = install_dir();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -199,11 +215,13 @@ current-context: test
             client,
             _slot: slot,
         };
-        cluster.wait_ready().await;
+        if !cluster.wait_ready().await {
+            return None;
+        }
         if crds {
             cluster.install_crds().await;
         }
-        cluster
+        Some(cluster)
     }
 
     /// Starts a whole cluster without kubelets: etcd, kube-apiserver (with the CRDs), then
@@ -394,14 +412,23 @@ current-context: test
             .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"))
     }
 
-    async fn wait_ready(&mut self) {
+    /// Waits until the apiserver is ready: `true`; `false` when it or etcd exited because a port
+    /// was taken (the caller starts again); panics on any other failure.
+    async fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
             if let Ok(body) = self.client.request_text(req).await {
                 if body.trim() == "ok" {
-                    return;
+                    return true;
                 }
+            }
+            let exited = |c: &mut Option<Child>| matches!(c.as_mut().map(|c| c.try_wait()), Some(Ok(Some(_))));
+            let (apiserver_exited, etcd_exited) = (exited(&mut self.apiserver), exited(&mut self.etcd));
+            let taken = |log: &str| self.log(log).contains("address already in use");
+            if apiserver_exited && taken("apiserver.log") || etcd_exited && taken("etcd.log") {
+                eprintln!("test cluster: a port was taken before it was bound; starting again on new ports");
+                return false;
             }
             if let Some(Ok(Some(status))) = self.apiserver.as_mut().map(|c| c.try_wait()) {
                 panic!("kube-apiserver exited ({status}):\n{}", self.start_logs());
@@ -436,15 +463,18 @@ current-context: test
 
     async fn install_crds(&self) {
         let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let mut plurals = Vec::new();
         for crd in machine_controller::crd::crds() {
             let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
+            plurals.push(crd.spec.names.plural.clone());
             api.create(&PostParams::default(), &crd).await.unwrap_or_else(|e| panic!("installing CRD: {e}"));
         }
-        // Established, and served (right after Established a list may 404 once).
-        for kind in ["machineclasses", "machinedeployments", "machinepools", "machines"] {
+        // Established, and served (right after Established a list may 404 once): every kind the
+        // controller registers, so a test never races a CRD that is still being set up.
+        for kind in plurals {
             let ar = kube::core::ApiResource::from_gvk_with_plural(
                 &kube::core::GroupVersionKind::gvk("machine.driver.dev", "v1alpha1", "x"),
-                kind,
+                &kind,
             );
             let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
             crate::eventually(Duration::from_secs(30), &format!("{kind} served"), || {
