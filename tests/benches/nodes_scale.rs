@@ -18,12 +18,18 @@
 //!    on Nodes and pods.
 //! 2. 1,000 machines to Running, same run, on a fresh cluster: without a target cluster (no
 //!    Nodes), and with Nodes joining (Running = Node Ready).
+//! 3. Steady state: 1,000 machines with Ready Nodes carrying 10,000 pods (bound by the bench,
+//!    `spec.nodeName` set; kwok runs them). Over a 3-minute window: the controller's requests to
+//!    the target cluster per machine per minute, what its watches receive (bytes, events), its
+//!    RSS and CPU against the same controller with the same machines and no target cluster,
+//!    running through the same window.
 //!
 //! ```text
 //! CARGO_TARGET_DIR=... cargo build --release -p fake-driver -p machine-controller
 //! export KUBE_CLUSTER_DIR=$(bash tests/tools/install-kube-cluster.sh)
 //! cargo bench -p e2e-tests --bench nodes_scale              # 200 machines / 2,000 pods; 1,000 machines
-//! cargo bench -p e2e-tests --bench nodes_scale -- --quick   # 50 / 500; 200
+//! cargo bench -p e2e-tests --bench nodes_scale -- --quick   # 50 / 500; 200; steady 200 / 2,000, 1 min
+//! cargo bench -p e2e-tests --bench nodes_scale -- --steady  # only 3. (add --quick for 200 / 2,000)
 //! ```
 //! Set BENCH_OUT=path to also write the markdown table there.
 
@@ -79,6 +85,8 @@ fn cluster_logs(cluster: &Cluster) -> String {
 struct Proxy {
     kubeconfig: PathBuf,
     counts: Arc<Mutex<BTreeMap<String, f64>>>,
+    /// Response bytes and lines by "verb resource": a watch sends one JSON line per event.
+    received: Arc<Mutex<BTreeMap<String, Received>>>,
     task: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
@@ -87,6 +95,18 @@ impl Proxy {
     fn counts(&self) -> BTreeMap<String, f64> {
         self.counts.lock().unwrap().clone()
     }
+
+    fn received(&self) -> BTreeMap<String, Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+/// What the controller received for one kind of request.
+#[derive(Clone, Copy, Default, Debug)]
+struct Received {
+    bytes: u64,
+    /// Newlines: a watch's events.
+    lines: u64,
 }
 
 impl Drop for Proxy {
@@ -134,14 +154,15 @@ async fn start_proxy(cluster: &Cluster) -> Proxy {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let counts: Arc<Mutex<BTreeMap<String, f64>>> = Arc::default();
-    let c = counts.clone();
+    let received: Arc<Mutex<BTreeMap<String, Received>>> = Arc::default();
+    let (c, r) = (counts.clone(), received.clone());
     let task = tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
-            let (client, counts) = (client.clone(), c.clone());
+            let (client, counts, received) = (client.clone(), c.clone(), r.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let (client, counts) = (client.clone(), counts.clone());
+                    let (client, counts, received) = (client.clone(), counts.clone(), received.clone());
                     async move {
                         let (parts, body) = req.into_parts();
                         let mut key = request_key(&parts.method, &parts.uri);
@@ -163,6 +184,16 @@ async fn start_proxy(cluster: &Cluster) -> Proxy {
                                 let (mut parts, body) = r.into_parts();
                                 parts.headers.remove(http::header::TRANSFER_ENCODING);
                                 parts.headers.remove(http::header::CONNECTION);
+                                let counted = key.clone();
+                                let body = body.map_frame(move |frame| {
+                                    if let Some(data) = frame.data_ref() {
+                                        let mut received = received.lock().unwrap();
+                                        let r = received.entry(counted.clone()).or_default();
+                                        r.bytes += data.len() as u64;
+                                        r.lines += data.iter().filter(|b| **b == b'\n').count() as u64;
+                                    }
+                                    frame
+                                });
                                 http::Response::from_parts(parts, body.boxed_unsync())
                             }
                             Err(e) => http::Response::builder()
@@ -207,7 +238,7 @@ current-context: proxy
         ),
     )
     .unwrap();
-    Proxy { kubeconfig, counts, task, _dir: dir }
+    Proxy { kubeconfig, counts, received, task, _dir: dir }
 }
 
 // ------------------------------------------------------------------------------ processes
@@ -844,6 +875,292 @@ fn status_line(md: &MachineDeployment) -> String {
     format!("replicas {}, updated {}, available {}", s.replicas, s.updated_replicas, s.available_replicas)
 }
 
+// ------------------------------------------------------------------------------ 3. steady state
+
+/// The controller's memory and CPU at one moment.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    rss_kb: u64,
+    peak_rss_kb: u64,
+    /// Anonymous memory (heap and stacks: what the controller allocated, not its mapped binary).
+    anon_kb: u64,
+    /// User + system CPU since it started.
+    cpu: Duration,
+}
+
+fn usage(c: &Child) -> Usage {
+    let pid = c.id().unwrap_or(0);
+    let anon_kb = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("Anonymous:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0);
+    // Fields 14 and 15 of /proc/PID/stat (after the command's parenthesis): utime, stime in ticks.
+    let ticks: u64 = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0);
+    Usage {
+        rss_kb: e2e_tests::proc_status_kb(pid, "VmRSS:"),
+        peak_rss_kb: e2e_tests::proc_status_kb(pid, "VmHWM:"),
+        anon_kb,
+        // The kernel's USER_HZ is 100 on Linux.
+        cpu: Duration::from_millis(ticks * 10),
+    }
+}
+
+struct Steady {
+    machines: usize,
+    pods: usize,
+    window: Duration,
+    join: Duration,
+    pods_ready: Duration,
+    /// The controller without a target cluster, same machines, same window: at its end.
+    without: Usage,
+    without_cpu: Duration,
+    /// With the target cluster: once the Nodes were Ready (before any pod), and at the window's
+    /// end (10,000 pods on the nodes).
+    before_pods: Usage,
+    with: Usage,
+    with_cpu: Duration,
+    /// The controller's requests in the window, by "verb resource".
+    requests: BTreeMap<String, f64>,
+    /// What it received in the window, by "verb resource".
+    received: BTreeMap<String, Received>,
+    /// The same since it started (the initial list and watch included).
+    received_all: BTreeMap<String, Received>,
+}
+
+/// Creates `pods` pods bound to `nodes` round-robin (`spec.nodeName` set: no scheduler, and
+/// faster than kube-controller-manager's 20 requests/s), many requests at once.
+async fn create_bound_pods(client: &kube::Client, ns: &str, nodes: &[String], pods: usize) {
+    use kube::api::PostParams;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    futures::stream::iter(0..pods)
+        .map(|i| {
+            let api = api.clone();
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": format!("idle-{i}"), "labels": {"app": "idle"}},
+                "spec": {
+                    "nodeName": nodes[i % nodes.len()],
+                    "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
+                    "terminationGracePeriodSeconds": 0
+                }
+            }))
+            .unwrap();
+            async move {
+                loop {
+                    match api.create(&PostParams::default(), &pod).await {
+                        Ok(_) => break,
+                        Err(kube::Error::Api(s)) if s.code == 409 => break,
+                        Err(e) => {
+                            eprintln!("creating {}: {e}", pod.metadata.name.as_deref().unwrap_or(""));
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// `n` machines whose Nodes are Ready and carry `pods` pods: what the controller asks of the
+/// target cluster and what it holds in memory over `window`, against the same controller with
+/// the same machines and no target cluster, in the same window.
+async fn steady_state(n: usize, pods: usize, window: Duration) -> Steady {
+    // Without a target cluster: its own fake cloud and controller, left running through the
+    // window so both are measured over the same time.
+    let fake_alone = start_fake(None).await;
+    let db_alone = fake_alone.dir.path().join("store.db");
+    let mut alone = controller(&db_alone, &fake_alone, None);
+    let store_alone = Store::open(&db_alone).unwrap();
+    store_alone.apply(Kind::MachineClass, class()).await.unwrap();
+    store_alone.apply(Kind::MachineDeployment, deployment(n, "os-1")).await.unwrap();
+    until(
+        &format!("{n} machines Running, no target cluster"),
+        Duration::from_secs(600),
+        Duration::from_millis(200),
+        || async { md(&store_alone).await.filter(e2e_tests::rolled_out) },
+        String::new,
+        || logs(&fake_alone),
+    )
+    .await;
+
+    let cluster = Cluster::start_full().await;
+    let ns = cluster.namespace("steady").await;
+    let fake = start_fake(Some(&cluster.kubeconfig)).await;
+    let db = fake.dir.path().join("store.db");
+    let proxy = start_proxy(&cluster).await;
+    let mut c = controller(&db, &fake, Some(&proxy.kubeconfig));
+    let store = Store::open(&db).unwrap();
+    let (nodes, node_task) = watch_nodes(cluster.client.clone());
+    let (watch, pod_task) = watch_pods(cluster.client.clone(), &ns, "idle");
+    let started = Instant::now();
+    store.apply(Kind::MachineClass, class()).await.unwrap();
+    store.apply(Kind::MachineDeployment, deployment(n, "os-1")).await.unwrap();
+    let last = Mutex::new(String::new());
+    until(
+        &format!("{n} machines Running (Nodes Ready)"),
+        Duration::from_secs(900),
+        Duration::from_millis(200),
+        || async {
+            let md = md(&store).await?;
+            *last.lock().unwrap() = status_line(&md);
+            e2e_tests::rolled_out(&md).then_some(())
+        },
+        || last.lock().unwrap().clone(),
+        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
+    )
+    .await;
+    let join = started.elapsed();
+    println!("     {n} machines Running with Ready Nodes in {:.1} s", join.as_secs_f64());
+    let before_pods = usage(&c);
+
+    let started = Instant::now();
+    let names: Vec<String> = nodes.lock().unwrap().nodes.keys().cloned().collect();
+    assert_eq!(names.len(), n, "one Node per machine");
+    create_bound_pods(&cluster.client, &ns, &names, pods).await;
+    println!("     {pods} pods created in {:.1} s", started.elapsed().as_secs_f64());
+    until(
+        &format!("{pods} pods Ready (kwok)"),
+        Duration::from_secs(1200),
+        Duration::from_millis(500),
+        || async { (watch.lock().unwrap().ready() == pods).then_some(()) },
+        || format!("{} pods Ready", watch.lock().unwrap().ready()),
+        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
+    )
+    .await;
+    let pods_ready = started.elapsed();
+    println!("     {pods} pods Ready in {:.1} s", pods_ready.as_secs_f64());
+    pod_task.abort();
+
+    // The window: nothing changes but kwok's heartbeats (Node status every ~20 s, pod status
+    // not at all once Running).
+    let (requests_0, received_0) = (proxy.counts(), proxy.received());
+    let (cpu_0, alone_cpu_0) = (usage(&c).cpu, usage(&alone).cpu);
+    println!("     steady window of {:.0} s ...", window.as_secs_f64());
+    tokio::time::sleep(window).await;
+    let (requests_1, received_1) = (proxy.counts(), proxy.received());
+    let (with, without) = (usage(&c), usage(&alone));
+    let still = md(&store).await.is_some_and(|m| e2e_tests::rolled_out(&m));
+    assert!(still, "every machine still Running after the window");
+    let _ = c.kill().await;
+    let _ = alone.kill().await;
+    node_task.abort();
+
+    let requests =
+        requests_1.keys().map(|k| (k.clone(), diff(&requests_0, &requests_1, k))).filter(|(_, v)| *v > 0.0).collect();
+    let received = received_1
+        .iter()
+        .map(|(k, r)| {
+            let r0 = received_0.get(k).copied().unwrap_or_default();
+            (k.clone(), Received { bytes: r.bytes - r0.bytes, lines: r.lines - r0.lines })
+        })
+        .filter(|(_, r)| r.bytes > 0)
+        .collect();
+    Steady {
+        machines: n,
+        pods,
+        window,
+        join,
+        pods_ready,
+        without,
+        without_cpu: without.cpu.saturating_sub(alone_cpu_0),
+        before_pods,
+        with,
+        with_cpu: with.cpu.saturating_sub(cpu_0),
+        requests,
+        received,
+        received_all: received_1,
+    }
+}
+
+fn mb(kb: u64) -> String {
+    format!("{:.1} MB", kb as f64 / 1024.0)
+}
+
+fn steady_table(s: &Steady) -> String {
+    let minutes = s.window.as_secs_f64() / 60.0;
+    let total: f64 = s.requests.iter().filter(|(k, _)| !k.contains("/eviction ")).map(|(_, v)| v).sum();
+    let per_machine_minute = total / s.machines as f64 / minutes;
+    let growth = s.with.rss_kb as i64 - s.without.rss_kb as i64;
+    let peak_growth = s.with.peak_rss_kb as i64 - s.without.peak_rss_kb as i64;
+    let signed = |kb: i64| format!("{}{:.1} MB", if kb < 0 { "−" } else { "+" }, kb.unsigned_abs() as f64 / 1024.0);
+    let met = |ok: bool| if ok { "met" } else { "**not met**" };
+    let mut out = format!(
+        "| steady state, {} machines, {} pods, {:.0} s window | result | target | |\n|---|---|---|---|\n",
+        s.machines,
+        s.pods,
+        s.window.as_secs_f64()
+    );
+    out += &format!(
+        "| controller's requests to the target cluster per machine per minute | {per_machine_minute:.4} ({total:.0} in the window) | ≤ 1 | {} |\n",
+        met(per_machine_minute <= 1.0)
+    );
+    out += &format!(
+        "| controller RSS now (VmRSS): no target cluster / Nodes + pods — growth | {} / {} — {} | ≤ +30 MB | {} |\n",
+        mb(s.without.rss_kb),
+        mb(s.with.rss_kb),
+        signed(growth),
+        met(growth <= 30 * 1024)
+    );
+    out += &format!(
+        "| controller peak RSS (VmHWM): no target cluster / Nodes + pods — growth | {} / {} — {} | ≤ +30 MB | {} |\n",
+        mb(s.without.peak_rss_kb),
+        mb(s.with.peak_rss_kb),
+        signed(peak_growth),
+        met(peak_growth <= 30 * 1024)
+    );
+    out += &format!(
+        "| controller anonymous memory (smaps_rollup): no target cluster / Nodes + pods | {} / {} | | |\n",
+        mb(s.without.anon_kb),
+        mb(s.with.anon_kb)
+    );
+    out += &format!(
+        "| controller RSS with the target cluster: Nodes Ready, no pods / 10,000 pods, window's end | {} / {} | | |\n",
+        mb(s.before_pods.rss_kb),
+        mb(s.with.rss_kb)
+    );
+    out += &format!(
+        "| controller CPU in the window: no target cluster / Nodes + pods | {:.1} s / {:.1} s ({:.1}% / {:.1}% of one core) | | |\n",
+        s.without_cpu.as_secs_f64(),
+        s.with_cpu.as_secs_f64(),
+        100.0 * s.without_cpu.as_secs_f64() / s.window.as_secs_f64(),
+        100.0 * s.with_cpu.as_secs_f64() / s.window.as_secs_f64()
+    );
+    for (k, r) in &s.received {
+        out += &format!(
+            "| received in the window, `{k}` | {:.1} KB/s, {:.1} lines/s ({:.0} bytes per line) | | |\n",
+            r.bytes as f64 / 1024.0 / s.window.as_secs_f64(),
+            r.lines as f64 / s.window.as_secs_f64(),
+            if r.lines > 0 { r.bytes as f64 / r.lines as f64 } else { 0.0 }
+        );
+    }
+    out += &format!(
+        "| {} machines Running with Ready Nodes / {} bound pods created and Ready (kwok) | {} / {} | | |\n",
+        s.machines,
+        s.pods,
+        secs(s.join),
+        secs(s.pods_ready)
+    );
+    let requests: Vec<String> = s.requests.iter().map(|(k, v)| format!("`{k}` {v:.0}")).collect();
+    out += &format!("\nThe controller's requests in the window: {}\n", requests.join(", "));
+    let all: Vec<String> = s
+        .received_all
+        .iter()
+        .map(|(k, r)| format!("`{k}` {:.1} MB in {} lines", r.bytes as f64 / 1048576.0, r.lines))
+        .collect();
+    out +=
+        &format!("\nEverything the controller received from the target cluster since it started: {}\n", all.join(", "));
+    out
+}
+
 // ------------------------------------------------------------------------------ main
 
 fn secs(d: Duration) -> String {
@@ -853,7 +1170,10 @@ fn secs(d: Duration) -> String {
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    let steady_only = std::env::args().any(|a| a == "--steady");
     let (n, pods, big) = if quick { (50, 500, 200) } else { (200, 2_000, 1_000) };
+    let (steady_pods, window) =
+        if quick { (2_000, Duration::from_secs(60)) } else { (10_000, Duration::from_secs(180)) };
     let mut out = format!(
         "Machine: {} cores ({}), {} — release builds; fake create latency 2 s, delete latency 1 s; controller \
          on the embedded store with `--target-kubeconfig` (through the bench's counting proxy), `{}`; kube-apiserver 1.37.2 + etcd 3.7.3 \
@@ -863,6 +1183,17 @@ async fn main() {
         if quick { "quick run (--quick)" } else { "full run" },
         CONTROLLER_ARGS.join(" ")
     );
+
+    if steady_only {
+        println!("[3] steady state: {big} machines with Ready Nodes, {steady_pods} pods ...");
+        let s = steady_state(big, steady_pods, window).await;
+        out += &steady_table(&s);
+        println!("\n{out}");
+        if let Ok(path) = std::env::var("BENCH_OUT") {
+            std::fs::write(path, &out).unwrap();
+        }
+        return;
+    }
 
     println!("[1] rolling update of {n} machines carrying {pods} pods (PDB maxUnavailable 10%) ...");
     let r = rolling_update(n, pods).await;
@@ -960,6 +1291,11 @@ async fn main() {
     if let Some((_, b)) = &with.requests {
         out += &format!("\nThe controller's requests while {big} machines joined, per machine: {b}\n");
     }
+
+    println!("[3] steady state: {big} machines with Ready Nodes, {steady_pods} pods ...");
+    let s = steady_state(big, steady_pods, window).await;
+    out += "\n";
+    out += &steady_table(&s);
     println!("\n{out}");
     if let Ok(path) = std::env::var("BENCH_OUT") {
         std::fs::write(path, &out).unwrap();
