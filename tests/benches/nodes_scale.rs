@@ -19,7 +19,7 @@
 //! 2. 1,000 machines to Running, same run, on a fresh cluster: without a target cluster (no
 //!    Nodes), and with Nodes joining (Running = Node Ready).
 //! 3. Steady state: 1,000 machines with Ready Nodes carrying 10,000 pods (bound by the bench,
-//!    `spec.nodeName` set; kwok runs them). Over a 3-minute window: the controller's requests to
+//!    `spec.nodeName` set; kwok runs them). Over a 5-minute window (longer than a watch's 290 s): the controller's requests to
 //!    the target cluster per machine per minute, what its watches receive (bytes, events), its
 //!    RSS and CPU against the same controller with the same machines and no target cluster,
 //!    running through the same window.
@@ -933,6 +933,10 @@ struct Steady {
     received: BTreeMap<String, Received>,
     /// The same since it started (the initial list and watch included).
     received_all: BTreeMap<String, Received>,
+    /// The controller restarted after the window (same store and cluster), after
+    /// [`RESTART_WINDOW`].
+    restarted: Usage,
+    restart_requests: BTreeMap<String, f64>,
 }
 
 /// Creates `pods` pods bound to `nodes` round-robin (`spec.nodeName` set: no scheduler, and
@@ -1052,7 +1056,20 @@ async fn steady_state(n: usize, pods: usize, window: Duration) -> Steady {
     assert!(still, "every machine still Running after the window");
     let _ = c.kill().await;
     let _ = alone.kill().await;
+
+    // A restart: the first list now holds every Node (it was empty when the controller first
+    // started), the most the controller decodes at once.
+    let requests_2 = proxy.counts();
+    let mut c = controller(&db, &fake, Some(&proxy.kubeconfig));
+    tokio::time::sleep(RESTART_WINDOW).await;
+    let restarted = usage(&c);
+    let still = md(&store).await.is_some_and(|m| e2e_tests::rolled_out(&m));
+    assert!(still, "every machine still Running after the restart");
+    let requests_3 = proxy.counts();
+    let _ = c.kill().await;
     node_task.abort();
+    let restart_requests =
+        requests_3.keys().map(|k| (k.clone(), diff(&requests_2, &requests_3, k))).filter(|(_, v)| *v > 0.0).collect();
 
     let requests =
         requests_1.keys().map(|k| (k.clone(), diff(&requests_0, &requests_1, k))).filter(|(_, v)| *v > 0.0).collect();
@@ -1078,8 +1095,13 @@ async fn steady_state(n: usize, pods: usize, window: Duration) -> Steady {
         requests,
         received,
         received_all: received_1,
+        restarted,
+        restart_requests,
     }
 }
+
+/// How long a restarted controller runs before it is measured.
+const RESTART_WINDOW: Duration = Duration::from_secs(60);
 
 fn mb(kb: u64) -> String {
     format!("{:.1} MB", kb as f64 / 1024.0)
@@ -1087,7 +1109,8 @@ fn mb(kb: u64) -> String {
 
 fn steady_table(s: &Steady) -> String {
     let minutes = s.window.as_secs_f64() / 60.0;
-    let total: f64 = s.requests.iter().filter(|(k, _)| !k.contains("/eviction ")).map(|(_, v)| v).sum();
+    // (+ 0.0: an empty f64 sum is −0.)
+    let total: f64 = s.requests.iter().filter(|(k, _)| !k.contains("/eviction ")).map(|(_, v)| v).sum::<f64>() + 0.0;
     let per_machine_minute = total / s.machines as f64 / minutes;
     let growth = s.with.rss_kb as i64 - s.without.rss_kb as i64;
     let peak_growth = s.with.peak_rss_kb as i64 - s.without.peak_rss_kb as i64;
@@ -1149,8 +1172,22 @@ fn steady_table(s: &Steady) -> String {
         secs(s.join),
         secs(s.pods_ready)
     );
-    let requests: Vec<String> = s.requests.iter().map(|(k, v)| format!("`{k}` {v:.0}")).collect();
-    out += &format!("\nThe controller's requests in the window: {}\n", requests.join(", "));
+    out += &format!(
+        "| restarted with every Node and pod in place, after {:.0} s: RSS / peak RSS (VmHWM) / CPU | {} / {} / {:.1} s | ≤ +30 MB over {} | {} |\n",
+        RESTART_WINDOW.as_secs_f64(),
+        mb(s.restarted.rss_kb),
+        mb(s.restarted.peak_rss_kb),
+        s.restarted.cpu.as_secs_f64(),
+        mb(s.without.peak_rss_kb),
+        met(s.restarted.peak_rss_kb as i64 - s.without.peak_rss_kb as i64 <= 30 * 1024)
+    );
+    let list =
+        |m: &BTreeMap<String, f64>| m.iter().map(|(k, v)| format!("`{k}` {v:.0}")).collect::<Vec<_>>().join(", ");
+    out += &format!(
+        "\nThe controller's requests in the window: {}\n",
+        if s.requests.is_empty() { "none".into() } else { list(&s.requests) }
+    );
+    out += &format!("\nThe restarted controller's requests: {}\n", list(&s.restart_requests));
     let all: Vec<String> = s
         .received_all
         .iter()
@@ -1173,7 +1210,7 @@ async fn main() {
     let steady_only = std::env::args().any(|a| a == "--steady");
     let (n, pods, big) = if quick { (50, 500, 200) } else { (200, 2_000, 1_000) };
     let (steady_pods, window) =
-        if quick { (2_000, Duration::from_secs(60)) } else { (10_000, Duration::from_secs(180)) };
+        if quick { (2_000, Duration::from_secs(60)) } else { (10_000, Duration::from_secs(300)) };
     let mut out = format!(
         "Machine: {} cores ({}), {} — release builds; fake create latency 2 s, delete latency 1 s; controller \
          on the embedded store with `--target-kubeconfig` (through the bench's counting proxy), `{}`; kube-apiserver 1.37.2 + etcd 3.7.3 \
