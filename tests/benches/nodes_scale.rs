@@ -1146,7 +1146,8 @@ fn steady_table(s: &Steady) -> String {
         mb(s.with.anon_kb)
     );
     out += &format!(
-        "| controller RSS with the target cluster: Nodes Ready, no pods / 10,000 pods, window's end | {} / {} | | |\n",
+        "| controller RSS with the target cluster: Nodes Ready, no pods / {} pods, window's end | {} / {} | | |\n",
+        s.pods,
         mb(s.before_pods.rss_kb),
         mb(s.with.rss_kb)
     );
