@@ -21,7 +21,10 @@
 //! cargo bench -p e2e-tests --bench controller_scale -- --rss-only # only the 10,000-machine run
 //! cargo bench -p e2e-tests --bench controller_scale -- --100k  # only the 100,000-machine run
 //! ```
-//! Set BENCH_OUT=path to also write the markdown table there.
+//! Set BENCH_OUT=path to also write the markdown table there, and BENCH_COMPARE=<another
+//! machine-controller binary> to run the 10,000 (`--rss-only`) or 100,000 (`--100k`) step with
+//! both builds in the same run (A/B), alternating which goes first, BENCH_ROUNDS times each
+//! (default 2 at 10,000, 1 at 100,000), with the ratios this build ÷ that one.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -66,8 +69,31 @@ async fn start_fake() -> Procs {
     Procs { fake, controller: None, dir }
 }
 
-fn start_controller(p: &mut Procs) {
-    let mut cmd = Command::new(e2e_tests::release_bin("machine-controller"));
+/// The controller build to measure: this tree's release build, or `BENCH_COMPARE`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Build {
+    This,
+    Compare,
+}
+
+impl Build {
+    fn binary(self) -> PathBuf {
+        match self {
+            Build::This => e2e_tests::release_bin("machine-controller"),
+            Build::Compare => std::env::var_os("BENCH_COMPARE").expect("BENCH_COMPARE").into(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Build::This => "this build",
+            Build::Compare => "BENCH_COMPARE build",
+        }
+    }
+}
+
+fn start_controller(p: &mut Procs, build: Build) {
+    let mut cmd = Command::new(build.binary());
     cmd.arg("--store")
         .arg(p.store())
         .args(["run", "--driver", &format!("fake=unix://{}", p.sock().display())])
@@ -81,10 +107,11 @@ fn start_controller(p: &mut Procs) {
     p.controller = Some(cmd.spawn().unwrap());
 }
 
-async fn apply(p: &Procs, yaml: &str) {
+/// Applies with the same build as the running controller (the store file is that build's).
+async fn apply(p: &Procs, build: Build, yaml: &str) {
     let f = p.dir.path().join(format!("{}.yaml", uuid::Uuid::new_v4()));
     std::fs::write(&f, yaml).unwrap();
-    let out = Command::new(e2e_tests::release_bin("machine-controller"))
+    let out = Command::new(build.binary())
         .arg("--store")
         .arg(p.store())
         .args(["apply", "-f", f.to_str().unwrap()])
@@ -161,11 +188,11 @@ async fn fake_counters(p: &Procs, reset: bool) -> fake_driver::pb::Counters {
     f.inspect(fake_driver::pb::InspectRequest { reset_peak: reset }).await.unwrap().into_inner().counters.unwrap()
 }
 
-async fn create_run(replicas: usize, timeout: Duration) -> (Option<Duration>, Procs) {
+async fn create_run(build: Build, replicas: usize, timeout: Duration) -> (Option<Duration>, Procs) {
     let mut p = start_fake().await;
-    start_controller(&mut p);
+    start_controller(&mut p, build);
     let started = Instant::now();
-    apply(&p, &manifests(replicas, "os-1")).await;
+    apply(&p, build, &manifests(replicas, "os-1")).await;
     let t = wait_converged(&p, replicas, timeout).await.map(|_| started.elapsed());
     (t, p)
 }
@@ -221,8 +248,8 @@ async fn blocking_client_run(machines: usize, workers: usize) -> Duration {
 
 /// Runs `replicas` machines to Running and stops both processes: (time, controller peak RSS in
 /// MB, controller CPU seconds, store file size in MB including the WAL, machines in the cloud).
-async fn scale_run(replicas: usize, timeout: Duration) -> (Option<Duration>, u64, f64, f64, u64) {
-    let (t, mut p) = create_run(replicas, timeout).await;
+async fn scale_run(build: Build, replicas: usize, timeout: Duration) -> (Option<Duration>, u64, f64, f64, u64) {
+    let (t, mut p) = create_run(build, replicas, timeout).await;
     let pid = p.controller.as_ref().and_then(|c| c.id()).unwrap_or(0);
     let hwm = e2e_tests::proc_status_kb(pid, "VmHWM:") / 1024;
     let cpu = cpu_seconds(pid);
@@ -264,12 +291,16 @@ async fn main() {
         e2e_tests::cpu_model(),
         if quick { "quick run" } else { "full run" }
     );
+    if std::env::var_os("BENCH_COMPARE").is_some() && (flag("--rss-only") || flag("--100k")) {
+        let machines = if flag("--100k") { 100_000 } else { big };
+        return compare(machines, out).await;
+    }
     out += "| benchmark | result | target | met |\n|---|---|---|---|\n";
 
     if flag("--100k") {
         let huge = 100_000;
         println!("[4] {huge} machines from one MachineDeployment ...");
-        let (t, hwm, cpu, store_mb, in_cloud) = scale_run(huge, Duration::from_secs(1800)).await;
+        let (t, hwm, cpu, store_mb, in_cloud) = scale_run(Build::This, huge, Duration::from_secs(1800)).await;
         println!(
             "    {in_cloud} in the cloud, Running after {}; controller peak RSS {hwm} MB, {cpu:.0} s CPU; store {store_mb:.0} MB",
             secs(t, "1800 s")
@@ -301,20 +332,20 @@ async fn main() {
     };
     if flag("--rss-only") {
         println!("[3] {big} machines from one MachineDeployment ...");
-        let run = scale_run(big, Duration::from_secs(600)).await;
+        let run = scale_run(Build::This, big, Duration::from_secs(600)).await;
         scale_rows(&mut out, run);
         return report(&out);
     }
 
     println!("[1] {n} machines, non-blocking controller ...");
-    let (fast, mut p) = create_run(n, Duration::from_secs(120)).await;
+    let (fast, mut p) = create_run(Build::This, n, Duration::from_secs(120)).await;
     let fast = fast.expect("non-blocking run did not converge in 120 s");
     println!("    all Running after {:.2}s", fast.as_secs_f64());
 
     println!("[2] rolling update of {n} machines, maxSurge 10%, maxUnavailable 0 ...");
     fake_counters(&p, true).await;
     let started = Instant::now();
-    apply(&p, &manifests(n, "os-2")).await;
+    apply(&p, Build::This, &manifests(n, "os-2")).await;
     let rolled = wait_converged(&p, n, Duration::from_secs(600)).await.map(|_| started.elapsed());
     let c = fake_counters(&p, false).await;
     let rolled = rolled.expect("rolling update did not converge in 600 s");
@@ -334,7 +365,7 @@ async fn main() {
     println!("    all Running after {:.2}s (floor: {n} × 2 s ÷ 10 = {} s)", slow.as_secs_f64(), n / 5);
 
     println!("[3] {big} machines from one MachineDeployment ...");
-    let run = scale_run(big, Duration::from_secs(600)).await;
+    let run = scale_run(Build::This, big, Duration::from_secs(600)).await;
 
     let ratio = slow.as_secs_f64() / fast.as_secs_f64();
     out += &format!(
@@ -356,6 +387,56 @@ async fn main() {
         yes(c.peak_machines as usize <= n + n / 10)
     );
     scale_rows(&mut out, run);
+    report(&out);
+}
+
+/// A/B: `machines` to Running with both builds, alternating which goes first each round.
+async fn compare(machines: usize, mut out: String) {
+    let default_rounds = if machines > 10_000 { 1 } else { 2 };
+    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(default_rounds);
+    let timeout = Duration::from_secs(if machines > 10_000 { 1800 } else { 600 });
+    out += &format!(
+        "A/B, {machines} machines, {rounds} round(s); BENCH_COMPARE = {}\n\n",
+        Build::Compare.binary().display()
+    );
+    out += "| round | build | time to Running | controller CPU | CPU per machine | peak RSS (VmHWM) | store + WAL |\n";
+    out += "|---|---|---|---|---|---|---|\n";
+    let mut ratios = String::from(
+        "\n| round | time ratio (this ÷ compare) | CPU ratio | peak RSS ratio | load average before |\n|---|---|---|---|---|\n",
+    );
+    for round in 1..=rounds {
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let load: String = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+        let order = if round % 2 == 1 { [Build::This, Build::Compare] } else { [Build::Compare, Build::This] };
+        let mut results = Vec::new();
+        for build in order {
+            println!("[round {round}] {machines} machines, {} ...", build.name());
+            let (t, hwm, cpu, store_mb, in_cloud) = scale_run(build, machines, timeout).await;
+            println!(
+                "    {in_cloud} in the cloud, Running after {}; controller CPU {cpu:.1} s, peak RSS {hwm} MB, store {store_mb:.0} MB",
+                secs(t, &format!("{} s", timeout.as_secs()))
+            );
+            out += &format!(
+                "| {round} | {} | {} | {cpu:.1} s | {:.3} ms | {hwm} MB | {store_mb:.0} MB |\n",
+                build.name(),
+                secs(t, &format!("{} s", timeout.as_secs())),
+                cpu * 1e3 / machines as f64
+            );
+            results.push((build, t, hwm, cpu));
+        }
+        let get = |b: Build| *results.iter().find(|r| r.0 == b).unwrap();
+        let (this, other) = (get(Build::This), get(Build::Compare));
+        let time_ratio = match (this.1, other.1) {
+            (Some(a), Some(b)) => format!("{:.2}", a.as_secs_f64() / b.as_secs_f64()),
+            _ => "—".into(),
+        };
+        ratios += &format!(
+            "| {round} | {time_ratio} | {:.2} | {:.2} | {load} |\n",
+            this.3 / other.3,
+            this.2 as f64 / other.2 as f64
+        );
+    }
+    out += &ratios;
     report(&out);
 }
 

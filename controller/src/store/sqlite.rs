@@ -384,6 +384,13 @@ impl SqliteBackend {
         c.entry(key.kind).or_default().insert((key.namespace.clone(), key.name.clone()), Entry { rv, json });
     }
 
+    /// The cached text of `key` if the cache holds exactly version `rv`.
+    fn cached_at(&self, key: &Key, rv: u64) -> Option<Arc<str>> {
+        let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        let e = c.get(&key.kind)?.get(&(key.namespace.clone(), key.name.clone()))?;
+        (e.rv == rv).then(|| e.json.clone())
+    }
+
     fn drop_cache(&self, key: &Key) {
         let mut c = self.cache.write().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = c.get_mut(&key.kind) {
@@ -394,10 +401,17 @@ impl SqliteBackend {
     /// Replaces the status of `key` if it is still at `expected`.
     async fn write_status(&self, key: Key, expected: String, status: &RawValue) -> Result<Option<Arc<str>>> {
         self.write(|tx, rv| {
-            let (current_rv, body) = read_text(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
+            let current_rv = read_version(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
             if expected != current_rv.to_string() {
                 return Err(conflict(&key, &expected, current_rv));
             }
+            // The cache holds committed versions only: if it has this one, it has this text, and
+            // the row need not be copied out of SQLite again (a write earlier in the open group,
+            // or another process's, leaves the cache behind and the row is read).
+            let body = match self.cached_at(&key, current_rv) {
+                Some(json) => json,
+                None => read_text(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?.1.into(),
+            };
             let written = with_status(&body, status, rv, &key.namespace)?;
             let owner = written.owner;
             if written.remove {
@@ -453,16 +467,37 @@ impl Drop for Pending<'_> {
 
 fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Change>, synced: u64) -> Result<u64> {
     let mut max = synced;
-    let mut stmt = conn.prepare_cached("SELECT kind, namespace, name, rv, body FROM objects WHERE rv > ?1").db()?;
-    let rows: Vec<(String, String, String, i64, String)> = stmt
-        .query_map([synced as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+    // Versions first: most rows found are this process's own writes, already cached, and their
+    // text need not be copied out again.
+    let mut stmt = conn.prepare_cached("SELECT kind, namespace, name, rv FROM objects WHERE rv > ?1").db()?;
+    let rows: Vec<(String, String, String, i64)> = stmt
+        .query_map([synced as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
         .db()?
         .collect::<rusqlite::Result<_>>()
         .db()?;
-    for (kind, ns, name, rv, body) in rows {
+    for (kind_name, ns, name, rv) in rows {
+        max = max.max(rv as u64);
+        let Some(kind) = kind_from(&kind_name) else { continue };
+        let cached = {
+            let c = cache.read().unwrap_or_else(|p| p.into_inner());
+            c.get(&kind).and_then(|m| m.get(&(ns.clone(), name.clone()))).is_some_and(|e| e.rv >= rv as u64)
+        };
+        if cached {
+            continue;
+        }
+        // Read again with its version: the row may have moved on since the first query.
+        let Some((rv, body)) = conn
+            .prepare_cached("SELECT rv, body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")
+            .db()?
+            .query_row(params![kind_name, ns, name], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .optional()
+            .db()?
+        else {
+            continue;
+        };
+        // `max` stays at the first query's versions: a newer row read here is found again next
+        // time, and then skipped as cached.
         let rv = rv as u64;
-        max = max.max(rv);
-        let Some(kind) = kind_from(&kind) else { continue };
         let key = Key::new(kind, &ns, &name);
         let fresh = {
             let mut c = cache.write().unwrap_or_else(|p| p.into_inner());
@@ -543,6 +578,17 @@ fn read_text(tx: &Connection, key: &Key) -> Result<Option<(u64, String)>> {
         .optional()
         .db()?;
     Ok(row.map(|(rv, body)| (rv as u64, body)))
+}
+
+/// Only the stored version of `key` (the text stays in SQLite).
+fn read_version(tx: &Connection, key: &Key) -> Result<Option<u64>> {
+    let rv: Option<i64> = tx
+        .prepare_cached("SELECT rv FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")
+        .db()?
+        .query_row(params![key.kind.as_str(), key.namespace, key.name], |r| r.get(0))
+        .optional()
+        .db()?;
+    Ok(rv.map(|rv| rv as u64))
 }
 
 fn read_row(tx: &Connection, key: &Key) -> Result<Option<(u64, Value)>> {

@@ -40,6 +40,25 @@ async fn survives_reopen_and_sees_other_processes_writes() {
 }
 
 #[tokio::test]
+async fn a_status_write_on_a_version_its_cache_has_not_seen_keeps_the_newer_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let a = Store::open(&path).unwrap();
+    a.create(&class("x", "small")).await.unwrap();
+    // Another process changes the spec; `a` writes a status on that version before its poller
+    // has folded the change into its cache, so the status goes onto the row, not the cached text.
+    let b = Store::open(&path).unwrap();
+    b.apply(Kind::MachineClass, serde_json::to_value(class("x", "large")).unwrap()).await.unwrap();
+    let mut newer = b.get::<MachineClass>("default", "x").await.unwrap().unwrap();
+    newer.status.validated_generation = 2;
+    a.replace_status(&newer).await.unwrap();
+    let reopened = Store::open(&path).unwrap();
+    let now = reopened.get::<MachineClass>("default", "x").await.unwrap().unwrap();
+    assert_eq!(now.spec.provider_spec["machineType"], "large");
+    assert_eq!(now.status.validated_generation, 2);
+}
+
+#[tokio::test]
 async fn apply_creates_then_updates_spec_and_labels_only() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("s.db")).unwrap();
