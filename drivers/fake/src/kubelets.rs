@@ -5,7 +5,7 @@
 //! Every [`TICK`] it compares the cloud with the Nodes it registered ([`plan`], a pure function):
 //!
 //! - a machine or pool instance that booted (RUNNING or UPDATING) and has no Node yet gets one
-//!   ([`node`]): name = its `Hostname` address, `spec.providerID` = the provider ID the driver
+//!   (`node`): name = its `Hostname` address, `spec.providerID` = the provider ID the driver
 //!   reports, the well-known labels, capacity by machine type, and the annotation
 //!   `kwok.x-k8s.io/node: fake`, so that kwok makes it Ready and heart-beats it. A Node of that
 //!   name with the same provider ID is left as it is (create only, never overwrite); one with
@@ -34,7 +34,7 @@
 //! is held only to copy its VMs, so the gRPC server is not slowed. Memory: the names and provider
 //! IDs of the registered Nodes (and of those marked in the last [`SETTLE`]).
 //!
-//! The Kubernetes client behind all this ([`node`], [`config`], [`spawn`]: kube and
+//! The Kubernetes client behind all this (`node`, `config`, `spawn`: kube and
 //! k8s-openapi, about a quarter of the executable's code) is compiled only with the cargo feature
 //! `join-cluster`, which the test suite (`e2e-tests`) turns on; the sidecar without it is the
 //! fake cloud alone. The rest of this module (the modes, [`plan`]) is always there.
