@@ -25,7 +25,7 @@
 //!    running through the same window.
 //!
 //! ```text
-//! CARGO_TARGET_DIR=... cargo build --release -p fake-driver -p machine-controller
+//! CARGO_TARGET_DIR=... cargo build --release -p fake-driver -p machine-controller --features fake-driver/join-cluster
 //! export KUBE_CLUSTER_DIR=$(bash tests/tools/install-kube-cluster.sh)
 //! cargo bench -p e2e-tests --bench nodes_scale              # 200 machines / 2,000 pods; 1,000 machines
 //! cargo bench -p e2e-tests --bench nodes_scale -- --quick   # 50 / 500; 200; steady 200 / 2,000, 1 min
@@ -274,9 +274,14 @@ async fn start_fake(join: Option<&Path>) -> Fake {
     if let Some(k) = join {
         cmd.arg("--join-cluster").arg(k);
     }
-    let child = cmd.spawn().unwrap();
+    let mut child = cmd.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !sock.exists() {
+        // A fake-driver built without the cargo feature join-cluster refuses --join-cluster.
+        if let Some(status) = child.try_wait().unwrap() {
+            let log = std::fs::read_to_string(dir.path().join("fake.log")).unwrap_or_default();
+            panic!("fake-driver exited ({status}) before serving:\n{log}");
+        }
         assert!(Instant::now() < deadline, "fake-driver did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

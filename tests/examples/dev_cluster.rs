@@ -5,7 +5,8 @@
 //! ```text
 //! export KUBE_CLUSTER_DIR=$(bash tests/tools/install-kube-cluster.sh)
 //! cargo run -p e2e-tests --example dev_cluster
-//! # in another shell, with the printed KUBECONFIG:
+//! # in another shell, with the printed KUBECONFIG (a fake-driver with the cargo feature
+//! # join-cluster: `cargo build --workspace`, or `cargo build -p fake-driver --features join-cluster`):
 //! fake-driver --endpoint unix:///tmp/md/fake.sock --join-cluster "$KUBECONFIG" &
 //! machine-controller --store kubernetes run --driver fake=unix:///tmp/md/fake.sock &
 //! machine-controller --store kubernetes apply -f examples/machineclass.yaml -f examples/machinedeployment.yaml

@@ -18,7 +18,8 @@
 //!   for kwok to keep Ready; the Node of a VM that is gone or whose kubelet stopped turns
 //!   `Ready=Unknown` and is left for the controller to delete. The provider spec field `kubelet`
 //!   (`Joins`, `NeverJoins`, `JoinsNotReady`) injects registration faults. Without the option no
-//!   Kubernetes client exists and nothing of this runs.
+//!   Kubernetes client exists and nothing of this runs; without the cargo feature `join-cluster`
+//!   (off by default, on in the test suite) none is even compiled in, and the option is refused.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -526,6 +527,7 @@ impl FakeDriver {
 
     /// The cloud's ID and every VM as its kubelet sees it (machines, then pool instances), for
     /// the [`kubelets`] task. The lock is held only while copying.
+    #[cfg_attr(not(feature = "join-cluster"), allow(dead_code))]
     pub(crate) fn kubelet_view(&self) -> (String, Vec<kubelets::Vm>) {
         let st = self.cloud();
         let machine_type =

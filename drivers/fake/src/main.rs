@@ -1,8 +1,9 @@
 //! `fake-driver`: the fake cloud as a driver sidecar; with `--join-cluster` its machines also
 //! register as Nodes of a Kubernetes cluster ([`fake_driver::kubelets`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -63,6 +64,7 @@ struct Cli {
     /// Kubeconfig of a Kubernetes cluster the cloud's machines join: a Node is registered for each
     /// running machine (as a kubelet would; kwok keeps it Ready) and marked not reporting when
     /// the VM is gone. Only this file is read (not $KUBECONFIG nor an in-cluster config).
+    /// A test device: only in a fake-driver built with the cargo feature `join-cluster`.
     #[arg(long, env = "FAKE_JOIN_CLUSTER", value_name = "KUBECONFIG")]
     join_cluster: Option<PathBuf>,
     /// Require a configured token key instead of falling back to the development key.
@@ -97,6 +99,23 @@ fn config(cli: &Cli) -> Result<Config, String> {
     })
 }
 
+/// Starts the kubelets of `--join-cluster`; they run for the life of the process, beside the
+/// server.
+#[cfg(feature = "join-cluster")]
+async fn join_cluster(driver: &Arc<FakeDriver>, kubeconfig: &Path) -> Result<(), String> {
+    let config = fake_driver::kubelets::config(kubeconfig).await?;
+    fake_driver::kubelets::spawn(driver.clone(), config).map(drop)
+}
+
+/// Without the cargo feature `join-cluster` there is no Kubernetes client to join with.
+#[cfg(not(feature = "join-cluster"))]
+async fn join_cluster(_: &Arc<FakeDriver>, _: &Path) -> Result<(), String> {
+    Err("--join-cluster needs a fake-driver built with the cargo feature `join-cluster` (the \
+simulated kubelets' Kubernetes client), which this one was not: \
+`cargo build -p fake-driver --features join-cluster` (`cargo build --workspace` turns it on)"
+        .to_string())
+}
+
 /// One thread: a sidecar serves one controller over a few connections, and tokio's
 /// current-thread runtime answers a unary call with about 17% less CPU than the multi-threaded
 /// one (no cross-thread wake-ups or work stealing; docs/src/reference/benchmarks.md). Nothing in
@@ -118,9 +137,7 @@ async fn main() -> ExitCode {
         }
     };
     if let Some(kubeconfig) = &cli.join_cluster {
-        // The kubelets run for the life of the process, beside the server.
-        let config = fake_driver::kubelets::config(kubeconfig).await;
-        if let Err(e) = config.and_then(|c| fake_driver::kubelets::spawn(driver.clone(), c)) {
+        if let Err(e) = join_cluster(&driver, kubeconfig).await {
             eprintln!("fake-driver: {e}");
             return ExitCode::from(2);
         }
@@ -169,6 +186,15 @@ mod tests {
                 fake_driver::DEFAULT_BURST
             )
         );
+    }
+
+    /// A build without the feature refuses `--join-cluster`, naming the feature and how to get it.
+    #[cfg(not(feature = "join-cluster"))]
+    #[tokio::test]
+    async fn join_cluster_without_the_feature_names_it() {
+        let driver = fake_driver::shared(FakeDriver::new(Config::default()).unwrap());
+        let e = join_cluster(&driver, Path::new("kubeconfig")).await.unwrap_err();
+        assert!(e.contains("--features join-cluster"), "{e}");
     }
 
     /// `docs/src/operating/fake-driver.md` (the fake's own flags) and `sidecar.md` (the shared

@@ -266,6 +266,7 @@ fn kubelet_plan_marks_nodes_of_vanished_or_stopped_machines() {
     assert_eq!(plan, kubelets::Plan::default());
 }
 
+#[cfg(feature = "join-cluster")]
 #[test]
 fn kubelet_node_is_shaped_like_a_kubelet_registration() {
     let n = kubelets::node(&vm("web-1", "fake:///zone-b/vm-1"), "cloud-1");
@@ -306,6 +307,7 @@ fn kubelet_node_is_shaped_like_a_kubelet_registration() {
     assert_eq!(ready.reason.as_deref(), Some("KubeletNotReady"));
 }
 
+#[cfg(feature = "join-cluster")]
 #[test]
 fn kubelet_stopped_patch_turns_conditions_unknown_once() {
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());

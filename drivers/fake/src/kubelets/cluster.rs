@@ -1,0 +1,480 @@
+//! The Kubernetes side of the [kubelets](super) (cargo feature `join-cluster`): the Node a VM
+//! registers, the stopped mark, and the task that keeps the cluster in step with the cloud.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::{watcher, WatchStreamExt};
+use serde_json::{json, Value};
+
+use super::{
+    capacity, plan, KubeletMode, Vm, CLOUD_ANNOTATION, KWOK_ANNOTATION, PROVIDER_PREFIX, SETTLE, STOPPED_MESSAGE,
+    STOPPED_REASON, TICK,
+};
+use crate::FakeDriver;
+
+/// The kubelet's node conditions, which the node lifecycle controller turns Unknown.
+const KUBELET_CONDITIONS: [&str; 4] = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];
+/// Creates and marks under way at once.
+const CONCURRENCY: usize = 8;
+/// A warning about the same subject is repeated at most this often (else logged at debug).
+const WARN_EVERY: Duration = Duration::from_secs(30);
+/// Connect timeout of the kubelets' API calls (not the watch): a slow API server delays a
+/// registration, never the task for long.
+const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read and write timeout of the kubelets' API calls (not the watch).
+const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// Nodes per page when the Nodes registered before a restart are listed.
+const LIST_PAGE_SIZE: u32 = 500;
+/// The pod capacity a registered Node reports: the kubelet's default `--max-pods`.
+const MAX_PODS: &str = "110";
+
+/// The Node a VM's kubelet registers.
+pub fn node(vm: &Vm, cloud_id: &str) -> Node {
+    let (cpu, memory) = capacity(&vm.machine_type);
+    let resources: BTreeMap<String, Quantity> = [("cpu", cpu), ("memory", memory), ("pods", MAX_PODS)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+        .collect();
+    let labels = [
+        ("kubernetes.io/hostname", vm.hostname.as_str()),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", "amd64"),
+        ("node.kubernetes.io/instance-type", vm.machine_type.as_str()),
+        ("topology.kubernetes.io/zone", vm.zone.as_str()),
+    ];
+    let mut annotations = BTreeMap::from([(CLOUD_ANNOTATION.to_string(), cloud_id.to_string())]);
+    let mut conditions = None;
+    match vm.kubelet {
+        KubeletMode::JoinsNotReady => {
+            let now = Time(k8s_openapi::jiff::Timestamp::now());
+            conditions = Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: Some("KubeletNotReady".into()),
+                message: Some(
+                    "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady \
+                     message:Network plugin returns error: cni plugin not initialized"
+                        .into(),
+                ),
+                last_heartbeat_time: Some(now.clone()),
+                last_transition_time: Some(now),
+            }]);
+        }
+        KubeletMode::Joins | KubeletMode::NeverJoins => {
+            annotations.insert(KWOK_ANNOTATION.into(), "fake".into());
+        }
+    }
+    Node {
+        metadata: ObjectMeta {
+            name: Some(vm.hostname.clone()),
+            labels: Some(labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec { provider_id: Some(vm.provider_id.clone()), ..NodeSpec::default() }),
+        status: Some(NodeStatus {
+            capacity: Some(resources.clone()),
+            allocatable: Some(resources),
+            addresses: Some(vec![
+                NodeAddress { type_: "InternalIP".into(), address: vm.ip.clone() },
+                NodeAddress { type_: "Hostname".into(), address: vm.hostname.clone() },
+            ]),
+            conditions,
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+/// Whether `node` is one of the fake cloud's (its provider ID was issued by a fake cloud).
+pub fn is_fake(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).is_some_and(|p| p.starts_with(PROVIDER_PREFIX))
+}
+
+/// The `nodes/status` strategic-merge patch that marks `node` as a kubelet that stopped posting
+/// status, or `None` when it is marked already: every kubelet condition it has (and `Ready` in
+/// any case) turns `Unknown` / [`STOPPED_REASON`], keeping its last heartbeat time, and
+/// `status.phase` (set by kwok only) goes, so that no kwok stage matches the Node any more.
+pub fn stopped_status_patch(node: &Node, now: &Time) -> Option<Value> {
+    let status = node.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_ref()).is_some();
+    let existing = status.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    let mut conditions = Vec::new();
+    for t in KUBELET_CONDITIONS {
+        let current = existing.iter().find(|c| c.type_ == t);
+        if current.is_none() && t != "Ready" {
+            continue;
+        }
+        if current.is_some_and(|c| c.status == "Unknown" && c.reason.as_deref() == Some(STOPPED_REASON)) {
+            continue;
+        }
+        let mut c = json!({"type": t, "status": "Unknown", "reason": STOPPED_REASON, "message": STOPPED_MESSAGE});
+        if current.is_none_or(|c| c.status != "Unknown") {
+            c["lastTransitionTime"] = serde_json::to_value(now).unwrap_or(Value::Null);
+        }
+        conditions.push(c);
+    }
+    if conditions.is_empty() && !phase {
+        return None;
+    }
+    let mut patch = json!({"status": {"conditions": conditions}});
+    if phase {
+        patch["status"]["phase"] = Value::Null;
+    }
+    Some(patch)
+}
+
+/// Whether `node` carries the kwok annotation or lacks (part of) the stopped mark.
+fn needs_mark(node: &Node) -> bool {
+    let annotated = node.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(KWOK_ANNOTATION));
+    annotated || stopped_status_patch(node, &Time(k8s_openapi::jiff::Timestamp::now())).is_some()
+}
+
+/// The connection to the cluster of a kubeconfig file (its current context), from that file
+/// alone: nothing is read from the process environment (`KUBECONFIG`, in-cluster config).
+/// Nothing is contacted yet.
+///
+/// # Errors
+/// An unreadable or unusable kubeconfig.
+pub async fn config(kubeconfig: &Path) -> Result<kube::Config, String> {
+    let file =
+        Kubeconfig::read_from(kubeconfig).map_err(|e| format!("--join-cluster {}: {e}", kubeconfig.display()))?;
+    kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| format!("--join-cluster {}: {e}", kubeconfig.display()))
+}
+
+/// Starts the kubelets of `driver`'s cloud, registering Nodes in the cluster of `config`; runs
+/// until the runtime stops (or the handle is aborted).
+///
+/// # Errors
+/// No client could be built from `config`.
+pub fn spawn(driver: Arc<FakeDriver>, config: kube::Config) -> Result<tokio::task::JoinHandle<()>, String> {
+    // Calls time out soon, so that a slow API server delays registrations, never the task for
+    // long; the watch keeps kube's defaults (its requests last up to ~5 minutes).
+    let mut calls = config.clone();
+    calls.connect_timeout = Some(API_CONNECT_TIMEOUT);
+    calls.read_timeout = Some(API_CALL_TIMEOUT);
+    calls.write_timeout = Some(API_CALL_TIMEOUT);
+    let calls = kube::Client::try_from(calls).map_err(|e| format!("--join-cluster: {e}"))?;
+    let watch = kube::Client::try_from(config).map_err(|e| format!("--join-cluster: {e}"))?;
+    Ok(tokio::spawn(async move {
+        let mut kubelets = Kubelets::new(driver, calls);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Reconnects with backoff by itself; keeps no objects.
+        let watch = watcher(Api::<Node>::all(watch), watcher::Config::default()).default_backoff();
+        let mut watch = std::pin::pin!(watch);
+        let mut watching = true;
+        tracing::info!("kubelets started: running machines register as Nodes");
+        loop {
+            tokio::select! {
+                _ = tick.tick() => kubelets.pass().await,
+                event = watch.next(), if watching => match event {
+                    Some(Ok(event)) => kubelets.observe(event).await,
+                    Some(Err(e)) => kubelets.warn("watch", "watching Nodes failed", &e),
+                    None => watching = false,
+                },
+            }
+        }
+    }))
+}
+
+/// The outcome of one registration.
+enum Registered {
+    /// Created now, or found with this VM's provider ID.
+    Yes,
+    /// A Node of that name exists with another provider ID.
+    Conflict(String),
+    /// Created and deleted meanwhile: try again.
+    Again,
+}
+
+/// A Node marked as no longer reporting, watched until `until`.
+struct Settling {
+    provider_id: String,
+    until: Instant,
+    /// Resource versions this task's own mark wrote (their watch events are no news).
+    own: Vec<String>,
+}
+
+/// The outcome of marking a Node.
+enum Marked {
+    /// No Node of that name with that provider ID.
+    Absent,
+    /// It was marked already.
+    Already,
+    /// Marked now: the resource versions written.
+    Now(Vec<String>),
+}
+
+struct Kubelets {
+    driver: Arc<FakeDriver>,
+    nodes: Api<Node>,
+    /// Registered Nodes: name → provider ID.
+    registered: BTreeMap<String, String>,
+    settling: BTreeMap<String, Settling>,
+    /// The cloud's earlier Nodes have been looked up (after a restart).
+    adopted: bool,
+    warned: BTreeMap<String, Instant>,
+}
+
+impl Kubelets {
+    fn new(driver: Arc<FakeDriver>, client: kube::Client) -> Self {
+        Self {
+            driver,
+            nodes: Api::all(client),
+            registered: BTreeMap::new(),
+            settling: BTreeMap::new(),
+            adopted: false,
+            warned: BTreeMap::new(),
+        }
+    }
+
+    /// Logs a failure at warn, or at debug when `subject` was warned about recently.
+    fn warn(&mut self, subject: &str, what: &str, err: &dyn std::fmt::Display) {
+        let now = Instant::now();
+        let recent = self.warned.get(subject).is_some_and(|at| now.duration_since(*at) < WARN_EVERY);
+        if recent {
+            tracing::debug!(about = subject, error = %err, "{what}");
+        } else {
+            self.warned.insert(subject.to_string(), now);
+            tracing::warn!(about = subject, error = %err, "{what} (retrying)");
+        }
+    }
+
+    async fn pass(&mut self) {
+        let driver = self.driver.clone();
+        // The cloud's lock is taken (and released) in this call only.
+        let (cloud_id, vms) = driver.kubelet_view();
+        if !self.adopted {
+            self.adopt(&cloud_id).await;
+        }
+        let plan = plan(&vms, &self.registered);
+        drop(vms);
+        self.mark_gone(plan.mark_gone).await;
+        self.register(plan.register, &cloud_id).await;
+        self.settle().await;
+    }
+
+    /// Finds the Nodes this cloud registered before a restart of the sidecar.
+    async fn adopt(&mut self, cloud_id: &str) {
+        let mut found = BTreeMap::new();
+        let mut params = ListParams::default().limit(LIST_PAGE_SIZE);
+        loop {
+            let page = match self.nodes.list(&params).await {
+                Ok(p) => p,
+                Err(e) => return self.warn("list", "listing Nodes failed", &e),
+            };
+            for n in &page.items {
+                let ours = n.metadata.annotations.as_ref().and_then(|a| a.get(CLOUD_ANNOTATION)).map(String::as_str)
+                    == Some(cloud_id);
+                if let (true, true, Some(name), Some(pid)) =
+                    (ours, is_fake(n), &n.metadata.name, n.spec.as_ref().and_then(|s| s.provider_id.as_ref()))
+                {
+                    found.insert(name.clone(), pid.clone());
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(c) => params = params.continue_token(&c),
+                None => break,
+            }
+        }
+        if !found.is_empty() {
+            tracing::info!(nodes = found.len(), "found the Nodes this cloud registered before");
+        }
+        // Registrations made meanwhile (an earlier list failed) win over what the list saw.
+        for (name, pid) in found {
+            self.registered.entry(name).or_insert(pid);
+        }
+        self.adopted = true;
+    }
+
+    async fn register(&mut self, vms: Vec<Vm>, cloud_id: &str) {
+        let nodes = &self.nodes;
+        let results: Vec<(Vm, kube::Result<Registered>)> = futures::stream::iter(vms)
+            .map(|vm| async move {
+                let r = register_one(nodes, &vm, cloud_id).await;
+                (vm, r)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for (vm, r) in results {
+            match r {
+                Ok(Registered::Yes) => {
+                    self.warned.remove(&vm.hostname);
+                    self.settling.remove(&vm.hostname);
+                    self.registered.insert(vm.hostname, vm.provider_id);
+                }
+                Ok(Registered::Conflict(other)) => {
+                    let msg = format!("a Node of that name has provider ID {other:?}, not {:?}", vm.provider_id);
+                    self.warn(&vm.hostname, "Node not registered: waiting for the stale Node to go", &msg);
+                }
+                Ok(Registered::Again) => {}
+                Err(e) => self.warn(&vm.hostname, "registering the Node failed", &e),
+            }
+        }
+    }
+
+    async fn mark_gone(&mut self, gone: Vec<(String, String)>) {
+        let nodes = &self.nodes;
+        let results: Vec<(String, String, kube::Result<Marked>)> = futures::stream::iter(gone)
+            .map(|(name, pid)| async move {
+                let r = mark_one(nodes, &name, &pid).await;
+                (name, pid, r)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for (name, pid, r) in results {
+            let own = match r {
+                Ok(Marked::Absent) => None,
+                Ok(Marked::Already) => Some(Vec::new()),
+                Ok(Marked::Now(own)) => {
+                    tracing::info!(node = %name, provider_id = %pid, "Node marked: its kubelet stopped posting status");
+                    Some(own)
+                }
+                Err(e) => {
+                    self.warn(&name, "marking the Node as not reporting failed", &e);
+                    continue;
+                }
+            };
+            self.registered.remove(&name);
+            self.warned.remove(&name);
+            if let Some(own) = own {
+                let until = Instant::now() + SETTLE;
+                self.settling.insert(name, Settling { provider_id: pid, until, own });
+            }
+        }
+    }
+
+    /// A watch event: a recently marked Node whose mark was undone is marked again at once.
+    async fn observe(&mut self, event: watcher::Event<Node>) {
+        let node = match event {
+            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => n,
+            watcher::Event::Delete(n) => {
+                if let Some(name) = &n.metadata.name {
+                    self.settling.remove(name);
+                }
+                return;
+            }
+            watcher::Event::Init | watcher::Event::InitDone => return,
+        };
+        let Some(name) = node.metadata.name.clone() else { return };
+        let Some(s) = self.settling.get(&name) else { return };
+        let pid = s.provider_id.clone();
+        let own = node.metadata.resource_version.as_ref().is_some_and(|rv| s.own.contains(rv));
+        if own || s.until < Instant::now() || !needs_mark(&node) {
+            return;
+        }
+        match mark_node(&self.nodes, &node, &pid).await {
+            Ok(Marked::Now(own)) => {
+                tracing::info!(node = %name, "Node marked again: a heartbeat had undone the mark");
+                if let Some(s) = self.settling.get_mut(&name) {
+                    s.own = own;
+                }
+            }
+            Ok(Marked::Absent | Marked::Already) => {}
+            Err(e) => self.warn(&name, "marking the Node as not reporting failed", &e),
+        }
+    }
+
+    /// Ends the watch over Nodes marked long enough ago, with a last look at each (in case the
+    /// watch missed something).
+    async fn settle(&mut self) {
+        let now = Instant::now();
+        let done: Vec<(String, String)> = self
+            .settling
+            .iter()
+            .filter(|(_, s)| s.until <= now)
+            .map(|(name, s)| (name.clone(), s.provider_id.clone()))
+            .collect();
+        for (name, pid) in done {
+            self.settling.remove(&name);
+            if self.registered.contains_key(&name) {
+                continue;
+            }
+            match mark_one(&self.nodes, &name, &pid).await {
+                Ok(Marked::Now(_)) => tracing::info!(node = %name, "Node marked again: its mark had been undone"),
+                Ok(Marked::Absent | Marked::Already) => {}
+                Err(e) => self.warn(&name, "marking the Node as not reporting failed", &e),
+            }
+        }
+        self.settling.retain(|name, _| !self.registered.contains_key(name));
+    }
+}
+
+/// Registers one VM's Node (create only; an existing Node is never changed).
+async fn register_one(nodes: &Api<Node>, vm: &Vm, cloud_id: &str) -> kube::Result<Registered> {
+    let want = node(vm, cloud_id);
+    match nodes.create(&PostParams::default(), &want).await {
+        Ok(created) => {
+            tracing::info!(node = %vm.hostname, provider_id = %vm.provider_id, mode = ?vm.kubelet, "Node registered");
+            // The API server keeps a created Node's status; should one drop it, post it as a
+            // kubelet's first status update would.
+            if created.status.as_ref().and_then(|s| s.capacity.as_ref()).is_none() {
+                let status = json!({"status": want.status});
+                nodes.patch_status(&vm.hostname, &PatchParams::default(), &Patch::Merge(&status)).await?;
+            }
+            Ok(Registered::Yes)
+        }
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {
+            let existing = nodes.get_opt(&vm.hostname).await?;
+            let pid = existing.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| s.provider_id.clone());
+            Ok(match (existing, pid) {
+                (None, _) => Registered::Again,
+                (Some(_), Some(p)) if p == vm.provider_id => Registered::Yes,
+                (Some(_), p) => Registered::Conflict(p.unwrap_or_default()),
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Marks the Node `name` as a kubelet that stopped posting status, if it is still the one of
+/// provider ID `pid` (a fake one).
+async fn mark_one(nodes: &Api<Node>, name: &str, pid: &str) -> kube::Result<Marked> {
+    match nodes.get_opt(name).await? {
+        Some(n) => mark_node(nodes, &n, pid).await,
+        None => Ok(Marked::Absent),
+    }
+}
+
+/// [`mark_one`] with the Node at hand. A Node deleted meanwhile (the controller deletes the Node
+/// of a VM that is gone) is [`Marked::Absent`].
+async fn mark_node(nodes: &Api<Node>, n: &Node, pid: &str) -> kube::Result<Marked> {
+    match try_mark_node(nodes, n, pid).await {
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Marked::Absent),
+        r => r,
+    }
+}
+
+async fn try_mark_node(nodes: &Api<Node>, n: &Node, pid: &str) -> kube::Result<Marked> {
+    let Some(name) = n.metadata.name.as_deref() else { return Ok(Marked::Absent) };
+    let same = n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid);
+    if !same || !is_fake(n) {
+        return Ok(Marked::Absent);
+    }
+    let mut written = Vec::new();
+    // The kwok annotation goes first: a kwok that heard of it would not make the Node Ready
+    // again (kwok 0.8 does not hear of it; see the module's documentation).
+    if n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(KWOK_ANNOTATION)) {
+        let patch = json!({"metadata": {"annotations": {KWOK_ANNOTATION: null}}});
+        let after = nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        written.extend(after.metadata.resource_version);
+    }
+    if let Some(patch) = stopped_status_patch(n, &Time(k8s_openapi::jiff::Timestamp::now())) {
+        let after = nodes.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await?;
+        written.extend(after.metadata.resource_version);
+    }
+    Ok(if written.is_empty() { Marked::Already } else { Marked::Now(written) })
+}
