@@ -66,6 +66,11 @@ fi
 export MACHINE_DRIVER_ADVISORY_DB="$db_root"
 
 cd "$root"
+# cargo-deny reads every package of Cargo.lock, those of other platforms too (wasm-bindgen,
+# android_system_properties, …), which a build on this one never downloads: fetched here, or a
+# fresh machine fails with "attempting to make an HTTP request, but --offline was specified".
+say "cargo fetch --locked (every package of Cargo.lock, for every platform)"
+cargo fetch --locked --quiet
 say "cargo deny --offline check (advisories, bans, licenses, sources)"
 "$deny" --offline --log-level error check --hide-inclusion-graph advisories bans licenses sources
 say "cargo machete (unused dependencies)"
