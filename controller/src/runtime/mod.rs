@@ -720,13 +720,21 @@ async fn gauges(ctx: Arc<Ctx>) {
             #[serde(default)]
             operations: Vec<serde::de::IgnoredAny>,
         }
-        let Ok(raw) = ctx.store.backend().list(Kind::Machine).await else { continue };
         let mut counts: HashMap<String, i64> = HashMap::new();
         let mut in_flight = 0;
-        for json in &raw {
-            let Ok(m) = serde_json::from_str::<Slim>(json) else { continue };
-            *counts.entry(m.status.phase.to_string()).or_default() += 1;
-            in_flight += m.status.operations.len() as i64;
+        let counted = ctx
+            .store
+            .backend()
+            .scan(Kind::Machine, &mut |json| {
+                if let Ok(m) = serde_json::from_str::<Slim>(json) {
+                    *counts.entry(m.status.phase.to_string()).or_default() += 1;
+                    in_flight += m.status.operations.len() as i64;
+                }
+                Ok(())
+            })
+            .await;
+        if counted.is_err() {
+            continue;
         }
         for phase in ["Pending", "Creating", "Provisioned", "Running", "Updating", "Terminating", "Failed", "Unknown"] {
             ctx.metrics
