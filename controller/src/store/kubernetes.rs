@@ -401,12 +401,12 @@ impl Backend for KubernetesBackend {
 
     async fn list(&self, kind: Kind) -> Result<Vec<Arc<str>>> {
         let cache = self.synced(kind).await?;
-        Self::sorted(&cache).iter().map(Packed::text).collect()
+        Self::sorted(cache).iter().map(Packed::text).collect()
     }
 
     async fn scan(&self, kind: Kind, visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send)) -> Result<()> {
         let cache = self.synced(kind).await?;
-        for packed in Self::sorted(&cache) {
+        for packed in Self::sorted(cache) {
             packed.read(|json| visit(json))??;
         }
         Ok(())
