@@ -5,6 +5,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use machine_controller::cli::{self, Cli, Command};
 
+/// mimalloc, not glibc malloc: see the dependency's comment in Cargo.toml.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();

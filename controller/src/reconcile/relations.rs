@@ -91,17 +91,21 @@ async fn selecting(ctx: &Ctx, changed: &Key, kind: Kind) -> Vec<Key> {
     struct Labelled {
         metadata: Meta,
     }
-    let selectors: Vec<Selecting> = match ctx.store.backend().list(kind).await {
-        Ok(all) => all
-            .iter()
-            .filter_map(|json| serde_json::from_str::<Selecting>(json).ok())
-            .filter(|s| s.metadata.namespace == changed.namespace)
-            .collect(),
-        Err(e) => {
-            tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e));
-            return Vec::new();
-        }
-    };
+    let mut selectors: Vec<Selecting> = Vec::new();
+    let listed = ctx
+        .store
+        .backend()
+        .scan(kind, &mut |json| {
+            selectors.extend(
+                serde_json::from_str::<Selecting>(json).ok().filter(|s| s.metadata.namespace == changed.namespace),
+            );
+            Ok(())
+        })
+        .await;
+    if let Err(e) = listed {
+        tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e));
+        return Vec::new();
+    }
     if selectors.is_empty() {
         return Vec::new();
     }
@@ -186,15 +190,21 @@ async fn class_users(ctx: &Ctx, changed: &Key) -> Vec<Key> {
         }
     }
     for kind in class_dependents() {
-        let found = ctx.store.backend().list(kind).await.map(|all| {
-            all.iter()
-                .filter_map(|json| serde_json::from_str::<ClassUser>(json).ok())
-                .filter(|o| o.spec.class().is_some_and(|class| uses(&o.metadata.namespace, class)))
-                .map(|o| Key::new(kind, &o.metadata.namespace, &o.metadata.name))
-                .collect::<Vec<Key>>()
-        });
-        match found {
-            Ok(found) => keys.extend(found),
+        let mut found = Vec::new();
+        let listed = ctx
+            .store
+            .backend()
+            .scan(kind, &mut |json| {
+                if let Ok(o) = serde_json::from_str::<ClassUser>(json) {
+                    if o.spec.class().is_some_and(|class| uses(&o.metadata.namespace, class)) {
+                        found.push(Key::new(kind, &o.metadata.namespace, &o.metadata.name));
+                    }
+                }
+                Ok(())
+            })
+            .await;
+        match listed {
+            Ok(()) => keys.extend(found),
             Err(e) => tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e)),
         }
     }

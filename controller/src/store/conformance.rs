@@ -59,6 +59,7 @@ macro_rules! store_conformance_cases {
             notifications_come_after_the_write_is_visible,
             watch_from_a_resource_version_lists_what_changed_since,
             events_newest_n_oldest_first,
+            scan_visits_what_list_returns_in_order_and_stops_at_an_error,
         }
     };
 }
@@ -216,6 +217,51 @@ pub async fn create_update_conflicts_and_read_your_writes(s: &Subject) -> Outcom
     ensure!(listed.iter().all(|c| c.metadata.uid != m.uid), "list after delete: still there");
     let again = ok("delete again", store.delete(&key(s, "a"))).await?;
     ensure!(again.is_none(), "delete of an absent object returned one");
+    Ok(())
+}
+
+/// `scan` hands over the same texts as `list`, in the same order, each once, read-your-writes
+/// included; an error from the visitor stops it and is returned as it is.
+pub async fn scan_visits_what_list_returns_in_order_and_stops_at_an_error(s: &Subject) -> Outcome {
+    let store = &s.store;
+    for name in ["c", "a", "b"] {
+        ok("create", store.create(&class(&s.namespace, name))).await?;
+    }
+    let mut last = must_get(s, "b").await?;
+    last.spec.provider_spec = serde_json::json!({"machineType": "large"});
+    ok("update", store.update(&last)).await?;
+    let backend = store.backend();
+    let listed: Vec<String> = ok("list", backend.list(Kind::MachineClass))
+        .await?
+        .iter()
+        .filter(|j| j.contains(&format!("\"namespace\":\"{}\"", s.namespace)))
+        .map(|j| j.to_string())
+        .collect();
+    ensure!(listed.len() == 3, "list: {} objects of this namespace, not 3", listed.len());
+    let mut scanned = Vec::new();
+    ok(
+        "scan",
+        backend.scan(Kind::MachineClass, &mut |json| {
+            if json.contains(&format!("\"namespace\":\"{}\"", s.namespace)) {
+                scanned.push(json.to_string());
+            }
+            Ok(())
+        }),
+    )
+    .await?;
+    ensure!(scanned == listed, "scan handed over {scanned:?}, list returned {listed:?}");
+    ensure!(scanned[1].contains("large"), "scan: not the updated text of b");
+    let mut visits = 0;
+    let stopped = call(
+        "scan stopping at an error",
+        backend.scan(Kind::MachineClass, &mut |_| {
+            visits += 1;
+            Err(Error::Invalid("stop here".into()))
+        }),
+    )
+    .await?;
+    ensure!(matches!(&stopped, Err(Error::Invalid(why)) if why == "stop here"), "scan returned {stopped:?}");
+    ensure!(visits == 1, "scan went on after the visitor's error: {visits} visits");
     Ok(())
 }
 

@@ -27,6 +27,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::{Map, Value};
 use tokio::sync::{broadcast, mpsc, watch, OnceCell};
 
+use super::packed::Packed;
 use super::{Backend, Change, Error, Event, Key, Result};
 use crate::resources::Kind;
 
@@ -45,7 +46,8 @@ const EVENTS_BUFFERED: usize = 4096;
 #[derive(Clone)]
 struct Cached {
     rv: u64,
-    json: Arc<str>,
+    /// The object's text, compressed ([`super::packed`]).
+    json: Packed,
     /// This process wrote this version through `/status`: its watch echo is a status-only change.
     status_write: bool,
 }
@@ -193,7 +195,7 @@ fn normalize(kind: Kind, obj: Value) -> Option<(Key, Cached, Value)> {
         }
     }
     let out = Value::Object(out);
-    let json: Arc<str> = serde_json::to_string(&out).ok()?.into();
+    let json = Packed::new(&serde_json::to_string(&out).ok()?);
     Some((Key::new(kind, &namespace, &name), Cached { rv, json, status_write: false }, out))
 }
 
@@ -253,6 +255,14 @@ impl KubernetesBackend {
         Api::namespaced_with(self.client.clone(), namespace, &api_resource(kind))
     }
 
+    /// A kind's cached objects (shared, not copied), in key order.
+    fn sorted(cache: &KindCache) -> Vec<Packed> {
+        let objects = lock_read(&cache.objects);
+        let mut keyed: Vec<(&Key, &Cached)> = objects.iter().collect();
+        keyed.sort_by(|a, b| a.0.cmp(b.0));
+        keyed.into_iter().map(|(_, c)| c.json.clone()).collect()
+    }
+
     fn cache(&self, kind: Kind) -> &Arc<KindCache> {
         // Every kind has a cache (built from Kind::ALL in `new`).
         &self.caches[&kind]
@@ -302,7 +312,7 @@ impl KubernetesBackend {
         let (key, mut cached, _) = normalize(kind, v)
             .ok_or_else(|| Error::Invalid("the API server returned an object without a name".into()))?;
         cached.status_write = status_write;
-        let json = cached.json.clone();
+        let json = cached.json.text()?;
         self.cache(kind).put(&key, cached);
         Ok((key, json))
     }
@@ -385,15 +395,21 @@ fn to_dynamic(kind: Kind, mut v: Value) -> Result<DynamicObject> {
 impl Backend for KubernetesBackend {
     async fn get(&self, key: &Key) -> Result<Option<Arc<str>>> {
         let cache = self.synced(key.kind).await?;
-        Ok(lock_read(&cache.objects).get(key).map(|c| c.json.clone()))
+        let packed = lock_read(&cache.objects).get(key).map(|c| c.json.clone());
+        packed.map(|p| p.text()).transpose()
     }
 
     async fn list(&self, kind: Kind) -> Result<Vec<Arc<str>>> {
         let cache = self.synced(kind).await?;
-        let objects = lock_read(&cache.objects);
-        let mut keyed: Vec<(&Key, &Cached)> = objects.iter().collect();
-        keyed.sort_by(|a, b| a.0.cmp(b.0));
-        Ok(keyed.into_iter().map(|(_, c)| c.json.clone()).collect())
+        Self::sorted(cache).iter().map(Packed::text).collect()
+    }
+
+    async fn scan(&self, kind: Kind, visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send)) -> Result<()> {
+        let cache = self.synced(kind).await?;
+        for packed in Self::sorted(cache) {
+            packed.read(|json| visit(json))??;
+        }
+        Ok(())
     }
 
     async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
@@ -471,8 +487,9 @@ impl Backend for KubernetesBackend {
     async fn record_event(&self, event: Event) -> Result<()> {
         // The uid lets `kubectl describe` find the event; the cache has it without a request.
         let mut uid = String::new();
-        if let Some(json) = lock_read(&self.cache(event.key.kind).objects).get(&event.key) {
-            let v: Value = serde_json::from_str(&json.json)?;
+        let packed = lock_read(&self.cache(event.key.kind).objects).get(&event.key).map(|c| c.json.clone());
+        if let Some(packed) = packed {
+            let v: Value = serde_json::from_str(&packed.text()?)?;
             uid = v["metadata"]["uid"].as_str().unwrap_or_default().to_string();
         }
         if self.events.try_send((event, uid)).is_err() {
@@ -570,8 +587,10 @@ async fn watch_kind(api: Api<DynamicObject>, kind: Kind, cache: Arc<KindCache>, 
                     // version is compared with the one held.
                     let status_only = match lock_read(&cache.objects).get(&key) {
                         Some(held) if held.rv == cached.rv => held.status_write,
-                        Some(held) if held.rv < cached.rv => serde_json::from_str::<Value>(&held.json)
-                            .is_ok_and(|held| super::status_only_change(&held, &v)),
+                        Some(held) if held.rv < cached.rv => matches!(
+                            held.json.read(|held| serde_json::from_str::<Value>(held)),
+                            Ok(Ok(held)) if super::status_only_change(&held, &v)
+                        ),
                         _ => false,
                     };
                     cache.put(&key, cached);
@@ -618,15 +637,16 @@ mod tests {
     fn the_cache_never_goes_back_in_time() {
         let cache = KindCache::new();
         let key = Key::new(Kind::Machine, "ns", "m");
-        let v = |rv: u64| Cached { rv, json: format!("{rv}").into(), status_write: false };
+        let v = |rv: u64| Cached { rv, json: Packed::new(&format!("{rv}")), status_write: false };
+        let held = |cache: &KindCache| lock_read(&cache.objects)[&key].json.text().unwrap();
         cache.put(&key, v(5));
         cache.put(&key, v(4)); // a late echo of an older write
-        assert_eq!(&*lock_read(&cache.objects)[&key].json, "5");
+        assert_eq!(&*held(&cache), "5");
         cache.remove(&key, Some(7)); // deleted at 7
         cache.put(&key, v(6)); // an older write's echo arriving after the deletion
         assert!(lock_read(&cache.objects).get(&key).is_none());
         cache.put(&key, v(9)); // re-created under the same name
-        assert_eq!(&*lock_read(&cache.objects)[&key].json, "9");
+        assert_eq!(&*held(&cache), "9");
     }
 
     #[test]
@@ -679,7 +699,7 @@ mod tests {
         assert!(out.get("extra").is_none());
         assert!(out["metadata"]["ownerReferences"][0].get("blockOwnerDeletion").is_none());
         assert_eq!(owner_of(&out, "ns"), Some(Key::new(Kind::MachineDeployment, "ns", "md")));
-        let m: crate::resources::Machine = serde_json::from_str(&cached.json).unwrap();
+        let m: crate::resources::Machine = serde_json::from_str(&cached.json.text().unwrap()).unwrap();
         assert_eq!(m.status.phase, crate::resources::Phase::Running);
     }
 }

@@ -18,6 +18,7 @@ use crate::resources::{Kind, ObjectMeta, Resource, Time};
 #[doc(hidden)]
 pub mod conformance;
 pub mod kubernetes;
+mod packed;
 pub mod sqlite;
 
 /// Identifies an object.
@@ -224,6 +225,16 @@ pub trait Backend: Send + Sync + 'static {
     async fn get(&self, key: &Key) -> Result<Option<Arc<str>>>;
     /// All objects of a kind.
     async fn list(&self, kind: Kind) -> Result<Vec<Arc<str>>>;
+    /// Hands each object of a kind to `visit`, one at a time and in the order of
+    /// [`Backend::list`], and stops at the first error `visit` returns. What a caller parses out
+    /// of 10,000 objects this way never needs all their texts at once: the backends keep texts
+    /// packed ([`packed`]) and unpack one at a time.
+    async fn scan(&self, kind: Kind, visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send)) -> Result<()> {
+        for json in self.list(kind).await? {
+            visit(&json)?;
+        }
+        Ok(())
+    }
     /// The keys of all objects of a kind (backends with an index answer without parsing).
     async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
         #[derive(serde::Deserialize)]
@@ -485,7 +496,14 @@ impl Store {
     /// # Errors
     /// Database errors, or an object that does not parse as `T`.
     pub async fn list<T: Resource>(&self) -> Result<Vec<T>> {
-        self.backend.list(T::KIND).await?.iter().map(|j| serde_json::from_str(j).map_err(Error::from)).collect()
+        let mut out = Vec::new();
+        self.backend
+            .scan(T::KIND, &mut |json| {
+                out.push(serde_json::from_str(json)?);
+                Ok(())
+            })
+            .await?;
+        Ok(out)
     }
 
     /// The objects of type `T` that `params` selects. Only objects whose text contains every
@@ -495,14 +513,17 @@ impl Store {
     /// Backend errors, or an object that does not parse as `T`.
     pub async fn list_with<T: Resource>(&self, params: &ListParams) -> Result<Vec<T>> {
         let mut out = Vec::new();
-        for json in self.backend.list(T::KIND).await? {
-            if params.labels.values().all(|v| json.contains(v.as_str())) {
-                let obj: T = serde_json::from_str(&json)?;
-                if params.matches(obj.meta()) {
-                    out.push(obj);
+        self.backend
+            .scan(T::KIND, &mut |json| {
+                if params.labels.values().all(|v| json.contains(v.as_str())) {
+                    let obj: T = serde_json::from_str(json)?;
+                    if params.matches(obj.meta()) {
+                        out.push(obj);
+                    }
                 }
-            }
-        }
+                Ok(())
+            })
+            .await?;
         Ok(out)
     }
 
@@ -550,21 +571,24 @@ impl Store {
     ///
     /// # Errors
     /// Backend errors, or an object that does not parse as `V`.
-    pub async fn list_owned_as<V: serde::de::DeserializeOwned, U>(
+    pub async fn list_owned_as<V: serde::de::DeserializeOwned, U: Send>(
         &self,
         kind: Kind,
         owner: &ObjectMeta,
-        keep: impl Fn(V) -> Option<U>,
+        keep: impl Fn(V) -> Option<U> + Sync,
     ) -> Result<Vec<U>> {
         if owner.uid.is_empty() {
             return Ok(Vec::new());
         }
-        let mut candidates = self.backend.list(kind).await?;
-        candidates.retain(|json| json.contains(owner.uid.as_str()));
-        let mut out = Vec::with_capacity(candidates.len());
-        for json in candidates {
-            out.extend(keep(serde_json::from_str(&json)?));
-        }
+        let mut out = Vec::new();
+        self.backend
+            .scan(kind, &mut |json| {
+                if json.contains(owner.uid.as_str()) {
+                    out.extend(keep(serde_json::from_str(json)?));
+                }
+                Ok(())
+            })
+            .await?;
         Ok(out)
     }
 

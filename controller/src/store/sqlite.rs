@@ -8,8 +8,8 @@
 //!   so a refused write undoes only itself). A write returns once its transaction is committed,
 //!   and only then do the cache and the change notifications show it — as before, one commit per
 //!   write, but a commit writes each page once for the whole group.
-//! - Reads come from an in-memory cache of the JSON text (parsed on demand, so 10,000 objects
-//!   cost little memory).
+//! - Reads come from an in-memory cache of the JSON text, each object's text compressed
+//!   ([`super::packed`]) and parsed on demand, so 10,000 objects cost little memory.
 //! - Changes made through this handle are broadcast at once; changes by other processes (the CLI
 //!   applying a manifest while `run` is running) are found by a poller watching SQLite's
 //!   `data_version` and broadcast too.
@@ -24,13 +24,14 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use super::packed::Packed;
 use super::{Backend, Change, Error, Event, Key, Result};
 use crate::resources::Kind;
 
 #[derive(Clone)]
 struct Entry {
     rv: u64,
-    json: Arc<str>,
+    json: Packed,
 }
 
 type Cache = HashMap<Kind, BTreeMap<(String, String), Entry>>;
@@ -54,6 +55,9 @@ const OPEN_RETRY: Duration = Duration::from_millis(50);
 /// How often the poller checks the file for other processes' writes (`PRAGMA data_version`),
 /// and how soon it retries opening its connection.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The poller connection's page cache, as SQLite's `cache_size` takes it (negative: KiB).
+const POLLER_CACHE_KIB: i64 = -256;
 
 /// What one write changes, applied to the cache and announced once its group commits.
 struct Effect {
@@ -216,7 +220,7 @@ impl SqliteBackend {
                 let (kind, ns, name, rv, body) = row.db()?;
                 let Some(kind) = kind_from(&kind) else { continue };
                 synced = synced.max(rv as u64);
-                cache.entry(kind).or_default().insert((ns, name), Entry { rv: rv as u64, json: body.into() });
+                cache.entry(kind).or_default().insert((ns, name), Entry { rv: rv as u64, json: Packed::new(&body) });
             }
         }
         let synced_rv: i64 = conn.query_row("SELECT rv FROM counter WHERE id = 0", [], |r| r.get(0)).db()?;
@@ -259,6 +263,10 @@ impl SqliteBackend {
                 }
             };
             let _ = conn.busy_timeout(BUSY_TIMEOUT);
+            // It reads only the rows written since its last look, which the OS's page cache
+            // holds anyway: SQLite's default page cache would only add up to 2 MB to the
+            // controller's memory once thousands of rows have passed through it.
+            let _ = conn.pragma_update(None, "cache_size", POLLER_CACHE_KIB);
             let mut last_version: i64 = -1;
             let mut tick = tokio::time::interval(POLL_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -367,7 +375,7 @@ impl SqliteBackend {
         for e in effects {
             match e.json {
                 Some(json) => {
-                    self.put_cache(&e.key, e.rv, json);
+                    self.put_cache(&e.key, e.rv, &json);
                     let _ =
                         self.tx.send(Change { key: e.key, owner: e.owner, deleted: false, status_only: e.status_only });
                 }
@@ -379,16 +387,23 @@ impl SqliteBackend {
         }
     }
 
-    fn put_cache(&self, key: &Key, rv: u64, json: Arc<str>) {
+    fn put_cache(&self, key: &Key, rv: u64, json: &str) {
+        let json = Packed::new(json);
         let mut c = self.cache.write().unwrap_or_else(|p| p.into_inner());
         c.entry(key.kind).or_default().insert((key.namespace.clone(), key.name.clone()), Entry { rv, json });
     }
 
     /// The cached text of `key` if the cache holds exactly version `rv`.
-    fn cached_at(&self, key: &Key, rv: u64) -> Option<Arc<str>> {
+    fn cached_at(&self, key: &Key, rv: u64) -> Option<Packed> {
         let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
         let e = c.get(&key.kind)?.get(&(key.namespace.clone(), key.name.clone()))?;
         (e.rv == rv).then(|| e.json.clone())
+    }
+
+    /// The cached objects of `kind` (shared, not copied), in key order.
+    fn cached(&self, kind: Kind) -> Vec<Packed> {
+        let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        c.get(&kind).map(|m| m.values().map(|e| e.json.clone()).collect()).unwrap_or_default()
     }
 
     fn drop_cache(&self, key: &Key) {
@@ -409,7 +424,7 @@ impl SqliteBackend {
             // the row need not be copied out of SQLite again (a write earlier in the open group,
             // or another process's, leaves the cache behind and the row is read).
             let body = match self.cached_at(&key, current_rv) {
-                Some(json) => json,
+                Some(json) => json.text()?,
                 None => read_text(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?.1.into(),
             };
             let written = with_status(&body, status, rv, &key.namespace)?;
@@ -506,7 +521,7 @@ fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Ch
             if slot.get(&k).is_some_and(|e| e.rv >= rv) {
                 false
             } else {
-                slot.insert(k, Entry { rv, json: body.as_str().into() });
+                slot.insert(k, Entry { rv, json: Packed::new(&body) });
                 true
             }
         };
@@ -685,13 +700,22 @@ fn finalizers_empty(v: &Value) -> bool {
 #[async_trait::async_trait]
 impl Backend for SqliteBackend {
     async fn get(&self, key: &Key) -> Result<Option<Arc<str>>> {
-        let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
-        Ok(c.get(&key.kind).and_then(|m| m.get(&(key.namespace.clone(), key.name.clone()))).map(|e| e.json.clone()))
+        let packed = {
+            let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
+            c.get(&key.kind).and_then(|m| m.get(&(key.namespace.clone(), key.name.clone()))).map(|e| e.json.clone())
+        };
+        packed.map(|p| p.text()).transpose()
     }
 
     async fn list(&self, kind: Kind) -> Result<Vec<Arc<str>>> {
-        let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
-        Ok(c.get(&kind).map(|m| m.values().map(|e| e.json.clone()).collect()).unwrap_or_default())
+        self.cached(kind).iter().map(Packed::text).collect()
+    }
+
+    async fn scan(&self, kind: Kind, visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send)) -> Result<()> {
+        for packed in self.cached(kind) {
+            packed.read(|json| visit(json))??;
+        }
+        Ok(())
     }
 
     async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
