@@ -46,7 +46,7 @@ const EVENTS_BUFFERED: usize = 4096;
 #[derive(Clone)]
 struct Cached {
     rv: u64,
-    /// The object's text, compressed ([`super::packed`]).
+    /// The object's text, compressed (`store/packed.rs`).
     json: Packed,
     /// This process wrote this version through `/status`: its watch echo is a status-only change.
     status_write: bool,

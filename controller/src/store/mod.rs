@@ -228,7 +228,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Hands each object of a kind to `visit`, one at a time and in the order of
     /// [`Backend::list`], and stops at the first error `visit` returns. What a caller parses out
     /// of 10,000 objects this way never needs all their texts at once: the backends keep texts
-    /// packed ([`packed`]) and unpack one at a time.
+    /// packed (`store/packed.rs`) and unpack one at a time.
     async fn scan(&self, kind: Kind, visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send)) -> Result<()> {
         for json in self.list(kind).await? {
             visit(&json)?;

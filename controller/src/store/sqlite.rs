@@ -9,7 +9,7 @@
 //!   and only then do the cache and the change notifications show it — as before, one commit per
 //!   write, but a commit writes each page once for the whole group.
 //! - Reads come from an in-memory cache of the JSON text, each object's text compressed
-//!   ([`super::packed`]) and parsed on demand, so 10,000 objects cost little memory.
+//!   (`store/packed.rs`) and parsed on demand, so 10,000 objects cost little memory.
 //! - Changes made through this handle are broadcast at once; changes by other processes (the CLI
 //!   applying a manifest while `run` is running) are found by a poller watching SQLite's
 //!   `data_version` and broadcast too.
