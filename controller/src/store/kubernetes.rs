@@ -137,6 +137,12 @@ fn rv_number(rv: Option<&str>) -> u64 {
 
 /// Keeps the fields of the resource model and drops what the API server adds.
 fn normalize(kind: Kind, obj: Value) -> Option<(Key, Cached, Value)> {
+    let (key, rv, text, out) = normalize_text(kind, obj)?;
+    Some((key, Cached { rv, json: Packed::new(&text), status_write: false }, out))
+}
+
+/// [`normalize`]'s object as its key, resourceVersion, text and value, before it is packed.
+fn normalize_text(kind: Kind, obj: Value) -> Option<(Key, u64, String, Value)> {
     let Value::Object(mut o) = obj else { return None };
     let meta = match o.remove("metadata") {
         Some(Value::Object(m)) => m,
@@ -195,8 +201,8 @@ fn normalize(kind: Kind, obj: Value) -> Option<(Key, Cached, Value)> {
         }
     }
     let out = Value::Object(out);
-    let json = Packed::new(&serde_json::to_string(&out).ok()?);
-    Some((Key::new(kind, &namespace, &name), Cached { rv, json, status_write: false }, out))
+    let text = serde_json::to_string(&out).ok()?;
+    Some((Key::new(kind, &namespace, &name), rv, text, out))
 }
 
 fn owner_of(v: &Value, namespace: &str) -> Option<Key> {
@@ -309,12 +315,10 @@ impl KubernetesBackend {
     /// Caches what a write returned; `status_write` when it went through `/status`.
     fn remember_write(&self, kind: Kind, obj: &DynamicObject, status_write: bool) -> Result<(Key, Arc<str>)> {
         let v = serde_json::to_value(obj)?;
-        let (key, mut cached, _) = normalize(kind, v)
+        let (key, rv, text, _) = normalize_text(kind, v)
             .ok_or_else(|| Error::Invalid("the API server returned an object without a name".into()))?;
-        cached.status_write = status_write;
-        let json = cached.json.text()?;
-        self.cache(kind).put(&key, cached);
-        Ok((key, json))
+        self.cache(kind).put(&key, Cached { rv, json: Packed::new(&text), status_write });
+        Ok((key, text.into()))
     }
 
     /// Drops an object this handle learnt is gone; late echoes of the versions it held cannot

@@ -423,11 +423,13 @@ impl SqliteBackend {
             // The cache holds committed versions only: if it has this one, it has this text, and
             // the row need not be copied out of SQLite again (a write earlier in the open group,
             // or another process's, leaves the cache behind and the row is read).
-            let body = match self.cached_at(&key, current_rv) {
-                Some(json) => json.text()?,
-                None => read_text(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?.1.into(),
+            let written = match self.cached_at(&key, current_rv) {
+                Some(packed) => packed.read(|body| with_status(body, status, rv, &key.namespace))??,
+                None => {
+                    let (_, body) = read_text(tx, &key)?.ok_or_else(|| Error::NotFound(key.clone()))?;
+                    with_status(&body, status, rv, &key.namespace)?
+                }
             };
-            let written = with_status(&body, status, rv, &key.namespace)?;
             let owner = written.owner;
             if written.remove {
                 remove_row(tx, &key, rv, owner.as_ref())?;
