@@ -74,7 +74,10 @@ pub struct Member {
     pub ready_since: Option<Time>,
     /// Its Node is known not to be Ready (`NodeReady=False`; only with a target cluster).
     pub node_not_ready: bool,
-    /// Why it is not available yet: of a machine that is not available only.
+    /// Why it is not available yet, when that is its environment's doing (an
+    /// [`ENVIRONMENT_CONDITIONS`] reason: what [`lift_environment_conditions`] reports). A
+    /// machine that is merely being created carries none: 10,000 of them would hold 10,000
+    /// copies of the same message in every plan.
     pub waiting: Option<Box<Waiting>>,
 }
 
@@ -233,9 +236,13 @@ impl StoredMember<'_> {
             // A Running machine waits for its Node; any other for itself.
             let why =
                 if st.phase == Phase::Running && !deleting { ConditionType::NodeReady } else { ConditionType::Ready };
-            st.conditions.into_iter().find(|c| c.condition_type == why).map(|ready| {
-                Box::new(Waiting { reason: ready.reason, message: ready.message.into_owned(), operation_reason })
-            })
+            st.conditions
+                .into_iter()
+                .find(|c| c.condition_type == why)
+                .filter(|c| ENVIRONMENT_CONDITIONS.into_iter().any(|kind| c.reason == Reason::from(kind)))
+                .map(|ready| {
+                    Box::new(Waiting { reason: ready.reason, message: ready.message.into_owned(), operation_reason })
+                })
         } else {
             None
         };

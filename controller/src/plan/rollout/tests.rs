@@ -862,6 +862,10 @@ fn a_member_keeps_what_the_planner_decides_on_and_why_a_machine_waits() {
         (Reason::QuotaExceeded, "no cores", "QUOTA_EXCEEDED")
     );
 
+    let mut creating = Fx::new("m4").phase(Phase::Creating).0;
+    set_condition(&mut creating.status.conditions, ConditionType::Ready, false, Reason::Creating, "creating");
+    assert!(Member::from(&creating).waiting.is_none(), "a machine being created waits for nothing to report");
+
     let failed = Member::from(&Fx::new("m2").failed("Internal", "X").replacing().0);
     assert!(failed.deleting && failed.replacing);
     assert_eq!(failed.failure.map(|f| (f.code, f.reason)), Some(("Internal".into(), "X".into())));
