@@ -37,8 +37,14 @@ const OWNER_WAKE_FACTOR: u32 = 2;
 const TIMED_OUT_RETRY: Duration = Duration::from_secs(1);
 /// The shortest resync interval honoured, so `--resync-interval 0` cannot spin.
 const MIN_RESYNC_INTERVAL: Duration = Duration::from_secs(1);
-/// How often the phase and in-flight gauges are recounted.
+/// How often the phase and in-flight gauges are recounted, at most ...
 const GAUGE_INTERVAL: Duration = Duration::from_secs(2);
+/// ... and at least (a Prometheus scrape interval is typically 15–30 s).
+const GAUGE_INTERVAL_MAX: Duration = Duration::from_secs(30);
+/// A recount waits this many times as long as the last one took: with 100,000 Machines a count
+/// takes about 0.3 s, and every 2 s it cost a ninth of the controller's CPU; this way it costs
+/// at most 2 % of a core.
+const GAUGE_COST_FACTOR: u32 = 50;
 
 /// Runtime settings.
 #[derive(Debug, Clone)]
@@ -713,9 +719,10 @@ async fn resync<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>) {
 
 /// Keeps the phase and in-flight gauges current.
 async fn gauges(ctx: Arc<Ctx>) {
-    let mut tick = tokio::time::interval(GAUGE_INTERVAL);
+    let mut wait = Duration::ZERO;
     loop {
-        tick.tick().await;
+        tokio::time::sleep(wait).await;
+        let started = Instant::now();
         // Only the phase and the operation count are read, not whole objects: with 10,000
         // Machines this runs without allocating them all.
         #[derive(serde::Deserialize)]
@@ -743,6 +750,7 @@ async fn gauges(ctx: Arc<Ctx>) {
                 Ok(())
             })
             .await;
+        wait = (started.elapsed() * GAUGE_COST_FACTOR).clamp(GAUGE_INTERVAL, GAUGE_INTERVAL_MAX);
         if counted.is_err() {
             continue;
         }
