@@ -17,8 +17,8 @@
 //! records in [`Plan::notes`] why it acted or held back ([`Note`]), as Cluster API's rollout
 //! planner does, so tests can assert the reason as well as the action.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::Limits;
@@ -74,7 +74,10 @@ pub struct Member {
     pub ready_since: Option<Time>,
     /// Its Node is known not to be Ready (`NodeReady=False`; only with a target cluster).
     pub node_not_ready: bool,
-    /// Why it is not available yet: of a machine that is not available only.
+    /// Why it is not available yet, when that is its environment's doing (an
+    /// [`ENVIRONMENT_CONDITIONS`] reason: what [`lift_environment_conditions`] reports). A
+    /// machine that is merely being created carries none: 10,000 of them would hold 10,000
+    /// copies of the same message in every plan.
     pub waiting: Option<Box<Waiting>>,
 }
 
@@ -104,96 +107,162 @@ impl Member {
 }
 
 /// The part of a stored Machine a [`Member`] comes from, parsed one machine at a time: spec,
-/// addresses, request IDs and the other conditions are skipped. The machines a plan acts on in
-/// full (replace, in place) are read again by key.
+/// addresses, request IDs, the other labels, annotations and conditions are skipped, and the
+/// strings borrow from the text where they can (a deployment's reconcile reads every Machine it
+/// owns, so each allocation and timestamp parse here is paid 10,000 times). The machines a plan
+/// acts on in full (replace, in place) are read again by key.
 #[derive(serde::Deserialize)]
-pub struct StoredMember {
-    metadata: ViewMeta,
-    #[serde(default)]
-    status: ViewStatus,
+pub struct StoredMember<'a> {
+    #[serde(borrow)]
+    metadata: ViewMeta<'a>,
+    #[serde(default, borrow)]
+    status: ViewStatus<'a>,
 }
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ViewMeta {
-    name: String,
-    #[serde(default)]
-    namespace: String,
-    #[serde(default)]
-    uid: String,
-    #[serde(default)]
-    resource_version: String,
+struct ViewMeta<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(default, borrow)]
+    namespace: Cow<'a, str>,
+    #[serde(default, borrow)]
+    uid: Cow<'a, str>,
+    #[serde(default, borrow)]
+    resource_version: Cow<'a, str>,
     #[serde(default)]
     creation_timestamp: Option<Time>,
     #[serde(default)]
-    deletion_timestamp: Option<Time>,
+    deletion_timestamp: Option<serde::de::IgnoredAny>,
+    #[serde(default, borrow)]
+    labels: ViewLabels<'a>,
+    #[serde(default, borrow)]
+    annotations: ViewAnnotations<'a>,
+    #[serde(default, borrow)]
+    owner_references: Vec<ViewOwner<'a>>,
+}
+
+/// The one label the planner reads (the names are [`LABEL_REVISION`]'s; a test holds them equal).
+#[derive(serde::Deserialize, Default)]
+struct ViewLabels<'a> {
+    #[serde(rename = "machine.driver.dev/revision", default, borrow)]
+    revision: Option<Cow<'a, str>>,
+}
+
+/// The annotations the planner reads ([`ANNOTATION_REPLACING`], [`ANNOTATION_DELETE`],
+/// [`ANNOTATION_NODE_TEMPLATE`]).
+#[derive(serde::Deserialize, Default)]
+struct ViewAnnotations<'a> {
+    #[serde(rename = "machine.driver.dev/replacing", default)]
+    replacing: Option<serde::de::IgnoredAny>,
+    #[serde(rename = "machine.driver.dev/delete-machine", default, borrow)]
+    delete: Option<Cow<'a, str>>,
+    #[serde(rename = "machine.driver.dev/node-template-hash", default, borrow)]
+    node_template: Option<Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ViewOwner<'a> {
+    #[serde(borrow)]
+    uid: Cow<'a, str>,
     #[serde(default)]
-    labels: BTreeMap<String, String>,
-    #[serde(default)]
-    annotations: BTreeMap<String, String>,
-    #[serde(default)]
-    owner_references: Vec<OwnerReference>,
+    controller: bool,
 }
 
 #[derive(serde::Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-struct ViewStatus {
+struct ViewStatus<'a> {
     #[serde(default)]
     phase: Phase,
-    #[serde(default)]
-    conditions: Vec<Condition>,
-    #[serde(default)]
-    last_operation: Option<LastOperation>,
+    #[serde(default, borrow)]
+    conditions: Vec<ViewCondition<'a>>,
+    #[serde(default, borrow)]
+    last_operation: Option<ViewOperation<'a>>,
     #[serde(default)]
     failure: Option<Failure>,
 }
 
-impl StoredMember {
+/// A condition, its time left unparsed: only the Ready condition's is read.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ViewCondition<'a> {
+    #[serde(rename = "type")]
+    condition_type: ConditionType,
+    status: ConditionStatus,
+    reason: Reason,
+    #[serde(default, borrow)]
+    message: Cow<'a, str>,
+    #[serde(borrow)]
+    last_transition_time: Cow<'a, str>,
+}
+
+#[derive(serde::Deserialize)]
+struct ViewOperation<'a> {
+    #[serde(default, borrow)]
+    reason: Cow<'a, str>,
+}
+
+impl StoredMember<'_> {
     /// Whether `owner` controls it (same namespace, a controller reference with its uid).
     pub fn owned_by(&self, owner: &ObjectMeta) -> bool {
-        self.metadata.namespace == owner.namespace
-            && self.metadata.owner_references.iter().any(|o| o.controller && o.uid == owner.uid)
+        self.metadata.namespace == owner.namespace.as_str()
+            && self.metadata.owner_references.iter().any(|o| o.controller && o.uid == owner.uid.as_str())
     }
 
     /// The planner's view of it.
-    pub fn into_member(self) -> Member {
+    ///
+    /// # Errors
+    /// A Ready condition whose transition time is not an RFC 3339 time.
+    pub fn into_member(self) -> serde_json::Result<Member> {
         let m = self.metadata;
         let deleting = m.deletion_timestamp.is_some();
         let st = self.status;
-        let node_not_ready =
-            condition(&st.conditions, ConditionType::NodeReady).is_some_and(|c| c.status == ConditionStatus::False);
-        let ready_since = condition(&st.conditions, ConditionType::Ready)
-            .filter(|c| st.phase == Phase::Running && c.status == ConditionStatus::True)
-            .map(|c| c.last_transition_time);
+        let find = |t: ConditionType| st.conditions.iter().find(|c| c.condition_type == t);
+        let node_not_ready = find(ConditionType::NodeReady).is_some_and(|c| c.status == ConditionStatus::False);
+        let ready_since = match find(ConditionType::Ready) {
+            Some(c) if st.phase == Phase::Running && c.status == ConditionStatus::True => Some(
+                // The parse serde's `Time` uses, so the view reads what the whole Machine does.
+                c.last_transition_time.parse::<Time>().map_err(|e| {
+                    <serde_json::Error as serde::de::Error>::custom(format!(
+                        "Ready condition's lastTransitionTime {:?}: {e}",
+                        c.last_transition_time
+                    ))
+                })?,
+            ),
+            _ => None,
+        };
         let waiting = if st.phase != Phase::Running || deleting || node_not_ready {
-            let operation_reason = st.last_operation.map(|o| o.reason).unwrap_or_default();
+            let operation_reason = st.last_operation.map(|o| o.reason.into_owned()).unwrap_or_default();
             // A Running machine waits for its Node; any other for itself.
             let why =
                 if st.phase == Phase::Running && !deleting { ConditionType::NodeReady } else { ConditionType::Ready };
             st.conditions
                 .into_iter()
                 .find(|c| c.condition_type == why)
-                .map(|ready| Box::new(Waiting { reason: ready.reason, message: ready.message, operation_reason }))
+                .filter(|c| ENVIRONMENT_CONDITIONS.into_iter().any(|kind| c.reason == Reason::from(kind)))
+                .map(|ready| {
+                    Box::new(Waiting { reason: ready.reason, message: ready.message.into_owned(), operation_reason })
+                })
         } else {
             None
         };
-        let mut labels = m.labels;
-        Member {
-            name: m.name,
-            uid: m.uid,
-            resource_version: m.resource_version,
-            revision: labels.remove(LABEL_REVISION).unwrap_or_default(),
+        let a = m.annotations;
+        Ok(Member {
+            name: m.name.into_owned(),
+            uid: m.uid.into_owned(),
+            resource_version: m.resource_version.into_owned(),
+            revision: m.labels.revision.map(Cow::into_owned).unwrap_or_default(),
             created: m.creation_timestamp,
             deleting,
-            replacing: m.annotations.contains_key(ANNOTATION_REPLACING),
-            marked_for_deletion: m.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"),
+            replacing: a.replacing.is_some(),
+            marked_for_deletion: a.delete.is_some_and(|v| v != "false"),
             phase: st.phase,
             failure: st.failure.map(Box::new),
-            node_template: m.annotations.get(ANNOTATION_NODE_TEMPLATE).cloned().unwrap_or_default(),
+            node_template: a.node_template.map(Cow::into_owned).unwrap_or_default(),
             ready_since,
             node_not_ready,
             waiting,
-        }
+        })
     }
 }
 
@@ -201,8 +270,9 @@ impl StoredMember {
 #[cfg(test)]
 impl From<&Machine> for Member {
     fn from(m: &Machine) -> Self {
-        let stored = serde_json::to_value(m).and_then(serde_json::from_value::<StoredMember>);
-        stored.map(StoredMember::into_member).unwrap_or_else(|e| panic!("{}: {e}", m.metadata.name))
+        let text = serde_json::to_string(m).unwrap_or_else(|e| panic!("{}: {e}", m.metadata.name));
+        let stored = serde_json::from_str::<StoredMember<'_>>(&text).and_then(StoredMember::into_member);
+        stored.unwrap_or_else(|e| panic!("{}: {e}", m.metadata.name))
     }
 }
 

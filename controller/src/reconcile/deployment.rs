@@ -97,7 +97,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
 async fn observe(ctx: &Ctx, md: &MachineDeployment) -> Result<Vec<Member>> {
     let owner = &md.metadata;
     ctx.store
-        .list_owned_as(Kind::Machine, owner, |v: StoredMember| v.owned_by(owner).then(|| v.into_member()))
+        .list_owned_as(Kind::Machine, owner, |json| {
+            let v: StoredMember<'_> = serde_json::from_str(json)?;
+            v.owned_by(owner).then(|| v.into_member()).transpose()
+        })
         .await
         .map_err(Into::into)
 }

@@ -555,27 +555,29 @@ impl Store {
     /// # Errors
     /// Backend errors, or an object that does not parse as `T`.
     pub async fn list_owned<T: Resource>(&self, owner: &ObjectMeta) -> Result<Vec<T>> {
-        self.list_owned_as(T::KIND, owner, |obj: T| {
+        self.list_owned_as(T::KIND, owner, |json| {
+            let obj: T = serde_json::from_str(json)?;
             let meta = obj.meta();
             let owned = meta.namespace == owner.namespace
                 && meta.owner_references.iter().any(|o| o.controller && o.uid == owner.uid);
-            owned.then_some(obj)
+            Ok(owned.then_some(obj))
         })
         .await
     }
 
-    /// Like [`Store::list_owned`], but each object whose text names `owner`'s uid is parsed as
-    /// `V` — a view with only the fields the caller reads, which costs a fraction of the whole
-    /// object with 10,000 of them — and `keep` confirms the owner and turns the view into what
-    /// the caller holds (one at a time, so the views never all exist at once).
+    /// Like [`Store::list_owned`], but each object whose text names `owner`'s uid goes to
+    /// `parse`, which reads what the caller holds out of it — a view with only the fields the
+    /// caller reads (borrowing from the text, so it costs a fraction of the whole object with
+    /// 10,000 of them), confirms the owner and returns `None` for another's (one at a time, so
+    /// the views never all exist at once).
     ///
     /// # Errors
-    /// Backend errors, or an object that does not parse as `V`.
-    pub async fn list_owned_as<V: serde::de::DeserializeOwned, U: Send>(
+    /// Backend errors, or an object `parse` cannot read.
+    pub async fn list_owned_as<U: Send>(
         &self,
         kind: Kind,
         owner: &ObjectMeta,
-        keep: impl Fn(V) -> Option<U> + Sync,
+        parse: impl Fn(&str) -> serde_json::Result<Option<U>> + Sync,
     ) -> Result<Vec<U>> {
         if owner.uid.is_empty() {
             return Ok(Vec::new());
@@ -584,7 +586,7 @@ impl Store {
         self.backend
             .scan(kind, &mut |json| {
                 if json.contains(owner.uid.as_str()) {
-                    out.extend(keep(serde_json::from_str(json)?));
+                    out.extend(parse(json)?);
                 }
                 Ok(())
             })

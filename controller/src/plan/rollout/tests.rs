@@ -862,13 +862,39 @@ fn a_member_keeps_what_the_planner_decides_on_and_why_a_machine_waits() {
         (Reason::QuotaExceeded, "no cores", "QUOTA_EXCEEDED")
     );
 
+    let mut creating = Fx::new("m4").phase(Phase::Creating).0;
+    set_condition(&mut creating.status.conditions, ConditionType::Ready, false, Reason::Creating, "creating");
+    assert!(Member::from(&creating).waiting.is_none(), "a machine being created waits for nothing to report");
+
     let failed = Member::from(&Fx::new("m2").failed("Internal", "X").replacing().0);
     assert!(failed.deleting && failed.replacing);
     assert_eq!(failed.failure.map(|f| (f.code, f.reason)), Some(("Internal".into(), "X".into())));
 
     let mut running = Fx::new("m3").0;
     set_condition(&mut running.status.conditions, ConditionType::Ready, true, Reason::Running, "");
-    assert!(Member::from(&running).waiting.is_none(), "an available machine carries no wait reason");
+    running.metadata.annotations.insert(ANNOTATION_NODE_TEMPLATE.into(), "abc".into());
+    running.metadata.annotations.insert(ANNOTATION_DELETE.into(), "false".into());
+    let ready_at = running.status.conditions.iter().find(|c| c.condition_type == ConditionType::Ready);
+    let ready_at = ready_at.map(|c| c.last_transition_time);
+    let m = Member::from(&running);
+    assert!(m.waiting.is_none(), "an available machine carries no wait reason");
+    assert_eq!((m.ready_since, m.node_template.as_str(), m.marked_for_deletion), (ready_at, "abc", false));
+}
+
+#[test]
+fn a_member_reads_escaped_text_and_refuses_a_bad_ready_time() {
+    // Strings with escapes cannot borrow from the text: they are unescaped into their own.
+    let text = r#"{"metadata":{"name":"m\u0031","uid":"u\"1","resourceVersion":"3",
+        "labels":{"machine.driver.dev/revision":"r\n1"}},
+        "status":{"phase":"Running","conditions":[{"type":"Ready","status":"True","reason":"Running",
+        "message":"","lastTransitionTime":"2026-01-02T03:04:05Z"}]}}"#;
+    let m = serde_json::from_str::<StoredMember<'_>>(text).and_then(StoredMember::into_member).unwrap();
+    assert_eq!((m.name.as_str(), m.uid.as_str(), m.revision.as_str()), ("m1", "u\"1", "r\n1"));
+    assert_eq!(m.ready_since.map(|t| t.to_rfc3339()).as_deref(), Some("2026-01-02T03:04:05+00:00"));
+
+    let bad = text.replace("2026-01-02T03:04:05Z", "yesterday");
+    let e = serde_json::from_str::<StoredMember<'_>>(&bad).and_then(StoredMember::into_member).unwrap_err();
+    assert!(e.to_string().contains("lastTransitionTime \"yesterday\""), "{e}");
 }
 
 #[test]
