@@ -142,7 +142,8 @@ struct ViewMeta<'a> {
     owner_references: Vec<ViewOwner<'a>>,
 }
 
-/// The one label the planner reads (the names are [`LABEL_REVISION`]'s; a test holds them equal).
+/// The one label the planner reads ([`LABEL_REVISION`]; a test holds the literal names equal to
+/// the constants).
 #[derive(serde::Deserialize, Default)]
 struct ViewLabels<'a> {
     #[serde(rename = "machine.driver.dev/revision", default, borrow)]

@@ -343,10 +343,12 @@ impl Ctx {
     /// How long after a change of one of its objects an owner runs: the debounce, or twice as
     /// long as its last reconcile took if that is longer. A deployment of 100,000 machines
     /// plans for about 1 s, of 10,000 for about 0.1 s; woken by every machine change, it would
-    /// plan back to back and take a core for itself. This way re-planning gets at most a third
-    /// of a worker's time, and its status trails its machines by about two reconciles (at most
-    /// [`OWNER_WAKE_MAX`]: a reconcile that waited on a slow driver call says little about the
-    /// next).
+    /// plan back to back and take a core for itself. The delay counts from the first change,
+    /// which comes while the plan still runs, so the next plan starts about two plans after the
+    /// last one started: re-planning gets at most half a worker's time, and its status trails
+    /// its machines by about two reconciles (at most [`OWNER_WAKE_MAX`]: a reconcile that
+    /// waited on a slow driver call says little about the next). With a delay of one plan, as
+    /// before, the change came due while the plan ran and the next one followed at once.
     pub fn owner_wake_delay(&self, owner: &Key) -> Duration {
         let took = self.read_key(owner, |s| s.costly).unwrap_or_default();
         (took * OWNER_WAKE_FACTOR).clamp(self.config.debounce, OWNER_WAKE_MAX.max(self.config.debounce))
@@ -721,6 +723,7 @@ async fn resync<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>) {
 async fn gauges(ctx: Arc<Ctx>) {
     let mut wait = Duration::ZERO;
     loop {
+        // Deliberate: the pause between recounts, paced by what the last one cost.
         tokio::time::sleep(wait).await;
         let started = Instant::now();
         // Only the phase and the operation count are read, not whole objects: with 10,000

@@ -27,21 +27,19 @@ struct State {
 }
 
 impl State {
-    fn add(&mut self, key: Key) -> bool {
-        if self.processing.contains(&key) {
-            self.dirty.insert(key);
+    /// Queues `key` unless it is queued already; a key being processed is marked to run again
+    /// once it is done instead.
+    fn add(&mut self, key: Shared) -> bool {
+        if self.processing.contains(&*key) {
+            self.dirty.insert(Arc::unwrap_or_clone(key));
             false
-        } else if self.queued.contains(&key) {
+        } else if self.queued.contains(&*key) {
             false
         } else {
-            self.push_ready(Arc::new(key));
+            self.queued.insert(key.clone());
+            self.ready.push_back(key);
             true
         }
-    }
-
-    fn push_ready(&mut self, key: Shared) {
-        self.queued.insert(key.clone());
-        self.ready.push_back(key);
     }
 
     fn promote_due(&mut self, now: Instant) {
@@ -51,11 +49,7 @@ impl State {
             }
             if let Some((_, _, key)) = self.delayed.pop_first() {
                 self.due.remove(&*key);
-                if self.processing.contains(&*key) {
-                    self.dirty.insert(Arc::unwrap_or_clone(key));
-                } else if !self.queued.contains(&*key) {
-                    self.push_ready(key);
-                }
+                self.add(key);
             }
         }
     }
@@ -75,7 +69,7 @@ impl WorkQueue {
 
     /// Queues `key` now.
     pub fn add(&self, key: Key) {
-        if self.state().add(key) {
+        if self.state().add(Arc::new(key)) {
             self.notify.notify_one();
         }
     }
@@ -148,7 +142,7 @@ impl WorkQueue {
     pub fn done(&self, key: &Key) {
         let mut s = self.state();
         s.processing.remove(key);
-        if s.dirty.remove(key) && s.add(key.clone()) {
+        if s.dirty.remove(key) && s.add(Arc::new(key.clone())) {
             drop(s);
             self.notify.notify_one();
         }

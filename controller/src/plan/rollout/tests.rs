@@ -882,6 +882,20 @@ fn a_member_keeps_what_the_planner_decides_on_and_why_a_machine_waits() {
 }
 
 #[test]
+fn the_member_view_reads_the_label_and_annotations_by_their_constants() {
+    // The view names them as literals (serde's renames cannot take a constant).
+    let text = serde_json::json!({"metadata": {
+        "name": "m",
+        "labels": {LABEL_REVISION: "r1"},
+        "annotations": {ANNOTATION_REPLACING: "", ANNOTATION_DELETE: "yes", ANNOTATION_NODE_TEMPLATE: "h"},
+    }})
+    .to_string();
+    let m = serde_json::from_str::<StoredMember<'_>>(&text).and_then(StoredMember::into_member).unwrap();
+    assert_eq!((m.revision.as_str(), m.node_template.as_str()), ("r1", "h"));
+    assert!(m.replacing && m.marked_for_deletion);
+}
+
+#[test]
 fn a_member_reads_escaped_text_and_refuses_a_bad_ready_time() {
     // Strings with escapes cannot borrow from the text: they are unescaped into their own.
     let text = r#"{"metadata":{"name":"m\u0031","uid":"u\"1","resourceVersion":"3",
