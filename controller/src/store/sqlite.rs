@@ -361,36 +361,42 @@ impl SqliteBackend {
         w.open = 0;
         w.writes = 0;
         w.ended = group;
+        // Packed before the commit, outside the cache's lock.
+        let packed: Vec<Option<Packed>> = effects.iter().map(|e| e.json.as_deref().map(Packed::new)).collect();
+        // The cache stays locked from before the commit until it holds the group: the poller,
+        // which finds rows by version, must not see them committed and not yet cached (it would
+        // take them for another process's writes and announce them a second time, as not
+        // status-only).
+        let mut cache = self.cache.write().unwrap_or_else(|p| p.into_inner());
         let committed = w
             .conn
             .prepare_cached("UPDATE counter SET rv = ?1 WHERE id = 0 AND rv < ?1")
             .and_then(|mut c| c.execute([w.rv as i64]))
             .and_then(|_| w.conn.prepare_cached("COMMIT")?.execute([]));
         if let Err(e) = committed {
+            drop(cache);
             let _ = w.conn.execute_batch("ROLLBACK");
             tracing::warn!("store: committing {} writes failed: {e}", effects.len());
             w.failed = Some((group, e.to_string()));
             return;
         }
-        for e in effects {
-            match e.json {
+        for (e, json) in effects.iter().zip(packed) {
+            let slot = cache.entry(e.key.kind).or_default();
+            let k = (e.key.namespace.clone(), e.key.name.clone());
+            match json {
                 Some(json) => {
-                    self.put_cache(&e.key, e.rv, &json);
-                    let _ =
-                        self.tx.send(Change { key: e.key, owner: e.owner, deleted: false, status_only: e.status_only });
+                    slot.insert(k, Entry { rv: e.rv, json });
                 }
                 None => {
-                    self.drop_cache(&e.key);
-                    let _ = self.tx.send(Change { key: e.key, owner: e.owner, deleted: true, status_only: false });
+                    slot.remove(&k);
                 }
             }
         }
-    }
-
-    fn put_cache(&self, key: &Key, rv: u64, json: &str) {
-        let json = Packed::new(json);
-        let mut c = self.cache.write().unwrap_or_else(|p| p.into_inner());
-        c.entry(key.kind).or_default().insert((key.namespace.clone(), key.name.clone()), Entry { rv, json });
+        drop(cache);
+        for e in effects {
+            let (deleted, status_only) = (e.json.is_none(), e.json.is_some() && e.status_only);
+            let _ = self.tx.send(Change { key: e.key, owner: e.owner, deleted, status_only });
+        }
     }
 
     /// The cached text of `key` if the cache holds exactly version `rv`.
@@ -404,13 +410,6 @@ impl SqliteBackend {
     fn cached(&self, kind: Kind) -> Vec<Packed> {
         let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
         c.get(&kind).map(|m| m.values().map(|e| e.json.clone()).collect()).unwrap_or_default()
-    }
-
-    fn drop_cache(&self, key: &Key) {
-        let mut c = self.cache.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = c.get_mut(&key.kind) {
-            m.remove(&(key.namespace.clone(), key.name.clone()));
-        }
     }
 
     /// Replaces the status of `key` if it is still at `expected`.
