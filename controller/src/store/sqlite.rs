@@ -734,6 +734,11 @@ impl Backend for SqliteBackend {
         Ok(())
     }
 
+    async fn count(&self, kind: Kind) -> Option<usize> {
+        let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        Some(c.get(&kind).map_or(0, BTreeMap::len))
+    }
+
     async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
         let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
         Ok(c.get(&kind).map(|m| m.keys().map(|(ns, name)| Key::new(kind, ns, name)).collect()).unwrap_or_default())
