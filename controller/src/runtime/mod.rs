@@ -253,6 +253,32 @@ impl KeyState {
     }
 }
 
+/// Below this many slots a table keeps the room it grew to.
+const ROOM_KEPT: usize = 1024;
+
+/// A hash table keeps the room it grew to: after a burst (10,000 machines created at once) that
+/// is room for all of them, long after most entries went. [`GiveBackRoom::give_back_room`]
+/// returns it once three quarters stand empty; called after a removal, its cost is amortised.
+trait GiveBackRoom {
+    fn give_back_room(&mut self);
+}
+
+impl<K: Eq + std::hash::Hash, V> GiveBackRoom for HashMap<K, V> {
+    fn give_back_room(&mut self) {
+        if self.capacity() > ROOM_KEPT && self.len() < self.capacity() / 4 {
+            self.shrink_to(self.len() * 2);
+        }
+    }
+}
+
+impl<K: Eq + std::hash::Hash> GiveBackRoom for std::collections::HashSet<K> {
+    fn give_back_room(&mut self) {
+        if self.capacity() > ROOM_KEPT && self.len() < self.capacity() / 4 {
+            self.shrink_to(self.len() * 2);
+        }
+    }
+}
+
 /// What to do after a reconcile (the reconciler's answer; the runtime schedules it). Opaque:
 /// a reconciler builds it only with the named constructors, which say when each applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -377,6 +403,7 @@ impl Ctx {
         let out = f(state);
         if state.is_empty() {
             keys.remove(key);
+            keys.give_back_room();
         }
         out
     }
@@ -524,7 +551,9 @@ impl Ctx {
     /// Forgets everything kept for `key` (it was deleted; an object re-created under its name
     /// starts afresh).
     pub fn forget(&self, key: &Key) {
-        self.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        keys.remove(key);
+        keys.give_back_room();
     }
 
     /// Forgets `key`'s backoff (its attempts and driver-call hold), keeping the rest: an object
@@ -822,6 +851,24 @@ mod tests {
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let ctx = Ctx::new(store, &[], Config::default(), &mut Registry::default(), None).unwrap();
         (ctx, dir)
+    }
+
+    #[tokio::test]
+    async fn the_state_kept_per_key_gives_its_room_back_after_a_burst() {
+        let (ctx, _dir) = ctx();
+        let keys: Vec<Key> = (0..10_000).map(|i| Key::new(Kind::Machine, "default", &format!("m-{i}"))).collect();
+        for k in &keys {
+            ctx.hold(k, Duration::from_secs(60));
+        }
+        let room = |ctx: &Ctx| ctx.keys.lock().unwrap().capacity();
+        assert!(room(&ctx) >= 10_000);
+        for k in &keys[100..] {
+            ctx.forget_backoff(k);
+        }
+        let left = ctx.keys.lock().unwrap().len();
+        assert_eq!(left, 100, "only the held keys are kept");
+        assert!(room(&ctx) <= 4 * ROOM_KEPT, "room for {} entries kept for {left}", room(&ctx));
+        assert!(!ctx.wait_before_call(&keys[0]).is_zero(), "what is kept survives the shrinking");
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::GiveBackRoom;
 use crate::store::Key;
 
 /// A waiting key is in two collections at once (ready and queued, or delayed and due): they
@@ -49,6 +50,7 @@ impl State {
             }
             if let Some((_, _, key)) = self.delayed.pop_first() {
                 self.due.remove(&*key);
+                self.due.give_back_room();
                 self.add(key);
             }
         }
@@ -113,9 +115,11 @@ impl WorkQueue {
                 s.promote_due(Instant::now());
                 if let Some(key) = s.ready.pop_front() {
                     s.queued.remove(&*key);
+                    s.queued.give_back_room();
                     // A pending delayed run is superseded: the reconcile decides the next one.
                     if let Some((at, seq)) = s.due.remove(&*key) {
                         s.delayed.remove(&(at, seq, key.clone()));
+                        s.due.give_back_room();
                     }
                     let key = Arc::unwrap_or_clone(key);
                     s.processing.insert(key.clone());
@@ -142,7 +146,11 @@ impl WorkQueue {
     pub fn done(&self, key: &Key) {
         let mut s = self.state();
         s.processing.remove(key);
-        if s.dirty.remove(key) && s.add(Arc::new(key.clone())) {
+        let changed = s.dirty.remove(key);
+        if changed {
+            s.dirty.give_back_room();
+        }
+        if changed && s.add(Arc::new(key.clone())) {
             drop(s);
             self.notify.notify_one();
         }

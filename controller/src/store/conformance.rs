@@ -238,6 +238,10 @@ pub async fn scan_visits_what_list_returns_in_order_and_stops_at_an_error(s: &Su
         .map(|j| j.to_string())
         .collect();
     ensure!(listed.len() == 3, "list: {} objects of this namespace, not 3", listed.len());
+    // A size hint, of every namespace's objects (other cases may be writing theirs): at least
+    // this namespace's.
+    let count = call("count", async { Ok(backend.count(Kind::MachineClass).await) }).await?.unwrap_or(None);
+    ensure!(count.is_none_or(|n| n >= listed.len()), "count: {count:?}, but this namespace alone has {}", listed.len());
     let mut scanned = Vec::new();
     ok(
         "scan",

@@ -416,6 +416,11 @@ impl Backend for KubernetesBackend {
         Ok(())
     }
 
+    async fn count(&self, kind: Kind) -> Option<usize> {
+        let cache = self.synced(kind).await.ok()?;
+        Some(lock_read(&cache.objects).len())
+    }
+
     async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
         let cache = self.synced(kind).await?;
         let mut keys: Vec<Key> = lock_read(&cache.objects).keys().cloned().collect();

@@ -56,8 +56,12 @@ const OPEN_RETRY: Duration = Duration::from_millis(50);
 /// and how soon it retries opening its connection.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
-/// The poller connection's page cache, as SQLite's `cache_size` takes it (negative: KiB).
-const POLLER_CACHE_KIB: i64 = -256;
+/// Each connection's page cache, as SQLite's `cache_size` takes it (negative: KiB). Reads come
+/// from the in-memory cache of texts, so SQLite's pages serve only writes and the poller, and a
+/// page missing here is read from the OS's page cache. SQLite's default, 2 MB, was 2–4 MB of
+/// the controller's peak at 10,000 machines, and 256 KiB costs no measurable CPU at 10,000 or
+/// 100,000 (`docs/src/reference/benchmarks.md`, "Fourth round").
+const CONNECTION_CACHE_KIB: i64 = -256;
 
 /// What one write changes, applied to the cache and announced once its group commits.
 struct Effect {
@@ -92,7 +96,7 @@ struct Writer {
 
 /// The SQLite-backed store.
 pub struct SqliteBackend {
-    writer: Mutex<Writer>,
+    writer: Arc<Mutex<Writer>>,
     cache: Arc<RwLock<Cache>>,
     tx: broadcast::Sender<Change>,
     events_written: Mutex<u64>,
@@ -182,6 +186,7 @@ impl SqliteBackend {
             conn.pragma_update(None, "journal_mode", "WAL")?;
         }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "cache_size", CONNECTION_CACHE_KIB)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS objects(
                 kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
@@ -226,7 +231,7 @@ impl SqliteBackend {
         let synced_rv: i64 = conn.query_row("SELECT rv FROM counter WHERE id = 0", [], |r| r.get(0)).db()?;
         let (tx, _) = broadcast::channel(CHANGES_BUFFERED);
         let backend = Self {
-            writer: Mutex::new(Writer {
+            writer: Arc::new(Mutex::new(Writer {
                 conn,
                 rv: 0,
                 open: 0,
@@ -235,7 +240,7 @@ impl SqliteBackend {
                 failed: None,
                 effects: Vec::new(),
                 writes: 0,
-            }),
+            })),
             cache: Arc::new(RwLock::new(cache)),
             tx,
             events_written: Mutex::new(0),
@@ -245,10 +250,18 @@ impl SqliteBackend {
     }
 
     /// Watches for commits by other processes and folds them into the cache.
+    ///
+    /// It asks the writing connection, not its own, whether anything was committed: a
+    /// connection's `data_version` moves only with other connections' commits, so the writer's
+    /// moves only with other processes' writes, while the poller's own would move with every
+    /// group this process commits (thousands of rows a second, each looked up again only to find
+    /// it cached). It reads the rows through its own connection, so a long read never holds up
+    /// the writer.
     fn spawn_poller(&self, path: &Path, mut synced: u64) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
         let path = path.to_path_buf();
         let cache = Arc::downgrade(&self.cache);
+        let writer = Arc::downgrade(&self.writer);
         let tx = self.tx.clone();
         handle.spawn(async move {
             // Keep trying to open the watching connection: without it, other processes' writes
@@ -263,17 +276,19 @@ impl SqliteBackend {
                 }
             };
             let _ = conn.busy_timeout(BUSY_TIMEOUT);
-            // It reads only the rows written since its last look, which the OS's page cache
-            // holds anyway: SQLite's default page cache would only add up to 2 MB to the
-            // controller's memory once thousands of rows have passed through it.
-            let _ = conn.pragma_update(None, "cache_size", POLLER_CACHE_KIB);
+            let _ = conn.pragma_update(None, "cache_size", CONNECTION_CACHE_KIB);
             let mut last_version: i64 = -1;
             let mut tick = tokio::time::interval(POLL_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let Some(cache) = cache.upgrade() else { return };
-                let version: i64 = match conn.query_row("PRAGMA data_version", [], |r| r.get(0)) {
+                let (Some(cache), Some(writer)) = (cache.upgrade(), writer.upgrade()) else { return };
+                let version = lock(&writer)
+                    .conn
+                    .prepare_cached("PRAGMA data_version")
+                    .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)));
+                drop(writer);
+                let version = match version {
                     Ok(v) => v,
                     Err(e) => {
                         tracing::warn!("store poller: {e}");
@@ -717,6 +732,11 @@ impl Backend for SqliteBackend {
             packed.read(|json| visit(json))??;
         }
         Ok(())
+    }
+
+    async fn count(&self, kind: Kind) -> Option<usize> {
+        let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        Some(c.get(&kind).map_or(0, BTreeMap::len))
     }
 
     async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {

@@ -39,6 +39,48 @@ async fn survives_reopen_and_sees_other_processes_writes() {
     assert_eq!(names, vec!["two"]);
 }
 
+/// The poller learns of other processes' commits from the writing connection, whose
+/// `data_version` this process's own commits do not move: a write by another process among a
+/// stream of this process's own is still seen, once, and each own write is announced once.
+#[tokio::test]
+async fn another_processes_write_is_seen_among_a_stream_of_own_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let a = Store::open(&path).unwrap();
+    a.create(&class("busy", "small")).await.unwrap();
+    let mut rx = a.subscribe();
+    let b = Store::open(&path).unwrap();
+    let mut own = 0;
+    let mut foreign = 0;
+    for i in 0..300 {
+        let mut current = a.get::<MachineClass>("default", "busy").await.unwrap().unwrap();
+        current.status.validated_generation = i;
+        a.replace_status(&current).await.unwrap();
+        if i == 100 {
+            b.create(&class("other", "small")).await.unwrap();
+        }
+        while let Ok(change) = rx.try_recv() {
+            match change.key.name.as_str() {
+                "busy" => own += 1,
+                _ => foreign += 1,
+            }
+        }
+    }
+    // The other process's write may still be on its way (the poller looks every 200 ms).
+    while foreign == 0 {
+        let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert_eq!(change.key.name, "other", "own writes were all announced already");
+        foreign += 1;
+    }
+    assert_eq!(own, 300, "each own write announced once");
+    assert!(a.get::<MachineClass>("default", "other").await.unwrap().is_some());
+    // Nothing announced twice: a look after the next poll finds nothing new.
+    b.create(&class("marker", "small")).await.unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+    assert_eq!(change.key.name, "marker");
+    assert_eq!(foreign, 1);
+}
+
 #[tokio::test]
 async fn a_status_write_on_a_version_its_cache_has_not_seen_keeps_the_newer_spec() {
     let dir = tempfile::tempdir().unwrap();
