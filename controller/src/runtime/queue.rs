@@ -220,6 +220,70 @@ mod tests {
         assert_eq!(q.depth(), 0);
     }
 
+    /// Changes arrive at random while three workers process five keys for random times, some
+    /// asking to run again after a delay (as a reconcile's requeue does): every key runs after
+    /// its last change (no wake-up is lost), and never on two workers at once.
+    #[tokio::test(start_paused = true)]
+    async fn under_random_changes_no_wake_up_is_lost_and_no_key_runs_twice_at_once() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Mutex as StdMutex;
+        const KEYS: usize = 5;
+        // A small deterministic generator: the test is the same on every run.
+        fn next_rand(state: &mut u64) -> u64 {
+            *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            *state >> 33
+        }
+        let q = Arc::new(WorkQueue::default());
+        let keys: Arc<Vec<Key>> = Arc::new((0..KEYS).map(|i| k(&format!("m-{i}"))).collect());
+        let changes: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+        let seen: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+        let running: Arc<StdMutex<HashSet<Key>>> = Arc::default();
+        let mut workers = Vec::new();
+        for w in 0..3_u64 {
+            let (q, keys, changes, seen, running) =
+                (q.clone(), keys.clone(), changes.clone(), seen.clone(), running.clone());
+            workers.push(tokio::spawn(async move {
+                let mut rand = 7 + w;
+                while let Some(key) = q.next().await {
+                    assert!(running.lock().unwrap().insert(key.clone()), "{key:?} on two workers at once");
+                    let i = keys.iter().position(|k| *k == key).unwrap();
+                    // What the reconcile reads: every change made before it started.
+                    seen[i].store(changes[i].load(Ordering::SeqCst), Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(next_rand(&mut rand) % 30)).await;
+                    if next_rand(&mut rand).is_multiple_of(3) {
+                        q.add_after(key.clone(), Duration::from_millis(1 + next_rand(&mut rand) % 100));
+                    }
+                    running.lock().unwrap().remove(&key);
+                    q.done(&key);
+                }
+            }));
+        }
+        let mut rand = 1;
+        for _ in 0..5_000 {
+            let i = (next_rand(&mut rand) as usize) % KEYS;
+            changes[i].fetch_add(1, Ordering::SeqCst);
+            match next_rand(&mut rand) % 3 {
+                0 => q.add(keys[i].clone()),
+                _ => q.add_after(keys[i].clone(), Duration::from_millis(1 + next_rand(&mut rand) % 50)),
+            }
+            tokio::time::sleep(Duration::from_millis(next_rand(&mut rand) % 5)).await;
+        }
+        // Every key is run again after its last change, within the longest delay and run.
+        let caught_up = async {
+            while (0..KEYS).any(|i| seen[i].load(Ordering::SeqCst) != changes[i].load(Ordering::SeqCst)) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let waited = tokio::time::timeout(Duration::from_secs(5), caught_up).await;
+        let behind: Vec<(u64, u64)> =
+            (0..KEYS).map(|i| (seen[i].load(Ordering::SeqCst), changes[i].load(Ordering::SeqCst))).collect();
+        assert!(waited.is_ok(), "a key did not run after its last change (seen, changes): {behind:?}");
+        q.close();
+        for w in workers {
+            tokio::time::timeout(Duration::from_secs(5), w).await.unwrap().unwrap();
+        }
+    }
+
     #[tokio::test]
     async fn close_ends_next() {
         let q = std::sync::Arc::new(WorkQueue::default());
