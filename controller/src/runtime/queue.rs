@@ -238,10 +238,12 @@ mod tests {
         let changes: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
         let seen: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
         let running: Arc<StdMutex<HashSet<Key>>> = Arc::default();
+        // Told after every run, so the end waits on runs, not on a clock.
+        let ran = Arc::new(Notify::new());
         let mut workers = Vec::new();
         for w in 0..3_u64 {
-            let (q, keys, changes, seen, running) =
-                (q.clone(), keys.clone(), changes.clone(), seen.clone(), running.clone());
+            let (q, keys, changes, seen, running, ran) =
+                (q.clone(), keys.clone(), changes.clone(), seen.clone(), running.clone(), ran.clone());
             workers.push(tokio::spawn(async move {
                 let mut rand = 7 + w;
                 while let Some(key) = q.next().await {
@@ -249,12 +251,14 @@ mod tests {
                     let i = keys.iter().position(|k| *k == key).unwrap();
                     // What the reconcile reads: every change made before it started.
                     seen[i].store(changes[i].load(Ordering::SeqCst), Ordering::SeqCst);
+                    // Deliberate: the run's simulated work, on the paused clock.
                     tokio::time::sleep(Duration::from_millis(next_rand(&mut rand) % 30)).await;
                     if next_rand(&mut rand).is_multiple_of(3) {
                         q.add_after(key.clone(), Duration::from_millis(1 + next_rand(&mut rand) % 100));
                     }
                     running.lock().unwrap().remove(&key);
                     q.done(&key);
+                    ran.notify_one();
                 }
             }));
         }
@@ -266,12 +270,13 @@ mod tests {
                 0 => q.add(keys[i].clone()),
                 _ => q.add_after(keys[i].clone(), Duration::from_millis(1 + next_rand(&mut rand) % 50)),
             }
+            // Deliberate: the spacing of the changes, on the paused clock.
             tokio::time::sleep(Duration::from_millis(next_rand(&mut rand) % 5)).await;
         }
         // Every key is run again after its last change, within the longest delay and run.
         let caught_up = async {
             while (0..KEYS).any(|i| seen[i].load(Ordering::SeqCst) != changes[i].load(Ordering::SeqCst)) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                ran.notified().await;
             }
         };
         let waited = tokio::time::timeout(Duration::from_secs(5), caught_up).await;
