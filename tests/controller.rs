@@ -309,6 +309,43 @@ async fn bad_yaml_and_invalid_fields_are_refused_and_change_nothing() {
     assert!(err.contains("unknown kind"), "{err}");
 }
 
+/// An object whose stored text no longer parses (a store file edited by hand, a damaged
+/// restore) is named by `get` and `describe`, never passed over as if it were not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_stored_object_is_named_not_hidden() {
+    let w = world(FAST).without_controller().start().await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    let machine = |name: &str| {
+        format!("apiVersion: machine.driver.dev/v1alpha1\nkind: Machine\nmetadata: {{name: {name}}}\nspec: {{classRef: {{name: small}}}}\n")
+    };
+    w.apply(&format!("{}---\n{}", machine("good"), machine("broken"))).await;
+    let db = rusqlite::Connection::open(w.dir().join("store.db")).unwrap();
+    let changed =
+        db.execute("UPDATE objects SET body = '{not json' WHERE kind = 'Machine' AND name = 'broken'", []).unwrap();
+    assert_eq!(changed, 1);
+    drop(db);
+    let named = |err: &str| err.contains("Machine/default/broken") && err.contains("not valid JSON");
+    // The list shows what it can read, names what it cannot, and does not exit 0.
+    let (code, out, err) = w.cli(&["get", "machines"]).await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("good") && !out.contains("broken"), "{out}");
+    assert!(named(&err) && err.contains("1 of 2 Machine objects could not be read"), "{err}");
+    let (code, out, err) = w.cli(&["get", "machines", "-o", "json"]).await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("\"good\"") && named(&err), "{out}{err}");
+    // Asked for by name, it is found, not "not found".
+    let (code, _, err) = w.cli(&["get", "machine", "broken"]).await;
+    assert_eq!(code, 1);
+    assert!(named(&err) && !err.contains("not found"), "{err}");
+    let (code, _, err) = w.cli(&["describe", "machine", "broken"]).await;
+    assert_eq!(code, 1);
+    assert!(named(&err), "{err}");
+    // The readable one reads as before.
+    let (code, out, err) = w.cli(&["get", "machine", "good"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("good"), "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_place_strategy_updates_machines_without_replacing_them() {
     let w = world(FAST).in_process().start().await;

@@ -415,21 +415,47 @@ fn print_table(rows: Vec<Vec<String>>) {
     }
 }
 
+/// The stored object as JSON. One that does not parse (a store file edited by hand, a damaged
+/// restore) is an error that names it: `get` and `describe` never pass over it in silence.
+fn stored_json(key: &Key, json: &str) -> Result<Value, String> {
+    serde_json::from_str(json).map_err(|e| format!("{key}: the stored object is not valid JSON: {e}"))
+}
+
 async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, output: Output) -> Result<(), Failure> {
-    let mut raw: Vec<Value> = store
-        .backend()
-        .list(kind)
-        .await?
-        .iter()
-        .filter_map(|j| serde_json::from_str::<Value>(j).ok())
-        .filter(|v| v["metadata"]["namespace"] == namespace)
-        .filter(|v| name.is_none_or(|n| v["metadata"]["name"] == n))
-        .collect();
+    // By key, so an object whose text does not parse is still found, and named.
+    let keys = store.keys(kind).await?;
+    let mut raw: Vec<Value> = Vec::new();
+    let mut unreadable: Vec<String> = Vec::new();
+    for key in keys.iter().filter(|k| k.namespace == namespace && name.is_none_or(|n| k.name == n)) {
+        let Some(json) = store.backend().get(key).await? else { continue };
+        match stored_json(key, &json) {
+            Ok(v) => raw.push(v),
+            Err(e) => unreadable.push(e),
+        }
+    }
+    if !unreadable.is_empty() {
+        // The readable ones are still shown; the exit code says the list is not whole.
+        let shown = raw.len();
+        if shown > 0 {
+            show(kind, name, namespace, output, raw)?;
+        }
+        return Err(fail(format!(
+            "{} of {} {kind} objects could not be read:\n  {}",
+            unreadable.len(),
+            unreadable.len() + shown,
+            unreadable.join("\n  ")
+        )));
+    }
     if let Some(n) = name {
         if raw.is_empty() {
             return Err(fail(format!("{kind} {n} not found in namespace {namespace}")));
         }
     }
+    show(kind, name, namespace, output, raw)
+}
+
+/// Prints `get`'s objects in `output`'s format.
+fn show(kind: Kind, name: Option<&str>, namespace: &str, output: Output, mut raw: Vec<Value>) -> Result<(), Failure> {
     if kind == Kind::Secret {
         raw = raw.into_iter().map(redact_secret).collect();
     }
@@ -511,7 +537,7 @@ async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Res
     let Some(json) = store.backend().get(&key).await? else {
         return Err(fail(format!("{kind} {name} not found in namespace {namespace}")));
     };
-    let mut v: Value = serde_json::from_str(&json)?;
+    let mut v = stored_json(&key, &json).map_err(fail)?;
     if kind == Kind::Secret {
         v = redact_secret(v);
     }
