@@ -502,10 +502,14 @@ async fn cli_shows_status_request_ids_and_deletes_through_the_cloud() {
     assert_eq!(code, 0);
     let last = m.status.last_operation.unwrap();
     assert!(out.contains(&last.request_id) && out.contains("Ready"), "{out}");
-    // That it runs is told once on its deployment, as a ReplicaSet tells of its pods.
+    // That they run is told on their deployment, as a ReplicaSet tells of its pods: in one event
+    // series, the first machine's message and the count, as on the API server.
     let (code, out, _) = w.cli(&["describe", "md", "web"]).await;
     assert_eq!(code, 0);
-    assert!(out.contains("Created") && out.contains(&format!("{} is running", m.metadata.name)), "{out}");
+    let told = w.machines().await.iter().any(|m| out.contains(&format!("{} is running", m.metadata.name)));
+    assert!(out.contains("Created") && told && out.contains(") (x2)"), "{out}");
+    let created = out.lines().filter(|l| l.contains("Normal") && l.contains(" Created ")).count();
+    assert_eq!(created, 1, "one event for both: {out}");
     // The request ID the controller recorded is in the sidecar's log for the same call.
     let rid = m.status.request_ids[0].clone();
     assert!(w.sidecar().log_text().contains(&rid), "request {rid} not in the sidecar log");

@@ -59,6 +59,7 @@ macro_rules! store_conformance_cases {
             notifications_come_after_the_write_is_visible,
             watch_from_a_resource_version_lists_what_changed_since,
             events_newest_n_oldest_first,
+            repeats_of_one_reason_read_back_as_one_event_with_its_count,
             scan_visits_what_list_returns_in_order_and_stops_at_an_error,
         }
     };
@@ -567,6 +568,29 @@ pub async fn watch_from_a_resource_version_lists_what_changed_since(s: &Subject)
         }
     }
     Ok(())
+}
+
+/// Repeats of one reason on one object read back as one event series (client-go's): the first
+/// message with ` (xN)` after it. The first repeat is written at once on every backend; later
+/// ones may wait for the backend's next refresh, so this case repeats once.
+pub async fn repeats_of_one_reason_read_back_as_one_event_with_its_count(s: &Subject) -> Outcome {
+    let store = &s.store;
+    let a = ok("create a", store.create(&class(&s.namespace, "a"))).await?;
+    store.event(Kind::MachineClass, &a.metadata, EventReason::Invalid, "first").await;
+    store.event(Kind::MachineClass, &a.metadata, EventReason::Invalid, "second").await;
+    store.event(Kind::MachineClass, &a.metadata, EventReason::Validated, "other").await;
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    let want = [("Invalid", "first (x2)"), ("Validated", "other")];
+    loop {
+        let events = ok("events", store.backend().events(&key(s, "a"), 10)).await?;
+        let got: Vec<(&str, &str)> = events.iter().map(|e| (e.reason.as_str(), e.message.as_str())).collect();
+        if got == want {
+            return Ok(());
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "events of a: {got:?}, want {want:?}");
+        // Deliberate: the interval between polls of a condition with a deadline.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Recorded events read back as the newest `limit` of the object's, oldest first, with their

@@ -19,6 +19,7 @@ use crate::resources::{Kind, ObjectMeta, Resource, Time};
 pub mod conformance;
 pub mod kubernetes;
 mod packed;
+mod series;
 pub mod sqlite;
 
 /// Identifies an object.

@@ -13,6 +13,8 @@
 //! - Changes made through this handle are broadcast at once; changes by other processes (the CLI
 //!   applying a manifest while `run` is running) are found by a poller watching SQLite's
 //!   `data_version` and broadcast too.
+//! - Events go to the `events` table, repeats aggregated into series as on the API server
+//!   (`store/series.rs`): one row per series, its `count` written by the poller while it grows.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -25,6 +27,7 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::packed::Packed;
+use super::series::{Book, Seen};
 use super::{Backend, Change, Error, Event, Key, Result};
 use crate::resources::Kind;
 
@@ -63,6 +66,13 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// 100,000 (`docs/src/reference/benchmarks.md`, "Fourth round").
 const CONNECTION_CACHE_KIB: i64 = -256;
 
+/// How often a growing event series' count is written (by the poller). An UPDATE of one row a
+/// second, where every repeat was a row before.
+const SERIES_REFRESH: Duration = Duration::from_secs(1);
+
+/// Event series by the id of their row.
+type Series = Mutex<Book<i64>>;
+
 /// What one write changes, applied to the cache and announced once its group commits.
 struct Effect {
     key: Key,
@@ -100,6 +110,7 @@ pub struct SqliteBackend {
     cache: Arc<RwLock<Cache>>,
     tx: broadcast::Sender<Change>,
     events_written: Mutex<u64>,
+    series: Arc<Series>,
 }
 
 fn kind_from(s: &str) -> Option<Kind> {
@@ -199,10 +210,27 @@ impl SqliteBackend {
              INSERT OR IGNORE INTO counter(id, rv) VALUES (0, 0);
              CREATE TABLE IF NOT EXISTS events(
                 id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT, namespace TEXT, name TEXT,
-                type TEXT, reason TEXT, message TEXT, time TEXT);
+                type TEXT, reason TEXT, message TEXT, time TEXT, count INTEGER NOT NULL DEFAULT 1);
              CREATE INDEX IF NOT EXISTS events_object ON events(kind, namespace, name);",
         )?;
+        Self::add_event_counts(&conn)?;
         Ok(conn)
+    }
+
+    /// Gives a store made before event series its `count` column (each old row one event).
+    fn add_event_counts(conn: &Connection) -> rusqlite::Result<()> {
+        let has: bool =
+            conn.query_row("SELECT COUNT(*) > 0 FROM pragma_table_info('events') WHERE name = 'count'", [], |r| {
+                r.get(0)
+            })?;
+        if has {
+            return Ok(());
+        }
+        match conn.execute_batch("ALTER TABLE events ADD COLUMN count INTEGER NOT NULL DEFAULT 1") {
+            // Another process opening the file at the same moment added it first.
+            Err(e) if e.to_string().contains("duplicate column") => Ok(()),
+            other => other,
+        }
     }
 
     fn from_connection(path: &Path, conn: Connection) -> Result<Self> {
@@ -244,6 +272,7 @@ impl SqliteBackend {
             cache: Arc::new(RwLock::new(cache)),
             tx,
             events_written: Mutex::new(0),
+            series: Arc::default(),
         };
         backend.spawn_poller(path, synced_rv.max(synced as i64) as u64);
         Ok(backend)
@@ -262,6 +291,7 @@ impl SqliteBackend {
         let path = path.to_path_buf();
         let cache = Arc::downgrade(&self.cache);
         let writer = Arc::downgrade(&self.writer);
+        let series = Arc::downgrade(&self.series);
         let tx = self.tx.clone();
         handle.spawn(async move {
             // Keep trying to open the watching connection: without it, other processes' writes
@@ -278,11 +308,21 @@ impl SqliteBackend {
             let _ = conn.busy_timeout(BUSY_TIMEOUT);
             let _ = conn.pragma_update(None, "cache_size", CONNECTION_CACHE_KIB);
             let mut last_version: i64 = -1;
+            let mut last_refresh = std::time::Instant::now();
             let mut tick = tokio::time::interval(POLL_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let (Some(cache), Some(writer)) = (cache.upgrade(), writer.upgrade()) else { return };
+                let (Some(cache), Some(writer), Some(series)) = (cache.upgrade(), writer.upgrade(), series.upgrade())
+                else {
+                    return;
+                };
+                if last_refresh.elapsed() >= SERIES_REFRESH {
+                    last_refresh = std::time::Instant::now();
+                    if let Err(e) = write_series(&writer, &series, last_refresh) {
+                        tracing::warn!("store: writing event series counts: {}", driver_sdk::error_chain(&e));
+                    }
+                }
                 let version = lock(&writer)
                     .conn
                     .prepare_cached("PRAGMA data_version")
@@ -463,6 +503,51 @@ impl SqliteBackend {
             f(conn, *rv)
         })
         .await
+    }
+}
+
+/// Writes the counts of the event series that grew since they were last written, in a
+/// transaction of its own. Skipped while a group of writes is open (the next call writes them).
+fn write_series(writer: &Mutex<Writer>, series: &Series, now: std::time::Instant) -> Result<()> {
+    let w = lock(writer);
+    if w.open != 0 {
+        return Ok(());
+    }
+    let writes = lock(series).refresh(now, |s| (s.stored, s.count, s.last_observed));
+    if writes.is_empty() {
+        return Ok(());
+    }
+    let tx = w.conn.unchecked_transaction().db()?;
+    let mut gone = Vec::new();
+    for (id, count, time) in writes {
+        if update_series(&tx, id, count, time)? == 0 {
+            gone.push(id);
+        }
+    }
+    tx.commit().db()?;
+    let mut book = lock(series);
+    for id in gone {
+        book.forget(&id);
+    }
+    Ok(())
+}
+
+/// Sets the count and last time of the series in row `id`; the rows changed (0: the row is gone,
+/// trimmed away or never committed).
+fn update_series(conn: &Connection, id: i64, count: i32, time: crate::resources::Time) -> Result<usize> {
+    conn.prepare_cached("UPDATE events SET count = ?2, time = ?3 WHERE id = ?1")
+        .db()?
+        .execute(params![id, count, time.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)])
+        .db()
+}
+
+impl Drop for SqliteBackend {
+    fn drop(&mut self) {
+        // The counts that grew since the poller last wrote them.
+        let after_all = std::time::Instant::now() + super::series::SERIES_WINDOW * 2;
+        if let Err(e) = write_series(&self.writer, &self.series, after_all) {
+            tracing::warn!("store: writing event series counts: {}", driver_sdk::error_chain(&e));
+        }
     }
 }
 
@@ -873,12 +958,36 @@ impl Backend for SqliteBackend {
     }
 
     async fn record_event(&self, e: Event) -> Result<()> {
-        let trim = {
+        let now = std::time::Instant::now();
+        // A later repeat in a series is only counted; the poller writes the count.
+        let repeat = match lock(&self.series).see(&e, now) {
+            Seen::Counted => return Ok(()),
+            Seen::Repeated(s) => Some((s.stored, s.count, s.last_observed)),
+            Seen::First => None,
+        };
+        let trim = repeat.is_none() && {
             let mut n = lock(&self.events_written);
             *n += 1;
             (*n).is_multiple_of(1000)
         };
         self.batched(|conn, _| {
+            let mut book = lock(&self.series);
+            let repeat = match repeat {
+                Some(r) => Some(r),
+                // Decided again under the writer's lock: a write of the same series may have
+                // started it since.
+                None => match book.see(&e, now) {
+                    Seen::Counted => return Ok(((), None)),
+                    Seen::Repeated(s) => Some((s.stored, s.count, s.last_observed)),
+                    Seen::First => None,
+                },
+            };
+            if let Some((id, count, time)) = repeat {
+                if update_series(conn, id, count, time)? == 0 {
+                    book.forget(&id);
+                }
+                return Ok(((), None));
+            }
             conn.prepare_cached("INSERT INTO events(kind, namespace, name, type, reason, message, time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)").db()?
             .execute(params![
                 e.key.kind.as_str(),
@@ -889,6 +998,7 @@ impl Backend for SqliteBackend {
                 e.message,
                 e.time.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
             ]).db()?;
+            book.opened(&e, conn.last_insert_rowid(), now);
             if trim {
                 // Keep the newest 50,000 events.
                 conn.prepare_cached("DELETE FROM events WHERE id < (SELECT MAX(id) - 50000 FROM events)").db()?.execute([]).db()?;
@@ -903,18 +1013,24 @@ impl Backend for SqliteBackend {
         let mut stmt = w
             .conn
             .prepare_cached(
-                "SELECT type, reason, message, time FROM events WHERE kind = ?1 AND namespace = ?2 AND name = ?3
+                "SELECT type, reason, message, time, count FROM events WHERE kind = ?1 AND namespace = ?2 AND name = ?3
              ORDER BY id DESC LIMIT ?4",
             )
             .db()?;
         let mut out: Vec<Event> = stmt
             .query_map(params![key.kind.as_str(), key.namespace, key.name, limit as i64], |r| {
                 let time: String = r.get(3)?;
+                let mut message: String = r.get(2)?;
+                // A series is one row standing for many, read as the Kubernetes backend reads one.
+                let count: i64 = r.get(4)?;
+                if count > 1 {
+                    message.push_str(&format!(" (x{count})"));
+                }
                 Ok(Event {
                     key: key.clone(),
                     event_type: r.get(0)?,
                     reason: r.get(1)?,
-                    message: r.get(2)?,
+                    message,
                     time: chrono::DateTime::parse_from_rfc3339(&time)
                         .map(|t| t.with_timezone(&chrono::Utc))
                         .unwrap_or_default(),

@@ -161,6 +161,74 @@ async fn list_with_selects_by_namespace_and_labels() {
     assert_eq!(got, ["m1", "m3"]);
 }
 
+/// A burst of one event on one object, recorded from many tasks at once (a rollout telling of
+/// each machine on its deployment), is one row: the first message, and the count the poller
+/// writes within a second or two. Another process reads it so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_one_event_is_one_row_whose_count_the_poller_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = Store::open(&path).unwrap();
+    let owner = store.create(&class("md", "small")).await.unwrap();
+    let tasks: Vec<_> = (0..500)
+        .map(|i| {
+            let (store, meta) = (store.clone(), owner.metadata.clone());
+            tokio::spawn(async move {
+                store.event(Kind::MachineClass, &meta, crate::events::EventReason::Created, format!("m{i}")).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    store.event(Kind::MachineClass, &owner.metadata, crate::events::EventReason::Deleted, "other").await;
+    let key = Key::new(Kind::MachineClass, "default", "md");
+    let reader = Store::open(&path).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let events = reader.backend().events(&key, 10).await.unwrap();
+        let got: Vec<(&str, &str)> = events.iter().map(|e| (e.reason.as_str(), e.message.as_str())).collect();
+        assert_eq!(got.len(), 2, "one row per series: {got:?}");
+        assert_eq!(got[1], ("Deleted", "other"));
+        assert!(got[0].0 == "Created" && got[0].1.starts_with('m'), "{got:?}");
+        if got[0].1.ends_with(" (x500)") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the count was not written: {got:?}");
+        // Deliberate: the interval between polls of a condition with a deadline.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rows: i64 =
+        rusqlite::Connection::open(&path).unwrap().query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 2);
+}
+
+/// A store file from before event series gets the `count` column, each old row one event, and
+/// reads and records as any other.
+#[tokio::test]
+async fn a_store_from_before_event_series_is_upgraded_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE events(id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT, namespace TEXT, name TEXT,
+                type TEXT, reason TEXT, message TEXT, time TEXT);
+             INSERT INTO events(kind, namespace, name, type, reason, message, time)
+                VALUES ('MachineClass', 'default', 'c', 'Normal', 'Validated', 'old', '2026-01-01T00:00:00.000Z');",
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let c = store.create(&class("c", "small")).await.unwrap();
+    store.event(Kind::MachineClass, &c.metadata, crate::events::EventReason::Invalid, "new").await;
+    let events = store.backend().events(&Key::new(Kind::MachineClass, "default", "c"), 10).await.unwrap();
+    let got: Vec<&str> = events.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(got, ["old", "new"]);
+    // A second process opening it finds the column there.
+    drop(Store::open(&path).unwrap());
+}
+
 #[test]
 fn status_only_change_compares_everything_but_status_and_resource_version() {
     let old = serde_json::json!({

@@ -1,11 +1,10 @@
 //! Events on the API server, aggregated into event series the way client-go's events broadcaster
-//! (`k8s.io/client-go/tools/events`) does: the first event about an object with a given reason
-//! is created; a repeat within [`SERIES_WINDOW`] turns it into a series (one PATCH at once, so
-//! `kubectl describe` shows that it repeats); later repeats only count in memory and reach the
-//! server at most once per [`SERIES_REFRESH`]. A burst of one warning on one object costs two
-//! requests, not one per occurrence.
+//! (`k8s.io/client-go/tools/events`) does ([`crate::store::series`]): the first event about an
+//! object with a given reason is created; the first repeat within the series window turns it
+//! into a series (one PATCH at once, so `kubectl describe` shows that it repeats); later repeats
+//! only count in memory and reach the server at most once per [`SERIES_REFRESH`]. A burst of one
+//! warning on one object costs two requests, not one per occurrence.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -15,7 +14,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
 
+use super::super::series::{Book, Seen, Series, SERIES_WINDOW};
 use super::super::Event;
+use crate::resources::Time;
 
 /// Who reports events.
 const REPORTING_CONTROLLER: &str = "machine.driver.dev/machine-controller";
@@ -23,33 +24,9 @@ const REPORTING_CONTROLLER: &str = "machine.driver.dev/machine-controller";
 /// The longest Event note the API server accepts (events.k8s.io/v1: 1 kB).
 const MAX_EVENT_NOTE: usize = 1024;
 
-/// A repeat later than this after the last one starts a new Event (client-go: 6 minutes).
-pub(super) const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
-
 /// How often a series' count reaches the server while it grows (client-go waits 30 minutes;
 /// a minute keeps `describe` close to the truth at one request per growing series).
 pub(super) const SERIES_REFRESH: Duration = Duration::from_secs(60);
-
-/// What makes two events the same series: the object and the reason (client-go's key, whose
-/// action and reporting controller are fixed here).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct SeriesKey {
-    kind: &'static str,
-    namespace: String,
-    name: String,
-    reason: String,
-}
-
-#[derive(Debug)]
-struct Series {
-    /// The Event's name on the server.
-    event: String,
-    count: i32,
-    last_seen: Instant,
-    last_observed: Timestamp,
-    /// The count grew since it was last written.
-    dirty: bool,
-}
 
 /// A write to the API server.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,33 +44,21 @@ pub(super) enum Write {
 #[derive(Debug)]
 pub(super) struct Recorder {
     instance: String,
-    series: HashMap<SeriesKey, Series>,
+    /// The open series, by the Event's namespace and name on the server.
+    series: Book<(String, String)>,
 }
 
 impl Recorder {
     pub(super) fn new(instance: String) -> Self {
-        Self { instance, series: HashMap::new() }
+        Self { instance, series: Book::default() }
     }
 
     /// The write one event needs now, if any. `uid` is the object's (empty when unknown).
-    pub(super) fn record(&mut self, e: &Event, uid: &str, now: Instant, wall: Timestamp) -> Option<Write> {
-        let key = SeriesKey {
-            kind: e.key.kind.as_str(),
-            namespace: e.key.namespace.clone(),
-            name: e.key.name.clone(),
-            reason: e.reason.clone(),
-        };
-        if let Some(s) = self.series.get_mut(&key) {
-            if now.duration_since(s.last_seen) <= SERIES_WINDOW {
-                s.count += 1;
-                s.last_seen = now;
-                s.last_observed = wall;
-                if s.count == 2 {
-                    return Some(series_write(&key, s));
-                }
-                s.dirty = true;
-                return None;
-            }
+    pub(super) fn record(&mut self, e: &Event, uid: &str, now: Instant) -> Option<Write> {
+        match self.series.see(e, now) {
+            Seen::Repeated(s) => return Some(series_write(s)),
+            Seen::Counted => return None,
+            Seen::First => {}
         }
         let suffix = uuid::Uuid::new_v4().simple().to_string();
         let name = format!("{}.{}", e.key.name, &suffix[..16]);
@@ -103,7 +68,7 @@ impl Recorder {
                 namespace: Some(e.key.namespace.clone()),
                 ..Default::default()
             },
-            event_time: Some(MicroTime(wall)),
+            event_time: Some(MicroTime(timestamp(e.time))),
             action: Some(e.reason.clone()),
             reason: Some(e.reason.clone()),
             note: Some(truncate(&e.message, MAX_EVENT_NOTE).to_string()),
@@ -120,22 +85,19 @@ impl Recorder {
             }),
             ..Default::default()
         };
-        self.series.insert(key, Series { event: name, count: 1, last_seen: now, last_observed: wall, dirty: false });
+        self.series.opened(e, (e.key.namespace.clone(), name), now);
         Some(Write::Create(Box::new(event)))
     }
 
     /// The counts that grew since they were written; forgets series that ended.
     pub(super) fn refresh(&mut self, now: Instant) -> Vec<Write> {
-        let mut writes = Vec::new();
-        for (key, s) in &mut self.series {
-            if s.dirty {
-                s.dirty = false;
-                writes.push(series_write(key, s));
-            }
-        }
-        self.series.retain(|_, s| now.duration_since(s.last_seen) <= SERIES_WINDOW);
-        writes
+        self.series.refresh(now, series_write)
     }
+}
+
+/// An event's time as the API server's types hold it.
+fn timestamp(t: Time) -> Timestamp {
+    Timestamp::new(t.timestamp(), t.timestamp_subsec_nanos() as i32).unwrap_or_else(|_| Timestamp::now())
 }
 
 /// The longest prefix of `s` within `max` bytes that ends on a character boundary.
@@ -147,11 +109,12 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-fn series_write(key: &SeriesKey, s: &Series) -> Write {
+fn series_write(s: &Series<(String, String)>) -> Write {
+    let (namespace, name) = s.stored.clone();
     Write::Series {
-        namespace: key.namespace.clone(),
-        name: s.event.clone(),
-        series: EventSeries { count: s.count, last_observed_time: MicroTime(s.last_observed) },
+        namespace,
+        name,
+        series: EventSeries { count: s.count, last_observed_time: MicroTime(timestamp(s.last_observed)) },
     }
 }
 
@@ -167,7 +130,7 @@ pub(super) async fn post(client: kube::Client, mut rx: mpsc::Receiver<(Event, St
     loop {
         let writes = tokio::select! {
             got = rx.recv() => match got {
-                Some((e, uid)) => recorder.record(&e, &uid, Instant::now(), Timestamp::now()).into_iter().collect(),
+                Some((e, uid)) => recorder.record(&e, &uid, Instant::now()).into_iter().collect(),
                 None => recorder.refresh(Instant::now() + SERIES_WINDOW * 2),
             },
             _ = refresh.tick() => recorder.refresh(Instant::now()),
@@ -228,19 +191,19 @@ mod tests {
     fn repeats_become_one_series_written_at_the_first_repeat_and_then_once_per_refresh() {
         let mut r = Recorder::new("test".into());
         let t0 = Instant::now();
-        let wall = Timestamp::now();
         let e = event("m", "OperationFailed");
-        let Some(Write::Create(created)) = r.record(&e, "uid-1", t0, wall) else { panic!("first is created") };
+        let Some(Write::Create(created)) = r.record(&e, "uid-1", t0) else { panic!("first is created") };
         assert_eq!(created.regarding.as_ref().and_then(|o| o.uid.as_deref()), Some("uid-1"));
         assert_eq!(created.note.as_deref(), Some("m OperationFailed"));
+        assert_eq!(created.event_time.as_ref().map(|t| t.0), Some(timestamp(e.time)));
         let name = created.metadata.name.clone().unwrap();
         // The first repeat is written at once, as a series of two on the same Event.
-        let second = r.record(&e, "uid-1", t0 + Duration::from_secs(1), wall).expect("series starts");
-        assert!(matches!(&second, Write::Series { name: n, .. } if *n == name));
+        let second = r.record(&e, "uid-1", t0 + Duration::from_secs(1)).expect("series starts");
+        assert!(matches!(&second, Write::Series { name: n, namespace, .. } if *n == name && namespace == "ns"));
         assert_eq!(count(&second), 2);
         // Later repeats only count...
         for i in 0..98 {
-            assert_eq!(r.record(&e, "uid-1", t0 + Duration::from_secs(2 + i), wall), None);
+            assert_eq!(r.record(&e, "uid-1", t0 + Duration::from_secs(2 + i)), None);
         }
         // ...until the refresh writes the count once.
         let writes = r.refresh(t0 + Duration::from_secs(100));
@@ -257,17 +220,13 @@ mod tests {
     }
 
     #[test]
-    fn other_objects_and_reasons_are_other_events_and_a_quiet_series_ends() {
+    fn other_objects_and_reasons_are_other_events_and_a_late_repeat_is_a_new_one() {
         let mut r = Recorder::new("test".into());
         let t0 = Instant::now();
-        let wall = Timestamp::now();
-        assert!(matches!(r.record(&event("a", "X"), "", t0, wall), Some(Write::Create(_))));
-        assert!(matches!(r.record(&event("b", "X"), "", t0, wall), Some(Write::Create(_))));
-        assert!(matches!(r.record(&event("a", "Y"), "", t0, wall), Some(Write::Create(_))));
-        // After the window a repeat is a new Event, and the old series is forgotten.
+        assert!(matches!(r.record(&event("a", "X"), "", t0), Some(Write::Create(_))));
+        assert!(matches!(r.record(&event("b", "X"), "", t0), Some(Write::Create(_))));
+        assert!(matches!(r.record(&event("a", "Y"), "", t0), Some(Write::Create(_))));
         let late = t0 + SERIES_WINDOW + Duration::from_secs(1);
-        assert!(matches!(r.record(&event("a", "X"), "", late, wall), Some(Write::Create(_))));
-        r.refresh(late);
-        assert_eq!(r.series.len(), 1, "only the live series is kept");
+        assert!(matches!(r.record(&event("a", "X"), "", late), Some(Write::Create(_))));
     }
 }
