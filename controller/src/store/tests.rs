@@ -100,6 +100,29 @@ async fn a_status_write_on_a_version_its_cache_has_not_seen_keeps_the_newer_spec
     assert_eq!(now.status.validated_generation, 2);
 }
 
+/// The other way round: `a` writes a status on the version its cache holds while another process
+/// has already moved the row on. The write is a conflict, and the other process's spec stays.
+#[tokio::test]
+async fn a_status_write_on_a_version_another_process_moved_on_from_is_a_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let a = Store::open(&path).unwrap();
+    a.create(&class("x", "small")).await.unwrap();
+    let mut stale = a.get::<MachineClass>("default", "x").await.unwrap().unwrap();
+    let b = Store::open(&path).unwrap();
+    b.apply(Kind::MachineClass, serde_json::to_value(class("x", "large")).unwrap()).await.unwrap();
+    stale.status.validated_generation = 7;
+    let err = a.replace_status(&stale).await.unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err:?}");
+    let now = Store::open(&path).unwrap().get::<MachineClass>("default", "x").await.unwrap().unwrap();
+    assert_eq!(now.spec.provider_spec["machineType"], "large");
+    assert_eq!(now.status.validated_generation, 0);
+    // A status write on a version that is gone altogether is not found.
+    b.delete(&Key::new(Kind::MachineClass, "default", "x")).await.unwrap();
+    let err = a.replace_status(&stale).await.unwrap_err();
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+}
+
 #[tokio::test]
 async fn apply_creates_then_updates_spec_and_labels_only() {
     let dir = tempfile::tempdir().unwrap();
