@@ -130,21 +130,21 @@ impl<H> Book<H> {
     }
 }
 
+/// A Warning event about Machine `ns/name`, now, for the tests of both backends' series.
+#[cfg(test)]
+pub(crate) fn event(name: &str, reason: &str) -> Event {
+    Event {
+        key: super::Key::new(crate::resources::Kind::Machine, "ns", name),
+        event_type: "Warning".into(),
+        reason: reason.into(),
+        message: format!("{name} {reason}"),
+        time: chrono::Utc::now(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::Kind;
-    use crate::store::Key;
-
-    fn event(name: &str, reason: &str) -> Event {
-        Event {
-            key: Key::new(Kind::Machine, "ns", name),
-            event_type: "Warning".into(),
-            reason: reason.into(),
-            message: format!("{name} {reason}"),
-            time: chrono::Utc::now(),
-        }
-    }
 
     #[test]
     fn repeats_are_written_at_the_first_repeat_and_then_once_per_refresh() {

@@ -167,18 +167,7 @@ async fn send(client: &kube::Client, write: Write) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::Kind;
-    use crate::store::Key;
-
-    fn event(name: &str, reason: &str) -> Event {
-        Event {
-            key: Key::new(Kind::Machine, "ns", name),
-            event_type: "Warning".into(),
-            reason: reason.into(),
-            message: format!("{name} {reason}"),
-            time: chrono::Utc::now(),
-        }
-    }
+    use crate::store::series::event;
 
     fn count(w: &Write) -> i32 {
         match w {
