@@ -993,27 +993,29 @@ impl Backend for SqliteBackend {
     async fn record_event(&self, e: Event) -> Result<()> {
         let now = std::time::Instant::now();
         // A later repeat in a series is only counted; the poller writes the count.
-        let repeat = match lock(&self.series).see(&e, now) {
+        let repeated = match lock(&self.series).see(&e, now) {
             Seen::Counted => return Ok(()),
-            Seen::Repeated(s) => Some((s.stored, s.count, s.last_observed)),
-            Seen::First => None,
+            Seen::Repeated(_) => true,
+            Seen::First => false,
         };
-        let trim = repeat.is_none() && {
+        let trim = !repeated && {
             let mut n = lock(&self.events_written);
             *n += 1;
             (*n).is_multiple_of(1000)
         };
         self.batched(|conn, _| {
+            // Under the writer's lock, which the poller's writes of counts take too: the count
+            // written is the series' count now, never one the poller has already passed.
             let mut book = lock(&self.series);
-            let repeat = match repeat {
-                Some(r) => Some(r),
-                // Decided again under the writer's lock: a write of the same series may have
-                // started it since.
-                None => match book.see(&e, now) {
+            let repeat = if repeated {
+                book.to_write(&e).map(|s| (s.stored, s.count, s.last_observed))
+            } else {
+                // Decided again: a write of the same series may have started it since.
+                match book.see(&e, now) {
                     Seen::Counted => return Ok(((), None)),
                     Seen::Repeated(s) => Some((s.stored, s.count, s.last_observed)),
                     Seen::First => None,
-                },
+                }
             };
             if let Some((id, count, time)) = repeat {
                 if update_series(conn, id, count, time)? == 0 {
