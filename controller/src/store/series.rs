@@ -105,7 +105,7 @@ impl<H> Book<H> {
 
     /// The series `e` belongs to, as it stands, for a backend about to write it (so it no longer
     /// counts as grown since written); `None` when there is none.
-    pub(crate) fn to_write(&mut self, e: &Event) -> Option<&Series<H>> {
+    pub(crate) fn writing(&mut self, e: &Event) -> Option<&Series<H>> {
         let s = self.series.get_mut(&SeriesKey::of(e))?;
         s.dirty = false;
         Some(s)
@@ -170,7 +170,7 @@ mod tests {
         }
         // A backend writing the series now writes what it stands at, and the refresh does not
         // write it again.
-        assert_eq!(book.to_write(&e).map(|s| s.count), Some(100));
+        assert_eq!(book.writing(&e).map(|s| s.count), Some(100));
         assert!(book.refresh(t0 + Duration::from_secs(100), |s| s.count).is_empty());
         book.see(&e, t0 + Duration::from_secs(101));
         let writes = book.refresh(t0 + Duration::from_secs(102), |s| (s.stored, s.count));

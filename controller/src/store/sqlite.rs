@@ -1008,7 +1008,7 @@ impl Backend for SqliteBackend {
             // written is the series' count now, never one the poller has already passed.
             let mut book = lock(&self.series);
             let repeat = if repeated {
-                book.to_write(&e).map(|s| (s.stored, s.count, s.last_observed))
+                book.writing(&e).map(|s| (s.stored, s.count, s.last_observed))
             } else {
                 // Decided again: a write of the same series may have started it since.
                 match book.see(&e, now) {
