@@ -137,6 +137,16 @@ pub enum Error {
         #[source]
         source: Option<BoxError>,
     },
+    /// A stored object's text does not parse as its kind: a store file edited by hand, a
+    /// damaged restore.
+    #[error("{key}: the stored object cannot be read")]
+    Unreadable {
+        /// Which.
+        key: Key,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
     /// (De)serialization of an object failed.
     #[error("store data error")]
     Json(#[from] serde_json::Error),
@@ -492,8 +502,9 @@ impl Store {
     /// # Errors
     /// Database errors, or an object that does not parse as `T`.
     pub async fn get<T: Resource>(&self, namespace: &str, name: &str) -> Result<Option<T>> {
-        match self.backend.get(&Key::new(T::KIND, namespace, name)).await? {
-            Some(json) => Ok(Some(serde_json::from_str(&json)?)),
+        let key = Key::new(T::KIND, namespace, name);
+        match self.backend.get(&key).await? {
+            Some(json) => Ok(Some(serde_json::from_str(&json).map_err(|source| Error::Unreadable { key, source })?)),
             None => Ok(None),
         }
     }

@@ -93,6 +93,15 @@ impl Packed {
         out
     }
 
+    /// Whether `other` is this very packing (shared, not an equal copy).
+    pub(crate) fn same(&self, other: &Packed) -> bool {
+        match (&self.0, &other.0) {
+            (Repr::Lz4 { block: a, .. }, Repr::Lz4 { block: b, .. }) => Arc::ptr_eq(a, b),
+            (Repr::Plain(a), Repr::Plain(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// Bytes held (the block, or the plain text), for the tests.
     #[cfg(test)]
     pub(crate) fn packed_len(&self) -> usize {

@@ -461,6 +461,13 @@ impl SqliteBackend {
         (e.rv == rv).then(|| e.json.clone())
     }
 
+    /// The key of the cached object `packed` of `kind`, if the cache still holds it.
+    fn key_of(&self, kind: Kind, packed: &Packed) -> Option<Key> {
+        let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        let ((ns, name), _) = c.get(&kind)?.iter().find(|(_, e)| e.json.same(packed))?;
+        Some(Key::new(kind, ns, name))
+    }
+
     /// The cached objects of `kind` (shared, not copied), in key order.
     fn cached(&self, kind: Kind) -> Vec<Packed> {
         let c = self.cache.read().unwrap_or_else(|p| p.into_inner());
@@ -847,7 +854,15 @@ impl Backend for SqliteBackend {
 
     async fn scan(&self, kind: Kind, visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send)) -> Result<()> {
         for packed in self.cached(kind) {
-            packed.read(|json| visit(json))??;
+            match packed.read(|json| visit(json))? {
+                // An object the visitor cannot parse is named (looked up only now: the listing
+                // carries no keys, so that 10,000 of them are not copied for every scan).
+                Err(Error::Json(source)) => match self.key_of(kind, &packed) {
+                    Some(key) => return Err(Error::Unreadable { key, source }),
+                    None => return Err(Error::Json(source)),
+                },
+                other => other?,
+            }
         }
         Ok(())
     }

@@ -123,6 +123,35 @@ async fn a_status_write_on_a_version_another_process_moved_on_from_is_a_conflict
     assert!(matches!(err, Error::NotFound(_)), "{err:?}");
 }
 
+/// An object whose stored text does not parse is named in the error of a read by key and of a
+/// listing, so the log of a failing reconcile says which object to repair.
+#[tokio::test]
+async fn an_unreadable_object_is_named_by_reads_and_listings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = Store::open(&path).unwrap();
+    store.create(&class("good", "small")).await.unwrap();
+    store.create(&class("bad", "small")).await.unwrap();
+    drop(store);
+    let db = rusqlite::Connection::open(&path).unwrap();
+    assert_eq!(db.execute("UPDATE objects SET body = '{not json' WHERE name = 'bad'", []).unwrap(), 1);
+    drop(db);
+    let store = Store::open(&path).unwrap();
+    let named = |e: Error| match e {
+        Error::Unreadable { key, .. } => key,
+        other => panic!("not named: {other:?}"),
+    };
+    let bad = Key::new(Kind::MachineClass, "default", "bad");
+    assert_eq!(named(store.get::<MachineClass>("default", "bad").await.unwrap_err()), bad);
+    assert_eq!(named(store.list::<MachineClass>().await.unwrap_err()), bad);
+    let chain = driver_sdk::error_chain(&store.list::<MachineClass>().await.unwrap_err());
+    assert!(
+        chain.starts_with("MachineClass/default/bad: the stored object cannot be read: key must be a string"),
+        "{chain}"
+    );
+    assert!(store.get::<MachineClass>("default", "good").await.unwrap().is_some());
+}
+
 #[tokio::test]
 async fn apply_creates_then_updates_spec_and_labels_only() {
     let dir = tempfile::tempdir().unwrap();
