@@ -324,7 +324,7 @@ async fn an_unreadable_stored_object_is_named_not_hidden() {
         db.execute("UPDATE objects SET body = '{not json' WHERE kind = 'Machine' AND name = 'broken'", []).unwrap();
     assert_eq!(changed, 1);
     drop(db);
-    let named = |err: &str| err.contains("Machine/default/broken") && err.contains("not valid JSON");
+    let named = |err: &str| err.contains("Machine/default/broken: the stored object cannot be read");
     // The list shows what it can read, names what it cannot, and does not exit 0.
     let (code, out, err) = w.cli(&["get", "machines"]).await;
     assert_eq!(code, 1, "{out}{err}");

@@ -418,7 +418,8 @@ fn print_table(rows: Vec<Vec<String>>) {
 /// The stored object as JSON. One that does not parse (a store file edited by hand, a damaged
 /// restore) is an error that names it: `get` and `describe` never pass over it in silence.
 fn stored_json(key: &Key, json: &str) -> Result<Value, String> {
-    serde_json::from_str(json).map_err(|e| format!("{key}: the stored object is not valid JSON: {e}"))
+    serde_json::from_str(json)
+        .map_err(|source| driver_sdk::error_chain(&crate::store::Error::Unreadable { key: key.clone(), source }))
 }
 
 async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, output: Output) -> Result<(), Failure> {

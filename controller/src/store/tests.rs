@@ -14,11 +14,18 @@ fn class(name: &str, size: &str) -> MachineClass {
     )
 }
 
-#[tokio::test]
-async fn survives_reopen_and_sees_other_processes_writes() {
+/// A new store file in a folder of its own (gone with the folder): the folder, the file's path,
+/// and the store open on it.
+fn new_store() -> (tempfile::TempDir, std::path::PathBuf, Store) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
-    let a = Store::open(&path).unwrap();
+    let store = Store::open(&path).unwrap();
+    (dir, path, store)
+}
+
+#[tokio::test]
+async fn survives_reopen_and_sees_other_processes_writes() {
+    let (_dir, path, a) = new_store();
     let mut rx = a.subscribe();
     a.create(&class("one", "small")).await.unwrap();
     assert_eq!(rx.recv().await.unwrap().key.name, "one");
@@ -44,9 +51,7 @@ async fn survives_reopen_and_sees_other_processes_writes() {
 /// stream of this process's own is still seen, once, and each own write is announced once.
 #[tokio::test]
 async fn another_processes_write_is_seen_among_a_stream_of_own_writes() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.db");
-    let a = Store::open(&path).unwrap();
+    let (_dir, path, a) = new_store();
     a.create(&class("busy", "small")).await.unwrap();
     let mut rx = a.subscribe();
     let b = Store::open(&path).unwrap();
@@ -83,9 +88,7 @@ async fn another_processes_write_is_seen_among_a_stream_of_own_writes() {
 
 #[tokio::test]
 async fn a_status_write_on_a_version_its_cache_has_not_seen_keeps_the_newer_spec() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.db");
-    let a = Store::open(&path).unwrap();
+    let (_dir, path, a) = new_store();
     a.create(&class("x", "small")).await.unwrap();
     // Another process changes the spec; `a` writes a status on that version before its poller
     // has folded the change into its cache, so the status goes onto the row, not the cached text.
@@ -104,9 +107,7 @@ async fn a_status_write_on_a_version_its_cache_has_not_seen_keeps_the_newer_spec
 /// has already moved the row on. The write is a conflict, and the other process's spec stays.
 #[tokio::test]
 async fn a_status_write_on_a_version_another_process_moved_on_from_is_a_conflict() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.db");
-    let a = Store::open(&path).unwrap();
+    let (_dir, path, a) = new_store();
     a.create(&class("x", "small")).await.unwrap();
     let mut stale = a.get::<MachineClass>("default", "x").await.unwrap().unwrap();
     let b = Store::open(&path).unwrap();
@@ -127,9 +128,7 @@ async fn a_status_write_on_a_version_another_process_moved_on_from_is_a_conflict
 /// listing, so the log of a failing reconcile says which object to repair.
 #[tokio::test]
 async fn an_unreadable_object_is_named_by_reads_and_listings() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.db");
-    let store = Store::open(&path).unwrap();
+    let (_dir, path, store) = new_store();
     store.create(&class("good", "small")).await.unwrap();
     store.create(&class("bad", "small")).await.unwrap();
     drop(store);
@@ -154,8 +153,7 @@ async fn an_unreadable_object_is_named_by_reads_and_listings() {
 
 #[tokio::test]
 async fn apply_creates_then_updates_spec_and_labels_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let (_dir, _, store) = new_store();
     let (created, _) =
         store.apply(Kind::MachineClass, serde_json::to_value(class("a", "small")).unwrap()).await.unwrap();
     assert!(created);
@@ -196,8 +194,7 @@ fn concurrent_opens_of_a_new_store_all_succeed() {
 
 #[tokio::test]
 async fn list_with_selects_by_namespace_and_labels() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let (_dir, _, store) = new_store();
     for (ns, name, pool) in [("default", "m1", "p"), ("default", "m2", "q"), ("other", "m3", "p")] {
         let mut c = class(name, "small");
         c.metadata.namespace = ns.into();
@@ -218,9 +215,7 @@ async fn list_with_selects_by_namespace_and_labels() {
 /// writes within a second or two. Another process reads it so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_one_event_is_one_row_whose_count_the_poller_writes() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.db");
-    let store = Store::open(&path).unwrap();
+    let (_dir, path, store) = new_store();
     let owner = store.create(&class("md", "small")).await.unwrap();
     let tasks: Vec<_> = (0..500)
         .map(|i| {
