@@ -63,7 +63,7 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// from the in-memory cache of texts, so SQLite's pages serve only writes and the poller, and a
 /// page missing here is read from the OS's page cache. SQLite's default, 2 MB, was 2–4 MB of
 /// the controller's peak at 10,000 machines, and 256 KiB costs no measurable CPU at 10,000 or
-/// 100,000 (`docs/src/reference/benchmarks.md`, "Fourth round").
+/// 100,000 (`docs/src/reference/benchmarks-history.md`, "Fourth round").
 const CONNECTION_CACHE_KIB: i64 = -256;
 
 /// How often a growing event series' count is written (by the poller). An UPDATE of one row a

@@ -11,7 +11,7 @@ use driver_sdk::{telemetry, DriverServer, ServeArgs};
 use fake_driver::{Config, FakeCloudService, FakeDriver, FaultRule};
 
 /// mimalloc: about 17% less server CPU per call than glibc malloc on the SDK overhead benchmark
-/// (docs/src/reference/benchmarks.md), for about 2 MiB more peak RSS.
+/// (docs/src/reference/benchmarks-history.md), for about 2 MiB more peak RSS.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -118,7 +118,7 @@ simulated kubelets' Kubernetes client), which this one was not: \
 
 /// One thread: a sidecar serves one controller over a few connections, and tokio's
 /// current-thread runtime answers a unary call with about 17% less CPU than the multi-threaded
-/// one (no cross-thread wake-ups or work stealing; docs/src/reference/benchmarks.md). Nothing in
+/// one (no cross-thread wake-ups or work stealing; docs/src/reference/benchmarks-history.md). Nothing in
 /// the fake blocks a thread for long.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
