@@ -36,6 +36,21 @@ pub fn structural(schema: Value) -> Value {
     if o.get("additionalProperties") == Some(&Value::Bool(false)) {
         o.remove("additionalProperties");
     }
+    // An optional field whose type is itself a combination (`Option<IntOrPercent>`): schemars
+    // says `anyOf: [T, null]`; absent is what optional means in a structural schema, so it is T.
+    if let Some(Value::Array(variants)) = o.get("anyOf") {
+        let is_null = |v: &Value| v.get("enum") == Some(&json!([null])) || v.get("type") == Some(&json!("null"));
+        if variants.len() == 2 && variants.iter().any(is_null) {
+            let inner = variants.iter().find(|v| !is_null(v)).cloned();
+            o.remove("anyOf");
+            if let Some(Value::Object(inner)) = inner {
+                for (k, v) in inner {
+                    o.entry(k).or_insert(v);
+                }
+            }
+            return structural(Value::Object(o));
+        }
+    }
     for combinator in ["anyOf", "oneOf"] {
         // A documented unit enum: one string `enum` per variant → one `enum`.
         if let Some(Value::Array(variants)) = o.get(combinator) {

@@ -78,10 +78,14 @@ event_reasons! {
     /// MachineHealthCheck: more machines are unhealthy than `maxUnhealthy` allows; none is
     /// remediated.
     RemediationRestricted: Warning,
-    /// MachineHealthCheck: it deleted an unhealthy Machine, which its owner replaces.
-    MachineRemediated: Normal,
-    /// Machine: a MachineHealthCheck deleted it.
-    Remediated: Warning,
+    /// MachineHealthCheck: it found a Machine unhealthy (and, unless it only observes or the
+    /// Machine has no owner, asked the owner to remediate it).
+    MachineUnhealthy: Warning,
+    /// Machine: a MachineHealthCheck found it unhealthy.
+    Unhealthy: Warning,
+    /// MachineDeployment, MachinePool: a disruption budget (or a health check's short circuit)
+    /// began to hold disruptions back.
+    DisruptionBlocked: Normal,
     /// The Machine's owner (the Machine when it has none): a cloud machine runs after its create.
     Created: Normal,
     /// The Machine's owner (the Machine when it has none): a cloud machine runs the new spec
@@ -97,8 +101,9 @@ event_reasons! {
     CreationTimeout: Warning,
     /// Machine: unhealthy or missing in the cloud for `healthTimeoutSeconds`; it fails.
     HealthTimeout: Warning,
-    /// Machine: its deployment replaces it because it failed.
-    Replacing: Warning,
+    /// Machine: its owner takes it for remediation (failed, unhealthy or requested); a
+    /// replacement comes first where the surge allows.
+    Remediating: Warning,
     /// Machine: its deployment replaces it because the new template cannot be applied in place.
     ReplacingForUpdate: Normal,
     /// Machine: its cloud machine is deleted; the finalizer is removed.

@@ -15,6 +15,7 @@
 //! - [`plan`]: pure planners (rollouts, in-place updates, pool upgrades);
 //! - [`policy`]: the error policy (what a driver error means: retry, back off, fail, done);
 //! - [`runtime`]: work queue, workers, rate limits, backoff;
+//! - [`safety`]: whether the API servers answer; health timers start over after an outage;
 //! - [`reconcile`]: the machine, deployment, pool, health-check and orphan reconcilers;
 //! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`;
 //! - [`defaults`]: the default of every flag, shared by the CLI, the runtime's settings and the book.
@@ -37,4 +38,5 @@ pub mod reconcile;
 pub mod registry;
 pub mod resources;
 pub mod runtime;
+pub mod safety;
 pub mod store;

@@ -20,6 +20,6 @@ kinds! {
     MachinePool => MachinePool,
     /// One machine.
     Machine => Machine,
-    /// Deletes unhealthy Machines of deployments and pools (which replace them).
+    /// Marks unhealthy Machines; their deployments and pools remediate them.
     MachineHealthCheck => MachineHealthCheck,
 }

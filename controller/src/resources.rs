@@ -9,8 +9,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub mod checks;
+pub mod disruption;
 mod kind;
 mod state;
+pub use disruption::*;
 pub use kind::*;
 pub use state::*;
 
@@ -31,6 +33,16 @@ pub const LABEL_POOL: &str = "machine.driver.dev/pool";
 pub const LABEL_REVISION: &str = "machine.driver.dev/revision";
 /// Annotation that marks a Machine to be deleted first on scale-down.
 pub const ANNOTATION_DELETE: &str = "machine.driver.dev/delete-machine";
+/// Annotation that asks the owner to remediate (replace) this machine whatever its health
+/// (Cluster API's `remediate-machine`).
+pub const ANNOTATION_REMEDIATE: &str = "machine.driver.dev/remediate";
+/// Annotation that keeps this machine from being remediated (a failed machine kept for
+/// inspection): neither a health check nor its owner replaces it.
+pub const ANNOTATION_SKIP_REMEDIATION: &str = "machine.driver.dev/skip-remediation";
+/// Annotation the owner sets on a machine it took for a disruption, before it acts (value: the
+/// [`DisruptionReason`]): a machine being remediated counts against `remediation.maxInFlight`
+/// until it is gone, across restarts.
+pub const ANNOTATION_DISRUPTION: &str = "machine.driver.dev/disruption-reason";
 /// Cloud tag naming the controller instance that owns a cloud machine (orphan collection).
 pub const TAG_CONTROLLER: &str = "machine.driver.dev/controller";
 /// Cloud tag with the namespace/name of the owning Machine.
@@ -578,9 +590,15 @@ pub struct MachineDeploymentSpec {
     /// Machines of a new revision that may fail before the rollout is aborted and rolled back.
     #[serde(default = "default_failure_budget")]
     pub failure_budget: u32,
-    /// At most this many failed machines are replaced at once (meltdown protection).
-    #[serde(default = "default_max_replacements")]
-    pub max_concurrent_replacements: u32,
+    /// Deprecated: `remediation.maxInFlight` says the same (and wins when both are set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_replacements: Option<u32>,
+    /// How failed and unhealthy machines are replaced.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub remediation: RemediationSpec,
+    /// Disruption budgets: how many machines voluntary disruptions may take at once, and when.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub disruption: DisruptionSpec,
     /// A machine not Running this long after its create started is Failed.
     #[serde(default = "default_creation_timeout")]
     pub creation_timeout_seconds: u64,
@@ -649,8 +667,6 @@ pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: u64 = 600;
 /// `failureBudget` by default: a few failed machines of a new revision may be bad luck, more
 /// are the revision.
 pub const DEFAULT_FAILURE_BUDGET: u32 = 3;
-/// `maxConcurrentReplacements` by default: failed machines are replaced one at a time.
-pub const DEFAULT_MAX_CONCURRENT_REPLACEMENTS: u32 = 1;
 /// `creationTimeoutSeconds` by default: a VM create that has not led to a Running machine in 20
 /// minutes will not.
 pub const DEFAULT_CREATION_TIMEOUT_SECONDS: u64 = 1200;
@@ -672,9 +688,6 @@ fn default_progress_deadline() -> u64 {
 }
 fn default_failure_budget() -> u32 {
     DEFAULT_FAILURE_BUDGET
-}
-fn default_max_replacements() -> u32 {
-    DEFAULT_MAX_CONCURRENT_REPLACEMENTS
 }
 fn default_creation_timeout() -> u64 {
     DEFAULT_CREATION_TIMEOUT_SECONDS
@@ -756,7 +769,10 @@ pub struct MachineDeploymentStatus {
     /// Good revisions, newest last (for rollback).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub revision_history: Vec<RevisionRecord>,
-    /// Conditions: Available, Progressing.
+    /// What is down, what the disruption budgets allow and what they hold back.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub disruption: DisruptionStatus,
+    /// Conditions: Available, Progressing, DisruptionBlocked, Valid.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -806,7 +822,8 @@ impl KindInfo for MachineDeployment {
     }
 
     fn validate(&self) -> Check {
-        checks::template(&self.spec.template)
+        checks::template(&self.spec.template)?;
+        checks::disruption(&self.spec.disruption)
     }
 
     fn describe_tail(status: &Value) -> String {
@@ -853,6 +870,12 @@ pub struct MachinePoolSpec {
     /// go (default 600).
     #[serde(default = "default_volume_detach_timeout")]
     pub volume_detach_timeout_seconds: u64,
+    /// How failed and unhealthy instances are replaced.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub remediation: RemediationSpec,
+    /// Disruption budgets: how many instances voluntary disruptions may take at once, and when.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub disruption: DisruptionSpec,
 }
 
 /// Observed state of a MachinePool.
@@ -883,8 +906,12 @@ pub struct MachinePoolStatus {
     /// The last driver call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_operation: Option<LastOperation>,
-    /// `Ready` (every instance ready on the latest model), `OperationTokenUnusable`, and the
-    /// environment's (`QuotaExceeded`, `CloudCredentialsRefused`, `CloudUnavailable`).
+    /// What is down, what the disruption budgets allow and what they hold back.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub disruption: DisruptionStatus,
+    /// `Ready` (every instance ready on the latest model), `OperationTokenUnusable`,
+    /// `DisruptionBlocked`, `Valid`, and the environment's (`QuotaExceeded`,
+    /// `CloudCredentialsRefused`, `CloudUnavailable`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -919,7 +946,8 @@ impl KindInfo for MachinePool {
     }
 
     fn validate(&self) -> Check {
-        checks::template(&self.spec.template)
+        checks::template(&self.spec.template)?;
+        checks::disruption(&self.spec.disruption)
     }
 }
 
@@ -1325,9 +1353,26 @@ pub struct MachineHealthCheckSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unhealthy_conditions: Vec<UnhealthyCondition>,
     /// Remediation stops while more Machines than this are unhealthy (default `100%`): a
-    /// number or a percentage of the checked Machines (rounded down).
+    /// number or a percentage of the checked Machines (rounded down). A Machine whose Node
+    /// condition is unhealthy counts from the moment it is, before its timeout runs out, so a
+    /// zone going dark is seen whole before the first timeout.
     #[serde(default = "all_machines")]
     pub max_unhealthy: IntOrPercent,
+    /// `Remediate` (default): unhealthy Machines are marked and their owners replace them.
+    /// `Observe`: they are marked and reported, never remediated.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub mode: HealthCheckMode,
+}
+
+/// What a MachineHealthCheck does with the unhealthy Machines it finds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum HealthCheckMode {
+    /// Mark them (`HealthCheckSucceeded=False`) and ask their owners to remediate them
+    /// (`OwnerRemediated=False`).
+    #[default]
+    Remediate,
+    /// Mark and report them only (Cluster API #11826).
+    Observe,
 }
 
 fn all_machines() -> IntOrPercent {
@@ -1336,7 +1381,12 @@ fn all_machines() -> IntOrPercent {
 
 impl Default for MachineHealthCheckSpec {
     fn default() -> Self {
-        Self { selector: LabelSelector::default(), unhealthy_conditions: Vec::new(), max_unhealthy: all_machines() }
+        Self {
+            selector: LabelSelector::default(),
+            unhealthy_conditions: Vec::new(),
+            max_unhealthy: all_machines(),
+            mode: HealthCheckMode::default(),
+        }
     }
 }
 
@@ -1364,8 +1414,9 @@ pub struct MachineHealthCheckStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// A MachineHealthCheck: deletes unhealthy Machines of deployments and pools, which replace
-/// them (Cluster API's MachineHealthCheck, simplified).
+/// A MachineHealthCheck: marks unhealthy Machines, and asks the deployments and pools that own
+/// them to remediate them (Cluster API's MachineHealthCheck, simplified): it deletes nothing
+/// itself.
 pub type MachineHealthCheck = Object<MachineHealthCheckSpec, MachineHealthCheckStatus>;
 
 impl KindOf for MachineHealthCheck {
@@ -1477,7 +1528,17 @@ pub fn set_condition(
     reason: Reason,
     message: &str,
 ) -> bool {
-    let status = ConditionStatus::from(holds);
+    set_condition_status(conditions, condition_type, ConditionStatus::from(holds), reason, message)
+}
+
+/// [`set_condition`] with any status (`Unknown` too: a Node whose kubelet stopped reporting).
+pub fn set_condition_status(
+    conditions: &mut Vec<Condition>,
+    condition_type: ConditionType,
+    status: ConditionStatus,
+    reason: Reason,
+    message: &str,
+) -> bool {
     match conditions.iter_mut().find(|c| c.condition_type == condition_type) {
         Some(c) if c.status == status && c.reason == reason && c.message == message => false,
         Some(c) => {

@@ -96,6 +96,11 @@ impl Target {
         Ok(Self::new(kube::Client::try_from(config)?))
     }
 
+    /// Its client (for probes: [`crate::safety`]).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
     fn nodes(&self) -> Api<Node> {
         Api::all(self.client.clone())
     }

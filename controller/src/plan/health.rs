@@ -1,90 +1,130 @@
 //! MachineHealthCheck decisions (Cluster API's, simplified): which checked Machines are
-//! unhealthy, whether `maxUnhealthy` lets them be remediated, which are, and when to look again.
+//! unhealthy, whether `maxUnhealthy` short-circuits remediation, and which Machines to mark.
 //!
-//! A Machine is unhealthy when its phase is `Failed`, or when its Node's `Ready` condition (the
+//! A Machine is unhealthy when its phase is `Failed`, when its Node's `Ready` condition (the
 //! Machine's `NodeReady` condition) has had an `unhealthyConditions` status for at least its
-//! timeout. Remediation deletes the Machine; only Machines owned by a MachineDeployment or a
-//! MachinePool are remediated, since their owner replaces them (through the usual drain).
-//! While more Machines are unhealthy than `maxUnhealthy` allows, none is (a short circuit: a
-//! zone outage must not delete the whole fleet).
+//! timeout, or when it carries `machine.driver.dev/remediate`. The health check only **marks**:
+//! `HealthCheckSucceeded=False` on every unhealthy Machine, and `OwnerRemediated=False` on those
+//! an owner (MachineDeployment, MachinePool) is to remediate — unless the check only observes,
+//! the Machine carries `machine.driver.dev/skip-remediation`, or more Machines are unhealthy than
+//! `maxUnhealthy` allows (a short circuit: a zone outage must not take the whole fleet). The
+//! owners remediate ([`super::rollout`], [`super::pool`]) within their disruption planner's
+//! allowance.
+//!
+//! Timers start over after an outage: a condition's time counts from the later of its
+//! transition and `timers_since` (the end of the last outage of the API server or the target
+//! cluster, as the controller saw it), since nothing could be observed meanwhile.
 
 use std::time::Duration;
 
-use crate::resources::{condition, ConditionType, Kind, Machine, MachineHealthCheckSpec, Phase, Time};
+use crate::resources::{
+    condition, ConditionStatus, ConditionType, HealthCheckMode, Kind, Machine, MachineHealthCheckSpec, Phase, Reason,
+    Time, ANNOTATION_REMEDIATE, ANNOTATION_SKIP_REMEDIATION,
+};
 
 /// A checked Machine found unhealthy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unhealthy {
     /// The Machine's name.
     pub name: String,
+    /// Why, as a condition reason.
+    pub reason: Reason,
     /// Why, in words.
     pub why: String,
-    /// Whether an owner replaces it (a MachineDeployment or MachinePool controls it).
-    pub replaceable: bool,
+    /// Whether its owner is asked to remediate it (`OwnerRemediated=False`).
+    pub remediate: bool,
 }
 
 /// What a health check found and decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assessment {
-    /// Machines checked (not being deleted).
+    /// Machines checked (not being deleted, not skipped).
     pub expected: i64,
     /// Of those, the healthy ones.
     pub healthy: i64,
     /// The unhealthy ones, in name order.
     pub unhealthy: Vec<Unhealthy>,
+    /// Machines whose Node condition is unhealthy but whose timeout has not run out: they count
+    /// toward `maxUnhealthy` already.
+    pub pending: i64,
     /// `maxUnhealthy` resolved against `expected`.
     pub max_unhealthy: i64,
-    /// `max_unhealthy` minus the unhealthy, at least 0.
+    /// `max_unhealthy` minus the unhealthy and pending, at least 0.
     pub remediations_allowed: i64,
-    /// More unhealthy than `max_unhealthy`: nothing is remediated.
+    /// More unhealthy (or pending) than `max_unhealthy`: nothing is remediated.
     pub short_circuited: bool,
-    /// The Machines to delete now, in name order.
-    pub remediate: Vec<String>,
+    /// Healthy Machines that were marked unhealthy before: marked healthy again.
+    pub recovered: Vec<String>,
     /// When a healthy Machine's unhealthy condition times out, if one is running.
     pub recheck_after: Option<Duration>,
 }
 
-/// Assesses `machines` (the selector's, in the health check's namespace) at `now`.
+/// Assesses `machines` (the selector's, in the health check's namespace) at `now`; conditions
+/// count from `timers_since` at the earliest.
 ///
 /// # Errors
 /// A `maxUnhealthy` that is neither an integer ≥ 0 nor a percentage.
-pub fn assess(spec: &MachineHealthCheckSpec, machines: &[Machine], now: Time) -> Result<Assessment, String> {
-    let mut checked: Vec<&Machine> = machines.iter().filter(|m| !m.is_deleting()).collect();
+pub fn assess(
+    spec: &MachineHealthCheckSpec,
+    machines: &[Machine],
+    now: Time,
+    timers_since: Option<Time>,
+) -> Result<Assessment, String> {
+    let on = |m: &Machine, key: &str| m.metadata.annotations.get(key).is_some_and(|v| v != "false");
+    let mut checked: Vec<&Machine> =
+        machines.iter().filter(|m| !m.is_deleting() && !on(m, ANNOTATION_SKIP_REMEDIATION)).collect();
     checked.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut unhealthy = Vec::new();
+    let mut recovered = Vec::new();
+    let mut pending = 0;
     let mut recheck_after: Option<Duration> = None;
     for m in &checked {
-        match health(spec, m, now) {
+        let verdict = if on(m, ANNOTATION_REMEDIATE) {
+            Health::Unhealthy(Reason::RemediationRequested, "remediation requested (machine.driver.dev/remediate)".into())
+        } else {
+            health(spec, m, now, timers_since)
+        };
+        match verdict {
             Health::Healthy { recheck } => {
+                if recheck.is_some() {
+                    pending += 1;
+                }
                 recheck_after = match (recheck_after, recheck) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
+                };
+                let was_marked = condition(&m.status.conditions, ConditionType::HealthCheckSucceeded)
+                    .is_some_and(|c| c.status != ConditionStatus::True);
+                if was_marked {
+                    recovered.push(m.metadata.name.clone());
                 }
             }
-            Health::Unhealthy(why) => unhealthy.push(Unhealthy {
+            Health::Unhealthy(reason, why) => unhealthy.push(Unhealthy {
                 name: m.metadata.name.clone(),
+                reason,
                 why,
-                replaceable: matches!(m.owner(), Some((Kind::MachineDeployment | Kind::MachinePool, _))),
+                remediate: matches!(m.owner(), Some((Kind::MachineDeployment | Kind::MachinePool, _))),
             }),
         }
     }
     let expected = checked.len() as i64;
     let max_unhealthy = spec.max_unhealthy.resolve(expected, false).map_err(|why| format!("maxUnhealthy {why}"))?;
-    let count = unhealthy.len() as i64;
+    let count = unhealthy.len() as i64 + pending;
     let short_circuited = count > max_unhealthy;
-    let remediate = if short_circuited {
-        Vec::new()
-    } else {
-        unhealthy.iter().filter(|u| u.replaceable).map(|u| u.name.clone()).collect()
-    };
+    if short_circuited || spec.mode == HealthCheckMode::Observe {
+        for u in &mut unhealthy {
+            u.remediate = false;
+        }
+    }
     Ok(Assessment {
         expected,
-        healthy: expected - count,
+        healthy: expected - unhealthy.len() as i64,
         unhealthy,
+        pending,
         max_unhealthy,
         remediations_allowed: (max_unhealthy - count).max(0),
         short_circuited,
-        remediate,
+        recovered,
         recheck_after,
     })
 }
@@ -94,12 +134,16 @@ enum Health {
     Healthy {
         recheck: Option<Duration>,
     },
-    Unhealthy(String),
+    Unhealthy(Reason, String),
 }
 
-fn health(spec: &MachineHealthCheckSpec, m: &Machine, now: Time) -> Health {
+fn health(spec: &MachineHealthCheckSpec, m: &Machine, now: Time, timers_since: Option<Time>) -> Health {
     if m.status.phase == Phase::Failed {
-        return Health::Unhealthy("its phase is Failed".into());
+        let why = m.status.failure.as_ref().map_or_else(
+            || "its phase is Failed".to_string(),
+            |f| format!("its phase is Failed ({}: {})", f.reason, f.message),
+        );
+        return Health::Unhealthy(Reason::MachineFailed, why);
     }
     let mut recheck: Option<Duration> = None;
     let Some(ready) = condition(&m.status.conditions, ConditionType::NodeReady) else {
@@ -109,15 +153,19 @@ fn health(spec: &MachineHealthCheckSpec, m: &Machine, now: Time) -> Health {
         if ready.status != u.status {
             continue;
         }
-        let held = (now - ready.last_transition_time).to_std().unwrap_or_default();
+        let since = timers_since.map_or(ready.last_transition_time, |t| t.max(ready.last_transition_time));
+        let held = (now - since).to_std().unwrap_or_default();
         let timeout = Duration::from_secs(u.timeout_seconds);
         if held >= timeout {
-            return Health::Unhealthy(format!(
-                "its Node's Ready condition has been {} for {}s (timeout {}s)",
-                u.status,
-                held.as_secs(),
-                u.timeout_seconds
-            ));
+            return Health::Unhealthy(
+                Reason::NodeNotReady,
+                format!(
+                    "its Node's Ready condition has been {} for {}s (timeout {}s)",
+                    u.status,
+                    held.as_secs(),
+                    u.timeout_seconds
+                ),
+            );
         }
         let left = timeout - held;
         recheck = Some(recheck.map_or(left, |r| r.min(left)));
@@ -173,6 +221,16 @@ mod tests {
         m
     }
 
+    fn annotated(mut m: Machine, key: &str) -> Machine {
+        m.metadata.annotations.insert(key.into(), "true".into());
+        m
+    }
+
+    fn was_marked(mut m: Machine) -> Machine {
+        set_condition(&mut m.status.conditions, ConditionType::HealthCheckSucceeded, false, Reason::NodeNotReady, "");
+        m
+    }
+
     fn spec(max_unhealthy: Option<IntOrPercent>) -> MachineHealthCheckSpec {
         let max_unhealthy = max_unhealthy.unwrap_or(IntOrPercent::Str("100%".into()));
         MachineHealthCheckSpec {
@@ -190,134 +248,191 @@ mod tests {
                 },
             ],
             max_unhealthy,
+            mode: HealthCheckMode::Remediate,
         }
     }
 
     const MD: Option<Kind> = Some(Kind::MachineDeployment);
 
+    struct Row {
+        what: &'static str,
+        spec: MachineHealthCheckSpec,
+        machines: Vec<Machine>,
+        timers_since: Option<Time>,
+        unhealthy: &'static [&'static str],
+        remediate: &'static [&'static str],
+        allowed: i64,
+        short: bool,
+        recheck: Option<u64>,
+    }
+
+    fn row(what: &'static str, spec: MachineHealthCheckSpec, machines: Vec<Machine>) -> Row {
+        Row {
+            what,
+            spec,
+            machines,
+            timers_since: None,
+            unhealthy: &[],
+            remediate: &[],
+            allowed: 0,
+            short: false,
+            recheck: None,
+        }
+    }
+
     #[test]
     fn decisions_over_situations() {
         use IntOrPercent::{Int, Str};
-        struct Row {
-            what: &'static str,
-            max: Option<IntOrPercent>,
-            machines: Vec<Machine>,
-            unhealthy: &'static [&'static str],
-            remediate: &'static [&'static str],
-            allowed: i64,
-            short: bool,
-            recheck: Option<u64>,
-        }
+        let observe = MachineHealthCheckSpec { mode: HealthCheckMode::Observe, ..spec(None) };
         let rows = vec![
             Row {
-                what: "all healthy: nothing to do, nothing to wait for",
-                max: None,
-                machines: vec![machine("a", MD), node_ready(machine("b", MD), ConditionStatus::True, 9999)],
-                unhealthy: &[],
-                remediate: &[],
                 allowed: 2,
-                short: false,
-                recheck: None,
+                ..row(
+                    "all healthy: nothing to do, nothing to wait for",
+                    spec(None),
+                    vec![machine("a", MD), node_ready(machine("b", MD), ConditionStatus::True, 9999)],
+                )
             },
             Row {
-                what: "not ready for less than the timeout: healthy, look again when it runs out",
-                max: None,
-                machines: vec![node_ready(machine("a", MD), ConditionStatus::False, 200)],
-                unhealthy: &[],
-                remediate: &[],
-                allowed: 1,
-                short: false,
+                allowed: 0,
                 recheck: Some(100),
+                ..row(
+                    "not ready for less than the timeout: healthy, but it counts toward maxUnhealthy; look again when it runs out",
+                    spec(None),
+                    vec![node_ready(machine("a", MD), ConditionStatus::False, 200)],
+                )
             },
             Row {
-                what: "not ready past the timeout, and a failed machine: both remediated",
-                max: None,
-                machines: vec![
-                    node_ready(machine("a", MD), ConditionStatus::False, 300),
-                    failed(machine("b", Some(Kind::MachinePool))),
-                    machine("c", MD),
-                ],
                 unhealthy: &["a", "b"],
                 remediate: &["a", "b"],
                 allowed: 1,
-                short: false,
-                recheck: None,
+                ..row(
+                    "not ready past the timeout, and a failed machine: both marked for their owners",
+                    spec(None),
+                    vec![
+                        node_ready(machine("a", MD), ConditionStatus::False, 300),
+                        failed(machine("b", Some(Kind::MachinePool))),
+                        machine("c", MD),
+                    ],
+                )
             },
             Row {
-                what: "Unknown has its own timeout",
-                max: None,
-                machines: vec![
-                    node_ready(machine("a", MD), ConditionStatus::Unknown, 400),
-                    node_ready(machine("b", MD), ConditionStatus::Unknown, 601),
-                ],
                 unhealthy: &["b"],
                 remediate: &["b"],
-                allowed: 1,
-                short: false,
+                allowed: 0,
                 recheck: Some(200),
+                ..row(
+                    "Unknown has its own timeout",
+                    spec(None),
+                    vec![
+                        node_ready(machine("a", MD), ConditionStatus::Unknown, 400),
+                        node_ready(machine("b", MD), ConditionStatus::Unknown, 601),
+                    ],
+                )
             },
             Row {
-                what: "a machine nobody replaces is reported, not deleted",
-                max: None,
-                machines: vec![failed(machine("lone", None)), machine("b", MD)],
                 unhealthy: &["lone"],
-                remediate: &[],
                 allowed: 1,
-                short: false,
-                recheck: None,
+                ..row(
+                    "a machine nobody replaces is marked, never remediated",
+                    spec(None),
+                    vec![failed(machine("lone", None)), machine("b", MD)],
+                )
             },
             Row {
-                what: "40% of 5 is 2: two unhealthy may be remediated, none more",
-                max: Some(Str("40%".into())),
-                machines: vec![
-                    failed(machine("a", MD)),
-                    failed(machine("b", MD)),
-                    machine("c", MD),
-                    machine("d", MD),
-                    machine("e", MD),
-                ],
                 unhealthy: &["a", "b"],
                 remediate: &["a", "b"],
-                allowed: 0,
-                short: false,
-                recheck: None,
+                ..row(
+                    "40% of 5 is 2: two unhealthy may be remediated, none more",
+                    spec(Some(Str("40%".into()))),
+                    vec![
+                        failed(machine("a", MD)),
+                        failed(machine("b", MD)),
+                        machine("c", MD),
+                        machine("d", MD),
+                        machine("e", MD),
+                    ],
+                )
             },
             Row {
-                what: "40% of 4 rounds down to 1: two unhealthy is too many",
-                max: Some(Str("40%".into())),
-                machines: vec![failed(machine("a", MD)), failed(machine("b", MD)), machine("c", MD), machine("d", MD)],
                 unhealthy: &["a", "b"],
-                remediate: &[],
-                allowed: 0,
                 short: true,
-                recheck: None,
+                ..row(
+                    "40% of 4 rounds down to 1: two unhealthy is too many",
+                    spec(Some(Str("40%".into()))),
+                    vec![failed(machine("a", MD)), failed(machine("b", MD)), machine("c", MD), machine("d", MD)],
+                )
             },
             Row {
-                what: "maxUnhealthy 0 stops every remediation",
-                max: Some(Int(0)),
-                machines: vec![failed(machine("a", MD)), machine("b", MD)],
                 unhealthy: &["a"],
-                remediate: &[],
-                allowed: 0,
                 short: true,
-                recheck: None,
+                recheck: Some(299),
+                ..row(
+                    "3 of 5 Nodes down at once, one of them just past its timeout: the short circuit holds before the others' timeouts run out",
+                    spec(Some(Str("40%".into()))),
+                    vec![
+                        node_ready(machine("a", MD), ConditionStatus::False, 300),
+                        node_ready(machine("b", MD), ConditionStatus::False, 1),
+                        node_ready(machine("c", MD), ConditionStatus::False, 1),
+                        machine("d", MD),
+                        machine("e", MD),
+                    ],
+                )
             },
             Row {
-                what: "machines being deleted are not checked",
-                max: Some(Int(1)),
-                machines: vec![deleting(failed(machine("a", MD))), failed(machine("b", MD)), machine("c", MD)],
+                unhealthy: &["a"],
+                short: true,
+                ..row("maxUnhealthy 0 stops every remediation", spec(Some(Int(0))), vec![failed(machine("a", MD)), machine("b", MD)])
+            },
+            Row {
                 unhealthy: &["b"],
                 remediate: &["b"],
+                ..row(
+                    "machines being deleted are not checked",
+                    spec(Some(Int(1))),
+                    vec![deleting(failed(machine("a", MD))), failed(machine("b", MD)), machine("c", MD)],
+                )
+            },
+            Row {
+                unhealthy: &["a"],
+                allowed: 1,
+                ..row("Observe: marked, never remediated", observe, vec![failed(machine("a", MD)), machine("b", MD)])
+            },
+            Row {
+                allowed: 1,
+                ..row(
+                    "skip-remediation: not checked at all",
+                    spec(None),
+                    vec![annotated(failed(machine("a", MD)), ANNOTATION_SKIP_REMEDIATION), machine("b", MD)],
+                )
+            },
+            Row {
+                unhealthy: &["a"],
+                remediate: &["a"],
+                allowed: 1,
+                ..row(
+                    "remediate annotation: unhealthy whatever its Node says",
+                    spec(None),
+                    vec![annotated(machine("a", MD), ANNOTATION_REMEDIATE), machine("b", MD)],
+                )
+            },
+            Row {
+                timers_since: Some(now() - chrono::Duration::seconds(60)),
                 allowed: 0,
-                short: false,
-                recheck: None,
+                recheck: Some(240),
+                ..row(
+                    "after an outage the timer starts over: 500 s NotReady, but only 60 s observed since",
+                    spec(None),
+                    vec![node_ready(machine("a", MD), ConditionStatus::False, 500)],
+                )
             },
         ];
         for r in rows {
-            let a = assess(&spec(r.max), &r.machines, now()).unwrap();
+            let a = assess(&r.spec, &r.machines, now(), r.timers_since).unwrap();
             let names: Vec<&str> = a.unhealthy.iter().map(|u| u.name.as_str()).collect();
             assert_eq!(names, r.unhealthy, "{}", r.what);
-            assert_eq!(a.remediate, r.remediate, "{}", r.what);
+            let remediate: Vec<&str> = a.unhealthy.iter().filter(|u| u.remediate).map(|u| u.name.as_str()).collect();
+            assert_eq!(remediate, r.remediate, "{}", r.what);
             assert_eq!(a.remediations_allowed, r.allowed, "{}", r.what);
             assert_eq!(a.short_circuited, r.short, "{}", r.what);
             assert_eq!(a.recheck_after, r.recheck.map(Duration::from_secs), "{}", r.what);
@@ -326,8 +441,16 @@ mod tests {
     }
 
     #[test]
+    fn a_machine_that_was_marked_and_is_healthy_again_is_recovered() {
+        let machines = vec![was_marked(node_ready(machine("a", MD), ConditionStatus::True, 10)), machine("b", MD)];
+        let a = assess(&spec(None), &machines, now(), None).unwrap();
+        assert_eq!(a.recovered, ["a"]);
+        assert!(a.unhealthy.is_empty());
+    }
+
+    #[test]
     fn a_bad_max_unhealthy_is_an_error_not_a_panic() {
-        let e = assess(&spec(Some(IntOrPercent::Str("lots".into()))), &[machine("a", MD)], now()).unwrap_err();
+        let e = assess(&spec(Some(IntOrPercent::Str("lots".into()))), &[machine("a", MD)], now(), None).unwrap_err();
         assert!(e.starts_with("maxUnhealthy "), "{e}");
     }
 }

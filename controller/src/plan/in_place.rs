@@ -31,8 +31,8 @@ pub enum Step {
     Skip,
 }
 
-/// The in-place budget of one reconcile: machines being updated (or replaced) count as
-/// unavailable, at most maxUnavailable at once.
+/// The in-place budget of one reconcile: how many machines may start updating (or be replaced),
+/// as the disruption planner allowed ([`super::disruption`]: `maxUnavailable`, the budgets).
 #[derive(Debug, Clone)]
 pub struct Budget {
     left: i64,
@@ -41,9 +41,9 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// `busy` machines are updating already.
-    pub fn new(max_unavailable: i64, busy: i64, fallback_to_replace: bool) -> Self {
-        Self { left: max_unavailable - busy, fallback_to_replace, blocked: BTreeMap::new() }
+    /// `allowed` machines may start now.
+    pub fn new(allowed: usize, fallback_to_replace: bool) -> Self {
+        Self { left: allowed as i64, fallback_to_replace, blocked: BTreeMap::new() }
     }
 
     /// Whether another machine may start now.
@@ -94,24 +94,23 @@ mod tests {
         Verdict::NeedsReplacement(vec![path.into()])
     }
 
-    /// (maxUnavailable, busy, fallbackToReplace, verdicts in order) → steps, and the condition.
+    /// (allowed, fallbackToReplace, verdicts in order) → steps, and the condition.
     #[test]
     fn in_place_steps_follow_the_budget_and_the_fallback() {
         use Step::*;
-        type Row = (i64, i64, bool, Vec<Verdict>, Vec<Step>, (&'static str, &'static str));
+        type Row = (usize, bool, Vec<Verdict>, Vec<Step>, (&'static str, &'static str));
         let rows: Vec<Row> = vec![
             // One at a time: the first updatable machine is patched, the rest wait.
-            (1, 0, false, vec![Verdict::Updatable, Verdict::Updatable], vec![Patch, Skip], ("True", "Updatable")),
-            // Two at a time, one already updating: one more.
-            (2, 1, false, vec![Verdict::Updatable, Verdict::Updatable], vec![Patch, Skip], ("True", "Updatable")),
-            // Budget used up by machines already updating: nothing starts.
-            (1, 1, false, vec![Verdict::Updatable], vec![Skip], ("True", "Updatable")),
+            (1, false, vec![Verdict::Updatable, Verdict::Updatable], vec![Patch, Skip], ("True", "Updatable")),
+            // One more may start: one is patched.
+            (1, false, vec![Verdict::Updatable, Verdict::Updatable], vec![Patch, Skip], ("True", "Updatable")),
+            // None may start (the planner held them): nothing starts.
+            (0, false, vec![Verdict::Updatable], vec![Skip], ("True", "Updatable")),
             // Unknown answers are skipped without using budget.
-            (1, 0, false, vec![Verdict::Unknown, Verdict::Updatable], vec![Skip, Patch], ("True", "Updatable")),
+            (1, false, vec![Verdict::Unknown, Verdict::Updatable], vec![Skip, Patch], ("True", "Updatable")),
             // Blocked machines use no budget, and the condition names them.
             (
                 1,
-                0,
                 false,
                 vec![needs("provider_spec.zone"), Verdict::Updatable],
                 vec![Blocked, Patch],
@@ -120,7 +119,6 @@ mod tests {
             // With fallbackToReplace they are replaced, within the budget.
             (
                 1,
-                0,
                 true,
                 vec![needs("provider_spec.zone"), Verdict::Updatable],
                 vec![Replace(vec!["provider_spec.zone".into()]), Skip],
@@ -128,15 +126,14 @@ mod tests {
             ),
             (
                 3,
-                0,
                 true,
                 vec![needs("(driver or class)"), Verdict::Updatable, needs("a")],
                 vec![Replace(vec!["(driver or class)".into()]), Patch, Replace(vec!["a".into()])],
                 ("True", "Updatable"),
             ),
         ];
-        for (i, (max_unavailable, busy, fallback, verdicts, want, (status, reason))) in rows.into_iter().enumerate() {
-            let mut budget = Budget::new(max_unavailable, busy, fallback);
+        for (i, (allowed, fallback, verdicts, want, (status, reason))) in rows.into_iter().enumerate() {
+            let mut budget = Budget::new(allowed, fallback);
             let steps: Vec<Step> =
                 verdicts.into_iter().enumerate().map(|(n, v)| budget.step(&format!("m{n}"), v)).collect();
             assert_eq!(steps, want, "row {i}");
@@ -148,7 +145,7 @@ mod tests {
 
     #[test]
     fn the_blocked_condition_lists_the_machines_sorted() {
-        let mut budget = Budget::new(1, 0, false);
+        let mut budget = Budget::new(1, false);
         budget.step("web-b", needs("x"));
         budget.step("web-a", needs("y"));
         let mut conditions = Vec::new();

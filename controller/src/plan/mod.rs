@@ -4,14 +4,18 @@
 //! planner is the model). The reconcilers observe, call a planner, act on its plan and write
 //! status once.
 //!
-//! - [`rollout`]: MachineDeployment rolling updates, scale up/down, failed-machine replacement,
-//!   failure budget and rollback, deletion priority;
-//! - [`health`]: MachineHealthCheck: unhealthy machines, maxUnhealthy, remediation;
+//! - [`disruption`]: how many of an owner's machines may be down: `maxUnavailable`, the
+//!   disruption budgets and the remediation limits, asked by every path that takes a machine;
+//! - [`rollout`]: MachineDeployment rolling updates, scale up/down, remediation of failed and
+//!   unhealthy machines, failure budget and rollback, deletion priority;
+//! - [`health`]: MachineHealthCheck: which machines are unhealthy, the maxUnhealthy short circuit
+//!   (it marks; owners remediate);
 //! - [`in_place`]: the InPlace strategy's per-machine decisions;
 //! - [`pool`]: MachinePool capacity, surge upgrades by deletion and maxSurge-0 upgrades.
 
 use crate::resources::{IntOrPercent, RollingUpdate};
 
+pub mod disruption;
 pub mod health;
 pub mod in_place;
 pub mod pool;

@@ -23,14 +23,24 @@
 //!   capacity would let the cloud pick another instance. A higher one (a scale-up, a template
 //!   change's surge) goes ahead: it removes nothing.
 //!
-//! [`plan`] classifies the instances, chooses the step ([`Step`]) with or without nodes, and
-//! the Ready condition to set; [`Plan::notes`] say why ([`Note`]). With nodes managed an
-//! instance is ready only once its Node is ([`Observed::ready`]).
+//! Every instance the pool takes away or disrupts is asked of the disruption planner
+//! ([`super::disruption`]) with its reason: `Rollout` (an upgrade by deletion), `InPlaceUpdate`
+//! (a reimage, maxSurge 0 without nodes), `ScaleDown` (fewer replicas) and `Remediation` (a
+//! failed instance, or one whose Machine a MachineHealthCheck marked or that is annotated
+//! `machine.driver.dev/remediate`). A remediated instance is replaced first where maxSurge allows
+//! (the capacity grows by one for it, as for an upgrade), and its Machine is marked and deleted
+//! once no replacement is still coming (the usual deletion: drain, then exactly that instance).
+//!
+//! [`plan`] classifies the instances, asks for remediation, chooses the step ([`Step`]) with or
+//! without nodes, and the Ready condition to set; [`Plan::notes`] say why ([`Note`]). With nodes
+//! managed an instance is ready only once its Node is ([`Observed::ready`]).
 
 use std::collections::HashSet;
 
+use super::disruption::{self, Candidate, Census, Planner, Report};
+use super::rollout::Remediation;
 use super::Limits;
-use crate::resources::{Phase, Reason, RollingUpdate};
+use crate::resources::{DisruptionBudget, DisruptionReason, Phase, Reason, RollingUpdate, Time};
 
 /// An instance's lifecycle state: the protocol's, as the SDK types it.
 pub use driver_sdk::InstanceState;
@@ -72,12 +82,36 @@ pub struct Instance {
     pub latest_model: bool,
     /// Its Machine says its Node is Ready (`NodeReady=True`); read only with nodes managed.
     pub node_ready: bool,
+    /// Why its Machine is to be remediated, if it is (a failed instance is, whatever its
+    /// Machine says).
+    pub remediation: Option<Remediation>,
+    /// Its Machine was taken for remediation before (marked): in flight until it is gone.
+    pub remediating: bool,
 }
 
 impl Instance {
+    /// An instance in `state` (running, on the latest model, its Node Ready, nothing to
+    /// remediate).
+    pub fn new(id: &str, state: InstanceState) -> Self {
+        Instance {
+            id: id.into(),
+            state,
+            running: true,
+            latest_model: true,
+            node_ready: true,
+            remediation: None,
+            remediating: false,
+        }
+    }
+
     /// Provisioned and running (its Node aside: see [`Observed::ready`]).
     pub fn ready(&self) -> bool {
         self.state == InstanceState::Running && self.running
+    }
+
+    /// Why it is to be remediated: its Machine's reason, or its own failure.
+    fn wants_remediation(&self) -> Option<Remediation> {
+        self.remediation.or((self.state == InstanceState::Failed).then_some(Remediation::Failed))
     }
 }
 
@@ -103,6 +137,16 @@ pub struct Observed<'a> {
     /// The controller manages the instances' Nodes (it has a target cluster): instances are
     /// removed only by deleting their Machines, which drains their Nodes first.
     pub nodes_managed: bool,
+    /// `spec.disruption.budgets`.
+    pub budgets: &'a [DisruptionBudget],
+    /// `remediation.maxInFlight`, resolved.
+    pub max_in_flight: i64,
+    /// No remediation starts before this (the pace in `status.disruption.remediation`).
+    pub remediation_not_before: Option<Time>,
+    /// What halts remediation now (a MachineHealthCheck's short circuit), if anything.
+    pub remediation_halted: Option<&'a str>,
+    /// The moment of the plan.
+    pub now: Time,
 }
 
 impl Observed<'_> {
@@ -110,6 +154,20 @@ impl Observed<'_> {
     /// its Node Ready.
     pub fn ready(&self, i: &Instance) -> bool {
         i.ready() && (!self.nodes_managed || i.node_ready)
+    }
+
+    /// Whether it is down: failed, updating, stopped, its Node not Ready, or going.
+    fn disrupted(&self, i: &Instance) -> bool {
+        match i.state {
+            InstanceState::Creating => false,
+            InstanceState::Failed | InstanceState::Updating | InstanceState::Deleting => true,
+            InstanceState::Running => self.deleting.contains(&i.id) || !self.ready(i),
+        }
+    }
+
+    /// How the disruption planner weighs an instance.
+    fn candidate(&self, i: &Instance) -> Candidate {
+        Candidate { available: self.ready(i), disrupted: self.disrupted(i) }
     }
 }
 
@@ -125,8 +183,9 @@ pub enum Step {
     Delete(Vec<String>),
     /// UpgradePoolInstances of these (maxSurge 0). Only without nodes.
     Upgrade(Vec<String>),
-    /// Delete the Machines of these instances (nodes managed: scale-down, and upgrades by
-    /// deletion). Each Machine's deletion drains its Node, then deletes exactly its instance.
+    /// Delete the Machines of these instances (nodes managed: scale-down and upgrades by
+    /// deletion; always: remediation). Each Machine's deletion drains its Node (with nodes),
+    /// then deletes exactly its instance.
     DeleteMachines(Vec<String>),
     /// Nothing to call; write status.
     Wait,
@@ -159,47 +218,48 @@ pub enum Note {
         /// Machines being deleted.
         deleting: usize,
     },
-    /// Nodes managed: ApplyPool waits, as a capacity below the instances the cloud still holds
-    /// would let it pick one.
+    /// ApplyPool waits, as a capacity below the instances the cloud still holds would let it
+    /// pick one.
     ApplyHeld {
         /// The capacity to apply.
         capacity: i64,
         /// Instances the cloud holds (draining ones included).
         held: i64,
     },
-    /// Nodes managed: more live instances than the capacity; the excess goes as Machines.
+    /// More live instances than the capacity; the excess goes (as Machines with nodes managed,
+    /// by a lower capacity without).
     AboveCapacity {
         /// Live instances.
         live: i64,
         /// The capacity.
         capacity: i64,
     },
+    /// Instances are taken for remediation now.
+    Remediating {
+        /// Their IDs.
+        instances: Vec<String>,
+    },
+    /// Instances taken for remediation wait for their replacements (replace before remove).
+    AwaitingReplacement {
+        /// How many.
+        instances: usize,
+    },
     /// Old-model instances are upgraded (by deletion, or in place with maxSurge 0 and no
-    /// nodes), `budget` ready ones at most (`ready − replicas + maxUnavailable`, in place
-    /// `maxUnavailable` less those not ready).
+    /// nodes): these many go now.
     Upgrading {
         /// Old-model instances.
         old: usize,
-        /// Ready ones that may go.
-        budget: i64,
+        /// Those taken now.
+        taken: usize,
     },
-    /// Old-model instances wait: none may go without leaving fewer than `min_ready` ready.
-    WaitingForReady {
-        /// Old-model instances.
-        old: usize,
-        /// Ready instances.
-        ready: i64,
-        /// `replicas − maxUnavailable`.
-        min_ready: i64,
-    },
-    /// maxSurge 0 without nodes: old-model instances wait, `maxUnavailable` are not ready.
-    WaitingForUnavailable {
-        /// Old-model instances.
-        old: usize,
-        /// Live instances not ready.
-        busy: i64,
-        /// maxUnavailable.
-        max_unavailable: i64,
+    /// The disruption planner held disruptions back.
+    Held {
+        /// The disruption.
+        reason: DisruptionReason,
+        /// Instances it would have taken.
+        instances: i64,
+        /// What held them.
+        hold: disruption::Hold,
     },
     /// `replicas` instances, all ready, on the latest model.
     Done,
@@ -210,10 +270,7 @@ impl Note {
     pub fn holds_back(&self) -> bool {
         matches!(
             self,
-            Note::RefillHeld { .. }
-                | Note::ApplyHeld { .. }
-                | Note::WaitingForReady { .. }
-                | Note::WaitingForUnavailable { .. }
+            Note::RefillHeld { .. } | Note::ApplyHeld { .. } | Note::Held { .. } | Note::AwaitingReplacement { .. }
         )
     }
 }
@@ -229,15 +286,12 @@ impl std::fmt::Display for Note {
                 write!(f, "capacity {capacity} waits: the cloud still holds {held} instances")
             }
             Note::AboveCapacity { live, capacity } => write!(f, "{live} instances for capacity {capacity}"),
-            Note::Upgrading { old, budget } => {
-                write!(f, "{old} old instance(s); {budget} ready one(s) may go")
+            Note::Remediating { instances } => write!(f, "remediating instance(s) {}", instances.join(", ")),
+            Note::AwaitingReplacement { instances } => {
+                write!(f, "{instances} instance(s) being remediated wait for their replacements")
             }
-            Note::WaitingForReady { old, ready, min_ready } => {
-                write!(f, "{old} old instance(s) wait: {ready} ready, {min_ready} required")
-            }
-            Note::WaitingForUnavailable { old, busy, max_unavailable } => {
-                write!(f, "{old} old instance(s) wait: {busy} not ready, maxUnavailable {max_unavailable}")
-            }
+            Note::Upgrading { old, taken } => write!(f, "{old} old instance(s); {taken} taken now"),
+            Note::Held { reason, instances, hold } => write!(f, "{instances} {reason} held: {hold}"),
             Note::Done => write!(f, "every instance ready on the latest model"),
         }
     }
@@ -259,6 +313,9 @@ pub struct Ready {
 pub struct Plan {
     /// The call to make.
     pub step: Step,
+    /// Instances whose Machines are taken for remediation now: marked before the step (they
+    /// count as in flight from then on).
+    pub mark: Vec<(String, Remediation)>,
     /// Instances not being deleted.
     pub replicas: i64,
     /// Of those, ready.
@@ -270,26 +327,38 @@ pub struct Plan {
     /// The Ready condition to set with [`Step::DeleteMachines`] and [`Step::Wait`] (after a
     /// call, its outcome sets it).
     pub ready: Option<Ready>,
+    /// What the disruption planner decided.
+    pub disruption: Report,
+    /// Instances that want remediation and are not taken (held).
+    pub waiting: Vec<String>,
     /// Why, in the order decided.
     pub notes: Vec<Note>,
 }
 
 /// The instances sorted by what the steps decide on, and the numbers they share.
 struct Classes<'a> {
-    limits: Limits,
     template_changed: bool,
     /// Not being deleted.
     live: Vec<&'a Instance>,
     /// Live, not on the latest model of the current template.
     old: Vec<&'a Instance>,
-    /// maxSurge, at most one per old instance.
+    /// Live and being remediated (marked before, or allowed now), in remediation order.
+    targets: Vec<&'a Instance>,
+    /// maxSurge, at most one per old instance or remediated one that waits for its replacement.
     surge: i64,
-    /// The capacity wanted: `replicas`, plus the surge while old instances remain.
+    /// The capacity wanted: `replicas`, plus the surge while old or remediated instances
+    /// remain.
     capacity: i64,
     /// Live and ready.
     ready: i64,
     /// Live and on the latest model of the current template.
     updated: i64,
+}
+
+impl Classes<'_> {
+    fn is_target(&self, i: &Instance) -> bool {
+        self.targets.iter().any(|t| t.id == i.id)
+    }
 }
 
 /// Where an instance goes in a deletion order: failed, annotated, unready, old model, the rest.
@@ -312,75 +381,145 @@ fn number(i: &Instance) -> u64 {
     i.id.parse::<u64>().unwrap_or(u64::MAX)
 }
 
-/// CAPZ's upgrade by deletion: old instances in order (failed, annotated, unready, ready; lowest
-/// ID first); unready ones cost no availability, ready ones go only within `budget`.
-fn upgrade_victims(o: &Observed<'_>, old: &[&Instance], budget: i64) -> Vec<String> {
-    let mut order: Vec<&Instance> = old.to_vec();
-    order.sort_by_key(|i| (rank(o, i, true), number(i)));
-    let mut left = budget;
-    let mut victims = Vec::new();
-    for i in order {
-        if !o.ready(i) {
-            victims.push(i.id.clone());
-        } else if left > 0 {
-            victims.push(i.id.clone());
-            left -= 1;
-        }
-    }
-    victims
-}
-
-/// A scale-down with nodes managed: `count` instances in the order failed, annotated, unready,
-/// old model, then the highest ID (the newest).
-fn scale_down_victims(o: &Observed<'_>, live: &[&Instance], old: &[&Instance], count: usize) -> Vec<String> {
-    let mut order: Vec<&Instance> = live.to_vec();
-    order.sort_by_key(|i| {
-        let is_old = old.iter().any(|x| x.id == i.id);
-        (rank(o, i, is_old), std::cmp::Reverse(number(i)), std::cmp::Reverse(i.id.clone()))
-    });
-    order.into_iter().take(count).map(|i| i.id.clone()).collect()
-}
-
-/// Plans one reconcile of a pool: classify, choose the one step (with or without nodes), then
-/// the Ready condition.
+/// Plans one reconcile of a pool: classify, remediation, choose the one step (with or without
+/// nodes), then the Ready condition.
 pub fn plan(o: Observed<'_>) -> Plan {
-    let c = classify(&o);
     let mut notes = Vec::new();
-    let step =
-        if o.nodes_managed { step_with_nodes(&o, &c, &mut notes) } else { step_without_nodes(&o, &c, &mut notes) };
-    let done = c.old.is_empty() && c.live.len() as i64 == o.replicas && c.ready == o.replicas;
+    let live: Vec<&Instance> =
+        o.instances.iter().filter(|i| i.state != InstanceState::Deleting && !o.deleting.contains(&i.id)).collect();
+    let limits = Limits::resolve(o.replicas, o.strategy);
+    let mut planner = Planner::new(census(&o, &live), limits_of(&o, &limits));
+    let (mark, targets) = remediation(&o, &live, &mut planner, &mut notes);
+    let mut c = classify(&o, live, targets, limits);
+    let go = remediated_now(&o, &c, &mut notes);
+    // Only the remediated instances that wait for a replacement keep room for one.
+    let waiting = c.targets.len() - go.len();
+    c.surge = limits.max_surge.min((c.old.len() + waiting) as i64);
+    c.capacity = o.replicas + c.surge;
+    let step = if o.nodes_managed {
+        step_with_nodes(&o, &c, &go, &mut planner, &mut notes)
+    } else {
+        step_without_nodes(&o, &c, &go, &mut planner, &mut notes)
+    };
+    let done = c.old.is_empty() && c.targets.is_empty() && c.live.len() as i64 == o.replicas && c.ready == o.replicas;
+    let report = planner.report();
+    notes.extend(report.held.iter().map(|h| Note::Held { reason: h.reason, instances: h.machines, hold: h.hold.clone() }));
     if done {
         notes.push(Note::Done);
     }
+    let waiting = c
+        .live
+        .iter()
+        .filter(|i| i.wants_remediation().is_some() && !c.is_target(i))
+        .map(|i| i.id.clone())
+        .collect();
     Plan {
         ready: ready_condition(&o, &c, &step, done, &notes),
         step,
+        mark,
         replicas: c.live.len() as i64,
         ready_replicas: c.ready,
         updated_replicas: c.updated,
         done,
+        disruption: report,
+        waiting,
         notes,
     }
 }
 
-/// Sorts the instances into live and old, and resolves the capacity.
-fn classify<'a>(o: &Observed<'a>) -> Classes<'a> {
-    let limits = Limits::resolve(o.replicas, o.strategy);
+/// The instances as the disruption planner counts them.
+fn census(o: &Observed<'_>, live: &[&Instance]) -> Census {
+    let new_unavailable =
+        live.iter().filter(|i| i.latest_model && o.applied_revision == o.revision && !o.ready(i)).count();
+    Census {
+        replicas: o.replicas,
+        live: live.len() as i64,
+        available: live.iter().filter(|i| o.ready(i)).count() as i64,
+        disrupted: o.instances.iter().filter(|i| o.disrupted(i)).count() as i64,
+        new_unavailable: new_unavailable as i64,
+        remediating: o.instances.iter().filter(|i| i.remediating).count() as i64,
+    }
+}
+
+fn limits_of<'a>(o: &Observed<'a>, limits: &Limits) -> disruption::Limits<'a> {
+    disruption::Limits {
+        max_unavailable: limits.max_unavailable,
+        budgets: o.budgets,
+        max_in_flight: o.max_in_flight,
+        remediation_not_before: o.remediation_not_before,
+        remediation_halted: o.remediation_halted,
+        now: o.now,
+    }
+}
+
+/// Remediation: instances already taken go on; each other live instance that wants it is asked
+/// of the disruption planner (failed first, then unhealthy, then requested; lowest ID first),
+/// and those allowed are marked.
+fn remediation<'a>(
+    o: &Observed<'_>,
+    live: &[&'a Instance],
+    planner: &mut Planner,
+    notes: &mut Vec<Note>,
+) -> (Vec<(String, Remediation)>, Vec<&'a Instance>) {
+    let mut targets: Vec<&Instance> = live.iter().copied().filter(|i| i.remediating).collect();
+    let mut wanting: Vec<(&Instance, Remediation)> =
+        live.iter().filter(|i| !i.remediating).filter_map(|i| Some((*i, i.wants_remediation()?))).collect();
+    wanting.sort_by_key(|(i, why)| (*why, number(i), i.id.clone()));
+    let mut mark = Vec::new();
+    for (i, why) in wanting {
+        if planner.ask(DisruptionReason::Remediation, o.candidate(i)).allowed() {
+            mark.push((i.id.clone(), why));
+            targets.push(i);
+        }
+    }
+    if !mark.is_empty() {
+        notes.push(Note::Remediating { instances: mark.iter().map(|(id, _)| id.clone()).collect() });
+    }
+    (mark, targets)
+}
+
+/// Sorts the live instances into old and resolves the capacity: room for the surge while old or
+/// remediated instances remain.
+fn classify<'a>(o: &Observed<'a>, live: Vec<&'a Instance>, targets: Vec<&'a Instance>, limits: Limits) -> Classes<'a> {
     let template_changed = o.applied_revision != o.revision;
-    let live: Vec<&Instance> =
-        o.instances.iter().filter(|i| i.state != InstanceState::Deleting && !o.deleting.contains(&i.id)).collect();
-    let old: Vec<&Instance> = live.iter().copied().filter(|i| !i.latest_model || template_changed).collect();
-    let surge = limits.max_surge.min(old.len() as i64);
-    let capacity = if old.is_empty() { o.replicas } else { o.replicas + surge };
+    let old: Vec<&Instance> = live
+        .iter()
+        .copied()
+        .filter(|i| (!i.latest_model || template_changed) && !targets.iter().any(|t| t.id == i.id))
+        .collect();
+    let surge = limits.max_surge.min((old.len() + targets.len()) as i64);
+    let capacity = o.replicas + surge;
     let ready = live.iter().filter(|i| o.ready(i)).count() as i64;
     let updated = live.iter().filter(|i| i.latest_model && !template_changed).count() as i64;
-    Classes { limits, template_changed, live, old, surge, capacity, ready, updated }
+    Classes { template_changed, live, old, targets, surge, capacity, ready, updated }
+}
+
+/// The instances being remediated that go now: as many wait as replacements are coming (live
+/// instances on the latest model not ready yet, not down, not being remediated; and, while the
+/// capacity has room for them, the ones the cloud is still to create); the others go, the first
+/// in remediation order.
+fn remediated_now(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> Vec<String> {
+    if c.targets.is_empty() {
+        return Vec::new();
+    }
+    let coming = c
+        .live
+        .iter()
+        .filter(|i| i.latest_model && !o.ready(i) && !o.disrupted(i) && !c.is_target(i))
+        .count() as i64;
+    let to_create = (c.capacity - c.live.len() as i64).max(0);
+    let waiting = (coming + to_create).min(c.targets.len() as i64) as usize;
+    let go = c.targets.len() - waiting;
+    if waiting > 0 {
+        notes.push(Note::AwaitingReplacement { instances: waiting });
+    }
+    c.targets[..go].iter().map(|i| i.id.clone()).collect()
 }
 
 /// Whether ApplyPool is due: a new template, another capacity, or instances missing (unless
 /// Machines are being deleted: then the cloud refills once they are gone).
-fn wants_apply(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> bool {
-    let (live, capacity) = (c.live.len() as i64, c.capacity);
+fn wants_apply(o: &Observed<'_>, c: &Classes<'_>, capacity: i64, notes: &mut Vec<Note>) -> bool {
+    let live = c.live.len() as i64;
     if c.template_changed {
         notes.push(Note::TemplateChanged { capacity });
     } else if o.applied_capacity != capacity {
@@ -396,68 +535,138 @@ fn wants_apply(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> bool
     true
 }
 
-/// Without nodes: apply, or upgrade old instances, by deletion with a surge (CAPZ) or in place
+/// ApplyPool with `capacity`, unless it is below the instances the cloud still holds (live ones
+/// and those whose Machines are being deleted) when that would let the cloud pick which go: with
+/// nodes managed always (only drained instances may go), without while Machines are being
+/// deleted (the cloud could take another instance than theirs).
+fn apply(o: &Observed<'_>, capacity: i64, notes: &mut Vec<Note>) -> Step {
+    let held =
+        o.instances.iter().filter(|i| i.state != InstanceState::Deleting || o.deleting.contains(&i.id)).count() as i64;
+    let guarded = o.nodes_managed || !o.deleting.is_empty();
+    if capacity >= held || !guarded {
+        return Step::Apply { capacity };
+    }
+    notes.push(Note::ApplyHeld { capacity, held });
+    Step::Wait
+}
+
+/// Without nodes: apply (a lower capacity only as far as the disruption planner allows a
+/// `ScaleDown`), remediate, or upgrade old instances, by deletion with a surge (CAPZ) or in place
 /// without.
-fn step_without_nodes(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> Step {
-    if wants_apply(o, c, notes) {
-        return Step::Apply { capacity: c.capacity };
+fn step_without_nodes(
+    o: &Observed<'_>,
+    c: &Classes<'_>,
+    go: &[String],
+    planner: &mut Planner,
+    notes: &mut Vec<Note>,
+) -> Step {
+    let live = c.live.len() as i64;
+    let mut capacity = c.capacity;
+    let above = o.applied_capacity.min(live) - capacity;
+    if above > 0 {
+        // A lower capacity lets the cloud pick which instances go: each is asked of the planner
+        // as a scale-down, and the capacity comes down only as far as it allows.
+        notes.push(Note::AboveCapacity { live, capacity });
+        let any = Candidate { available: true, disrupted: false };
+        let allowed = (0..above).filter(|_| planner.ask(DisruptionReason::ScaleDown, any).allowed()).count() as i64;
+        capacity += above - allowed;
+    }
+    if wants_apply(o, c, capacity, notes) {
+        return apply(o, capacity, notes);
+    }
+    if !go.is_empty() {
+        return Step::DeleteMachines(go.to_vec());
     }
     if c.old.is_empty() {
         return Step::Wait;
     }
     if c.surge > 0 {
         // CAPZ: delete old-model instances.
-        return upgrade_by_deletion(o, c, notes).map_or(Step::Wait, Step::Delete);
+        return upgrade_by_deletion(o, c, planner, notes).map_or(Step::Wait, Step::Delete);
     }
-    let busy = c.live.iter().filter(|i| !o.ready(i)).count() as i64;
-    let max_unavailable = c.limits.max_unavailable;
-    let budget = (max_unavailable - busy).max(0) as usize;
-    let ids: Vec<String> = c.old.iter().filter(|i| o.ready(i)).take(budget).map(|i| i.id.clone()).collect();
+    let mut ids = Vec::new();
+    for i in c.old.iter().filter(|i| o.ready(i)) {
+        if !planner.ask(DisruptionReason::InPlaceUpdate, o.candidate(i)).allowed() {
+            break;
+        }
+        ids.push(i.id.clone());
+    }
     if ids.is_empty() {
-        notes.push(Note::WaitingForUnavailable { old: c.old.len(), busy, max_unavailable });
         return Step::Wait;
     }
-    notes.push(Note::Upgrading { old: c.old.len(), budget: budget as i64 });
+    notes.push(Note::Upgrading { old: c.old.len(), taken: ids.len() });
     Step::Upgrade(ids)
 }
 
 /// Nodes managed: the pool chooses what goes, and it goes as Machines (drained first); ApplyPool
 /// never lets the cloud pick an instance.
-fn step_with_nodes(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> Step {
+fn step_with_nodes(
+    o: &Observed<'_>,
+    c: &Classes<'_>,
+    go: &[String],
+    planner: &mut Planner,
+    notes: &mut Vec<Note>,
+) -> Step {
     let (live, capacity) = (c.live.len() as i64, c.capacity);
+    // Remediated instances go with whatever else goes as Machines.
+    let mut ids = go.to_vec();
     if live > capacity {
         notes.push(Note::AboveCapacity { live, capacity });
-        return Step::DeleteMachines(scale_down_victims(o, &c.live, &c.old, (live - capacity) as usize));
-    }
-    if wants_apply(o, c, notes) {
-        // The instances the cloud still holds: a lower capacity would make it pick among them,
-        // and those whose Machines drain are not yet to go.
-        let held =
-            o.instances.iter().filter(|i| i.state != InstanceState::Deleting || o.deleting.contains(&i.id)).count()
-                as i64;
-        if capacity >= held {
-            return Step::Apply { capacity };
+        let excess = (live - capacity - go.len() as i64).max(0) as usize;
+        ids.extend(scale_down_victims(o, c, excess, planner));
+        if !ids.is_empty() {
+            return Step::DeleteMachines(ids);
         }
-        notes.push(Note::ApplyHeld { capacity, held });
-        return Step::Wait;
     }
-    if c.old.is_empty() {
-        return Step::Wait;
+    if wants_apply(o, c, capacity, notes) {
+        return apply(o, capacity, notes);
     }
-    // Upgrades by deletion, with or without surge.
-    upgrade_by_deletion(o, c, notes).map_or(Step::Wait, Step::DeleteMachines)
+    if !c.old.is_empty() {
+        // Upgrades by deletion, with or without surge.
+        ids.extend(upgrade_by_deletion(o, c, planner, notes).unwrap_or_default());
+    }
+    if ids.is_empty() {
+        Step::Wait
+    } else {
+        Step::DeleteMachines(ids)
+    }
 }
 
-/// Old instances to delete in CAPZ's order within `ready − replicas + maxUnavailable`, if any.
-fn upgrade_by_deletion(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> Option<Vec<String>> {
-    let budget = c.ready - o.replicas + c.limits.max_unavailable;
-    let victims = upgrade_victims(o, &c.old, budget);
-    let old = c.old.len();
+/// A scale-down with nodes managed: `count` instances in the order failed, annotated, unready,
+/// old model, then the highest ID (the newest), each asked of the planner as a `ScaleDown`.
+fn scale_down_victims(o: &Observed<'_>, c: &Classes<'_>, count: usize, planner: &mut Planner) -> Vec<String> {
+    let mut order: Vec<&Instance> = c.live.iter().copied().filter(|i| !c.is_target(i)).collect();
+    order.sort_by_key(|i| {
+        let is_old = c.old.iter().any(|x| x.id == i.id);
+        (rank(o, i, is_old), std::cmp::Reverse(number(i)), std::cmp::Reverse(i.id.clone()))
+    });
+    let mut victims = Vec::new();
+    for i in order {
+        if victims.len() >= count {
+            break;
+        }
+        if planner.ask(DisruptionReason::ScaleDown, o.candidate(i)).allowed() {
+            victims.push(i.id.clone());
+        }
+    }
+    victims
+}
+
+/// CAPZ's upgrade by deletion: old instances in order (failed, annotated, unready, ready; lowest
+/// ID first), each asked of the planner as a `Rollout` (unready ones cost no availability, ready
+/// ones go only within `maxUnavailable`).
+fn upgrade_by_deletion(o: &Observed<'_>, c: &Classes<'_>, planner: &mut Planner, notes: &mut Vec<Note>) -> Option<Vec<String>> {
+    let mut order: Vec<&Instance> = c.old.clone();
+    order.sort_by_key(|i| (rank(o, i, true), number(i)));
+    let victims: Vec<String> = order
+        .into_iter()
+        .filter(|i| planner.ask(DisruptionReason::Rollout, o.candidate(i)).allowed())
+        .map(|i| i.id.clone())
+        .collect();
     if victims.is_empty() {
-        notes.push(Note::WaitingForReady { old, ready: c.ready, min_ready: o.replicas - c.limits.max_unavailable });
         return None;
     }
-    notes.push(Note::Upgrading { old, budget });
+    notes.push(Note::Upgrading { old: c.old.len(), taken: victims.len() });
     Some(victims)
 }
 
@@ -469,7 +678,11 @@ fn ready_condition(o: &Observed<'_>, c: &Classes<'_>, step: &Step, done: bool, n
         Step::DeleteMachines(ids) => Some(Ready {
             holds: false,
             reason: Reason::Rolling,
-            message: format!("{ready} of {replicas} ready; draining the Nodes of {}", ids.join(", ")),
+            message: if o.nodes_managed {
+                format!("{ready} of {replicas} ready; draining the Nodes of {}", ids.join(", "))
+            } else {
+                format!("{ready} of {replicas} ready; deleting the Machines of {}", ids.join(", "))
+            },
         }),
         Step::Wait => {
             let message = format!("{ready} of {replicas} ready, {} on the latest model", c.updated);

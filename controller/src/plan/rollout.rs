@@ -4,29 +4,39 @@
 //! - RollingUpdate: the Kubernetes Deployment arithmetic ([`Limits`]). Terminating machines
 //!   still exist in the cloud, so they count toward `replicas + maxSurge`: the cloud never holds
 //!   more than that.
-//! - Failed machines are replaced, at most `maxConcurrentReplacements` at once (meltdown
-//!   protection), when the replacement pace allows.
+//! - Every machine the deployment takes away or disrupts — an old one in a rollout, one updated
+//!   in place, one removed by a scale-down, a failed or unhealthy one remediated — is asked of
+//!   the disruption planner ([`super::disruption`]) with its reason: `maxUnavailable`, the
+//!   disruption budgets and the remediation limits are decided there, once.
+//! - Remediation: failed machines, machines a MachineHealthCheck marked (`OwnerRemediated=False`)
+//!   and machines annotated `machine.driver.dev/remediate` are remediated, replace before remove
+//!   where the surge allows: a remediated machine is marked (so it counts as in flight across
+//!   restarts), its replacement created, and it goes once no replacement is still on its way.
 //! - A rollout whose new machines fail `failureBudget` times is aborted: its revision is
 //!   remembered as bad and never applied again (until the template changes), and the deployment
-//!   rolls back to the last good revision.
+//!   rolls back to the last good revision. A failed machine of the revision counts once: while it
+//!   waits, and from the moment it is marked for remediation, in the rollout's failures.
 //! - InPlace: old machines are converted (see [`super::in_place`]); only missing machines are
 //!   created and only a scale-down removes machines.
 //!
 //! [`plan`] runs named steps in order (choose the target, classify, track the rollout, the
-//! failure budget, replacements, scale up, scale down old, remove the excess, status); each
-//! records in [`Plan::notes`] why it acted or held back ([`Note`]), as Cluster API's rollout
-//! planner does, so tests can assert the reason as well as the action.
+//! failure budget, remediation, scale up, the remediated machines that go, scale down old, in
+//! place, remove the excess, status); each records in [`Plan::notes`] why it acted or held back
+//! ([`Note`]), as Cluster API's rollout planner does, so tests can assert the reason as well as
+//! the action.
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::time::Duration;
 
+use super::disruption::{self, Candidate, Census, Hold, Planner, Report, Verdict};
 use super::Limits;
 use crate::events::EventReason;
 use crate::policy::{self, ENVIRONMENT_CONDITIONS};
 use crate::resources::*;
 
-/// Annotation set on a failed Machine deleted for replacement (counts toward the cap).
+/// The annotation older controllers set on a failed Machine they deleted for replacement: read
+/// as a remediation ([`ANNOTATION_DISRUPTION`] says so now).
 pub const ANNOTATION_REPLACING: &str = "machine.driver.dev/replacing";
 /// Revisions kept in `revisionHistory`.
 pub const HISTORY: usize = 5;
@@ -60,10 +70,15 @@ pub struct Member {
     pub created: Option<Time>,
     /// It is being deleted.
     pub deleting: bool,
-    /// It carries [`ANNOTATION_REPLACING`].
-    pub replacing: bool,
+    /// The owner took it for remediation ([`ANNOTATION_DISRUPTION`] `Remediation`, or the older
+    /// [`ANNOTATION_REPLACING`]): in flight until it is gone.
+    pub remediating: bool,
     /// It carries the delete-machine annotation (deleted first on scale-down).
     pub marked_for_deletion: bool,
+    /// Why it is to be remediated, if it is: Failed, marked by a MachineHealthCheck
+    /// (`OwnerRemediated=False`), or annotated [`ANNOTATION_REMEDIATE`]; never with
+    /// [`ANNOTATION_SKIP_REMEDIATION`].
+    pub remediation: Option<Remediation>,
     /// Its phase.
     pub phase: Phase,
     /// Its permanent failure.
@@ -72,13 +87,36 @@ pub struct Member {
     pub node_template: String,
     /// Since when it is Ready (its `Ready` condition's transition to True), if Running.
     pub ready_since: Option<Time>,
-    /// Its Node is known not to be Ready (`NodeReady=False`; only with a target cluster).
+    /// Its Node is known not to be Ready (`NodeReady` False or Unknown; only with a target
+    /// cluster).
     pub node_not_ready: bool,
     /// Why it is not available yet, when that is its environment's doing (an
     /// [`ENVIRONMENT_CONDITIONS`] reason: what [`lift_environment_conditions`] reports). A
     /// machine that is merely being created carries none: 10,000 of them would hold 10,000
     /// copies of the same message in every plan.
     pub waiting: Option<Box<Waiting>>,
+}
+
+/// Why a machine is to be remediated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Remediation {
+    /// Its phase is Failed (the owner's own: a driver failure, a timeout, a Node that never
+    /// joined).
+    Failed,
+    /// A MachineHealthCheck found it unhealthy and asks its owner to remediate it.
+    Unhealthy,
+    /// The [`ANNOTATION_REMEDIATE`] annotation asks for it.
+    Requested,
+}
+
+impl std::fmt::Display for Remediation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Remediation::Failed => "failed",
+            Remediation::Unhealthy => "unhealthy (a MachineHealthCheck asks for its remediation)",
+            Remediation::Requested => "remediation requested (machine.driver.dev/remediate)",
+        })
+    }
 }
 
 /// Why a machine that is not available waits: what [`lift_environment_conditions`] reports.
@@ -103,6 +141,14 @@ impl Member {
     /// (`minReadySeconds`).
     pub fn is_available_at(&self, now: Time, min_ready: chrono::Duration) -> bool {
         self.is_available() && self.ready_since.is_none_or(|t| now - t >= min_ready)
+    }
+
+    /// Whether it is down: being deleted, updating in place, failed, unknown to the cloud, or
+    /// Running with its Node not Ready. (A new machine on its way up is not down.)
+    pub fn is_disrupted(&self) -> bool {
+        self.deleting
+            || matches!(self.phase, Phase::Updating | Phase::Failed | Phase::Unknown | Phase::Terminating)
+            || (self.phase == Phase::Running && self.node_not_ready)
     }
 }
 
@@ -150,12 +196,19 @@ struct ViewLabels<'a> {
     revision: Option<Cow<'a, str>>,
 }
 
-/// The annotations the planner reads ([`ANNOTATION_REPLACING`], [`ANNOTATION_DELETE`],
-/// [`ANNOTATION_NODE_TEMPLATE`]).
+/// The annotations the planner reads ([`ANNOTATION_REPLACING`], [`ANNOTATION_DISRUPTION`],
+/// [`ANNOTATION_DELETE`], [`ANNOTATION_NODE_TEMPLATE`], [`ANNOTATION_REMEDIATE`],
+/// [`ANNOTATION_SKIP_REMEDIATION`]).
 #[derive(serde::Deserialize, Default)]
 struct ViewAnnotations<'a> {
     #[serde(rename = "machine.driver.dev/replacing", default)]
     replacing: Option<serde::de::IgnoredAny>,
+    #[serde(rename = "machine.driver.dev/disruption-reason", default, borrow)]
+    disruption: Option<Cow<'a, str>>,
+    #[serde(rename = "machine.driver.dev/remediate", default, borrow)]
+    remediate: Option<Cow<'a, str>>,
+    #[serde(rename = "machine.driver.dev/skip-remediation", default, borrow)]
+    skip_remediation: Option<Cow<'a, str>>,
     #[serde(rename = "machine.driver.dev/delete-machine", default, borrow)]
     delete: Option<Cow<'a, str>>,
     #[serde(rename = "machine.driver.dev/node-template-hash", default, borrow)]
@@ -219,7 +272,9 @@ impl StoredMember<'_> {
         let deleting = m.deletion_timestamp.is_some();
         let st = self.status;
         let find = |t: ConditionType| st.conditions.iter().find(|c| c.condition_type == t);
-        let node_not_ready = find(ConditionType::NodeReady).is_some_and(|c| c.status == ConditionStatus::False);
+        let node_not_ready = find(ConditionType::NodeReady).is_some_and(|c| c.status != ConditionStatus::True);
+        let owner_remediates = find(ConditionType::OwnerRemediated).is_some_and(|c| c.status == ConditionStatus::False);
+        let phase_failed = st.phase == Phase::Failed;
         let ready_since = match find(ConditionType::Ready) {
             Some(c) if st.phase == Phase::Running && c.status == ConditionStatus::True => Some(
                 // The parse serde's `Time` uses, so the view reads what the whole Machine does.
@@ -248,6 +303,18 @@ impl StoredMember<'_> {
             None
         };
         let a = m.annotations;
+        let on = |v: &Option<Cow<'_, str>>| v.as_deref().is_some_and(|v| v != "false");
+        let remediation = if deleting || on(&a.skip_remediation) {
+            None
+        } else if phase_failed {
+            Some(Remediation::Failed)
+        } else if owner_remediates {
+            Some(Remediation::Unhealthy)
+        } else if on(&a.remediate) {
+            Some(Remediation::Requested)
+        } else {
+            None
+        };
         Ok(Member {
             name: m.name.into_owned(),
             uid: m.uid.into_owned(),
@@ -255,8 +322,10 @@ impl StoredMember<'_> {
             revision: m.labels.revision.map(Cow::into_owned).unwrap_or_default(),
             created: m.creation_timestamp,
             deleting,
-            replacing: a.replacing.is_some(),
+            remediating: a.replacing.is_some()
+                || a.disruption.as_deref() == Some(DisruptionReason::Remediation.as_str()),
             marked_for_deletion: a.delete.is_some_and(|v| v != "false"),
+            remediation,
             phase: st.phase,
             failure: st.failure.map(Box::new),
             node_template: a.node_template.map(Cow::into_owned).unwrap_or_default(),
@@ -294,6 +363,7 @@ pub fn deletion_order(machines: &mut [&Member], policy: DeletePolicy) {
         match m.phase {
             Phase::Failed => 1,
             Phase::Unknown => 2,
+            Phase::Running if m.node_not_ready => 2,
             Phase::Pending | Phase::Creating | Phase::Provisioned => 3,
             Phase::Updating => 4,
             Phase::Running | Phase::Terminating => 5,
@@ -345,8 +415,10 @@ pub struct Observed<'a> {
     pub deployment: &'a MachineDeployment,
     /// Its machines, terminating ones included.
     pub machines: &'a [Member],
-    /// Whether the replacement pace lets a failed machine be replaced now.
-    pub may_replace: bool,
+    /// What halts remediation now (a MachineHealthCheck's short circuit, in words), if anything.
+    pub remediation_halted: Option<&'a str>,
+    /// The pace of remediations in a row: the first delay and the longest.
+    pub pace: (std::time::Duration, std::time::Duration),
     /// The time to stamp on rollout bookkeeping.
     pub now: Time,
 }
@@ -369,23 +441,30 @@ pub struct Plan {
     pub target: Option<MachineTemplate>,
     /// The rollout was aborted now: write `status` and plan again at once; nothing else.
     pub aborted: bool,
-    /// Failed machines to mark with [`ANNOTATION_REPLACING`] and delete, in order.
-    pub replace: Vec<String>,
+    /// Machines the deployment takes for remediation now: marked with [`ANNOTATION_DISRUPTION`]
+    /// (from then on they count as in flight), each with why.
+    pub mark: Vec<(String, Remediation)>,
+    /// Machines taken for remediation that go now (their replacements are not awaited: none is
+    /// on its way, or the surge leaves no room for one first), in order.
+    pub remediate: Vec<String>,
     /// Machines of the target revision to create.
     pub create: usize,
-    /// InPlace: old machines to try to update in place (in order), and how many may be
-    /// unavailable at once; `None` when there is nothing to convert.
+    /// InPlace: old machines to try to update in place (in order), and how many may start;
+    /// `None` when there is nothing to convert.
     pub in_place: Option<InPlaceWork>,
-    /// Machines to delete (scale-down, old revisions, excess of the target revision), in order.
+    /// Machines to delete (old revisions, scale-down, excess of the target revision), in order.
     pub delete: Vec<String>,
     /// The status to write (the in-place condition is added by whoever runs the in-place work).
     pub status: MachineDeploymentStatus,
     /// Events to record.
     pub events: Vec<PlannedEvent>,
-    /// Every machine is on the target revision and running, and none failed.
+    /// Every machine is on the target revision and running, and nothing waits for remediation.
     pub settled: bool,
-    /// Failed machines remain (come back when the next replacement may go).
-    pub has_failed: bool,
+    /// When to plan again without being woken: a budget's window opens or closes, the
+    /// remediation pace allows the next.
+    pub recheck_at: Option<Time>,
+    /// What the disruption planner decided (`None` when the rollout was aborted).
+    pub disruption: Option<Report>,
     /// Why it decided as it did, step by step.
     pub notes: Vec<Note>,
 }
@@ -395,10 +474,9 @@ pub struct Plan {
 pub struct InPlaceWork {
     /// Old Running machines, in the order they are tried.
     pub candidates: Vec<String>,
-    /// maxUnavailable of the InPlace strategy.
-    pub max_unavailable: i64,
-    /// Old machines already updating (they use up maxUnavailable).
-    pub busy: i64,
+    /// How many may start updating now (the disruption planner's answer for the first
+    /// candidates in order).
+    pub allowed: usize,
 }
 
 /// Why the planner did, or did not, act: one entry per decision, in the order its steps ran
@@ -433,19 +511,15 @@ pub enum Note {
         /// `failureBudget`.
         budget: u32,
     },
-    /// Failed machines wait for the replacement pace.
-    ReplacementsPaced {
-        /// Failed machines not replaced.
-        waiting: usize,
+    /// Machines are taken for remediation now.
+    Remediating {
+        /// Their names.
+        machines: Vec<String>,
     },
-    /// Failed machines wait: `maxConcurrentReplacements` are under way.
-    ReplacementsCapped {
-        /// `maxConcurrentReplacements`.
-        limit: u32,
-        /// Replacements under way (machines deleted for replacement, still terminating).
-        in_flight: i64,
-        /// Failed machines not replaced.
-        waiting: usize,
+    /// Machines taken for remediation wait for their replacements (replace before remove).
+    AwaitingReplacement {
+        /// How many.
+        machines: usize,
     },
     /// The deployment is paused: nothing is created and no old machine is removed.
     Paused,
@@ -459,25 +533,21 @@ pub enum Note {
         /// Machines the target revision lacks.
         wanted: i64,
     },
-    /// Old machines are kept so that `replicas − maxUnavailable` stay available.
-    WaitingForAvailable {
-        /// Old machines kept.
-        held: usize,
-        /// Available machines.
-        available: i64,
-        /// `replicas − maxUnavailable`.
-        min_available: i64,
-        /// Machines of the target revision not available yet.
-        new_unavailable: i64,
+    /// The disruption planner held disruptions back.
+    Held {
+        /// The disruption.
+        reason: DisruptionReason,
+        /// Machines it would have taken.
+        machines: i64,
+        /// What held them.
+        hold: Hold,
     },
     /// InPlace: old machines are converted rather than replaced.
     InPlace {
         /// Old Running machines to try.
         candidates: usize,
-        /// Old machines updating.
-        busy: i64,
-        /// The strategy's maxUnavailable.
-        max_unavailable: i64,
+        /// How many may start now.
+        allowed: usize,
     },
     /// More machines of the target revision than `replicas`: the excess is removed.
     AboveReplicas {
@@ -501,14 +571,7 @@ pub enum Note {
 impl Note {
     /// Whether it says what keeps the deployment from moving on (what a user waits for).
     pub fn holds_back(&self) -> bool {
-        matches!(
-            self,
-            Note::ReplacementsPaced { .. }
-                | Note::ReplacementsCapped { .. }
-                | Note::SurgeExhausted { .. }
-                | Note::WaitingForAvailable { .. }
-                | Note::Paused
-        )
+        matches!(self, Note::SurgeExhausted { .. } | Note::Held { .. } | Note::Paused | Note::AwaitingReplacement { .. })
     }
 }
 
@@ -523,27 +586,18 @@ impl std::fmt::Display for Note {
             Note::RevisionAborted { revision, failures, budget } => {
                 write!(f, "{failures} machines of revision {revision} failed (budget {budget})")
             }
-            Note::ReplacementsPaced { waiting } => {
-                write!(f, "{waiting} failed machine(s) wait for the replacement pace")
+            Note::Remediating { machines } => write!(f, "remediating {}", machines.join(", ")),
+            Note::AwaitingReplacement { machines } => {
+                write!(f, "{machines} machine(s) being remediated wait for their replacements")
             }
-            Note::ReplacementsCapped { limit, in_flight, waiting } => write!(
-                f,
-                "{waiting} failed machine(s) wait: {in_flight} replacement(s) under way, \
-                 maxConcurrentReplacements {limit}"
-            ),
             Note::Paused => write!(f, "paused"),
             Note::SurgeExhausted { limit, current, wanted } => {
                 write!(f, "{wanted} machine(s) wanted, {current} of {limit} (replicas + maxSurge) exist")
             }
-            Note::WaitingForAvailable { held, available, min_available, new_unavailable } => write!(
-                f,
-                "{held} old machine(s) kept: {available} available, {min_available} required, \
-                 {new_unavailable} new not available yet"
-            ),
-            Note::InPlace { candidates, busy, max_unavailable } => write!(
-                f,
-                "{candidates} old machine(s) to update in place, {busy} updating (maxUnavailable {max_unavailable})"
-            ),
+            Note::Held { reason, machines, hold } => write!(f, "{machines} {reason} held: {hold}"),
+            Note::InPlace { candidates, allowed } => {
+                write!(f, "{candidates} old machine(s) to update in place, {allowed} may start")
+            }
             Note::AboveReplicas { machines, replicas } => {
                 write!(f, "{machines} machines of the target revision for {replicas} replicas")
             }
@@ -599,6 +653,23 @@ impl Classes<'_> {
     fn min_available(&self) -> i64 {
         self.desired - self.limits.max_unavailable
     }
+
+    /// How the disruption planner weighs `m`.
+    fn candidate(&self, m: &Member) -> Candidate {
+        Candidate { available: self.is_available(m), disrupted: m.is_disrupted() }
+    }
+
+    /// The machines as the disruption planner counts them.
+    fn census(&self) -> Census {
+        Census {
+            replicas: self.desired,
+            live: self.live.len() as i64,
+            available: self.available,
+            disrupted: self.all.iter().filter(|m| m.is_disrupted()).count() as i64,
+            new_unavailable: self.new.len() as i64 - self.new_available,
+            remediating: self.all.iter().filter(|m| m.remediating).count() as i64,
+        }
+    }
 }
 
 /// Plans one reconcile of a deployment: the steps below, in order, each noting why it acted or
@@ -611,29 +682,59 @@ pub fn plan(o: Observed<'_>) -> Plan {
     if let Some(failures) = budget_spent(md, &c, &d) {
         return abort(md, c, d, failures);
     }
-    let replace = replacements(&o, &c, &mut d);
+    let mut planner = Planner::new(c.census(), limits(&o, &c));
+    let (mark, targets) = remediation(&o, &c, &mut planner, &mut d);
     let (mut create, mut in_place, mut delete) = (0, None, Vec::new());
     if md.spec.paused {
         d.notes.push(Note::Paused);
     } else {
-        (create, in_place) = scale_up(&c, &mut d);
-        delete = scale_down_old(md, &c, &replace, &mut d);
+        create = scale_up(&c, &targets, &mut d);
     }
-    delete.extend(scale_down_excess(md, &c, &replace, &mut d));
-    let complete = write_status(md, &c, &mut d);
+    let remediate = remediated_now(&c, &targets, create, &mut d);
+    if !md.spec.paused {
+        delete = scale_down_old(md, &c, &targets, &mut planner);
+        in_place = in_place_work(&c, &targets, &delete, &mut planner, &mut d);
+    }
+    delete.extend(scale_down_excess(md, &c, &targets, &mut planner, &mut d));
+    let report = planner.report();
+    d.notes.extend(report.held.iter().map(|h| Note::Held { reason: h.reason, machines: h.machines, hold: h.hold.clone() }));
+    let waiting: Vec<String> = c
+        .live
+        .iter()
+        .filter(|m| m.remediation.is_some() && !m.remediating && !mark.iter().any(|(n, _)| *n == m.name))
+        .map(|m| m.name.clone())
+        .collect();
+    let complete = write_status(md, &c, &report, &mark, waiting.clone(), &mut d);
+    let remediation_left = !waiting.is_empty() || c.live.iter().any(|m| m.remediating);
     Plan {
-        settled: complete && c.failed.is_empty(),
-        has_failed: !c.failed.is_empty(),
+        settled: complete && c.failed.is_empty() && !remediation_left,
         target_revision: c.target_rev,
         target: c.target,
         aborted: false,
-        replace,
+        mark,
+        remediate,
         create,
         in_place,
         delete,
         status: d.status,
         events: d.events,
+        recheck_at: report.recheck_at,
+        disruption: Some(report),
         notes: d.notes,
+    }
+}
+
+/// The disruption planner's limits for this deployment.
+fn limits<'a>(o: &Observed<'a>, c: &Classes<'_>) -> disruption::Limits<'a> {
+    let md = o.deployment;
+    let max = md.spec.remediation.max_in_flight.clone().or(md.spec.max_concurrent_replacements.map(|n| IntOrPercent::Int(n.into())));
+    disruption::Limits {
+        max_unavailable: c.limits.max_unavailable,
+        budgets: &md.spec.disruption.budgets,
+        max_in_flight: disruption::max_in_flight(max.as_ref(), c.desired),
+        remediation_not_before: md.status.disruption.remediation.not_before,
+        remediation_halted: o.remediation_halted,
+        now: o.now,
     }
 }
 
@@ -717,11 +818,18 @@ fn track_rollout(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) {
     }
 }
 
-/// The failures of the spec's revision under way, if they reach the failure budget (failed
-/// machines of the target revision count when their failure is the revision's doing).
+/// Whether a failed machine counts against the target revision's failure budget: of that
+/// revision, and its failure the revision's doing.
+fn counts_against(c: &Classes<'_>, m: &Member) -> bool {
+    m.phase == Phase::Failed && m.revision == c.target_rev && attributable(m)
+}
+
+/// The failures of the spec's revision under way, if they reach the failure budget: those
+/// counted when their machines were taken for remediation, and the failed machines not taken
+/// yet (each failed machine counts once).
 fn budget_spent(md: &MachineDeployment, c: &Classes<'_>, d: &Draft) -> Option<u32> {
     let rollout = d.status.rollout.as_ref()?;
-    let failed_now = c.failed.iter().filter(|m| m.revision == c.target_rev && attributable(m)).count() as u32;
+    let failed_now = c.failed.iter().filter(|m| !m.remediating && counts_against(c, m)).count() as u32;
     let used = rollout.failures + failed_now;
     let spent = c.target.is_some() && c.target_rev == c.spec_rev && used >= md.spec.failure_budget.max(1);
     spent.then_some(used)
@@ -746,7 +854,8 @@ fn abort(md: &MachineDeployment, c: Classes<'_>, mut d: Draft, failures: u32) ->
         target_revision: c.target_rev,
         target: c.target,
         aborted: true,
-        replace: Vec::new(),
+        mark: Vec::new(),
+        remediate: Vec::new(),
         create: 0,
         in_place: None,
         delete: Vec::new(),
@@ -754,117 +863,176 @@ fn abort(md: &MachineDeployment, c: Classes<'_>, mut d: Draft, failures: u32) ->
         events: d.events,
         notes: d.notes,
         settled: false,
-        has_failed: true,
+        recheck_at: None,
+        disruption: None,
     }
 }
 
-/// Failed machines to replace: when the pace allows, within `maxConcurrentReplacements` (those
-/// still terminating count). Each one of the target revision counts against the failure budget
-/// when its failure is the revision's doing.
-fn replacements(o: &Observed<'_>, c: &Classes<'_>, d: &mut Draft) -> Vec<String> {
-    if c.failed.is_empty() {
-        return Vec::new();
-    }
-    if !o.may_replace {
-        d.notes.push(Note::ReplacementsPaced { waiting: c.failed.len() });
-        return Vec::new();
-    }
-    let limit = o.deployment.spec.max_concurrent_replacements;
-    let in_flight = o.machines.iter().filter(|m| m.deleting && m.replacing).count() as i64;
-    let room = (i64::from(limit) - in_flight).max(0) as usize;
-    let mut replace = Vec::new();
-    for m in c.failed.iter().take(room) {
-        if m.revision == c.target_rev && attributable(m) {
+/// Remediation: machines already taken (marked, still here) go on; each other machine that wants
+/// it is asked of the disruption planner (failed first, then unhealthy, then requested; oldest
+/// first), and those allowed are marked. A failed machine of the target revision marked now
+/// counts against the failure budget. Returns the machines to mark, and every machine being
+/// remediated that is still here (marked before or now).
+fn remediation<'a>(
+    o: &Observed<'_>,
+    c: &Classes<'a>,
+    planner: &mut Planner,
+    d: &mut Draft,
+) -> (Vec<(String, Remediation)>, Vec<&'a Member>) {
+    let mut targets: Vec<&Member> = c.live.iter().copied().filter(|m| m.remediating).collect();
+    let mut wanting: Vec<&Member> =
+        c.live.iter().copied().filter(|m| !m.remediating && m.remediation.is_some()).collect();
+    wanting.sort_by(|a, b| (a.remediation, a.created, &a.name).cmp(&(b.remediation, b.created, &b.name)));
+    let mut mark = Vec::new();
+    for m in wanting {
+        if planner.ask(DisruptionReason::Remediation, c.candidate(m)) != Verdict::Allowed {
+            continue;
+        }
+        if counts_against(c, m) {
             if let Some(r) = d.status.rollout.as_mut() {
                 r.failures += 1;
             }
         }
-        replace.push(m.name.clone());
+        mark.push((m.name.clone(), m.remediation.unwrap_or(Remediation::Failed)));
+        targets.push(m);
     }
-    if replace.len() < c.failed.len() {
-        d.notes.push(Note::ReplacementsCapped { limit, in_flight, waiting: c.failed.len() - replace.len() });
+    if !mark.is_empty() {
+        d.notes.push(Note::Remediating { machines: mark.iter().map(|(n, _)| n.clone()).collect() });
     }
-    replace
+    let pace = &mut d.status.disruption.remediation;
+    let idle = targets.is_empty() && !c.live.iter().any(|m| m.remediation.is_some());
+    (pace.consecutive, pace.not_before) = disruption::next_pace(pace, mark.len(), idle, o.now, o.pace.0, o.pace.1);
+    (mark, targets)
 }
 
-/// Scales up the target revision within `replicas + maxSurge` (terminating machines included).
-/// In place, old machines are converted, so only missing machines are created.
-fn scale_up(c: &Classes<'_>, d: &mut Draft) -> (usize, Option<InPlaceWork>) {
+/// Scales up the target revision within `replicas + maxSurge` (terminating machines included);
+/// machines being remediated do not count, so their replacements are created (first, where the
+/// surge has room). In place, old machines are converted, so only missing machines are created.
+fn scale_up(c: &Classes<'_>, targets: &[&Member], d: &mut Draft) -> usize {
     if c.target.is_none() {
-        return (0, None);
+        return 0;
     }
     let limit = c.desired + c.limits.max_surge;
     let current = c.all.len() as i64;
-    let have = if c.in_place { c.live.len() } else { c.new.len() } as i64;
+    let kept = |m: &&&Member| !targets.iter().any(|t| t.name == m.name);
+    let have = if c.in_place { c.live.iter().filter(kept).count() } else { c.new.iter().filter(kept).count() } as i64;
     let wanted = c.desired - have;
     let create = wanted.min(limit - current).max(0) as usize;
     if wanted > 0 && (create as i64) < wanted {
         d.notes.push(Note::SurgeExhausted { limit, current, wanted });
     }
-    if !c.in_place || c.old.is_empty() {
-        return (create, None);
-    }
-    let work = InPlaceWork {
-        candidates: c.old.iter().filter(|m| m.phase == Phase::Running).map(|m| m.name.clone()).collect(),
-        max_unavailable: c.limits.max_unavailable,
-        busy: c.old.iter().filter(|m| m.phase == Phase::Updating).count() as i64,
-    };
-    let (candidates, busy, max_unavailable) = (work.candidates.len(), work.busy, work.max_unavailable);
-    d.notes.push(Note::InPlace { candidates, busy, max_unavailable });
-    (create, Some(work))
+    create
 }
 
-/// Scales down old machines (not being replaced) in deletion order without going below
-/// `replicas − maxUnavailable` available; in place, only a scale-down removes them.
-fn scale_down_old(md: &MachineDeployment, c: &Classes<'_>, replace: &[String], d: &mut Draft) -> Vec<String> {
-    let min_available = c.min_available();
-    let new_unavailable = c.new.len() as i64 - c.new_available;
-    let live = c.live.len() as i64;
-    let mut budget = live - min_available - new_unavailable;
-    if c.in_place {
-        // Only a scale-down removes machines here; updates happen in place.
-        budget = budget.min(live - c.desired);
+/// The machines being remediated that go now. A replacement is on its way for as many of them
+/// as there are machines coming up (live, of the target revision, not available yet, not down,
+/// not being remediated) plus the ones this plan creates: that many wait for them (replace
+/// before remove); the others go now — the first in remediation order (remove, then replace,
+/// when the surge leaves no room).
+fn remediated_now(c: &Classes<'_>, targets: &[&Member], create: usize, d: &mut Draft) -> Vec<String> {
+    if targets.is_empty() {
+        return Vec::new();
     }
-    let mut order: Vec<&Member> = c.old.iter().copied().filter(|m| !replace.contains(&m.name)).collect();
+    let pool = if c.in_place { &c.live } else { &c.new };
+    let coming = pool
+        .iter()
+        .filter(|m| !c.is_available(m) && !m.is_disrupted() && !targets.iter().any(|t| t.name == m.name))
+        .count()
+        + create;
+    let go = targets.len().saturating_sub(coming);
+    if go < targets.len() {
+        d.notes.push(Note::AwaitingReplacement { machines: targets.len() - go });
+    }
+    targets[..go].iter().map(|m| m.name.clone()).collect()
+}
+
+/// Removes old machines (not being remediated) in deletion order, each asked of the disruption
+/// planner as a `Rollout` (within `maxUnavailable` and the budgets); in place, old machines are
+/// converted, and only a scale-down removes them (`ScaleDown`, the excess over `replicas`).
+fn scale_down_old(md: &MachineDeployment, c: &Classes<'_>, targets: &[&Member], planner: &mut Planner) -> Vec<String> {
+    let mut order: Vec<&Member> = c.old.iter().copied().filter(|m| !targets.iter().any(|t| t.name == m.name)).collect();
     deletion_order(&mut order, md.spec.delete_policy);
-    let mut can_remove_available = c.available - min_available;
+    if c.in_place {
+        let excess = (c.live.len() as i64 - targets.len() as i64 - c.desired).max(0) as usize;
+        return order
+            .into_iter()
+            .filter(|m| planner.ask(DisruptionReason::ScaleDown, c.candidate(m)).allowed())
+            .take(excess)
+            .map(|m| m.name.clone())
+            .collect();
+    }
+    order
+        .into_iter()
+        .filter(|m| planner.ask(DisruptionReason::Rollout, c.candidate(m)).allowed())
+        .map(|m| m.name.clone())
+        .collect()
+}
+
+/// InPlace: the old Running machines to convert, and how many may start (asked of the
+/// disruption planner as `InPlaceUpdate`, candidate by candidate, until one is held).
+fn in_place_work(
+    c: &Classes<'_>,
+    targets: &[&Member],
+    deleted: &[String],
+    planner: &mut Planner,
+    d: &mut Draft,
+) -> Option<InPlaceWork> {
+    if !c.in_place || c.old.is_empty() || c.target.is_none() {
+        return None;
+    }
+    let candidates: Vec<&Member> = c
+        .old
+        .iter()
+        .copied()
+        .filter(|m| m.phase == Phase::Running && !targets.iter().any(|t| t.name == m.name))
+        .filter(|m| !deleted.contains(&m.name))
+        .collect();
+    let allowed =
+        candidates.iter().take_while(|m| planner.ask(DisruptionReason::InPlaceUpdate, c.candidate(m)).allowed()).count();
+    d.notes.push(Note::InPlace { candidates: candidates.len(), allowed });
+    Some(InPlaceWork { candidates: candidates.iter().map(|m| m.name.clone()).collect(), allowed })
+}
+
+/// Scales down the target revision when there are too many (a scale-down, or leftover surge),
+/// each asked of the disruption planner as a `ScaleDown`.
+fn scale_down_excess(
+    md: &MachineDeployment,
+    c: &Classes<'_>,
+    targets: &[&Member],
+    planner: &mut Planner,
+    d: &mut Draft,
+) -> Vec<String> {
+    let kept: Vec<&Member> = c.new.iter().copied().filter(|m| !targets.iter().any(|t| t.name == m.name)).collect();
+    let excess = kept.len() as i64 - c.desired;
+    if excess <= 0 {
+        return Vec::new();
+    }
+    d.notes.push(Note::AboveReplicas { machines: kept.len() as i64, replicas: c.desired });
+    let mut order = kept;
+    deletion_order(&mut order, md.spec.delete_policy);
     let mut delete = Vec::new();
-    for m in &order {
-        if budget <= 0 {
+    for m in order {
+        if delete.len() as i64 >= excess {
             break;
         }
-        if c.is_available(m) {
-            if can_remove_available <= 0 {
-                continue;
-            }
-            can_remove_available -= 1;
+        if planner.ask(DisruptionReason::ScaleDown, c.candidate(m)).allowed() {
+            delete.push(m.name.clone());
         }
-        delete.push(m.name.clone());
-        budget -= 1;
-    }
-    let held = order.len() - delete.len();
-    if held > 0 && !c.in_place {
-        let available = c.available;
-        d.notes.push(Note::WaitingForAvailable { held, available, min_available, new_unavailable });
     }
     delete
 }
 
-/// Scales down the target revision when there are too many (a scale-down, or leftover surge).
-fn scale_down_excess(md: &MachineDeployment, c: &Classes<'_>, replace: &[String], d: &mut Draft) -> Vec<String> {
-    let excess = c.new.len() as i64 - c.desired;
-    if excess <= 0 {
-        return Vec::new();
-    }
-    d.notes.push(Note::AboveReplicas { machines: c.new.len() as i64, replicas: c.desired });
-    let mut order: Vec<&Member> = c.new.iter().copied().filter(|m| !replace.contains(&m.name)).collect();
-    deletion_order(&mut order, md.spec.delete_policy);
-    order.iter().take(excess as usize).map(|m| m.name.clone()).collect()
-}
-
-/// The status: counts, then the Progressing and Available conditions. Returns whether the
-/// rollout is complete (every machine on the target revision, `replicas` of them available).
-fn write_status(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) -> bool {
+/// The status: counts, the disruption report, then the Progressing, Available, DisruptionBlocked
+/// and Valid conditions. Returns whether the rollout is complete (every machine on the target
+/// revision, `replicas` of them available).
+fn write_status(
+    md: &MachineDeployment,
+    c: &Classes<'_>,
+    report: &Report,
+    mark: &[(String, Remediation)],
+    waiting: Vec<String>,
+    d: &mut Draft,
+) -> bool {
     let st = &mut d.status;
     st.observed_generation = md.metadata.generation;
     st.replicas = c.all.len() as i64;
@@ -873,6 +1041,11 @@ fn write_status(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) -> bool 
     st.available_replicas = c.new_available;
     st.failed_replicas = c.failed.len() as i64;
     st.target_revision = c.target_rev.clone();
+    // The pace is the remediation step's; in flight and its limit, the report's (plus the
+    // machines marked now).
+    st.disruption = report.status(RemediationStatus { waiting, ..st.disruption.remediation.clone() });
+    st.disruption.remediation.in_flight += mark.len() as i64;
+    disruption_conditions(&mut st.conditions, report);
     let complete =
         c.target.is_some() && c.new_available >= c.desired && c.old.is_empty() && c.new.len() as i64 == c.desired;
     if complete {
@@ -882,6 +1055,43 @@ fn write_status(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) -> bool 
     }
     available(c, &mut d.status);
     complete
+}
+
+/// The owner's `DisruptionBlocked` condition (a budget or a short circuit holds something back)
+/// and its `Valid` condition (every budget reads). Shared by deployments and pools.
+pub fn disruption_conditions(conditions: &mut Vec<Condition>, report: &Report) {
+    match report.blocking() {
+        Some(h) => {
+            let reason = match &h.hold {
+                Hold::BudgetInvalid { .. } => Reason::BudgetInvalid,
+                Hold::ShortCircuit { .. } => Reason::TooManyUnhealthy,
+                _ => Reason::BudgetExhausted,
+            };
+            let others: i64 = report.held.iter().filter(|x| x.hold.blocks()).map(|x| x.machines).sum::<i64>() - h.machines;
+            let mut message = format!("{} {} held: {}", h.machines, h.reason, h.hold);
+            if others > 0 {
+                message += &format!(" (and {others} more held)");
+            }
+            set_condition(conditions, ConditionType::DisruptionBlocked, true, reason, &message);
+        }
+        None => {
+            if condition(conditions, ConditionType::DisruptionBlocked).is_some() {
+                set_condition(conditions, ConditionType::DisruptionBlocked, false, Reason::NothingHeld, "");
+            }
+        }
+    }
+    let invalid: Vec<String> = report
+        .budgets
+        .iter()
+        .filter_map(|b| b.invalid.as_ref().map(|(f, m)| format!("spec.disruption.budgets[{}].{f}: {m}", b.index)))
+        .collect();
+    if invalid.is_empty() {
+        if condition(conditions, ConditionType::Valid).is_some() {
+            set_condition(conditions, ConditionType::Valid, true, Reason::Validated, "");
+        }
+    } else {
+        set_condition(conditions, ConditionType::Valid, false, Reason::Invalid, &invalid.join("; "));
+    }
 }
 
 /// A complete rollout: the target becomes the current revision and joins the history.

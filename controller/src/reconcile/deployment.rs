@@ -1,6 +1,8 @@
 //! MachineDeployment: keeps `replicas` machines of the target template revision. The decisions
-//! are [`plan::rollout`](crate::plan::rollout)'s (rolling updates, replacements, failure budget and rollback, deletion
-//! order) and [`plan::in_place`](crate::plan::in_place)'s; this reconciler observes, plans, acts and writes status once.
+//! are [`plan::rollout`](crate::plan::rollout)'s (rolling updates, remediation, failure budget
+//! and rollback, deletion order; every disruption asked of
+//! [`plan::disruption`](crate::plan::disruption)) and [`plan::in_place`](crate::plan::in_place)'s;
+//! this reconciler observes, plans, acts and writes status once.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use super::write::{self, Finalizer};
 use super::{resolve, slow_start};
 use crate::events::EventReason;
 use crate::plan::in_place::{self, Verdict};
-use crate::plan::rollout::{self, InPlaceWork, Member, Observed, StoredMember, ANNOTATION_REPLACING};
+use crate::plan::rollout::{self, InPlaceWork, Member, Observed, StoredMember};
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
@@ -20,9 +22,8 @@ use crate::store::{Error as StoreError, Key};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
 
-/// How often a deployment whose rollout or replacements are under way looks again without being
-/// woken (its machines' changes wake it: a safety net), and the longest wait for its next
-/// replacement.
+/// How often a deployment whose rollout or remediations are under way looks again without being
+/// woken (its machines' changes wake it: a safety net).
 const PROGRESS_RECHECK: Duration = Duration::from_secs(5);
 
 /// Reconciles one MachineDeployment.
@@ -39,12 +40,18 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Finalizer::Done(action) => return Ok(action),
     };
     let machines = observe(ctx, &md).await?;
+    let mut labels = md.spec.template.metadata.labels.clone();
+    labels.insert(LABEL_DEPLOYMENT.into(), md.metadata.name.clone());
+    labels.insert(LABEL_REVISION.into(), rollout::revision(&md.spec.template));
+    let halted = super::health::halted(ctx, &key.namespace, &labels).await?;
 
+    let now = Utc::now();
     let plan = rollout::plan(Observed {
         deployment: &md,
         machines: &machines,
-        may_replace: ctx.replacement_wait(key).is_zero(),
-        now: Utc::now(),
+        remediation_halted: halted.as_deref(),
+        pace: (ctx.config.backoff_base, ctx.config.backoff_max),
+        now,
     });
     if !plan.notes.is_empty() {
         let notes: Vec<String> = plan.notes.iter().map(ToString::to_string).collect();
@@ -61,12 +68,13 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     }
 
     let by_name: HashMap<&str, &Member> = machines.iter().map(|m| (m.name.as_str(), m)).collect();
-    for m in plan.replace.iter().filter_map(|n| by_name.get(n.as_str())) {
-        replace(ctx, &md, m).await?;
+    for (name, why) in &plan.mark {
+        if let Some(m) = by_name.get(name.as_str()) {
+            super::remediation::mark(ctx, &whole(ctx, &md, m).await?, *why).await?;
+        }
     }
-    ctx.replaced(key, plan.replace.len() as u32);
-    if !plan.has_failed {
-        ctx.replacements_settled(key);
+    for name in &plan.remediate {
+        super::remediation::remove(ctx, &Key::new(Kind::Machine, &key.namespace, name)).await?;
     }
     if let Some(template) = &plan.target {
         slow_start(0..plan.create, |_| create(ctx, &md, template, &plan.target_revision)).await?;
@@ -83,13 +91,12 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         .collect();
     slow_start(doomed, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
     write::status(ctx, &md, &next).await?;
-    Ok(if plan.settled {
-        Action::await_change()
-    } else if plan.has_failed {
-        // Come back when the next replacement may go.
-        Action::requeue(ctx.replacement_wait(key).clamp(super::MIN_REQUEUE, PROGRESS_RECHECK))
-    } else {
-        Action::requeue(PROGRESS_RECHECK)
+    // Come back when a budget's window opens or closes, or the next remediation may go.
+    let due = plan.recheck_at.map(|t| (t - now).to_std().unwrap_or_default().max(super::MIN_REQUEUE));
+    Ok(match (plan.settled, due) {
+        (true, None) => Action::await_change(),
+        (true, Some(due)) => Action::requeue(due),
+        (false, due) => Action::requeue(due.map_or(PROGRESS_RECHECK, |d| d.min(PROGRESS_RECHECK))),
     })
 }
 
@@ -197,31 +204,6 @@ async fn node_metadata(ctx: &Ctx, md: &MachineDeployment, machines: &[Member]) -
     Ok(())
 }
 
-/// Deletes a failed machine so it gets replaced, marking it as a replacement.
-async fn replace(ctx: &Ctx, md: &MachineDeployment, member: &Member) -> Result<()> {
-    // Changed since listed: the write below would conflict; the change runs this again.
-    let Some(m) = whole(ctx, md, member).await? else { return Ok(()) };
-    let m = &m;
-    let mut marked = m.clone();
-    marked.metadata.annotations.insert(ANNOTATION_REPLACING.into(), "true".into());
-    match ctx.store.update(&marked).await {
-        Ok(_) => {}
-        Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => return Ok(()),
-        Err(e) => return Err(e.into()),
-    }
-    let why = m.status.failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
-    ctx.store
-        .event(
-            Kind::Machine,
-            &m.metadata,
-            EventReason::Replacing,
-            format!("{} failed ({why}); replacing it", m.metadata.name),
-        )
-        .await;
-    ctx.store.delete(&Key::of(m)).await?;
-    Ok(())
-}
-
 /// Moves old machines to the target template where the driver can, as [`in_place::Budget`]
 /// decides from each machine's `CanUpdateMachine` answer.
 async fn in_place(
@@ -233,8 +215,7 @@ async fn in_place(
     machines: &HashMap<&str, &Member>,
     status: &mut MachineDeploymentStatus,
 ) -> Result<()> {
-    let mut budget =
-        in_place::Budget::new(work.max_unavailable, work.busy, md.spec.strategy.in_place.fallback_to_replace);
+    let mut budget = in_place::Budget::new(work.allowed, md.spec.strategy.in_place.fallback_to_replace);
     for name in &work.candidates {
         if !budget.has_room() {
             break;

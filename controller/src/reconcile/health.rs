@@ -1,15 +1,26 @@
-//! MachineHealthCheck: checks the Machines its selector picks, deletes the unhealthy ones that a
-//! MachineDeployment or MachinePool replaces (unless more are unhealthy than `maxUnhealthy`),
-//! and reports what it found in status. The decisions are [`crate::plan::health`]'s.
+//! MachineHealthCheck: checks the Machines its selector picks and **marks** them — the
+//! decisions are [`crate::plan::health`]'s. An unhealthy Machine gets `HealthCheckSucceeded=False`
+//! with the reason; one that a MachineDeployment or MachinePool owns also gets
+//! `OwnerRemediated=False`, and its owner remediates it within its disruption planner's
+//! allowance ([`crate::plan::disruption`]). Nothing is deleted here. While more Machines are
+//! unhealthy than `maxUnhealthy` allows, or the target cluster cannot be reached, the check's
+//! `RemediationAllowed` condition is False and the owners of its Machines hold remediation
+//! ([`halted`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use super::write;
 use crate::events::EventReason;
-use crate::plan::health::{self, Assessment};
+use crate::plan::health::{self, Assessment, Unhealthy};
 use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::{Key, ListParams};
 
-/// Checks the Machines of one MachineHealthCheck and remediates the unhealthy ones.
+/// How soon a health check looks again while the target cluster cannot be reached.
+const UNREACHABLE_RECHECK: Duration = Duration::from_secs(5);
+
+/// Checks the Machines of one MachineHealthCheck and marks the unhealthy ones.
 ///
 /// # Errors
 /// Store failures.
@@ -30,7 +41,17 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     let machines = if params.labels.is_empty() { Vec::new() } else { ctx.store.list_with::<Machine>(&params).await? };
     let mut after = before.clone();
     after.status.observed_generation = before.metadata.generation;
-    let a = match health::assess(&before.spec, &machines, chrono::Utc::now()) {
+    if let Some(why) = ctx.safety.unreachable() {
+        // Nothing observed now can be trusted: judge nothing, hold every remediation; the timers
+        // start over once it is reachable again.
+        let message = format!("{why}: no machine is judged or remediated until it is reachable again");
+        let conditions = &mut after.status.conditions;
+        set_condition(conditions, ConditionType::RemediationAllowed, false, Reason::TargetUnreachable, &message);
+        write::status(ctx, &before, &after).await?;
+        return Ok(Action::requeue(UNREACHABLE_RECHECK));
+    }
+    let now = chrono::Utc::now();
+    let a = match health::assess(&before.spec, &machines, now, ctx.safety.timers_since()) {
         Ok(a) => a,
         Err(why) => {
             let conditions = &mut after.status.conditions;
@@ -44,34 +65,112 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     record(&mut after.status, &a);
     let conditions = &mut after.status.conditions;
     if a.short_circuited {
-        let message = format!(
-            "{} of {} machines are unhealthy, more than maxUnhealthy allows ({}): none is remediated",
-            a.unhealthy.len(),
-            a.expected,
-            a.max_unhealthy
-        );
+        let message = short_circuit_message(&a);
         if set_condition(conditions, ConditionType::RemediationAllowed, false, Reason::TooManyUnhealthy, &message) {
             ctx.store
                 .event(Kind::MachineHealthCheck, &after.metadata, EventReason::RemediationRestricted, message)
                 .await;
         }
+    } else if before.spec.mode == HealthCheckMode::Observe {
+        let message = "mode Observe: unhealthy machines are marked, never remediated";
+        set_condition(conditions, ConditionType::RemediationAllowed, false, Reason::Observing, message);
     } else {
         set_condition(conditions, ConditionType::RemediationAllowed, true, Reason::WithinMaxUnhealthy, "");
     }
-    for u in a.unhealthy.iter().filter(|u| a.remediate.contains(&u.name)) {
-        let machine = Key::new(Kind::Machine, &key.namespace, &u.name);
-        // Removed at once, or marked for its finalizer (the drain and the VM's deletion).
-        ctx.store.delete(&machine).await?;
-        let message = format!("deleted Machine {} ({}); its owner replaces it", u.name, u.why);
-        tracing::info!(machine = %machine, "machine health check: {message}");
-        ctx.store.event(Kind::MachineHealthCheck, &after.metadata, EventReason::MachineRemediated, message).await;
-        if let Some(m) = machines.iter().find(|m| m.metadata.name == u.name) {
-            let message = format!("deleted by MachineHealthCheck {}: {}", key.name, u.why);
-            ctx.store.event(Kind::Machine, &m.metadata, EventReason::Remediated, message).await;
+    let by_name: BTreeMap<&str, &Machine> = machines.iter().map(|m| (m.metadata.name.as_str(), m)).collect();
+    let mut retry = false;
+    for u in &a.unhealthy {
+        if let Some(m) = by_name.get(u.name.as_str()) {
+            retry |= !mark(ctx, &key.name, &after.metadata, m, u).await?;
+        }
+    }
+    for name in &a.recovered {
+        if let Some(m) = by_name.get(name.as_str()) {
+            retry |= !recover(ctx, &key.name, m).await?;
         }
     }
     write::status(ctx, &before, &after).await?;
+    if retry {
+        // A Machine changed under a mark: its change wakes the check again.
+        return Ok(Action::requeue(super::MIN_REQUEUE));
+    }
     Ok(a.recheck_after.map_or(Action::await_change(), Action::requeue))
+}
+
+fn short_circuit_message(a: &Assessment) -> String {
+    let pending = if a.pending > 0 { format!(" ({} more failing their condition)", a.pending) } else { String::new() };
+    format!(
+        "{} of {} machines are unhealthy{pending}, more than maxUnhealthy allows ({}): none is remediated",
+        a.unhealthy.len(),
+        a.expected,
+        a.max_unhealthy
+    )
+}
+
+/// Marks an unhealthy Machine: `HealthCheckSucceeded=False`, and `OwnerRemediated=False` when its
+/// owner is to remediate it (removed again while remediation is held, unless the owner took it
+/// already). `false` when another write came first.
+async fn mark(
+    ctx: &Ctx,
+    check: &str,
+    check_meta: &ObjectMeta,
+    m: &Machine,
+    u: &Unhealthy,
+) -> Result<bool, ReconcileError> {
+    let mut next = m.clone();
+    let message = format!("MachineHealthCheck {check}: {}", u.why);
+    let newly = condition(&m.status.conditions, ConditionType::HealthCheckSucceeded)
+        .is_none_or(|c| c.status == ConditionStatus::True);
+    set_condition(&mut next.status.conditions, ConditionType::HealthCheckSucceeded, false, u.reason.clone(), &message);
+    let taken = m.metadata.annotations.get(ANNOTATION_DISRUPTION).map(String::as_str)
+        == Some(DisruptionReason::Remediation.as_str());
+    if u.remediate {
+        let asks = format!("MachineHealthCheck {check} asks its owner to remediate it");
+        set_condition(&mut next.status.conditions, ConditionType::OwnerRemediated, false, Reason::WaitingForRemediation, &asks);
+    } else if !taken {
+        remove_condition(&mut next.status.conditions, ConditionType::OwnerRemediated);
+    }
+    match write::status(ctx, m, &next).await {
+        Ok(_) => {}
+        Err(e) if e.is_conflict() => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    if newly {
+        let owner = match (m.owner(), u.remediate) {
+            (Some((kind, name)), true) => format!("; its {kind} {name} remediates it"),
+            (Some(_), false) => "; not remediated now".to_string(),
+            (None, _) => "; it has no owner to remediate it".to_string(),
+        };
+        let message = format!("Machine {} is unhealthy: {}{owner}", m.metadata.name, u.why);
+        tracing::info!(machine = %m.metadata.name, "machine health check {check}: {message}");
+        ctx.store.event(Kind::MachineHealthCheck, check_meta, EventReason::MachineUnhealthy, message).await;
+        ctx.store.event(Kind::Machine, &m.metadata, EventReason::Unhealthy, format!("MachineHealthCheck {check}: {}", u.why)).await;
+    }
+    Ok(true)
+}
+
+/// A Machine that was marked unhealthy and is healthy again: `HealthCheckSucceeded=True`, and
+/// the owner is no longer asked (unless it took it already). `false` when another write came
+/// first.
+async fn recover(ctx: &Ctx, check: &str, m: &Machine) -> Result<bool, ReconcileError> {
+    let mut next = m.clone();
+    set_condition(
+        &mut next.status.conditions,
+        ConditionType::HealthCheckSucceeded,
+        true,
+        Reason::HealthCheckPassed,
+        &format!("MachineHealthCheck {check}: healthy again"),
+    );
+    let taken = m.metadata.annotations.get(ANNOTATION_DISRUPTION).map(String::as_str)
+        == Some(DisruptionReason::Remediation.as_str());
+    if !taken {
+        remove_condition(&mut next.status.conditions, ConditionType::OwnerRemediated);
+    }
+    match write::status(ctx, m, &next).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_conflict() => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// The status fields an assessment sets.
@@ -80,4 +179,28 @@ fn record(status: &mut MachineHealthCheckStatus, a: &Assessment) {
     status.current_healthy = a.healthy;
     status.remediations_allowed = a.remediations_allowed;
     status.unhealthy = a.unhealthy.iter().map(|u| u.name.clone()).collect();
+}
+
+/// What halts the remediation of an owner's machines, in words: a MachineHealthCheck of the
+/// namespace that selects machines with `labels` and whose `RemediationAllowed` is False for a
+/// short circuit or an unreachable target cluster (an `Observe` check halts nothing: the owner's
+/// own failed machines are still replaced).
+///
+/// # Errors
+/// Store failures.
+pub(crate) async fn halted(
+    ctx: &Ctx,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<Option<String>, ReconcileError> {
+    let checks = ctx.store.list_with::<MachineHealthCheck>(&ListParams::namespaced(namespace)).await?;
+    Ok(checks
+        .iter()
+        .filter(|c| !c.spec.selector.match_labels.is_empty() && c.spec.selector.matches(labels))
+        .find_map(|c| {
+            let cond = condition(&c.status.conditions, ConditionType::RemediationAllowed)?;
+            let halts = cond.status == ConditionStatus::False
+                && (cond.reason == Reason::TooManyUnhealthy || cond.reason == Reason::TargetUnreachable);
+            halts.then(|| format!("MachineHealthCheck {}: {}", c.metadata.name, cond.message))
+        }))
 }

@@ -1,6 +1,7 @@
 //! The Machine lifecycle: create through the driver, keep the operation in status before
-//! anything else, poll it at `poll_after`, health-check Running machines, update in place,
-//! delete behind a finalizer.
+//! anything else, poll it at `poll_after`, health-check Running machines, update in place;
+//! behind a finalizer, the one deletion flow ([`super::deletion`]). Pool Machines go to
+//! [`super::pool::reconcile_machine`].
 
 use std::time::Duration;
 
@@ -8,6 +9,8 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::{CallError, OperationExt};
 
+use super::deletion::{self, Instance};
+use super::record::{fail, last_err, last_ok, remember};
 use super::write::{self, Finalizer};
 use super::{poll_stored, resolve, stored, Polled, Resolved};
 use crate::events::EventReason;
@@ -17,8 +20,6 @@ use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
-
-const KEEP_REQUEST_IDS: usize = 5;
 
 /// An operation's progress reaches status only once it has run this long: most creates finish
 /// sooner, and each progress step would be one more write through the API server.
@@ -37,7 +38,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     }
     let m = match write::finalizer(ctx, m).await? {
         Finalizer::Apply(m) => m,
-        Finalizer::Cleanup(m) => return delete(ctx, key, m).await,
+        Finalizer::Cleanup(m) => {
+            let r = resolve(ctx, &m.metadata.namespace, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await?;
+            return deletion::run(ctx, key, m, Instance::Vm(r)).await;
+        }
         Finalizer::Done(action) => return Ok(action),
     };
     let r = match resolve(ctx, &m.metadata.namespace, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await? {
@@ -137,25 +141,7 @@ fn next_step(m: &Machine, class_generation: i64, spec_changed: bool) -> Step {
     }
 }
 
-fn remember(status: &mut MachineStatus, request_id: &str) {
-    status.request_ids.push(request_id.to_string());
-    let n = status.request_ids.len();
-    if n > KEEP_REQUEST_IDS {
-        status.request_ids.drain(..n - KEEP_REQUEST_IDS);
-    }
-}
 
-fn last_ok(op_type: OperationType, state: OperationState, request_id: &str) -> LastOperation {
-    LastOperation {
-        op_type,
-        state,
-        code: "OK".into(),
-        reason: String::new(),
-        message: String::new(),
-        request_id: request_id.into(),
-        time: Utc::now(),
-    }
-}
 
 /// The state of a call that started an operation.
 fn accepted(op: &pb::Operation) -> OperationState {
@@ -166,17 +152,6 @@ fn accepted(op: &pb::Operation) -> OperationState {
     }
 }
 
-fn last_err(op_type: OperationType, e: &driver_sdk::ErrorReport) -> LastOperation {
-    LastOperation {
-        op_type,
-        state: OperationState::Failed,
-        code: format!("{:?}", e.code),
-        reason: e.reason.clone(),
-        message: e.message.clone(),
-        request_id: e.request_id.clone(),
-        time: Utc::now(),
-    }
-}
 
 fn labels_for(ctx: &Ctx, m: &Machine) -> std::collections::HashMap<String, String> {
     let mut labels: std::collections::HashMap<String, String> =
@@ -185,10 +160,6 @@ fn labels_for(ctx: &Ctx, m: &Machine) -> std::collections::HashMap<String, Strin
     labels.insert(TAG_MACHINE.into(), format!("{}.{}", m.metadata.namespace, m.metadata.name));
     labels
 }
-
-/// How soon a deletion whose class does not resolve (so its driver cannot be called) tries
-/// again; a change of the class wakes it sooner.
-const DELETE_UNRESOLVED_RECHECK: Duration = Duration::from_secs(30);
 
 fn creation_timeout(m: &Machine) -> Duration {
     Duration::from_secs(m.spec.creation_timeout_seconds.unwrap_or(DEFAULT_CREATION_TIMEOUT_SECONDS))
@@ -221,18 +192,6 @@ fn failed_event(op_type: OperationType) -> EventReason {
     }
 }
 
-pub(crate) fn fail(m: &mut Machine, class_generation: i64, code: &str, reason: &str, message: &str) {
-    m.status.phase = Phase::Failed;
-    m.status.failure = Some(Failure {
-        code: code.into(),
-        reason: reason.into(),
-        message: message.into(),
-        generation: m.metadata.generation,
-        class_generation,
-    });
-    set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::Failed, message);
-    set_condition(&mut m.status.conditions, ConditionType::Failed, true, Reason::from_driver(reason), message);
-}
 
 /// Reacts to a failed mutating call (create / update): a permanent error marks the machine
 /// Failed; anything else is retried by the runtime's error policy, with the reason in `Ready`.
@@ -547,163 +506,6 @@ async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     set_condition(&mut m.status.conditions, ConditionType::UpToDate, false, Reason::Updating, "updating in place");
     write::status(ctx, &before, &m).await?;
     Ok(Action::poll_after(op.poll_after()))
-}
-
-/// What deleting a Machine does next, decided from its status alone.
-#[derive(Debug, Clone, PartialEq)]
-enum DeleteStep {
-    /// Nothing was ever asked of the cloud: let the object go without a call.
-    Release,
-    /// Poll the stored DeleteMachine operation.
-    Poll(StoredOperation),
-    /// DeleteMachine by name — also while a create is in flight or after its handle was lost:
-    /// whatever the cloud made under that name goes.
-    Delete,
-}
-
-fn delete_step(m: &Machine) -> DeleteStep {
-    match m.status.operations.first() {
-        Some(op) if op.kind == OperationKind::DeleteMachine => DeleteStep::Poll(op.clone()),
-        None if m.status.provider_id.is_empty() && m.status.create_started.is_none() => DeleteStep::Release,
-        _ => DeleteStep::Delete,
-    }
-}
-
-/// Deletes the cloud machine, then lets the object go by removing the finalizer.
-async fn delete(ctx: &Ctx, key: &Key, before: Machine) -> Result<Action> {
-    let step = delete_step(&before);
-    if step == DeleteStep::Release {
-        return release(ctx, key, before).await;
-    }
-    let resolved =
-        resolve(ctx, &before.metadata.namespace, &before.spec.class_ref.name, before.spec.provider_spec.as_ref())
-            .await?;
-    // With a target cluster: hooks, cordon, drain and volumes come first (a VM delete already
-    // in flight is only polled).
-    if !matches!(step, DeleteStep::Poll(_)) {
-        if let Some(action) = super::node::before_instance_delete(ctx, key, &before, resolved.as_ref().ok()).await? {
-            return Ok(action);
-        }
-    }
-    let wait = ctx.wait_before_call(key);
-    if matches!(step, DeleteStep::Poll(_)) && !wait.is_zero() {
-        return Ok(Action::wait(wait));
-    }
-    let r = match resolved {
-        Ok(r) => r,
-        Err((reason, message)) => {
-            let mut m = before.clone();
-            m.status.phase = Phase::Terminating;
-            set_condition(&mut m.status.conditions, ConditionType::DeletionFailed, true, reason, &message);
-            write::status(ctx, &before, &m).await?;
-            return Ok(Action::requeue(DELETE_UNRESOLVED_RECHECK));
-        }
-    };
-    if let DeleteStep::Poll(stored_op) = step {
-        match poll_stored(ctx, r.driver, r.secrets.clone(), &stored_op).await {
-            Polled::Operation(reply) if reply.value.done => {
-                if let Some(err) = reply.value.error_report() {
-                    if policy::decide(&err, Source::Operation(Rpc::Delete)) != Decision::Done {
-                        let mut m = before.clone();
-                        m.status.operations.clear();
-                        m.status.last_operation = Some(last_err(OperationType::Delete, &err));
-                        set_condition(
-                            &mut m.status.conditions,
-                            ConditionType::DeletionFailed,
-                            true,
-                            Reason::from_driver(&err.reason),
-                            &err.message,
-                        );
-                        return write::status_then_fail(
-                            ctx,
-                            &before,
-                            &m,
-                            ReconcileError::operation("DeleteMachine", err, Rpc::Delete),
-                        )
-                        .await;
-                    }
-                }
-                return release(ctx, key, before).await;
-            }
-            Polled::Operation(reply) => return Ok(Action::poll_after(reply.value.poll_after())),
-            Polled::Unusable(why) => {
-                // Delete again by name below (idempotent); the new operation replaces the old.
-                ctx.store
-                    .event(
-                        Kind::Machine,
-                        &before.metadata,
-                        EventReason::OperationTokenUnusable,
-                        format!("{why}; deleting again"),
-                    )
-                    .await;
-            }
-            Polled::Failed(e) => return Err(ReconcileError::call(&e, Rpc::Poll)),
-        }
-    }
-    let mut m = before.clone();
-    let req = pb::DeleteMachineRequest {
-        name: m.metadata.name.clone(),
-        provider_id: m.status.provider_id.clone(),
-        provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
-        secrets: r.secrets.clone(),
-    };
-    match ctx.call(r.driver, "DeleteMachine", |c| async move { c.delete_machine(req).await }).await {
-        Ok(reply) => {
-            let op = reply.value;
-            remember(&mut m.status, &reply.request_id);
-            m.status.last_operation = Some(last_ok(OperationType::Delete, accepted(&op), &reply.request_id));
-            if op.done && op.error_report().is_none() {
-                write::status(ctx, &before, &m).await?;
-                let Some(fresh) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
-                    return Ok(Action::await_change());
-                };
-                return release(ctx, key, fresh).await;
-            }
-            m.status.operations = vec![stored(OperationKind::DeleteMachine, &op, &reply.request_id)];
-            m.status.phase = Phase::Terminating;
-            super::node::instance_deleting(&mut m);
-            set_condition(
-                &mut m.status.conditions,
-                ConditionType::Ready,
-                false,
-                Reason::Deleting,
-                "the cloud is deleting the machine",
-            );
-            write::status(ctx, &before, &m).await?;
-            Ok(Action::poll_after(op.poll_after()))
-        }
-        Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => {
-            release(ctx, key, before).await
-        }
-        Err(e) => {
-            m.status.last_operation = Some(last_err(OperationType::Delete, &e.report));
-            remember(&mut m.status, e.request_id());
-            m.status.phase = Phase::Terminating;
-            set_condition(
-                &mut m.status.conditions,
-                ConditionType::DeletionFailed,
-                true,
-                Reason::from_driver(&e.report.reason),
-                &e.report.message,
-            );
-            // Deletion keeps trying (the policy retries permanent errors slowly): a machine must
-            // not leak.
-            write::status_then_fail(ctx, &before, &m, ReconcileError::call(&e, Rpc::Delete)).await
-        }
-    }
-}
-
-/// Deletes the Node of the gone VM, then removes the finalizer: the store then removes the
-/// object.
-async fn release(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
-    if let Some(action) = super::node::delete_node(ctx, key, &m).await? {
-        return Ok(action);
-    }
-    if write::release(ctx, &m).await? {
-        let message = format!("{} is gone from the cloud", m.metadata.name);
-        ctx.store.event(Kind::Machine, &m.metadata, EventReason::Deleted, message).await;
-    }
-    Ok(Action::await_change())
 }
 
 #[cfg(test)]

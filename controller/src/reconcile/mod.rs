@@ -10,13 +10,16 @@ use crate::runtime::{Action, Ctx, DriverHandle, ReconcileError};
 use crate::store::Key;
 
 pub mod class;
+pub(crate) mod deletion;
 pub mod deployment;
 pub mod health;
 pub mod machine;
 pub mod node;
 pub mod orphans;
 pub mod pool;
+pub(crate) mod record;
 pub mod relations;
+pub(crate) mod remediation;
 pub(crate) mod write;
 
 /// An operation handle as kept in status (the token base64-encoded), stored before anything else.
@@ -71,6 +74,39 @@ pub(crate) async fn poll_stored(
             format!("the driver refused the stored operation token: {} (request {})", e.report, e.request_id()),
         ),
         Err(e) => Polled::Failed(Box::new(e)),
+    }
+}
+
+/// Every instance of a pool, page by page (a pool the driver does not know has none).
+///
+/// # Errors
+/// A failed listing.
+pub(crate) async fn pool_instances(
+    ctx: &Ctx,
+    r: &Resolved<'_>,
+    pool: &str,
+) -> std::result::Result<Vec<pb::PoolInstance>, driver_sdk::CallError> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let req = pb::ListPoolInstancesRequest {
+            pool_name: pool.into(),
+            page_size: 500,
+            page_token: token,
+            provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
+            secrets: r.secrets.clone(),
+        };
+        match ctx.call(r.driver, "ListPoolInstances", |c| async move { c.list_pool_instances(req).await }).await {
+            Ok(reply) => {
+                out.extend(reply.value.instances);
+                if reply.value.next_page_token.is_empty() {
+                    return Ok(out);
+                }
+                token = reply.value.next_page_token;
+            }
+            Err(e) if policy::decide(&e.report, Source::Call(Rpc::Read)) == Decision::Absent => return Ok(out),
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -147,7 +183,11 @@ impl crate::runtime::Reconciler for Controller {
         let mut tasks = vec![orphans::run(ctx.clone()).boxed()];
         if let Some(target) = ctx.target.clone() {
             let queue = ctx.queue.clone();
+            tasks.push(crate::safety::probe(ctx.safety.clone(), "the target cluster", target.client()).boxed());
             tasks.push(crate::nodes::watch(target, move |key| queue.add(key)).boxed());
+        }
+        if let Some(client) = ctx.store.backend().api_client() {
+            tasks.push(crate::safety::probe(ctx.safety.clone(), "the store's API server", client).boxed());
         }
         tasks
     }

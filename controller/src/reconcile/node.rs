@@ -1,10 +1,11 @@
 //! A Machine's life as a Kubernetes Node, when the controller has a target cluster
 //! ([`crate::nodes`]): joining (the VM runs, the Node must become Ready within
-//! `nodeStartupTimeoutSeconds`), watching its readiness while Running, and the deletion
-//! sequence that runs before the VM's delete:
+//! `nodeStartupTimeoutSeconds`: [`node_not_joined`], for VMs and pool instances alike),
+//! watching its readiness while Running, and the node steps of the deletion sequence
+//! ([`super::deletion`] decides which runs):
 //!
 //! `PreDrainHooks → Draining → VolumesDetaching → PreTerminateHooks → InstanceDeleting`, then
-//! the Node is deleted once the VM is gone, and the Machine released.
+//! the Node is deleted once the instance is gone ([`delete_node`]).
 //!
 //! Each step is written to `status.deletion` with its start time before it acts, and the
 //! drain's deadline is written once, when the drain begins: a restarted or newly elected
@@ -15,15 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use driver_sdk::proto as pb;
 
 use super::write;
-use super::Resolved;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::events::EventReason;
-use crate::nodes::{self, drain, Evicted, Lookup, NodeView, Target};
-use crate::policy::{self, Decision, Rpc, Source};
+use crate::nodes::{self, drain, Evicted, Lookup, NodeView, Readiness, Target};
+use crate::policy;
 use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
 use crate::store::Key;
@@ -31,7 +30,7 @@ use crate::store::Key;
 type Result<T> = std::result::Result<T, ReconcileError>;
 
 /// How soon a lookup is tried again while the first list of Nodes has not arrived.
-const NOT_SYNCED_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const NOT_SYNCED_RETRY: Duration = Duration::from_secs(1);
 /// How often a machine waiting for its Node looks again without being woken (a safety net: the
 /// Node's changes wake it).
 const JOIN_RECHECK: Duration = Duration::from_secs(30);
@@ -54,6 +53,37 @@ fn lookup(target: &Target, key: &Key, m: &Machine) -> Lookup {
         }
     }
     target.cache.find(&m.status.provider_id, reported_node_name(m))
+}
+
+/// A Machine's Node as a deletion sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeSeen {
+    /// No target cluster: nodes are not managed.
+    NoTarget,
+    /// The first list of Nodes has not arrived.
+    NotSynced,
+    /// Its Node exists.
+    Found,
+    /// It has no Node (never joined, or gone).
+    Missing,
+}
+
+/// How `m`'s Node is seen now (recording that its changes wake `key`).
+pub(crate) fn seen(target: &Target, key: &Key, m: &Machine) -> NodeSeen {
+    match lookup(target, key, m) {
+        Lookup::NotSynced => NodeSeen::NotSynced,
+        Lookup::Found(_) => NodeSeen::Found,
+        Lookup::Missing => NodeSeen::Missing,
+    }
+}
+
+/// What the drain asks the cloud about a Node that is not Ready: whether the machine's VM is
+/// gone or stopped (then the Node is taken out of service instead of drained). The deletion's
+/// instance kind answers ([`super::deletion::Instance`]).
+#[async_trait::async_trait]
+pub(crate) trait VmProbe: Sync {
+    /// Whether the VM is gone or stopped.
+    async fn gone_or_stopped(&self, ctx: &Ctx, m: &Machine) -> Result<bool>;
 }
 
 fn node_ref(view: &NodeView) -> NodeRef {
@@ -116,20 +146,33 @@ pub(crate) async fn join(
             set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::WaitingForNode, &message);
         }
     }
-    let timeout = Duration::from_secs(m.node_settings().node_startup_timeout_seconds);
-    let waited = elapsed_since(Some(provisioned));
-    if !timeout.is_zero() && waited >= timeout {
-        let message = format!("no Ready Node {}s after the VM came up ({})", timeout.as_secs(), m.status.provider_id);
-        super::machine::fail(&mut m, class_generation, "DeadlineExceeded", policy::REASON_NODE_NOT_JOINED, &message);
-        m.status.phase = Phase::Failed;
-        set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotJoined, &message);
+    if let Some(message) = node_not_joined(&mut m, class_generation) {
         ctx.store.event(Kind::Machine, &m.metadata, EventReason::NodeNotJoined, message).await;
         write::status(ctx, &before, &m).await?;
         return Ok(Action::await_change());
     }
     write::status(ctx, &before, &m).await?;
-    let left = if timeout.is_zero() { JOIN_RECHECK } else { timeout.saturating_sub(waited) };
+    let timeout = Duration::from_secs(m.node_settings().node_startup_timeout_seconds);
+    let left = if timeout.is_zero() { JOIN_RECHECK } else { timeout.saturating_sub(elapsed_since(Some(provisioned))) };
     Ok(Action::requeue(left.min(JOIN_RECHECK).max(super::MIN_REQUEUE)))
+}
+
+/// Whether a machine whose VM (or pool instance) runs has waited longer than
+/// `nodeStartupTimeoutSeconds` for a Ready Node — then it is marked Failed (`NODE_NOT_JOINED`),
+/// its owner remediates it, and the message is returned. The wait starts when it is first seen
+/// running without one (`status.provisioned`). The one place either kind fails for its Node.
+pub(crate) fn node_not_joined(m: &mut Machine, class_generation: i64) -> Option<String> {
+    let since = *m.status.provisioned.get_or_insert_with(Utc::now);
+    let timeout = m.node_settings().node_startup_timeout_seconds;
+    let waited = elapsed_since(Some(since)).as_secs();
+    if timeout == 0 || waited < timeout {
+        return None;
+    }
+    let message = format!("no Ready Node {timeout}s after the VM came up ({})", m.status.provider_id);
+    super::record::fail(m, class_generation, "DeadlineExceeded", policy::REASON_NODE_NOT_JOINED, &message);
+    set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotJoined, &message);
+    set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::NodeNotJoined, &message);
+    Some(message)
 }
 
 /// A Running machine's Node, as seen now: `NodeReady` follows the Node's `Ready`; a Node that
@@ -143,14 +186,12 @@ pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machi
             if node.is_ready() {
                 set_condition(&mut m.status.conditions, ConditionType::NodeReady, true, Reason::NodeReady, "");
             } else {
+                // The Node's own status: Unknown when its kubelet stopped reporting, so a
+                // health check can tell the two apart.
+                let status =
+                    if node.readiness == Readiness::Unknown { ConditionStatus::Unknown } else { ConditionStatus::False };
                 let message = format!("node {} is not Ready ({:?})", node.name, node.readiness);
-                set_condition(
-                    &mut m.status.conditions,
-                    ConditionType::NodeReady,
-                    false,
-                    Reason::NodeNotReady,
-                    &message,
-                );
+                set_condition_status(&mut m.status.conditions, ConditionType::NodeReady, status, Reason::NodeNotReady, &message);
             }
             Ok(())
         }
@@ -168,31 +209,28 @@ pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machi
     }
 }
 
-/// The steps before the VM's delete. `Some(action)` while one of them holds the deletion;
-/// `None` once the VM may be deleted (or when there is no target cluster or no Node).
-pub(crate) async fn before_instance_delete(
+/// One node step of a deletion (the step [`super::deletion::next`] chose), written to
+/// `status.deletion` before it acts.
+///
+/// # Errors
+/// Store failures and the target cluster's refusals (retried).
+pub(crate) async fn deletion_step(
     ctx: &Ctx,
     key: &Key,
-    before: &Machine,
-    r: Option<&Resolved<'_>>,
-) -> Result<Option<Action>> {
-    let Some(target) = ctx.target.clone() else { return Ok(None) };
-    let phase = before.status.deletion.as_ref().map(|d| d.phase);
-    if phase.is_some_and(|p| p >= DeletionPhase::InstanceDeleting) {
-        return Ok(None);
-    }
-    let node = match lookup(&target, key, before) {
-        Lookup::NotSynced => return Ok(Some(Action::requeue(NOT_SYNCED_RETRY))),
+    before: Machine,
+    phase: DeletionPhase,
+    probe: &dyn VmProbe,
+) -> Result<Action> {
+    let Some(target) = ctx.target.clone() else { return Ok(Action::requeue_now()) };
+    let node = match lookup(&target, key, &before) {
         Lookup::Found(node) => Some(node),
-        // Never joined, or gone: nothing to drain, but hooks still hold the deletion.
-        Lookup::Missing if has_hooks(before) || before.status.deletion.is_some() => None,
-        Lookup::Missing => return Ok(None),
+        Lookup::NotSynced | Lookup::Missing => None,
     };
     let mut m = before.clone();
     m.status.phase = Phase::Terminating;
-    let action = match (deletion(&mut m).phase, node) {
+    let action = match (phase, node) {
         (DeletionPhase::PreDrainHooks, _) => hooks(ctx, &mut m, PRE_DRAIN_HOOK_PREFIX, DeletionPhase::Draining).await,
-        (DeletionPhase::Draining, Some(node)) => drain(ctx, &target, &mut m, &node, r).await?,
+        (DeletionPhase::Draining, Some(node)) => drain(ctx, &target, &mut m, &node, probe).await?,
         (DeletionPhase::VolumesDetaching, Some(node)) => volumes(&target, &mut m, &node).await?,
         (DeletionPhase::Draining | DeletionPhase::VolumesDetaching, None) => {
             advance(&mut m, DeletionPhase::PreTerminateHooks);
@@ -203,16 +241,8 @@ pub(crate) async fn before_instance_delete(
         }
         (DeletionPhase::InstanceDeleting, _) => Action::requeue_now(),
     };
-    write::status(ctx, before, &m).await?;
-    Ok(Some(action))
-}
-
-/// Whether hook annotations are on the Machine.
-fn has_hooks(m: &Machine) -> bool {
-    m.metadata
-        .annotations
-        .keys()
-        .any(|k| k.starts_with(PRE_DRAIN_HOOK_PREFIX) || k.starts_with(PRE_TERMINATE_HOOK_PREFIX))
+    write::status(ctx, &before, &m).await?;
+    Ok(action)
 }
 
 /// The deletion's record, begun at its first step when there is none yet.
@@ -230,7 +260,7 @@ fn deletion(m: &mut Machine) -> &mut Deletion {
 }
 
 /// Moves the deletion to its next step (written before the step acts).
-fn advance(m: &mut Machine, next: DeletionPhase) {
+pub(crate) fn advance(m: &mut Machine, next: DeletionPhase) {
     let now = Utc::now();
     let drain_timeout = Duration::from_secs(m.node_settings().drain_timeout_seconds);
     let d = deletion(m);
@@ -276,42 +306,15 @@ async fn hooks(ctx: &Ctx, m: &mut Machine, prefix: &str, next: DeletionPhase) ->
     Action::requeue(HOOK_RECHECK)
 }
 
-/// Whether the driver reports the machine's VM gone or stopped (asked only of a node that is
-/// not Ready: a Ready node's VM runs).
-async fn vm_gone(ctx: &Ctx, m: &Machine, r: &Resolved<'_>) -> Result<bool> {
-    let req = pb::GetMachineStatusRequest {
-        name: m.metadata.name.clone(),
-        provider_id: m.status.provider_id.clone(),
-        provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
-        secrets: r.secrets.clone(),
-    };
-    match ctx.call(r.driver, "GetMachineStatus", |c| async move { c.get_machine_status(req).await }).await {
-        Ok(reply) => {
-            let state = pb::MachineState::try_from(reply.value.state).unwrap_or(pb::MachineState::Unknown);
-            Ok(matches!(state, pb::MachineState::Stopped | pb::MachineState::Deleting | pb::MachineState::Failed))
-        }
-        Err(e) => match policy::decide(&e.report, Source::Call(Rpc::Read)) {
-            Decision::Absent => Ok(true),
-            _ => Err(ReconcileError::call(&e, Rpc::Read)),
-        },
-    }
-}
-
 /// One look at the drain: cordon (or, for a dead VM's node, mark it out of service), one pass
 /// over the pods, then either the next step or a report of what holds it.
-async fn drain(
-    ctx: &Ctx,
-    target: &Target,
-    m: &mut Machine,
-    node: &Arc<NodeView>,
-    r: Option<&Resolved<'_>>,
-) -> Result<Action> {
+async fn drain(ctx: &Ctx, target: &Target, m: &mut Machine, node: &Arc<NodeView>, probe: &dyn VmProbe) -> Result<Action> {
     let now = Utc::now();
     if deletion(m).drain_deadline.is_none() {
         advance(m, DeletionPhase::Draining);
     }
     let deadline = deletion(m).drain_deadline.unwrap_or(now);
-    let dead = dead_node(ctx, target, m, node, r).await?;
+    let dead = dead_node(ctx, target, m, node, probe).await?;
     let pods = target.pods_on(&node.name).await?;
     let pass = evict_pass(target, &pods, now, deadline, dead).await?;
     if !pass.forced.is_empty() && !dead {
@@ -348,18 +351,10 @@ async fn drain(
 
 /// Whether the node is a dead VM's (not Ready, and the driver reports the VM gone or stopped):
 /// then it is marked out of service; else it is cordoned. Once found dead, it stays so.
-async fn dead_node(
-    ctx: &Ctx,
-    target: &Target,
-    m: &mut Machine,
-    node: &NodeView,
-    r: Option<&Resolved<'_>>,
-) -> Result<bool> {
+async fn dead_node(ctx: &Ctx, target: &Target, m: &mut Machine, node: &NodeView, probe: &dyn VmProbe) -> Result<bool> {
     let mut dead = deletion(m).out_of_service;
     if !dead && !node.is_ready() {
-        if let Some(r) = r {
-            dead = vm_gone(ctx, m, r).await?;
-        }
+        dead = probe.gone_or_stopped(ctx, m).await?;
     }
     if !dead {
         target.cordon(node).await?;

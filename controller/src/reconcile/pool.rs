@@ -8,7 +8,9 @@
 //! With a target cluster (nodes managed) the pool removes no instance itself: a scale-down or
 //! an upgrade by deletion (maxSurge 0 included: delete and replace, never a reimage in place)
 //! deletes the chosen instances' Machines, and each Machine's deletion drains its Node before
-//! DeletePoolInstances of exactly that instance ([`reconcile_machine`]).
+//! DeletePoolInstances of exactly that instance ([`reconcile_machine`], through the one
+//! deletion flow of [`super::deletion`]). Remediation (failed instances, and those a
+//! MachineHealthCheck marked) always goes that way, with or without nodes.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -17,10 +19,13 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
-use super::write::{self, Finalizer, Written};
-use super::{poll_stored, resolve, stored, Polled, Resolved};
+use super::deletion::{self, Instance};
+use super::record::last;
+use super::write::{self, Finalizer};
+use super::{poll_stored, pool_instances as instances, resolve, stored, Polled, Resolved};
 use crate::events::EventReason;
 use crate::plan::pool as plan;
+use crate::plan::rollout::{disruption_conditions, Remediation};
 use crate::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
 use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
@@ -37,23 +42,6 @@ const PROGRESS_RECHECK: Duration = Duration::from_secs(1);
 /// follows shortly.
 const DONE_RECHECK: Duration = Duration::from_millis(200);
 
-fn last(
-    op_type: OperationType,
-    state: OperationState,
-    request_id: &str,
-    err: Option<&driver_sdk::ErrorReport>,
-) -> LastOperation {
-    LastOperation {
-        op_type,
-        state,
-        code: err.map_or("OK".into(), |e| format!("{:?}", e.code)),
-        reason: err.map(|e| e.reason.clone()).unwrap_or_default(),
-        message: err.map(|e| e.message.clone()).unwrap_or_default(),
-        request_id: request_id.into(),
-        time: Utc::now(),
-    }
-}
-
 /// An instance's state: the protocol's `InstanceState`, or, from a driver older than it
 /// (`UNSPECIFIED`), the deprecated provisioning string.
 fn state_of(i: &pb::PoolInstance) -> plan::InstanceState {
@@ -69,39 +57,14 @@ fn state_of(i: &pb::PoolInstance) -> plan::InstanceState {
     }
 }
 
-/// A listed instance as the planner sees it, its Node's readiness (its Machine's) aside.
+/// A listed instance as the planner sees it, what its Machine says aside.
 fn instance(i: &pb::PoolInstance) -> plan::Instance {
     plan::Instance {
-        id: i.instance_id.clone(),
-        state: state_of(i),
         running: i.power_state == pb::PowerState::Running as i32,
         latest_model: i.latest_model_applied,
         node_ready: false,
+        ..plan::Instance::new(&i.instance_id, state_of(i))
     }
-}
-
-/// Whether a pool Machine whose instance runs has waited longer than
-/// `nodeStartupTimeoutSeconds` for a Ready Node; then it is marked Failed (`NODE_NOT_JOINED`).
-/// The wait starts when the instance is first seen running without one.
-fn node_not_joined(m: &mut Machine) -> bool {
-    let since = *m.status.provisioned.get_or_insert_with(chrono::Utc::now);
-    let timeout = m.node_settings().node_startup_timeout_seconds;
-    let waited = (chrono::Utc::now() - since).num_seconds().max(0) as u64;
-    if timeout == 0 || waited < timeout {
-        return false;
-    }
-    let message = format!("no Ready Node {timeout}s after the instance came up ({})", m.status.provider_id);
-    m.status.phase = Phase::Failed;
-    m.status.failure = Some(Failure {
-        code: "DeadlineExceeded".into(),
-        reason: crate::policy::REASON_NODE_NOT_JOINED.into(),
-        message: message.clone(),
-        generation: m.metadata.generation,
-        class_generation: 0,
-    });
-    set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotJoined, &message);
-    set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::NodeNotJoined, &message);
-    true
 }
 
 /// Whether a pool Machine's Node is Ready (`NodeReady=True`).
@@ -111,35 +74,6 @@ fn node_ready(m: &Machine) -> bool {
 
 fn machine_name(pool: &str, instance: &str) -> String {
     format!("{pool}-{instance}")
-}
-
-async fn instances(
-    ctx: &Ctx,
-    r: &Resolved<'_>,
-    pool: &str,
-) -> std::result::Result<Vec<pb::PoolInstance>, driver_sdk::CallError> {
-    let mut out = Vec::new();
-    let mut token = String::new();
-    loop {
-        let req = pb::ListPoolInstancesRequest {
-            pool_name: pool.into(),
-            page_size: 500,
-            page_token: token,
-            provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
-            secrets: r.secrets.clone(),
-        };
-        match ctx.call(r.driver, "ListPoolInstances", |c| async move { c.list_pool_instances(req).await }).await {
-            Ok(reply) => {
-                out.extend(reply.value.instances);
-                if reply.value.next_page_token.is_empty() {
-                    return Ok(out);
-                }
-                token = reply.value.next_page_token;
-            }
-            Err(e) if policy::decide(&e.report, Source::Call(Rpc::Read)) == Decision::Absent => return Ok(out),
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 /// Reconciles one MachinePool: an operation in flight is polled, a pool being deleted is torn
@@ -180,7 +114,8 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Ok(seen) => seen,
         Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
     };
-    let plan = plan::plan(seen.input(&pool));
+    let halted = super::health::halted(ctx, &key.namespace, &pool_labels(&pool)).await?;
+    let plan = plan::plan(seen.input(&pool, halted.as_deref()));
     if !plan.notes.is_empty() {
         let notes: Vec<String> = plan.notes.iter().map(ToString::to_string).collect();
         tracing::debug!("plan.notes" = %notes.join("; "), "planned pool");
@@ -276,11 +211,14 @@ struct Observation {
     nodes_managed: bool,
     /// The revision of the pool's template.
     revision: String,
+    /// The moment it was observed.
+    now: chrono::DateTime<Utc>,
 }
 
 impl Observation {
     /// The planner's input.
-    fn input<'a>(&'a self, pool: &'a MachinePool) -> plan::Observed<'a> {
+    fn input<'a>(&'a self, pool: &'a MachinePool, halted: Option<&'a str>) -> plan::Observed<'a> {
+        let max = pool.spec.remediation.max_in_flight.as_ref();
         plan::Observed {
             replicas: pool.spec.replicas,
             strategy: &pool.spec.strategy,
@@ -291,8 +229,41 @@ impl Observation {
             deleting: &self.deleting,
             annotated: &self.annotated,
             nodes_managed: self.nodes_managed,
+            budgets: &pool.spec.disruption.budgets,
+            max_in_flight: crate::plan::disruption::max_in_flight(max, pool.spec.replicas),
+            remediation_not_before: pool.status.disruption.remediation.not_before,
+            remediation_halted: halted,
+            now: self.now,
         }
     }
+}
+
+/// The labels of a pool's Machines (what a MachineHealthCheck selects them by).
+fn pool_labels(pool: &MachinePool) -> std::collections::BTreeMap<String, String> {
+    [(LABEL_POOL.to_string(), pool.metadata.name.clone())].into()
+}
+
+/// Why a pool Machine is to be remediated, if it is: failed (its instance, or its Node never
+/// joined), marked by a MachineHealthCheck, or annotated; never with skip-remediation.
+fn remediation_of(m: &Machine) -> Option<Remediation> {
+    let on = |key: &str| m.metadata.annotations.get(key).is_some_and(|v| v != "false");
+    if m.is_deleting() || on(ANNOTATION_SKIP_REMEDIATION) {
+        return None;
+    }
+    if m.status.phase == Phase::Failed {
+        return Some(Remediation::Failed);
+    }
+    let asked = condition(&m.status.conditions, ConditionType::OwnerRemediated)
+        .is_some_and(|c| c.status == ConditionStatus::False);
+    if asked {
+        return Some(Remediation::Unhealthy);
+    }
+    on(ANNOTATION_REMEDIATE).then_some(Remediation::Requested)
+}
+
+/// Whether the owner took a Machine for remediation (marked it).
+fn remediating(m: &Machine) -> bool {
+    m.metadata.annotations.get(ANNOTATION_DISRUPTION).map(String::as_str) == Some(DisruptionReason::Remediation.as_str())
 }
 
 /// Lists the instances and the pool's Machines. A listing of several pages is no snapshot: when
@@ -325,24 +296,51 @@ async fn observe(
         .filter(|m| m.metadata.annotations.get(ANNOTATION_DELETE).is_some_and(|v| v != "false"))
         .filter_map(instance_of)
         .collect();
-    let node_ready: HashSet<String> = machines.iter().filter(|m| node_ready(m)).filter_map(instance_of).collect();
+    let by_instance: HashMap<&str, &Machine> =
+        machines.iter().filter_map(|m| Some((m.spec.pool_ref.as_ref()?.instance_id.as_str(), m))).collect();
     let instances = list
         .iter()
-        .map(|i| plan::Instance { node_ready: node_ready.contains(&i.instance_id), ..instance(i) })
+        .map(|i| {
+            let m = by_instance.get(i.instance_id.as_str());
+            plan::Instance {
+                node_ready: m.is_some_and(|m| node_ready(m)),
+                remediation: m.and_then(|m| remediation_of(m)),
+                remediating: m.is_some_and(|m| remediating(m)),
+                ..instance(i)
+            }
+        })
         .collect();
     let nodes_managed = ctx.target.is_some();
     let revision = short_hash(&pool.spec.template);
-    Ok(Ok(Observation { list, machines, instances, deleting, annotated, nodes_managed, revision }))
+    let now = Utc::now();
+    Ok(Ok(Observation { list, machines, instances, deleting, annotated, nodes_managed, revision, now }))
 }
 
 /// Carries out a plan: mirrors the instances as Machines, then makes its one call (or deletes
 /// its Machines) and writes the status.
 async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation, plan: plan::Plan) -> Result<Action> {
-    mirror(ctx, pool, r, &seen.list, &seen.machines).await?;
+    mirror(ctx, pool, &seen.list, &seen.machines).await?;
+    let by_instance: HashMap<&str, &Machine> =
+        seen.machines.iter().filter_map(|m| Some((m.spec.pool_ref.as_ref()?.instance_id.as_str(), m))).collect();
+    for (id, why) in &plan.mark {
+        if let Some(m) = by_instance.get(id.as_str()) {
+            let fresh = ctx.store.get::<Machine>(&m.metadata.namespace, &m.metadata.name).await?;
+            let unchanged = fresh.filter(|f| f.metadata.resource_version == m.metadata.resource_version);
+            super::remediation::mark(ctx, &unchanged, *why).await?;
+        }
+    }
     let mut next = pool.clone();
     next.status.replicas = plan.replicas;
     next.status.ready_replicas = plan.ready_replicas;
     next.status.updated_replicas = plan.updated_replicas;
+    let (config, prev) = (&ctx.config, &pool.status.disruption.remediation);
+    let idle = plan.waiting.is_empty() && !seen.instances.iter().any(|i| i.remediating) && plan.mark.is_empty();
+    let (consecutive, not_before) =
+        crate::plan::disruption::next_pace(prev, plan.mark.len(), idle, seen.now, config.backoff_base, config.backoff_max);
+    let remediation = RemediationStatus { waiting: plan.waiting.clone(), consecutive, not_before, ..Default::default() };
+    next.status.disruption = plan.disruption.status(remediation);
+    next.status.disruption.remediation.in_flight += plan.mark.len() as i64;
+    disruption_conditions(&mut next.status.conditions, &plan.disruption);
     if let Some(ready) = &plan.ready {
         set_condition(
             &mut next.status.conditions,
@@ -499,13 +497,9 @@ async fn failed(
 }
 
 /// One Machine per instance: created for new instances, removed for gone ones, status mirrored.
-async fn mirror(
-    ctx: &Ctx,
-    pool: &MachinePool,
-    r: &Resolved<'_>,
-    list: &[pb::PoolInstance],
-    machines: &[Machine],
-) -> Result<()> {
+/// A Machine the controller failed itself (its Node never joined) stays Failed until its owner
+/// remediates it.
+async fn mirror(ctx: &Ctx, pool: &MachinePool, list: &[pb::PoolInstance], machines: &[Machine]) -> Result<()> {
     let by_instance: HashMap<&str, &Machine> =
         machines.iter().filter_map(|m| m.spec.pool_ref.as_ref().map(|p| (p.instance_id.as_str(), m))).collect();
     for i in list {
@@ -542,7 +536,7 @@ async fn mirror(
                     Err(e) => return Err(e.into()),
                 }
             }
-            Some(m) if !m.is_deleting() => {
+            Some(m) if !m.is_deleting() && m.status.failure.is_none() => {
                 let mut next = (*m).clone();
                 // With a target cluster a running instance is Provisioned until its Node is Ready.
                 let joining = ctx.target.is_some() && phase == Phase::Running && !node_ready(m);
@@ -556,18 +550,18 @@ async fn mirror(
                     .collect();
                 let reason = if joining { Reason::WaitingForNode } else { Reason::from(phase) };
                 set_condition(&mut next.status.conditions, ConditionType::Ready, phase == Phase::Running, reason, "");
-                if joining && node_not_joined(&mut next) {
-                    // Replaced like a failed deployment machine: its deletion removes exactly
-                    // this instance, and the pool refills.
-                    let message = next.status.failure.as_ref().map(|f| f.message.clone()).unwrap_or_default();
-                    ctx.store.event(Kind::Machine, &next.metadata, EventReason::NodeNotJoined, message).await;
-                    match write::status(ctx, *m, &next).await {
-                        Err(e) if e.is_conflict() => continue,
-                        Err(e) => return Err(e),
-                        Ok(_) => {}
+                if joining {
+                    if let Some(message) = super::node::node_not_joined(&mut next, 0) {
+                        // Remediated by the pool like any failed instance: its Machine's
+                        // deletion removes exactly this instance, and the pool refills.
+                        ctx.store.event(Kind::Machine, &next.metadata, EventReason::NodeNotJoined, message).await;
+                        match write::status(ctx, *m, &next).await {
+                            Err(e) if e.is_conflict() => {}
+                            Err(e) => return Err(e),
+                            Ok(_) => {}
+                        }
+                        continue;
                     }
-                    ctx.store.delete(&Key::of(*m)).await?;
-                    continue;
                 }
                 set_condition(
                     &mut next.status.conditions,
@@ -605,7 +599,6 @@ async fn mirror(
         }
         ctx.store.delete(&Key::of(m)).await?;
     }
-    let _ = r;
     Ok(())
 }
 
@@ -678,96 +671,14 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
         return Ok(Action::await_change());
     }
     let Some(pref) = m.spec.pool_ref.clone() else { return Ok(Action::await_change()) };
-    let release = |m: Machine| async move {
-        // The instance is gone: its Node goes before the Machine (with a target cluster).
-        if let Some(action) = super::node::delete_node(ctx, key, &m).await? {
-            return Ok(action);
-        }
-        write::release(ctx, &m).await?;
-        Ok(Action::await_change())
+    let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &pref.name).await? else {
+        // The pool is gone, and its instances with it.
+        return deletion::release(ctx, key, m).await;
     };
-    let Some(pool) = ctx.store.get::<MachinePool>(&key.namespace, &pref.name).await? else { return release(m).await };
-    let wait = ctx.wait_before_call(key);
-    if !wait.is_zero() {
-        return Ok(Action::wait(wait));
-    }
     let t = &pool.spec.template.spec;
-    let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
-        Ok(r) => r,
-        Err(_) => return Ok(Action::requeue(super::UNRESOLVED_RECHECK)),
-    };
-    if let Some(op) = m.status.operations.first().cloned() {
-        let reply = match poll_stored(ctx, r.driver, r.secrets.clone(), &op).await {
-            Polled::Operation(reply) => Ok(*reply),
-            Polled::Unusable(why) => {
-                // DeletePoolInstances is idempotent: drop the handle and delete the instance again.
-                let mut next = m.clone();
-                next.status.operations.clear();
-                write::status(ctx, &m, &next).await?;
-                ctx.store
-                    .event(
-                        Kind::Machine,
-                        &m.metadata,
-                        EventReason::OperationTokenUnusable,
-                        format!("{why}; deleting again"),
-                    )
-                    .await;
-                return Ok(Action::requeue_now());
-            }
-            Polled::Failed(e) => Err(e),
-        };
-        return match reply {
-            Ok(reply) if !reply.value.done => Ok(Action::poll_after(reply.value.poll_after())),
-            Ok(reply) => match reply.value.error_report() {
-                None => release(m).await,
-                Some(err) if policy::decide(&err, Source::Operation(Rpc::Delete)) == Decision::Done => release(m).await,
-                Some(err) => {
-                    let mut next = m.clone();
-                    next.status.operations.clear();
-                    let e = ReconcileError::operation(OperationKind::DeletePoolInstances.method(), err, Rpc::Delete);
-                    write::status_then_fail(ctx, &m, &next, e).await
-                }
-            },
-            Err(e) => Err(ReconcileError::call(&e, Rpc::Poll)),
-        };
-    }
-    // With a target cluster: hooks, cordon, drain and volumes before the instance goes.
-    // The driver's GetMachineStatus knows machines, not pool instances: the drain is not told
-    // about the VM (a NotReady pool node is drained, never taken out of service on a guess).
-    if let Some(action) = super::node::before_instance_delete(ctx, key, &m, None).await? {
-        return Ok(action);
-    }
-    let req = pb::DeletePoolInstancesRequest {
-        pool_name: pref.name.clone(),
-        instance_ids: vec![pref.instance_id.clone()],
-        provider_spec: None,
-        secrets: r.secrets.clone(),
-    };
-    match ctx.call(r.driver, "DeletePoolInstances", |c| async move { c.delete_pool_instances(req).await }).await {
-        Ok(reply) if reply.value.done => release(m).await,
-        Ok(reply) => {
-            let mut next = m.clone();
-            next.status.operations = vec![stored(OperationKind::DeletePoolInstances, &reply.value, &reply.request_id)];
-            next.status.phase = Phase::Terminating;
-            super::node::instance_deleting(&mut next);
-            next.status.last_operation =
-                Some(last(OperationType::Delete, OperationState::Processing, &reply.request_id, None));
-            if write::status(ctx, &m, &next).await? == Written::Gone {
-                return Ok(Action::await_change());
-            }
-            ctx.store
-                .event(
-                    Kind::Machine,
-                    &m.metadata,
-                    EventReason::DeletingInstance,
-                    format!("deleting instance {} of pool {}", pref.instance_id, pref.name),
-                )
-                .await;
-            Ok(Action::poll_after(reply.value.poll_after()))
-        }
-        Err(e) if policy::decide(&e.report, Source::Call(Rpc::Delete)) == Decision::Done => release(m).await,
-        Err(e) => Err(ReconcileError::call(&e, Rpc::Delete)),
-    }
+    let resolved = resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await?;
+    let instance = Instance::Pool { pool: pref.name.clone(), id: pref.instance_id.clone(), resolved };
+    deletion::run(ctx, key, m, instance).await
 }
 
 #[cfg(test)]
@@ -802,6 +713,7 @@ mod tests {
     fn an_instance_whose_node_never_becomes_ready_fails_after_the_node_startup_timeout() {
         let mut m = machine("0", false);
         m.spec.node = Some(NodeSettings { node_startup_timeout_seconds: 600, ..Default::default() });
+        let node_not_joined = |m: &mut Machine| crate::reconcile::node::node_not_joined(m, 0).is_some();
         assert!(!node_not_joined(&mut m), "the wait starts now");
         assert!(m.status.provisioned.is_some());
         m.status.provisioned = Some(Utc::now() - chrono::Duration::seconds(599));

@@ -231,6 +231,10 @@ pub(crate) fn replicated_rules(kind: Kind) -> Vec<Rule> {
             out.push(rule(kind, at, percent.to_string(), "", PERCENT_AT_MOST_100, percent_at_most_100));
         }
         out.push(rule(kind, strategy, not_both_zero.clone(), "maxUnavailable", NOT_BOTH_ZERO, surge_or_unavailable));
+        let at = "spec.remediation.maxInFlight";
+        out.push(rule(kind, at, int_or_percent.clone(), "", INT_OR_PERCENT, int_or_percent_ok));
+        out.push(rule(kind, at, percent.to_string(), "", PERCENT_AT_MOST_100, percent_at_most_100));
+        out.extend(budget_rules(kind));
         out.push(rule(
             kind,
             "spec.drainTimeoutSeconds",
@@ -264,4 +268,62 @@ pub(crate) fn deployment_rules() -> Vec<Rule> {
         deadline_after_min_ready,
     ));
     out
+}
+
+/// Message of the budgets' `machines` rule.
+pub(crate) const BUDGET_MACHINES: &str =
+    "every budget's machines must be an integer of at least 0 or a percentage like \"10%\" (at most 100%)";
+/// Message of the budgets' schedule/duration rule.
+pub(crate) const BUDGET_SCHEDULE: &str =
+    "every budget's schedule and duration come together (a budget without a schedule is always active)";
+/// Message of the budgets' duration rule.
+pub(crate) const BUDGET_DURATION: &str = "every budget's duration must be like 1h, 30m, 1h30m or 90s";
+
+/// The rules the CRD can check of `spec.disruption.budgets` (the schedule's cron expression and
+/// the time zone are checked by [`disruption`] and, on objects `apply` did not check, reported
+/// by the controller as a `Valid=False` condition that holds what the budget limits).
+fn budget_rules(kind: Kind) -> Vec<Rule> {
+    let machines = "self.budgets.all(b, type(b.machines) == int ? b.machines >= 0 : \
+                    b.machines.matches('^([0-9]+|0*(100|[0-9]?[0-9])%)$'))";
+    let together = "self.budgets.all(b, has(b.schedule) == has(b.duration))";
+    let duration =
+        "self.budgets.all(b, !has(b.duration) || (b.duration != '' && b.duration.matches('^([0-9]+h)?([0-9]+m)?([0-9]+s)?$')))";
+    vec![
+        Rule::new(kind, "spec.disruption", machines.into(), "budgets", BUDGET_MACHINES, |v| {
+            every_budget(v, |b| b.get("machines").is_none_or(|m| int_or_percent_ok(m) && percent_at_most_100(m)))
+        }),
+        Rule::new(kind, "spec.disruption", together.into(), "budgets", BUDGET_SCHEDULE, |v| {
+            every_budget(v, |b| b.get("schedule").is_some() == b.get("duration").is_some())
+        }),
+        Rule::new(kind, "spec.disruption", duration.into(), "budgets", BUDGET_DURATION, |v| {
+            every_budget(v, |b| b.get("duration").and_then(Value::as_str).is_none_or(duration_shape))
+        }),
+    ]
+}
+
+/// Whether `ok` holds for every budget of a `spec.disruption`.
+fn every_budget(v: &Value, ok: fn(&Value) -> bool) -> bool {
+    v.get("budgets").and_then(Value::as_array).is_none_or(|bs| bs.iter().all(ok))
+}
+
+/// `^([0-9]+h)?([0-9]+m)?([0-9]+s)?$`, not empty: the CEL rule's shape of a duration.
+fn duration_shape(d: &str) -> bool {
+    let mut rest = d;
+    for unit in ['h', 'm', 's'] {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && rest[digits..].starts_with(unit) {
+            rest = &rest[digits + 1..];
+        }
+    }
+    !d.is_empty() && rest.is_empty()
+}
+
+/// What a CRD cannot check of the budgets: each one's schedule, duration and time zone read.
+pub(crate) fn disruption(spec: &DisruptionSpec) -> Check {
+    for (i, b) in spec.budgets.iter().enumerate() {
+        if let Err((field, why)) = b.check() {
+            return fail(&format!("spec.disruption.budgets[{i}].{field}"), why);
+        }
+    }
+    Ok(())
 }

@@ -132,6 +132,13 @@ wire_enum! {
         /// MachineHealthCheck: whether it may remediate (not more unhealthy machines than
         /// `maxUnhealthy`).
         RemediationAllowed,
+        /// Machine: whether a MachineHealthCheck finds it healthy (False: the reason says why).
+        HealthCheckSucceeded,
+        /// Machine: False while a MachineHealthCheck asks its owner to remediate it.
+        OwnerRemediated,
+        /// MachineDeployment, MachinePool: a disruption budget (or a health check's short
+        /// circuit) holds disruptions back.
+        DisruptionBlocked,
     }
 }
 
@@ -360,6 +367,24 @@ reasons! {
     WithinMaxUnhealthy,
     /// MachineHealthCheck: more machines are unhealthy than `maxUnhealthy`; none is remediated.
     TooManyUnhealthy,
+    /// MachineHealthCheck: the target cluster cannot be reached; nothing is judged meanwhile.
+    TargetUnreachable,
+    /// MachineHealthCheck: `mode: Observe`; unhealthy machines are marked, never remediated.
+    Observing,
+    /// Machine: a MachineHealthCheck finds it healthy.
+    HealthCheckPassed,
+    /// Machine: its phase is Failed.
+    MachineFailed,
+    /// Machine: the `machine.driver.dev/remediate` annotation asks for its remediation.
+    RemediationRequested,
+    /// Machine: a MachineHealthCheck asks its owner to remediate it.
+    WaitingForRemediation,
+    /// Owner: a disruption budget has no room for what waits.
+    BudgetExhausted,
+    /// Owner: a disruption budget cannot be read; it holds what it would limit.
+    BudgetInvalid,
+    /// Owner: no disruption is held by a budget or a short circuit.
+    NothingHeld,
 }
 
 impl Reason {

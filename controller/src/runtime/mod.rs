@@ -226,6 +226,8 @@ pub struct Ctx {
     pub target: Option<Arc<crate::nodes::Target>>,
     /// Cloud machines without a Machine, and when they were first seen.
     pub orphans: Mutex<HashMap<(String, String), Instant>>,
+    /// Whether the API servers it depends on answer, and when health timers start.
+    pub safety: Arc<crate::safety::Safety>,
     /// What is kept per object; an entry goes when it holds nothing.
     keys: Mutex<HashMap<Key, KeyState>>,
 }
@@ -237,8 +239,6 @@ struct KeyState {
     attempts: u32,
     /// No driver call for the object before this.
     not_before: Option<Instant>,
-    /// An owner's failed machines replaced in a row, and when the next may go.
-    replacements: Option<(u32, Instant)>,
     /// How long its last reconcile took, when longer than the debounce (owners of thousands of
     /// machines): see [`Ctx::owner_wake_delay`].
     costly: Option<Duration>,
@@ -362,6 +362,7 @@ impl Ctx {
             target: target.map(Arc::new),
             config,
             orphans: Mutex::new(HashMap::new()),
+            safety: Arc::default(),
             keys: Mutex::new(HashMap::new()),
         }))
     }
@@ -517,35 +518,6 @@ impl Ctx {
     /// `key` must not call its driver before `delay` passes.
     fn hold(&self, key: &Key, delay: Duration) {
         self.with_key(key, |s| s.not_before = Some(Instant::now() + delay));
-    }
-
-    /// How long `owner` must wait before replacing another failed machine (zero = now).
-    pub fn replacement_wait(&self, owner: &Key) -> Duration {
-        self.read_key(owner, |s| s.replacements)
-            .map(|(_, at)| at.saturating_duration_since(Instant::now()))
-            .unwrap_or_default()
-    }
-
-    /// `owner` replaced `n` failed machines: the next replacement waits the error policy's
-    /// exponential backoff (1 s, 2 s, 4 s, … up to the maximum), so a failure budget is spent
-    /// over time, not in one burst.
-    pub fn replaced(&self, owner: &Key, n: u32) {
-        if n == 0 {
-            return;
-        }
-        let (base, max) = (self.config.backoff_base.as_secs_f64(), self.config.backoff_max.as_secs_f64());
-        self.with_key(owner, |s| {
-            let count = s.replacements.map_or(0, |(c, _)| c).saturating_add(n);
-            let delay = base * 2f64.powi(count.min(20) as i32 - 1);
-            s.replacements = Some((count, Instant::now() + Duration::from_secs_f64(delay.min(max))));
-        });
-    }
-
-    /// `owner` has no failed machines: the pace starts over.
-    pub fn replacements_settled(&self, owner: &Key) {
-        if self.read_key(owner, |s| s.replacements.is_some()) {
-            self.with_key(owner, |s| s.replacements = None);
-        }
     }
 
     /// Forgets everything kept for `key` (it was deleted; an object re-created under its name
@@ -891,21 +863,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn replacements_are_paced_by_exponential_backoff_and_start_over_when_settled() {
-        let (ctx, _dir) = ctx();
-        let md = Key::new(Kind::MachineDeployment, "default", "web");
-        assert!(ctx.replacement_wait(&md).is_zero(), "the first replacement goes at once");
-        ctx.replaced(&md, 1);
-        let first = ctx.replacement_wait(&md);
-        assert!(first > Duration::from_millis(500) && first <= Duration::from_secs(1), "{first:?}");
-        ctx.replaced(&md, 2);
-        let third = ctx.replacement_wait(&md);
-        assert!(third > Duration::from_secs(3) && third <= Duration::from_secs(4), "{third:?}");
-        ctx.replacements_settled(&md);
-        assert!(ctx.replacement_wait(&md).is_zero());
-    }
-
-    #[tokio::test]
     async fn the_error_policy_honours_retry_info_floors_quota_and_holds_driver_calls() {
         let (ctx, _dir) = ctx();
         let key = Key::new(Kind::Machine, "default", "m");
@@ -947,11 +904,10 @@ mod tests {
         assert!(ctx.dependents_due(&class, 2), "a new spec does");
         ctx.exponential(&class);
         ctx.hold(&class, Duration::from_secs(60));
-        ctx.replaced(&class, 1);
         ctx.forget(&class);
         // Deleted and created again at generation 1: its users are woken again.
         assert!(ctx.dependents_due(&class, 1));
-        assert!(ctx.wait_before_call(&class).is_zero() && ctx.replacement_wait(&class).is_zero());
+        assert!(ctx.wait_before_call(&class).is_zero());
         assert_eq!(ctx.read_key(&class, |s| s.attempts), 0);
         // Forgetting only the backoff keeps the rest.
         ctx.exponential(&class);

@@ -397,6 +397,10 @@ fn to_dynamic(kind: Kind, mut v: Value) -> Result<DynamicObject> {
 
 #[async_trait::async_trait]
 impl Backend for KubernetesBackend {
+    fn api_client(&self) -> Option<kube::Client> {
+        Some(self.client.clone())
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Arc<str>>> {
         let cache = self.synced(key.kind).await?;
         let packed = lock_read(&cache.objects).get(key).map(|c| c.json.clone());

@@ -252,6 +252,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn count(&self, _kind: Kind) -> Option<usize> {
         None
     }
+    /// The client of the API server the objects live on, for a backend that has one (the
+    /// controller probes it: [`crate::safety`]).
+    fn api_client(&self) -> Option<kube::Client> {
+        None
+    }
     /// The keys of all objects of a kind (backends with an index answer without parsing).
     async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
         #[derive(serde::Deserialize)]

@@ -2,11 +2,12 @@
 
 use std::collections::HashSet;
 
+use super::disruption::Hold;
 use super::*;
 use crate::resources::{IntOrPercent, Reason};
 
 fn i(id: &str) -> Instance {
-    Instance { id: id.into(), state: InstanceState::Running, running: true, latest_model: true, node_ready: true }
+    Instance::new(id, InstanceState::Running)
 }
 
 fn old(id: &str) -> Instance {
@@ -27,6 +28,7 @@ struct Case {
     deleting: HashSet<String>,
     annotated: HashSet<String>,
     nodes_managed: bool,
+    budgets: Vec<crate::resources::DisruptionBudget>,
 }
 
 fn case(replicas: i64, surge: IntOrPercent, unavailable: IntOrPercent, instances: Vec<Instance>) -> Case {
@@ -39,6 +41,7 @@ fn case(replicas: i64, surge: IntOrPercent, unavailable: IntOrPercent, instances
         deleting: HashSet::new(),
         annotated: HashSet::new(),
         nodes_managed: false,
+        budgets: Vec::new(),
     }
 }
 
@@ -71,6 +74,11 @@ impl Case {
             deleting: &self.deleting,
             annotated: &self.annotated,
             nodes_managed: self.nodes_managed,
+            budgets: &self.budgets,
+            max_in_flight: 1,
+            remediation_not_before: None,
+            remediation_halted: None,
+            now: chrono::DateTime::parse_from_rfc3339("2030-01-01T00:00:00Z").unwrap().with_timezone(&chrono::Utc),
         })
     }
 }
@@ -131,7 +139,7 @@ fn the_pool_planner_decides_the_one_call() {
             Wait,
         ),
         (
-            "failed, annotated, unready old instances go first; unready ones cost no availability",
+            "a failed instance is remediated first: its Machine is marked and deleted",
             case(
                 3,
                 int(1),
@@ -147,7 +155,20 @@ fn the_pool_planner_decides_the_one_call() {
             )
             .annotated("1")
             .applied("rev", 4),
-            Delete(ids(&["5", "1", "4"])),
+            DeleteMachines(ids(&["5"])),
+        ),
+        (
+            "then annotated and unready old instances go first; unready ones cost no availability",
+            case(
+                3,
+                int(1),
+                int(0),
+                vec![old("0"), old("1"), Instance { running: false, ..old("4") }, i("6"), i("7")],
+            )
+            .annotated("1")
+            .deleting("5")
+            .applied("rev", 4),
+            Delete(ids(&["1", "4"])),
         ),
         (
             "instances order by number, not text",
@@ -199,6 +220,15 @@ fn node_not_ready(inst: Instance) -> Instance {
     Instance { node_ready: false, ..inst }
 }
 
+/// Old instances held by `maxUnavailable` (as a rollout).
+fn held(instances: i64, available: i64, min_available: i64, new_unavailable: i64) -> Note {
+    Note::Held {
+        reason: DisruptionReason::Rollout,
+        instances,
+        hold: Hold::MaxUnavailable { available, min_available, new_unavailable },
+    }
+}
+
 /// Why the planner chose each step, or held back.
 #[test]
 fn the_pool_planner_says_why() {
@@ -240,26 +270,33 @@ fn the_pool_planner_says_why() {
             "a surge upgrade deletes within ready − replicas + maxUnavailable",
             case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")]).applied("rev", 4),
             Delete(ids(&["0"])),
-            vec![Upgrading { old: 3, budget: 1 }],
+            vec![Upgrading { old: 3, taken: 1 }, held(2, 4, 3, 0)],
         ),
         (
             "the surge instance is not ready: the old ones wait",
             case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), state(i("3"), InstanceState::Creating)])
                 .applied("rev", 4),
             Wait,
-            vec![WaitingForReady { old: 3, ready: 3, min_ready: 3 }],
+            vec![held(3, 3, 3, 1)],
         ),
         (
             "maxSurge 0 upgrades in place",
             case(3, int(0), int(1), vec![old("0"), old("1"), old("2")]),
             Upgrade(ids(&["0"])),
-            vec![Upgrading { old: 3, budget: 1 }],
+            vec![
+                Upgrading { old: 3, taken: 1 },
+                Held {
+                    reason: DisruptionReason::InPlaceUpdate,
+                    instances: 1,
+                    hold: Hold::MaxUnavailable { available: 3, min_available: 2, new_unavailable: 0 },
+                },
+            ],
         ),
         (
             "maxSurge 0: an updating instance uses maxUnavailable",
             case(3, int(0), int(1), vec![state(old("0"), InstanceState::Updating), old("1"), old("2")]),
             Wait,
-            vec![WaitingForUnavailable { old: 3, busy: 1, max_unavailable: 1 }],
+            vec![Held { reason: DisruptionReason::InPlaceUpdate, instances: 1, hold: Hold::MaxUnavailable { available: 2, min_available: 2, new_unavailable: 0 } }],
         ),
         (
             "nodes managed: a scale-down deletes the excess as Machines",
@@ -279,13 +316,13 @@ fn the_pool_planner_says_why() {
                 .applied("rev", 4)
                 .managed(),
             Wait,
-            vec![WaitingForReady { old: 3, ready: 3, min_ready: 3 }],
+            vec![held(3, 3, 3, 1)],
         ),
         (
             "without nodes its Node is not read",
             case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), node_not_ready(i("3"))]).applied("rev", 4),
             Delete(ids(&["0"])),
-            vec![Upgrading { old: 3, budget: 1 }],
+            vec![Upgrading { old: 3, taken: 1 }, held(2, 4, 3, 0)],
         ),
     ];
     for (name, c, step, notes) in rows {
@@ -307,7 +344,9 @@ fn the_ready_condition_says_how_far_the_pool_is() {
         Some((
             false,
             Reason::Rolling,
-            "2 of 3 ready, 0 on the latest model; 3 old instance(s) wait: 1 not ready, maxUnavailable 1".to_string()
+            "2 of 3 ready, 0 on the latest model; 1 InPlaceUpdate held: maxUnavailable: 2 available, 2 required, \
+             0 new not available yet"
+                .to_string()
         ))
     );
     assert_eq!(
@@ -511,13 +550,14 @@ fn without_nodes_the_old_steps_are_unchanged() {
             Apply { capacity: 2 },
         ),
         (
-            "applied even while a Machine is being deleted",
+            "a lower capacity waits while a Machine's instance is being deleted (the cloud must not pick another)",
             case(1, int(1), int(0), vec![i("0"), i("1")]).applied("rev", 2).deleting("1"),
-            Apply { capacity: 1 },
+            Wait,
         ),
         (
             "the surge is given back while the last old instance goes",
-            case(3, int(1), int(0), vec![old("2"), i("3"), i("4"), i("5")]).applied("rev", 4).deleting("2"),
+            case(3, int(1), int(0), vec![state(old("2"), InstanceState::Deleting), i("3"), i("4"), i("5")])
+                .applied("rev", 4),
             Apply { capacity: 3 },
         ),
         (

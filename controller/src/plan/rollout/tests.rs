@@ -37,7 +37,9 @@ fn deployment(replicas: i64) -> MachineDeployment {
         delete_policy: DeletePolicy::Oldest,
         progress_deadline_seconds: 600,
         failure_budget: 3,
-        max_concurrent_replacements: 2,
+        max_concurrent_replacements: Some(2),
+        remediation: RemediationSpec::default(),
+        disruption: DisruptionSpec::default(),
         creation_timeout_seconds: 1200,
         health_timeout_seconds: 600,
         min_ready_seconds: 0,
@@ -116,6 +118,20 @@ impl Fx {
         self.0.metadata.annotations.insert(ANNOTATION_REPLACING.into(), "true".into());
         self.terminating()
     }
+    /// Taken for remediation by its owner (marked), still here.
+    fn remediating(mut self) -> Self {
+        self.0.metadata.annotations.insert(ANNOTATION_DISRUPTION.into(), "Remediation".into());
+        self
+    }
+    /// A MachineHealthCheck asks its owner to remediate it.
+    fn unhealthy(mut self) -> Self {
+        set_condition(&mut self.0.status.conditions, ConditionType::OwnerRemediated, false, Reason::WaitingForRemediation, "");
+        self
+    }
+    fn annotated(mut self, key: &str) -> Self {
+        self.0.metadata.annotations.insert(key.into(), "true".into());
+        self
+    }
     /// Ready since `secs` seconds after t0.
     fn ready_since(mut self, secs: i64) -> Self {
         set_condition(&mut self.0.status.conditions, ConditionType::Ready, true, Reason::Running, "");
@@ -133,9 +149,31 @@ impl Fx {
     }
 }
 
-fn run(md: &MachineDeployment, machines: Vec<Fx>, may_replace: bool) -> Plan {
+/// The moment plans are made.
+fn now() -> Time {
+    t0() + chrono::Duration::seconds(60)
+}
+
+/// The default pace of remediations: 1 s, doubling up to 5 minutes.
+const PACE: (std::time::Duration, std::time::Duration) =
+    (std::time::Duration::from_secs(1), std::time::Duration::from_secs(300));
+
+fn run_halted(md: &MachineDeployment, machines: Vec<Fx>, halted: Option<&str>) -> Plan {
     let machines: Vec<Member> = machines.iter().map(|f| Member::from(&f.0)).collect();
-    plan(Observed { deployment: md, machines: &machines, may_replace, now: t0() + chrono::Duration::seconds(60) })
+    plan(Observed { deployment: md, machines: &machines, remediation_halted: halted, pace: PACE, now: now() })
+}
+
+/// What a short-circuited health check says.
+const HALTED: &str = "MachineHealthCheck web: 3 of 5 machines are unhealthy";
+
+/// Plans with the remediation pace open (`may_remediate`) or closed (a remediation just went).
+fn run(md: &MachineDeployment, machines: Vec<Fx>, may_remediate: bool) -> Plan {
+    let mut md = md.clone();
+    if !may_remediate {
+        md.status.disruption.remediation.consecutive = 1;
+        md.status.disruption.remediation.not_before = Some(now() + chrono::Duration::seconds(1));
+    }
+    run_halted(&md, machines, None)
 }
 
 fn names(v: &[String]) -> Vec<&str> {
@@ -160,12 +198,16 @@ struct Row {
     create: usize,
     delete: &'static [&'static str],
     replace: &'static [&'static str],
+    /// Machines taken for remediation now (marked).
+    mark: &'static [&'static str],
+    /// A health check's short circuit halts remediation.
+    halted: bool,
     /// Why: every note the planner gives, in order.
     notes: Vec<Note>,
 }
 
 fn row(name: &'static str, md: MachineDeployment, machines: Vec<Fx>) -> Row {
-    Row { name, md, machines, may_replace: true, create: 0, delete: &[], replace: &[], notes: Vec::new() }
+    Row { name, md, machines, may_replace: true, create: 0, delete: &[], replace: &[], mark: &[], halted: false, notes: Vec::new() }
 }
 
 impl Row {
@@ -179,6 +221,14 @@ impl Row {
     }
     fn replaces(mut self, r: &'static [&'static str]) -> Self {
         self.replace = r;
+        self
+    }
+    fn marks(mut self, m: &'static [&'static str]) -> Self {
+        self.mark = m;
+        self
+    }
+    fn halted(mut self) -> Self {
+        self.halted = true;
         self
     }
     fn paced(mut self) -> Self {
@@ -200,8 +250,26 @@ fn surge_exhausted(limit: i64, current: i64, wanted: i64) -> Note {
     Note::SurgeExhausted { limit, current, wanted }
 }
 
-fn waiting(held: usize, available: i64, min_available: i64, new_unavailable: i64) -> Note {
-    Note::WaitingForAvailable { held, available, min_available, new_unavailable }
+/// Old machines held by `maxUnavailable`.
+fn waiting(held: i64, available: i64, min_available: i64, new_unavailable: i64) -> Note {
+    Note::Held {
+        reason: DisruptionReason::Rollout,
+        machines: held,
+        hold: Hold::MaxUnavailable { available, min_available, new_unavailable },
+    }
+}
+
+/// Remediations held by the pace.
+fn paced(machines: i64) -> Note {
+    Note::Held {
+        reason: DisruptionReason::Remediation,
+        machines,
+        hold: Hold::Paced { until: now() + chrono::Duration::seconds(1) },
+    }
+}
+
+fn remediating(names: &[&str]) -> Note {
+    Note::Remediating { machines: names.iter().map(|n| n.to_string()).collect() }
 }
 
 fn above(machines: i64, replicas: i64) -> Note {
@@ -354,8 +422,9 @@ fn the_planner_decides_creates_deletes_and_replacements() {
                 Fx::new("n1").failed("Internal", "CLOUD_OPERATION_FAILED"),
             ],
         )
+        .marks(&["n1"])
         .replaces(&["n1"])
-        .because(vec![started(), surge_exhausted(4, 4, 2), waiting(3, 3, 3, 1)]),
+        .because(vec![started(), remediating(&["n1"]), surge_exhausted(4, 4, 3), waiting(3, 3, 3, 1)]),
         row(
             "replacements wait for the pace",
             surge(deployment(3), int(1), int(0)),
@@ -367,14 +436,9 @@ fn the_planner_decides_creates_deletes_and_replacements() {
             ],
         )
         .paced()
-        .because(vec![
-            started(),
-            Note::ReplacementsPaced { waiting: 1 },
-            surge_exhausted(4, 4, 2),
-            waiting(3, 3, 3, 1),
-        ]),
+        .because(vec![started(), surge_exhausted(4, 4, 2), paced(1), waiting(3, 3, 3, 1)]),
         row(
-            "replacements are capped by maxConcurrentReplacements (2, one in flight)",
+            "remediations are capped by maxConcurrentReplacements (2, one in flight); the surge lets the replacement come first",
             settled(deployment(4)),
             vec![
                 Fx::new("a").failed("Internal", "CLOUD_OPERATION_FAILED").at(1),
@@ -384,16 +448,68 @@ fn the_planner_decides_creates_deletes_and_replacements() {
             ],
         )
         .creates(1)
-        .replaces(&["a"])
-        .because(vec![Note::ReplacementsCapped { limit: 2, in_flight: 1, waiting: 2 }]),
+        .marks(&["a"])
+        .because(vec![
+            remediating(&["a"]),
+            surge_exhausted(5, 4, 2),
+            Note::AwaitingReplacement { machines: 1 },
+            Note::Held {
+                reason: DisruptionReason::Remediation,
+                machines: 2,
+                hold: Hold::MaxInFlight { in_flight: 2, max: 2 },
+            },
+        ]),
         row(
-            "failed old machines are replaced too, and not deleted twice",
+            "a failed old machine is remediated too: its replacement first, within the surge",
             surge(deployment(2), int(1), int(0)),
             vec![Fx::new("o1").old().failed("Unavailable", "HEALTH_TIMEOUT"), Fx::new("o2").old()],
         )
         .creates(1)
+        .marks(&["o1"])
+        .because(vec![
+            started(),
+            remediating(&["o1"]),
+            surge_exhausted(3, 2, 2),
+            Note::AwaitingReplacement { machines: 1 },
+            waiting(1, 1, 2, 0),
+        ]),
+        row(
+            "its replacement is up: it goes, and is not deleted twice",
+            surge(deployment(2), int(1), int(0)),
+            vec![Fx::new("o1").old().failed("Unavailable", "HEALTH_TIMEOUT").remediating(), Fx::new("o2").old(), Fx::new("n1")],
+        )
         .replaces(&["o1"])
-        .because(vec![started(), surge_exhausted(3, 2, 2), waiting(1, 1, 2, 0)]),
+        .because(vec![started(), surge_exhausted(3, 3, 1), waiting(1, 2, 2, 0)]),
+        row(
+            "a machine a health check marked is remediated like a failed one",
+            settled(deployment(2)),
+            vec![Fx::new("a").at(1), Fx::new("u").node_not_ready().unhealthy().at(2)],
+        )
+        .creates(1)
+        .marks(&["u"])
+        .because(vec![remediating(&["u"]), Note::AwaitingReplacement { machines: 1 }]),
+        row(
+            "skip-remediation keeps a failed machine; remediate asks for a healthy one",
+            settled(deployment(2)),
+            vec![
+                Fx::new("kept").failed("Internal", "CLOUD_OPERATION_FAILED").annotated(ANNOTATION_SKIP_REMEDIATION).at(1),
+                Fx::new("asked").annotated(ANNOTATION_REMEDIATE).at(2),
+            ],
+        )
+        .creates(1)
+        .marks(&["asked"])
+        .because(vec![remediating(&["asked"]), Note::AwaitingReplacement { machines: 1 }]),
+        row(
+            "a health check's short circuit halts remediation, failed machines included",
+            settled(deployment(2)),
+            vec![Fx::new("a").at(1), Fx::new("f").failed("Internal", "CLOUD_OPERATION_FAILED").at(2)],
+        )
+        .halted()
+        .because(vec![Note::Held {
+            reason: DisruptionReason::Remediation,
+            machines: 1,
+            hold: Hold::ShortCircuit { by: HALTED.into() },
+        }]),
         row(
             "a failed machine goes first when scaling down",
             settled(deployment(2)),
@@ -405,7 +521,7 @@ fn the_planner_decides_creates_deletes_and_replacements() {
         )
         .paced()
         .deletes(&["f"])
-        .because(vec![Note::ReplacementsPaced { waiting: 1 }, above(3, 2)]),
+        .because(vec![above(3, 2), paced(1)]),
         // ---- deletion priority
         row(
             "deletion priority: annotated, failed, unknown, creating, updating, then the oldest",
@@ -457,19 +573,27 @@ fn the_planner_decides_creates_deletes_and_replacements() {
         .deletes(&["a"])
         .because(vec![Note::Paused, above(2, 1)]),
         row(
-            "in place: old machines are converted, only missing ones created",
+            "in place: old machines are converted, only missing ones created; the missing one is unavailable too",
             in_place(deployment(3), 2),
             vec![Fx::new("o1").old(), Fx::new("o2").old().phase(Phase::Updating)],
         )
         .creates(1)
-        .because(vec![started(), Note::InPlace { candidates: 1, busy: 1, max_unavailable: 2 }]),
+        .because(vec![
+            started(),
+            Note::InPlace { candidates: 1, allowed: 0 },
+            Note::Held {
+                reason: DisruptionReason::InPlaceUpdate,
+                machines: 1,
+                hold: Hold::MaxUnavailable { available: 1, min_available: 1, new_unavailable: 0 },
+            },
+        ]),
         row(
             "in place: a scale-down removes old machines, nothing waits for availability",
             in_place(deployment(1), 1),
             vec![Fx::new("o1").old().at(1), Fx::new("o2").old().at(2)],
         )
         .deletes(&["o1"])
-        .because(vec![started(), Note::InPlace { candidates: 2, busy: 0, max_unavailable: 1 }]),
+        .because(vec![started(), Note::InPlace { candidates: 1, allowed: 1 }]),
         row(
             "a bad spec revision: the last good one is rolled back to",
             bad_spec(surge(deployment(2), int(1), int(0))),
@@ -494,11 +618,17 @@ fn the_planner_decides_creates_deletes_and_replacements() {
         .because(vec![Note::NoGoodRevision { revision: new_rev() }, started(), above(2, 1)]),
     ];
     for r in rows {
-        let p = run(&r.md, r.machines, r.may_replace);
+        let p = if r.halted {
+            run_halted(&r.md, r.machines, Some(HALTED))
+        } else {
+            run(&r.md, r.machines, r.may_replace)
+        };
         assert!(!p.aborted, "{}", r.name);
         assert_eq!(p.create, r.create, "{}: creates", r.name);
         assert_eq!(names(&p.delete), r.delete, "{}: deletes", r.name);
-        assert_eq!(names(&p.replace), r.replace, "{}: replacements", r.name);
+        assert_eq!(names(&p.remediate), r.replace, "{}: replacements", r.name);
+        let marked: Vec<&str> = p.mark.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(marked, r.mark, "{}: marked for remediation", r.name);
         assert_eq!(p.notes, r.notes, "{}: notes", r.name);
     }
 }
@@ -530,26 +660,39 @@ fn attributable_failures_spend_the_budget_and_abort_with_a_rollback() {
             Fx::new("n1").failed("Internal", "CLOUD_OPERATION_FAILED"),
         ]
     };
-    // First failure: replaced and counted.
+    // First failure: taken for remediation and counted.
     let p = run(&md, machines(), true);
-    assert_eq!(names(&p.replace), ["n1"]);
+    assert_eq!(p.mark, [("n1".to_string(), Remediation::Failed)]);
+    assert_eq!(names(&p.remediate), ["n1"]);
     assert_eq!(p.status.rollout.as_ref().map(|r| r.failures), Some(1));
     assert_eq!(p.events.first().map(|e| e.reason), Some(EventReason::RolloutStarted));
+    // Still there, marked: counted once, not again.
+    md.status = p.status;
+    let marked = || {
+        let mut m = machines();
+        m[3] = Fx::new("n1").failed("Internal", "CLOUD_OPERATION_FAILED").remediating();
+        m
+    };
+    let p = run(&md, marked(), true);
+    assert!(!p.aborted);
+    assert_eq!(p.status.rollout.as_ref().map(|r| r.failures), Some(1));
     // The second reaches the budget: aborted, the revision remembered as bad, nothing else done.
     md.status = p.status;
-    let p = run(&md, machines(), true);
+    let mut two = marked();
+    two.push(Fx::new("n2").failed("Internal", "CLOUD_OPERATION_FAILED"));
+    let p = run(&md, two, true);
     assert!(p.aborted);
-    assert!(p.replace.is_empty() && p.delete.is_empty() && p.create == 0);
+    assert!(p.remediate.is_empty() && p.delete.is_empty() && p.create == 0);
     assert_eq!(p.status.bad_revisions.iter().map(|b| b.revision.clone()).collect::<Vec<_>>(), [new_rev()]);
     assert_eq!(condition(&p, "Progressing"), ("False", "RolloutAborted"));
     assert_eq!(p.events.last().map(|e| e.reason), Some(EventReason::RolloutAborted));
     assert_eq!(p.notes, [Note::RevisionAborted { revision: new_rev(), failures: 2, budget: 2 }]);
     // Then the deployment rolls back: the last good revision is the target, the bad machine goes.
     md.status = p.status;
-    let p = run(&md, machines(), true);
+    let p = run(&md, marked(), true);
     assert!(!p.aborted);
     assert_eq!(p.target_revision, old_rev());
-    assert_eq!(names(&p.replace), ["n1"]);
+    assert_eq!(names(&p.remediate), ["n1"]);
     assert_eq!(p.notes.first(), Some(&Note::RollingBack { bad: new_rev(), to: old_rev() }));
     // Back on the good revision everywhere: rolled back.
     md.status = p.status;
@@ -571,7 +714,7 @@ fn the_environment_and_transient_errors_never_spend_the_budget() {
     ] {
         let p = run(&md, vec![Fx::new("o1").old(), Fx::new("n1").failed(code, reason)], true);
         assert!(!p.aborted, "{code} {reason}");
-        assert_eq!(names(&p.replace), ["n1"], "{code} {reason}: replaced all the same");
+        assert_eq!(p.mark, [("n1".to_string(), Remediation::Failed)], "{code} {reason}: remediated all the same");
         assert_eq!(p.status.rollout.as_ref().map(|r| r.failures), Some(0), "{code} {reason}");
     }
     for (code, reason) in [("DeadlineExceeded", REASON_CREATION_TIMEOUT), ("InvalidArgument", "FIELD_INVALID")] {
@@ -643,12 +786,12 @@ fn the_progressing_message_says_what_holds_the_deployment_back() {
         message(&p),
         format!(
             "0 of 2 machines on revision {}; 1 machine(s) wanted, 3 of 3 (replicas + maxSurge) exist; \
-             2 old machine(s) kept: 2 available, 2 required, 1 new not available yet",
+             2 Rollout held: maxUnavailable: 2 available, 2 required, 1 new not available yet",
             new_rev()
         )
     );
     let p = run(&settled(deployment(2)), vec![Fx::new("a"), Fx::new("b").failed("Internal", "X")], false);
-    assert_eq!(message(&p), "1 of 2 running; 1 failed machine(s) wait for the replacement pace");
+    assert_eq!(message(&p), "1 of 2 running; 1 Remediation held: remediations are paced: the next at 2030-01-01T00:01:01Z");
     let p = run(&settled(deployment(3)), vec![Fx::new("a"), Fx::new("b")], true);
     assert_eq!(message(&p), "2 of 3 running", "creating within the surge holds nothing back");
 }
@@ -695,7 +838,7 @@ fn in_place_converts_old_machines_and_creates_only_missing_ones() {
     assert!(p.delete.is_empty());
     let work = p.in_place.expect("in-place work");
     assert_eq!(work.candidates, ["o1"], "only Running old machines are candidates");
-    assert_eq!((work.max_unavailable, work.busy), (2, 1));
+    assert_eq!(work.allowed, 0, "one updating and one failed leave 1 of 3 available, and 1 is required");
     // A missing machine is created; a scale-down removes machines, updates never do.
     let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old()], true);
     assert_eq!(p.create, 1);
@@ -703,7 +846,7 @@ fn in_place_converts_old_machines_and_creates_only_missing_ones() {
     smaller.spec.replicas = 2;
     let p = run(&smaller, vec![Fx::new("o1").old().at(1), Fx::new("o2").old().at(2), Fx::new("o3").old().at(3)], true);
     assert_eq!(names(&p.delete), ["o1"]);
-    assert_eq!(p.in_place.map(|w| w.candidates.len()), Some(3));
+    assert_eq!(p.in_place.map(|w| w.candidates), Some(vec!["o2".to_string(), "o3".to_string()]), "not the one removed");
     // Nothing old: no in-place work.
     assert!(run(&md, vec![Fx::new("n1"), Fx::new("n2"), Fx::new("n3")], true).in_place.is_none());
 }
@@ -771,7 +914,7 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
         for step in 0..200 {
             let now = t0() + chrono::Duration::seconds(60 + step);
             let members: Vec<Member> = machines.iter().map(Member::from).collect();
-            let p = plan(Observed { deployment: &md, machines: &members, may_replace: rng.chance(70), now });
+            let p = plan(Observed { deployment: &md, machines: &members, remediation_halted: None, pace: PACE, now });
             let case = format!("seed {seed} step {step}: replicas {replicas}, {limits:?}, {} machines", machines.len());
             if p.aborted {
                 panic!("{case}: aborted with an unlimited budget");
@@ -779,8 +922,8 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
             let total = machines.len() as i64;
             let cap = replicas + limits.max_surge;
             assert!(total + p.create as i64 <= total.max(cap), "{case}: creates {} over the surge", p.create);
-            let gone: BTreeSet<&str> = p.delete.iter().chain(&p.replace).map(String::as_str).collect();
-            assert_eq!(gone.len(), p.delete.len() + p.replace.len(), "{case}: a machine deleted twice");
+            let gone: BTreeSet<&str> = p.delete.iter().chain(&p.remediate).map(String::as_str).collect();
+            assert_eq!(gone.len(), p.delete.len() + p.remediate.len(), "{case}: a machine deleted twice");
             let available_before = members.iter().filter(|m| m.is_available()).count() as i64;
             let available_after =
                 members.iter().filter(|m| m.is_available() && !gone.contains(m.name.as_str())).count() as i64;
@@ -795,10 +938,10 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
             }
             // Act on the plan.
             md.status = p.status;
+            for m in machines.iter_mut().filter(|m| p.mark.iter().any(|(n, _)| *n == m.metadata.name)) {
+                m.metadata.annotations.insert(ANNOTATION_DISRUPTION.into(), "Remediation".into());
+            }
             for m in machines.iter_mut().filter(|m| gone.contains(m.metadata.name.as_str())) {
-                if p.replace.contains(&m.metadata.name) {
-                    m.metadata.annotations.insert(ANNOTATION_REPLACING.into(), "true".into());
-                }
                 m.metadata.deletion_timestamp = Some(now);
             }
             for _ in 0..p.create {
@@ -855,7 +998,7 @@ fn a_member_keeps_what_the_planner_decides_on_and_why_a_machine_waits() {
     let m = Member::from(&waiting);
     assert_eq!((m.name.as_str(), m.uid.as_str(), m.resource_version.as_str()), ("m1", "uid-m1", "7"));
     assert_eq!((m.revision, m.created, m.phase), (new_rev(), Some(t0()), Phase::Creating));
-    assert!(m.marked_for_deletion && !m.deleting && !m.replacing && m.failure.is_none());
+    assert!(m.marked_for_deletion && !m.deleting && !m.remediating && m.failure.is_none());
     let w = m.waiting.expect("a creating machine says why it waits");
     assert_eq!(
         (w.reason, w.message.as_str(), w.operation_reason.as_str()),
@@ -867,7 +1010,7 @@ fn a_member_keeps_what_the_planner_decides_on_and_why_a_machine_waits() {
     assert!(Member::from(&creating).waiting.is_none(), "a machine being created waits for nothing to report");
 
     let failed = Member::from(&Fx::new("m2").failed("Internal", "X").replacing().0);
-    assert!(failed.deleting && failed.replacing);
+    assert!(failed.deleting && failed.remediating);
     assert_eq!(failed.failure.map(|f| (f.code, f.reason)), Some(("Internal".into(), "X".into())));
 
     let mut running = Fx::new("m3").0;
@@ -892,7 +1035,7 @@ fn the_member_view_reads_the_label_and_annotations_by_their_constants() {
     .to_string();
     let m = serde_json::from_str::<StoredMember<'_>>(&text).and_then(StoredMember::into_member).unwrap();
     assert_eq!((m.revision.as_str(), m.node_template.as_str()), ("r1", "h"));
-    assert!(m.replacing && m.marked_for_deletion);
+    assert!(m.remediating && m.marked_for_deletion);
 }
 
 #[test]

@@ -84,25 +84,27 @@ fn next_steps_follow_status() {
 
 #[test]
 fn deleting_calls_the_cloud_unless_nothing_was_ever_asked_of_it() {
+    use super::super::deletion::{next, vm_asked_for, Next};
+    use super::super::node::NodeSeen;
     let deleting = machine().running("h1").operation(OperationKind::DeleteMachine);
     let mut create_lost = machine().phase(Phase::Creating);
     create_lost.status.create_started = Some(Utc::now());
-    let rows: Vec<(&str, Machine, DeleteStep)> = vec![
-        ("never created: released without a call", machine(), DeleteStep::Release),
-        ("pending: released without a call", machine().phase(Phase::Pending), DeleteStep::Release),
-        ("running: deleted", machine().running("h1"), DeleteStep::Delete),
-        ("create in flight: deleted by name", machine().operation(OperationKind::CreateMachine), DeleteStep::Delete),
-        ("create started, handle lost: deleted by name", create_lost, DeleteStep::Delete),
+    let rows: Vec<(&str, Machine, Next)> = vec![
+        ("never created: released without a call", machine(), Next::Release),
+        ("pending: released without a call", machine().phase(Phase::Pending), Next::Release),
+        ("running: deleted", machine().running("h1"), Next::DeleteInstance),
+        ("create in flight: deleted by name", machine().operation(OperationKind::CreateMachine), Next::DeleteInstance),
+        ("create started, handle lost: deleted by name", create_lost, Next::DeleteInstance),
         (
             "update in flight: deleted",
             machine().running("h1").operation(OperationKind::UpdateMachine),
-            DeleteStep::Delete,
+            Next::DeleteInstance,
         ),
-        ("failed after a create: deleted", machine().running("h1").failed_for(1, 1), DeleteStep::Delete),
-        ("delete in flight: polled", deleting.clone(), DeleteStep::Poll(deleting.status.operations[0].clone())),
+        ("failed after a create: deleted", machine().running("h1").failed_for(1, 1), Next::DeleteInstance),
+        ("delete in flight: polled", deleting.clone(), Next::PollInstance(deleting.status.operations[0].clone())),
     ];
     for (name, m, want) in rows {
-        assert_eq!(delete_step(&m), want, "{name}");
+        assert_eq!(next(&m, vm_asked_for(&m), OperationKind::DeleteMachine, NodeSeen::NoTarget), want, "{name}");
     }
 }
 

@@ -1,0 +1,110 @@
+//! The controller's view of the API servers it depends on (machine-controller-manager's safety
+//! controller): the target cluster where the Nodes live, and the store's API server with
+//! `--store kubernetes`. Each is probed every [`PROBE_INTERVAL`]; while one cannot be reached,
+//! MachineHealthChecks judge nothing and owners remediate nothing ([`Safety::unreachable`]); once
+//! it is back after an outage longer than [`OUTAGE`], health timers start over
+//! ([`Safety::timers_since`]): what the controller could not observe must not count as a Node
+//! being down, or every machine would be remediated at once when the control plane returns.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::resources::Time;
+
+/// How often each API server is probed (a `GET /version` with this as its deadline).
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(5);
+/// An outage at least this long restarts the health timers (machine-controller-manager uses
+/// the same figure).
+pub const OUTAGE: Duration = Duration::from_secs(30);
+
+/// What the probes found.
+#[derive(Debug, Default)]
+pub struct Safety {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// What cannot be reached now, and since when.
+    down: Vec<(&'static str, Time)>,
+    /// When the last outage longer than [`OUTAGE`] ended.
+    timers_since: Option<Time>,
+}
+
+impl Safety {
+    /// Records a probe of `what` at `now`: `ok` or not. Returns the outage that just ended, if
+    /// it was long enough to restart the health timers.
+    pub fn probed(&self, what: &'static str, ok: bool, now: Time) -> Option<chrono::Duration> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let at = s.down.iter().position(|(w, _)| *w == what);
+        match (ok, at) {
+            (false, None) => {
+                s.down.push((what, now));
+                None
+            }
+            (true, Some(i)) => {
+                let (_, since) = s.down.remove(i);
+                let lasted = now - since;
+                let long = lasted.to_std().unwrap_or_default() >= OUTAGE;
+                if long {
+                    s.timers_since = Some(now);
+                }
+                long.then_some(lasted)
+            }
+            _ => None,
+        }
+    }
+
+    /// What cannot be reached now (for at least one probe interval), in words.
+    pub fn unreachable(&self) -> Option<String> {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.down.first().map(|(what, since)| {
+            format!("{what} unreachable since {}", since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        })
+    }
+
+    /// Health timers count from here at the earliest: the end of the last long outage.
+    pub fn timers_since(&self) -> Option<Time> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).timers_since
+    }
+}
+
+/// Probes `client`'s API server as `what` every [`PROBE_INTERVAL`] until dropped, recording in
+/// `safety`.
+pub async fn probe(safety: std::sync::Arc<Safety>, what: &'static str, client: kube::Client) {
+    loop {
+        let ok = matches!(tokio::time::timeout(PROBE_INTERVAL, client.apiserver_version()).await, Ok(Ok(_)));
+        if let Some(lasted) = safety.probed(what, ok, chrono::Utc::now()) {
+            tracing::warn!(
+                "{what} was unreachable for {}s: machine health timers start over",
+                lasted.num_seconds()
+            );
+        } else if !ok {
+            tracing::debug!("{what} did not answer a probe");
+        }
+        tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_outage_restarts_the_timers_a_short_one_does_not() {
+        let s = Safety::default();
+        let t = chrono::Utc::now();
+        let at = |secs: i64| t + chrono::Duration::seconds(secs);
+        assert!(s.probed("the target cluster", true, at(0)).is_none());
+        assert!(s.unreachable().is_none());
+        assert!(s.probed("the target cluster", false, at(5)).is_none());
+        assert!(s.unreachable().unwrap().starts_with("the target cluster unreachable since"));
+        assert!(s.probed("the target cluster", false, at(10)).is_none(), "still down: the first failure counts");
+        assert!(s.probed("the target cluster", true, at(20)).is_none(), "15 s is no outage to restart timers for");
+        assert_eq!(s.timers_since(), None);
+        s.probed("the store's API server", false, at(30));
+        assert_eq!(s.probed("the store's API server", true, at(65)), Some(chrono::Duration::seconds(35)));
+        assert_eq!(s.timers_since(), Some(at(65)));
+        assert!(s.unreachable().is_none());
+    }
+}
