@@ -107,8 +107,8 @@ async fn unhealthy_machines_are_replaced_unless_too_many_are() {
     let row: Vec<&str> = out.lines().nth(1).unwrap_or("").split_whitespace().collect();
     assert_eq!(row[..4], ["web", "3", "3", "1"], "{out}");
 
-    // One machine's Node has not been Ready for an hour: it is deleted, and its deployment
-    // replaces it.
+    // One machine's Node has not been Ready for an hour: the check marks it, and its deployment
+    // replaces it (the replacement first: the default maxSurge is 1).
     let victim = w.machines().await[0].metadata.name.clone();
     node_ready(&w, &victim, false).await;
     w.wait_for("the unhealthy machine replaced", MINUTE, || async {
@@ -120,7 +120,9 @@ async fn unhealthy_machines_are_replaced_unless_too_many_are() {
     .await;
     let (code, out, err) = w.cli(&["describe", "mhc", "web"]).await;
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("MachineRemediated") && out.contains(&format!("deleted Machine {victim} (")), "{out}");
+    let marked = format!("Machine {victim} is unhealthy: its Node's Ready condition has been False");
+    assert!(out.contains("MachineUnhealthy") && out.contains(&marked), "{out}");
+    assert!(out.contains("its MachineDeployment web remediates it"), "{out}");
     check_until(&w, "3 healthy machines again", |h| h.status.current_healthy == 3).await;
 
     // Two Nodes go NotReady while the check only counts Unknown; counting False then finds both
@@ -144,12 +146,27 @@ async fn unhealthy_machines_are_replaced_unless_too_many_are() {
     assert_eq!(h.status.unhealthy, pair);
     assert_eq!((h.status.current_healthy, h.status.remediations_allowed), (1, 0));
     assert!(remediation_allowed(&h).is_some_and(|c| c.status == ConditionStatus::False));
-    // The status was written by the pass that decided: nothing was deleted.
+    // The status was written by the pass that decided: nothing was deleted or taken, and the
+    // deployment says why.
     let machines = w.machines().await;
     for name in &pair {
         let m = machines.iter().find(|m| &m.metadata.name == name).expect("still there");
         assert!(!m.is_deleting(), "{name} is being deleted");
     }
+    for name in &pair {
+        let m = machines.iter().find(|m| &m.metadata.name == name).expect("still there");
+        assert!(!m.metadata.annotations.contains_key(ANNOTATION_DISRUPTION), "{name} was taken for remediation");
+    }
+    let md = w.wait_for("the deployment holds remediation: the short circuit", MINUTE, || async {
+        let md = w.md("web").await;
+        let blocked = condition(&md.status.conditions, ConditionType::DisruptionBlocked)
+            .is_some_and(|c| c.status == ConditionStatus::True && c.reason == Reason::TooManyUnhealthy);
+        blocked.then_some(md)
+    })
+    .await;
+    assert!(md.status.disruption.held.iter().any(|h| h.reason == DisruptionReason::Remediation), "{:?}", md.status.disruption);
+    let (_, out, _) = w.cli(&["describe", "md", "web"]).await;
+    assert!(out.contains("2 Remediation: MachineHealthCheck web: 2 of 3 machines are unhealthy"), "{out}");
     let (_, out, _) = w.cli(&["describe", "mhc", "web"]).await;
     assert!(out.contains("RemediationRestricted"), "{out}");
     assert!(out.contains(&format!("Unhealthy:    {}, {}\n", pair[0], pair[1])), "{out}");

@@ -503,6 +503,34 @@ current-context: test
     }
 }
 
+impl Cluster {
+    /// Freezes kube-apiserver (SIGSTOP): every client's calls hang, as in a control-plane outage
+    /// or a network partition, until [`Cluster::resume_apiserver`].
+    pub fn pause_apiserver(&self) {
+        self.signal_apiserver("-STOP");
+    }
+
+    /// Lets a paused kube-apiserver go on (SIGCONT).
+    pub fn resume_apiserver(&self) {
+        self.signal_apiserver("-CONT");
+    }
+
+    fn signal_apiserver(&self, signal: &str) {
+        let pid = self.apiserver.as_ref().and_then(Child::id).expect("kube-apiserver runs");
+        let status = std::process::Command::new("kill").args([signal, &pid.to_string()]).status().expect("kill");
+        assert!(status.success(), "kill {signal} {pid}: {status}");
+    }
+}
+
+/// Whether a pod is Ready and not being deleted.
+pub fn pod_ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// Whether a Node's Ready condition is True.
 pub fn node_ready(node: &Node) -> bool {
     let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use e2e_tests::eventually;
-use e2e_tests::kube_cluster::{node_ready, Cluster};
+use e2e_tests::kube_cluster::{node_ready, pod_ready, Cluster};
 use e2e_tests::world::{Driver, World};
 use fake_driver::pb as fake;
 use futures::StreamExt;
@@ -56,9 +56,6 @@ trait Nodes {
     async fn rolled_out(&self, name: &str, within: Duration) -> MachineDeployment;
     async fn nodes(&self) -> Vec<Node>;
     async fn node(&self, name: &str) -> Option<Node>;
-    fn pods_api(&self) -> Api<Pod>;
-    async fn ready_pods(&self, app: &str) -> Vec<Pod>;
-    async fn workload(&self, name: &str, replicas: i32, budget: Option<Value>);
     async fn events(&self, machine: &str) -> Vec<machine_controller::store::Event>;
 }
 
@@ -110,61 +107,6 @@ impl Nodes for World {
         Api::<Node>::all(self.cluster().client.clone()).get_opt(name).await.unwrap()
     }
 
-    fn pods_api(&self) -> Api<Pod> {
-        Api::namespaced(self.cluster().client.clone(), self.ns())
-    }
-
-    /// Running, Ready pods of `app` (not being deleted).
-    async fn ready_pods(&self, app: &str) -> Vec<Pod> {
-        let pods = self.pods_api().list(&ListParams::default().labels(&format!("app={app}"))).await.unwrap().items;
-        pods.into_iter().filter(pod_ready).collect()
-    }
-
-    /// A Deployment of `replicas` pods labelled `app=NAME`, spread over nodes, and optionally
-    /// a PodDisruptionBudget with `budget` as its spec's rule.
-    async fn workload(&self, name: &str, replicas: i32, budget: Option<Value>) {
-        self.cluster()
-            .apply_json(json!({
-                "apiVersion": "apps/v1", "kind": "Deployment",
-                "metadata": {"name": name, "namespace": self.ns()},
-                "spec": {
-                    "replicas": replicas,
-                    "selector": {"matchLabels": {"app": name}},
-                    "template": {
-                        "metadata": {"labels": {"app": name}},
-                        "spec": {
-                            "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
-                            "terminationGracePeriodSeconds": 5,
-                            "topologySpreadConstraints": [{
-                                "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                "whenUnsatisfiable": "ScheduleAnyway",
-                                "labelSelector": {"matchLabels": {"app": name}}
-                            }]
-                        }
-                    }
-                }
-            }))
-            .await;
-        if let Some(rule) = budget {
-            let mut spec = json!({"selector": {"matchLabels": {"app": name}}});
-            for (k, v) in rule.as_object().cloned().unwrap_or_default() {
-                spec[k] = v;
-            }
-            self.cluster()
-                .apply_json(json!({
-                    "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                    "metadata": {"name": format!("{name}-budget"), "namespace": self.ns()},
-                    "spec": spec
-                }))
-                .await;
-        }
-        let want = replicas as usize;
-        eventually(2 * MINUTE, &format!("{replicas} pods of {name} Ready"), || async move {
-            (self.ready_pods(name).await.len() == want).then_some(())
-        })
-        .await;
-    }
-
     async fn events(&self, machine: &str) -> Vec<machine_controller::store::Event> {
         self.store().backend().events(&Key::new(Kind::Machine, self.ns(), machine), 100).await.unwrap()
     }
@@ -173,14 +115,6 @@ impl Nodes for World {
 fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
-}
-
-fn pod_ready(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn cordoned(n: &Node) -> bool {

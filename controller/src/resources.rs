@@ -831,7 +831,7 @@ impl KindInfo for MachineDeployment {
             .as_object()
             .map(|o| {
                 o.iter()
-                    .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "revisionHistory"))
+                    .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "revisionHistory" | "disruption"))
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect()
             })
@@ -839,7 +839,7 @@ impl KindInfo for MachineDeployment {
         let yaml = serde_saphyr::to_string(&Value::Object(other)).unwrap_or_default();
         let mut out = String::from("Status:\n");
         out.extend(yaml.lines().map(|l| format!("  {l}\n")));
-        out
+        out + &disruption::describe(status)
     }
 }
 
@@ -943,6 +943,10 @@ impl KindInfo for MachinePool {
 
     fn rules() -> Vec<checks::Rule> {
         checks::replicated_rules(Kind::MachinePool)
+    }
+
+    fn describe_tail(status: &Value) -> String {
+        disruption::describe(status)
     }
 
     fn validate(&self) -> Check {

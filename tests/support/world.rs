@@ -38,7 +38,8 @@ use std::collections::HashSet;
 
 use driver_sdk::DriverClient;
 use fake_driver::pb as fake;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use machine_controller::resources::{Machine, MachineDeployment};
 use machine_controller::store::kubernetes::KubernetesBackend;
@@ -667,6 +668,66 @@ impl World {
         })
         .await
     }
+}
+
+/// Workloads on the Nodes of a world's cluster.
+impl World {
+    /// The pods of the world's namespace, through the cluster's API server.
+    pub fn pods_api(&self) -> Api<Pod> {
+        Api::namespaced(self.cluster().client.clone(), self.ns())
+    }
+
+    /// Running, Ready pods of `app` (not being deleted).
+    pub async fn ready_pods(&self, app: &str) -> Vec<Pod> {
+        let pods = self.pods_api().list(&ListParams::default().labels(&format!("app={app}"))).await.unwrap().items;
+        pods.into_iter().filter(crate::kube_cluster::pod_ready).collect()
+    }
+
+    /// A Deployment of `replicas` pods labelled `app=NAME`, spread over nodes, and optionally
+    /// a PodDisruptionBudget with `budget` as its spec's rule.
+    pub async fn workload(&self, name: &str, replicas: i32, budget: Option<serde_json::Value>) {
+        self.cluster()
+            .apply_json(serde_json::json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": name, "namespace": self.ns()},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {
+                        "metadata": {"labels": {"app": name}},
+                        "spec": {
+                            "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
+                            "terminationGracePeriodSeconds": 5,
+                            "topologySpreadConstraints": [{
+                                "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                "whenUnsatisfiable": "ScheduleAnyway",
+                                "labelSelector": {"matchLabels": {"app": name}}
+                            }]
+                        }
+                    }
+                }
+            }))
+            .await;
+        if let Some(rule) = budget {
+            let mut spec = serde_json::json!({"selector": {"matchLabels": {"app": name}}});
+            for (k, v) in rule.as_object().cloned().unwrap_or_default() {
+                spec[k] = v;
+            }
+            self.cluster()
+                .apply_json(serde_json::json!({
+                    "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                    "metadata": {"name": format!("{name}-budget"), "namespace": self.ns()},
+                    "spec": spec
+                }))
+                .await;
+        }
+        let want = replicas as usize;
+        crate::eventually(Duration::from_secs(120), &format!("{replicas} pods of {name} Ready"), || async move {
+            (self.ready_pods(name).await.len() == want).then_some(())
+        })
+        .await;
+    }
+
 }
 
 /// The last `lines` lines of `text`.

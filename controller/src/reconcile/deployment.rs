@@ -62,6 +62,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     }
     let mut next = md.clone();
     next.status = plan.status.clone();
+    super::remediation::blocked_event(ctx, Kind::MachineDeployment, &md.metadata, &md.status.conditions, &next.status.conditions).await;
     if plan.aborted {
         write::status(ctx, &md, &next).await?;
         return Ok(Action::requeue_now());

@@ -341,6 +341,7 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
     next.status.disruption = plan.disruption.status(remediation);
     next.status.disruption.remediation.in_flight += plan.mark.len() as i64;
     disruption_conditions(&mut next.status.conditions, &plan.disruption);
+    super::remediation::blocked_event(ctx, Kind::MachinePool, &pool.metadata, &pool.status.conditions, &next.status.conditions).await;
     if let Some(ready) = &plan.ready {
         set_condition(
             &mut next.status.conditions,
@@ -368,7 +369,12 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
             // The driver answered: whatever the environment refused before is over.
             next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type));
             write::status(ctx, pool, &next).await?;
-            Ok(Action::requeue(if plan.done { SETTLED_RECHECK } else { PROGRESS_RECHECK }))
+            let mut after = if plan.done { SETTLED_RECHECK } else { PROGRESS_RECHECK };
+            // A budget's window opens or closes, or the remediation pace allows the next.
+            if let Some(at) = plan.disruption.recheck_at {
+                after = after.min((at - seen.now).to_std().unwrap_or_default().max(super::MIN_REQUEUE));
+            }
+            Ok(Action::requeue(after))
         }
     }
 }

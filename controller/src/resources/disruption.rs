@@ -404,6 +404,55 @@ pub struct RemediationStatus {
     pub not_before: Option<Time>,
 }
 
+/// The `Disruption:` section of `describe` for an owner's status: what is down, each budget
+/// (active or when it opens, what it allows now), what is held back and by what, and the
+/// remediation.
+pub fn describe(status: &serde_json::Value) -> String {
+    let Some(d) = status.get("disruption").and_then(|d| serde_json::from_value::<DisruptionStatus>(d.clone()).ok())
+    else {
+        return String::new();
+    };
+    let at = |t: &Time| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut out = format!(
+        "Disruption:   {} available ({} required), {} down\n",
+        d.available, d.min_available, d.disrupted
+    );
+    if !d.budgets.is_empty() {
+        out += "  Budgets:\n";
+        for (i, b) in d.budgets.iter().enumerate() {
+            let reasons: Vec<&str> = b.reasons.iter().map(|r| r.as_str()).collect();
+            let state = if !b.invalid.is_empty() {
+                format!("cannot be read ({}): holds what it limits", b.invalid)
+            } else if b.active {
+                let until = b.closes.as_ref().map(|t| format!(" until {}", at(t))).unwrap_or_default();
+                format!("active{until}, allows {} now", b.allowed)
+            } else {
+                let opens = b.opens.as_ref().map_or("never opens again".to_string(), |t| format!("opens {}", at(t)));
+                format!("not active, {opens}")
+            };
+            out += &format!("    [{i}] {} machine(s) for {}: {state}\n", b.machines, reasons.join(", "));
+        }
+    }
+    if !d.held.is_empty() {
+        out += "  Held back:\n";
+        for h in &d.held {
+            out += &format!("    {} {}: {}\n", h.machines, h.reason, h.by);
+        }
+    }
+    let r = &d.remediation;
+    if r.in_flight > 0 || !r.waiting.is_empty() || r.not_before.is_some() {
+        out += &format!("  Remediation:  {} in flight, at most {}", r.in_flight, r.max_in_flight.max(1));
+        if let Some(t) = &r.not_before {
+            out += &format!("; the next not before {}", at(t));
+        }
+        out += "\n";
+        if !r.waiting.is_empty() {
+            out += &format!("    waiting: {}\n", r.waiting.join(", "));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
