@@ -70,7 +70,8 @@ pub(crate) struct FMachine {
     pub(crate) pending_spec: Option<Value>,
     /// Why the machine is Failed.
     pub(crate) failure: Option<CloudError>,
-    /// `StopKubelet` was called: its Node is marked as not reporting and never registered again.
+    /// `StopKubelet` was called (and no `StartKubelet` since): its Node is marked as not
+    /// reporting and not registered again.
     #[serde(default)]
     pub(crate) kubelet_stopped: bool,
 }

@@ -1,5 +1,5 @@
 //! The `fakecloud.v1.FakeCloud` service: inspection, runtime fault rules, and the test aids
-//! `StopKubelet` and `RemoveMachine`.
+//! `StopKubelet`, `StartKubelet` and `RemoveMachine`.
 
 use std::sync::Arc;
 
@@ -51,6 +51,14 @@ impl pb::fake_cloud_server::FakeCloud for FakeCloudService {
     ) -> Result<Response<pb::StopKubeletResponse>, Status> {
         self.driver.stop_kubelet(&req.into_inner().machine)?;
         Ok(Response::new(pb::StopKubeletResponse {}))
+    }
+
+    async fn start_kubelet(
+        &self,
+        req: Request<pb::StartKubeletRequest>,
+    ) -> Result<Response<pb::StartKubeletResponse>, Status> {
+        self.driver.start_kubelet(&req.into_inner().machine)?;
+        Ok(Response::new(pb::StartKubeletResponse {}))
     }
 
     async fn remove_machine(

@@ -8,13 +8,18 @@
 //!   (`node`): name = its `Hostname` address, `spec.providerID` = the provider ID the driver
 //!   reports, the well-known labels, capacity by machine type, and the annotation
 //!   `kwok.x-k8s.io/node: fake`, so that kwok makes it Ready and heart-beats it. A Node of that
-//!   name with the same provider ID is left as it is (create only, never overwrite); one with
-//!   another provider ID (a stale Node of an earlier VM of that name) is waited out;
+//!   name with the same provider ID is kept (create only, never overwrite), except that it gets
+//!   the kwok annotation back if it should have it and lacks it (the Node of a kubelet started
+//!   again, below); one with another provider ID (a stale Node of an earlier VM of that name) is
+//!   waited out;
 //! - a VM that no longer exists (deleted, or `RemoveMachine`) or whose kubelet stopped
 //!   (`StopKubelet`) keeps its Node — a cloud does not delete Nodes, the controller does — but
 //!   the Node is marked the way kube-controller-manager marks a kubelet that stopped posting
 //!   status: the kwok annotation is removed and its conditions turn `Unknown` /
 //!   `NodeStatusUnknown` (through `nodes/status`);
+//! - a kubelet started again (`StartKubelet`) registers like a new one: its Node, if still
+//!   there, gets the kwok annotation back (kwok then sees it again and makes it Ready), else it is
+//!   created anew; the Node is no longer watched to keep it marked (below);
 //!
 //!   kwok (0.8) does not let go of a Node when its annotation goes (its informer filters that
 //!   update out, so it never hears of it) and its heartbeat stage re-arms itself from each
@@ -22,7 +27,7 @@
 //!   its stage's delay (20–45 s by default). The mark therefore also removes `status.phase`
 //!   (kwok's `Running`, which no kubelet sets), so that after that last heartbeat no kwok stage
 //!   matches and kwok stops; and the task watches the Nodes it marked for [`SETTLE`] after the
-//!   mark and marks again at once whatever undoes it;
+//!   mark and marks again at once whatever undoes it, unless the kubelet was started again;
 //! - the provider spec field `kubelet` ([`KubeletMode`]): `NeverJoins` registers nothing,
 //!   `JoinsNotReady` registers without the kwok annotation and with `Ready=False` /
 //!   `KubeletNotReady`.
@@ -30,9 +35,12 @@
 //! Only Nodes whose provider ID starts with [`PROVIDER_PREFIX`] are ever changed. Registered
 //! Nodes carry [`CLOUD_ANNOTATION`] (the cloud's ID, kept in the state file), so a restarted
 //! sidecar finds its Nodes again and marks those whose VM vanished meanwhile. API errors are
-//! logged (warn, at most every 30 s per subject) and retried on the next tick; the cloud's lock
-//! is held only to copy its VMs, so the gRPC server is not slowed. Memory: the names and provider
-//! IDs of the registered Nodes (and of those marked in the last [`SETTLE`]).
+//! logged (warn, at most every 30 s per subject) and retried on the next tick; a Node whose
+//! registration or mark failed (it may have been half done), or which a restarted sidecar finds
+//! without the kwok annotation, is "in doubt": marked (again) while its VM is gone or its kubelet
+//! stopped, registered (again) while its kubelet reports. The cloud's lock is held only to copy
+//! its VMs, so the gRPC server is not slowed. Memory: the names and provider IDs of the
+//! registered Nodes, of those in doubt, and of those marked in the last [`SETTLE`].
 //!
 //! The Kubernetes client behind all this (`node`, `config`, `spawn`: kube and
 //! k8s-openapi, about a quarter of the executable's code) is compiled only with the cargo feature
@@ -47,7 +55,7 @@ use serde_json::Value;
 #[cfg(feature = "join-cluster")]
 mod cluster;
 #[cfg(feature = "join-cluster")]
-pub use cluster::{config, is_fake, node, spawn, stopped_status_patch};
+pub use cluster::{config, is_fake, node, restart_patch, spawn, stopped_status_patch};
 
 /// How often the kubelets compare the cloud with the cluster.
 pub const TICK: Duration = Duration::from_millis(300);
@@ -107,8 +115,16 @@ pub struct Vm {
     pub booted: bool,
     /// Provider spec field `kubelet`.
     pub kubelet: KubeletMode,
-    /// `StopKubelet` was called.
+    /// `StopKubelet` was called (and no `StartKubelet` since).
     pub stopped: bool,
+}
+
+impl Vm {
+    /// Whether its kubelet is up and registers a Node: booted, not stopped, and not
+    /// [`KubeletMode::NeverJoins`].
+    pub fn reports(&self) -> bool {
+        self.booted && !self.stopped && self.kubelet != KubeletMode::NeverJoins
+    }
 }
 
 /// What one pass does.
@@ -120,22 +136,26 @@ pub struct Plan {
     pub mark_gone: Vec<(String, String)>,
 }
 
-/// Compares the cloud's VMs with the Nodes registered so far (name → provider ID).
-pub fn plan(vms: &[Vm], registered: &BTreeMap<String, String>) -> Plan {
+/// Compares the cloud's VMs with the Nodes registered so far (name → provider ID) and those in
+/// doubt ((name, provider ID): a registration or mark that failed, an unannotated Node found after
+/// a restart). Registered and doubtful Nodes whose VM is gone or whose kubelet stopped are marked;
+/// VMs whose kubelet reports ([`Vm::reports`]) and whose Node is not registered (a doubtful one
+/// included, or one whose kubelet was started again) are registered.
+pub fn plan(vms: &[Vm], registered: &BTreeMap<String, String>, in_doubt: &BTreeSet<(String, String)>) -> Plan {
     let alive: BTreeSet<(&str, &str)> =
         vms.iter().filter(|v| !v.stopped).map(|v| (v.hostname.as_str(), v.provider_id.as_str())).collect();
-    let mark_gone = registered
+    let mark_gone: BTreeSet<(&String, &String)> = registered
         .iter()
+        .chain(in_doubt.iter().map(|(name, pid)| (name, pid)))
         .filter(|(name, pid)| !alive.contains(&(name.as_str(), pid.as_str())))
-        .map(|(name, pid)| (name.clone(), pid.clone()))
         .collect();
     let register = vms
         .iter()
-        .filter(|v| v.booted && !v.stopped && v.kubelet != KubeletMode::NeverJoins)
+        .filter(|v| v.reports())
         .filter(|v| registered.get(&v.hostname) != Some(&v.provider_id))
         .cloned()
         .collect();
-    Plan { register, mark_gone }
+    Plan { register, mark_gone: mark_gone.into_iter().map(|(name, pid)| (name.clone(), pid.clone())).collect() }
 }
 
 /// CPUs and memory of a machine type.

@@ -10,13 +10,14 @@
 //! - an optional state file, so the cloud and its in-flight operations survive a sidecar restart;
 //! - the `fakecloud.v1.FakeCloud` inspection API on the same socket (what exists, how many creates
 //!   and deletes happened, peak machine count), to prove nothing leaked or was created twice, and
-//!   test aids: `StopKubelet` (a machine's kubelet stops reporting) and `RemoveMachine` (a VM
-//!   vanishes out of band, as if deleted in the cloud console);
+//!   test aids: `StopKubelet` (a machine's kubelet stops reporting), `StartKubelet` (it reports
+//!   again) and `RemoveMachine` (a VM vanishes out of band, as if deleted in the cloud console);
 //! - optionally (`--join-cluster KUBECONFIG`, [`kubelets`]) machines that join a Kubernetes
 //!   cluster the way a kubelet registers: a Node per running machine and pool instance (name =
 //!   its `Hostname` address, `spec.providerID` = the provider ID the driver reports), annotated
 //!   for kwok to keep Ready; the Node of a VM that is gone or whose kubelet stopped turns
-//!   `Ready=Unknown` and is left for the controller to delete. The provider spec field `kubelet`
+//!   `Ready=Unknown` and is left for the controller to delete (or, once the kubelet is started
+//!   again, gets its kwok annotation back and turns Ready). The provider spec field `kubelet`
 //!   (`Joins`, `NeverJoins`, `JoinsNotReady`) injects registration faults. Without the option no
 //!   Kubernetes client exists and nothing of this runs; without the cargo feature `join-cluster`
 //!   (off by default, on in the test suite) none is even compiled in, and the option is refused.
@@ -515,6 +516,19 @@ impl FakeDriver {
         Ok(())
     }
 
+    /// `StartKubelet`: the machine's kubelet reports again (the inverse of `StopKubelet`).
+    pub(crate) fn start_kubelet(&self, name: &str) -> std::result::Result<(), tonic::Status> {
+        let mut st = self.cloud();
+        let m = st.machines.get_mut(name).ok_or_else(|| inspect_not_found(name))?;
+        if !m.kubelet_stopped {
+            return Ok(());
+        }
+        m.kubelet_stopped = false;
+        self.save(&st).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        tracing::info!(machine = %name, "kubelet started again (test aid)");
+        Ok(())
+    }
+
     /// `RemoveMachine`: the machine vanishes from the cloud, with no `DeleteMachine`.
     pub(crate) fn remove_machine(&self, name: &str) -> std::result::Result<(), tonic::Status> {
         let mut st = self.cloud();
@@ -530,21 +544,8 @@ impl FakeDriver {
     #[cfg_attr(not(feature = "join-cluster"), allow(dead_code))]
     pub(crate) fn kubelet_view(&self) -> (String, Vec<kubelets::Vm>) {
         let st = self.cloud();
-        let machine_type =
-            |spec: &Value| spec.get("machineType").and_then(Value::as_str).unwrap_or("small").to_string();
         let mut vms = Vec::with_capacity(st.machines.len() + st.instance_count());
-        for m in st.machines.values() {
-            vms.push(kubelets::Vm {
-                hostname: m.name.clone(),
-                provider_id: machine_provider_id(m),
-                ip: m.ip.clone(),
-                machine_type: machine_type(&m.spec),
-                zone: m.zone.clone(),
-                booted: matches!(m.state, MState::Running | MState::Updating),
-                kubelet: kubelets::KubeletMode::of(&m.spec),
-                stopped: m.kubelet_stopped,
-            });
-        }
+        vms.extend(st.machines.values().map(machine_vm));
         for p in st.pools.values() {
             let kubelet = kubelets::KubeletMode::of(&p.spec);
             for i in p.instances.values() {
@@ -561,6 +562,14 @@ impl FakeDriver {
             }
         }
         (st.cloud_id.clone(), vms)
+    }
+
+    /// Whether the machine `name` exists with provider ID `provider_id` and its kubelet reports
+    /// ([`kubelets::Vm::reports`]), for the [`kubelets`] task: the lock is held for one lookup.
+    #[cfg_attr(not(feature = "join-cluster"), allow(dead_code))]
+    pub(crate) fn kubelet_reports(&self, name: &str, provider_id: &str) -> bool {
+        let st = self.cloud();
+        st.machines.get(name).map(machine_vm).is_some_and(|v| v.provider_id == provider_id && v.reports())
     }
 
     pub(crate) fn set_faults(&self, rules: Vec<FaultRule>) {
@@ -1068,6 +1077,25 @@ impl FakeDriver {
 /// The provider ID the driver reports for a machine.
 fn machine_provider_id(m: &FMachine) -> String {
     format!("fake:///{}/{}", m.zone, m.id)
+}
+
+/// A machine as its kubelet sees it.
+fn machine_vm(m: &FMachine) -> kubelets::Vm {
+    kubelets::Vm {
+        hostname: m.name.clone(),
+        provider_id: machine_provider_id(m),
+        ip: m.ip.clone(),
+        machine_type: machine_type(&m.spec),
+        zone: m.zone.clone(),
+        booted: matches!(m.state, MState::Running | MState::Updating),
+        kubelet: kubelets::KubeletMode::of(&m.spec),
+        stopped: m.kubelet_stopped,
+    }
+}
+
+/// The provider spec's machine type (`small` when absent).
+fn machine_type(spec: &Value) -> String {
+    spec.get("machineType").and_then(Value::as_str).unwrap_or("small").to_string()
 }
 
 /// The provider ID the driver reports for a pool instance.

@@ -1,6 +1,6 @@
 use super::*;
 use driver_sdk::Secrets;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 fn fast() -> Config {
     Config {
@@ -234,7 +234,7 @@ fn kubelet_plan_registers_booted_machines_once() {
         kubelets::Vm { kubelet: kubelets::KubeletMode::JoinsNotReady, ..vm("not-ready", "fake:///zone-b/vm-2") };
     let vms =
         vec![booting, never, not_ready.clone(), vm("new", "fake:///zone-b/vm-3"), vm("old", "fake:///zone-b/vm-4")];
-    let plan = kubelets::plan(&vms, &registered(&[("old", "fake:///zone-b/vm-4")]));
+    let plan = kubelets::plan(&vms, &registered(&[("old", "fake:///zone-b/vm-4")]), &BTreeSet::new());
     let names: Vec<&str> = plan.register.iter().map(|v| v.hostname.as_str()).collect();
     assert_eq!(names, ["not-ready", "new"], "booted, joining and not registered yet");
     assert_eq!(plan.register[0], not_ready);
@@ -252,7 +252,7 @@ fn kubelet_plan_marks_nodes_of_vanished_or_stopped_machines() {
         ("gone", "fake:///zone-b/vm-2"),
         ("stopped", "fake:///zone-b/vm-1"),
     ]);
-    let plan = kubelets::plan(&vms, &reg);
+    let plan = kubelets::plan(&vms, &reg, &BTreeSet::new());
     let gone: Vec<(&str, &str)> = plan.mark_gone.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
     assert_eq!(
         gone,
@@ -261,9 +261,67 @@ fn kubelet_plan_marks_nodes_of_vanished_or_stopped_machines() {
     let names: Vec<&str> = plan.register.iter().map(|v| v.hostname.as_str()).collect();
     assert_eq!(names, ["again"], "a stopped kubelet never registers again; the new VM does");
     // Once marked (no longer registered), a stopped machine needs nothing more.
-    let plan =
-        kubelets::plan(&vms, &registered(&[("alive", "fake:///zone-b/vm-3"), ("again", "fake:///zone-b/vm-new")]));
+    let reg = registered(&[("alive", "fake:///zone-b/vm-3"), ("again", "fake:///zone-b/vm-new")]);
+    let plan = kubelets::plan(&vms, &reg, &BTreeSet::new());
     assert_eq!(plan, kubelets::Plan::default());
+}
+
+#[test]
+fn kubelet_plan_registers_a_started_kubelet_again() {
+    // StopKubelet, the Node marked (no longer registered), then StartKubelet: the VM registers
+    // again like a new one (registering finds its Node and puts the kwok annotation back).
+    let vms = vec![vm("web-1", "fake:///zone-b/vm-1"), vm("alive", "fake:///zone-b/vm-3")];
+    let reg = registered(&[("alive", "fake:///zone-b/vm-3")]);
+    let plan = kubelets::plan(&vms, &reg, &BTreeSet::new());
+    assert_eq!(plan.register, [vms[0].clone()]);
+    assert!(plan.mark_gone.is_empty());
+    // Started again before its Node was marked (still registered): nothing to do.
+    let reg = registered(&[("alive", "fake:///zone-b/vm-3"), ("web-1", "fake:///zone-b/vm-1")]);
+    assert_eq!(kubelets::plan(&vms, &reg, &BTreeSet::new()), kubelets::Plan::default());
+    // Started again while the VM is not running (being deleted): it does not report.
+    let deleting = kubelets::Vm { booted: false, ..vms[0].clone() };
+    assert!(!deleting.reports());
+    assert_eq!(kubelets::plan(&[deleting], &BTreeMap::new(), &BTreeSet::new()), kubelets::Plan::default());
+    for (v, reports) in [
+        (vm("a", "fake:///zone-b/vm-1"), true),
+        (kubelets::Vm { stopped: true, ..vm("a", "fake:///zone-b/vm-1") }, false),
+        (kubelets::Vm { kubelet: kubelets::KubeletMode::NeverJoins, ..vm("a", "fake:///zone-b/vm-1") }, false),
+        (kubelets::Vm { kubelet: kubelets::KubeletMode::JoinsNotReady, ..vm("a", "fake:///zone-b/vm-1") }, true),
+    ] {
+        assert_eq!(v.reports(), reports, "{v:?}");
+    }
+}
+
+#[test]
+fn kubelet_plan_marks_or_registers_nodes_in_doubt() {
+    // Nodes whose registration or mark failed (or found unannotated after a restart): marked
+    // while the VM is gone or its kubelet stopped, registered again while its kubelet reports.
+    let vms = vec![
+        vm("back", "fake:///zone-b/vm-1"),
+        kubelets::Vm { stopped: true, ..vm("stopped", "fake:///zone-b/vm-2") },
+        vm("again", "fake:///zone-b/vm-new"),
+        kubelets::Vm { booted: false, ..vm("deleting", "fake:///zone-b/vm-4") },
+    ];
+    let doubt: BTreeSet<(String, String)> = [
+        ("back", "fake:///zone-b/vm-1"),
+        ("stopped", "fake:///zone-b/vm-2"),
+        ("gone", "fake:///zone-b/vm-3"),
+        ("again", "fake:///zone-b/vm-old"),
+        ("deleting", "fake:///zone-b/vm-4"),
+    ]
+    .iter()
+    .map(|(n, p)| (n.to_string(), p.to_string()))
+    .collect();
+    let reg = registered(&[("again", "fake:///zone-b/vm-new"), ("gone", "fake:///zone-b/vm-3")]);
+    let plan = kubelets::plan(&vms, &reg, &doubt);
+    let gone: Vec<(&str, &str)> = plan.mark_gone.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
+    assert_eq!(
+        gone,
+        [("again", "fake:///zone-b/vm-old"), ("gone", "fake:///zone-b/vm-3"), ("stopped", "fake:///zone-b/vm-2")],
+        "once each, in name order; the new VM named \"again\" stays registered"
+    );
+    let names: Vec<&str> = plan.register.iter().map(|v| v.hostname.as_str()).collect();
+    assert_eq!(names, ["back"], "a VM not booted keeps its doubtful Node until it reports or is gone");
 }
 
 #[cfg(feature = "join-cluster")]
@@ -349,6 +407,31 @@ fn kubelet_stopped_patch_turns_conditions_unknown_once() {
     let mut other = bare;
     other.spec.as_mut().unwrap().provider_id = Some("aws:///us-east-1a/i-1".into());
     assert!(!kubelets::is_fake(&other));
+}
+
+#[cfg(feature = "join-cluster")]
+#[test]
+fn kubelet_restart_patch_puts_the_kwok_annotation_back() {
+    let web = vm("web-1", "fake:///zone-b/vm-1");
+    let mut n = kubelets::node(&web, "cloud-1");
+    assert_eq!(kubelets::restart_patch(&n, &web), None, "registered as it is");
+    // Marked: the annotation is gone (and Ready is Unknown, which kwok's node-initialize stage
+    // turns True once it sees the Node again).
+    n.metadata.annotations.as_mut().unwrap().remove(kubelets::KWOK_ANNOTATION);
+    let patch = kubelets::restart_patch(&n, &web).unwrap();
+    assert_eq!(patch, json!({"metadata": {"annotations": {"kwok.x-k8s.io/node": "fake"}}}));
+    // The annotation of a fresh registration, the cloud's annotation untouched.
+    let fresh = kubelets::node(&web, "cloud-1");
+    assert_eq!(
+        patch["metadata"]["annotations"][kubelets::KWOK_ANNOTATION].as_str(),
+        fresh.metadata.annotations.as_ref().unwrap().get(kubelets::KWOK_ANNOTATION).map(String::as_str)
+    );
+    n.metadata.annotations = None;
+    assert!(kubelets::restart_patch(&n, &web).is_some());
+    // A JoinsNotReady kubelet never had it: nothing to put back.
+    let not_ready = kubelets::Vm { kubelet: kubelets::KubeletMode::JoinsNotReady, ..web };
+    let n = kubelets::node(&not_ready, "cloud-1");
+    assert_eq!(kubelets::restart_patch(&n, &not_ready), None);
 }
 
 #[test]
@@ -449,7 +532,60 @@ async fn stop_kubelet_marks_the_machine_and_survives_a_restart() {
     let (same_id, vms) = again.kubelet_view();
     assert_eq!(same_id, cloud_id, "the cloud keeps its ID in the state file");
     assert!(vms[0].stopped, "the mark is kept in the state file");
-    assert!(kubelets::plan(&vms, &BTreeMap::new()).register.is_empty());
+    assert!(kubelets::plan(&vms, &BTreeMap::new(), &BTreeSet::new()).register.is_empty());
+}
+
+#[tokio::test]
+async fn start_kubelet_clears_the_mark_and_survives_a_restart() {
+    use pb::fake_cloud_server::FakeCloud;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config { state_file: Some(dir.path().join("cloud.json")), ..fast() };
+    let d = Arc::new(FakeDriver::new(cfg.clone()).unwrap());
+    running(&d, "m1", spec()).await;
+    let svc = FakeCloudService { driver: d.clone() };
+    let start = |name: &str| pb::StartKubeletRequest { machine: name.into() };
+    let stop = |name: &str| pb::StopKubeletRequest { machine: name.into() };
+    let err = svc.start_kubelet(tonic::Request::new(start("nope"))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    // Never stopped: nothing to do.
+    svc.start_kubelet(tonic::Request::new(start("m1"))).await.unwrap();
+    assert!(!d.inspect(false).machines[0].kubelet_stopped);
+    let pid = d.kubelet_view().1[0].provider_id.clone();
+    assert!(d.kubelet_reports("m1", &pid));
+    svc.stop_kubelet(tonic::Request::new(stop("m1"))).await.unwrap();
+    assert!(!d.kubelet_reports("m1", &pid));
+    for _ in 0..2 {
+        svc.start_kubelet(tonic::Request::new(start("m1"))).await.unwrap();
+    }
+    assert!(!d.inspect(false).machines[0].kubelet_stopped);
+    let (_, vms) = d.kubelet_view();
+    assert!(!vms[0].stopped && vms[0].reports());
+    assert!(d.kubelet_reports("m1", &pid));
+    assert!(!d.kubelet_reports("m1", "fake:///zone-a/other"), "another VM of that name");
+    assert!(!d.kubelet_reports("nope", &pid));
+    // Its Node (marked, so no longer registered) registers again.
+    assert_eq!(kubelets::plan(&vms, &BTreeMap::new(), &BTreeSet::new()).register, vms);
+    // Persisted: a restarted sidecar sees the kubelet running.
+    drop((svc, d));
+    let d = Arc::new(FakeDriver::new(cfg.clone()).unwrap());
+    assert!(!d.kubelet_view().1[0].stopped, "the start is kept in the state file");
+    // Stopped again: the stop is kept too.
+    let svc = FakeCloudService { driver: d.clone() };
+    svc.stop_kubelet(tonic::Request::new(stop("m1"))).await.unwrap();
+    drop((svc, d));
+    let d = Arc::new(FakeDriver::new(cfg.clone()).unwrap());
+    assert!(d.kubelet_view().1[0].stopped);
+    assert!(d.inspect(false).machines[0].kubelet_stopped);
+    let svc = FakeCloudService { driver: d.clone() };
+    svc.start_kubelet(tonic::Request::new(start("m1"))).await.unwrap();
+    drop((svc, d));
+    let d = Arc::new(FakeDriver::new(cfg).unwrap());
+    assert!(!d.kubelet_view().1[0].stopped);
+    // A removed machine cannot be started.
+    let svc = FakeCloudService { driver: d.clone() };
+    svc.remove_machine(tonic::Request::new(pb::RemoveMachineRequest { machine: "m1".into() })).await.unwrap();
+    let err = svc.start_kubelet(tonic::Request::new(start("m1"))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
 }
 
 #[tokio::test]
@@ -479,6 +615,6 @@ async fn remove_machine_vanishes_without_counting_a_delete() {
     assert_eq!(done.outcome.unwrap().unwrap_err().reason(), reason::MACHINE_NOT_FOUND);
     assert_eq!(d.inspect(false).counters.unwrap().machines_deleted, 0);
     // Its kubelet is gone with it: a Node registered for it is marked.
-    let plan = kubelets::plan(&d.kubelet_view().1, &registered(&[("m1", "fake:///zone-a/vm-x")]));
+    let plan = kubelets::plan(&d.kubelet_view().1, &registered(&[("m1", "fake:///zone-a/vm-x")]), &BTreeSet::new());
     assert_eq!(plan.mark_gone.len(), 1);
 }

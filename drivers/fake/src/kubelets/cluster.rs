@@ -1,7 +1,7 @@
 //! The Kubernetes side of the [kubelets](super) (cargo feature `join-cluster`): the Node a VM
 //! registers, the stopped mark, and the task that keeps the cluster in step with the cloud.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -132,10 +132,24 @@ pub fn stopped_status_patch(node: &Node, now: &Time) -> Option<Value> {
     Some(patch)
 }
 
+/// Whether `node` carries the kwok annotation.
+fn kwok_annotated(node: &Node) -> bool {
+    node.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(KWOK_ANNOTATION))
+}
+
 /// Whether `node` carries the kwok annotation or lacks (part of) the stopped mark.
 fn needs_mark(node: &Node) -> bool {
-    let annotated = node.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(KWOK_ANNOTATION));
-    annotated || stopped_status_patch(node, &Time(k8s_openapi::jiff::Timestamp::now())).is_some()
+    kwok_annotated(node) || stopped_status_patch(node, &Time(k8s_openapi::jiff::Timestamp::now())).is_some()
+}
+
+/// The merge patch that gives `node`, the existing Node of `vm` (same name and provider ID),
+/// back what `vm`'s kubelet registers, or `None` when it has it: the kwok annotation, which the
+/// stopped mark removed (its kubelet has been started again), for a [`KubeletMode::Joins`]
+/// kubelet (a `JoinsNotReady` one never had it). Nothing else: kwok, seeing the Node again,
+/// makes it Ready (its `Ready` is not `True`, so kwok's first stage matches).
+pub fn restart_patch(node: &Node, vm: &Vm) -> Option<Value> {
+    (vm.kubelet == KubeletMode::Joins && !kwok_annotated(node))
+        .then(|| json!({"metadata": {"annotations": {KWOK_ANNOTATION: "fake"}}}))
 }
 
 /// The connection to the cluster of a kubeconfig file (its current context), from that file
@@ -190,7 +204,8 @@ pub fn spawn(driver: Arc<FakeDriver>, config: kube::Config) -> Result<tokio::tas
 
 /// The outcome of one registration.
 enum Registered {
-    /// Created now, or found with this VM's provider ID.
+    /// Created now, or found with this VM's provider ID (and given the kwok annotation back if
+    /// it lacked it).
     Yes,
     /// A Node of that name exists with another provider ID.
     Conflict(String),
@@ -221,6 +236,10 @@ struct Kubelets {
     nodes: Api<Node>,
     /// Registered Nodes: name → provider ID.
     registered: BTreeMap<String, String>,
+    /// Nodes (name, provider ID) not known to be registered nor marked: a registration or mark
+    /// that failed (it may have been half done), a Node found without the kwok annotation after
+    /// a restart. Marked while the VM is gone or its kubelet stopped, else registered again.
+    in_doubt: BTreeSet<(String, String)>,
     settling: BTreeMap<String, Settling>,
     /// The cloud's earlier Nodes have been looked up (after a restart).
     adopted: bool,
@@ -233,6 +252,7 @@ impl Kubelets {
             driver,
             nodes: Api::all(client),
             registered: BTreeMap::new(),
+            in_doubt: BTreeSet::new(),
             settling: BTreeMap::new(),
             adopted: false,
             warned: BTreeMap::new(),
@@ -258,16 +278,31 @@ impl Kubelets {
         if !self.adopted {
             self.adopt(&cloud_id).await;
         }
-        let plan = plan(&vms, &self.registered);
+        let plan = plan(&vms, &self.registered, &self.in_doubt);
         drop(vms);
+        self.unsettle(&plan.register);
         self.mark_gone(plan.mark_gone).await;
         self.register(plan.register, &cloud_id).await;
         self.settle().await;
     }
 
-    /// Finds the Nodes this cloud registered before a restart of the sidecar.
+    /// Ends the watch over the marked Nodes of `vms`, VMs whose kubelet reports (started again):
+    /// their Nodes are registered again, not marked again.
+    fn unsettle(&mut self, vms: &[Vm]) {
+        for vm in vms {
+            if self.settling.get(&vm.hostname).is_some_and(|s| s.provider_id == vm.provider_id) {
+                self.settling.remove(&vm.hostname);
+            }
+        }
+    }
+
+    /// Finds the Nodes this cloud registered before a restart of the sidecar: those with the
+    /// kwok annotation count as registered, those without (marked, or never annotated: a
+    /// [`KubeletMode::JoinsNotReady`] one) are in doubt, so that one whose kubelet reports again
+    /// meanwhile gets its annotation back.
     async fn adopt(&mut self, cloud_id: &str) {
         let mut found = BTreeMap::new();
+        let mut doubtful = Vec::new();
         let mut params = ListParams::default().limit(LIST_PAGE_SIZE);
         loop {
             let page = match self.nodes.list(&params).await {
@@ -280,7 +315,11 @@ impl Kubelets {
                 if let (true, true, Some(name), Some(pid)) =
                     (ours, is_fake(n), &n.metadata.name, n.spec.as_ref().and_then(|s| s.provider_id.as_ref()))
                 {
-                    found.insert(name.clone(), pid.clone());
+                    if kwok_annotated(n) {
+                        found.insert(name.clone(), pid.clone());
+                    } else {
+                        doubtful.push((name.clone(), pid.clone()));
+                    }
                 }
             }
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
@@ -288,12 +327,18 @@ impl Kubelets {
                 None => break,
             }
         }
-        if !found.is_empty() {
-            tracing::info!(nodes = found.len(), "found the Nodes this cloud registered before");
+        if !found.is_empty() || !doubtful.is_empty() {
+            let nodes = found.len() + doubtful.len();
+            tracing::info!(nodes, unannotated = doubtful.len(), "found the Nodes this cloud registered before");
         }
         // Registrations made meanwhile (an earlier list failed) win over what the list saw.
         for (name, pid) in found {
             self.registered.entry(name).or_insert(pid);
+        }
+        for (name, pid) in doubtful {
+            if !self.registered.contains_key(&name) {
+                self.in_doubt.insert((name, pid));
+            }
         }
         self.adopted = true;
     }
@@ -313,14 +358,20 @@ impl Kubelets {
                 Ok(Registered::Yes) => {
                     self.warned.remove(&vm.hostname);
                     self.settling.remove(&vm.hostname);
-                    self.registered.insert(vm.hostname, vm.provider_id);
+                    let key = (vm.hostname, vm.provider_id);
+                    self.in_doubt.remove(&key);
+                    self.registered.insert(key.0, key.1);
                 }
                 Ok(Registered::Conflict(other)) => {
                     let msg = format!("a Node of that name has provider ID {other:?}, not {:?}", vm.provider_id);
                     self.warn(&vm.hostname, "Node not registered: waiting for the stale Node to go", &msg);
                 }
                 Ok(Registered::Again) => {}
-                Err(e) => self.warn(&vm.hostname, "registering the Node failed", &e),
+                Err(e) => {
+                    self.warn(&vm.hostname, "registering the Node failed", &e);
+                    // The Node may have been created or annotated all the same.
+                    self.in_doubt.insert((vm.hostname, vm.provider_id));
+                }
             }
         }
     }
@@ -345,10 +396,15 @@ impl Kubelets {
                 }
                 Err(e) => {
                     self.warn(&name, "marking the Node as not reporting failed", &e);
+                    // Perhaps half marked: retried while the VM is gone or its kubelet stopped,
+                    // registered again (annotation back) if its kubelet reports meanwhile.
+                    self.forget(&name, &pid);
+                    self.in_doubt.insert((name, pid));
                     continue;
                 }
             };
-            self.registered.remove(&name);
+            self.forget(&name, &pid);
+            self.in_doubt.remove(&(name.clone(), pid.clone()));
             self.warned.remove(&name);
             if let Some(own) = own {
                 let until = Instant::now() + SETTLE;
@@ -357,7 +413,15 @@ impl Kubelets {
         }
     }
 
-    /// A watch event: a recently marked Node whose mark was undone is marked again at once.
+    /// No longer counts the Node `name` of provider ID `pid` as registered.
+    fn forget(&mut self, name: &str, pid: &str) {
+        if self.registered.get(name).is_some_and(|p| p == pid) {
+            self.registered.remove(name);
+        }
+    }
+
+    /// A watch event: a recently marked Node whose mark was undone is marked again at once,
+    /// unless its kubelet was started again (the next pass registers it again).
     async fn observe(&mut self, event: watcher::Event<Node>) {
         let node = match event {
             watcher::Event::Apply(n) | watcher::Event::InitApply(n) => n,
@@ -374,6 +438,10 @@ impl Kubelets {
         let pid = s.provider_id.clone();
         let own = node.metadata.resource_version.as_ref().is_some_and(|rv| s.own.contains(rv));
         if own || s.until < Instant::now() || !needs_mark(&node) {
+            return;
+        }
+        if self.driver.kubelet_reports(&name, &pid) {
+            self.settling.remove(&name);
             return;
         }
         match mark_node(&self.nodes, &node, &pid).await {
@@ -413,7 +481,8 @@ impl Kubelets {
     }
 }
 
-/// Registers one VM's Node (create only; an existing Node is never changed).
+/// Registers one VM's Node (create only; an existing Node of this VM only gets the kwok
+/// annotation back, [`restart_patch`]).
 async fn register_one(nodes: &Api<Node>, vm: &Vm, cloud_id: &str) -> kube::Result<Registered> {
     let want = node(vm, cloud_id);
     match nodes.create(&PostParams::default(), &want).await {
@@ -428,13 +497,20 @@ async fn register_one(nodes: &Api<Node>, vm: &Vm, cloud_id: &str) -> kube::Resul
             Ok(Registered::Yes)
         }
         Err(kube::Error::Api(s)) if s.is_already_exists() => {
-            let existing = nodes.get_opt(&vm.hostname).await?;
-            let pid = existing.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| s.provider_id.clone());
-            Ok(match (existing, pid) {
-                (None, _) => Registered::Again,
-                (Some(_), Some(p)) if p == vm.provider_id => Registered::Yes,
-                (Some(_), p) => Registered::Conflict(p.unwrap_or_default()),
-            })
+            let Some(existing) = nodes.get_opt(&vm.hostname).await? else { return Ok(Registered::Again) };
+            let pid = existing.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+            if pid != Some(vm.provider_id.as_str()) {
+                return Ok(Registered::Conflict(pid.unwrap_or_default().to_string()));
+            }
+            if let Some(patch) = restart_patch(&existing, vm) {
+                match nodes.patch(&vm.hostname, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                    Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(Registered::Again),
+                    r => r?,
+                };
+                let pid = &vm.provider_id;
+                tracing::info!(node = %vm.hostname, provider_id = %pid, "Node reports again: kwok annotation put back");
+            }
+            Ok(Registered::Yes)
         }
         Err(e) => Err(e),
     }
@@ -467,7 +543,7 @@ async fn try_mark_node(nodes: &Api<Node>, n: &Node, pid: &str) -> kube::Result<M
     let mut written = Vec::new();
     // The kwok annotation goes first: a kwok that heard of it would not make the Node Ready
     // again (kwok 0.8 does not hear of it; see the module's documentation).
-    if n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(KWOK_ANNOTATION)) {
+    if kwok_annotated(n) {
         let patch = json!({"metadata": {"annotations": {KWOK_ANNOTATION: null}}});
         let after = nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         written.extend(after.metadata.resource_version);
@@ -477,4 +553,128 @@ async fn try_mark_node(nodes: &Api<Node>, n: &Node, pid: &str) -> kube::Result<M
         written.extend(after.metadata.resource_version);
     }
     Ok(if written.is_empty() { Marked::Already } else { Marked::Now(written) })
+}
+
+#[cfg(test)]
+mod tests {
+    use driver_sdk::{CreateMachine, Driver, RequestContext, Secrets};
+
+    use super::*;
+
+    /// A client whose every call fails at once: nothing listens on its port.
+    fn unreachable() -> kube::Client {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("http://127.0.0.1:{port}").parse().unwrap();
+        kube::Client::try_from(kube::Config::new(url)).unwrap()
+    }
+
+    /// A fake cloud with one running machine, `m1`, and its VM.
+    async fn cloud_with_m1() -> (Arc<FakeDriver>, Vm) {
+        let config = crate::Config { create_latency: Duration::from_millis(10), ..crate::Config::default() };
+        let d = Arc::new(FakeDriver::new(config).unwrap());
+        let ctx = RequestContext::for_method("test", "CreateMachine");
+        let req = CreateMachine {
+            name: "m1".into(),
+            provider_spec: json!({"machineType": "small"}),
+            secrets: Secrets::default(),
+            labels: BTreeMap::new(),
+            uid: String::new(),
+        };
+        d.create_machine(&ctx, req).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let vm = d.kubelet_view().1.remove(0);
+            if vm.booted {
+                return (d, vm);
+            }
+            assert!(Instant::now() < deadline, "m1 never booted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The task as it is right after marking `vm`'s Node (no cluster: every call fails).
+    fn marked_a_moment_ago(d: &Arc<FakeDriver>, vm: &Vm) -> Kubelets {
+        let mut k = Kubelets::new(d.clone(), unreachable());
+        k.adopted = true;
+        let s = Settling { provider_id: vm.provider_id.clone(), until: Instant::now() + SETTLE, own: Vec::new() };
+        k.settling.insert(vm.hostname.clone(), s);
+        k
+    }
+
+    fn key(vm: &Vm) -> (String, String) {
+        (vm.hostname.clone(), vm.provider_id.clone())
+    }
+
+    #[tokio::test]
+    async fn a_started_kubelet_s_node_is_not_marked_again_by_the_watch() {
+        let (d, vm) = cloud_with_m1().await;
+        d.stop_kubelet("m1").unwrap();
+        let mut k = marked_a_moment_ago(&d, &vm);
+        // A kwok heartbeat scheduled before the mark undoes it: marked again (tried, and failed
+        // for want of a cluster).
+        let undone = node(&vm, "c");
+        k.observe(watcher::Event::Apply(undone.clone())).await;
+        assert!(k.settling.contains_key("m1"), "still watched");
+        assert!(k.warned.contains_key("m1"), "marking it again was tried");
+        // StartKubelet: the same event changes nothing, and the watch over the Node ends.
+        k.warned.clear();
+        d.start_kubelet("m1").unwrap();
+        k.observe(watcher::Event::Apply(undone)).await;
+        assert!(!k.settling.contains_key("m1"));
+        assert!(k.warned.is_empty(), "no call to the API server");
+    }
+
+    #[tokio::test]
+    async fn a_started_kubelet_s_node_is_registered_again_not_marked() {
+        let (d, vm) = cloud_with_m1().await;
+        d.stop_kubelet("m1").unwrap();
+        d.start_kubelet("m1").unwrap();
+        let mut k = marked_a_moment_ago(&d, &vm);
+        // The marked Node of another machine stays watched.
+        let other = Vm { hostname: "m0".into(), provider_id: "fake:///zone-a/m0".into(), ..vm.clone() };
+        k.settling.insert(
+            other.hostname.clone(),
+            Settling { provider_id: other.provider_id.clone(), until: Instant::now() + SETTLE, own: Vec::new() },
+        );
+        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt);
+        assert_eq!((p.register, p.mark_gone), (vec![vm.clone()], Vec::new()));
+        k.pass().await;
+        assert!(!k.settling.contains_key("m1"), "its Node is no longer kept marked");
+        assert!(k.settling.contains_key("m0"));
+        // The registration failed (no cluster): it may have put the annotation back all the same.
+        assert!(k.registered.is_empty());
+        assert_eq!(k.in_doubt, BTreeSet::from([key(&vm)]));
+        // In doubt and stopped again: marked again.
+        d.stop_kubelet("m1").unwrap();
+        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt);
+        assert_eq!((p.register, p.mark_gone), (Vec::new(), vec![key(&vm)]));
+        // Only this VM's kubelet ends the watch: a new VM of that name (another provider ID)
+        // leaves the earlier VM's marked Node watched.
+        let mut k = marked_a_moment_ago(&d, &vm);
+        k.unsettle(&[Vm { provider_id: "fake:///zone-a/newer".into(), ..vm.clone() }]);
+        assert!(k.settling.contains_key("m1"));
+        k.unsettle(std::slice::from_ref(&vm));
+        assert!(!k.settling.contains_key("m1"));
+    }
+
+    #[tokio::test]
+    async fn a_failed_mark_is_in_doubt_until_the_kubelet_reports_again() {
+        let (d, vm) = cloud_with_m1().await;
+        let mut k = Kubelets::new(d.clone(), unreachable());
+        k.adopted = true;
+        k.registered.insert(vm.hostname.clone(), vm.provider_id.clone());
+        d.stop_kubelet("m1").unwrap();
+        k.pass().await;
+        // Perhaps half marked (its annotation gone): no longer counted as registered.
+        assert!(k.registered.is_empty());
+        assert_eq!(k.in_doubt, BTreeSet::from([key(&vm)]));
+        assert!(k.settling.is_empty());
+        // Retried while the kubelet is stopped.
+        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt);
+        assert_eq!((p.register, p.mark_gone), (Vec::new(), vec![key(&vm)]));
+        // Started again meanwhile: registered again (its annotation put back), not marked.
+        d.start_kubelet("m1").unwrap();
+        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt);
+        assert_eq!((p.register, p.mark_gone), (vec![vm.clone()], Vec::new()));
+    }
 }
