@@ -75,6 +75,9 @@ pub fn structural(schema: Value) -> Value {
             if types.len() == 2 && types.contains(&"integer") && types.contains(&"string") {
                 o.remove(combinator);
                 o.insert("x-kubernetes-int-or-string".into(), Value::Bool(true));
+                // A number or a percentage is short; the bound keeps the CEL rules on it cheap
+                // (the API server estimates a rule's cost from the longest string it may see).
+                o.insert("maxLength".into(), json!(16));
             }
         }
     }
@@ -114,7 +117,11 @@ fn add_rules(kind: Kind, spec: &mut Value) {
     for rule in manifest::rules().into_iter().filter(|r| r.kind == kind) {
         let mut at = &mut *spec;
         for key in rule.at.split('.').skip(1) {
-            at = &mut at["properties"][key];
+            at = match key.strip_suffix("[]") {
+                // A rule on each item of a list.
+                Some(list) => &mut at["properties"][list]["items"],
+                None => &mut at["properties"][key],
+            };
         }
         let mut v = json!({ "rule": rule.cel, "message": rule.message, "reason": "FieldValueInvalid" });
         if !rule.field.is_empty() {

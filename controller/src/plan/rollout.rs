@@ -79,6 +79,9 @@ pub struct Member {
     /// (`OwnerRemediated=False`), or annotated [`ANNOTATION_REMEDIATE`]; never with
     /// [`ANNOTATION_SKIP_REMEDIATION`].
     pub remediation: Option<Remediation>,
+    /// A MachineHealthCheck marked it unhealthy (`HealthCheckSucceeded=False`), asking for its
+    /// remediation or not (a short circuit, `mode: Observe`).
+    pub marked_unhealthy: bool,
     /// Its phase.
     pub phase: Phase,
     /// Its permanent failure.
@@ -274,6 +277,8 @@ impl StoredMember<'_> {
         let find = |t: ConditionType| st.conditions.iter().find(|c| c.condition_type == t);
         let node_not_ready = find(ConditionType::NodeReady).is_some_and(|c| c.status != ConditionStatus::True);
         let owner_remediates = find(ConditionType::OwnerRemediated).is_some_and(|c| c.status == ConditionStatus::False);
+        let marked_unhealthy =
+            find(ConditionType::HealthCheckSucceeded).is_some_and(|c| c.status == ConditionStatus::False);
         let phase_failed = st.phase == Phase::Failed;
         let ready_since = match find(ConditionType::Ready) {
             Some(c) if st.phase == Phase::Running && c.status == ConditionStatus::True => Some(
@@ -326,6 +331,7 @@ impl StoredMember<'_> {
                 || a.disruption.as_deref() == Some(DisruptionReason::Remediation.as_str()),
             marked_for_deletion: a.delete.is_some_and(|v| v != "false"),
             remediation,
+            marked_unhealthy: marked_unhealthy && !deleting,
             phase: st.phase,
             failure: st.failure.map(Box::new),
             node_template: a.node_template.map(Cow::into_owned).unwrap_or_default(),
@@ -698,10 +704,12 @@ pub fn plan(o: Observed<'_>) -> Plan {
     delete.extend(scale_down_excess(md, &c, &targets, &mut planner, &mut d));
     let report = planner.report();
     d.notes.extend(report.held.iter().map(|h| Note::Held { reason: h.reason, machines: h.machines, hold: h.hold.clone() }));
+    let halted = o.remediation_halted.is_some();
     let waiting: Vec<String> = c
         .live
         .iter()
-        .filter(|m| m.remediation.is_some() && !m.remediating && !mark.iter().any(|(n, _)| *n == m.name))
+        .filter(|m| m.remediation.is_some() || (halted && m.marked_unhealthy))
+        .filter(|m| !m.remediating && !mark.iter().any(|(n, _)| *n == m.name))
         .map(|m| m.name.clone())
         .collect();
     let complete = write_status(md, &c, &report, &mark, waiting.clone(), &mut d);
@@ -880,11 +888,16 @@ fn remediation<'a>(
     d: &mut Draft,
 ) -> (Vec<(String, Remediation)>, Vec<&'a Member>) {
     let mut targets: Vec<&Member> = c.live.iter().copied().filter(|m| m.remediating).collect();
-    let mut wanting: Vec<&Member> =
-        c.live.iter().copied().filter(|m| !m.remediating && m.remediation.is_some()).collect();
-    wanting.sort_by(|a, b| (a.remediation, a.created, &a.name).cmp(&(b.remediation, b.created, &b.name)));
+    // While a health check's short circuit halts remediation, the machines it marked unhealthy
+    // are what waits (it asks for none of them): the planner holds them, and says so.
+    let halted = o.remediation_halted.is_some();
+    let wants = |m: &Member| {
+        m.remediation.or((halted && m.marked_unhealthy).then_some(Remediation::Unhealthy)).filter(|_| !m.remediating)
+    };
+    let mut wanting: Vec<(&Member, Remediation)> = c.live.iter().filter_map(|m| Some((*m, wants(m)?))).collect();
+    wanting.sort_by(|(a, x), (b, y)| (x, a.created, &a.name).cmp(&(y, b.created, &b.name)));
     let mut mark = Vec::new();
-    for m in wanting {
+    for (m, why) in wanting {
         if planner.ask(DisruptionReason::Remediation, c.candidate(m)) != Verdict::Allowed {
             continue;
         }
@@ -893,7 +906,7 @@ fn remediation<'a>(
                 r.failures += 1;
             }
         }
-        mark.push((m.name.clone(), m.remediation.unwrap_or(Remediation::Failed)));
+        mark.push((m.name.clone(), why));
         targets.push(m);
     }
     if !mark.is_empty() {

@@ -98,12 +98,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
 }
 
 fn short_circuit_message(a: &Assessment) -> String {
-    let pending = if a.pending > 0 { format!(" ({} more failing their condition)", a.pending) } else { String::new() };
+    let count = a.unhealthy.len() as i64 + a.pending;
+    let pending = if a.pending > 0 { format!(" ({} of them not yet past their timeout)", a.pending) } else { String::new() };
     format!(
-        "{} of {} machines are unhealthy{pending}, more than maxUnhealthy allows ({}): none is remediated",
-        a.unhealthy.len(),
-        a.expected,
-        a.max_unhealthy
+        "{count} of {} machines are unhealthy{pending}, more than maxUnhealthy allows ({}): none is remediated",
+        a.expected, a.max_unhealthy
     )
 }
 

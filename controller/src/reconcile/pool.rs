@@ -110,11 +110,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if pool.metadata.deletion_timestamp.is_some() {
         return delete_pool(ctx, &pool, &r).await;
     }
-    let seen = match observe(ctx, &pool, &r).await? {
+    let halted = super::health::halted(ctx, &key.namespace, &pool_labels(&pool)).await?;
+    let seen = match observe(ctx, &pool, &r, halted.is_some()).await? {
         Ok(seen) => seen,
         Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
     };
-    let halted = super::health::halted(ctx, &key.namespace, &pool_labels(&pool)).await?;
     let plan = plan::plan(seen.input(&pool, halted.as_deref()));
     if !plan.notes.is_empty() {
         let notes: Vec<String> = plan.notes.iter().map(ToString::to_string).collect();
@@ -244,8 +244,10 @@ fn pool_labels(pool: &MachinePool) -> std::collections::BTreeMap<String, String>
 }
 
 /// Why a pool Machine is to be remediated, if it is: failed (its instance, or its Node never
-/// joined), marked by a MachineHealthCheck, or annotated; never with skip-remediation.
-fn remediation_of(m: &Machine) -> Option<Remediation> {
+/// joined), marked by a MachineHealthCheck, or annotated; never with skip-remediation. While a
+/// short circuit halts remediation (`halted`), the machines the check marked unhealthy are what
+/// waits, and the planner holds them.
+fn remediation_of(m: &Machine, halted: bool) -> Option<Remediation> {
     let on = |key: &str| m.metadata.annotations.get(key).is_some_and(|v| v != "false");
     if m.is_deleting() || on(ANNOTATION_SKIP_REMEDIATION) {
         return None;
@@ -253,9 +255,8 @@ fn remediation_of(m: &Machine) -> Option<Remediation> {
     if m.status.phase == Phase::Failed {
         return Some(Remediation::Failed);
     }
-    let asked = condition(&m.status.conditions, ConditionType::OwnerRemediated)
-        .is_some_and(|c| c.status == ConditionStatus::False);
-    if asked {
+    let is_false = |t: ConditionType| condition(&m.status.conditions, t).is_some_and(|c| c.status == ConditionStatus::False);
+    if is_false(ConditionType::OwnerRemediated) || (halted && is_false(ConditionType::HealthCheckSucceeded)) {
         return Some(Remediation::Unhealthy);
     }
     on(ANNOTATION_REMEDIATE).then_some(Remediation::Requested)
@@ -277,6 +278,7 @@ async fn observe(
     ctx: &Ctx,
     pool: &MachinePool,
     r: &Resolved<'_>,
+    halted: bool,
 ) -> Result<std::result::Result<Observation, driver_sdk::CallError>> {
     let mut list = match instances(ctx, r, &pool.metadata.name).await {
         Ok(l) => l,
@@ -304,7 +306,7 @@ async fn observe(
             let m = by_instance.get(i.instance_id.as_str());
             plan::Instance {
                 node_ready: m.is_some_and(|m| node_ready(m)),
-                remediation: m.and_then(|m| remediation_of(m)),
+                remediation: m.and_then(|m| remediation_of(m, halted)),
                 remediating: m.is_some_and(|m| remediating(m)),
                 ..instance(i)
             }

@@ -127,7 +127,28 @@ impl Rule {
 
     /// Whether the rule holds for `object` (true when its field is absent).
     pub fn holds(&self, object: &Value) -> bool {
-        self.at.split('.').try_fold(object, |v, key| v.get(key)).is_none_or(|v| (self.holds)(v))
+        self.violation(object).is_none()
+    }
+
+    /// The path of the first value the rule does not hold for, as the API server names it: an
+    /// `at` segment `name[]` is every item of the list `name` (`spec.disruption.budgets[1]`).
+    pub fn violation(&self, object: &Value) -> Option<String> {
+        let segments: Vec<&str> = self.at.split('.').collect();
+        let at = self.first_failing(object, &segments, String::new())?;
+        Some(if self.field.is_empty() { at } else { format!("{at}.{}", self.field) })
+    }
+
+    fn first_failing(&self, v: &Value, segments: &[&str], path: String) -> Option<String> {
+        let Some((key, rest)) = segments.split_first() else {
+            return (!(self.holds)(v)).then_some(path);
+        };
+        let join = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
+        match key.strip_suffix("[]") {
+            Some(list) => v.get(list).and_then(Value::as_array).and_then(|items| {
+                items.iter().enumerate().find_map(|(i, item)| self.first_failing(item, rest, join(&format!("{list}[{i}]"))))
+            }),
+            None => self.first_failing(v.get(*key)?, rest, join(key)),
+        }
     }
 }
 
@@ -270,40 +291,35 @@ pub(crate) fn deployment_rules() -> Vec<Rule> {
     out
 }
 
-/// Message of the budgets' `machines` rule.
-pub(crate) const BUDGET_MACHINES: &str =
-    "every budget's machines must be an integer of at least 0 or a percentage like \"10%\" (at most 100%)";
 /// Message of the budgets' schedule/duration rule.
-pub(crate) const BUDGET_SCHEDULE: &str =
-    "every budget's schedule and duration come together (a budget without a schedule is always active)";
+pub(crate) const BUDGET_SCHEDULE: &str = "is required with a schedule, and needs one";
 /// Message of the budgets' duration rule.
-pub(crate) const BUDGET_DURATION: &str = "every budget's duration must be like 1h, 30m, 1h30m or 90s";
+pub(crate) const BUDGET_DURATION: &str = "must be like 1h, 30m, 1h30m or 90s";
 
-/// The rules the CRD can check of `spec.disruption.budgets` (the schedule's cron expression and
-/// the time zone are checked by [`disruption`] and, on objects `apply` did not check, reported
-/// by the controller as a `Valid=False` condition that holds what the budget limits).
+/// The rules the CRD can check of `spec.disruption.budgets`, on each item (the schedule's cron
+/// expression and the time zone are checked by [`disruption`] and, on objects `apply` did not
+/// check, reported by the controller as a `Valid=False` condition that holds what the budget
+/// limits).
 fn budget_rules(kind: Kind) -> Vec<Rule> {
-    let machines = "self.budgets.all(b, type(b.machines) == int ? b.machines >= 0 : \
-                    b.machines.matches('^([0-9]+|0*(100|[0-9]?[0-9])%)$'))";
-    let together = "self.budgets.all(b, has(b.schedule) == has(b.duration))";
-    let duration =
-        "self.budgets.all(b, !has(b.duration) || (b.duration != '' && b.duration.matches('^([0-9]+h)?([0-9]+m)?([0-9]+s)?$')))";
+    let int_or_percent = "type(self) == int ? self >= 0 : self.matches('^[0-9]+%?$')".to_string();
+    let percent = "type(self) == int || !self.matches('^[0-9]+%$') || self.matches('^0*(100|[0-9]?[0-9])%$')";
+    let machines = "spec.disruption.budgets[].machines";
+    let together = "has(self.schedule) == has(self.duration)";
     vec![
-        Rule::new(kind, "spec.disruption", machines.into(), "budgets", BUDGET_MACHINES, |v| {
-            every_budget(v, |b| b.get("machines").is_none_or(|m| int_or_percent_ok(m) && percent_at_most_100(m)))
+        Rule::new(kind, machines, int_or_percent, "", INT_OR_PERCENT, int_or_percent_ok),
+        Rule::new(kind, machines, percent.into(), "", PERCENT_AT_MOST_100, percent_at_most_100),
+        Rule::new(kind, "spec.disruption.budgets[]", together.into(), "duration", BUDGET_SCHEDULE, |b| {
+            b.get("schedule").is_some() == b.get("duration").is_some()
         }),
-        Rule::new(kind, "spec.disruption", together.into(), "budgets", BUDGET_SCHEDULE, |v| {
-            every_budget(v, |b| b.get("schedule").is_some() == b.get("duration").is_some())
-        }),
-        Rule::new(kind, "spec.disruption", duration.into(), "budgets", BUDGET_DURATION, |v| {
-            every_budget(v, |b| b.get("duration").and_then(Value::as_str).is_none_or(duration_shape))
-        }),
+        Rule::new(
+            kind,
+            "spec.disruption.budgets[].duration",
+            "self != '' && self.matches('^([0-9]+h)?([0-9]+m)?([0-9]+s)?$')".into(),
+            "",
+            BUDGET_DURATION,
+            |d| d.as_str().is_none_or(duration_shape),
+        ),
     ]
-}
-
-/// Whether `ok` holds for every budget of a `spec.disruption`.
-fn every_budget(v: &Value, ok: fn(&Value) -> bool) -> bool {
-    v.get("budgets").and_then(Value::as_array).is_none_or(|bs| bs.iter().all(ok))
 }
 
 /// `^([0-9]+h)?([0-9]+m)?([0-9]+s)?$`, not empty: the CEL rule's shape of a duration.

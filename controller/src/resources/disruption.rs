@@ -112,18 +112,22 @@ pub struct DisruptionBudget {
     /// `timeZone`; each time it fires, the budget is active for `duration`. Absent: always
     /// active.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
     pub schedule: Option<String>,
     /// How long the budget stays active each time its schedule fires (`1h`, `30m`, `1h30m`,
     /// `90s`). Required with a schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
     pub duration: Option<String>,
     /// The IANA time zone of the schedule (`Europe/Berlin`); default `UTC`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     pub time_zone: Option<String>,
     /// The disruptions it limits. Absent or empty: the voluntary ones (`Rollout`,
     /// `InPlaceUpdate`, `Rebalance`, `Autoscaler`); `ScaleDown` and `Remediation` only when
     /// named. `Interruption` cannot be limited.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
     pub reasons: Vec<DisruptionReason>,
 }
 
@@ -352,6 +356,7 @@ pub struct BudgetStatus {
     pub machines: i64,
     /// The reasons it limits.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
     pub reasons: Vec<DisruptionReason>,
     /// Active now.
     #[serde(default)]
