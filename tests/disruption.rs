@@ -79,8 +79,12 @@ impl Disruptions for World {
             ],
             "maxUnhealthy": max_unhealthy,
         });
-        self.apply_object("MachineHealthCheck", "machinehealthchecks", json!({"metadata": {"name": "web"}, "spec": spec}))
-            .await;
+        self.apply_object(
+            "MachineHealthCheck",
+            "machinehealthchecks",
+            json!({"metadata": {"name": "web"}, "spec": spec}),
+        )
+        .await;
     }
 
     async fn stop_kubelet(&self, machine: &str) {
@@ -132,8 +136,17 @@ impl Unavailability {
                     let mut v = serde_json::to_value(o).ok()?;
                     // What the API server adds and the resource model does not know.
                     const KNOWN: [&str; 11] = [
-                        "name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
-                        "deletionTimestamp", "labels", "annotations", "finalizers", "ownerReferences",
+                        "name",
+                        "namespace",
+                        "uid",
+                        "resourceVersion",
+                        "generation",
+                        "creationTimestamp",
+                        "deletionTimestamp",
+                        "labels",
+                        "annotations",
+                        "finalizers",
+                        "ownerReferences",
                     ];
                     v["metadata"].as_object_mut()?.retain(|k, _| KNOWN.contains(&k.as_str()));
                     serde_json::from_value::<Machine>(v).ok()
@@ -183,7 +196,12 @@ impl Drop for Unavailability {
 }
 
 /// The deployment once `f` holds for it.
-async fn md_until(w: &World, what: &str, within: Duration, f: impl Fn(&MachineDeployment) -> bool) -> MachineDeployment {
+async fn md_until(
+    w: &World,
+    what: &str,
+    within: Duration,
+    f: impl Fn(&MachineDeployment) -> bool,
+) -> MachineDeployment {
     let f = &f;
     w.wait_for(what, within, || async move {
         let md = w.store().get::<MachineDeployment>(w.ns(), "web").await.ok().flatten()?;
@@ -241,7 +259,12 @@ async fn a_rollout_during_a_remediation_stays_within_max_unavailable_and_replace
     // was created twice.
     assert_eq!(w.created().await, created + 5, "one replacement, counted once");
     assert_eq!(md.status.bad_revisions.len(), 0, "an unhealthy machine does not spend the failure budget");
-    let events = w.store().backend().events(&machine_controller::store::Key::new(Kind::Machine, w.ns(), &sick), 50).await.unwrap();
+    let events = w
+        .store()
+        .backend()
+        .events(&machine_controller::store::Key::new(Kind::Machine, w.ns(), &sick), 50)
+        .await
+        .unwrap();
     assert_eq!(events.iter().filter(|e| e.reason == "Remediating").count(), 1, "{events:?}");
     w.assert_consistent(4).await;
     w.kill9().await;
@@ -285,7 +308,11 @@ async fn three_of_five_nodes_down_short_circuit_remediation_until_they_return() 
     let (_, out, _) = w.cli(&["describe", "md", "web", "-n", w.ns()]).await;
     assert!(out.contains("3 Remediation: MachineHealthCheck web: 3 of 5 machines are unhealthy"), "{out}");
     for m in w.machines().await {
-        assert!(!m.is_deleting() && !m.metadata.annotations.contains_key(ANNOTATION_DISRUPTION), "{} was taken", m.metadata.name);
+        assert!(
+            !m.is_deleting() && !m.metadata.annotations.contains_key(ANNOTATION_DISRUPTION),
+            "{} was taken",
+            m.metadata.name
+        );
     }
     // They return: healthy again, nothing was remediated.
     for name in down {
@@ -379,7 +406,11 @@ spec:
     assert!(check.status.unhealthy.is_empty(), "{:?}", check.status);
     assert_eq!(w.created().await, created, "nothing was remediated");
     for m in w.machines().await {
-        assert!(!m.is_deleting() && !m.metadata.annotations.contains_key(ANNOTATION_DISRUPTION), "{} was taken", m.metadata.name);
+        assert!(
+            !m.is_deleting() && !m.metadata.annotations.contains_key(ANNOTATION_DISRUPTION),
+            "{} was taken",
+            m.metadata.name
+        );
     }
     w.kill9().await;
 }
@@ -412,16 +443,26 @@ async fn budgets_hold_rollouts_until_they_allow_them() {
         md.status.available_replicas == 1 && blocked(md).is_some_and(|c| c.reason == Reason::BudgetExhausted)
     })
     .await;
-    assert!(held.status.disruption.held.iter().any(|h| h.reason == DisruptionReason::Rollout), "{:?}", held.status.disruption);
+    assert!(
+        held.status.disruption.held.iter().any(|h| h.reason == DisruptionReason::Rollout),
+        "{:?}",
+        held.status.disruption
+    );
     let (_, out, _) = w.cli(&["describe", "md", "web", "-n", w.ns()]).await;
-    assert!(out.contains("[0] 0 machine(s) for Rollout, InPlaceUpdate, Rebalance, Autoscaler: active, allows 0 now"), "{out}");
+    assert!(
+        out.contains("[0] 0 machine(s) for Rollout, InPlaceUpdate, Rebalance, Autoscaler: active, allows 0 now"),
+        "{out}"
+    );
     assert!(out.contains("DisruptionBlocked"), "{out}");
 
     // kill -9 of the controller while it holds: the new one holds the same, deletes nothing and
     // creates nothing twice.
     w.kill9().await;
     w.start_controller(&[]);
-    eventually(MINUTE, "the new controller at work", || async { w.controller_log(1).contains("running").then_some(()) }).await;
+    eventually(MINUTE, "the new controller at work", || async {
+        w.controller_log(1).contains("running").then_some(())
+    })
+    .await;
     md_until(&w, "still held", MINUTE, |md| {
         md.status.observed_generation == md.metadata.generation && blocked(md).is_some()
     })
@@ -462,7 +503,12 @@ async fn budgets_hold_rollouts_until_they_allow_them() {
         e2e_tests::rolled_out(md) && md.status.current_revision != second.status.current_revision
     })
     .await;
-    let retired: Vec<_> = w.store().backend().events(&machine_controller::store::Key::new(Kind::MachineDeployment, w.ns(), "web"), 50).await.unwrap();
+    let retired: Vec<_> = w
+        .store()
+        .backend()
+        .events(&machine_controller::store::Key::new(Kind::MachineDeployment, w.ns(), "web"), 50)
+        .await
+        .unwrap();
     let complete = retired
         .iter()
         .filter(|e| e.reason == "RolloutComplete")

@@ -157,14 +157,19 @@ async fn unhealthy_machines_are_replaced_unless_too_many_are() {
         let m = machines.iter().find(|m| &m.metadata.name == name).expect("still there");
         assert!(!m.metadata.annotations.contains_key(ANNOTATION_DISRUPTION), "{name} was taken for remediation");
     }
-    let md = w.wait_for("the deployment holds remediation: the short circuit", MINUTE, || async {
-        let md = w.md("web").await;
-        let blocked = condition(&md.status.conditions, ConditionType::DisruptionBlocked)
-            .is_some_and(|c| c.status == ConditionStatus::True && c.reason == Reason::TooManyUnhealthy);
-        blocked.then_some(md)
-    })
-    .await;
-    assert!(md.status.disruption.held.iter().any(|h| h.reason == DisruptionReason::Remediation), "{:?}", md.status.disruption);
+    let md = w
+        .wait_for("the deployment holds remediation: the short circuit", MINUTE, || async {
+            let md = w.md("web").await;
+            let blocked = condition(&md.status.conditions, ConditionType::DisruptionBlocked)
+                .is_some_and(|c| c.status == ConditionStatus::True && c.reason == Reason::TooManyUnhealthy);
+            blocked.then_some(md)
+        })
+        .await;
+    assert!(
+        md.status.disruption.held.iter().any(|h| h.reason == DisruptionReason::Remediation),
+        "{:?}",
+        md.status.disruption
+    );
     let (_, out, _) = w.cli(&["describe", "md", "web"]).await;
     assert!(out.contains("2 Remediation: MachineHealthCheck web: 2 of 3 machines are unhealthy"), "{out}");
     let (_, out, _) = w.cli(&["describe", "mhc", "web"]).await;

@@ -109,14 +109,26 @@ fn table() -> Vec<Row> {
         (MD, json!({"remediation": {"maxInFlight": "101%"}}), Some(("spec.remediation.maxInFlight", AT_MOST_100))),
         (MP, json!({"remediation": {"maxInFlight": -1}}), Some(("spec.remediation.maxInFlight", INT_OR_PERCENT))),
         (MP, json!({"remediation": {"maxInFlight": "200%"}}), Some(("spec.remediation.maxInFlight", AT_MOST_100))),
-        (MD, budgets(json!([{"machines": "x"}]), json!(1)), Some(("spec.disruption.budgets[0].machines", INT_OR_PERCENT))),
+        (
+            MD,
+            budgets(json!([{"machines": "x"}]), json!(1)),
+            Some(("spec.disruption.budgets[0].machines", INT_OR_PERCENT)),
+        ),
         (
             MD,
             budgets(json!([{"machines": 1}, {"machines": "150%"}]), json!(1)),
             Some(("spec.disruption.budgets[1].machines", AT_MOST_100)),
         ),
-        (MP, budgets(json!([{"machines": -2}]), json!(1)), Some(("spec.disruption.budgets[0].machines", INT_OR_PERCENT))),
-        (MP, budgets(json!([{"machines": "101%"}]), json!(1)), Some(("spec.disruption.budgets[0].machines", AT_MOST_100))),
+        (
+            MP,
+            budgets(json!([{"machines": -2}]), json!(1)),
+            Some(("spec.disruption.budgets[0].machines", INT_OR_PERCENT)),
+        ),
+        (
+            MP,
+            budgets(json!([{"machines": "101%"}]), json!(1)),
+            Some(("spec.disruption.budgets[0].machines", AT_MOST_100)),
+        ),
         (
             MD,
             budgets(json!([{"machines": 1, "schedule": "@daily"}]), json!(1)),

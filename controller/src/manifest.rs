@@ -223,7 +223,11 @@ pub fn rules() -> Vec<Rule> {
 
 /// The (field, message) of every rule of `kind` that `json` breaks.
 fn broken_rules(kind: Kind, json: &Value) -> Vec<(String, String)> {
-    rules().into_iter().filter(|r| r.kind == kind).filter_map(|r| Some((r.violation(json)?, r.message.into()))).collect()
+    rules()
+        .into_iter()
+        .filter(|r| r.kind == kind)
+        .filter_map(|r| Some((r.violation(json)?, r.message.into())))
+        .collect()
 }
 
 /// The (field, message) of every `minimum`/`maximum` of the CRD schema that `json` breaks, in the

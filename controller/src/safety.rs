@@ -2,9 +2,10 @@
 //! controller): the target cluster where the Nodes live, and the store's API server with
 //! `--store kubernetes`. Each is probed every [`PROBE_INTERVAL`]; while one cannot be reached,
 //! MachineHealthChecks judge nothing and owners remediate nothing ([`Safety::unreachable`]); once
-//! it is back after an outage longer than [`OUTAGE`], health timers start over
-//! ([`Safety::timers_since`]): what the controller could not observe must not count as a Node
-//! being down, or every machine would be remediated at once when the control plane returns.
+//! it is back after an outage as long as a health check's timeout, or [`OUTAGE`], that check's
+//! timers start over ([`Safety::timers_since`]): what the controller could not observe must not
+//! count as a Node being down, or every machine would be remediated at once when the control
+//! plane returns.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -13,8 +14,8 @@ use crate::resources::Time;
 
 /// How often each API server is probed (a `GET /version` with this as its deadline).
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(5);
-/// An outage at least this long restarts the health timers (machine-controller-manager uses
-/// the same figure).
+/// An outage at least this long restarts every health check's timers, whatever its timeout
+/// (machine-controller-manager uses the same figure).
 pub const OUTAGE: Duration = Duration::from_secs(30);
 
 /// What the probes found.
@@ -27,14 +28,14 @@ pub struct Safety {
 struct State {
     /// What cannot be reached now, and since when.
     down: Vec<(&'static str, Time)>,
-    /// When the last outage longer than [`OUTAGE`] ended.
-    timers_since: Option<Time>,
+    /// The longest outage that ended last: when it ended, and how long it lasted.
+    last: Option<(Time, Duration)>,
 }
 
 impl Safety {
-    /// Records a probe of `what` at `now`: `ok` or not. Returns the outage that just ended, if
-    /// it was long enough to restart the health timers.
-    pub fn probed(&self, what: &'static str, ok: bool, now: Time) -> Option<chrono::Duration> {
+    /// Records a probe of `what` at `now`: `ok` or not. Returns how long the outage that just
+    /// ended lasted, if one did.
+    pub fn probed(&self, what: &'static str, ok: bool, now: Time) -> Option<Duration> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let at = s.down.iter().position(|(w, _)| *w == what);
         match (ok, at) {
@@ -44,12 +45,9 @@ impl Safety {
             }
             (true, Some(i)) => {
                 let (_, since) = s.down.remove(i);
-                let lasted = now - since;
-                let long = lasted.to_std().unwrap_or_default() >= OUTAGE;
-                if long {
-                    s.timers_since = Some(now);
-                }
-                long.then_some(lasted)
+                let lasted = (now - since).to_std().unwrap_or_default();
+                s.last = Some((now, lasted));
+                Some(lasted)
             }
             _ => None,
         }
@@ -63,9 +61,11 @@ impl Safety {
         })
     }
 
-    /// Health timers count from here at the earliest: the end of the last long outage.
-    pub fn timers_since(&self) -> Option<Time> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).timers_since
+    /// Health timers of a check whose shortest timeout is `timeout` count from here at the
+    /// earliest: the end of the last outage, if it lasted as long as that timeout or [`OUTAGE`].
+    pub fn timers_since(&self, timeout: Duration) -> Option<Time> {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.last.filter(|(_, lasted)| *lasted >= timeout.min(OUTAGE)).map(|(end, _)| end)
     }
 }
 
@@ -76,8 +76,10 @@ pub async fn probe(safety: std::sync::Arc<Safety>, what: &'static str, client: k
         let ok = matches!(tokio::time::timeout(PROBE_INTERVAL, client.apiserver_version()).await, Ok(Ok(_)));
         if let Some(lasted) = safety.probed(what, ok, chrono::Utc::now()) {
             tracing::warn!(
-                "{what} was unreachable for {}s: machine health timers start over",
-                lasted.num_seconds()
+                "{what} was unreachable for {}s: the timers of health checks with a timeout up to that \
+                 (any, past {}s) start over",
+                lasted.as_secs(),
+                OUTAGE.as_secs()
             );
         } else if !ok {
             tracing::debug!("{what} did not answer a probe");
@@ -91,20 +93,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_long_outage_restarts_the_timers_a_short_one_does_not() {
+    fn an_outage_as_long_as_a_timeout_restarts_that_checks_timers() {
         let s = Safety::default();
         let t = chrono::Utc::now();
         let at = |secs: i64| t + chrono::Duration::seconds(secs);
+        let secs = Duration::from_secs;
         assert!(s.probed("the target cluster", true, at(0)).is_none());
         assert!(s.unreachable().is_none());
         assert!(s.probed("the target cluster", false, at(5)).is_none());
         assert!(s.unreachable().unwrap().starts_with("the target cluster unreachable since"));
         assert!(s.probed("the target cluster", false, at(10)).is_none(), "still down: the first failure counts");
-        assert!(s.probed("the target cluster", true, at(20)).is_none(), "15 s is no outage to restart timers for");
-        assert_eq!(s.timers_since(), None);
+        assert_eq!(s.probed("the target cluster", true, at(20)), Some(secs(15)));
+        assert_eq!(s.timers_since(secs(10)), Some(at(20)), "15 s is longer than a 10 s timeout");
+        assert_eq!(s.timers_since(secs(300)), None, "but shorter than a 300 s one, and than 30 s");
         s.probed("the store's API server", false, at(30));
-        assert_eq!(s.probed("the store's API server", true, at(65)), Some(chrono::Duration::seconds(35)));
-        assert_eq!(s.timers_since(), Some(at(65)));
+        assert_eq!(s.probed("the store's API server", true, at(65)), Some(secs(35)));
+        assert_eq!(s.timers_since(secs(600)), Some(at(65)), "30 s or more restarts every timer");
         assert!(s.unreachable().is_none());
     }
 }

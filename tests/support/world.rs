@@ -727,7 +727,6 @@ impl World {
         })
         .await;
     }
-
 }
 
 /// The last `lines` lines of `text`.

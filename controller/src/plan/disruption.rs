@@ -435,7 +435,7 @@ impl Planner {
         }
         // The most restrictive active budget wins (the first of equals).
         let tightest = limiting.min_by_key(|b| (b.left, b.report.index))?;
-        (tightest.left <= 0).then(|| Hold::Budget {
+        (tightest.left <= 0).then_some(Hold::Budget {
             index: tightest.report.index,
             machines: tightest.report.machines,
             disrupted: self.census.disrupted,

@@ -80,7 +80,10 @@ pub fn assess(
     let mut recheck_after: Option<Duration> = None;
     for m in &checked {
         let verdict = if on(m, ANNOTATION_REMEDIATE) {
-            Health::Unhealthy(Reason::RemediationRequested, "remediation requested (machine.driver.dev/remediate)".into())
+            Health::Unhealthy(
+                Reason::RemediationRequested,
+                "remediation requested (machine.driver.dev/remediate)".into(),
+            )
         } else {
             health(spec, m, now, timers_since)
         };

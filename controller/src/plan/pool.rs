@@ -403,16 +403,16 @@ pub fn plan(o: Observed<'_>) -> Plan {
     };
     let done = c.old.is_empty() && c.targets.is_empty() && c.live.len() as i64 == o.replicas && c.ready == o.replicas;
     let report = planner.report();
-    notes.extend(report.held.iter().map(|h| Note::Held { reason: h.reason, instances: h.machines, hold: h.hold.clone() }));
+    notes.extend(report.held.iter().map(|h| Note::Held {
+        reason: h.reason,
+        instances: h.machines,
+        hold: h.hold.clone(),
+    }));
     if done {
         notes.push(Note::Done);
     }
-    let waiting = c
-        .live
-        .iter()
-        .filter(|i| i.wants_remediation().is_some() && !c.is_target(i))
-        .map(|i| i.id.clone())
-        .collect();
+    let waiting =
+        c.live.iter().filter(|i| i.wants_remediation().is_some() && !c.is_target(i)).map(|i| i.id.clone()).collect();
     Plan {
         ready: ready_condition(&o, &c, &step, done, &notes),
         step,
@@ -502,11 +502,8 @@ fn remediated_now(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> V
     if c.targets.is_empty() {
         return Vec::new();
     }
-    let coming = c
-        .live
-        .iter()
-        .filter(|i| i.latest_model && !o.ready(i) && !o.disrupted(i) && !c.is_target(i))
-        .count() as i64;
+    let coming =
+        c.live.iter().filter(|i| i.latest_model && !o.ready(i) && !o.disrupted(i) && !c.is_target(i)).count() as i64;
     let to_create = (c.capacity - c.live.len() as i64).max(0);
     let waiting = (coming + to_create).min(c.targets.len() as i64) as usize;
     let go = c.targets.len() - waiting;
@@ -655,7 +652,12 @@ fn scale_down_victims(o: &Observed<'_>, c: &Classes<'_>, count: usize, planner: 
 /// CAPZ's upgrade by deletion: old instances in order (failed, annotated, unready, ready; lowest
 /// ID first), each asked of the planner as a `Rollout` (unready ones cost no availability, ready
 /// ones go only within `maxUnavailable`).
-fn upgrade_by_deletion(o: &Observed<'_>, c: &Classes<'_>, planner: &mut Planner, notes: &mut Vec<Note>) -> Option<Vec<String>> {
+fn upgrade_by_deletion(
+    o: &Observed<'_>,
+    c: &Classes<'_>,
+    planner: &mut Planner,
+    notes: &mut Vec<Note>,
+) -> Option<Vec<String>> {
     let mut order: Vec<&Instance> = c.old.clone();
     order.sort_by_key(|i| (rank(o, i, true), number(i)));
     let victims: Vec<String> = order

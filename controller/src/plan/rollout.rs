@@ -577,7 +577,10 @@ pub enum Note {
 impl Note {
     /// Whether it says what keeps the deployment from moving on (what a user waits for).
     pub fn holds_back(&self) -> bool {
-        matches!(self, Note::SurgeExhausted { .. } | Note::Held { .. } | Note::Paused | Note::AwaitingReplacement { .. })
+        matches!(
+            self,
+            Note::SurgeExhausted { .. } | Note::Held { .. } | Note::Paused | Note::AwaitingReplacement { .. }
+        )
     }
 }
 
@@ -703,7 +706,11 @@ pub fn plan(o: Observed<'_>) -> Plan {
     }
     delete.extend(scale_down_excess(md, &c, &targets, &mut planner, &mut d));
     let report = planner.report();
-    d.notes.extend(report.held.iter().map(|h| Note::Held { reason: h.reason, machines: h.machines, hold: h.hold.clone() }));
+    d.notes.extend(report.held.iter().map(|h| Note::Held {
+        reason: h.reason,
+        machines: h.machines,
+        hold: h.hold.clone(),
+    }));
     let halted = o.remediation_halted.is_some();
     let waiting: Vec<String> = c
         .live
@@ -735,7 +742,12 @@ pub fn plan(o: Observed<'_>) -> Plan {
 /// The disruption planner's limits for this deployment.
 fn limits<'a>(o: &Observed<'a>, c: &Classes<'_>) -> disruption::Limits<'a> {
     let md = o.deployment;
-    let max = md.spec.remediation.max_in_flight.clone().or(md.spec.max_concurrent_replacements.map(|n| IntOrPercent::Int(n.into())));
+    let max = md
+        .spec
+        .remediation
+        .max_in_flight
+        .clone()
+        .or(md.spec.max_concurrent_replacements.map(|n| IntOrPercent::Int(n.into())));
     disruption::Limits {
         max_unavailable: c.limits.max_unavailable,
         budgets: &md.spec.disruption.budgets,
@@ -1000,8 +1012,10 @@ fn in_place_work(
         .filter(|m| m.phase == Phase::Running && !targets.iter().any(|t| t.name == m.name))
         .filter(|m| !deleted.contains(&m.name))
         .collect();
-    let allowed =
-        candidates.iter().take_while(|m| planner.ask(DisruptionReason::InPlaceUpdate, c.candidate(m)).allowed()).count();
+    let allowed = candidates
+        .iter()
+        .take_while(|m| planner.ask(DisruptionReason::InPlaceUpdate, c.candidate(m)).allowed())
+        .count();
     d.notes.push(Note::InPlace { candidates: candidates.len(), allowed });
     Some(InPlaceWork { candidates: candidates.iter().map(|m| m.name.clone()).collect(), allowed })
 }
@@ -1080,7 +1094,8 @@ pub fn disruption_conditions(conditions: &mut Vec<Condition>, report: &Report) {
                 Hold::ShortCircuit { .. } => Reason::TooManyUnhealthy,
                 _ => Reason::BudgetExhausted,
             };
-            let others: i64 = report.held.iter().filter(|x| x.hold.blocks()).map(|x| x.machines).sum::<i64>() - h.machines;
+            let others: i64 =
+                report.held.iter().filter(|x| x.hold.blocks()).map(|x| x.machines).sum::<i64>() - h.machines;
             let mut message = format!("{} {} held: {}", h.machines, h.reason, h.hold);
             if others > 0 {
                 message += &format!(" (and {others} more held)");

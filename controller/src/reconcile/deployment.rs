@@ -62,7 +62,14 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     }
     let mut next = md.clone();
     next.status = plan.status.clone();
-    super::remediation::blocked_event(ctx, Kind::MachineDeployment, &md.metadata, &md.status.conditions, &next.status.conditions).await;
+    super::remediation::blocked_event(
+        ctx,
+        Kind::MachineDeployment,
+        &md.metadata,
+        &md.status.conditions,
+        &next.status.conditions,
+    )
+    .await;
     if plan.aborted {
         write::status(ctx, &md, &next).await?;
         return Ok(Action::requeue_now());

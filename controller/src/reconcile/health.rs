@@ -51,7 +51,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         return Ok(Action::requeue(UNREACHABLE_RECHECK));
     }
     let now = chrono::Utc::now();
-    let a = match health::assess(&before.spec, &machines, now, ctx.safety.timers_since()) {
+    let shortest = before.spec.unhealthy_conditions.iter().map(|c| c.timeout_seconds).min().unwrap_or(u64::MAX);
+    let timers_since = ctx.safety.timers_since(Duration::from_secs(shortest));
+    let a = match health::assess(&before.spec, &machines, now, timers_since) {
         Ok(a) => a,
         Err(why) => {
             let conditions = &mut after.status.conditions;
@@ -99,7 +101,8 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
 
 fn short_circuit_message(a: &Assessment) -> String {
     let count = a.unhealthy.len() as i64 + a.pending;
-    let pending = if a.pending > 0 { format!(" ({} of them not yet past their timeout)", a.pending) } else { String::new() };
+    let pending =
+        if a.pending > 0 { format!(" ({} of them not yet past their timeout)", a.pending) } else { String::new() };
     format!(
         "{count} of {} machines are unhealthy{pending}, more than maxUnhealthy allows ({}): none is remediated",
         a.expected, a.max_unhealthy
@@ -125,7 +128,13 @@ async fn mark(
         == Some(DisruptionReason::Remediation.as_str());
     if u.remediate {
         let asks = format!("MachineHealthCheck {check} asks its owner to remediate it");
-        set_condition(&mut next.status.conditions, ConditionType::OwnerRemediated, false, Reason::WaitingForRemediation, &asks);
+        set_condition(
+            &mut next.status.conditions,
+            ConditionType::OwnerRemediated,
+            false,
+            Reason::WaitingForRemediation,
+            &asks,
+        );
     } else if !taken {
         remove_condition(&mut next.status.conditions, ConditionType::OwnerRemediated);
     }
@@ -143,7 +152,9 @@ async fn mark(
         let message = format!("Machine {} is unhealthy: {}{owner}", m.metadata.name, u.why);
         tracing::info!(machine = %m.metadata.name, "machine health check {check}: {message}");
         ctx.store.event(Kind::MachineHealthCheck, check_meta, EventReason::MachineUnhealthy, message).await;
-        ctx.store.event(Kind::Machine, &m.metadata, EventReason::Unhealthy, format!("MachineHealthCheck {check}: {}", u.why)).await;
+        ctx.store
+            .event(Kind::Machine, &m.metadata, EventReason::Unhealthy, format!("MachineHealthCheck {check}: {}", u.why))
+            .await;
     }
     Ok(true)
 }
@@ -193,13 +204,12 @@ pub(crate) async fn halted(
     labels: &BTreeMap<String, String>,
 ) -> Result<Option<String>, ReconcileError> {
     let checks = ctx.store.list_with::<MachineHealthCheck>(&ListParams::namespaced(namespace)).await?;
-    Ok(checks
-        .iter()
-        .filter(|c| !c.spec.selector.match_labels.is_empty() && c.spec.selector.matches(labels))
-        .find_map(|c| {
+    Ok(checks.iter().filter(|c| !c.spec.selector.match_labels.is_empty() && c.spec.selector.matches(labels)).find_map(
+        |c| {
             let cond = condition(&c.status.conditions, ConditionType::RemediationAllowed)?;
             let halts = cond.status == ConditionStatus::False
                 && (cond.reason == Reason::TooManyUnhealthy || cond.reason == Reason::TargetUnreachable);
             halts.then(|| format!("MachineHealthCheck {}: {}", c.metadata.name, cond.message))
-        }))
+        },
+    ))
 }

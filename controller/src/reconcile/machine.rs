@@ -141,8 +141,6 @@ fn next_step(m: &Machine, class_generation: i64, spec_changed: bool) -> Step {
     }
 }
 
-
-
 /// The state of a call that started an operation.
 fn accepted(op: &pb::Operation) -> OperationState {
     if op.done {
@@ -151,7 +149,6 @@ fn accepted(op: &pb::Operation) -> OperationState {
         OperationState::Processing
     }
 }
-
 
 fn labels_for(ctx: &Ctx, m: &Machine) -> std::collections::HashMap<String, String> {
     let mut labels: std::collections::HashMap<String, String> =
@@ -191,7 +188,6 @@ fn failed_event(op_type: OperationType) -> EventReason {
         EventReason::UpdateFailed
     }
 }
-
 
 /// Reacts to a failed mutating call (create / update): a permanent error marks the machine
 /// Failed; anything else is retried by the runtime's error policy, with the reason in `Ready`.

@@ -188,10 +188,19 @@ pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machi
             } else {
                 // The Node's own status: Unknown when its kubelet stopped reporting, so a
                 // health check can tell the two apart.
-                let status =
-                    if node.readiness == Readiness::Unknown { ConditionStatus::Unknown } else { ConditionStatus::False };
+                let status = if node.readiness == Readiness::Unknown {
+                    ConditionStatus::Unknown
+                } else {
+                    ConditionStatus::False
+                };
                 let message = format!("node {} is not Ready ({:?})", node.name, node.readiness);
-                set_condition_status(&mut m.status.conditions, ConditionType::NodeReady, status, Reason::NodeNotReady, &message);
+                set_condition_status(
+                    &mut m.status.conditions,
+                    ConditionType::NodeReady,
+                    status,
+                    Reason::NodeNotReady,
+                    &message,
+                );
             }
             Ok(())
         }
@@ -308,7 +317,13 @@ async fn hooks(ctx: &Ctx, m: &mut Machine, prefix: &str, next: DeletionPhase) ->
 
 /// One look at the drain: cordon (or, for a dead VM's node, mark it out of service), one pass
 /// over the pods, then either the next step or a report of what holds it.
-async fn drain(ctx: &Ctx, target: &Target, m: &mut Machine, node: &Arc<NodeView>, probe: &dyn VmProbe) -> Result<Action> {
+async fn drain(
+    ctx: &Ctx,
+    target: &Target,
+    m: &mut Machine,
+    node: &Arc<NodeView>,
+    probe: &dyn VmProbe,
+) -> Result<Action> {
     let now = Utc::now();
     if deletion(m).drain_deadline.is_none() {
         advance(m, DeletionPhase::Draining);

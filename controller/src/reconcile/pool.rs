@@ -255,7 +255,8 @@ fn remediation_of(m: &Machine, halted: bool) -> Option<Remediation> {
     if m.status.phase == Phase::Failed {
         return Some(Remediation::Failed);
     }
-    let is_false = |t: ConditionType| condition(&m.status.conditions, t).is_some_and(|c| c.status == ConditionStatus::False);
+    let is_false =
+        |t: ConditionType| condition(&m.status.conditions, t).is_some_and(|c| c.status == ConditionStatus::False);
     if is_false(ConditionType::OwnerRemediated) || (halted && is_false(ConditionType::HealthCheckSucceeded)) {
         return Some(Remediation::Unhealthy);
     }
@@ -264,7 +265,8 @@ fn remediation_of(m: &Machine, halted: bool) -> Option<Remediation> {
 
 /// Whether the owner took a Machine for remediation (marked it).
 fn remediating(m: &Machine) -> bool {
-    m.metadata.annotations.get(ANNOTATION_DISRUPTION).map(String::as_str) == Some(DisruptionReason::Remediation.as_str())
+    m.metadata.annotations.get(ANNOTATION_DISRUPTION).map(String::as_str)
+        == Some(DisruptionReason::Remediation.as_str())
 }
 
 /// Lists the instances and the pool's Machines. A listing of several pages is no snapshot: when
@@ -337,13 +339,27 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
     next.status.updated_replicas = plan.updated_replicas;
     let (config, prev) = (&ctx.config, &pool.status.disruption.remediation);
     let idle = plan.waiting.is_empty() && !seen.instances.iter().any(|i| i.remediating) && plan.mark.is_empty();
-    let (consecutive, not_before) =
-        crate::plan::disruption::next_pace(prev, plan.mark.len(), idle, seen.now, config.backoff_base, config.backoff_max);
-    let remediation = RemediationStatus { waiting: plan.waiting.clone(), consecutive, not_before, ..Default::default() };
+    let (consecutive, not_before) = crate::plan::disruption::next_pace(
+        prev,
+        plan.mark.len(),
+        idle,
+        seen.now,
+        config.backoff_base,
+        config.backoff_max,
+    );
+    let remediation =
+        RemediationStatus { waiting: plan.waiting.clone(), consecutive, not_before, ..Default::default() };
     next.status.disruption = plan.disruption.status(remediation);
     next.status.disruption.remediation.in_flight += plan.mark.len() as i64;
     disruption_conditions(&mut next.status.conditions, &plan.disruption);
-    super::remediation::blocked_event(ctx, Kind::MachinePool, &pool.metadata, &pool.status.conditions, &next.status.conditions).await;
+    super::remediation::blocked_event(
+        ctx,
+        Kind::MachinePool,
+        &pool.metadata,
+        &pool.status.conditions,
+        &next.status.conditions,
+    )
+    .await;
     if let Some(ready) = &plan.ready {
         set_condition(
             &mut next.status.conditions,

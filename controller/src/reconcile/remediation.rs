@@ -60,7 +60,13 @@ pub(crate) async fn remove(ctx: &Ctx, key: &Key) -> Result<()> {
 
 /// Records `DisruptionBlocked` on the owner when its condition turns True (or says something
 /// else holds now).
-pub(crate) async fn blocked_event(ctx: &Ctx, kind: Kind, owner: &ObjectMeta, before: &[Condition], after: &[Condition]) {
+pub(crate) async fn blocked_event(
+    ctx: &Ctx,
+    kind: Kind,
+    owner: &ObjectMeta,
+    before: &[Condition],
+    after: &[Condition],
+) {
     let now = condition(after, ConditionType::DisruptionBlocked).filter(|c| c.status == ConditionStatus::True);
     let was = condition(before, ConditionType::DisruptionBlocked).filter(|c| c.status == ConditionStatus::True);
     if let Some(c) = now.filter(|c| was.is_none_or(|w| w.reason != c.reason)) {

@@ -145,7 +145,10 @@ impl Rule {
         let join = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
         match key.strip_suffix("[]") {
             Some(list) => v.get(list).and_then(Value::as_array).and_then(|items| {
-                items.iter().enumerate().find_map(|(i, item)| self.first_failing(item, rest, join(&format!("{list}[{i}]"))))
+                items
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, item)| self.first_failing(item, rest, join(&format!("{list}[{i}]"))))
             }),
             None => self.first_failing(v.get(*key)?, rest, join(key)),
         }

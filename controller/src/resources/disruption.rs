@@ -12,9 +12,7 @@ use super::{is_default, IntOrPercent, Time};
 
 /// Why a machine is taken away or disrupted: every path that does so names its reason when it
 /// asks the disruption planner ([`crate::plan::disruption`]).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum DisruptionReason {
     /// A rolling update replaces a machine of an older revision.
     Rollout,
@@ -151,7 +149,10 @@ impl DisruptionBudget {
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         self.machines.resolve(100, true).map_err(|why| ("machines", why))?;
         if let Some(r) = self.reasons.iter().find(|r| !r.can_be_held()) {
-            return Err(("reasons", format!("{r} cannot be limited: the cloud takes the machine whatever a budget says")));
+            return Err((
+                "reasons",
+                format!("{r} cannot be limited: the cloud takes the machine whatever a budget says"),
+            ));
         }
         self.window_spec().map(drop).map_err(|e| (e.field, e.message))
     }
@@ -418,10 +419,8 @@ pub fn describe(status: &serde_json::Value) -> String {
         return String::new();
     };
     let at = |t: &Time| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let mut out = format!(
-        "Disruption:   {} available ({} required), {} down\n",
-        d.available, d.min_available, d.disrupted
-    );
+    let mut out =
+        format!("Disruption:   {} available ({} required), {} down\n", d.available, d.min_available, d.disrupted);
     if !d.budgets.is_empty() {
         out += "  Budgets:\n";
         for (i, b) in d.budgets.iter().enumerate() {

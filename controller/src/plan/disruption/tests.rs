@@ -63,7 +63,8 @@ fn max_unavailable_holds_rollouts_and_in_place_updates_of_available_machines() {
     let (got, _) = answers(census(5, 4, 1), limits(1, &[]), &[(Rollout, DOWN), (InPlaceUpdate, UP)]);
     assert_eq!(got, [true, false], "the down machine leaves no room for an available one");
     // Scale-down, remediation and interruptions are not bound by maxUnavailable.
-    let (got, _) = answers(census(5, 4, 1), limits(0, &[]), &[(ScaleDown, UP), (Remediation, DOWN), (Interruption, UP)]);
+    let (got, _) =
+        answers(census(5, 4, 1), limits(0, &[]), &[(ScaleDown, UP), (Remediation, DOWN), (Interruption, UP)]);
     assert_eq!(got, [true, true, true]);
 }
 
@@ -91,7 +92,11 @@ fn budgets_count_every_machine_down_and_the_most_restrictive_active_one_wins() {
     let (got, _) = answers(census(10, 8, 2), limits(5, &budgets), &[(Rollout, DOWN), (Rollout, UP)]);
     assert_eq!(got, [true, false]);
     // 15% of 10 rounds up to 2.
-    let (got, _) = answers(census(10, 10, 0), limits(5, &[budget(IntOrPercent::Str("15%".into()))]), &[(Rollout, UP), (Rollout, UP), (Rollout, UP)]);
+    let (got, _) = answers(
+        census(10, 10, 0),
+        limits(5, &[budget(IntOrPercent::Str("15%".into()))]),
+        &[(Rollout, UP), (Rollout, UP), (Rollout, UP)],
+    );
     assert_eq!(got, [true, true, false]);
 }
 
@@ -130,7 +135,8 @@ fn a_scheduled_budget_limits_only_while_its_window_is_open() {
 #[test]
 fn a_budget_that_cannot_be_read_holds_what_it_would_limit() {
     let broken = [scheduled(budget(IntOrPercent::Int(3)), "0 1 * * *", "4h", "Atlantis/Capital")];
-    let (got, report) = answers(census(5, 5, 0), limits(5, &broken), &[(Rollout, UP), (ScaleDown, UP), (Rollout, DOWN)]);
+    let (got, report) =
+        answers(census(5, 5, 0), limits(5, &broken), &[(Rollout, UP), (ScaleDown, UP), (Rollout, DOWN)]);
     assert_eq!(got, [false, true, false], "it fails closed, even for a machine already down");
     assert!(matches!(&report.held[0].hold, Hold::BudgetInvalid { index: 0, field: "timeZone", .. }));
     assert_eq!(report.budgets[0].invalid.as_ref().map(|(f, _)| *f), Some("timeZone"));
@@ -146,16 +152,22 @@ fn remediation_is_held_by_the_short_circuit_the_pace_and_max_in_flight() {
     assert_eq!(report.held[0].hold, Hold::MaxInFlight { in_flight: 2, max: 2 });
     // Paced.
     let until = t0() + chrono::Duration::seconds(4);
-    let (got, report) = answers(census(5, 4, 1), Limits { remediation_not_before: Some(until), ..base }, &[(Remediation, DOWN)]);
+    let (got, report) =
+        answers(census(5, 4, 1), Limits { remediation_not_before: Some(until), ..base }, &[(Remediation, DOWN)]);
     assert_eq!(got, [false]);
     assert_eq!(report.recheck_at, Some(until));
     // A pace that ran out holds nothing.
     let past = t0() - chrono::Duration::seconds(4);
-    let (got, _) = answers(census(5, 4, 1), Limits { remediation_not_before: Some(past), ..base }, &[(Remediation, DOWN)]);
+    let (got, _) =
+        answers(census(5, 4, 1), Limits { remediation_not_before: Some(past), ..base }, &[(Remediation, DOWN)]);
     assert_eq!(got, [true]);
     // The short circuit comes first, and blocks.
     let why = "MachineHealthCheck web: 3 of 5 machines are unhealthy";
-    let (got, report) = answers(census(5, 2, 3), Limits { remediation_halted: Some(why), ..base }, &[(Remediation, DOWN), (Rollout, DOWN)]);
+    let (got, report) = answers(
+        census(5, 2, 3),
+        Limits { remediation_halted: Some(why), ..base },
+        &[(Remediation, DOWN), (Rollout, DOWN)],
+    );
     assert_eq!(got, [false, true], "only remediation is halted");
     assert_eq!(report.blocking().map(|h| h.hold.to_string()), Some(why.to_string()));
 }
@@ -165,8 +177,11 @@ fn allowed_disruptions_are_counted_across_reasons() {
     // maxUnavailable 3, a budget of 2: a remediation of an available machine (requested by
     // annotation) and a rollout use the budget; the next rollout is held by it.
     let b = [budget(IntOrPercent::Int(2))];
-    let (got, report) =
-        answers(census(6, 6, 0), Limits { max_in_flight: 5, ..limits(3, &b) }, &[(Remediation, UP), (Rollout, UP), (Rollout, UP)]);
+    let (got, report) = answers(
+        census(6, 6, 0),
+        Limits { max_in_flight: 5, ..limits(3, &b) },
+        &[(Remediation, UP), (Rollout, UP), (Rollout, UP)],
+    );
     assert_eq!(got, [true, true, false]);
     assert_eq!(report.allowed(Remediation), 1);
     assert_eq!(report.allowed(Rollout), 1);
@@ -174,7 +189,11 @@ fn allowed_disruptions_are_counted_across_reasons() {
     let status = report.status(RemediationStatus::default());
     assert_eq!((status.available, status.disrupted, status.min_available), (6, 0, 3));
     assert_eq!(status.held.len(), 1);
-    assert!(status.held[0].by.starts_with("disruption budget 0: 0 machine(s) down, 2 allowed"), "{}", status.held[0].by);
+    assert!(
+        status.held[0].by.starts_with("disruption budget 0: 0 machine(s) down, 2 allowed"),
+        "{}",
+        status.held[0].by
+    );
 }
 
 #[test]

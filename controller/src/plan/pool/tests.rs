@@ -159,15 +159,10 @@ fn the_pool_planner_decides_the_one_call() {
         ),
         (
             "then annotated and unready old instances go first; unready ones cost no availability",
-            case(
-                3,
-                int(1),
-                int(0),
-                vec![old("0"), old("1"), Instance { running: false, ..old("4") }, i("6"), i("7")],
-            )
-            .annotated("1")
-            .deleting("5")
-            .applied("rev", 4),
+            case(3, int(1), int(0), vec![old("0"), old("1"), Instance { running: false, ..old("4") }, i("6"), i("7")])
+                .annotated("1")
+                .deleting("5")
+                .applied("rev", 4),
             Delete(ids(&["1", "4"])),
         ),
         (
@@ -296,7 +291,11 @@ fn the_pool_planner_says_why() {
             "maxSurge 0: an updating instance uses maxUnavailable",
             case(3, int(0), int(1), vec![state(old("0"), InstanceState::Updating), old("1"), old("2")]),
             Wait,
-            vec![Held { reason: DisruptionReason::InPlaceUpdate, instances: 1, hold: Hold::MaxUnavailable { available: 2, min_available: 2, new_unavailable: 0 } }],
+            vec![Held {
+                reason: DisruptionReason::InPlaceUpdate,
+                instances: 1,
+                hold: Hold::MaxUnavailable { available: 2, min_available: 2, new_unavailable: 0 },
+            }],
         ),
         (
             "nodes managed: a scale-down deletes the excess as Machines",

@@ -125,7 +125,13 @@ impl Fx {
     }
     /// A MachineHealthCheck asks its owner to remediate it.
     fn unhealthy(mut self) -> Self {
-        set_condition(&mut self.0.status.conditions, ConditionType::OwnerRemediated, false, Reason::WaitingForRemediation, "");
+        set_condition(
+            &mut self.0.status.conditions,
+            ConditionType::OwnerRemediated,
+            false,
+            Reason::WaitingForRemediation,
+            "",
+        );
         self
     }
     fn annotated(mut self, key: &str) -> Self {
@@ -207,7 +213,18 @@ struct Row {
 }
 
 fn row(name: &'static str, md: MachineDeployment, machines: Vec<Fx>) -> Row {
-    Row { name, md, machines, may_replace: true, create: 0, delete: &[], replace: &[], mark: &[], halted: false, notes: Vec::new() }
+    Row {
+        name,
+        md,
+        machines,
+        may_replace: true,
+        create: 0,
+        delete: &[],
+        replace: &[],
+        mark: &[],
+        halted: false,
+        notes: Vec::new(),
+    }
 }
 
 impl Row {
@@ -618,11 +635,8 @@ fn the_planner_decides_creates_deletes_and_replacements() {
         .because(vec![Note::NoGoodRevision { revision: new_rev() }, started(), above(2, 1)]),
     ];
     for r in rows {
-        let p = if r.halted {
-            run_halted(&r.md, r.machines, Some(HALTED))
-        } else {
-            run(&r.md, r.machines, r.may_replace)
-        };
+        let p =
+            if r.halted { run_halted(&r.md, r.machines, Some(HALTED)) } else { run(&r.md, r.machines, r.may_replace) };
         assert!(!p.aborted, "{}", r.name);
         assert_eq!(p.create, r.create, "{}: creates", r.name);
         assert_eq!(names(&p.delete), r.delete, "{}: deletes", r.name);
@@ -791,7 +805,10 @@ fn the_progressing_message_says_what_holds_the_deployment_back() {
         )
     );
     let p = run(&settled(deployment(2)), vec![Fx::new("a"), Fx::new("b").failed("Internal", "X")], false);
-    assert_eq!(message(&p), "1 of 2 running; 1 Remediation held: remediations are paced: the next at 2030-01-01T00:01:01Z");
+    assert_eq!(
+        message(&p),
+        "1 of 2 running; 1 Remediation held: remediations are paced: the next at 2030-01-01T00:01:01Z"
+    );
     let p = run(&settled(deployment(3)), vec![Fx::new("a"), Fx::new("b")], true);
     assert_eq!(message(&p), "2 of 3 running", "creating within the surge holds nothing back");
 }
