@@ -17,26 +17,11 @@ use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher;
 use machine_controller::resources::*;
+use machine_controller::store::kubernetes::trimmed;
 use serde_json::{json, Value};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const FAST: &[&str] = &["--create-latency", "300ms", "--delete-latency", "200ms"];
-
-/// A world on a whole cluster; the controller runs with `--store kubernetes` (the target cluster
-/// is the same) and is started by the test.
-async fn world() -> World {
-    let cluster = Cluster::start_full().await;
-    let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
-    let mut args = FAST.to_vec();
-    args.extend(["--join-cluster", &kubeconfig]);
-    World::builder()
-        .driver(Driver::fake(&args))
-        .kubernetes(cluster, "disruption")
-        .controller_args(&["--resync-interval", "5s", "--drain-poll-interval", "500ms"])
-        .without_controller()
-        .start()
-        .await
-}
 
 /// What these tests do besides the world's own operations.
 trait Disruptions {
@@ -133,22 +118,7 @@ impl Unavailability {
             let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
             while let Some(event) = events.next().await {
                 let parse = |o: DynamicObject| {
-                    let mut v = serde_json::to_value(o).ok()?;
-                    // What the API server adds and the resource model does not know.
-                    const KNOWN: [&str; 11] = [
-                        "name",
-                        "namespace",
-                        "uid",
-                        "resourceVersion",
-                        "generation",
-                        "creationTimestamp",
-                        "deletionTimestamp",
-                        "labels",
-                        "annotations",
-                        "finalizers",
-                        "ownerReferences",
-                    ];
-                    v["metadata"].as_object_mut()?.retain(|k, _| KNOWN.contains(&k.as_str()));
+                    let v = trimmed(Kind::Machine, serde_json::to_value(o).ok()?)?;
                     serde_json::from_value::<Machine>(v).ok()
                 };
                 match event {
@@ -223,7 +193,7 @@ fn revision_of(m: &Machine) -> &str {
 /// owner: one replacement, counted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_during_a_remediation_stays_within_max_unavailable_and_replaces_once() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "disruption").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_md("web", json!({"replicas": 4})).await;
@@ -275,7 +245,7 @@ async fn a_rollout_during_a_remediation_stays_within_max_unavailable_and_replace
 /// return.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_of_five_nodes_down_short_circuit_remediation_until_they_return() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "disruption").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_md("web", json!({"replicas": 5})).await;
@@ -428,7 +398,7 @@ fn now_in_utc_plus_3() -> (u32, u32, u32) {
 /// proceeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn budgets_hold_rollouts_until_they_allow_them() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "disruption").await;
     w.start_controller(&[]);
     w.class().await;
     let image = |i: &str| json!({"spec": {"classRef": {"name": "small"}, "providerSpec": {"image": i}}});
@@ -525,7 +495,7 @@ async fn budgets_hold_rollouts_until_they_allow_them() {
 /// same deadline, and the machine is replaced once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remediation_resumes_after_kill_9_with_its_deadline_and_one_replacement() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "disruption").await;
     w.start_controller(&[]);
     w.class().await;
     // maxSurge 0: the sick machine goes first (its drain), then its replacement comes.

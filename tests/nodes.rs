@@ -32,22 +32,6 @@ fn ar(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("machine.driver.dev", "v1alpha1", kind), plural)
 }
 
-/// One test's world: a whole cluster, a namespace, a fake cloud whose VMs join it; the test
-/// starts the controller (`--store kubernetes`: the target cluster is the same).
-async fn world() -> World {
-    let cluster = Cluster::start_full().await;
-    let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
-    let mut args = FAST.to_vec();
-    args.extend(["--join-cluster", &kubeconfig]);
-    World::builder()
-        .driver(Driver::fake(&args))
-        .kubernetes(cluster, "nodes")
-        .controller_args(&["--resync-interval", "5s", "--drain-poll-interval", "500ms"])
-        .without_controller()
-        .start()
-        .await
-}
-
 /// What these tests apply and read besides the world's own operations.
 trait Nodes {
     async fn class(&self);
@@ -139,7 +123,7 @@ fn has_event(events: &[machine_controller::store::Event], reason: &str) -> bool 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_join_as_ready_nodes_linked_by_provider_id() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_md("web", 2, json!({"machineType": "small"}), json!({})).await;
@@ -314,7 +298,7 @@ impl PodWatch {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_drains_each_old_node_by_eviction_within_the_disruption_budget() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_md("web", 3, json!({"machineType": "small", "image": "os-1"}), json!({})).await;
@@ -364,7 +348,7 @@ async fn a_rolling_update_drains_each_old_node_by_eviction_within_the_disruption
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_that_forbids_every_eviction_holds_the_drain_until_its_deadline() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_md("web", 1, json!({"machineType": "small"}), json!({"drainTimeoutSeconds": 20})).await;
@@ -413,7 +397,7 @@ async fn a_budget_that_forbids_every_eviction_holds_the_drain_until_its_deadline
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hooks_hold_the_deletion_and_daemon_set_pods_are_not_evicted() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_md("web", 1, json!({"machineType": "small"}), json!({})).await;
@@ -473,7 +457,7 @@ async fn hooks_hold_the_deletion_and_daemon_set_pods_are_not_evicted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_that_never_join_fail_their_machines_and_the_revision_is_rolled_back() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     let settings = json!({"nodeStartupTimeoutSeconds": 3, "failureBudget": 2});
@@ -508,7 +492,7 @@ async fn nodes_that_never_join_fail_their_machines_and_the_revision_is_rolled_ba
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_resumes_after_kill_9_with_the_same_phase_and_deadline() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_md("web", 1, json!({"machineType": "small"}), json!({"drainTimeoutSeconds": 25})).await;
@@ -553,7 +537,7 @@ async fn a_drain_resumes_after_kill_9_with_the_same_phase_and_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_gone_out_of_band_takes_its_not_ready_node_out_of_service_without_evictions() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_md("web", 1, json!({"machineType": "small"}), json!({"healthTimeoutSeconds": 2})).await;
@@ -579,7 +563,7 @@ async fn a_vm_gone_out_of_band_takes_its_not_ready_node_out_of_service_without_e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_deployment_drains_every_node_before_its_vm_goes() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_md("web", 2, json!({"machineType": "small"}), json!({})).await;
@@ -663,7 +647,7 @@ async fn pool_machines(w: &World, pool: &str) -> BTreeMap<String, Machine> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     let pool = |replicas: i64| {
@@ -780,7 +764,7 @@ async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machine_pool_max_surge_0_upgrade_replaces_drained_instances_instead_of_reimaging() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     let pool = |machine_type: &str| {
@@ -834,7 +818,7 @@ async fn machine_pool_max_surge_0_upgrade_replaces_drained_instances_instead_of_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deletion_waits_for_the_nodes_volume_attachments_and_a_vanished_node_is_recorded() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_md("web", 2, json!({"machineType": "small"}), json!({"volumeDetachTimeoutSeconds": 300})).await;
@@ -887,7 +871,7 @@ async fn a_deletion_waits_for_the_nodes_volume_attachments_and_a_vanished_node_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_instance_whose_node_never_joins_is_replaced() {
-    let mut w = world().await;
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
     w.apply_object(

@@ -329,6 +329,24 @@ impl Drop for World {
 }
 
 impl World {
+    /// One test's world on a whole cluster (`Cluster::start_full`) in a new namespace named after
+    /// `namespace_prefix`: a fake cloud with `fake_args` whose VMs join it as Nodes, and no
+    /// controller yet (the test starts it; it runs with `--store kubernetes`, so the target
+    /// cluster is the same).
+    pub async fn on_full_cluster(fake_args: &[&str], namespace_prefix: &str) -> World {
+        let cluster = Cluster::start_full().await;
+        let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
+        let mut args = fake_args.to_vec();
+        args.extend(["--join-cluster", &kubeconfig]);
+        World::builder()
+            .driver(Driver::fake(&args))
+            .kubernetes(cluster, namespace_prefix)
+            .controller_args(&["--resync-interval", "5s", "--drain-poll-interval", "500ms"])
+            .without_controller()
+            .start()
+            .await
+    }
+
     /// A builder: process mode, the fake driver, the embedded store, one controller.
     pub fn builder() -> Builder {
         Builder::default()

@@ -141,6 +141,12 @@ fn normalize(kind: Kind, obj: Value) -> Option<(Key, Cached, Value)> {
     Some((key, Cached { rv, json: Packed::new(&text), status_write: false }, out))
 }
 
+/// An object as the API server returns it (a watch event's, a `kubectl get -o json`'s), trimmed
+/// to what the resource model reads: what the store keeps of it, ready to parse as `kind`.
+pub fn trimmed(kind: Kind, obj: Value) -> Option<Value> {
+    normalize_text(kind, obj).map(|(_, _, _, value)| value)
+}
+
 /// [`normalize`]'s object as its key, resourceVersion, text and value, before it is packed.
 fn normalize_text(kind: Kind, obj: Value) -> Option<(Key, u64, String, Value)> {
     let Value::Object(mut o) = obj else { return None };
