@@ -1,8 +1,9 @@
 //! The registry: one line per kind, in apply order (dependencies first; a full resync queues
 //! them in this order too). Everything that lists kinds follows from it: [`Kind`] and its
 //! names, [`AnyObject`] (the manifest parser's dispatch and checks), the CRDs
-//! ([`crate::crd`]), the CLI's names and tables, the Kubernetes backend's resources; and, with
-//! the kind's line in [`crate::reconcile::RECONCILERS`], the runtime's dispatch and wakes.
+//! ([`crate::crd`]), the controller's CLI names and tables and its Kubernetes backend's
+//! resources; and, with the kind's line in the controller's `reconcile::RECONCILERS`, its
+//! runtime's dispatch and wakes.
 //!
 //! A line names the variant (the kind's name, which is also its store key and CRD kind — never
 //! rename one) and the type, whose [`KindInfo`] holds its facts.

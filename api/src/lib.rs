@@ -1,0 +1,23 @@
+//! # machine-api
+//!
+//! The `machine.driver.dev/v1alpha1` API as data: the Kubernetes-shaped resource types the
+//! controller reconciles, the facts of each kind, the manifest parser with every check `apply`
+//! makes, and the CustomResourceDefinitions generated from the same types. Nothing here talks to
+//! a network, a database or a runtime (no Kubernetes client, SQLite, tokio or gRPC), so a tool
+//! that only reads or checks manifests — the `manifest_parse` fuzz target in `fuzz/`, say —
+//! builds this crate alone.
+//!
+//! - [`resources`]: the types, one file per kind, with their [`KindInfo`](resources::KindInfo),
+//!   the typed status vocabulary and the checks;
+//! - [`registry`]: one line per kind, from which every list of kinds follows;
+//! - [`manifest`]: YAML or JSON files into validated objects;
+//! - [`crd`]: CustomResourceDefinitions generated from the resource types.
+
+#![warn(missing_docs)]
+
+pub mod crd;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod manifest;
+pub mod registry;
+pub mod resources;
