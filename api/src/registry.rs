@@ -24,3 +24,9 @@ kinds! {
     /// Deletes unhealthy Machines of deployments and pools (which replace them).
     MachineHealthCheck => MachineHealthCheck,
 }
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

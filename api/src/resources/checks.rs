@@ -1,10 +1,12 @@
 //! Checks shared by `apply` and the CRDs: the helpers kinds use in
-//! [`KindInfo::validate`], and the [`Rule`]s they return from
-//! [`KindInfo::rules`] (CEL on the API server, the same function here).
+//! [`KindInfo::validate`](super::KindInfo::validate), and the [`Rule`]s they return from
+//! [`KindInfo::rules`](super::KindInfo::rules) (CEL on the API server, the same function here).
 
 use serde_json::Value;
 
-use super::*;
+use super::meta::ObjectMeta;
+use super::template::{MachineTemplate, NodeTemplate};
+use crate::registry::Kind;
 
 /// A check's result: the field and what is wrong with it.
 pub type Check = Result<(), (String, String)>;

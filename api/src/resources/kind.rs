@@ -7,7 +7,8 @@
 use serde_json::Value;
 
 use super::checks::{Check, Rule};
-use super::{Kind, Resource, API_VERSION};
+use super::meta::{Resource, API_VERSION};
+use crate::registry::Kind;
 
 /// The facts about one kind, as associated items of its type.
 ///

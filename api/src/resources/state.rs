@@ -385,13 +385,6 @@ impl From<ConditionType> for Reason {
     }
 }
 
-impl From<super::Phase> for Reason {
-    /// A phase as the reason of a pool Machine's `Ready` condition.
-    fn from(p: super::Phase) -> Self {
-        Reason::parse(&p.to_string())
-    }
-}
-
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
