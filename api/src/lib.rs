@@ -7,17 +7,23 @@
 //! that only reads or checks manifests — the `manifest_parse` fuzz target in `fuzz/`, say —
 //! builds this crate alone.
 //!
-//! - [`resources`]: the types, one file per kind, with their [`KindInfo`](resources::KindInfo),
-//!   the typed status vocabulary and the checks;
-//! - [`registry`]: one line per kind, from which every list of kinds follows;
-//! - [`manifest`]: YAML or JSON files into validated objects;
-//! - [`crd`]: CustomResourceDefinitions generated from the resource types.
+//! - [`registry`]: one line per kind, from which every list of kinds follows, and
+//!   [`Kind`](registry::Kind), the kinds by name;
+//! - [`resources`]: the types, one file per kind, with their [`KindInfo`](resources::KindInfo)
+//!   (the facts of the kind), the typed status vocabulary and the checks;
+//! - [`schema`]: Kubernetes structural schemas of Rust types;
+//! - [`dispatch`]: from a kind to its type: each kind's facts as [`Kind`](registry::Kind)
+//!   methods, and [`AnyObject`](dispatch::AnyObject);
+//! - [`crd`]: the CustomResourceDefinitions, generated from the resource types;
+//! - [`manifest`]: YAML or JSON files into validated objects.
 
 #![warn(missing_docs)]
 
 pub mod crd;
+pub mod dispatch;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod manifest;
 pub mod registry;
 pub mod resources;
+pub mod schema;

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+pub use crate::dispatch::AnyObject;
+use crate::registry::Kind;
 pub use crate::resources::checks::Rule;
 use crate::resources::checks::{self, Check};
-use crate::resources::*;
-
-pub use crate::registry::AnyObject;
+use crate::resources::one_of;
 
 /// A manifest problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -270,6 +270,7 @@ mod tests {
 
     use super::*;
     use crate::resources::checks::{int_or_percent_ok, is_zero, percent_at_most_100, DEFAULT_PROGRESS_DEADLINE};
+    use crate::resources::{IntOrPercent, MachineDeploymentSpec, MachinePoolSpec};
 
     const GOOD: &str = r#"
 apiVersion: machine.driver.dev/v1alpha1
