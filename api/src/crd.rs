@@ -7,7 +7,6 @@ use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 
-use crate::manifest;
 use crate::registry::Kind;
 use crate::resources::{Column, GROUP};
 
@@ -20,10 +19,10 @@ fn printer_columns(columns: &[Column]) -> Value {
     Value::Array(shown.map(|c| json!({ "name": c.name, "type": c.ty.as_str(), "jsonPath": c.path })).collect())
 }
 
-/// Adds the [`manifest::rules`] of `kind` to its spec schema as CEL rules, with the same field
-/// path and message `apply` gives.
+/// Adds the rules of `kind` ([`Kind::rules`]) to its spec schema as CEL rules, with the same
+/// field path and message `apply` gives.
 fn add_rules(kind: Kind, spec: &mut Value) {
-    for rule in manifest::rules().into_iter().filter(|r| r.kind == kind) {
+    for rule in kind.rules() {
         let mut at = &mut *spec;
         for key in rule.at.split('.').skip(1) {
             at = &mut at["properties"][key];
@@ -181,7 +180,7 @@ mod tests {
                 n
             })
             .sum();
-        assert_eq!(total, manifest::rules().len());
+        assert_eq!(total, Kind::ALL.into_iter().map(|k| k.rules().len()).sum::<usize>());
     }
 
     #[test]

@@ -16,6 +16,8 @@
 //!   methods, and [`AnyObject`](dispatch::AnyObject);
 //! - [`crd`]: the CustomResourceDefinitions, generated from the resource types;
 //! - [`manifest`]: YAML or JSON files into validated objects.
+//!
+//! Each module uses only those listed before it: the imports run one way, with no circle.
 
 #![warn(missing_docs)]
 
