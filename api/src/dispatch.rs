@@ -38,6 +38,11 @@ macro_rules! kinds {
                 match self { $( Kind::$variant => <$ty as $crate::resources::KindInfo>::COLUMNS, )+ }
             }
 
+            /// How its objects are laid out (`spec` and `status`, or a Secret's data).
+            pub fn shape(self) -> $crate::resources::Shape {
+                match self { $( Kind::$variant => <$ty as $crate::resources::KindInfo>::SHAPE, )+ }
+            }
+
             /// Whether its CRD has the scale subresource.
             pub fn scale(self) -> bool {
                 match self { $( Kind::$variant => <$ty as $crate::resources::KindInfo>::SCALE, )+ }
@@ -137,6 +142,12 @@ macro_rules! kinds {
 registry!(kinds);
 
 impl Kind {
+    /// Whether its objects have a `status` (written on its own); a Secret has none
+    /// ([`Shape::has_status`]).
+    pub fn has_status(self) -> bool {
+        self.shape().has_status()
+    }
+
     /// Parses a kind as typed on the command line: its name, plural, short names or aliases, in
     /// any case (`machines`, `md`, `MachineDeployment`, ...).
     pub fn parse(s: &str) -> Option<Kind> {
@@ -173,5 +184,13 @@ mod tests {
             }
             assert_eq!(Kind::from_name(kind.as_str()), Some(kind));
         }
+    }
+
+    #[test]
+    fn a_secret_is_the_one_kind_without_status() {
+        let without: Vec<Kind> = Kind::ALL.into_iter().filter(|k| !k.has_status()).collect();
+        assert_eq!(without, [Kind::Secret]);
+        assert_eq!(Kind::Secret.shape().fields(), ["data", "stringData", "type"]);
+        assert_eq!(Kind::Machine.shape().spec_fields(), ["spec"]);
     }
 }

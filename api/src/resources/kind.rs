@@ -31,6 +31,8 @@ pub trait KindInfo: Resource {
     /// The changes that wake objects of this kind (besides their own): `(changed kind, how)`.
     const WOKEN_BY: &'static [(Kind, Via)] = &[];
 
+    /// How its objects are laid out: `spec` and `status`, or a Secret's data.
+    const SHAPE: Shape = Shape::SpecAndStatus;
     /// Whether this controller serves it through a CRD (false for `Secret`, core v1).
     const CRD: bool = true;
     /// The type its CRD's `spec` schema is generated from.
@@ -61,6 +63,50 @@ pub trait KindInfo: Resource {
     /// Lines `describe` prints after the common status, before the events.
     fn describe_tail(_status: &Value) -> String {
         String::new()
+    }
+}
+
+/// How the objects of a kind are laid out besides `apiVersion`, `kind` and `metadata`: what the
+/// stores keep, what counts as the spec, whether there is a status, what is secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `spec` (desired state; a change is a new `generation`) and `status` (observed state,
+    /// written on its own: the status subresource).
+    SpecAndStatus,
+    /// A Kubernetes `v1/Secret`: `data`, `stringData` and `type` at the top, no `spec` and no
+    /// `status` (a status write is refused). A change of `data` or `stringData` is a new
+    /// `generation`; their values are secret.
+    SecretData,
+}
+
+impl Shape {
+    /// The fields an object keeps besides `apiVersion`, `kind` and `metadata`.
+    pub fn fields(self) -> &'static [&'static str] {
+        match self {
+            Shape::SpecAndStatus => &["spec", "status"],
+            Shape::SecretData => &["data", "stringData", "type"],
+        }
+    }
+
+    /// The fields whose change is a new `generation` (the object's spec).
+    pub fn spec_fields(self) -> &'static [&'static str] {
+        match self {
+            Shape::SpecAndStatus => &["spec"],
+            Shape::SecretData => &["data", "stringData"],
+        }
+    }
+
+    /// Whether objects have a `status`, written apart from the rest.
+    pub fn has_status(self) -> bool {
+        matches!(self, Shape::SpecAndStatus)
+    }
+
+    /// The fields whose values are secret: shown redacted.
+    pub fn secret_fields(self) -> &'static [&'static str] {
+        match self {
+            Shape::SpecAndStatus => &[],
+            Shape::SecretData => &["data", "stringData"],
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::checks::{self, Check};
-use super::kind::{Column, KindInfo};
+use super::kind::{Column, KindInfo, Shape};
 use super::meta::{ObjectMeta, Resource};
 use crate::registry::Kind;
 
@@ -62,6 +62,7 @@ impl Resource for Secret {
 impl KindInfo for Secret {
     const API_VERSION: &'static str = "v1";
     const PLURAL: &'static str = "secrets";
+    const SHAPE: Shape = Shape::SecretData;
     const CRD: bool = false;
     type Spec = ();
     type Status = ();
