@@ -184,6 +184,21 @@ mod tests {
     }
 
     #[test]
+    fn closed_fields_are_enums() {
+        let crds = crds();
+        let spec = |kind: Kind| {
+            let crd = crds.iter().find(|c| c["spec"]["names"]["kind"] == kind.as_str()).unwrap();
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        };
+        let condition = &spec(Kind::MachineHealthCheck)["unhealthyConditions"]["items"]["properties"]["type"];
+        assert_eq!((&condition["type"], &condition["enum"]), (&json!("string"), &json!(["Ready"])), "{condition}");
+        let taints = &spec(Kind::MachineDeployment)["template"]["properties"]["spec"]["properties"]["nodeTemplate"]
+            ["properties"]["taints"];
+        let effect = &taints["items"]["properties"]["effect"];
+        assert_eq!(effect["enum"], json!(["NoSchedule", "PreferNoSchedule", "NoExecute"]), "{effect}");
+    }
+
+    #[test]
     fn int_or_percent_and_provider_spec() {
         let crds = crds();
         let md = &crds[1]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];

@@ -332,6 +332,10 @@ spec:
             "classRef: {name: small}\n      nodeTemplate: {taints: [{key: dedicated, effect: Sometimes}]}",
         ));
         assert!(e.contains("spec.template.spec.nodeTemplate.taints[0].effect"), "{e}");
+        assert!(
+            e.contains("unknown variant `Sometimes`, expected one of `NoSchedule`, `PreferNoSchedule`, `NoExecute`"),
+            "{e}"
+        );
         assert!(parse(
             &GOOD.replace(
                 "classRef: {name: small}",
@@ -505,6 +509,12 @@ spec:
         let objs = parse(good, "x.yaml").unwrap();
         let AnyObject::MachineHealthCheck(h) = &objs[0] else { panic!("{objs:?}") };
         assert_eq!(h.spec.max_unhealthy, IntOrPercent::Str("100%".into()), "the default");
+        let errors = parse(&good.replace("type: Ready", "type: MemoryPressure"), "x.yaml").unwrap_err();
+        let e = errors[0].to_string();
+        assert!(
+            e.ends_with("spec.unhealthyConditions[0].type: unknown variant `MemoryPressure`, expected `Ready`"),
+            "{e}"
+        );
         for (from, to, field) in [
             ("{matchLabels: {app: web}}", "{}", "spec.selector.matchLabels"),
             ("type: Ready", "type: MemoryPressure", "spec.unhealthyConditions[0].type"),

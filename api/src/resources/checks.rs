@@ -90,12 +90,6 @@ pub(crate) fn node_template(field: &str, t: &NodeTemplate) -> Check {
         if taint.key.is_empty() {
             return fail(&format!("{field}.taints[{i}].key"), "must not be empty");
         }
-        if !matches!(taint.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
-            return fail(
-                &format!("{field}.taints[{i}].effect"),
-                format!("must be NoSchedule, PreferNoSchedule or NoExecute, got {:?}", taint.effect),
-            );
-        }
     }
     for k in t.labels.keys().chain(t.annotations.keys()) {
         if k.is_empty() {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::checks::{self, Check};
 use super::kind::{Column, ColumnType, KindInfo, Shown, Via};
 use super::meta::{is_default, KindOf, Object};
-use super::state::ConditionStatus;
+use super::state::{wire_enum, ConditionStatus};
 use super::status::Condition;
 use super::template::IntOrPercent;
 use crate::registry::Kind;
@@ -36,12 +36,20 @@ pub struct UnhealthyCondition {
     /// The Node condition: `Ready` (the controller follows a Node's Ready condition, which the
     /// Machine mirrors as its `NodeReady` condition).
     #[serde(rename = "type")]
-    pub condition_type: String,
+    pub condition_type: NodeConditionType,
     /// `False` or `Unknown`.
     pub status: ConditionStatus,
     /// How long the condition must hold (seconds).
     #[schemars(range(min = 0))]
     pub timeout_seconds: u64,
+}
+
+wire_enum! {
+    /// The Node conditions a health check can follow.
+    pub enum NodeConditionType {
+        /// The Node's `Ready` condition, which the Machine mirrors as its `NodeReady` condition.
+        Ready,
+    }
 }
 
 /// Desired state of a MachineHealthCheck.
@@ -138,11 +146,6 @@ impl KindInfo for MachineHealthCheck {
             return checks::fail("spec.selector.matchLabels", "must name at least one label");
         }
         for (i, c) in self.spec.unhealthy_conditions.iter().enumerate() {
-            if c.condition_type != "Ready" {
-                let why =
-                    format!("must be Ready (the Node condition the controller follows), got {:?}", c.condition_type);
-                return checks::fail(&format!("spec.unhealthyConditions[{i}].type"), why);
-            }
             if c.status == ConditionStatus::True {
                 return checks::fail(&format!("spec.unhealthyConditions[{i}].status"), "must be False or Unknown");
             }

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::state::wire_enum;
+
 /// A reference by name (same namespace).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -103,7 +105,7 @@ pub struct NodeTemplate {
 }
 
 /// A taint on a Node.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeTaint {
     /// A label-style key, e.g. `dedicated` or `example.com/gpu`.
@@ -112,7 +114,19 @@ pub struct NodeTaint {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub value: String,
     /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
-    pub effect: String,
+    pub effect: TaintEffect,
+}
+
+wire_enum! {
+    /// What a taint does to pods that do not tolerate it (Kubernetes' taint effects).
+    pub enum TaintEffect {
+        /// No new pod is scheduled onto the Node.
+        NoSchedule,
+        /// The scheduler avoids the Node when it can.
+        PreferNoSchedule,
+        /// No new pod is scheduled, and pods already there are evicted.
+        NoExecute,
+    }
 }
 
 /// What a deployment's or pool's machines are made from; its hash is the revision (a
