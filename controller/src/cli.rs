@@ -394,9 +394,11 @@ fn age(t: Option<Time>) -> String {
     }
 }
 
-fn redact_secret(mut v: Value) -> Value {
-    for field in ["data", "stringData"] {
-        if let Some(Value::Object(m)) = v.get_mut(field) {
+/// `v` with the values of its kind's secret fields replaced by `<redacted>` (a Secret's `data`
+/// and `stringData`: [`Shape::secret_fields`](crate::resources::Shape::secret_fields)).
+fn redact(kind: Kind, mut v: Value) -> Value {
+    for field in kind.shape().secret_fields() {
+        if let Some(Value::Object(m)) = v.get_mut(*field) {
             for val in m.values_mut() {
                 *val = Value::String("<redacted>".into());
             }
@@ -457,9 +459,7 @@ async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, out
 
 /// Prints `get`'s objects in `output`'s format.
 fn show(kind: Kind, name: Option<&str>, namespace: &str, output: Output, mut raw: Vec<Value>) -> Result<(), Failure> {
-    if kind == Kind::Secret {
-        raw = raw.into_iter().map(redact_secret).collect();
-    }
+    raw = raw.into_iter().map(|v| redact(kind, v)).collect();
     match output {
         Output::Json => {
             let v = if name.is_some() {
@@ -538,10 +538,7 @@ async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Res
     let Some(json) = store.backend().get(&key).await? else {
         return Err(fail(format!("{kind} {name} not found in namespace {namespace}")));
     };
-    let mut v = stored_json(&key, &json).map_err(fail)?;
-    if kind == Kind::Secret {
-        v = redact_secret(v);
-    }
+    let v = redact(kind, stored_json(&key, &json).map_err(fail)?);
     let mut out = String::new();
     let meta = &v["metadata"];
     out += &format!("Name:         {}\nNamespace:    {}\nKind:         {}\n", name, namespace, kind);

@@ -5,11 +5,12 @@
 //! stored in status before anything else, so a restart of the controller or a sidecar loses
 //! nothing: in-flight operations resume from status, no machine is created twice, none leaks.
 //!
-//! - [`resources`] and [`manifest`]: the model and validated YAML input;
-//! - [`registry`]: one line per kind, from which every list of kinds follows;
+//! - [`resources`] and [`manifest`]: the model and validated YAML input (from the `machine-api`
+//!   crate, re-exported here);
+//! - [`registry`]: one line per kind, from which every list of kinds follows (`machine-api`);
 //! - [`store`]: the storage trait, the embedded SQLite store and the Kubernetes backend;
 //! - [`events`]: the reasons of the events the reconcilers record, with their types;
-//! - [`crd`]: CustomResourceDefinitions generated from the resource types;
+//! - [`crd`]: CustomResourceDefinitions generated from the resource types (`machine-api`);
 //! - [`leader`]: leader election with a `coordination.k8s.io/v1` Lease;
 //! - [`nodes`]: the target cluster where the machines' Nodes live (linking, drain calls);
 //! - [`plan`]: pure planners (rollouts, in-place updates, pool upgrades);
@@ -23,20 +24,34 @@
 #![warn(missing_docs)]
 
 pub mod cli;
-pub mod crd;
 pub mod defaults;
 pub mod demo;
 pub mod events;
-#[doc(hidden)]
-pub mod fuzzing;
 pub mod leader;
-pub mod manifest;
 pub mod nodes;
 pub mod plan;
 pub mod policy;
 pub mod reconcile;
-pub mod registry;
-pub mod resources;
 pub mod runtime;
 pub mod safety;
 pub mod store;
+
+pub use machine_api::{crd, manifest, registry, resources};
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use crate::resources::OperationKind;
+
+    /// The API's operation kinds name the protocol's RPCs, one for one.
+    #[test]
+    fn operation_kinds_are_the_protocols() {
+        let ours: BTreeSet<String> = OperationKind::ALL.iter().map(|k| k.as_str().to_uppercase()).collect();
+        let protocol: BTreeSet<String> = (1..)
+            .map_while(|v| driver_sdk::proto::OperationKind::try_from(v).ok())
+            .map(|p| p.as_str_name().trim_start_matches("OPERATION_KIND_").replace('_', ""))
+            .collect();
+        assert_eq!(ours, protocol);
+    }
+}

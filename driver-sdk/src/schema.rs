@@ -569,6 +569,9 @@ fn type_name(v: &Value) -> &'static str {
 
 /// Checks the name rules of machines and pools: DNS-subdomain style, 1..=253 characters of
 /// `[a-z0-9.-]`, starting and ending with an alphanumeric character.
+///
+/// The controller's API crate (`machine-api`) checks object names by the same rules with its own
+/// copy, so that neither crate depends on the other: a change here is made there too.
 pub fn check_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {
         return Err("is required");

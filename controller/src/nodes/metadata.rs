@@ -48,7 +48,7 @@ pub fn patch(node: &NodeView, desired: &NodeTemplate) -> Option<Value> {
     let owned = Owned {
         labels: desired.labels.keys().cloned().collect(),
         annotations: desired.annotations.keys().cloned().collect(),
-        taints: desired.taints.iter().map(|t| taint_id(&t.key, &t.effect)).collect(),
+        taints: desired.taints.iter().map(|t| taint_id(&t.key, t.effect.as_str())).collect(),
     };
     let mut labels = serde_json::Map::new();
     for (k, v) in &desired.labels {
@@ -90,7 +90,7 @@ pub fn patch(node: &NodeView, desired: &NodeTemplate) -> Option<Value> {
         taints.push(Taint {
             key: t.key.clone(),
             value: (!t.value.is_empty()).then(|| t.value.clone()),
-            effect: t.effect.clone(),
+            effect: t.effect.to_string(),
             time_added: None,
         });
     }
@@ -148,7 +148,7 @@ mod tests {
             annotations: BTreeMap::new(),
             taints: taints
                 .iter()
-                .map(|(k, e)| NodeTaint { key: k.to_string(), value: String::new(), effect: e.to_string() })
+                .map(|(k, e)| NodeTaint { key: k.to_string(), value: String::new(), effect: e.parse().unwrap() })
                 .collect(),
         }
     }

@@ -240,12 +240,12 @@ mod tests {
             selector: LabelSelector { match_labels: BTreeMap::from([("app".into(), "web".into())]) },
             unhealthy_conditions: vec![
                 UnhealthyCondition {
-                    condition_type: "Ready".into(),
+                    condition_type: NodeConditionType::Ready,
                     status: ConditionStatus::False,
                     timeout_seconds: 300,
                 },
                 UnhealthyCondition {
-                    condition_type: "Ready".into(),
+                    condition_type: NodeConditionType::Ready,
                     status: ConditionStatus::Unknown,
                     timeout_seconds: 600,
                 },

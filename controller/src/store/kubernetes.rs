@@ -195,11 +195,7 @@ fn normalize_text(kind: Kind, obj: Value) -> Option<(Key, u64, String, Value)> {
     out.insert("apiVersion".into(), Value::String(kind.api_version().into()));
     out.insert("kind".into(), Value::String(kind.as_str().into()));
     out.insert("metadata".into(), Value::Object(m));
-    let fields: &[&str] = match kind {
-        Kind::Secret => &["data", "stringData", "type"],
-        _ => &["spec", "status"],
-    };
-    for f in fields {
+    for f in kind.shape().fields() {
         if let Some(v) = o.remove(*f) {
             if !v.is_null() {
                 out.insert((*f).into(), v);
@@ -449,7 +445,7 @@ impl Backend for KubernetesBackend {
         }
         // The status subresource ignores status on create: write it separately.
         let status = match obj.as_object_mut().and_then(|o| o.remove("status")) {
-            Some(Value::Object(s)) if !s.is_empty() && kind != Kind::Secret => Some(Value::Object(s)),
+            Some(Value::Object(s)) if !s.is_empty() && kind.has_status() => Some(Value::Object(s)),
             _ => None,
         };
         let api = self.api(kind, &key.namespace);
@@ -474,8 +470,8 @@ impl Backend for KubernetesBackend {
     }
 
     async fn replace_status(&self, kind: Kind, json: String) -> Result<Option<Arc<str>>> {
-        if kind == Kind::Secret {
-            return Err(Error::Invalid("Secrets have no status".into()));
+        if !kind.has_status() {
+            return Err(Error::Invalid(format!("{kind}s have no status")));
         }
         self.replace(kind, serde_json::from_str(&json)?, true).await
     }

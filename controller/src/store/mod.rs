@@ -287,8 +287,8 @@ pub trait Backend: Send + Sync + 'static {
     /// `resourceVersion` and `status` are read, the rest is ignored — if that `resourceVersion`
     /// is still current. Text, not a value: status writes are most of the store's writes, and a
     /// backend that can splice the status into what it stores need not parse the rest. Returns
-    /// the stored object (`None`: removed, as for [`Backend::update`]). Secrets have no status:
-    /// [`Error::Invalid`].
+    /// the stored object (`None`: removed, as for [`Backend::update`]). A kind without status
+    /// ([`Kind::has_status`]: Secrets) is [`Error::Invalid`].
     async fn replace_status(&self, kind: Kind, json: String) -> Result<Option<Arc<str>>>;
     /// Deletes: marks `deletionTimestamp` while finalizers remain, else removes. Returns the
     /// object as it is afterwards (`None` when removed or absent).

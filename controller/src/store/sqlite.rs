@@ -826,12 +826,10 @@ fn remove_row(tx: &Connection, key: &Key, rv: u64, owner: Option<&Key>) -> Resul
     Ok(())
 }
 
-/// The part of an object that counts as its spec (bumps `generation` when it changes).
+/// The part of an object that counts as its spec (bumps `generation` when it changes): its
+/// kind's [`Shape::spec_fields`](crate::resources::Shape::spec_fields).
 fn spec_of(kind: Kind, v: &Value) -> Value {
-    match kind {
-        Kind::Secret => serde_json::json!([v.get("data"), v.get("stringData")]),
-        _ => v.get("spec").cloned().unwrap_or(Value::Null),
-    }
+    kind.shape().spec_fields().iter().map(|f| v.get(*f).cloned().unwrap_or(Value::Null)).collect()
 }
 
 fn finalizers_empty(v: &Value) -> bool {
@@ -973,8 +971,8 @@ impl Backend for SqliteBackend {
             return Err(Error::Invalid("metadata.name is required".into()));
         }
         let key = Key::new(kind, sent.metadata.namespace.as_deref().unwrap_or("default"), &sent.metadata.name);
-        if kind == Kind::Secret {
-            return Err(Error::Invalid(format!("{key}: Secrets have no status")));
+        if !kind.has_status() {
+            return Err(Error::Invalid(format!("{key}: {kind}s have no status")));
         }
         let expected = required_version(&key, sent.metadata.resource_version.as_deref())?;
         let null = serde_json::value::to_raw_value(&Value::Null)?;

@@ -1,10 +1,13 @@
 //! Checks shared by `apply` and the CRDs: the helpers kinds use in
-//! [`KindInfo::validate`], and the [`Rule`]s they return from
-//! [`KindInfo::rules`] (CEL on the API server, the same function here).
+//! [`KindInfo::validate`](super::KindInfo::validate), and the [`Rule`]s they return from
+//! [`KindInfo::rules`](super::KindInfo::rules) (CEL on the API server, the same function here).
 
 use serde_json::Value;
 
-use super::*;
+use super::disruption::DisruptionSpec;
+use super::meta::ObjectMeta;
+use super::template::{MachineTemplate, NodeTemplate};
+use crate::registry::Kind;
 
 /// A check's result: the field and what is wrong with it.
 pub type Check = Result<(), (String, String)>;
@@ -14,9 +17,33 @@ pub(crate) fn fail(field: &str, message: impl Into<String>) -> Check {
 }
 
 pub(crate) fn name(field: &str, value: &str) -> Check {
-    driver_sdk::schema::check_name(value).or_else(|why| fail(field, why))?;
+    dns_name(value).or_else(|why| fail(field, why))?;
     if value.len() > 63 {
         return fail(field, "must be at most 63 characters");
+    }
+    Ok(())
+}
+
+/// The name rules of objects: DNS-subdomain style, 1..=253 characters of `[a-z0-9.-]`, starting
+/// and ending with an alphanumeric character.
+///
+/// The same rules as `driver_sdk::schema::check_name`, which the SDK applies to the names a
+/// driver is sent, with the same messages. Each crate keeps its own copy (and its own test) so
+/// that neither depends on the other: this crate stays free of the SDK's gRPC stack, and the
+/// SDK of the controller's API.
+fn dns_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("is required");
+    }
+    if name.len() > 253 {
+        return Err("must be at most 253 characters");
+    }
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !name.chars().all(ok_char) || !alnum(name.chars().next()) || !alnum(name.chars().last()) {
+        return Err(
+            "must consist of lower-case letters, digits, '-' and '.', and start and end with a letter or digit",
+        );
     }
     Ok(())
 }
@@ -63,12 +90,6 @@ pub(crate) fn node_template(field: &str, t: &NodeTemplate) -> Check {
     for (i, taint) in t.taints.iter().enumerate() {
         if taint.key.is_empty() {
             return fail(&format!("{field}.taints[{i}].key"), "must not be empty");
-        }
-        if !matches!(taint.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
-            return fail(
-                &format!("{field}.taints[{i}].effect"),
-                format!("must be NoSchedule, PreferNoSchedule or NoExecute, got {:?}", taint.effect),
-            );
         }
     }
     for k in t.labels.keys().chain(t.annotations.keys()) {
@@ -345,4 +366,19 @@ pub(crate) fn disruption(spec: &DisruptionSpec) -> Check {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_dns_rules() {
+        assert!(dns_name("web-0.a").is_ok());
+        for bad in ["", "-a", "a-", "Web", "a_b", &"a".repeat(254)] {
+            assert!(dns_name(bad).is_err(), "{bad}");
+        }
+        assert_eq!(name("metadata.name", &"a".repeat(64)), fail("metadata.name", "must be at most 63 characters"));
+        assert_eq!(name("spec.classRef.name", ""), fail("spec.classRef.name", "is required"));
+    }
 }

@@ -9,7 +9,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// Declares a closed enum of unit variants whose wire strings are the variant names, with
-/// `as_str`, `Display`, `FromStr` and comparisons with `str`.
+/// `as_str`, `Display`, `FromStr` and comparisons with `str`. Serde refuses any other string,
+/// naming the field and the values it expects; the CRD schema lists them as an `enum`.
 macro_rules! wire_enum {
     (
         $(#[$meta:meta])*
@@ -18,7 +19,10 @@ macro_rules! wire_enum {
         }
     ) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+        #[derive(
+            Debug, Clone, Copy, PartialEq, Eq, Hash,
+            ::serde::Serialize, ::serde::Deserialize, ::schemars::JsonSchema,
+        )]
         pub enum $name {
             $( $(#[$vmeta])* $variant, )+
         }
@@ -35,19 +39,19 @@ macro_rules! wire_enum {
             }
         }
 
-        impl std::str::FromStr for $name {
-            type Err = UnknownValue;
+        impl ::std::str::FromStr for $name {
+            type Err = $crate::resources::UnknownValue;
 
-            fn from_str(s: &str) -> Result<Self, UnknownValue> {
+            fn from_str(s: &str) -> Result<Self, $crate::resources::UnknownValue> {
                 match s {
                     $( stringify!($variant) => Ok($name::$variant), )+
-                    _ => Err(UnknownValue { what: stringify!($name), value: s.into() }),
+                    _ => Err($crate::resources::UnknownValue { what: stringify!($name), value: s.into() }),
                 }
             }
         }
 
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.write_str(self.as_str())
             }
         }
@@ -65,6 +69,8 @@ macro_rules! wire_enum {
         }
     };
 }
+
+pub(crate) use wire_enum;
 
 /// A string that is not one of an enum's wire values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -407,13 +413,6 @@ impl From<ConditionType> for Reason {
     /// An environment condition's type as the reason of a machine's `Ready` condition.
     fn from(t: ConditionType) -> Self {
         Reason::parse(t.as_str())
-    }
-}
-
-impl From<super::Phase> for Reason {
-    /// A phase as the reason of a pool Machine's `Ready` condition.
-    fn from(p: super::Phase) -> Self {
-        Reason::parse(&p.to_string())
     }
 }
 

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+pub use crate::dispatch::AnyObject;
+use crate::registry::Kind;
 pub use crate::resources::checks::Rule;
 use crate::resources::checks::{self, Check};
-use crate::resources::*;
-
-pub use crate::registry::AnyObject;
+use crate::resources::one_of;
 
 /// A manifest problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -274,6 +274,7 @@ mod tests {
 
     use super::*;
     use crate::resources::checks::{int_or_percent_ok, is_zero, percent_at_most_100, DEFAULT_PROGRESS_DEADLINE};
+    use crate::resources::{IntOrPercent, MachineDeploymentSpec, MachinePoolSpec};
 
     const GOOD: &str = r#"
 apiVersion: machine.driver.dev/v1alpha1
@@ -335,6 +336,10 @@ spec:
             "classRef: {name: small}\n      nodeTemplate: {taints: [{key: dedicated, effect: Sometimes}]}",
         ));
         assert!(e.contains("spec.template.spec.nodeTemplate.taints[0].effect"), "{e}");
+        assert!(
+            e.contains("unknown variant `Sometimes`, expected one of `NoSchedule`, `PreferNoSchedule`, `NoExecute`"),
+            "{e}"
+        );
         assert!(parse(
             &GOOD.replace(
                 "classRef: {name: small}",
@@ -508,6 +513,12 @@ spec:
         let objs = parse(good, "x.yaml").unwrap();
         let AnyObject::MachineHealthCheck(h) = &objs[0] else { panic!("{objs:?}") };
         assert_eq!(h.spec.max_unhealthy, IntOrPercent::Str("100%".into()), "the default");
+        let errors = parse(&good.replace("type: Ready", "type: MemoryPressure"), "x.yaml").unwrap_err();
+        let e = errors[0].to_string();
+        assert!(
+            e.ends_with("spec.unhealthyConditions[0].type: unknown variant `MemoryPressure`, expected `Ready`"),
+            "{e}"
+        );
         for (from, to, field) in [
             ("{matchLabels: {app: web}}", "{}", "spec.selector.matchLabels"),
             ("type: Ready", "type: MemoryPressure", "spec.unhealthyConditions[0].type"),

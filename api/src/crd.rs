@@ -1,109 +1,17 @@
-//! CustomResourceDefinitions for the Kubernetes backend, generated from the resource types in
-//! [`crate::resources`] (the same types the embedded store and the reconcilers use).
-//!
-//! schemars describes each `spec` and `status`; [`structural`] rewrites that description into a
-//! Kubernetes *structural* schema (inlined, no `anyOf` for optional fields, int-or-string for
-//! `IntOrPercent`, `x-kubernetes-preserve-unknown-fields` for free-form provider specs).
+//! CustomResourceDefinitions for the controller's Kubernetes backend, generated from the
+//! resource types in [`crate::resources`] (the same types the embedded store and the reconcilers
+//! use): each kind's structural `spec` and `status` schemas ([`crate::schema`]), with its
+//! [`Rule`](crate::resources::checks::Rule)s as CEL rules and its columns as printer columns.
 
 use std::sync::OnceLock;
 
-use schemars::JsonSchema;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use crate::manifest;
-
-use crate::resources::{Column, Kind, GROUP};
+use crate::registry::Kind;
+use crate::resources::{Column, GROUP};
 
 /// The served and stored version.
 pub const VERSION: &str = "v1alpha1";
-
-/// The structural schema of `T` (inlined).
-pub(crate) fn schema_of<T: JsonSchema>() -> Value {
-    let mut settings = schemars::generate::SchemaSettings::openapi3();
-    settings.inline_subschemas = true;
-    structural(settings.into_generator().into_root_schema_for::<T>().to_value())
-}
-
-/// Rewrites a schemars (OpenAPI 3) schema into a Kubernetes structural schema.
-pub fn structural(schema: Value) -> Value {
-    let Value::Object(mut o) = schema else {
-        // `true` / `{}`: anything goes (serde_json::Value fields).
-        return json!({ "x-kubernetes-preserve-unknown-fields": true });
-    };
-    for k in ["$schema", "title", "default", "examples", "example", "deprecated", "readOnly", "writeOnly", "$defs"] {
-        o.remove(k);
-    }
-    if o.get("additionalProperties") == Some(&Value::Bool(false)) {
-        o.remove("additionalProperties");
-    }
-    // An optional field whose type is itself a combination (`Option<IntOrPercent>`): schemars
-    // says `anyOf: [T, null]`; absent is what optional means in a structural schema, so it is T.
-    if let Some(Value::Array(variants)) = o.get("anyOf") {
-        let is_null = |v: &Value| v.get("enum") == Some(&json!([null])) || v.get("type") == Some(&json!("null"));
-        if variants.len() == 2 && variants.iter().any(is_null) {
-            let inner = variants.iter().find(|v| !is_null(v)).cloned();
-            o.remove("anyOf");
-            if let Some(Value::Object(inner)) = inner {
-                for (k, v) in inner {
-                    o.entry(k).or_insert(v);
-                }
-            }
-            return structural(Value::Object(o));
-        }
-    }
-    for combinator in ["anyOf", "oneOf"] {
-        // A documented unit enum: one string `enum` per variant → one `enum`.
-        if let Some(Value::Array(variants)) = o.get(combinator) {
-            let values: Option<Vec<Value>> = variants
-                .iter()
-                .map(|v| match (v.get("type").and_then(Value::as_str), v.get("enum")) {
-                    (Some("string"), Some(Value::Array(e))) => Some(e.clone()),
-                    _ => None,
-                })
-                .collect::<Option<Vec<Vec<Value>>>>()
-                .map(|e| e.concat());
-            if let Some(values) = values {
-                o.remove(combinator);
-                o.insert("type".into(), json!("string"));
-                o.insert("enum".into(), Value::Array(values));
-                continue;
-            }
-        }
-        // An untagged integer-or-string enum (IntOrPercent).
-        if let Some(Value::Array(variants)) = o.get(combinator) {
-            let types: Vec<&str> = variants.iter().filter_map(|v| v.get("type").and_then(Value::as_str)).collect();
-            if types.len() == 2 && types.contains(&"integer") && types.contains(&"string") {
-                o.remove(combinator);
-                o.insert("x-kubernetes-int-or-string".into(), Value::Bool(true));
-                // A number or a percentage is short; the bound keeps the CEL rules on it cheap
-                // (the API server estimates a rule's cost from the longest string it may see).
-                o.insert("maxLength".into(), json!(16));
-            }
-        }
-    }
-    if let Some(Value::String(f)) = o.get("format") {
-        if f.starts_with("uint") || f == "int" {
-            o.insert("format".into(), json!("int64"));
-        }
-    }
-    if let Some(Value::Object(props)) = o.remove("properties") {
-        let props: Map<String, Value> = props.into_iter().map(|(k, v)| (k, structural(v))).collect();
-        o.insert("properties".into(), Value::Object(props));
-    }
-    for k in ["items", "additionalProperties"] {
-        if let Some(v) = o.remove(k) {
-            o.insert(k.into(), structural(v));
-        }
-    }
-    if o.is_empty() || (o.len() == 1 && o.contains_key("description")) {
-        o.insert("x-kubernetes-preserve-unknown-fields".into(), Value::Bool(true));
-    }
-    if o.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) && !o.contains_key("type") {
-        // Provider specs are JSON objects.
-        o.insert("type".into(), json!("object"));
-    }
-    Value::Object(o)
-}
 
 /// A kind's `additionalPrinterColumns`: its [`Column`]s the CRD shows.
 fn printer_columns(columns: &[Column]) -> Value {
@@ -111,10 +19,10 @@ fn printer_columns(columns: &[Column]) -> Value {
     Value::Array(shown.map(|c| json!({ "name": c.name, "type": c.ty.as_str(), "jsonPath": c.path })).collect())
 }
 
-/// Adds the [`manifest::rules`] of `kind` to its spec schema as CEL rules, with the same field
-/// path and message `apply` gives.
+/// Adds the rules of `kind` ([`Kind::rules`]) to its spec schema as CEL rules, with the same
+/// field path and message `apply` gives.
 fn add_rules(kind: Kind, spec: &mut Value) {
-    for rule in manifest::rules().into_iter().filter(|r| r.kind == kind) {
+    for rule in kind.rules() {
         let mut at = &mut *spec;
         for key in rule.at.split('.').skip(1) {
             at = match key.strip_suffix("[]") {
@@ -210,6 +118,8 @@ pub fn crds_yaml() -> Result<String, serde_saphyr::SerializeError> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Map;
+
     use super::*;
 
     fn walk(v: &Value, path: &str, f: &mut impl FnMut(&str, &Map<String, Value>)) {
@@ -274,7 +184,22 @@ mod tests {
                 n
             })
             .sum();
-        assert_eq!(total, manifest::rules().len());
+        assert_eq!(total, Kind::ALL.into_iter().map(|k| k.rules().len()).sum::<usize>());
+    }
+
+    #[test]
+    fn closed_fields_are_enums() {
+        let crds = crds();
+        let spec = |kind: Kind| {
+            let crd = crds.iter().find(|c| c["spec"]["names"]["kind"] == kind.as_str()).unwrap();
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        };
+        let condition = &spec(Kind::MachineHealthCheck)["unhealthyConditions"]["items"]["properties"]["type"];
+        assert_eq!((&condition["type"], &condition["enum"]), (&json!("string"), &json!(["Ready"])), "{condition}");
+        let taints = &spec(Kind::MachineDeployment)["template"]["properties"]["spec"]["properties"]["nodeTemplate"]
+            ["properties"]["taints"];
+        let effect = &taints["items"]["properties"]["effect"];
+        assert_eq!(effect["enum"], json!(["NoSchedule", "PreferNoSchedule", "NoExecute"]), "{effect}");
     }
 
     #[test]

@@ -1,0 +1,77 @@
+//! `MachineClass`: which driver, with which provider spec and credentials, machines are created
+//! with.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::checks::{self, Check};
+use super::kind::{Column, ColumnType, KindInfo, Via};
+use super::meta::{is_default, KindOf, Object};
+use super::state::ConditionType;
+use super::status::{condition_cell, Condition};
+use super::template::NameRef;
+use crate::registry::Kind;
+
+/// Which driver, with which provider spec and credentials.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineClassSpec {
+    /// Driver name, as registered with `run --driver NAME=ENDPOINT`.
+    #[schemars(length(min = 1))]
+    pub driver: String,
+    /// Cloud-specific spec (checked by the driver's schema).
+    pub provider_spec: Value,
+    /// Secret with the cloud credentials, sent to the driver as secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<NameRef>,
+}
+
+/// What the controller found out about a class.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineClassStatus {
+    /// The generation last validated by the driver.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub validated_generation: i64,
+    /// Conditions (`Valid`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A MachineClass: the driver, provider spec and credentials its machines are created with.
+pub type MachineClass = Object<MachineClassSpec, MachineClassStatus>;
+
+impl KindOf for MachineClass {
+    const KIND: Kind = Kind::MachineClass;
+}
+
+impl KindInfo for MachineClass {
+    const PLURAL: &'static str = "machineclasses";
+    const SHORT_NAMES: &'static [&'static str] = &["mcl"];
+    const ALIASES: &'static [&'static str] = &["mc", "class", "classes"];
+    type Spec = MachineClassSpec;
+    type Status = MachineClassStatus;
+    const COLUMNS: &'static [Column] = &[
+        Column::new("Driver", ColumnType::String, ".spec.driver"),
+        Column::computed("Valid", |v| condition_cell(v, ConditionType::Valid)),
+        Column::age(),
+    ];
+    // A Secret changes the classes that use it, and so their objects.
+    const WOKEN_BY: &'static [(Kind, Via)] = &[(Kind::Secret, Via::SecretRef)];
+
+    fn validate(&self) -> Check {
+        if self.spec.driver.is_empty() {
+            return checks::fail("spec.driver", "is required (the name given to `run --driver NAME=ENDPOINT`)");
+        }
+        if !self.spec.provider_spec.is_object() {
+            return checks::fail(
+                "spec.providerSpec",
+                format!("must be a mapping, got {}", checks::json_type(&self.spec.provider_spec)),
+            );
+        }
+        if let Some(r) = &self.spec.secret_ref {
+            checks::name("spec.secretRef.name", &r.name)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,310 @@
+//! `MachineDeployment`: `replicas` Machines of a template, rolled out revision by revision.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::checks::{self, Check};
+use super::disruption::{self, DisruptionSpec, DisruptionStatus, RemediationSpec};
+use super::kind::{Column, ColumnType, KindInfo, Shown, Via};
+use super::meta::{is_default, KindOf, Object, Time};
+use super::state::ConditionType;
+use super::status::{condition_cell, Condition};
+use super::template::{
+    default_drain_timeout, default_node_startup_timeout, default_volume_detach_timeout, one, IntOrPercent,
+    MachineTemplate, NodeSettings, RollingUpdate,
+};
+use crate::registry::Kind;
+
+/// How a deployment moves machines to a new template.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum StrategyType {
+    /// Replace machines, within maxSurge / maxUnavailable.
+    #[default]
+    RollingUpdate,
+    /// Update machines in place where the driver can (CanUpdateMachine / UpdateMachine).
+    InPlace,
+}
+
+/// InPlace parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InPlaceUpdate {
+    /// Machines updated at once (they count as unavailable; default 1).
+    #[serde(default = "one")]
+    pub max_unavailable: IntOrPercent,
+    /// Replace a machine when the driver cannot apply every change in place.
+    #[serde(default)]
+    pub fallback_to_replace: bool,
+}
+
+impl Default for InPlaceUpdate {
+    fn default() -> Self {
+        Self { max_unavailable: one(), fallback_to_replace: false }
+    }
+}
+
+/// Update strategy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Strategy {
+    /// RollingUpdate (default) or InPlace.
+    #[serde(default, rename = "type")]
+    pub strategy_type: StrategyType,
+    /// RollingUpdate parameters.
+    #[serde(default)]
+    pub rolling_update: RollingUpdate,
+    /// InPlace parameters.
+    #[serde(default)]
+    pub in_place: InPlaceUpdate,
+}
+
+/// Which machines go first on scale-down (after annotated, failed and unhealthy ones).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum DeletePolicy {
+    /// Oldest first.
+    #[default]
+    Oldest,
+    /// Newest first.
+    Newest,
+    /// Any.
+    Random,
+}
+
+/// Desired state of a MachineDeployment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineDeploymentSpec {
+    /// Number of machines.
+    #[schemars(range(min = 0))]
+    pub replicas: i64,
+    /// The machine template; a change starts a rollout.
+    pub template: MachineTemplate,
+    /// How to roll out a new template.
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// Scale-down order.
+    #[serde(default)]
+    pub delete_policy: DeletePolicy,
+    /// A rollout without progress for this long gets a ProgressDeadlineExceeded condition.
+    #[serde(default = "default_progress_deadline")]
+    pub progress_deadline_seconds: u64,
+    /// Machines of a new revision that may fail before the rollout is aborted and rolled back.
+    #[serde(default = "default_failure_budget")]
+    pub failure_budget: u32,
+    /// Deprecated: `remediation.maxInFlight` says the same (and wins when both are set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_replacements: Option<u32>,
+    /// How failed and unhealthy machines are replaced.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub remediation: RemediationSpec,
+    /// Disruption budgets: how many machines voluntary disruptions may take at once, and when.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub disruption: DisruptionSpec,
+    /// A machine not Running this long after its create started is Failed.
+    #[serde(default = "default_creation_timeout")]
+    pub creation_timeout_seconds: u64,
+    /// A Running machine reported unhealthy or missing this long is Failed.
+    #[serde(default = "default_health_timeout")]
+    pub health_timeout_seconds: u64,
+    /// A machine counts as available only once it has been Ready this long (default 0).
+    #[serde(default)]
+    pub min_ready_seconds: u64,
+    /// A machine whose VM runs but whose Node is not Ready this long after the VM came up fails
+    /// with reason `NodeNotJoined` and is replaced (default 600; 0 waits forever; with a target
+    /// cluster).
+    #[serde(default = "default_node_startup_timeout")]
+    pub node_startup_timeout_seconds: u64,
+    /// The drain before a machine's deletion ends by this deadline: pods still there at the
+    /// deadline minus their grace period are deleted with that grace (default 3600).
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout_seconds: u64,
+    /// After the drain, a deletion waits at most this long for the node's VolumeAttachments to
+    /// go (default 600).
+    #[serde(default = "default_volume_detach_timeout")]
+    pub volume_detach_timeout_seconds: u64,
+    /// Stop rolling out (scaling still happens).
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// `progressDeadlineSeconds` by default: a Deployment's default.
+pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: u64 = 600;
+/// `failureBudget` by default: a few failed machines of a new revision may be bad luck, more
+/// are the revision.
+pub const DEFAULT_FAILURE_BUDGET: u32 = 3;
+/// `creationTimeoutSeconds` by default: a VM create that has not led to a Running machine in 20
+/// minutes will not.
+pub const DEFAULT_CREATION_TIMEOUT_SECONDS: u64 = 1200;
+/// `healthTimeoutSeconds` by default.
+pub const DEFAULT_HEALTH_TIMEOUT_SECONDS: u64 = 600;
+
+fn default_progress_deadline() -> u64 {
+    DEFAULT_PROGRESS_DEADLINE_SECONDS
+}
+fn default_failure_budget() -> u32 {
+    DEFAULT_FAILURE_BUDGET
+}
+fn default_creation_timeout() -> u64 {
+    DEFAULT_CREATION_TIMEOUT_SECONDS
+}
+fn default_health_timeout() -> u64 {
+    DEFAULT_HEALTH_TIMEOUT_SECONDS
+}
+
+/// A revision that failed and is not applied again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BadRevision {
+    /// The template hash.
+    pub revision: String,
+    /// Why it was abandoned.
+    pub reason: String,
+    /// When it was abandoned.
+    pub time: Time,
+}
+
+/// A template that was fully rolled out once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevisionRecord {
+    /// The template hash.
+    pub revision: String,
+    /// That revision's template, applied again by a rollback.
+    pub template: MachineTemplate,
+}
+
+/// The rollout in progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutState {
+    /// Revision being rolled out.
+    pub revision: String,
+    /// When it started.
+    pub started: Time,
+    /// When it last made progress (a new machine became Running).
+    pub last_progress: Time,
+    /// New-revision machines that failed.
+    pub failures: u32,
+}
+
+/// Observed state of a MachineDeployment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDeploymentStatus {
+    /// Generation the status describes.
+    #[serde(default)]
+    pub observed_generation: i64,
+    /// All machines (any revision, any phase, terminating included).
+    #[serde(default)]
+    pub replicas: i64,
+    /// Machines of the target revision.
+    #[serde(default)]
+    pub updated_replicas: i64,
+    /// Running machines (any revision).
+    #[serde(default)]
+    pub ready_replicas: i64,
+    /// Running machines of the target revision.
+    #[serde(default)]
+    pub available_replicas: i64,
+    /// Failed machines.
+    #[serde(default)]
+    pub failed_replicas: i64,
+    /// The revision machines are being moved to (the spec's, unless it was bad).
+    #[serde(default)]
+    pub target_revision: String,
+    /// The last revision fully rolled out.
+    #[serde(default)]
+    pub current_revision: String,
+    /// Rollout in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutState>,
+    /// Revisions that failed and are not applied again (until the template changes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bad_revisions: Vec<BadRevision>,
+    /// Good revisions, newest last (for rollback).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revision_history: Vec<RevisionRecord>,
+    /// What is down, what the disruption budgets allow and what they hold back.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub disruption: DisruptionStatus,
+    /// Conditions: Available, Progressing, DisruptionBlocked, Valid.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A MachineDeployment: `replicas` Machines of a template, rolled out revision by revision.
+pub type MachineDeployment = Object<MachineDeploymentSpec, MachineDeploymentStatus>;
+
+impl KindOf for MachineDeployment {
+    const KIND: Kind = Kind::MachineDeployment;
+}
+
+impl KindInfo for MachineDeployment {
+    const PLURAL: &'static str = "machinedeployments";
+    const SHORT_NAMES: &'static [&'static str] = &["md", "mcd"];
+    const ALIASES: &'static [&'static str] = &["md", "mds", "deployment", "deployments"];
+    type Spec = MachineDeploymentSpec;
+    type Status = MachineDeploymentStatus;
+    const COLUMNS: &'static [Column] = &[
+        Column::new("Desired", ColumnType::Integer, ".spec.replicas"),
+        Column::new("Current", ColumnType::Integer, ".status.replicas"),
+        Column::new("Updated", ColumnType::Integer, ".status.updatedReplicas"),
+        Column::new("Ready", ColumnType::Integer, ".status.readyReplicas"),
+        Column::new("Available", ColumnType::Integer, ".status.availableReplicas"),
+        Column::new("Revision", ColumnType::String, ".status.targetRevision").shown(Shown::Table),
+        Column::age(),
+        Column::new("Strategy", ColumnType::String, ".spec.strategy.type").shown(Shown::TableWide),
+        Column::computed("Progressing", |v| condition_cell(v, ConditionType::Progressing)).shown(Shown::TableWide),
+        Column::computed("Bad-Revisions", |v| {
+            let bad = v.pointer("/status/badRevisions").and_then(Value::as_array);
+            let names: Vec<&str> = bad.into_iter().flatten().filter_map(|b| b.get("revision")?.as_str()).collect();
+            names.join(",").chars().take(40).collect()
+        })
+        .shown(Shown::TableWide),
+    ];
+    const SCALE: bool = true;
+    const WOKEN_BY: &'static [(Kind, Via)] = &[
+        // A machine's phase changes what its owner plans.
+        (Kind::Machine, Via::Owner),
+        // A class's spec (its driver, provider spec, credentials) changes every call made with it.
+        (Kind::MachineClass, Via::ClassRef),
+    ];
+
+    fn rules() -> Vec<checks::Rule> {
+        let mut out = checks::replicated_rules(Kind::MachineDeployment);
+        out.extend(checks::deployment_rules());
+        out
+    }
+
+    fn validate(&self) -> Check {
+        checks::template(&self.spec.template)?;
+        checks::disruption(&self.spec.disruption)
+    }
+
+    fn describe_tail(status: &Value) -> String {
+        let other: serde_json::Map<String, Value> = status
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "revisionHistory" | "disruption"))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let yaml = serde_saphyr::to_string(&Value::Object(other)).unwrap_or_default();
+        let mut out = String::from("Status:\n");
+        out.extend(yaml.lines().map(|l| format!("  {l}\n")));
+        out + &disruption::describe(status)
+    }
+}
+
+impl MachineDeploymentSpec {
+    /// The node settings its machines get.
+    pub fn node_settings(&self) -> NodeSettings {
+        NodeSettings {
+            node_startup_timeout_seconds: self.node_startup_timeout_seconds,
+            drain_timeout_seconds: self.drain_timeout_seconds,
+            volume_detach_timeout_seconds: self.volume_detach_timeout_seconds,
+        }
+    }
+}
