@@ -1,8 +1,9 @@
 //! What an owner (MachineDeployment, MachinePool) says about taking its machines away: the
 //! disruption budgets (`spec.disruption.budgets[]`, Karpenter's shape with a time zone) and the
 //! remediation limits (`spec.remediation`), the reasons a machine goes, and what the owner's
-//! status reports of them (`status.disruption`). The decisions are
-//! [`crate::plan::disruption`]'s; this module holds the types and reads a budget's schedule.
+//! status reports of them (`status.disruption`). The controller's disruption planner
+//! (`machine_controller::plan::disruption`) decides; this module holds the types and reads a
+//! budget's schedule.
 
 use std::fmt;
 
@@ -11,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::{is_default, IntOrPercent, Time};
 
 /// Why a machine is taken away or disrupted: every path that does so names its reason when it
-/// asks the disruption planner ([`crate::plan::disruption`]).
+/// asks the controller's disruption planner (`machine_controller::plan::disruption`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum DisruptionReason {
     /// A rolling update replaces a machine of an older revision.

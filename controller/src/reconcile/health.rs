@@ -5,7 +5,7 @@
 //! allowance ([`crate::plan::disruption`]). Nothing is deleted here. While more Machines are
 //! unhealthy than `maxUnhealthy` allows, or the target cluster cannot be reached, the check's
 //! `RemediationAllowed` condition is False and the owners of its Machines hold remediation
-//! ([`halted`]).
+//! (`halted`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The Machine lifecycle: create through the driver, keep the operation in status before
 //! anything else, poll it at `poll_after`, health-check Running machines, update in place;
-//! behind a finalizer, the one deletion flow ([`super::deletion`]). Pool Machines go to
+//! behind a finalizer, the one deletion flow (`reconcile::deletion`). Pool Machines go to
 //! [`super::pool::reconcile_machine`].
 
 use std::time::Duration;

@@ -1,11 +1,11 @@
 //! A Machine's life as a Kubernetes Node, when the controller has a target cluster
 //! ([`crate::nodes`]): joining (the VM runs, the Node must become Ready within
-//! `nodeStartupTimeoutSeconds`: [`node_not_joined`], for VMs and pool instances alike),
+//! `nodeStartupTimeoutSeconds`: `node_not_joined`, for VMs and pool instances alike),
 //! watching its readiness while Running, and the node steps of the deletion sequence
-//! ([`super::deletion`] decides which runs):
+//! (`reconcile::deletion` decides which runs):
 //!
 //! `PreDrainHooks → Draining → VolumesDetaching → PreTerminateHooks → InstanceDeleting`, then
-//! the Node is deleted once the instance is gone ([`delete_node`]).
+//! the Node is deleted once the instance is gone (`delete_node`).
 //!
 //! Each step is written to `status.deletion` with its start time before it acts, and the
 //! drain's deadline is written once, when the drain begins: a restarted or newly elected

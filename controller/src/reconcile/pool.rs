@@ -9,7 +9,7 @@
 //! an upgrade by deletion (maxSurge 0 included: delete and replace, never a reimage in place)
 //! deletes the chosen instances' Machines, and each Machine's deletion drains its Node before
 //! DeletePoolInstances of exactly that instance ([`reconcile_machine`], through the one
-//! deletion flow of [`super::deletion`]). Remediation (failed instances, and those a
+//! deletion flow of `reconcile::deletion`). Remediation (failed instances, and those a
 //! MachineHealthCheck marked) always goes that way, with or without nodes.
 
 use std::collections::{HashMap, HashSet};
