@@ -14,7 +14,7 @@ use aws_support::{start_driver, Ec2Stub, Fault, Moto};
 use driver_sdk::convert::json_to_struct;
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, DriverClient, OperationExt};
-use e2e_tests::{bin, controller_apply, controller_cli, eventually, run, start_controller};
+use e2e_tests::{bin, controller_apply, controller_cli, eventually, run, start_controller, Driver};
 use machine_controller::resources::{Machine, MachineClass, MachineDeployment, Phase};
 use machine_controller::store::Store;
 use serde_json::json;
@@ -693,8 +693,7 @@ async fn missing_credentials_are_permission_denied_without_calling_ec2() {
     // Empty keys count as none; the profile files do not exist and instance metadata is off.
     env.push(("AWS_ACCESS_KEY_ID".into(), String::new()));
     env.push(("AWS_SECRET_ACCESS_KEY".into(), String::new()));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let driver = e2e_tests::Sidecar::start_with_env("aws-ec2-driver", &["--dev", "--max-attempts", "1"], &env).await;
+    let driver = Driver::binary("aws-ec2-driver").args(["--dev", "--max-attempts", "1"]).env(env).start().await;
     let c = driver.client().await;
     let e = c.create_machine(create_req("web-0", spec())).await.unwrap_err();
     assert_eq!((e.code(), e.reason()), (Code::PermissionDenied, reason::CLOUD_AUTH_FAILED), "{e}");

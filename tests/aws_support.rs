@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use e2e_tests::{eventually, free_port, http_get, Sidecar};
+use e2e_tests::{eventually, free_port, http_get, Driver, Sidecar};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -240,16 +240,16 @@ pub fn aws_env(endpoint: &str, region: &str) -> Vec<(String, String)> {
     .collect()
 }
 
-/// Starts `aws-ec2-driver` (dev token key) against `endpoint` in `region`.
+/// `aws-ec2-driver` (dev token key) against `endpoint` in `region`, polling every 200 ms unless
+/// `extra` says otherwise, named `aws` (the classes' `spec.driver`).
+pub fn driver(endpoint: &str, region: &str, extra: &[&str]) -> Driver {
+    let poll: &[&str] = if extra.contains(&"--poll-interval") { &[] } else { &["--poll-interval", "200ms"] };
+    Driver::binary("aws-ec2-driver").named("aws").args(["--dev"]).args(poll).args(extra).env(aws_env(endpoint, region))
+}
+
+/// Starts [`driver`].
 pub async fn start_driver(endpoint: &str, region: &str, extra: &[&str]) -> Sidecar {
-    let env = aws_env(endpoint, region);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut args = vec!["--dev"];
-    if !extra.contains(&"--poll-interval") {
-        args.extend_from_slice(&["--poll-interval", "200ms"]);
-    }
-    args.extend_from_slice(extra);
-    Sidecar::start_with_env("aws-ec2-driver", &args, &env).await
+    driver(endpoint, region, extra).start().await
 }
 
 // ------------------------------------------------------------------------------------------ stub

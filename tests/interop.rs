@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use e2e_tests::{bin, eventually, grpcurl, http_get, run, Sidecar};
+use e2e_tests::{bin, eventually, grpcurl, http_get, run, Driver, Sidecar};
 use fake_driver::pb as fake;
 use serde_json::{json, Value};
 
@@ -317,12 +317,8 @@ async fn against_fake(client: Client) {
 async fn aws_sidecars() -> (std::sync::Arc<aws_support::Moto>, Sidecars) {
     let moto = aws_support::Moto::shared().await;
     // Nothing here reaches EC2 (health, driver info, a request the SDK refuses): any region does.
-    let env = moto.env("sa-east-1");
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let sidecars = Sidecars {
-        unix: Sidecar::start_with_env("aws-ec2-driver", &["--dev"], &env).await,
-        tcp: Sidecar::start_tcp("aws-ec2-driver", &["--dev"], &env).await,
-    };
+    let driver = Driver::binary("aws-ec2-driver").args(["--dev"]).env(moto.env("sa-east-1"));
+    let sidecars = Sidecars { unix: driver.start().await, tcp: driver.start_tcp().await };
     (moto, sidecars)
 }
 
@@ -372,10 +368,8 @@ async fn against_azure(client: Client) {
         "--static-token",
         "interop-test-token",
     ];
-    let sidecars = Sidecars {
-        unix: Sidecar::start("azure-vmss-driver", &args).await,
-        tcp: Sidecar::start_tcp("azure-vmss-driver", &args, &[]).await,
-    };
+    let driver = Driver::azure(&args);
+    let sidecars = Sidecars { unix: driver.start().await, tcp: driver.start_tcp().await };
     // The Azure driver serves pools only: the invalid request is an ApplyPool.
     exercise(client, &sidecars, &Expect { driver: AZURE, create: None, invalid_rpc: "ApplyPool" }).await;
 }
