@@ -312,42 +312,6 @@ pub fn cpu_model() -> String {
         .unwrap_or_default()
 }
 
-/// Starts `machine-controller --store STORE run --driver NAME=ENDPOINT` with the tests' fast
-/// timings (`--debounce 20ms --health-check-interval 1s`) and `extra` arguments, appending its
-/// output to `log`. Killed when the returned child is dropped.
-pub fn start_controller(store: &Path, driver: &str, extra: &[&str], log: &Path) -> Child {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("controller log file");
-    Command::new(bin("machine-controller"))
-        .arg("--store")
-        .arg(store)
-        .args(["run", "--driver", driver, "--debounce", "20ms", "--health-check-interval", "1s"])
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("controller log file"))
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting machine-controller")
-}
-
-/// `machine-controller --store STORE ARGS…`: exit code, stdout, stderr.
-pub async fn controller_cli(store: &Path, args: &[&str]) -> (i32, String, String) {
-    let store = store.to_string_lossy();
-    let mut all = vec!["--store", store.as_ref()];
-    all.extend_from_slice(args);
-    run(&bin("machine-controller"), &all).await
-}
-
-/// Applies `yaml` with `machine-controller apply` (the manifest is written into `dir`); fails the
-/// test when the CLI refuses it.
-pub async fn controller_apply(store: &Path, dir: &Path, yaml: &str) {
-    let file = dir.join(format!("m-{}.yaml", uuid::Uuid::new_v4()));
-    std::fs::write(&file, yaml).expect("writing the manifest");
-    let (code, out, err) = controller_cli(store, &["apply", "-f", &file.to_string_lossy()]).await;
-    assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
-}
-
 /// Whether a deployment has rolled out: all its replicas available, of its target revision, and
 /// no others.
 pub fn rolled_out(md: &machine_controller::resources::MachineDeployment) -> bool {
