@@ -88,7 +88,7 @@ fn owned(args: &[&str]) -> Vec<String> {
 }
 
 impl Driver {
-    /// `binary` (a workspace binary's or example's name, or an absolute path) with no arguments,
+    /// `binary` (a workspace binary's or example's name, or a path) with no arguments,
     /// named after its file name without `-driver` (`aws-ec2-driver`: `aws-ec2`).
     pub fn binary(binary: impl Into<PathBuf>) -> Self {
         let binary = binary.into();
@@ -125,6 +125,12 @@ impl Driver {
         Driver::binary(go_driver()).named("go").args(["--dev"]).args(args)
     }
 
+    /// The release build of `fake-driver` ([`release_bin`](crate::release_bin), for benchmarks)
+    /// with `ARGS`, named `fake`, quiet (`RUST_LOG=warn`).
+    pub fn release_fake(args: &[&str]) -> Self {
+        Driver::binary(crate::release_bin("fake-driver")).named("fake").args(args).env([("RUST_LOG", "warn")])
+    }
+
     /// `azure-vmss-driver ARGS` (its ARM endpoint among them), named `azure`.
     pub fn azure(args: &[&str]) -> Self {
         Driver::binary("azure-vmss-driver").named("azure").args(args)
@@ -156,13 +162,13 @@ impl Driver {
         Sidecar::launch(self, tempfile::tempdir().expect("tempdir"), true).await
     }
 
-    /// The program to run: an absolute path as it is (e.g. the Go driver, built outside the
-    /// workspace, or a release build), else a workspace binary ([`bin`]).
+    /// The program to run: a bare name is a workspace binary ([`bin`]); a path (e.g. the Go
+    /// driver, built outside the workspace, or a release build) is run as it is.
     pub(crate) fn program(&self) -> PathBuf {
-        if self.binary.is_absolute() {
-            self.binary.clone()
-        } else {
+        if self.binary.components().count() == 1 && !self.binary.is_absolute() {
             bin(&self.binary.to_string_lossy())
+        } else {
+            self.binary.clone()
         }
     }
 
