@@ -15,10 +15,9 @@
 mod aws_support;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use e2e_tests::{bin, eventually, grpcurl, http_get, run, Driver, Sidecar};
+use e2e_tests::{grpcurl, run, Driver, Emulator, Sidecar};
 use fake_driver::pb as fake;
 use serde_json::{json, Value};
 
@@ -327,38 +326,13 @@ async fn against_aws(client: Client) {
     exercise(client, &sidecars, &Expect { driver: AWS, create: None, invalid_rpc: "CreateMachine" }).await;
 }
 
-/// A running `arm-emulator` on a loopback port. Killed when dropped.
-struct Arm {
-    _child: tokio::process::Child,
-    _dir: tempfile::TempDir,
-    endpoint: String,
-}
-
-async fn arm_emulator() -> Arm {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = std::fs::File::create(dir.path().join("arm.log")).expect("log");
-    let port = e2e_tests::free_port();
-    let child = tokio::process::Command::new(bin("arm-emulator"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start arm-emulator");
-    eventually(Duration::from_secs(30), "arm-emulator listening", || async move {
-        http_get(port, "/_emulator/faults").await.filter(|(s, _)| *s == 200).map(|_| ())
-    })
-    .await;
-    Arm { _child: child, _dir: dir, endpoint: format!("http://127.0.0.1:{port}") }
-}
-
 async fn against_azure(client: Client) {
-    let arm = arm_emulator().await;
+    let arm = Emulator::arm(&[]).await;
+    let endpoint = arm.url();
     let args = [
         "--dev",
         "--arm-endpoint",
-        &arm.endpoint,
+        &endpoint,
         "--subscription-id",
         "00000000-0000-0000-0000-0000000000e2",
         "--resource-group",

@@ -169,6 +169,94 @@ impl Sidecar {
     }
 }
 
+/// A helper process the tests talk to over loopback TCP (moto's EC2 server, the ARM emulator):
+/// it binds port 0 itself and logs the address it bound, which [`Emulator::start`] reads back,
+/// so no other process can take its port first. Its output goes to a log file in its own folder.
+/// Killed when dropped. Not tied to a tokio runtime, so tests of one binary can share one.
+pub struct Emulator {
+    child: Reaped,
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// Its stdout and stderr.
+    pub log: PathBuf,
+    /// Its folder.
+    pub dir: tempfile::TempDir,
+}
+
+/// A child process killed and reaped when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Emulator {
+    /// Starts `program ARGS` (with `env`) in a new folder and waits (within [`READY`]) until its
+    /// log holds `logs_addr` followed by the address it bound (e.g. `Running on http://`).
+    ///
+    /// # Panics
+    /// If it exits first, or logs no address in time (with its log).
+    pub async fn start(program: &Path, args: &[&str], env: &[(&str, &str)], logs_addr: &str) -> Emulator {
+        Self::start_in(tempfile::tempdir().expect("tempdir"), program, args, env, logs_addr).await
+    }
+
+    /// Like [`Emulator::start`], in `dir` (for files it is given as arguments).
+    pub async fn start_in(
+        dir: tempfile::TempDir,
+        program: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        logs_addr: &str,
+    ) -> Emulator {
+        let name = program.file_name().map_or_else(|| "emulator".into(), |n| n.to_string_lossy().into_owned());
+        let log = dir.path().join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = std::process::Command::new(program)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
+        let mut child = Reaped(child);
+        let what = format!("{name} listening");
+        let addr = wait_logged_addr(&what, logs_addr, || read(&log), || child.0.try_wait().ok().flatten()).await;
+        Emulator { child, addr, log, dir }
+    }
+
+    /// `arm-emulator --listen 127.0.0.1:0 ARGS` (the Azure Resource Manager emulator), answering
+    /// once this returns.
+    pub async fn arm(args: &[&str]) -> Emulator {
+        let mut all = vec!["--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let arm = Emulator::start(&bin("arm-emulator"), &all, &[], "listening on http://").await;
+        let port = arm.addr.port();
+        eventually(READY, "arm-emulator answering", || async move {
+            http_get(port, "/_emulator/faults").await.filter(|(s, _)| *s == 200).map(|_| ())
+        })
+        .await;
+        arm
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Its process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
+    pub fn log_text(&self) -> String {
+        read(&self.log)
+    }
+}
+
 /// The socket address that follows `prefix` in `text` (its first occurrence that parses, colour
 /// codes left out), up to a space, a `/` or the end of the line: `addr_after(log, "serving on
 /// tcp://")`.
