@@ -1,6 +1,11 @@
 //! Helpers for end-to-end tests: start the workspace's real binaries (driver sidecars described
 //! by a [`Driver`], helper processes such as emulators) on temporary Unix sockets, wait for them
 //! with deadlines, stop them, and find grpcurl.
+//!
+//! Nothing here picks a port for another process to bind later (a port picked free can be taken
+//! by anyone before it is bound): a process that listens on TCP binds port 0 itself and the
+//! address it bound is read back from its log ([`addr_after`], [`Sidecar::metrics_addr`],
+//! [`Emulator`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -342,11 +347,6 @@ where
         assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-}
-
-/// A free loopback TCP port (bound, then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
 /// GET `path` from `127.0.0.1:port` over plain HTTP/1.1; returns (status, body).
