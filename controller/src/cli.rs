@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 
+use crate::exit::Exit;
 use crate::manifest::{self, AnyObject};
 use crate::resources::*;
 use crate::runtime::{self, Config};
@@ -231,26 +232,11 @@ fn parse_driver(s: &str) -> Result<(String, String), String> {
     Ok((name.to_string(), endpoint.to_string()))
 }
 
-/// A CLI failure: the message to print and the exit code.
-#[derive(Debug)]
-pub struct Failure {
-    /// Printed to stderr.
-    pub message: String,
-    /// Process exit code.
-    pub code: u8,
+fn fail(message: impl Into<String>) -> Exit {
+    Exit::fail(message)
 }
 
-impl<E: std::error::Error + 'static> From<E> for Failure {
-    fn from(e: E) -> Self {
-        Failure { message: driver_sdk::error_chain(&e), code: 1 }
-    }
-}
-
-fn fail(message: impl Into<String>) -> Failure {
-    Failure { message: message.into(), code: 1 }
-}
-
-fn kind_arg(s: &str) -> Result<Kind, Failure> {
+fn kind_arg(s: &str) -> Result<Kind, Exit> {
     Kind::parse(s).ok_or_else(|| {
         let names: Vec<String> = Kind::ALL
             .iter()
@@ -269,7 +255,7 @@ fn kind_arg(s: &str) -> Result<Kind, Failure> {
 ///
 /// # Errors
 /// What to print, and the exit code.
-pub async fn execute(cli: Cli) -> Result<(), Failure> {
+pub async fn execute(cli: Cli) -> Result<(), Exit> {
     match cli.command {
         Command::Apply { files } => apply(&cli.store, &files).await,
         Command::Get { kind, name, namespace, output } => {
@@ -293,13 +279,13 @@ pub async fn execute(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-async fn open(spec: &StoreSpec) -> Result<Store, Failure> {
+async fn open(spec: &StoreSpec) -> Result<Store, Exit> {
     Ok(connect(spec).await?.0)
 }
 
 /// The store `spec` names, and the Kubernetes client it was built with (`--store kubernetes`),
 /// for whatever else talks to that API server (leader election).
-async fn connect(spec: &StoreSpec) -> Result<(Store, Option<kube::Client>), Failure> {
+async fn connect(spec: &StoreSpec) -> Result<(Store, Option<kube::Client>), Exit> {
     let failed = |e: crate::store::Error| fail(format!("opening store {spec}: {}", driver_sdk::error_chain(&e)));
     let client = spec.kube_client().await.map_err(failed)?;
     let store = Store::connect(spec, client.clone()).map_err(failed)?;
@@ -307,7 +293,7 @@ async fn connect(spec: &StoreSpec) -> Result<(Store, Option<kube::Client>), Fail
 }
 
 /// Reads and validates every manifest; any error means nothing is applied.
-pub fn read_manifests(files: &[PathBuf]) -> Result<Vec<AnyObject>, Failure> {
+pub fn read_manifests(files: &[PathBuf]) -> Result<Vec<AnyObject>, Exit> {
     let mut objects = Vec::new();
     let mut errors = Vec::new();
     for path in files {
@@ -325,12 +311,12 @@ pub fn read_manifests(files: &[PathBuf]) -> Result<Vec<AnyObject>, Failure> {
     }
     if !errors.is_empty() {
         let lines: Vec<String> = errors.iter().map(|e| format!("error: {e}")).collect();
-        return Err(Failure { message: format!("{}\nnothing was applied", lines.join("\n")), code: 1 });
+        return Err(Exit { message: format!("{}\nnothing was applied", lines.join("\n")), code: 1 });
     }
     Ok(objects)
 }
 
-async fn apply(spec: &StoreSpec, files: &[PathBuf]) -> Result<(), Failure> {
+async fn apply(spec: &StoreSpec, files: &[PathBuf]) -> Result<(), Exit> {
     let mut objects = read_manifests(files)?;
     let store = open(spec).await?;
     objects.sort_by_key(|o| o.kind());
@@ -353,7 +339,7 @@ async fn delete(
     name: Option<String>,
     files: &[PathBuf],
     namespace: &str,
-) -> Result<(), Failure> {
+) -> Result<(), Exit> {
     let mut keys = Vec::new();
     if !files.is_empty() {
         for o in read_manifests(files)? {
@@ -424,7 +410,7 @@ fn stored_json(key: &Key, json: &str) -> Result<Value, String> {
         .map_err(|source| driver_sdk::error_chain(&crate::store::Error::Unreadable { key: key.clone(), source }))
 }
 
-async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, output: Output) -> Result<(), Failure> {
+async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, output: Output) -> Result<(), Exit> {
     // By key, so an object whose text does not parse is still found, and named.
     let keys = store.keys(kind).await?;
     let mut raw: Vec<Value> = Vec::new();
@@ -458,7 +444,7 @@ async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, out
 }
 
 /// Prints `get`'s objects in `output`'s format.
-fn show(kind: Kind, name: Option<&str>, namespace: &str, output: Output, mut raw: Vec<Value>) -> Result<(), Failure> {
+fn show(kind: Kind, name: Option<&str>, namespace: &str, output: Output, mut raw: Vec<Value>) -> Result<(), Exit> {
     raw = raw.into_iter().map(|v| redact(kind, v)).collect();
     match output {
         Output::Json => {
@@ -492,7 +478,7 @@ fn show(kind: Kind, name: Option<&str>, namespace: &str, output: Output, mut raw
 
 /// The rows of `get`'s table: a header (NAME, then the kind's [`Column`]s in capitals, the wide
 /// ones after the others), then one row per object.
-fn table(kind: Kind, raw: Vec<Value>, wide: bool) -> Result<Vec<Vec<String>>, Failure> {
+fn table(kind: Kind, raw: Vec<Value>, wide: bool) -> Result<Vec<Vec<String>>, Exit> {
     let columns = kind.columns().iter().filter(|c| c.in_table(wide) && !c.is_wide());
     let columns: Vec<&Column> =
         columns.chain(kind.columns().iter().filter(|c| c.in_table(wide) && c.is_wide())).collect();
@@ -533,7 +519,7 @@ fn or_dash(s: &str) -> String {
     }
 }
 
-async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Result<(), Failure> {
+async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Result<(), Exit> {
     let key = Key::new(kind, namespace, name);
     let Some(json) = store.backend().get(&key).await? else {
         return Err(fail(format!("{kind} {name} not found in namespace {namespace}")));
@@ -629,7 +615,7 @@ async fn describe(store: &Store, kind: Kind, name: &str, namespace: &str) -> Res
     }
     if let Some(f) = status.get("failure").filter(|f| !f.is_null()) {
         out += &format!(
-            "Failure:      {} {}: {}\n",
+            "Exit:      {} {}: {}\n",
             f["code"].as_str().unwrap_or(""),
             f["reason"].as_str().unwrap_or(""),
             f["message"].as_str().unwrap_or("")
@@ -658,7 +644,7 @@ async fn rollout_status(
     name: &str,
     timeout: Duration,
     watch: bool,
-) -> Result<(), Failure> {
+) -> Result<(), Exit> {
     use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
     let deadline = tokio::time::Instant::now() + timeout;
     let bars = MultiProgress::new();
@@ -686,7 +672,7 @@ async fn rollout_status(
         if observed && progressing.is_some_and(|c| matches!(c.reason, Reason::RolloutAborted | Reason::NoGoodRevision))
         {
             bars.clear().ok();
-            return Err(Failure { message: format!("rollout of {name} aborted: {msg}"), code: 1 });
+            return Err(Exit { message: format!("rollout of {name} aborted: {msg}"), code: 1 });
         }
         let done = observed
             && md.status.available_replicas == md.spec.replicas
@@ -708,7 +694,7 @@ async fn rollout_status(
         }
         if tokio::time::Instant::now() >= deadline {
             bars.clear().ok();
-            return Err(Failure { message: format!("rollout of {name} not finished after {timeout:?}"), code: 2 });
+            return Err(Exit { message: format!("rollout of {name} not finished after {timeout:?}"), code: 2 });
         }
         // Wait for a change of this deployment (or the deadline).
         loop {
@@ -726,7 +712,7 @@ async fn rollout_status(
 
 /// Runs the controller until SIGTERM / SIGINT (or, with `--leader-elect`, until leadership is
 /// lost: then it stops acting at once and exits with an error, so its pod restarts as a follower).
-async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Failure> {
+async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
     let spec = match spec {
         StoreSpec::Kubernetes { .. } => StoreSpec::Kubernetes { namespace: args.namespace.clone() },
         StoreSpec::Sqlite(_) if args.leader_elect => {

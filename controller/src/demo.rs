@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cli::Failure;
+use crate::exit::Exit;
 use crate::manifest;
 use crate::resources::*;
 use crate::runtime::{self, Config, Ctx};
@@ -56,11 +56,11 @@ pub struct DemoArgs {
     pub step_timeout: Duration,
 }
 
-fn fail(msg: impl Into<String>) -> Failure {
-    Failure { message: msg.into(), code: 1 }
+fn fail(msg: impl Into<String>) -> Exit {
+    Exit::fail(msg)
 }
 
-fn fake_driver_path(arg: Option<PathBuf>) -> Result<PathBuf, Failure> {
+fn fake_driver_path(arg: Option<PathBuf>) -> Result<PathBuf, Exit> {
     if let Some(p) = arg {
         return Ok(p);
     }
@@ -77,7 +77,7 @@ fn fake_driver_path(arg: Option<PathBuf>) -> Result<PathBuf, Failure> {
 struct Sidecar(tokio::process::Child);
 
 impl Sidecar {
-    async fn stop(mut self) -> Result<(), Failure> {
+    async fn stop(mut self) -> Result<(), Exit> {
         if let Some(pid) = self.0.id() {
             let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
         }
@@ -95,7 +95,7 @@ impl Sidecar {
 ///
 /// # Errors
 /// A step that fails or takes longer than `step_timeout`.
-pub async fn run(args: DemoArgs) -> Result<(), Failure> {
+pub async fn run(args: DemoArgs) -> Result<(), Exit> {
     let dir = tempfile::Builder::new()
         .prefix("machine-driver-demo-")
         .tempdir()
@@ -139,7 +139,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn wait_ready(endpoint: &str, timeout: Duration) -> Result<driver_sdk::DriverClient, Failure> {
+async fn wait_ready(endpoint: &str, timeout: Duration) -> Result<driver_sdk::DriverClient, Exit> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Ok(c) = driver_sdk::DriverClient::connect(endpoint).await {
@@ -174,7 +174,7 @@ fn watch_cloud(client: driver_sdk::DriverClient) -> Watch {
     Watch { peak, task }
 }
 
-async fn demo(args: &DemoArgs, dir: &std::path::Path, endpoint: &str) -> Result<(), Failure> {
+async fn demo(args: &DemoArgs, dir: &std::path::Path, endpoint: &str) -> Result<(), Exit> {
     let client = wait_ready(endpoint, SIDECAR_TIMEOUT).await?;
     let info = client.get_driver_info(Default::default()).await.map_err(|e| fail(e.to_string()))?;
     println!(
@@ -209,13 +209,13 @@ async fn demo(args: &DemoArgs, dir: &std::path::Path, endpoint: &str) -> Result<
     outcome
 }
 
-async fn get_md(store: &Store) -> Result<MachineDeployment, Failure> {
+async fn get_md(store: &Store) -> Result<MachineDeployment, Exit> {
     store.get::<MachineDeployment>("default", "web").await?.ok_or_else(|| fail("the demo deployment disappeared"))
 }
 
 /// Waits until the deployment has `replicas` available machines of its target revision and no
 /// others, showing a progress bar.
-async fn converge(store: &Store, what: &str, timeout: Duration) -> Result<Duration, Failure> {
+async fn converge(store: &Store, what: &str, timeout: Duration) -> Result<Duration, Exit> {
     let started = Instant::now();
     let md = get_md(store).await?;
     let bar = ProgressBar::new(md.spec.replicas.max(0) as u64).with_style(
@@ -252,7 +252,7 @@ async fn converge(store: &Store, what: &str, timeout: Duration) -> Result<Durati
     }
 }
 
-async fn edit(store: &Store, f: impl Fn(&mut MachineDeployment)) -> Result<(), Failure> {
+async fn edit(store: &Store, f: impl Fn(&mut MachineDeployment)) -> Result<(), Exit> {
     for _ in 0..10 {
         let mut md = get_md(store).await?;
         f(&mut md);
@@ -265,12 +265,7 @@ async fn edit(store: &Store, f: impl Fn(&mut MachineDeployment)) -> Result<(), F
     Err(fail("could not update the deployment"))
 }
 
-async fn steps(
-    args: &DemoArgs,
-    store: &Store,
-    client: &driver_sdk::DriverClient,
-    watch: &Watch,
-) -> Result<(), Failure> {
+async fn steps(args: &DemoArgs, store: &Store, client: &driver_sdk::DriverClient, watch: &Watch) -> Result<(), Exit> {
     let t = args.step_timeout;
     println!(
         "== creating 20 machines (each create takes {:?} in the fake cloud; 10 workers never wait for it)",

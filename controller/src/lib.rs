@@ -18,7 +18,8 @@
 //! - [`runtime`]: work queue, workers, rate limits, backoff;
 //! - [`safety`]: whether the API servers answer; health timers start over after an outage;
 //! - [`reconcile`]: the machine, deployment, pool, health-check and orphan reconcilers;
-//! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`;
+//! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`; [`exit`]: how a
+//!   failed command ends;
 //! - [`defaults`]: the default of every flag, shared by the CLI, the runtime's settings and the book.
 
 #![warn(missing_docs)]
@@ -27,6 +28,7 @@ pub mod cli;
 pub mod defaults;
 pub mod demo;
 pub mod events;
+pub mod exit;
 pub mod leader;
 pub mod nodes;
 pub mod plan;
