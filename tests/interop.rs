@@ -276,7 +276,8 @@ async fn grpcurl_client(
 // ------------------------------------------------------------------------------------ sidecars
 
 async fn fake_sidecars() -> Sidecars {
-    Sidecars { unix: Sidecar::start("fake-driver", &[]).await, tcp: Sidecar::start_tcp("fake-driver", &[], &[]).await }
+    let driver = Driver::fake(&[]);
+    Sidecars { unix: driver.start().await, tcp: driver.start_tcp().await }
 }
 
 fn fake_expect() -> Expect {
