@@ -78,7 +78,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let by_name: HashMap<&str, &Member> = machines.iter().map(|m| (m.name.as_str(), m)).collect();
     for (name, why) in &plan.mark {
         if let Some(m) = by_name.get(name.as_str()) {
-            super::remediation::mark(ctx, &whole(ctx, &md, m).await?, *why).await?;
+            super::remediation::mark(ctx, &machine_if_unchanged(ctx, &md, m).await?, *why).await?;
         }
     }
     for name in &plan.remediate {
@@ -120,8 +120,9 @@ async fn observe(ctx: &Ctx, md: &MachineDeployment) -> Result<Vec<Member>> {
         .map_err(Into::into)
 }
 
-/// The whole machine behind a [`Member`], if it has not changed since it was listed.
-async fn whole(ctx: &Ctx, md: &MachineDeployment, member: &Member) -> Result<Option<Machine>> {
+/// Reads the Machine behind a [`Member`] again, in full: `None` when it is gone or has changed
+/// since it was listed (another resourceVersion), so a write based on it would conflict.
+async fn machine_if_unchanged(ctx: &Ctx, md: &MachineDeployment, member: &Member) -> Result<Option<Machine>> {
     let m = ctx.store.get::<Machine>(&md.metadata.namespace, &member.name).await?;
     Ok(m.filter(|m| m.metadata.resource_version == member.resource_version))
 }
@@ -199,7 +200,7 @@ fn node_spec(md: &MachineDeployment) -> (Option<NodeTemplate>, NodeSettings, Str
 async fn node_metadata(ctx: &Ctx, md: &MachineDeployment, machines: &[Member]) -> Result<()> {
     let (template, settings, want) = node_spec(md);
     for member in machines.iter().filter(|m| !m.deleting && m.node_template != want) {
-        let Some(m) = whole(ctx, md, member).await? else { continue };
+        let Some(m) = machine_if_unchanged(ctx, md, member).await? else { continue };
         let mut next = m.clone();
         next.spec.node_template = template.clone();
         next.spec.node = Some(settings);
@@ -230,7 +231,7 @@ async fn in_place(
         }
         let Some(member) = machines.get(name.as_str()) else { continue };
         // Changed since listed: the patch would conflict; the change runs this again.
-        let Some(m) = whole(ctx, md, member).await? else { continue };
+        let Some(m) = machine_if_unchanged(ctx, md, member).await? else { continue };
         let m = &m;
         match budget.step(name, can_update(ctx, m, template).await?) {
             in_place::Step::Patch => {
