@@ -18,9 +18,9 @@ use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
 use super::node::{self, NodeSeen};
-use super::record::{last_err, last_ok, remember};
+use super::record::{last_err, last_ok, remember, StoredOperationExt};
 use super::write::{self, Written};
-use super::{poll_stored, stored, Polled, Resolved, Unresolved};
+use super::{poll_stored, Polled, Resolved, Unresolved};
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
@@ -304,7 +304,7 @@ async fn delete_instance(ctx: &Ctx, key: &Key, before: Machine, instance: &Insta
                 };
                 return release(ctx, key, fresh).await;
             }
-            m.status.operations = vec![stored(instance.kind(), &op, &reply.request_id)];
+            m.status.operations = vec![StoredOperation::from_pb(instance.kind(), &op, &reply.request_id)];
             m.status.phase = Phase::Terminating;
             node::instance_deleting(&mut m);
             set_condition(

@@ -10,9 +10,9 @@ use driver_sdk::proto as pb;
 use driver_sdk::{CallError, OperationExt};
 
 use super::deletion::{self, Instance};
-use super::record::{fail, last_err, last_ok, remember};
+use super::record::{fail, last_err, last_ok, remember, StoredOperationExt};
 use super::write::{self, Finalizer};
-use super::{poll_stored, resolve, stored, Polled, Resolved};
+use super::{poll_stored, resolve, Polled, Resolved};
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
@@ -267,7 +267,7 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         return finished(ctx, &before, m, r, OperationKind::CreateMachine, op).await;
     }
     // The operation is stored before anything else happens.
-    m.status.operations = vec![stored(OperationKind::CreateMachine, &op, &reply.request_id)];
+    m.status.operations = vec![StoredOperation::from_pb(OperationKind::CreateMachine, &op, &reply.request_id)];
     // A new handle replaces one that was dropped as unusable (the event keeps the history).
     remove_condition(&mut m.status.conditions, ConditionType::OperationTokenUnusable);
     m.status.phase = Phase::Creating;
@@ -497,7 +497,7 @@ async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     if op.done {
         return finished(ctx, &before, m, r, OperationKind::UpdateMachine, op).await;
     }
-    m.status.operations = vec![stored(OperationKind::UpdateMachine, &op, &reply.request_id)];
+    m.status.operations = vec![StoredOperation::from_pb(OperationKind::UpdateMachine, &op, &reply.request_id)];
     m.status.phase = Phase::Updating;
     set_condition(&mut m.status.conditions, ConditionType::UpToDate, false, Reason::Updating, "updating in place");
     write::status(ctx, &before, &m).await?;

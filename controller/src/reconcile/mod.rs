@@ -22,19 +22,6 @@ pub mod relations;
 pub(crate) mod remediation;
 pub(crate) mod write;
 
-/// An operation handle as kept in status (the token base64-encoded), stored before anything else.
-pub(crate) fn stored(kind: OperationKind, op: &pb::Operation, request_id: &str) -> StoredOperation {
-    use base64::Engine;
-    StoredOperation {
-        kind,
-        name: op.name.clone(),
-        token: base64::engine::general_purpose::STANDARD.encode(&op.token),
-        started: chrono::Utc::now(),
-        request_id: request_id.into(),
-        progress: op.progress_percent,
-    }
-}
-
 /// What polling a stored operation found.
 pub(crate) enum Polled {
     /// The driver answered with the operation.

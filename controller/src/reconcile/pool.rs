@@ -20,9 +20,9 @@ use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
 use super::deletion::{self, Instance};
-use super::record::last;
+use super::record::{last, StoredOperationExt};
 use super::write::{self, Finalizer};
-use super::{poll_stored, pool_instances as instances, resolve, stored, Polled, Resolved};
+use super::{poll_stored, pool_instances as instances, resolve, Polled, Resolved};
 use crate::events::EventReason;
 use crate::plan::pool as plan;
 use crate::plan::rollout::{disruption_conditions, Remediation};
@@ -492,7 +492,7 @@ async fn start(
     reply: driver_sdk::Reply<pb::Operation>,
 ) -> Result<Action> {
     let mut next = pool.clone();
-    next.status.operations = vec![stored(kind, &reply.value, &reply.request_id)];
+    next.status.operations = vec![StoredOperation::from_pb(kind, &reply.value, &reply.request_id)];
     next.status.last_operation = Some(last(kind.into(), OperationState::Processing, &reply.request_id, None));
     write::status(ctx, pool, &next).await?;
     Ok(Action::poll_after(reply.value.poll_after()))

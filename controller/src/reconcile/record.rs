@@ -1,10 +1,32 @@
-//! What reconcilers record in a Machine's or a pool's status after a driver call: the last
-//! operation, the recent request IDs, a permanent failure. One place, so every path writes them
-//! the same way.
+//! What reconcilers record in a Machine's or a pool's status after a driver call: the handle of
+//! an operation in flight, the last operation, the recent request IDs, a permanent failure. One
+//! place, so every path writes them the same way.
 
 use chrono::Utc;
+use driver_sdk::proto as pb;
 
 use crate::resources::*;
+
+/// [`StoredOperation`] made from what a driver answered (the API crate knows no protocol types).
+pub(crate) trait StoredOperationExt {
+    /// The handle of `op`, an operation of `kind` started by request `request_id`, as status
+    /// keeps it (the token base64-encoded, started now); stored before anything else.
+    fn from_pb(kind: OperationKind, op: &pb::Operation, request_id: &str) -> Self;
+}
+
+impl StoredOperationExt for StoredOperation {
+    fn from_pb(kind: OperationKind, op: &pb::Operation, request_id: &str) -> Self {
+        use base64::Engine;
+        StoredOperation {
+            kind,
+            name: op.name.clone(),
+            token: base64::engine::general_purpose::STANDARD.encode(&op.token),
+            started: Utc::now(),
+            request_id: request_id.into(),
+            progress: op.progress_percent,
+        }
+    }
+}
 
 /// Request IDs kept in a Machine's status, newest last.
 const KEEP_REQUEST_IDS: usize = 5;
