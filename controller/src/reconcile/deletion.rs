@@ -18,7 +18,7 @@ use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
 use super::node::{self, NodeSeen};
-use super::record::{last_err, last_ok, remember, StoredOperationExt};
+use super::record::{remember, LastOperationExt, StoredOperationExt};
 use super::write::{self, Written};
 use super::{poll_stored, Polled, Resolved, Unresolved};
 use crate::events::EventReason;
@@ -256,7 +256,7 @@ async fn poll(ctx: &Ctx, key: &Key, before: Machine, instance: &Instance<'_>, op
             Some(err) if policy::decide(&err, Source::Operation(Rpc::Delete)) != Decision::Done => {
                 let mut m = before.clone();
                 m.status.operations.clear();
-                m.status.last_operation = Some(last_err(OperationType::Delete, &err));
+                m.status.last_operation = Some(LastOperation::failed(OperationType::Delete, &err.request_id, &err));
                 set_condition(
                     &mut m.status.conditions,
                     ConditionType::DeletionFailed,
@@ -296,7 +296,7 @@ async fn delete_instance(ctx: &Ctx, key: &Key, before: Machine, instance: &Insta
             let op = reply.value;
             remember(&mut m.status, &reply.request_id);
             let state = if op.done { OperationState::Succeeded } else { OperationState::Processing };
-            m.status.last_operation = Some(last_ok(OperationType::Delete, state, &reply.request_id));
+            m.status.last_operation = Some(LastOperation::ok(OperationType::Delete, state, &reply.request_id));
             if op.done && op.error_report().is_none() {
                 write::status(ctx, &before, &m).await?;
                 let Some(fresh) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
@@ -327,7 +327,7 @@ async fn delete_instance(ctx: &Ctx, key: &Key, before: Machine, instance: &Insta
             release(ctx, key, before).await
         }
         Err(e) => {
-            m.status.last_operation = Some(last_err(OperationType::Delete, &e.report));
+            m.status.last_operation = Some(LastOperation::failed(OperationType::Delete, e.request_id(), &e.report));
             remember(&mut m.status, e.request_id());
             m.status.phase = Phase::Terminating;
             set_condition(

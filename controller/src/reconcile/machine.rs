@@ -10,7 +10,7 @@ use driver_sdk::proto as pb;
 use driver_sdk::{CallError, OperationExt};
 
 use super::deletion::{self, Instance};
-use super::record::{fail, last_err, last_ok, remember, StoredOperationExt};
+use super::record::{fail, remember, LastOperationExt, StoredOperationExt};
 use super::write::{self, Finalizer};
 use super::{poll_stored, resolve, Polled, Resolved};
 use crate::events::EventReason;
@@ -200,7 +200,7 @@ async fn call_failed(
     op_type: OperationType,
     e: &CallError,
 ) -> Result<Action> {
-    m.status.last_operation = Some(last_err(op_type, &e.report));
+    m.status.last_operation = Some(LastOperation::failed(op_type, e.request_id(), &e.report));
     remember(&mut m.status, e.request_id());
     let code = format!("{:?}", e.code());
     match ctx.decide(key, &e.report, Source::Call(Rpc::Mutate)) {
@@ -261,7 +261,7 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     };
     let op = reply.value;
     m.status.create_started.get_or_insert_with(Utc::now);
-    m.status.last_operation = Some(last_ok(OperationType::Create, accepted(&op), &reply.request_id));
+    m.status.last_operation = Some(LastOperation::ok(OperationType::Create, accepted(&op), &reply.request_id));
     remember(&mut m.status, &reply.request_id);
     if op.done {
         return finished(ctx, &before, m, r, OperationKind::CreateMachine, op).await;
@@ -303,7 +303,7 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
             return Ok(Action::requeue_now());
         }
         Polled::Failed(e) => {
-            m.status.last_operation = Some(last_err(OperationType::Poll, &e.report));
+            m.status.last_operation = Some(LastOperation::failed(OperationType::Poll, e.request_id(), &e.report));
             return write::status_then_fail(ctx, &before, &m, ReconcileError::call(&e, Rpc::Poll)).await;
         }
     };
@@ -336,7 +336,7 @@ async fn finished(
 ) -> Result<Action> {
     let op_type = OperationType::from(kind);
     if let Some(err) = op.error_report() {
-        m.status.last_operation = Some(last_err(op_type, &err));
+        m.status.last_operation = Some(LastOperation::failed(op_type, &err.request_id, &err));
         ctx.store.event(Kind::Machine, &m.metadata, failed_event(op_type), err.to_string()).await;
         // An operation that ran and failed in the cloud is final for this machine (its owner
         // replaces it); a lost, cancelled or transiently failed one is asked again (idempotent).
@@ -366,7 +366,7 @@ async fn finished(
         write::status(ctx, before, &m).await?;
         return Ok(Action::await_change());
     }
-    m.status.last_operation = Some(last_ok(op_type, OperationState::Succeeded, &op_request_id(&m)));
+    m.status.last_operation = Some(LastOperation::ok(op_type, OperationState::Succeeded, &op_request_id(&m)));
     if let Some(machine) = op.machine() {
         apply_cloud_view(&mut m, machine);
     }
@@ -492,7 +492,7 @@ async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         Err(e) => return call_failed(ctx, key, &before, m, r, OperationType::Update, &e).await,
     };
     let op = reply.value;
-    m.status.last_operation = Some(last_ok(OperationType::Update, accepted(&op), &reply.request_id));
+    m.status.last_operation = Some(LastOperation::ok(OperationType::Update, accepted(&op), &reply.request_id));
     remember(&mut m.status, &reply.request_id);
     if op.done {
         return finished(ctx, &before, m, r, OperationKind::UpdateMachine, op).await;

@@ -20,7 +20,7 @@ use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
 use super::deletion::{self, Instance};
-use super::record::{last, StoredOperationExt};
+use super::record::{LastOperationExt, StoredOperationExt};
 use super::write::{self, Finalizer};
 use super::{poll_stored, pool_instances as instances, resolve, Polled, Resolved};
 use crate::events::EventReason;
@@ -151,8 +151,10 @@ async fn poll(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, op: StoredOperati
     }
     next.status.operations.clear();
     let err = reply.value.error_report();
-    let state = if err.is_some() { OperationState::Failed } else { OperationState::Succeeded };
-    next.status.last_operation = Some(last(op.kind.into(), state, &reply.request_id, err.as_ref()));
+    next.status.last_operation = Some(match &err {
+        Some(e) => LastOperation::failed(op.kind.into(), &reply.request_id, e),
+        None => LastOperation::ok(op.kind.into(), OperationState::Succeeded, &reply.request_id),
+    });
     if let Some(e) = &err {
         set_condition(
             &mut next.status.conditions,
@@ -493,7 +495,7 @@ async fn start(
 ) -> Result<Action> {
     let mut next = pool.clone();
     next.status.operations = vec![StoredOperation::from_pb(kind, &reply.value, &reply.request_id)];
-    next.status.last_operation = Some(last(kind.into(), OperationState::Processing, &reply.request_id, None));
+    next.status.last_operation = Some(LastOperation::ok(kind.into(), OperationState::Processing, &reply.request_id));
     write::status(ctx, pool, &next).await?;
     Ok(Action::poll_after(reply.value.poll_after()))
 }
@@ -508,7 +510,7 @@ async fn failed(
     e: &driver_sdk::CallError,
 ) -> Result<Action> {
     let mut next = pool.clone();
-    next.status.last_operation = Some(last(op_type, OperationState::Failed, e.request_id(), Some(&e.report)));
+    next.status.last_operation = Some(LastOperation::failed(op_type, e.request_id(), &e.report));
     set_condition(&mut next.status.conditions, ConditionType::Ready, false, Reason::CallFailed, &e.report.to_string());
     let decision = policy::decide(&e.report, Source::Call(rpc));
     if let Some(kind) = decision.cause().and_then(policy::Cause::environment_condition) {
