@@ -46,7 +46,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let halted = super::health::halted(ctx, &key.namespace, &labels).await?;
 
     let now = Utc::now();
-    let plan = rollout::plan(Observed {
+    let plan = rollout::plan_deployment(Observed {
         deployment: &md,
         machines: &machines,
         remediation_halted: halted.as_deref(),

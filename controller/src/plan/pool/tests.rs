@@ -64,7 +64,7 @@ impl Case {
         self
     }
     fn plan(&self) -> Plan {
-        plan(Observed {
+        plan_pool(Observed {
             replicas: self.replicas,
             strategy: &self.strategy,
             revision: "rev",
