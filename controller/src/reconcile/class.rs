@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use driver_sdk::proto as pb;
 
-use super::{resolve, write};
+use super::{resolve, write, Unresolved};
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
@@ -34,7 +34,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     }
     let r = match resolve(ctx, &key.namespace, &key.name, None).await? {
         Ok(r) => r,
-        Err((reason, message)) => {
+        Err(Unresolved { reason, message }) => {
             let mut c = before.clone();
             set_condition(&mut c.status.conditions, ConditionType::Valid, false, reason, &message);
             write::status(ctx, &before, &c).await?;

@@ -232,10 +232,9 @@ pub(crate) async fn run(ctx: &Ctx, key: &Key, before: Machine, instance: Instanc
 /// A class that does not resolve (so the driver cannot be called): the deletion waits, saying
 /// why.
 async fn unresolved(ctx: &Ctx, before: &Machine, why: &Unresolved) -> Result<Action> {
-    let (reason, message) = why;
     let mut m = before.clone();
     m.status.phase = Phase::Terminating;
-    set_condition(&mut m.status.conditions, ConditionType::DeletionFailed, true, reason.clone(), message);
+    set_condition(&mut m.status.conditions, ConditionType::DeletionFailed, true, why.reason.clone(), &why.message);
     write::status(ctx, before, &m).await?;
     Ok(Action::requeue(DELETE_UNRESOLVED_RECHECK))
 }

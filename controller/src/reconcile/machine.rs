@@ -12,7 +12,7 @@ use driver_sdk::{CallError, OperationExt};
 use super::deletion::{self, Instance};
 use super::record::{fail, remember, LastOperationExt, StoredOperationExt};
 use super::write::{self, Finalizer};
-use super::{poll_stored, resolve, Polled, Resolved};
+use super::{poll_stored, resolve, Polled, Resolved, Unresolved};
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
@@ -46,7 +46,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     };
     let r = match resolve(ctx, &m.metadata.namespace, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await? {
         Ok(r) => r,
-        Err((reason, message)) => {
+        Err(Unresolved { reason, message }) => {
             let mut next = m.clone();
             set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
             write::status(ctx, &m, &next).await?;

@@ -226,8 +226,14 @@ pub struct Resolved<'a> {
     pub provider_spec: Value,
 }
 
-/// Why a class could not be resolved: (condition reason, message).
-pub type Unresolved = (Reason, String);
+/// Why a class could not be resolved, as a condition says it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unresolved {
+    /// The condition's reason: `ClassNotFound`, `DriverNotConfigured` or `SecretNotFound`.
+    pub reason: Reason,
+    /// What is missing, by name.
+    pub message: String,
+}
 
 /// Resolves `class_name` in `namespace` with `overrides` merged over its provider spec.
 ///
@@ -240,24 +246,27 @@ pub async fn resolve<'a>(
     overrides: Option<&Value>,
 ) -> Result<Result<Resolved<'a>, Unresolved>, ReconcileError> {
     let Some(class) = ctx.store.get::<MachineClass>(namespace, class_name).await? else {
-        return Ok(Err((Reason::ClassNotFound, format!("MachineClass {class_name} does not exist"))));
+        return Ok(Err(Unresolved {
+            reason: Reason::ClassNotFound,
+            message: format!("MachineClass {class_name} does not exist"),
+        }));
     };
     let Some(driver) = ctx.drivers.get(&class.spec.driver) else {
         let known: Vec<&String> = ctx.drivers.keys().collect();
-        return Ok(Err((
-            Reason::DriverNotConfigured,
-            format!("MachineClass {class_name} uses driver {:?}, but the controller runs with {known:?} (run --driver NAME=ENDPOINT)", class.spec.driver),
-        )));
+        return Ok(Err(Unresolved {
+            reason: Reason::DriverNotConfigured,
+            message: format!("MachineClass {class_name} uses driver {:?}, but the controller runs with {known:?} (run --driver NAME=ENDPOINT)", class.spec.driver),
+        }));
     };
     let secrets = match &class.spec.secret_ref {
         None => None,
         Some(r) => match ctx.store.get::<Secret>(namespace, &r.name).await? {
             Some(s) => Some(pb::Secrets { data: s.values().into_iter().collect() }),
             None => {
-                return Ok(Err((
-                    Reason::SecretNotFound,
-                    format!("Secret {} (of MachineClass {class_name}) does not exist", r.name),
-                )))
+                return Ok(Err(Unresolved {
+                    reason: Reason::SecretNotFound,
+                    message: format!("Secret {} (of MachineClass {class_name}) does not exist", r.name),
+                }))
             }
         },
     };
