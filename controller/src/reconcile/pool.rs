@@ -446,6 +446,8 @@ async fn delete_machines(ctx: &Ctx, pool: &MachinePool, machines: &[Machine], id
     Ok(())
 }
 
+/// DeletePoolInstances (`kind` [`OperationKind::DeletePoolInstances`]) or UpgradePoolInstances
+/// of the instances `ids`, each request built once; an operation it starts is stored.
 async fn pool_instances_call(
     ctx: &Ctx,
     pool: &MachinePool,
@@ -453,33 +455,14 @@ async fn pool_instances_call(
     kind: OperationKind,
     ids: Vec<String>,
 ) -> Result<Action> {
-    let name = pool.metadata.name.clone();
-    let secrets = r.secrets.clone();
-    let method = kind.method();
-    let result = if kind == OperationKind::DeletePoolInstances {
-        ctx.call(r.driver, method, |c| async move {
-            c.delete_pool_instances(pb::DeletePoolInstancesRequest {
-                pool_name: name,
-                instance_ids: ids,
-                provider_spec: None,
-                secrets,
-            })
-            .await
-        })
-        .await
+    let (pool_name, secrets, method) = (pool.metadata.name.clone(), r.secrets.clone(), kind.method());
+    let (rpc, result) = if kind == OperationKind::DeletePoolInstances {
+        let req = pb::DeletePoolInstancesRequest { pool_name, instance_ids: ids, provider_spec: None, secrets };
+        (Rpc::Delete, ctx.call(r.driver, method, |c| async move { c.delete_pool_instances(req).await }).await)
     } else {
-        ctx.call(r.driver, method, |c| async move {
-            c.upgrade_pool_instances(pb::UpgradePoolInstancesRequest {
-                pool_name: name,
-                instance_ids: ids,
-                provider_spec: None,
-                secrets,
-            })
-            .await
-        })
-        .await
+        let req = pb::UpgradePoolInstancesRequest { pool_name, instance_ids: ids, provider_spec: None, secrets };
+        (Rpc::Mutate, ctx.call(r.driver, method, |c| async move { c.upgrade_pool_instances(req).await }).await)
     };
-    let rpc = if kind == OperationKind::DeletePoolInstances { Rpc::Delete } else { Rpc::Mutate };
     match result {
         Ok(reply) if reply.value.done => Ok(Action::requeue(DONE_RECHECK)),
         Ok(reply) => start(ctx, pool, kind, reply).await,
