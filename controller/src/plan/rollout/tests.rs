@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use chrono::TimeZone;
 
 use super::*;
+use crate::plan::literals::{int, pct};
 use crate::policy::{REASON_CREATION_TIMEOUT, REASON_RETRIES_EXHAUSTED};
 
 fn t0() -> Time {
@@ -63,14 +64,6 @@ fn deployment(replicas: i64) -> MachineDeployment {
 fn surge(mut md: MachineDeployment, surge: IntOrPercent, unavailable: IntOrPercent) -> MachineDeployment {
     md.spec.strategy.rolling_update = RollingUpdate { max_surge: surge, max_unavailable: unavailable };
     md
-}
-
-fn int(n: i64) -> IntOrPercent {
-    IntOrPercent::Int(n)
-}
-
-fn pct(s: &str) -> IntOrPercent {
-    IntOrPercent::Str(s.into())
 }
 
 /// A fixture: `Fx::new("a")` is a Running machine of the new revision; chain to change it.
