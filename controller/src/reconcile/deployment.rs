@@ -174,13 +174,8 @@ fn new_machine(md: &MachineDeployment, t: &MachineTemplate, rev: &str, name: &st
     m.metadata.annotations = t.metadata.annotations.clone();
     m.metadata.annotations.insert(ANNOTATION_NODE_TEMPLATE.into(), node_hash);
     m.metadata.finalizers = vec![FINALIZER.into()];
-    m.metadata.owner_references = vec![OwnerReference {
-        api_version: API_VERSION.into(),
-        kind: Kind::MachineDeployment.as_str().into(),
-        name: md.metadata.name.clone(),
-        uid: md.metadata.uid.clone(),
-        controller: true,
-    }];
+    m.metadata.owner_references =
+        vec![OwnerReference::controller_of(Kind::MachineDeployment, &md.metadata.name, &md.metadata.uid)];
     m
 }
 

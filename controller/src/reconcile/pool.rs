@@ -534,13 +534,8 @@ async fn mirror(ctx: &Ctx, pool: &MachinePool, list: &[pb::PoolInstance], machin
                 );
                 m.metadata.labels.insert(LABEL_POOL.into(), pool.metadata.name.clone());
                 m.metadata.finalizers = vec![FINALIZER.into()];
-                m.metadata.owner_references = vec![OwnerReference {
-                    api_version: API_VERSION.into(),
-                    kind: Kind::MachinePool.as_str().into(),
-                    name: pool.metadata.name.clone(),
-                    uid: pool.metadata.uid.clone(),
-                    controller: true,
-                }];
+                m.metadata.owner_references =
+                    vec![OwnerReference::controller_of(Kind::MachinePool, &pool.metadata.name, &pool.metadata.uid)];
                 match ctx.store.create(&m).await {
                     Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
                     Err(e) => return Err(e.into()),
