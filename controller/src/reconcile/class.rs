@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use driver_sdk::proto as pb;
 
-use super::{resolve, write, Unresolved};
+use super::{resolve, write};
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
@@ -34,11 +34,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     }
     let r = match resolve(ctx, &key.namespace, &key.name, None).await? {
         Ok(r) => r,
-        Err(Unresolved { reason, message }) => {
-            let mut c = before.clone();
-            set_condition(&mut c.status.conditions, ConditionType::Valid, false, reason, &message);
-            write::status(ctx, &before, &c).await?;
-            return Ok(Action::requeue(UNRESOLVED_RECHECK));
+        Err(why) => {
+            return why
+                .record_and_recheck(ctx, &before, |s| &mut s.conditions, ConditionType::Valid, UNRESOLVED_RECHECK)
+                .await;
         }
     };
     let caps = match ctx

@@ -12,7 +12,7 @@ use driver_sdk::{CallError, OperationExt};
 use super::deletion::{self, Instance};
 use super::record::{fail, remember, LastOperationExt, StoredOperationExt};
 use super::write::{self, Finalizer};
-use super::{poll_stored, resolve, Polled, Resolved, Unresolved};
+use super::{poll_stored, resolve, Polled, Resolved};
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
@@ -46,11 +46,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     };
     let r = match resolve(ctx, &m.metadata.namespace, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await? {
         Ok(r) => r,
-        Err(Unresolved { reason, message }) => {
-            let mut next = m.clone();
-            set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
-            write::status(ctx, &m, &next).await?;
-            return Ok(Action::requeue(super::UNRESOLVED_RECHECK));
+        Err(why) => {
+            return why
+                .record_and_recheck(ctx, &m, |s| &mut s.conditions, ConditionType::Ready, super::UNRESOLVED_RECHECK)
+                .await;
         }
     };
     // The driver is called at most when it asked (poll_after, RetryInfo, backoff, the health

@@ -235,6 +235,32 @@ pub struct Unresolved {
     pub message: String,
 }
 
+impl Unresolved {
+    /// What an object whose class does not resolve does: its `condition` (one of `conditions`
+    /// in its status) turns False saying why, that status is written, and it looks again after
+    /// `recheck` (a change of the class or its Secret wakes it sooner).
+    ///
+    /// # Errors
+    /// A conflict and store failures.
+    pub(crate) async fn record_and_recheck<S, T>(
+        self,
+        ctx: &Ctx,
+        before: &Object<S, T>,
+        conditions: fn(&mut T) -> &mut Vec<Condition>,
+        condition: ConditionType,
+        recheck: std::time::Duration,
+    ) -> Result<Action, ReconcileError>
+    where
+        Object<S, T>: Resource,
+        T: PartialEq,
+    {
+        let mut next = before.clone();
+        set_condition(conditions(&mut next.status), condition, false, self.reason, &self.message);
+        write::status(ctx, before, &next).await?;
+        Ok(Action::requeue(recheck))
+    }
+}
+
 /// Resolves `class_name` in `namespace` with `overrides` merged over its provider spec.
 ///
 /// # Errors

@@ -22,7 +22,7 @@ use driver_sdk::OperationExt;
 use super::deletion;
 use super::record::{LastOperationExt, StoredOperationExt};
 use super::write::{self, Finalizer};
-use super::{poll_stored, pool_instances as instances, resolve, Polled, Resolved, Unresolved};
+use super::{poll_stored, pool_instances as instances, resolve, Polled, Resolved};
 use crate::events::EventReason;
 use crate::plan::pool::{
     instance_phase, legacy_instance_state, plan_pool, Instance, InstanceState, Observed, Plan, Step,
@@ -98,11 +98,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let t = &pool.spec.template.spec;
     let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
         Ok(r) => r,
-        Err(Unresolved { reason, message }) => {
-            let mut next = pool.clone();
-            set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
-            write::status(ctx, &pool, &next).await?;
-            return Ok(Action::requeue(super::UNRESOLVED_RECHECK));
+        Err(why) => {
+            return why
+                .record_and_recheck(ctx, &pool, |s| &mut s.conditions, ConditionType::Ready, super::UNRESOLVED_RECHECK)
+                .await;
         }
     };
     if let Some(op) = pool.status.operations.first().cloned() {
