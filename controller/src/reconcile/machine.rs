@@ -324,7 +324,8 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
 }
 
 /// Applies a done create or update operation's outcome. A delete never ends here: a Machine being
-/// deleted is reconciled by [`delete`], a pool's Machine by `pool::reconcile_machine`.
+/// deleted is reconciled by [`deletion::run`] (a pool's Machine through
+/// `pool::reconcile_machine`).
 async fn finished(
     ctx: &Ctx,
     before: &Machine,
