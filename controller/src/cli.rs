@@ -23,8 +23,8 @@ pub struct Cli {
     #[arg(long, global = true, env = "MACHINE_CONTROLLER_STORE", default_value = crate::defaults::STORE)]
     pub store: StoreSpec,
     /// How log lines on stderr look (`RUST_LOG` sets the filter).
-    #[arg(long, global = true, value_enum, default_value_t = driver_sdk::telemetry::LogFormat::Text)]
-    pub log_format: driver_sdk::telemetry::LogFormat,
+    #[arg(long, global = true, value_enum, default_value_t = machine_driver_util::telemetry::LogFormat::Text)]
+    pub log_format: machine_driver_util::telemetry::LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -118,7 +118,7 @@ pub enum RolloutAction {
         namespace: String,
         /// Give up after this long.
         // Duration defaults are strings (no `Display`); `defaults`' tests pin them to the constants.
-        #[arg(long, default_value = "10m", value_parser = driver_sdk::parse_duration)]
+        #[arg(long, default_value = "10m", value_parser = machine_driver_util::parse_duration)]
         timeout: Duration,
         /// Print the status once instead of waiting.
         #[arg(long)]
@@ -139,10 +139,10 @@ pub struct RunArgs {
     #[arg(long, env = "MACHINE_CONTROLLER_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Deadline of one driver call.
-    #[arg(long, default_value = "5s", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = machine_driver_util::parse_duration)]
     pub call_timeout: Duration,
     /// Changes within this window coalesce into one reconcile.
-    #[arg(long, default_value = "100ms", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "100ms", value_parser = machine_driver_util::parse_duration)]
     pub debounce: Duration,
     /// Driver calls per second, per driver.
     #[arg(long, default_value_t = crate::defaults::DRIVER_QPS)]
@@ -151,19 +151,19 @@ pub struct RunArgs {
     #[arg(long, default_value_t = crate::defaults::DRIVER_BURST)]
     pub driver_burst: u32,
     /// How often Running machines are checked.
-    #[arg(long, default_value = "30s", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = machine_driver_util::parse_duration)]
     pub health_check_interval: Duration,
     /// How often each class is listed for orphans.
-    #[arg(long, default_value = "60s", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = machine_driver_util::parse_duration)]
     pub orphan_interval: Duration,
     /// How long an orphan is left alone before it is deleted.
-    #[arg(long, default_value = "5m", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = machine_driver_util::parse_duration)]
     pub orphan_grace: Duration,
     /// The tag value that marks cloud machines as this controller's.
     #[arg(long, default_value = crate::defaults::CONTROLLER_ID)]
     pub controller_id: String,
     /// Reconcile every object again this often, even without a change.
-    #[arg(long, default_value = "60s", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = machine_driver_util::parse_duration)]
     pub resync_interval: Duration,
     /// With `--store kubernetes`: reconcile only this namespace (default: all namespaces).
     #[arg(long, env = "MACHINE_CONTROLLER_NAMESPACE")]
@@ -180,7 +180,7 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "target_kubeconfig")]
     pub no_target_cluster: bool,
     /// How often a drain looks at its node's pods again.
-    #[arg(long, default_value = "5s", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = machine_driver_util::parse_duration)]
     pub drain_poll_interval: Duration,
     /// Namespace of the Lease (default: POD_NAMESPACE, else `--namespace`, else `default`).
     #[arg(long)]
@@ -192,13 +192,13 @@ pub struct RunArgs {
     #[arg(long, env = "POD_NAME")]
     pub leader_elect_identity: Option<String>,
     /// How long a Lease stays valid after its last renewal.
-    #[arg(long, default_value = "15s", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = machine_driver_util::parse_duration)]
     pub leader_elect_lease_duration: Duration,
     /// The leader stops acting when it could not renew for this long.
-    #[arg(long, default_value = "10s", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = machine_driver_util::parse_duration)]
     pub leader_elect_renew_deadline: Duration,
     /// How often candidates try to acquire and the leader renews.
-    #[arg(long, default_value = "2s", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = machine_driver_util::parse_duration)]
     pub leader_elect_retry_period: Duration,
 }
 
@@ -286,7 +286,8 @@ async fn open(spec: &StoreSpec) -> Result<Store, Exit> {
 /// The store `spec` names, and the Kubernetes client it was built with (`--store kubernetes`),
 /// for whatever else talks to that API server (leader election).
 async fn connect(spec: &StoreSpec) -> Result<(Store, Option<kube::Client>), Exit> {
-    let failed = |e: crate::store::Error| fail(format!("opening store {spec}: {}", driver_sdk::error_chain(&e)));
+    let failed =
+        |e: crate::store::Error| fail(format!("opening store {spec}: {}", machine_driver_util::error_chain(&e)));
     let client = spec.kube_client().await.map_err(failed)?;
     let store = Store::connect(spec, client.clone()).map_err(failed)?;
     Ok((store, client))
@@ -406,8 +407,9 @@ fn print_table(rows: Vec<Vec<String>>) {
 /// The stored object as JSON. One that does not parse (a store file edited by hand, a damaged
 /// restore) is an error that names it: `get` and `describe` never pass over it in silence.
 fn stored_json(key: &Key, json: &str) -> Result<Value, String> {
-    serde_json::from_str(json)
-        .map_err(|source| driver_sdk::error_chain(&crate::store::Error::Unreadable { key: key.clone(), source }))
+    serde_json::from_str(json).map_err(|source| {
+        machine_driver_util::error_chain(&crate::store::Error::Unreadable { key: key.clone(), source })
+    })
 }
 
 async fn get(store: &Store, kind: Kind, name: Option<&str>, namespace: &str, output: Output) -> Result<(), Exit> {
@@ -741,7 +743,7 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
     let acting = Arc::new(std::sync::atomic::AtomicBool::new(!args.leader_elect));
     if let Some(addr) = args.metrics_addr {
         let listener =
-            driver_sdk::metrics::bind(addr).await.map_err(|e| fail(format!("metrics address {addr}: {e}")))?;
+            machine_driver_util::metrics::bind(addr).await.map_err(|e| fail(format!("metrics address {addr}: {e}")))?;
         tracing::info!(
             "metrics on http://{}/metrics",
             listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
@@ -749,7 +751,7 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
         let mut stop = stop_rx.clone();
         let ready_ctx = ctx.clone();
         let ready_acting = acting.clone();
-        tokio::spawn(driver_sdk::metrics::serve_http(
+        tokio::spawn(machine_driver_util::metrics::serve_http(
             listener,
             Arc::new(registry),
             Arc::new(move || !ready_ctx.drivers.is_empty() && ready_acting.load(std::sync::atomic::Ordering::SeqCst)),

@@ -78,7 +78,7 @@ mod tests {
     }
 
     fn duration_of(cmd: &clap::Command, long: &str) -> Duration {
-        driver_sdk::parse_duration(&default_of(cmd, long)).unwrap()
+        machine_driver_util::parse_duration(&default_of(cmd, long)).unwrap()
     }
 
     #[test]

@@ -49,10 +49,10 @@ pub struct DemoArgs {
     pub fake_driver: Option<PathBuf>,
     /// How long a fake create takes.
     // Duration defaults are strings (no `Display`); `defaults`' tests pin them to the constants.
-    #[arg(long, default_value = "2s", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = machine_driver_util::parse_duration)]
     pub create_latency: Duration,
     /// Give up on any step after this long.
-    #[arg(long, default_value = "120s", value_parser = driver_sdk::parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = machine_driver_util::parse_duration)]
     pub step_timeout: Duration,
 }
 

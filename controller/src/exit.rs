@@ -20,6 +20,6 @@ impl Exit {
 
 impl<E: std::error::Error + 'static> From<E> for Exit {
     fn from(e: E) -> Self {
-        Exit { message: driver_sdk::error_chain(&e), code: 1 }
+        Exit { message: machine_driver_util::error_chain(&e), code: 1 }
     }
 }

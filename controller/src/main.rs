@@ -15,7 +15,7 @@ async fn main() -> ExitCode {
     // Commands print their own output; only `run` logs at info by default (`RUST_LOG` overrides).
     let default_level = if matches!(cli.command, Command::Run(_)) { "info" } else { "warn" };
     let _telemetry =
-        driver_sdk::telemetry::init_with_default_level("machine-controller", cli.log_format, default_level);
+        machine_driver_util::telemetry::init_with_default_level("machine-controller", cli.log_format, default_level);
     match cli::execute(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {

@@ -12,7 +12,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::error::ErrorReport;
-use crate::layer::REQUEST_ID_HEADER;
+use crate::types::REQUEST_ID_HEADER;
 
 /// The default per-call deadline (CSI's external-provisioner uses 15 s).
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(15);

@@ -1,6 +1,5 @@
 //! Conversion between the wire types (`machine_driver_proto::v1`) and the SDK's plain types.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use machine_driver_proto::v1 as pb;
@@ -133,7 +132,8 @@ pub fn secrets_to_proto(s: &Secrets) -> pb::Secrets {
     pb::Secrets { data: s.expose().iter().map(|(k, v)| (k.clone(), v.clone())).collect() }
 }
 
-pub(crate) fn labels(m: &std::collections::HashMap<String, String>) -> BTreeMap<String, String> {
+#[cfg(feature = "server")]
+pub(crate) fn labels(m: &std::collections::HashMap<String, String>) -> std::collections::BTreeMap<String, String> {
     m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 

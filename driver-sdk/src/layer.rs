@@ -15,8 +15,7 @@ use crate::context::RequestContext;
 use crate::metrics::RpcMetrics;
 use crate::telemetry::{trace_id_of, HeaderExtractor};
 
-/// The metadata key carrying the request ID.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub use crate::types::REQUEST_ID_HEADER;
 const MAX_REQUEST_ID_LEN: usize = 128;
 
 /// Adds request IDs, spans, deadlines and metrics to every call.

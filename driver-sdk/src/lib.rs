@@ -50,51 +50,55 @@
 //! See `examples/minimal_driver.rs` for a complete driver that passes the conformance suite.
 
 #![warn(missing_docs)]
+// Without `server` the crate docs above still name the server's items, which are not compiled.
+#![cfg_attr(not(feature = "server"), allow(rustdoc::broken_intra_doc_links))]
 
 pub mod client;
+#[cfg(feature = "server")]
 pub mod conformance;
+#[cfg(feature = "server")]
 mod connection;
+#[cfg(feature = "server")]
 mod context;
 pub mod convert;
+#[cfg(feature = "server")]
 mod driver;
-mod duration;
 pub mod endpoint;
 pub mod error;
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(all(feature = "server", any(test, feature = "fuzzing")))]
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(feature = "server")]
 pub mod layer;
 pub mod metrics;
+#[cfg(feature = "server")]
 pub mod schema;
 mod secrets;
+#[cfg(feature = "server")]
 mod server;
+#[cfg(feature = "server")]
 mod service;
 pub mod telemetry;
+#[cfg(feature = "server")]
 pub mod token;
 pub mod types;
 
+#[cfg(feature = "server")]
 pub use async_trait::async_trait;
 pub use client::{CallError, CallResult, DriverClient, OperationExt, Reply};
+#[cfg(feature = "server")]
 pub use connection::{BoxedConnection, ConnectionData, ConnectionIo};
+#[cfg(feature = "server")]
 pub use context::RequestContext;
+#[cfg(feature = "server")]
 pub use driver::Driver;
-pub use duration::parse_duration;
 pub use error::{reason, DriverError, ErrorReport, Result, Violation};
 pub use machine_driver_proto::v1 as proto;
+// Shared with the controller, which takes them from machine-driver-util itself.
+pub use machine_driver_util::{error_chain, parse_duration};
+#[cfg(feature = "server")]
 pub use server::{DriverServer, ServeArgs, ServeError, DEFAULT_ENDPOINT};
-pub use service::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, PROTOCOL_VERSION};
+#[cfg(feature = "server")]
 pub use token::{TokenCodec, TokenKey};
 pub use types::*;
 pub use {prost, prost_types, tonic};
-
-/// Prints an error and its whole cause chain: `outer: inner: innermost`.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut next = err.source();
-    while let Some(e) = next {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        next = e.source();
-    }
-    out
-}

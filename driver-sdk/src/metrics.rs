@@ -1,112 +1,65 @@
 //! Prometheus metrics of the driver's RPCs, and a small HTTP server that exposes them.
+//!
+//! The HTTP server and the text encoding live in [`machine_driver_util::metrics`], shared with
+//! the controller; they are re-exported here unchanged. [`RpcMetrics`] is the server's.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+pub use machine_driver_util::metrics::{bind, encode, serve_http, ReadyFn};
+#[cfg(feature = "server")]
+pub use rpc::RpcMetrics;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+#[cfg(feature = "server")]
+mod rpc {
+    use std::time::Duration;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RpcLabels {
-    method: String,
-    code: String,
-}
+    use prometheus_client::encoding::EncodeLabelSet;
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+    use prometheus_client::registry::Registry;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct MethodLabels {
-    method: String,
-}
-
-/// RPC metrics: `driver_rpc_requests_total{method,code}`,
-/// `driver_rpc_duration_seconds{method}` and `driver_rpc_in_flight`.
-#[derive(Clone)]
-pub struct RpcMetrics {
-    requests: Family<RpcLabels, Counter>,
-    durations: Family<MethodLabels, Histogram>,
-    in_flight: Gauge,
-}
-
-impl RpcMetrics {
-    /// Registers the metrics in `registry`.
-    pub fn register(registry: &mut Registry) -> Self {
-        let requests = Family::<RpcLabels, Counter>::default();
-        let durations = Family::<MethodLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.0001, 2.5, 14))
-        });
-        let in_flight = Gauge::default();
-        registry.register("driver_rpc_requests", "Driver RPCs by method and gRPC code", requests.clone());
-        registry.register("driver_rpc_duration_seconds", "Driver RPC latency by method", durations.clone());
-        registry.register("driver_rpc_in_flight", "Driver RPCs being served", in_flight.clone());
-        Self { requests, durations, in_flight }
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+    struct RpcLabels {
+        method: String,
+        code: String,
     }
 
-    pub(crate) fn started(&self) {
-        self.in_flight.inc();
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+    struct MethodLabels {
+        method: String,
     }
 
-    pub(crate) fn finished(&self, method: &str, code: &str, elapsed: Duration) {
-        self.in_flight.dec();
-        self.requests.get_or_create(&RpcLabels { method: method.to_string(), code: code.to_string() }).inc();
-        self.durations.get_or_create(&MethodLabels { method: method.to_string() }).observe(elapsed.as_secs_f64());
+    /// RPC metrics: `driver_rpc_requests_total{method,code}`,
+    /// `driver_rpc_duration_seconds{method}` and `driver_rpc_in_flight`.
+    #[derive(Clone)]
+    pub struct RpcMetrics {
+        requests: Family<RpcLabels, Counter>,
+        durations: Family<MethodLabels, Histogram>,
+        in_flight: Gauge,
     }
-}
 
-/// The metrics as Prometheus text.
-pub fn encode(registry: &Registry) -> String {
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
-    out
-}
+    impl RpcMetrics {
+        /// Registers the metrics in `registry`.
+        pub fn register(registry: &mut Registry) -> Self {
+            let requests = Family::<RpcLabels, Counter>::default();
+            let durations = Family::<MethodLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0001, 2.5, 14))
+            });
+            let in_flight = Gauge::default();
+            registry.register("driver_rpc_requests", "Driver RPCs by method and gRPC code", requests.clone());
+            registry.register("driver_rpc_duration_seconds", "Driver RPC latency by method", durations.clone());
+            registry.register("driver_rpc_in_flight", "Driver RPCs being served", in_flight.clone());
+            Self { requests, durations, in_flight }
+        }
 
-/// A readiness source for `/readyz`.
-pub type ReadyFn = Arc<dyn Fn() -> bool + Send + Sync>;
+        pub(crate) fn started(&self) {
+            self.in_flight.inc();
+        }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown` resolves.
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    registry: Arc<Registry>,
-    ready: ReadyFn,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use axum::http::{header, StatusCode};
-    use axum::routing::get;
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = registry.clone();
-                async move {
-                    (
-                        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-                        encode(&registry),
-                    )
-                }
-            }),
-        )
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = ready.clone();
-                async move {
-                    if ready() {
-                        (StatusCode::OK, "ready\n")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-                    }
-                }
-            }),
-        );
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
-}
-
-/// Binds the metrics listener (so a bad address fails at startup, not later).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
+        pub(crate) fn finished(&self, method: &str, code: &str, elapsed: Duration) {
+            self.in_flight.dec();
+            self.requests.get_or_create(&RpcLabels { method: method.to_string(), code: code.to_string() }).inc();
+            self.durations.get_or_create(&MethodLabels { method: method.to_string() }).observe(elapsed.as_secs_f64());
+        }
+    }
 }

@@ -18,12 +18,6 @@ use crate::schema::{self, ProviderSchema, SchemaError};
 use crate::token::TokenCodec;
 use crate::types::*;
 
-/// The protocol version this SDK speaks.
-pub const PROTOCOL_VERSION: &str = "v1";
-/// Page size when the caller sends 0.
-pub const DEFAULT_PAGE_SIZE: usize = 100;
-/// Largest page size honoured.
-pub const MAX_PAGE_SIZE: usize = 1000;
 /// How long WaitOperation waits when neither a timeout nor a deadline bounds it.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 /// Reserved before the caller's deadline so the answer arrives in time.

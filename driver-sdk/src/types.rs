@@ -379,6 +379,16 @@ pub enum OperationOutput {
 /// carries none: soon enough for a fast cloud, one cheap `GetOperation` a second for a slow one.
 pub const DEFAULT_POLL_AFTER: Duration = Duration::from_secs(1);
 
+/// The protocol version this SDK speaks.
+pub const PROTOCOL_VERSION: &str = "v1";
+/// Page size when the caller sends 0.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// Largest page size honoured.
+pub const MAX_PAGE_SIZE: usize = 1000;
+/// The metadata key carrying the request ID (sent by [`DriverClient`](crate::DriverClient),
+/// read or generated and echoed by the server).
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
 /// The state of a long-running operation, as a driver reports it.
 ///
 /// `state` is the driver's own resume data (any JSON): the SDK seals it into the operation

@@ -311,7 +311,7 @@ pub async fn watch(target: Arc<Target>, wake: impl Fn(Key)) {
             }
             Ok(watcher::Event::InitDone) => target.cache.relist_done(),
             Err(e) => {
-                tracing::warn!("watching the target cluster's Nodes: {}", driver_sdk::error_chain(&e));
+                tracing::warn!("watching the target cluster's Nodes: {}", machine_driver_util::error_chain(&e));
                 Vec::new()
             }
         };

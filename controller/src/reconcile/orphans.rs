@@ -20,7 +20,7 @@ pub async fn run(ctx: Arc<Ctx>) {
     loop {
         tick.tick().await;
         if let Err(e) = collect(&ctx).await {
-            tracing::warn!("orphan collection: {}", driver_sdk::error_chain(&e));
+            tracing::warn!("orphan collection: {}", machine_driver_util::error_chain(&e));
         }
     }
 }

@@ -103,7 +103,7 @@ async fn selecting(ctx: &Ctx, changed: &Key, kind: Kind) -> Vec<Key> {
         })
         .await;
     if let Err(e) = listed {
-        tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e));
+        tracing::warn!("listing {kind} after a change of {changed}: {}", machine_driver_util::error_chain(&e));
         return Vec::new();
     }
     if selectors.is_empty() {
@@ -113,7 +113,7 @@ async fn selecting(ctx: &Ctx, changed: &Key, kind: Kind) -> Vec<Key> {
         Ok(Some(json)) => serde_json::from_str::<Labelled>(&json).ok().map(|o| o.metadata.labels),
         Ok(None) => None,
         Err(e) => {
-            tracing::warn!("reading {changed}: {}", driver_sdk::error_chain(&e));
+            tracing::warn!("reading {changed}: {}", machine_driver_util::error_chain(&e));
             None
         }
     };
@@ -150,7 +150,7 @@ async fn class_users(ctx: &Ctx, changed: &Key) -> Vec<Key> {
                 .map(|c| c.metadata.name)
                 .collect(),
             Err(e) => {
-                tracing::warn!("listing classes after a change of {changed}: {}", driver_sdk::error_chain(&e));
+                tracing::warn!("listing classes after a change of {changed}: {}", machine_driver_util::error_chain(&e));
                 return Vec::new();
             }
         },
@@ -205,7 +205,9 @@ async fn class_users(ctx: &Ctx, changed: &Key) -> Vec<Key> {
             .await;
         match listed {
             Ok(()) => keys.extend(found),
-            Err(e) => tracing::warn!("listing {kind} after a change of {changed}: {}", driver_sdk::error_chain(&e)),
+            Err(e) => {
+                tracing::warn!("listing {kind} after a change of {changed}: {}", machine_driver_util::error_chain(&e))
+            }
         }
     }
     tracing::debug!(changed = %changed, objects = keys.len(), "waking the objects that use it");

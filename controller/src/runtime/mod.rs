@@ -614,7 +614,7 @@ async fn keys_of(store: &Store, kind: Kind) -> Vec<Key> {
     match store.keys(kind).await {
         Ok(keys) => keys,
         Err(e) => {
-            tracing::warn!("listing {kind}: {}", driver_sdk::error_chain(&e));
+            tracing::warn!("listing {kind}: {}", machine_driver_util::error_chain(&e));
             Vec::new()
         }
     }
@@ -684,11 +684,14 @@ async fn worker<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>, id: usize) {
                 ctx.metrics.reconcile_errors.get_or_create(&labels).inc();
                 let delay = ctx.error_policy(&key, &e);
                 span.in_scope(|| match &e {
-                    e if e.is_conflict() => tracing::debug!("{}; reading again", driver_sdk::error_chain(e)),
+                    e if e.is_conflict() => tracing::debug!("{}; reading again", machine_driver_util::error_chain(e)),
                     ReconcileError::Driver { .. } => {
-                        tracing::info!("{}; retrying in {delay:?}", driver_sdk::error_chain(&e))
+                        tracing::info!("{}; retrying in {delay:?}", machine_driver_util::error_chain(&e))
                     }
-                    _ => tracing::warn!("reconcile failed, retrying in {delay:?}: {}", driver_sdk::error_chain(&e)),
+                    _ => tracing::warn!(
+                        "reconcile failed, retrying in {delay:?}: {}",
+                        machine_driver_util::error_chain(&e)
+                    ),
                 });
                 ctx.queue.add_after(key.clone(), delay);
             }

@@ -94,7 +94,7 @@ async fn call<T>(what: &str, f: impl Future<Output = Result<T>>) -> std::result:
 
 /// A store call that must succeed.
 async fn ok<T>(what: &str, f: impl Future<Output = Result<T>>) -> std::result::Result<T, String> {
-    call(what, f).await?.map_err(|e| format!("{what}: {}", driver_sdk::error_chain(&e)))
+    call(what, f).await?.map_err(|e| format!("{what}: {}", machine_driver_util::error_chain(&e)))
 }
 
 /// A store call that must fail as `want` says.
@@ -106,7 +106,7 @@ async fn fails<T: std::fmt::Debug>(
 ) -> Outcome {
     match call(what, f).await? {
         Err(e) if matches(&e) => Ok(()),
-        Err(e) => Err(format!("{what}: expected {want}, got {}", driver_sdk::error_chain(&e))),
+        Err(e) => Err(format!("{what}: expected {want}, got {}", machine_driver_util::error_chain(&e))),
         Ok(v) => Err(format!("{what}: expected {want}, got Ok({v:?})")),
     }
 }

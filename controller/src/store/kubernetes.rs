@@ -681,7 +681,7 @@ mod tests {
         for code in [410, 429, 500, 503, 504] {
             let err = map_err(api(code, "ServiceUnavailable"), &key, "1");
             assert!(err.is_transient(), "{code}: {err:?}");
-            let chain = driver_sdk::error_chain(&err);
+            let chain = machine_driver_util::error_chain(&err);
             assert!(chain.starts_with(&format!("store unavailable: the API server answered {code} for")), "{chain}");
             assert!(chain.contains(&format!("the server says {code}")), "the server's message is kept: {chain}");
         }
@@ -689,7 +689,7 @@ mod tests {
             let err = map_err(api(code, "Forbidden"), &key, "1");
             assert!(matches!(err, Error::Backend { backend: "kubernetes", .. }), "{code}: {err:?}");
             assert!(!err.is_transient());
-            assert!(driver_sdk::error_chain(&err).contains(&format!("the server says {code}")));
+            assert!(machine_driver_util::error_chain(&err).contains(&format!("the server says {code}")));
         }
     }
 

@@ -692,7 +692,7 @@ impl Store {
             EventType::Normal => tracing::info!(object = %event.key, reason, "{}", event.message),
         }
         if let Err(e) = self.backend.record_event(event).await {
-            tracing::warn!("recording event: {}", driver_sdk::error_chain(&e));
+            tracing::warn!("recording event: {}", machine_driver_util::error_chain(&e));
         }
     }
 

@@ -320,7 +320,7 @@ impl SqliteBackend {
                 if last_refresh.elapsed() >= SERIES_REFRESH {
                     last_refresh = std::time::Instant::now();
                     if let Err(e) = write_series(&writer, &series, last_refresh) {
-                        tracing::warn!("store: writing event series counts: {}", driver_sdk::error_chain(&e));
+                        tracing::warn!("store: writing event series counts: {}", machine_driver_util::error_chain(&e));
                     }
                 }
                 let version = lock(&writer)
@@ -342,7 +342,7 @@ impl SqliteBackend {
                 last_version = version;
                 match sync_from(&conn, &cache, &tx, synced) {
                     Ok(rv) => synced = rv,
-                    Err(e) => tracing::warn!("store poller: {}", driver_sdk::error_chain(&e)),
+                    Err(e) => tracing::warn!("store poller: {}", machine_driver_util::error_chain(&e)),
                 }
             }
         });
@@ -574,7 +574,7 @@ impl Drop for SqliteBackend {
         // The counts that grew since the poller last wrote them.
         let after_all = std::time::Instant::now() + super::series::SERIES_WINDOW * 2;
         if let Err(e) = write_series(&self.writer, &self.series, after_all) {
-            tracing::warn!("store: writing event series counts: {}", driver_sdk::error_chain(&e));
+            tracing::warn!("store: writing event series counts: {}", machine_driver_util::error_chain(&e));
         }
     }
 }
@@ -1107,7 +1107,7 @@ mod tests {
         {
             let err = db_error(failure(code, message));
             assert!(err.is_transient(), "{err:?}");
-            let chain = driver_sdk::error_chain(&err);
+            let chain = machine_driver_util::error_chain(&err);
             assert!(chain.starts_with("store unavailable: the store file is locked"), "{chain}");
             assert!(
                 chain.contains(&format!("locked by another writer: {message}")),
@@ -1121,7 +1121,7 @@ mod tests {
         let err = db_error(failure(rusqlite::ffi::SQLITE_CORRUPT, "database disk image is malformed"));
         assert!(matches!(err, Error::Backend { backend: "sqlite", .. }), "{err:?}");
         assert!(!err.is_transient());
-        let chain = driver_sdk::error_chain(&err);
+        let chain = machine_driver_util::error_chain(&err);
         assert!(chain.starts_with("sqlite store error: database disk image is malformed"), "{chain}");
     }
 }

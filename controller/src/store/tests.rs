@@ -143,7 +143,7 @@ async fn an_unreadable_object_is_named_by_reads_and_listings() {
     let bad = Key::new(Kind::MachineClass, "default", "bad");
     assert_eq!(named(store.get::<MachineClass>("default", "bad").await.unwrap_err()), bad);
     assert_eq!(named(store.list::<MachineClass>().await.unwrap_err()), bad);
-    let chain = driver_sdk::error_chain(&store.list::<MachineClass>().await.unwrap_err());
+    let chain = machine_driver_util::error_chain(&store.list::<MachineClass>().await.unwrap_err());
     assert!(
         chain.starts_with("MachineClass/default/bad: the stored object cannot be read: key must be a string"),
         "{chain}"

@@ -98,14 +98,14 @@ pub struct ServeArgs {
     /// How long in-flight calls may take to finish after SIGTERM.
     // Durations have no `Display` for `default_value_t`: the test `cli_defaults_are_the_constants`
     // pins these strings to the constants.
-    #[arg(long, default_value = "30s", value_parser = crate::duration::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::parse_duration)]
     pub drain_timeout: Duration,
     /// How often the driver's Probe drives the health service.
-    #[arg(long, default_value = "5s", value_parser = crate::duration::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
     pub probe_interval: Duration,
     /// How often the token key file is checked for new keys (a rotated Secret takes effect
     /// without a restart).
-    #[arg(long, default_value = "5s", value_parser = crate::duration::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
     pub token_key_reload_interval: Duration,
     /// How log lines on stderr look (`RUST_LOG` sets the filter, default `info`).
     #[arg(long, env = "DRIVER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]

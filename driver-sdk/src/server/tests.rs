@@ -17,7 +17,7 @@ fn default_of(cmd: &Command, long: &str) -> String {
 #[test]
 fn cli_defaults_are_the_constants() {
     let cmd = command();
-    let duration = |long: &str| crate::duration::parse_duration(&default_of(&cmd, long)).unwrap();
+    let duration = |long: &str| crate::parse_duration(&default_of(&cmd, long)).unwrap();
     assert_eq!(duration("drain-timeout"), DEFAULT_DRAIN_TIMEOUT);
     assert_eq!(duration("probe-interval"), DEFAULT_PROBE_INTERVAL);
     assert_eq!(duration("token-key-reload-interval"), DEFAULT_TOKEN_KEY_RELOAD_INTERVAL);
