@@ -20,7 +20,24 @@
 //! - [`DriverClient`] for callers, and a [`conformance`] suite (also the `driver-conformance`
 //!   binary) that proves a live driver keeps the protocol's promises.
 //!
+//! # Features
+//!
+//! - `server` (default): everything a driver needs to serve — [`Driver`], [`DriverServer`] with
+//!   its RPC layer ([`layer`]), gRPC health and reflection, provider-spec [`schema`]s, HMAC
+//!   operation [`token`]s, and the [`conformance`] suite with the `driver-conformance` binary.
+//!   Without it (`default-features = false`) the crate is a client of drivers: [`DriverClient`],
+//!   [`DriverError`] / [`ErrorReport`], the domain [`types`], [`convert`] to and from
+//!   [`proto`], [`endpoint`]s and [`reason`]s — and compiles no server code nor its
+//!   dependencies (`tonic-health`, `tonic-reflection`, `hmac`, `jsonschema`, `h2-authority`).
+//!   That is how `machine-controller` uses it.
+//! - `fuzzing`: the hidden checks behind the fuzz targets in `fuzz/` (implies `server`).
+//!
+//! The process helpers that are not gRPC — [`error_chain`], [`parse_duration`], [`telemetry`]
+//! setup and the [`metrics`] HTTP endpoint — live in the small `machine-driver-util` crate,
+//! shared with the controller, and are re-exported here under their usual paths.
+//!
 //! ```no_run
+//! # #[cfg(feature = "server")] mod example {
 //! use driver_sdk::{async_trait, Capability, Driver, DriverInfo, DriverServer, OperationHandle,
 //!                  Operation, RequestContext, Result, Secrets, ServeArgs};
 //!
@@ -44,6 +61,7 @@
 //! # async fn run() -> Result<(), driver_sdk::ServeError> {
 //! let args = ServeArgs { endpoint: "unix:///tmp/hello.sock".into(), dev: true, ..Default::default() };
 //! DriverServer::new(Hello).serve(&args).await
+//! # }
 //! # }
 //! ```
 //!
