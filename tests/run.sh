@@ -13,7 +13,8 @@
 #   - every binary and example (the end-to-end tests start them as real processes)
 # and runs the checks before the tests, each installing its own tool into a version-keyed cache:
 #   tests/supply-chain.sh (cargo-deny, cargo-machete), tests/proto-compat.sh (buf lint and
-#   breaking), tests/docs.sh (mdbook, link check, cargo doc), cargo clippy -D warnings,
+#   breaking), tests/docs.sh (mdbook, link check, cargo doc), cargo clippy -D warnings (also of
+#   the controller and driver-sdk without the SDK's `server` feature),
 #   tests/fuzz.sh 30 (cargo-fuzz on nightly, 30 s per target).
 # Usage: bash tests/run.sh [extra cargo test args]
 set -euo pipefail
@@ -77,6 +78,15 @@ bash tests/fuzz.sh 30
 echo "==> fake-driver without the join-cluster feature"
 cargo clippy -p fake-driver --all-targets -- -D warnings
 cargo test -p fake-driver
+# Likewise the SDK's `server` feature: the drivers turn it on, the controller (a client only)
+# builds driver-sdk without it and so compiles none of its server side or dependencies.
+echo "==> machine-controller and driver-sdk without the SDK's server feature"
+if cargo tree -p machine-controller -e normal --prefix none | grep -E '^(tonic-health|tonic-reflection|hmac|jsonschema) '; then
+  echo "run.sh: machine-controller pulls in the SDK's server side (above)" >&2
+  exit 1
+fi
+cargo clippy -p machine-controller --all-targets -- -D warnings
+cargo clippy -p driver-sdk --no-default-features --all-targets -- -D warnings
 echo "==> building binaries and examples"
 cargo build --workspace --bins --examples
 
