@@ -139,6 +139,7 @@ mod tests {
                 .map(|(k, e)| Taint { key: k.to_string(), effect: e.to_string(), ..Default::default() })
                 .collect(),
             deleting: false,
+            resource_version: "1".into(),
         }
     }
 
