@@ -364,7 +364,11 @@ mod tests {
         };
         assert_eq!(retry_after(&headers("3")), Some(Duration::from_secs(3)));
         assert_eq!(retry_after(&headers("0")), None);
-        assert_eq!(retry_after(&headers("Wed, 21 Oct 2015 07:28:00 GMT")), None, "dates are not sent by the API server");
+        assert_eq!(
+            retry_after(&headers("Wed, 21 Oct 2015 07:28:00 GMT")),
+            None,
+            "dates are not sent by the API server"
+        );
         assert_eq!(retry_after(&HeaderMap::new()), None);
     }
 

@@ -194,8 +194,7 @@ pub fn never_allows_eviction(pdb: &PodDisruptionBudget) -> bool {
 /// Whether `selector` selects a pod with `labels` (`matchLabels` and `matchExpressions`, all of
 /// them). A PodDisruptionBudget's empty selector selects every pod of its namespace.
 pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let by_labels =
-        selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k).is_some_and(|have| have == v));
+    let by_labels = selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k).is_some_and(|have| have == v));
     let by_expressions = selector.match_expressions.iter().flatten().all(|e| {
         let values = e.values.as_deref().unwrap_or_default();
         let have = labels.get(&e.key);

@@ -408,7 +408,8 @@ mod tests {
         assert_eq!(patch["metadata"]["resourceVersion"], "42", "409 if the Node changed since it was seen");
         assert_eq!(patch["metadata"]["uid"], "u1");
         assert_eq!(patch["spec"]["unschedulable"], true);
-        let taints: Vec<&str> = patch["spec"]["taints"].as_array().unwrap().iter().map(|t| t["key"].as_str().unwrap()).collect();
+        let taints: Vec<&str> =
+            patch["spec"]["taints"].as_array().unwrap().iter().map(|t| t["key"].as_str().unwrap()).collect();
         assert_eq!(taints, ["example.com/gpu", TAINT_DRAINING]);
         assert_eq!(patch["metadata"]["labels"][LABEL_EXCLUDE_FROM_LB], "true");
 

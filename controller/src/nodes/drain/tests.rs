@@ -135,3 +135,149 @@ fn a_budget_that_can_never_allow_an_eviction_is_recognised() {
     assert!(!never_allows_eviction(&pdb(2, 1, 3, 3, 0)), "status not current");
     assert!(!never_allows_eviction(&pdb(1, 1, 0, 0, 0)), "no pods expected");
 }
+
+/// A target cluster for [`pass`]: evictions of pods labelled `app=web` in `shop` are refused by
+/// the budget `web-pdb`; every call is recorded; each takes `latency` (of the paused test clock).
+#[derive(Default)]
+struct FakeCalls {
+    latency: Duration,
+    hold: Duration,
+    fail_evictions: bool,
+    evictions: std::sync::Mutex<Vec<PodKey>>,
+    deletions: std::sync::Mutex<Vec<(PodKey, i64)>>,
+    budget_reads: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+fn api_error(code: u16) -> super::super::Error {
+    kube::Error::Api(Box::new(serde_json::from_value(json!({"code": code, "message": "m"})).unwrap()))
+}
+
+#[async_trait::async_trait]
+impl PodCalls for FakeCalls {
+    async fn evict(&self, pod: &Pod) -> Result<Evicted, super::super::Error> {
+        tokio::time::sleep(self.latency).await;
+        if self.fail_evictions {
+            return Err(api_error(503));
+        }
+        let key = PodKey::of(pod);
+        self.evictions.lock().unwrap().push(key.clone());
+        let web = pod.metadata.labels.as_ref().and_then(|l| l.get("app")).is_some_and(|a| a == "web");
+        if web && key.namespace == "shop" {
+            return Ok(Evicted::Refused(Refusal { budget: Some("web-pdb".into()), message: "needs 3".into() }));
+        }
+        Ok(Evicted::Accepted)
+    }
+
+    async fn delete_pod(&self, pod: &Pod, grace_seconds: i64) -> Result<(), super::super::Error> {
+        tokio::time::sleep(self.latency).await;
+        self.deletions.lock().unwrap().push((PodKey::of(pod), grace_seconds));
+        Ok(())
+    }
+
+    async fn budget(&self, namespace: &str, name: &str) -> Result<Option<PodDisruptionBudget>, super::super::Error> {
+        self.budget_reads.lock().unwrap().push((namespace.into(), name.into()));
+        Ok(Some(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": namespace, "generation": 1},
+                "spec": {"selector": {"matchLabels": {"app": "web"}}, "minAvailable": 3},
+                "status": {"observedGeneration": 1, "expectedPods": 3, "currentHealthy": 3,
+                           "desiredHealthy": 3, "disruptionsAllowed": 0}
+            }))
+            .unwrap(),
+        ))
+    }
+
+    fn hold_left(&self) -> Duration {
+        self.hold
+    }
+}
+
+fn named(namespace: &str, name: &str, app: &str) -> Pod {
+    pod(json!({"metadata": {"namespace": namespace, "name": name, "labels": {"app": app}}}))
+}
+
+fn key(namespace: &str, name: &str) -> PodKey {
+    PodKey { namespace: namespace.into(), name: name.into() }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_budget_that_refused_is_read_once_and_not_asked_again_in_the_pass() {
+    let mut pods: Vec<Pod> = (0..6).map(|i| named("shop", &format!("web-{i}"), "web")).collect();
+    pods.push(named("shop", "db-0", "db"));
+    pods.push(named("other", "web-0", "web"));
+    pods.push(pod(json!({"metadata": {"name": "agent", "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "u", "controller": true}]}})));
+    let calls = FakeCalls::default();
+    let out = pass(&calls, &pods, at(0), at(3600), false, PASS_BOUND).await.unwrap();
+
+    assert_eq!(
+        *calls.evictions.lock().unwrap(),
+        [key("shop", "web-0"), key("shop", "db-0"), key("other", "web-0")],
+        "one refused eviction for the budget's six pods"
+    );
+    assert_eq!(*calls.budget_reads.lock().unwrap(), [("shop".to_string(), "web-pdb".to_string())]);
+    assert_eq!(out.evicted, [key("shop", "db-0"), key("other", "web-0")]);
+    assert_eq!(out.refused.len(), 1);
+    let (refused, refusal) = &out.refused[0];
+    assert_eq!(*refused, key("shop", "web-0"));
+    let budget = out.budget_of(refused, refusal).expect("the refusing budget, as read");
+    assert!(budget.never_allows_eviction);
+    let spared: Vec<&str> = out
+        .spared
+        .iter()
+        .map(|(k, b)| (k.namespace == "shop" && b == "web-pdb").then_some(k.name.as_str()).unwrap())
+        .collect();
+    assert_eq!(spared, ["web-1", "web-2", "web-3", "web-4", "web-5"]);
+    assert_eq!(out.left.len(), 8, "every pod but the DaemonSet's holds the drain: {:?}", out.left);
+    assert!(!out.timed_out);
+    assert!(out.deleted.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_stops_at_its_bound_and_reports_every_pod_left() {
+    let pods: Vec<Pod> = (0..6).map(|i| named("shop", &format!("db-{i}"), "db")).collect();
+    let calls = FakeCalls { latency: Duration::from_secs(4), ..Default::default() };
+    let out = pass(&calls, &pods, at(0), at(3600), false, PASS_BOUND).await.unwrap();
+    assert_eq!(out.evicted, [key("shop", "db-0"), key("shop", "db-1"), key("shop", "db-2")], "at 0, 4 and 8 s");
+    assert!(out.timed_out);
+    assert_eq!(out.left.len(), 6, "the pods not asked still hold the drain");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_hold_longer_than_the_bound_stops_the_pass_before_a_call() {
+    let pods = [named("shop", "db-0", "db")];
+    let calls = FakeCalls { hold: PASS_BOUND, ..Default::default() };
+    let out = pass(&calls, &pods, at(0), at(3600), false, PASS_BOUND).await.unwrap();
+    assert!(calls.evictions.lock().unwrap().is_empty());
+    assert!(out.timed_out);
+    assert_eq!(out.left, [key("shop", "db-0")]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_node_pass_deletes_at_once_and_the_deadline_forces_deletions() {
+    let pods = [named("shop", "web-0", "web"), named("shop", "db-0", "db")];
+    let calls = FakeCalls::default();
+    let out = pass(&calls, &pods, at(0), at(3600), true, PASS_BOUND).await.unwrap();
+    assert!(calls.evictions.lock().unwrap().is_empty());
+    assert_eq!(
+        out.deleted,
+        [
+            Deleted { pod: key("shop", "web-0"), grace_seconds: 0 },
+            Deleted { pod: key("shop", "db-0"), grace_seconds: 0 }
+        ]
+    );
+
+    let calls = FakeCalls::default();
+    let out = pass(&calls, &pods, at(3590), at(3600), false, PASS_BOUND).await.unwrap();
+    assert_eq!(*calls.deletions.lock().unwrap(), [(key("shop", "web-0"), 10), (key("shop", "db-0"), 10)]);
+    assert!(out.refused.is_empty() && out.evicted.is_empty());
+    assert_eq!(out.left.len(), 2, "deleted pods still terminate");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_call_ends_the_pass_with_its_error() {
+    let pods = [named("shop", "db-0", "db")];
+    let calls = FakeCalls { fail_evictions: true, ..Default::default() };
+    let err = pass(&calls, &pods, at(0), at(3600), false, PASS_BOUND).await.unwrap_err();
+    assert!(matches!(&err, kube::Error::Api(s) if s.code == 503), "{err}");
+}
