@@ -4,7 +4,8 @@
 //!
 //! - wait for one token bucket (`run --target-qps`, `--target-burst`),
 //! - wait out a 429's `Retry-After` before the next request of that target cluster, at most
-//!   [`MAX_RETRY_AFTER`],
+//!   [`MAX_RETRY_AFTER`] (but for an eviction's 429: a disruption budget's answer about one pod,
+//!   which the drain waits out for that budget's pods alone),
 //! - are counted in `controller_target_calls_total{verb,resource,code}` and timed in
 //!   `controller_target_call_duration_seconds{verb,resource}` (registered with the controller's
 //!   other metrics: [`crate::runtime::Metrics`]),
@@ -169,7 +170,13 @@ impl Calls {
         let ms = took.as_secs_f64() * 1000.0;
         let (verb, resource, path) = (call.verb, &call.resource, &call.path);
         let retry_after = (status == StatusCode::TOO_MANY_REQUESTS).then(|| retry_after(headers)).flatten();
-        if let Some(d) = retry_after {
+        // An eviction's 429 is a disruption budget's answer about that pod (its Retry-After: the
+        // budget's status is behind), not the server's load: the drain waits it out for the
+        // pods of that budget ([`super::drain::Refusal::retry_after`]); other calls go on.
+        let retry_after = retry_after.filter(|_| !call.is_eviction());
+        if call.is_eviction() && status == StatusCode::TOO_MANY_REQUESTS {
+            tracing::debug!("http.path" = %path, "target call {verb} {resource}: {code} (a disruption budget) in {ms:.1} ms");
+        } else if let Some(d) = retry_after {
             self.hold(d);
             let held = d.min(MAX_RETRY_AFTER);
             tracing::warn!(
@@ -202,6 +209,13 @@ struct Call {
     verb: &'static str,
     resource: String,
     path: String,
+}
+
+impl Call {
+    /// A `POST …/pods/NAME/eviction`.
+    fn is_eviction(&self) -> bool {
+        self.verb == "create" && self.resource == "pods/eviction"
+    }
 }
 
 /// The `Retry-After` of an answer, in seconds (the form the API server writes); `None` without
@@ -401,15 +415,19 @@ mod tests {
         let calls = Arc::new(Calls::new(Limits { qps: 1000.0, burst: 1000 }));
         let metrics = CallMetrics::default();
         calls.report_to(metrics.clone());
-        let (inner, seen) = server(vec![201, 429, 200]);
+        let (inner, seen) = server(vec![201, 429, 429, 200]);
         let mut svc = Measure(calls.clone()).layer(inner);
         let evict = || request("POST", "/api/v1/namespaces/shop/pods/web-1/eviction");
+        let patch = || request("PATCH", "/api/v1/nodes/n1");
         svc.ready().await.unwrap().call(evict()).await.unwrap();
         svc.ready().await.unwrap().call(evict()).await.unwrap();
+        assert_eq!(calls.hold_left(), Duration::ZERO, "an eviction's 429 is its budget's answer, not throttling");
+        svc.ready().await.unwrap().call(patch()).await.unwrap();
         assert!(calls.hold_left() > Duration::from_millis(1900), "{:?}", calls.hold_left());
-        svc.ready().await.unwrap().call(request("PATCH", "/api/v1/nodes/n1")).await.unwrap();
+        svc.ready().await.unwrap().call(patch()).await.unwrap();
         let seen = seen.lock().unwrap().clone();
-        assert!(seen[2] - seen[1] >= Duration::from_secs(2), "the next request waited out Retry-After");
+        assert!(seen[2] - seen[1] < Duration::from_millis(1), "no hold after the eviction's 429");
+        assert!(seen[3] - seen[2] >= Duration::from_secs(2), "the next request waited out Retry-After");
 
         let mut registry = Registry::default();
         metrics.register(&mut registry);
@@ -418,6 +436,7 @@ mod tests {
         for line in [
             r#"controller_target_calls_total{verb="create",resource="pods/eviction",code="201"} 1"#,
             r#"controller_target_calls_total{verb="create",resource="pods/eviction",code="429"} 1"#,
+            r#"controller_target_calls_total{verb="patch",resource="nodes",code="429"} 1"#,
             r#"controller_target_calls_total{verb="patch",resource="nodes",code="200"} 1"#,
             r#"controller_target_call_duration_seconds_count{verb="create",resource="pods/eviction"} 2"#,
         ] {

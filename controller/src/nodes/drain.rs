@@ -158,6 +158,9 @@ pub struct Refusal {
     pub budget: Option<String>,
     /// The API server's words.
     pub message: String,
+    /// How long the API server asks to wait before asking again (`retryAfterSeconds`: 10 s while
+    /// a budget's status is behind its spec); `None` when it gave no time.
+    pub retry_after: Option<Duration>,
 }
 
 /// Reads a 429 or 500 eviction answer: the budget named in its causes
@@ -173,7 +176,13 @@ pub fn refusal(status: &kube::core::Status) -> Refusal {
         Some(c) if !c.message.is_empty() => format!("{} ({})", status.message, c.message),
         _ => status.message.clone(),
     };
-    Refusal { budget, message }
+    let retry_after = status
+        .details
+        .as_ref()
+        .map(|d| d.retry_after_seconds)
+        .filter(|s| *s > 0)
+        .map(|s| Duration::from_secs(u64::from(s)));
+    Refusal { budget, message, retry_after }
 }
 
 /// Whether a PodDisruptionBudget can never allow an eviction as things stand: its status is
@@ -278,6 +287,12 @@ impl DrainPass {
     pub fn budget_of(&self, pod: &PodKey, refusal: &Refusal) -> Option<&RefusingBudget> {
         let name = refusal.budget.as_deref()?;
         self.budgets.iter().find(|b| b.namespace == pod.namespace && b.name == name)
+    }
+
+    /// The longest wait a refusal of this pass asked for (its `Retry-After`): the next pass is
+    /// no sooner.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.refused.iter().filter_map(|(_, r)| r.retry_after).max()
     }
 }
 

@@ -375,8 +375,9 @@ async fn drain(
         // their turn meanwhile).
         return Ok(Action::requeue(super::MIN_REQUEUE));
     }
-    // Look again soon; no later than the next forced deletion comes due.
-    let mut next = ctx.config.drain_poll_interval;
+    // Look again soon (no sooner than a refusal's Retry-After asks); no later than the next
+    // forced deletion comes due.
+    let mut next = ctx.config.drain_poll_interval.max(pass.retry_after().unwrap_or_default());
     if let Some(due) = drain::next_forced(&pods, deadline) {
         next = next.min((due - now).to_std().unwrap_or_default().max(super::MIN_REQUEUE));
     }

@@ -115,7 +115,16 @@ fn a_refusal_names_the_disruption_budget() {
     assert!(r.message.contains("needs 3 healthy pods"), "{}", r.message);
     let plain: kube::core::Status =
         serde_json::from_value(json!({"code": 429, "message": "too many requests"})).unwrap();
-    assert_eq!(refusal(&plain), Refusal { budget: None, message: "too many requests".into() });
+    assert_eq!(refusal(&plain), Refusal { budget: None, message: "too many requests".into(), retry_after: None });
+    assert_eq!(r.retry_after, None, "a budget that refuses asks for no time");
+    let stale: kube::core::Status = serde_json::from_value(json!({
+        "code": 429, "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+        "details": {"retryAfterSeconds": 10, "causes": [{"reason": "DisruptionBudget",
+            "message": "The disruption budget web-pdb is still being processed by the server."}]}
+    }))
+    .unwrap();
+    let r = refusal(&stale);
+    assert_eq!((r.budget.as_deref(), r.retry_after), (Some("web-pdb"), Some(Duration::from_secs(10))));
 }
 
 #[test]
@@ -163,7 +172,11 @@ impl PodCalls for FakeCalls {
         self.evictions.lock().unwrap().push(key.clone());
         let web = pod.metadata.labels.as_ref().and_then(|l| l.get("app")).is_some_and(|a| a == "web");
         if web && key.namespace == "shop" {
-            return Ok(Evicted::Refused(Refusal { budget: Some("web-pdb".into()), message: "needs 3".into() }));
+            return Ok(Evicted::Refused(Refusal {
+                budget: Some("web-pdb".into()),
+                message: "needs 3".into(),
+                retry_after: Some(Duration::from_secs(3)),
+            }));
         }
         Ok(Evicted::Accepted)
     }
@@ -231,6 +244,7 @@ async fn a_budget_that_refused_is_read_once_and_not_asked_again_in_the_pass() {
     assert_eq!(out.left.len(), 8, "every pod but the DaemonSet's holds the drain: {:?}", out.left);
     assert!(!out.timed_out);
     assert!(out.deleted.is_empty());
+    assert_eq!(out.retry_after(), Some(Duration::from_secs(3)), "the next pass waits as the refusal asked");
 }
 
 #[tokio::test(start_paused = true)]
