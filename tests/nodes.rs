@@ -910,10 +910,7 @@ async fn a_pool_instance_whose_node_never_joins_is_replaced() {
 /// The value of the sample `name{labels}` in a Prometheus text exposition (`labels` as the
 /// controller writes them, in order); 0 when absent.
 fn sample(metrics: &str, name_and_labels: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0.0)
+    metrics.lines().find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
 }
 
 /// `controller_target_calls_total` for one verb, resource and code.

@@ -386,11 +386,11 @@ mod tests {
         assert_eq!(retry_after(&HeaderMap::new()), None);
     }
 
+    type Server = tower::util::BoxService<Request<()>, Response<()>, std::convert::Infallible>;
+
     /// A service answering each request with the next status of `answers` (and `Retry-After: 2`
     /// on a 429), recording when each request reached it.
-    fn server(
-        answers: Vec<u16>,
-    ) -> (tower::util::BoxService<Request<()>, Response<()>, std::convert::Infallible>, Arc<Mutex<Vec<Instant>>>) {
+    fn server(answers: Vec<u16>) -> (Server, Arc<Mutex<Vec<Instant>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let answers = Arc::new(Mutex::new(answers.into_iter()));
         let log = seen.clone();
