@@ -148,7 +148,9 @@ impl Target {
     /// `true` when it wrote.
     ///
     /// # Errors
-    /// The API server's refusal.
+    /// The API server's refusal; a conflict (409: a patch of the taints is guarded by the
+    /// Node's resourceVersion, and the Node changed since `node` was seen) is retried by the
+    /// reconcile's retry, from a fresh view.
     pub async fn sync_metadata(
         &self,
         node: &NodeView,
