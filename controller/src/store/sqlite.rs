@@ -263,15 +263,22 @@ impl Backend for SqliteBackend {
         self.cached(kind).iter().map(Packed::text).collect()
     }
 
-    async fn scan(&self, kind: Kind, visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send)) -> Result<()> {
+    async fn scan_with(
+        &self,
+        kind: Kind,
+        visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send),
+        unreadable: &mut (dyn FnMut(Key, serde_json::Error) -> Result<()> + Send),
+    ) -> Result<()> {
         for packed in self.cached(kind) {
             match packed.read(|json| visit(json))? {
                 // An object the visitor cannot parse is named (looked up only now: the listing
-                // carries no keys, so that 10,000 of them are not copied for every scan).
-                Err(Error::Json(source)) => match self.key_of(kind, &packed) {
-                    Some(key) => return Err(Error::Unreadable { key, source }),
-                    None => return Err(Error::Json(source)),
-                },
+                // carries no keys, so that 10,000 of them are not copied for every scan). Not
+                // in the cache any more, it changed or went since the listing.
+                Err(Error::Json(source)) => {
+                    if let Some(key) = self.key_of(kind, &packed) {
+                        unreadable(key, source)?;
+                    }
+                }
                 other => other?,
             }
         }
@@ -394,7 +401,20 @@ impl Backend for SqliteBackend {
 
     async fn delete(&self, key: &Key) -> Result<Option<Arc<str>>> {
         self.write(|tx, rv| {
-            let Some((_, mut current)) = read_row(tx, key)? else { return Ok((None, None)) };
+            let mut current = match read_row(tx, key) {
+                Ok(Some((_, current))) => current,
+                Ok(None) => return Ok((None, None)),
+                // A text that is not JSON has no finalizers anyone can read or remove: deleting
+                // it is how it is repaired (then applied again).
+                Err(Error::Unreadable { .. }) => {
+                    remove_row(tx, key, rv, None)?;
+                    return Ok((
+                        None,
+                        Some(Effect { key: key.clone(), rv, json: None, owner: None, status_only: false }),
+                    ));
+                }
+                Err(e) => return Err(e),
+            };
             let owner = owner_of(&current, &key.namespace);
             if finalizers_empty(&current) {
                 remove_row(tx, key, rv, owner.as_ref())?;

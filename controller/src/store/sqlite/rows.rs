@@ -83,9 +83,14 @@ pub(super) fn read_version(tx: &Connection, key: &Key) -> Result<Option<u64>> {
     Ok(rv.map(|rv| rv as u64))
 }
 
+/// The stored version and object of `key`; [`Error::Unreadable`] when its text is not JSON (a
+/// row edited by hand).
 pub(super) fn read_row(tx: &Connection, key: &Key) -> Result<Option<(u64, Value)>> {
     match read_text(tx, key)? {
-        Some((rv, body)) => Ok(Some((rv, serde_json::from_str(&body)?))),
+        Some((rv, body)) => match serde_json::from_str(&body) {
+            Ok(v) => Ok(Some((rv, v))),
+            Err(source) => Err(Error::Unreadable { key: key.clone(), source }),
+        },
         None => Ok(None),
     }
 }
