@@ -135,7 +135,8 @@ event_reasons! {
     /// Machine: its Node is deleted after the VM.
     NodeDeleted: Normal,
     /// Any kind: the stored object cannot be read as its kind (which field, and why, in the
-    /// message); reads by name fail and listings pass over it until it is repaired or deleted.
+    /// message); reads of it by name, and selections it may belong to, fail, and sweeps of its
+    /// kind pass over it, until it is repaired or deleted.
     Unreadable: Warning,
 }
 

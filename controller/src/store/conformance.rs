@@ -664,9 +664,10 @@ fn names_in(namespace: &str, objects: &[MachineDeployment]) -> Vec<String> {
 
 /// An object stored whole whose text does not parse as its kind (the rule under "Unreadable
 /// objects" on [`Backend`](super::Backend)): the backend serves it as text and names it; `get`
-/// fails `Unreadable` naming it and the field at fault; listings and watches pass over it and
-/// go on; it is reported (`Store::unreadable`, a `Warning` event `Unreadable` on it); repaired,
-/// it reads again everywhere.
+/// fails `Unreadable` naming it and the field at fault; a sweep of the kind and a watch pass
+/// over it and go on, a selection it may belong to fails naming it; it is reported
+/// (`Store::unreadable`, a `Warning` event `Unreadable` on it); repaired, it reads again
+/// everywhere.
 pub async fn an_unreadable_object_is_named_by_get_and_passed_over_by_listings(s: &Subject) -> Outcome {
     let (store, ns) = (&s.store, s.namespace.as_str());
     let backend = store.backend();
@@ -703,11 +704,19 @@ pub async fn an_unreadable_object_is_named_by_get_and_passed_over_by_listings(s:
     // Its neighbour reads as ever.
     ensure!(ok("get good", store.get::<MachineDeployment>(ns, "good")).await?.is_some(), "get good: gone");
 
-    // Listings pass over it.
+    // A sweep of the kind passes over it; a selection it may belong to fails naming it, one it
+    // cannot belong to does not.
     let listed = ok("list", store.list::<MachineDeployment>()).await?;
     ensure!(names_in(ns, &listed) == ["good"], "list: {:?}, not [good]", names_in(ns, &listed));
-    let selected = ok("list_with", store.list_with::<MachineDeployment>(&ListParams::namespaced(ns))).await?;
-    ensure!(names_in(ns, &selected) == ["good"], "list_with: {:?}, not [good]", names_in(ns, &selected));
+    let is_bad = |e: &Error| matches!(e, Error::Unreadable { key, .. } if *key == bad);
+    let selection = ListParams::namespaced(ns);
+    fails("list_with its namespace", store.list_with::<MachineDeployment>(&selection), "Unreadable naming bad", is_bad)
+        .await?;
+    let elsewhere = ListParams::namespaced(&format!("{ns}-elsewhere"));
+    let selected = ok("list_with another namespace", store.list_with::<MachineDeployment>(&elsewhere)).await?;
+    ensure!(selected.is_empty(), "list_with another namespace: {:?}", names_in(ns, &selected));
+    let labelled = ListParams::namespaced(ns).label("team", "absent");
+    ok("list_with a label it does not have", store.list_with::<MachineDeployment>(&labelled)).await?;
 
     // A scan names it: `scan` stops there, `scan_with` hands it over and goes on.
     let read = |json: &str| super::parse::<MachineDeployment>(json).map(|_| ()).map_err(Error::Json);

@@ -243,14 +243,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///   - [`Store::get`] fails [`Error::Unreadable`], naming the kind, namespace and name, and the
 ///     field at fault and why. The object's own reconcile fails with it, and is retried with
 ///     backoff until the object is repaired or deleted.
-///   - Listings of a kind ([`Store::list`], [`Store::list_with`]) and [`Watch`] pass over it and
-///     go on: one bad object does not fail every reconcile that lists its kind. A watch reports
-///     no event for a change that leaves an object unreadable (it reports the next readable
-///     version).
-///   - A listing of what one owner owns ([`Store::list_owned`], [`Store::list_owned_as`]) fails
-///     [`Error::Unreadable`] when an object that names the owner cannot be read: the owner
-///     cannot tell whether it owns it, and acting as if it did not exist could replace a machine
-///     it has. Only that owner waits.
+///   - A sweep of a whole kind ([`Store::list`]) and a [`Watch`] pass over it and go on: one bad
+///     object does not fail every reconcile that lists its kind. A watch reports no event for a
+///     change that leaves an object unreadable (it reports the next readable version).
+///   - A selection decided about as a whole — what one owner owns ([`Store::list_owned`],
+///     [`Store::list_owned_as`]: its text names the owner's uid), what a namespace and labels
+///     select ([`Store::list_with`]: in the namespace, its text holds the label values) — fails
+///     [`Error::Unreadable`] when the object may belong to it: the caller cannot tell, and acting
+///     as if it did not exist could replace a machine a deployment or a pool has, or remediate
+///     past a health check that would halt it. Only the callers it may belong to wait.
 ///   - Every pass-over and failure is reported, once per object and reason for as long as the
 ///     object stays unreadable: a warning in the log, a `Warning` event `Unreadable` on the
 ///     object, and [`Store::unreadable`] (the `controller_unreadable_objects{kind}` metric).
@@ -656,15 +657,18 @@ impl Store {
     }
 
     /// The objects of type `T` that `params` selects. Only objects whose text contains every
-    /// selected label value are parsed; one of them that does not parse as `T` is passed over
-    /// and reported ("Unreadable objects" on [`Backend`]).
+    /// selected label value are parsed.
     ///
     /// # Errors
-    /// Backend errors.
+    /// Backend errors; [`Error::Unreadable`], naming it, for an object that does not parse as
+    /// `T` and may be selected: in the selected namespace, its text holding every selected label
+    /// value (reported: "Unreadable objects" on [`Backend`]). A selection — even of everything —
+    /// is decided about as a whole; [`Store::list`] sweeps a kind and passes over such objects.
     pub async fn list_with<T: Resource>(&self, params: &ListParams) -> Result<Vec<T>> {
         let mut out = Vec::new();
         let mut unreadable = Vec::new();
-        self.backend
+        let scanned = self
+            .backend
             .scan_with(
                 T::KIND,
                 &mut |json| {
@@ -676,13 +680,19 @@ impl Store {
                     }
                     Ok(())
                 },
+                // Only a text with every selected label value is parsed: in the namespace, it
+                // may be selected.
                 &mut |key, source| {
-                    unreadable.push((key, source.to_string()));
-                    Ok(())
+                    unreadable.push((key.clone(), source.to_string()));
+                    match &params.namespace {
+                        Some(ns) if *ns != key.namespace => Ok(()),
+                        _ => Err(Error::Unreadable { key, source }),
+                    }
                 },
             )
-            .await?;
+            .await;
         self.report(T::KIND, unreadable, false).await;
+        scanned?;
         Ok(out)
     }
 
@@ -703,8 +713,8 @@ impl Store {
         for (key, why) in self.unreadable.found(kind, found, whole) {
             tracing::warn!(
                 object = %key,
-                "{key}: the stored object cannot be read as a {kind}: {why}; reads by name fail and \
-                 listings pass over it until it is repaired or deleted"
+                "{key}: the stored object cannot be read as a {kind}: {why}; reads of it and selections it \
+                 may belong to fail, sweeps of its kind pass over it, until it is repaired or deleted"
             );
             let event = Event {
                 key,
