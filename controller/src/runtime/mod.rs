@@ -178,6 +178,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// Requests to the target cluster (`crate::nodes::calls`).
     pub target_calls: crate::nodes::calls::CallMetrics,
+    /// Stored objects that cannot be read as their kind, by kind ([`Store::unreadable`]).
+    unreadable: Family<KindLabels, Gauge>,
 }
 
 impl Metrics {
@@ -195,6 +197,7 @@ impl Metrics {
             orphans_deleted: Counter::default(),
             queue_depth: Gauge::default(),
             target_calls: crate::nodes::calls::CallMetrics::default(),
+            unreadable: Family::default(),
         };
         r.register("controller_driver_calls", "Driver calls by driver, method and gRPC code", m.calls.clone());
         r.register("controller_driver_call_duration_seconds", "Driver call latency", m.call_seconds.clone());
@@ -210,6 +213,11 @@ impl Metrics {
         r.register("controller_orphans_deleted", "Cloud machines deleted as orphans", m.orphans_deleted.clone());
         r.register("controller_work_queue_depth", "Keys waiting in the work queue", m.queue_depth.clone());
         m.target_calls.register(r);
+        r.register(
+            "controller_unreadable_objects",
+            "Stored objects that cannot be read as their kind, by kind",
+            m.unreadable.clone(),
+        );
         m
     }
 }
@@ -774,6 +782,11 @@ async fn gauges(ctx: Arc<Ctx>) {
         }
         ctx.metrics.operations_in_flight.set(in_flight);
         ctx.metrics.queue_depth.set(ctx.queue.depth() as i64);
+        let unreadable = ctx.store.unreadable();
+        for kind in Kind::ALL {
+            let n = unreadable.iter().filter(|(key, _)| key.kind == kind).count();
+            ctx.metrics.unreadable.get_or_create(&KindLabels { kind: kind.as_str().into() }).set(n as i64);
+        }
     }
 }
 

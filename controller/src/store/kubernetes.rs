@@ -434,10 +434,26 @@ impl Backend for KubernetesBackend {
         Self::sorted(cache).iter().map(Packed::text).collect()
     }
 
-    async fn scan(&self, kind: Kind, visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send)) -> Result<()> {
+    async fn scan_with(
+        &self,
+        kind: Kind,
+        visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send),
+        unreadable: &mut (dyn FnMut(Key, serde_json::Error) -> Result<()> + Send),
+    ) -> Result<()> {
         let cache = self.synced(kind).await?;
         for packed in Self::sorted(cache) {
-            packed.read(|json| visit(json))??;
+            match packed.read(|json| visit(json))? {
+                // An object the visitor cannot parse is named (looked up only now, as SQLite
+                // does). Not in the cache any more, it changed or went since the listing.
+                Err(Error::Json(source)) => {
+                    let key =
+                        lock_read(&cache.objects).iter().find(|(_, c)| c.json.same(&packed)).map(|(k, _)| k.clone());
+                    if let Some(key) = key {
+                        unreadable(key, source)?;
+                    }
+                }
+                other => other?,
+            }
         }
         Ok(())
     }
