@@ -40,6 +40,31 @@ pub const KWOK_STAGES: [&str; 6] = [
     "pod/fast/pod-delete.yaml",
 ];
 
+/// The apiserver's audit log in the cluster's folder ([`Cluster::audit_events`]).
+pub const AUDIT_LOG: &str = "audit.log";
+
+/// What the apiserver audits, at `Metadata` level (who, from which user agent, what, the
+/// answer's code; no bodies): the writes to Nodes and pods, evictions, and reads of
+/// PodDisruptionBudgets — what a drain does. Status updates (kwok's heartbeats), lists and
+/// watches are not audited, so the log stays small. Written before the answer
+/// (`--audit-log-mode blocking`): a call answered is in the log.
+pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete"]
+  resources:
+  - group: ""
+    resources: ["nodes", "pods", "pods/eviction"]
+- level: Metadata
+  verbs: ["get"]
+  resources:
+  - group: "policy"
+    resources: ["poddisruptionbudgets"]
+- level: None
+"#;
+
 /// The binaries [`Cluster::start_full`] runs besides kube-apiserver and etcd.
 const FULL_BINARIES: [&str; 4] = ["kube-controller-manager", "kube-scheduler", "kwok", "kubectl"];
 
@@ -172,6 +197,7 @@ impl Cluster {
         std::fs::write(d.join("tokens.csv"), format!("{token},admin,admin,\"system:masters\"\n")).unwrap();
         let (api_port_socket, api_port) = reserve_port();
         let apiserver_log = log_file(d, "apiserver.log");
+        std::fs::write(d.join("audit-policy.yaml"), AUDIT_POLICY).unwrap();
         let apiserver = Command::new(bins.join("kube-apiserver"))
             .args(["--etcd-servers", &etcd_socket])
             .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
@@ -185,6 +211,8 @@ impl Cluster {
             .args(["--service-account-signing-key-file", key.to_str().unwrap()])
             .args(["--service-cluster-ip-range", "10.96.0.0/16"])
             .args(["--enable-priority-and-fairness=false", "--v", "0"])
+            .args(["--audit-policy-file", d.join("audit-policy.yaml").to_str().unwrap()])
+            .args(["--audit-log-path", d.join(AUDIT_LOG).to_str().unwrap(), "--audit-log-mode", "blocking"])
             .stdin(Stdio::null())
             .stdout(apiserver_log.try_clone().expect("apiserver.log"))
             .stderr(apiserver_log)
@@ -449,6 +477,14 @@ current-context: test
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
         format!("{}\n--- etcd: {etcd}\n{}\n--- free disk\n{free}", self.log("apiserver.log"), self.log("etcd.log"))
+    }
+
+    /// The apiserver's audit events so far (see [`AUDIT_POLICY`] for which calls), oldest
+    /// first; each as the apiserver wrote it (`verb`, `objectRef`, `userAgent`,
+    /// `responseStatus.code`, …). A line being written is left out.
+    pub fn audit_events(&self) -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(self.dir.path().join(AUDIT_LOG)).unwrap_or_default();
+        text.lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
     }
 
     /// The tail of one of the cluster's logs.

@@ -134,6 +134,10 @@ event_reasons! {
     OutOfService: Warning,
     /// Machine: its Node is deleted after the VM.
     NodeDeleted: Normal,
+    /// Any kind: the stored object cannot be read as its kind (which field, and why, in the
+    /// message); reads of it by name, and selections it may belong to, fail, and sweeps of its
+    /// kind pass over it, until it is repaired or deleted.
+    Unreadable: Warning,
 }
 
 impl std::fmt::Display for EventReason {

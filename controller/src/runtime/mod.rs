@@ -176,6 +176,10 @@ pub struct Metrics {
     pub orphans_deleted: Counter,
     /// Keys waiting in the work queue.
     pub queue_depth: Gauge,
+    /// Requests to the target cluster (`crate::nodes::calls`).
+    pub target_calls: crate::nodes::calls::CallMetrics,
+    /// Stored objects that cannot be read as their kind, by kind ([`Store::unreadable`]).
+    unreadable: Family<KindLabels, Gauge>,
 }
 
 impl Metrics {
@@ -192,6 +196,8 @@ impl Metrics {
             operations_in_flight: Gauge::default(),
             orphans_deleted: Counter::default(),
             queue_depth: Gauge::default(),
+            target_calls: crate::nodes::calls::CallMetrics::default(),
+            unreadable: Family::default(),
         };
         r.register("controller_driver_calls", "Driver calls by driver, method and gRPC code", m.calls.clone());
         r.register("controller_driver_call_duration_seconds", "Driver call latency", m.call_seconds.clone());
@@ -206,6 +212,12 @@ impl Metrics {
         );
         r.register("controller_orphans_deleted", "Cloud machines deleted as orphans", m.orphans_deleted.clone());
         r.register("controller_work_queue_depth", "Keys waiting in the work queue", m.queue_depth.clone());
+        m.target_calls.register(r);
+        r.register(
+            "controller_unreadable_objects",
+            "Stored objects that cannot be read as their kind, by kind",
+            m.unreadable.clone(),
+        );
         m
     }
 }
@@ -354,11 +366,15 @@ impl Ctx {
                 },
             );
         }
+        let metrics = Metrics::register(registry);
+        if let Some(target) = &target {
+            target.report_to(metrics.target_calls.clone());
+        }
         Ok(Arc::new(Self {
             store,
             drivers: map,
             queue: Arc::new(queue::WorkQueue::default()),
-            metrics: Metrics::register(registry),
+            metrics,
             target: target.map(Arc::new),
             config,
             orphans: Mutex::new(HashMap::new()),
@@ -769,6 +785,11 @@ async fn gauges(ctx: Arc<Ctx>) {
         }
         ctx.metrics.operations_in_flight.set(in_flight);
         ctx.metrics.queue_depth.set(ctx.queue.depth() as i64);
+        let unreadable = ctx.store.unreadable();
+        for kind in Kind::ALL {
+            let n = unreadable.iter().filter(|(key, _)| key.kind == kind).count();
+            ctx.metrics.unreadable.get_or_create(&KindLabels { kind: kind.as_str().into() }).set(n as i64);
+        }
     }
 }
 

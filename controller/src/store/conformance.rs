@@ -40,9 +40,11 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
-use super::{Change, Error, Event, Key, Result, Store, WatchEvent};
+use serde_json::Value;
+
+use super::{Change, Error, Event, Key, ListParams, Result, Store, WatchEvent};
 use crate::events::EventReason;
-use crate::resources::{Kind, MachineClass, MachineClassSpec, ObjectMeta, FINALIZER};
+use crate::resources::{Kind, MachineClass, MachineClassSpec, MachineDeployment, ObjectMeta, FINALIZER};
 
 /// Calls every case with `$then!` (a macro taking a comma-separated list of case names, each a
 /// function of this module).
@@ -61,6 +63,7 @@ macro_rules! store_conformance_cases {
             events_newest_n_oldest_first,
             repeats_of_one_reason_read_back_as_one_event_with_its_count,
             scan_visits_what_list_returns_in_order_and_stops_at_an_error,
+            an_unreadable_object_is_named_by_get_and_passed_over_by_listings,
         }
     };
 }
@@ -622,5 +625,179 @@ pub async fn events_newest_n_oldest_first(s: &Subject) -> Outcome {
     ensure!(all.iter().all(|e| e.key == key(s, "a")), "events of a name another object");
     let newest = ok("newest 2 events", store.backend().events(&key(s, "a"), 2)).await?;
     ensure!(summary(&newest) == want[1..], "newest 2 events of a: {:?}", summary(&newest));
+    Ok(())
+}
+
+/// A MachineDeployment as JSON with `failureBudget` as given. The CRD's schema says only "an
+/// integer of at least 0" where the type holds a `u32`, so `1 << 32` is stored on every backend
+/// and read by none: the way a value the controller cannot read gets into a real cluster (a
+/// `kubectl apply`, another version of the controller). Should the schema ever bound it, this
+/// case needs another such value: the create of it fails, saying so.
+fn deployment(namespace: &str, name: &str, failure_budget: u64) -> Value {
+    serde_json::json!({
+        "apiVersion": Kind::MachineDeployment.api_version(),
+        "kind": "MachineDeployment",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": {
+            "replicas": 0,
+            "template": { "spec": { "classRef": { "name": "small" }, "providerSpec": {} } },
+            "failureBudget": failure_budget,
+        },
+    })
+}
+
+/// The stored text of `key`, with `change` made to it, written back with the version it was read at.
+async fn rewrite(s: &Subject, key: &Key, change: impl FnOnce(&mut Value)) -> Outcome {
+    let backend = s.store.backend();
+    let text = ok(&format!("get {key}"), backend.get(key)).await?.ok_or_else(|| format!("{key} is gone"))?;
+    let mut v: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{key}: the backend's text is not JSON: {e}"))?;
+    change(&mut v);
+    ok(&format!("update {key}"), backend.update(key.kind, v)).await?.ok_or_else(|| format!("update {key}: it went"))?;
+    Ok(())
+}
+
+/// The names in `namespace` among `objects`, in order.
+fn names_in(namespace: &str, objects: &[MachineDeployment]) -> Vec<String> {
+    objects.iter().filter(|o| o.metadata.namespace == namespace).map(|o| o.metadata.name.clone()).collect()
+}
+
+/// An object stored whole whose text does not parse as its kind (the rule under "Unreadable
+/// objects" on [`Backend`](super::Backend)): the backend serves it as text and names it; `get`
+/// fails `Unreadable` naming it and the field at fault; a sweep of the kind and a watch pass
+/// over it and go on, a selection it may belong to fails naming it; it is reported
+/// (`Store::unreadable`, a `Warning` event `Unreadable` on it); repaired, it reads again
+/// everywhere.
+pub async fn an_unreadable_object_is_named_by_get_and_passed_over_by_listings(s: &Subject) -> Outcome {
+    let (store, ns) = (&s.store, s.namespace.as_str());
+    let backend = store.backend();
+    let md = |name: &str| Key::new(Kind::MachineDeployment, ns, name);
+    let bad = md("bad");
+    let mut rx = store.subscribe();
+    ok("create good", backend.create(Kind::MachineDeployment, deployment(ns, "good", 3))).await?;
+    ok("create bad (failureBudget 2^32)", backend.create(Kind::MachineDeployment, deployment(ns, "bad", 1 << 32)))
+        .await
+        .map_err(|e| format!("{e}: the store refuses the value this case stores as unreadable; pick another"))?;
+    // Both creates are notified before the watch starts: it then reports only what follows.
+    let mut created = BTreeSet::new();
+    while created.len() < 2 {
+        created.insert(next_change(&mut rx, ns).await?.key.name);
+    }
+    let mut w = store.watch::<MachineDeployment>(None);
+
+    // The backend serves it as text.
+    let keys = ok("keys", store.keys(Kind::MachineDeployment)).await?;
+    ensure!(keys.contains(&bad), "keys: {bad} missing from {keys:?}");
+    let text = ok("backend get", backend.get(&bad)).await?.ok_or("backend get: the unreadable object is not served")?;
+    ensure!(text.contains("4294967296"), "backend get: {text}");
+
+    // `get` names it, and the field at fault.
+    let want =
+        format!("{bad}: the stored object cannot be read: spec.failureBudget: invalid value: integer `4294967296`");
+    match call("get bad", store.get::<MachineDeployment>(ns, "bad")).await? {
+        Err(e @ Error::Unreadable { .. }) => {
+            let chain = machine_driver_util::error_chain(&e);
+            ensure!(chain.starts_with(&want), "get bad: {chain:?}, not {want:?}…");
+        }
+        other => return Err(format!("get bad: expected Unreadable, got {other:?}")),
+    }
+    // Its neighbour reads as ever.
+    ensure!(ok("get good", store.get::<MachineDeployment>(ns, "good")).await?.is_some(), "get good: gone");
+
+    // A sweep of the kind passes over it; a selection it may belong to fails naming it, one it
+    // cannot belong to does not.
+    let listed = ok("list", store.list::<MachineDeployment>()).await?;
+    ensure!(names_in(ns, &listed) == ["good"], "list: {:?}, not [good]", names_in(ns, &listed));
+    let is_bad = |e: &Error| matches!(e, Error::Unreadable { key, .. } if *key == bad);
+    let selection = ListParams::namespaced(ns);
+    fails("list_with its namespace", store.list_with::<MachineDeployment>(&selection), "Unreadable naming bad", is_bad)
+        .await?;
+    let elsewhere = ListParams::namespaced(&format!("{ns}-elsewhere"));
+    let selected = ok("list_with another namespace", store.list_with::<MachineDeployment>(&elsewhere)).await?;
+    ensure!(selected.is_empty(), "list_with another namespace: {:?}", names_in(ns, &selected));
+    let labelled = ListParams::namespaced(ns).label("team", "absent");
+    ok("list_with a label it does not have", store.list_with::<MachineDeployment>(&labelled)).await?;
+
+    // A scan names it: `scan` stops there, `scan_with` hands it over and goes on.
+    let read = |json: &str| super::parse::<MachineDeployment>(json).map(|_| ()).map_err(Error::Json);
+    let stopped = call("scan", backend.scan(Kind::MachineDeployment, &mut |json| read(json))).await?;
+    ensure!(
+        matches!(&stopped, Err(Error::Unreadable { key, .. }) if *key == bad),
+        "scan: {stopped:?}, not Unreadable naming {bad}"
+    );
+    let (mut visited, mut handed) = (0, Vec::new());
+    ok(
+        "scan_with",
+        backend.scan_with(
+            Kind::MachineDeployment,
+            &mut |json| {
+                read(json)?;
+                visited += 1;
+                Ok(())
+            },
+            &mut |key, _| {
+                handed.push(key);
+                Ok(())
+            },
+        ),
+    )
+    .await?;
+    ensure!(handed == [bad.clone()], "scan_with handed over {handed:?}, not [{bad}]");
+    ensure!(visited >= 1, "scan_with did not go on to the readable object");
+
+    // Reported: in `Store::unreadable`, and as a Warning event on it.
+    let reported = store.unreadable();
+    ensure!(
+        reported.iter().any(|(k, why)| *k == bad && why.starts_with("spec.failureBudget: ")),
+        "Store::unreadable: {reported:?}"
+    );
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let events = ok("events of bad", backend.events(&bad, 10)).await?;
+        let found = events.iter().any(|e| {
+            e.reason == EventReason::Unreadable.as_str()
+                && e.event_type == "Warning"
+                && e.message.contains("spec.failureBudget: invalid value")
+        });
+        if found {
+            break;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "no Unreadable event on {bad}: {events:?}");
+        // Deliberate: the interval between polls of a condition with a deadline.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A watch lists the rest, and passes over a change that leaves it unreadable.
+    let mut initial = BTreeSet::new();
+    loop {
+        match ok("watch", w.next()).await? {
+            WatchEvent::Init => initial.clear(),
+            WatchEvent::InitApply(o) if o.metadata.namespace == ns => {
+                initial.insert(o.metadata.name);
+            }
+            WatchEvent::InitApply(_) => {}
+            WatchEvent::InitDone => break,
+            e => return Err(format!("watch: {e:?} before InitDone")),
+        }
+    }
+    ensure!(initial == BTreeSet::from(["good".to_string()]), "watch listed {initial:?}, not [good]");
+    rewrite(s, &bad, |v| v["metadata"]["labels"] = serde_json::json!({"still": "unreadable"})).await?;
+    rewrite(s, &md("good"), |v| v["metadata"]["labels"] = serde_json::json!({"after": "bad"})).await?;
+    match ok("watch", w.next()).await? {
+        WatchEvent::Apply(o) if o.metadata.name == "good" && o.metadata.labels.contains_key("after") => {}
+        e => return Err(format!("watch after a change of bad, then of good: {e:?}, not Apply(good)")),
+    }
+
+    // Repaired, it reads again everywhere, and is no longer reported.
+    rewrite(s, &bad, |v| v["spec"]["failureBudget"] = 3.into()).await?;
+    match ok("watch", w.next()).await? {
+        WatchEvent::Apply(o) if o.metadata.name == "bad" && o.spec.failure_budget == 3 => {}
+        e => return Err(format!("watch after bad was repaired: {e:?}, not Apply(bad)")),
+    }
+    let listed = ok("list after the repair", store.list::<MachineDeployment>()).await?;
+    ensure!(names_in(ns, &listed) == ["bad", "good"], "list after the repair: {:?}", names_in(ns, &listed));
+    ensure!(ok("get bad after the repair", store.get::<MachineDeployment>(ns, "bad")).await?.is_some(), "bad: gone");
+    let reported = store.unreadable();
+    ensure!(reported.iter().all(|(k, _)| *k != bad), "still reported after the repair: {reported:?}");
     Ok(())
 }

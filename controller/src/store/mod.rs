@@ -138,7 +138,11 @@ pub enum Error {
         source: Option<BoxError>,
     },
     /// A stored object's text does not parse as its kind: a store file edited by hand, a
-    /// damaged restore.
+    /// damaged restore, a custom resource written with a value its CRD's schema admits and its
+    /// kind's type does not (a number beyond a `u32`'s range), an object written by another
+    /// version of the controller. The source says why, after the path of the field at fault
+    /// when there is one (`spec.failureBudget: invalid value: …`). What each read does with
+    /// such an object is the rule under "Unreadable objects" on [`Backend`].
     #[error("{key}: the stored object cannot be read")]
     Unreadable {
         /// Which.
@@ -230,6 +234,27 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///   returns the newest `limit` of them, oldest first. Recording is best effort: Kubernetes posts
 ///   events in the background (they show up shortly after, and are dropped when the queue is
 ///   full); SQLite keeps the newest 50,000.
+/// - **Unreadable objects.** An object stored whole but whose text does not parse as its kind
+///   ([`Error::Unreadable`]) is neither hidden nor allowed to take the rest of its kind down.
+///   The backend keeps serving it as text: [`Backend::keys`] lists it, [`Backend::get`] and
+///   [`Backend::list`] return it, and [`Backend::scan_with`] names it — the object's key and the
+///   parse error — when the visitor cannot read it. On that, [`Store`] reads alike on every
+///   backend:
+///   - [`Store::get`] fails [`Error::Unreadable`], naming the kind, namespace and name, and the
+///     field at fault and why. The object's own reconcile fails with it, and is retried with
+///     backoff until the object is repaired or deleted.
+///   - A sweep of a whole kind ([`Store::list`]) and a [`Watch`] pass over it and go on: one bad
+///     object does not fail every reconcile that lists its kind. A watch reports no event for a
+///     change that leaves an object unreadable (it reports the next readable version).
+///   - A selection decided about as a whole — what one owner owns ([`Store::list_owned`],
+///     [`Store::list_owned_as`]: its text names the owner's uid), what a namespace and labels
+///     select ([`Store::list_with`]: in the namespace, its text holds the label values) — fails
+///     [`Error::Unreadable`] when the object may belong to it: the caller cannot tell, and acting
+///     as if it did not exist could replace a machine a deployment or a pool has, or remediate
+///     past a health check that would halt it. Only the callers it may belong to wait.
+///   - Every pass-over and failure is reported, once per object and reason for as long as the
+///     object stays unreadable: a warning in the log, a `Warning` event `Unreadable` on the
+///     object, and [`Store::unreadable`] (the `controller_unreadable_objects{kind}` metric).
 #[async_trait::async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// One object.
@@ -239,10 +264,35 @@ pub trait Backend: Send + Sync + 'static {
     /// Hands each object of a kind to `visit`, one at a time and in the order of
     /// [`Backend::list`], and stops at the first error `visit` returns. What a caller parses out
     /// of 10,000 objects this way never needs all their texts at once: the backends keep texts
-    /// packed (`store/packed.rs`) and unpack one at a time.
+    /// packed (`store/packed.rs`) and unpack one at a time. An object `visit` cannot read (it
+    /// returns [`Error::Json`]) stops the scan too, named: the error is [`Error::Unreadable`].
+    /// [`Backend::scan_with`] passes over such objects instead.
     async fn scan(&self, kind: Kind, visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send)) -> Result<()> {
+        self.scan_with(kind, visit, &mut |key, source| Err(Error::Unreadable { key, source })).await
+    }
+    /// [`Backend::scan`], but an object `visit` cannot read (it returns [`Error::Json`]) is
+    /// handed to `unreadable` with its key, and the scan goes on to the next object unless
+    /// `unreadable` returns an error (which the scan then returns). Any other error of `visit`
+    /// stops the scan. An object that changed or went while the scan ran is not handed over:
+    /// the text `visit` saw is no longer stored.
+    ///
+    /// The default goes through [`Backend::list`] and names an unreadable object by the
+    /// `metadata` of its text; a backend whose texts may not be JSON objects with a name (SQLite:
+    /// a row edited by hand) overrides it.
+    async fn scan_with(
+        &self,
+        kind: Kind,
+        visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send),
+        unreadable: &mut (dyn FnMut(Key, serde_json::Error) -> Result<()> + Send),
+    ) -> Result<()> {
         for json in self.list(kind).await? {
-            visit(&json)?;
+            match visit(&json) {
+                Err(Error::Json(source)) => match key_in_text(kind, &json) {
+                    Some(key) => unreadable(key, source)?,
+                    None => return Err(Error::Json(source)),
+                },
+                other => other?,
+            }
         }
         Ok(())
     }
@@ -259,22 +309,7 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// The keys of all objects of a kind (backends with an index answer without parsing).
     async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
-        #[derive(serde::Deserialize)]
-        struct Named {
-            metadata: NameOnly,
-        }
-        #[derive(serde::Deserialize)]
-        struct NameOnly {
-            name: String,
-            namespace: String,
-        }
-        Ok(self
-            .list(kind)
-            .await?
-            .iter()
-            .filter_map(|j| serde_json::from_str::<Named>(j).ok())
-            .map(|n| Key::new(kind, &n.metadata.namespace, &n.metadata.name))
-            .collect())
+        Ok(self.list(kind).await?.iter().filter_map(|j| key_in_text(kind, j)).collect())
     }
     /// Creates; `AlreadyExists` if present. Returns the stored object.
     async fn create(&self, kind: Kind, obj: Value) -> Result<Arc<str>>;
@@ -300,6 +335,71 @@ pub trait Backend: Send + Sync + 'static {
     async fn record_event(&self, event: Event) -> Result<()>;
     /// The newest `limit` events of an object, oldest first.
     async fn events(&self, key: &Key, limit: usize) -> Result<Vec<Event>>;
+}
+
+/// The key a stored text names in its `metadata` (`None`: not a JSON object with a name).
+fn key_in_text(kind: Kind, json: &str) -> Option<Key> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        metadata: NameOnly,
+    }
+    #[derive(serde::Deserialize)]
+    struct NameOnly {
+        name: String,
+        #[serde(default)]
+        namespace: Option<String>,
+    }
+    let named = serde_json::from_str::<Named>(json).ok()?.metadata;
+    Some(Key::new(kind, named.namespace.as_deref().unwrap_or("default"), &named.name))
+}
+
+/// `json` read as a `T`. The error of a text that does not fit names the field at fault
+/// (`spec.failureBudget: invalid value: integer `4294967296`, expected u32`), where serde's
+/// alone says `at line 1 column 321`: the store's texts are one line, and the column moves with
+/// every unrelated change of the object. A text that is not JSON at all keeps its position.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(json: &str) -> serde_json::Result<T> {
+    serde_json::from_str(json).map_err(|e| {
+        // Only for a text that does not parse: the path costs a second parse.
+        let mut de = serde_json::Deserializer::from_str(json);
+        match serde_path_to_error::deserialize::<_, T>(&mut de) {
+            Err(at) if at.path().iter().next().is_some() && !e.is_syntax() && !e.is_eof() => {
+                let message = e.to_string();
+                let position = format!(" at line {} column {}", e.line(), e.column());
+                let message = message.strip_suffix(&position).unwrap_or(&message);
+                <serde_json::Error as serde::de::Error>::custom(format!("{}: {message}", at.path()))
+            }
+            _ => e,
+        }
+    })
+}
+
+/// What a store handle found unreadable (see "Unreadable objects" on [`Backend`]): each
+/// object, with why, until a read finds it readable again or gone.
+#[derive(Default)]
+struct Unreadables(std::sync::Mutex<std::collections::BTreeMap<Key, String>>);
+
+impl Unreadables {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<Key, String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records `found` (`whole`: every unreadable object of `kind`, so the others of `kind`
+    /// are readable now or gone); returns the ones not recorded before with that reason.
+    fn found(&self, kind: Kind, found: Vec<(Key, String)>, whole: bool) -> Vec<(Key, String)> {
+        let mut held = self.lock();
+        if whole {
+            held.retain(|k, _| k.kind != kind || found.iter().any(|(f, _)| f == k));
+        }
+        found.into_iter().filter(|(key, why)| held.insert(key.clone(), why.clone()).as_ref() != Some(why)).collect()
+    }
+
+    /// `key` read, or found gone.
+    fn readable(&self, key: &Key) {
+        let mut held = self.lock();
+        if !held.is_empty() {
+            held.remove(key);
+        }
+    }
 }
 
 /// Which backend to use (`--store`).
@@ -343,7 +443,8 @@ impl StoreSpec {
         match self {
             StoreSpec::Sqlite(_) => Ok(None),
             StoreSpec::Kubernetes { .. } => {
-                kube::Client::try_default().await.map(Some).map_err(|e| Error::backend("kubernetes", e))
+                let config = kube::Config::infer().await.map_err(|e| Error::backend("kubernetes", e))?;
+                kubernetes::client(config).map(Some).map_err(|e| Error::backend("kubernetes", e))
             }
         }
     }
@@ -405,7 +506,8 @@ pub enum WatchEvent<T> {
 
 /// A watch over one type: first the objects newer than a resourceVersion (all of them without
 /// one), then `InitDone`, then every change. A watcher that falls too far behind starts over
-/// with `Init` and a full list, so nothing is missed.
+/// with `Init` and a full list, so nothing is missed. An object that cannot be read as `T` is
+/// passed over, and reported ("Unreadable objects" on [`Backend`]).
 pub struct Watch<T> {
     store: Store,
     rx: broadcast::Receiver<Change>,
@@ -437,9 +539,12 @@ impl<T: Resource> Watch<T> {
             }
             match self.rx.recv().await {
                 Ok(change) if change.key.kind == T::KIND => {
-                    return Ok(match self.store.get::<T>(&change.key.namespace, &change.key.name).await? {
-                        Some(obj) => WatchEvent::Apply(obj),
-                        None => WatchEvent::Delete(change.key),
+                    return Ok(match self.store.get::<T>(&change.key.namespace, &change.key.name).await {
+                        Ok(Some(obj)) => WatchEvent::Apply(obj),
+                        Ok(None) => WatchEvent::Delete(change.key),
+                        // Passed over (`get` reported it): the next readable version is reported.
+                        Err(Error::Unreadable { .. }) => continue,
+                        Err(e) => return Err(e),
                     });
                 }
                 Ok(_) => {}
@@ -463,12 +568,14 @@ fn rv_of(meta: &ObjectMeta) -> u64 {
 #[derive(Clone)]
 pub struct Store {
     backend: Arc<dyn Backend>,
+    /// Shared by the handle's clones.
+    unreadable: Arc<Unreadables>,
 }
 
 impl Store {
     /// A store over `backend`.
     pub fn new(backend: Arc<dyn Backend>) -> Self {
-        Self { backend }
+        Self { backend, unreadable: Arc::default() }
     }
 
     /// The embedded store in `path`.
@@ -505,27 +612,48 @@ impl Store {
     /// One object.
     ///
     /// # Errors
-    /// Database errors, or an object that does not parse as `T`.
+    /// Backend errors; [`Error::Unreadable`], naming it, for an object that does not parse as
+    /// `T` (reported: "Unreadable objects" on [`Backend`]).
     pub async fn get<T: Resource>(&self, namespace: &str, name: &str) -> Result<Option<T>> {
         let key = Key::new(T::KIND, namespace, name);
-        match self.backend.get(&key).await? {
-            Some(json) => Ok(Some(serde_json::from_str(&json).map_err(|source| Error::Unreadable { key, source })?)),
-            None => Ok(None),
+        let Some(json) = self.backend.get(&key).await? else {
+            self.unreadable.readable(&key);
+            return Ok(None);
+        };
+        match parse(&json) {
+            Ok(obj) => {
+                self.unreadable.readable(&key);
+                Ok(Some(obj))
+            }
+            Err(source) => {
+                self.report(T::KIND, vec![(key.clone(), source.to_string())], false).await;
+                Err(Error::Unreadable { key, source })
+            }
         }
     }
 
-    /// All objects of a kind.
+    /// All objects of a kind. One that does not parse as `T` is passed over and reported
+    /// ("Unreadable objects" on [`Backend`]).
     ///
     /// # Errors
-    /// Database errors, or an object that does not parse as `T`.
+    /// Backend errors.
     pub async fn list<T: Resource>(&self) -> Result<Vec<T>> {
         let mut out = Vec::new();
+        let mut unreadable = Vec::new();
         self.backend
-            .scan(T::KIND, &mut |json| {
-                out.push(serde_json::from_str(json)?);
-                Ok(())
-            })
+            .scan_with(
+                T::KIND,
+                &mut |json| {
+                    out.push(parse(json)?);
+                    Ok(())
+                },
+                &mut |key, source| {
+                    unreadable.push((key, source.to_string()));
+                    Ok(())
+                },
+            )
             .await?;
+        self.report(T::KIND, unreadable, true).await;
         Ok(out)
     }
 
@@ -533,21 +661,73 @@ impl Store {
     /// selected label value are parsed.
     ///
     /// # Errors
-    /// Backend errors, or an object that does not parse as `T`.
+    /// Backend errors; [`Error::Unreadable`], naming it, for an object that does not parse as
+    /// `T` and may be selected: in the selected namespace, its text holding every selected label
+    /// value (reported: "Unreadable objects" on [`Backend`]). A selection — even of everything —
+    /// is decided about as a whole; [`Store::list`] sweeps a kind and passes over such objects.
     pub async fn list_with<T: Resource>(&self, params: &ListParams) -> Result<Vec<T>> {
         let mut out = Vec::new();
-        self.backend
-            .scan(T::KIND, &mut |json| {
-                if params.labels.values().all(|v| json.contains(v.as_str())) {
-                    let obj: T = serde_json::from_str(json)?;
-                    if params.matches(obj.meta()) {
-                        out.push(obj);
+        let mut unreadable = Vec::new();
+        let scanned = self
+            .backend
+            .scan_with(
+                T::KIND,
+                &mut |json| {
+                    if params.labels.values().all(|v| json.contains(v.as_str())) {
+                        let obj: T = parse(json)?;
+                        if params.matches(obj.meta()) {
+                            out.push(obj);
+                        }
                     }
-                }
-                Ok(())
-            })
-            .await?;
+                    Ok(())
+                },
+                // Only a text with every selected label value is parsed: in the namespace, it
+                // may be selected.
+                &mut |key, source| {
+                    unreadable.push((key.clone(), source.to_string()));
+                    match &params.namespace {
+                        Some(ns) if *ns != key.namespace => Ok(()),
+                        _ => Err(Error::Unreadable { key, source }),
+                    }
+                },
+            )
+            .await;
+        self.report(T::KIND, unreadable, false).await;
+        scanned?;
         Ok(out)
+    }
+
+    /// The objects this handle's reads last found unreadable ("Unreadable objects" on
+    /// [`Backend`]), in key order, each with why; an object leaves the list when a read finds
+    /// it readable again or gone (a listing of its whole kind, or a `get` of it).
+    pub fn unreadable(&self) -> Vec<(Key, String)> {
+        self.unreadable.lock().iter().map(|(k, why)| (k.clone(), why.clone())).collect()
+    }
+
+    /// Records what a read of `kind` found unreadable (`whole`: a listing of all of `kind`), and
+    /// reports each object not reported before with that reason: a warning in the log and a
+    /// `Warning` event `Unreadable` on the object.
+    async fn report(&self, kind: Kind, found: Vec<(Key, String)>, whole: bool) {
+        if found.is_empty() && (!whole || self.unreadable.lock().is_empty()) {
+            return;
+        }
+        for (key, why) in self.unreadable.found(kind, found, whole) {
+            tracing::warn!(
+                object = %key,
+                "{key}: the stored object cannot be read as a {kind}: {why}; reads of it and selections it \
+                 may belong to fail, sweeps of its kind pass over it, until it is repaired or deleted"
+            );
+            let event = Event {
+                key,
+                event_type: EventReason::Unreadable.event_type().as_str().into(),
+                reason: EventReason::Unreadable.as_str().into(),
+                message: format!("the stored object cannot be read as a {kind}: {why}"),
+                time: chrono::Utc::now(),
+            };
+            if let Err(e) = self.backend.record_event(event).await {
+                tracing::warn!("recording event: {}", machine_driver_util::error_chain(&e));
+            }
+        }
     }
 
     /// Watches objects of type `T` changed after `resource_version` (every object when `None`):
@@ -576,10 +756,11 @@ impl Store {
     /// parse every Machine of every other deployment.
     ///
     /// # Errors
-    /// Backend errors, or an object that does not parse as `T`.
+    /// Backend errors; [`Error::Unreadable`], naming it, for an object whose text names the
+    /// owner's uid but does not parse as `T` (the owner cannot tell whether it owns it).
     pub async fn list_owned<T: Resource>(&self, owner: &ObjectMeta) -> Result<Vec<T>> {
         self.list_owned_as(T::KIND, owner, |json| {
-            let obj: T = serde_json::from_str(json)?;
+            let obj: T = parse(json)?;
             let meta = obj.meta();
             let owned = meta.namespace == owner.namespace
                 && meta.owner_references.iter().any(|o| o.controller && o.uid == owner.uid);
@@ -595,7 +776,8 @@ impl Store {
     /// the views never all exist at once).
     ///
     /// # Errors
-    /// Backend errors, or an object `parse` cannot read.
+    /// Backend errors; [`Error::Unreadable`], naming it, for an object whose text names the
+    /// owner's uid and that `parse` cannot read (reported: "Unreadable objects" on [`Backend`]).
     pub async fn list_owned_as<U: Send>(
         &self,
         kind: Kind,
@@ -610,14 +792,29 @@ impl Store {
         // last growth, 33 MB where 17 MB are needed. Room no view is written into is address
         // space, not memory.
         let mut out = Vec::with_capacity(self.backend.count(kind).await.unwrap_or(0));
-        self.backend
-            .scan(kind, &mut |json| {
-                if json.contains(owner.uid.as_str()) {
-                    out.extend(parse(json)?);
-                }
-                Ok(())
-            })
-            .await?;
+        let mut unreadable = None;
+        let scanned = self
+            .backend
+            .scan_with(
+                kind,
+                &mut |json| {
+                    if json.contains(owner.uid.as_str()) {
+                        out.extend(parse(json)?);
+                    }
+                    Ok(())
+                },
+                // Only a text that names the uid is parsed: this one may be the owner's.
+                &mut |key, source| {
+                    let why = source.to_string();
+                    unreadable = Some((key.clone(), why));
+                    Err(Error::Unreadable { key, source })
+                },
+            )
+            .await;
+        if let Some(found) = unreadable {
+            self.report(kind, vec![found], false).await;
+        }
+        scanned?;
         Ok(out)
     }
 
@@ -719,7 +916,8 @@ impl Store {
                     Err(e) => return Err(e),
                 }
             };
-            let mut merged: Value = serde_json::from_str(&current)?;
+            let mut merged: Value =
+                serde_json::from_str(&current).map_err(|source| Error::Unreadable { key: key.clone(), source })?;
             for field in ["spec", "stringData", "data", "type"] {
                 match desired.get(field) {
                     Some(v) => merged[field] = v.clone(),

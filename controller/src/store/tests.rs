@@ -124,31 +124,61 @@ async fn a_status_write_on_a_version_another_process_moved_on_from_is_a_conflict
     assert!(matches!(err, Error::NotFound(_)), "{err:?}");
 }
 
-/// An object whose stored text does not parse is named in the error of a read by key and of a
-/// listing, so the log of a failing reconcile says which object to repair.
+/// An object whose stored text is not even JSON (a row edited by hand) is treated as the
+/// conformance case treats one that does not fit its kind: a read by key names it, with its
+/// position; a listing of the kind passes over it and reports it; a listing of what an owner owns
+/// fails naming it when its text names the owner, and only then.
 #[tokio::test]
-async fn an_unreadable_object_is_named_by_reads_and_listings() {
+async fn an_unreadable_row_is_named_by_reads_and_passed_over_by_listings() {
     let (_dir, path, store) = new_store();
     store.create(&class("good", "small")).await.unwrap();
     store.create(&class("bad", "small")).await.unwrap();
     drop(store);
     let db = rusqlite::Connection::open(&path).unwrap();
-    assert_eq!(db.execute("UPDATE objects SET body = '{not json' WHERE name = 'bad'", []).unwrap(), 1);
+    assert_eq!(db.execute("UPDATE objects SET body = '{not json, owner-uid' WHERE name = 'bad'", []).unwrap(), 1);
     drop(db);
     let store = Store::open(&path).unwrap();
-    let named = |e: Error| match e {
-        Error::Unreadable { key, .. } => key,
-        other => panic!("not named: {other:?}"),
-    };
     let bad = Key::new(Kind::MachineClass, "default", "bad");
-    assert_eq!(named(store.get::<MachineClass>("default", "bad").await.unwrap_err()), bad);
-    assert_eq!(named(store.list::<MachineClass>().await.unwrap_err()), bad);
-    let chain = machine_driver_util::error_chain(&store.list::<MachineClass>().await.unwrap_err());
-    assert!(
-        chain.starts_with("MachineClass/default/bad: the stored object cannot be read: key must be a string"),
-        "{chain}"
+    let err = store.get::<MachineClass>("default", "bad").await.unwrap_err();
+    assert!(matches!(&err, Error::Unreadable { key, .. } if *key == bad), "{err:?}");
+    let chain = machine_driver_util::error_chain(&err);
+    assert_eq!(
+        chain,
+        "MachineClass/default/bad: the stored object cannot be read: key must be a string at line 1 column 2"
     );
+    let names: Vec<String> = store.list::<MachineClass>().await.unwrap().into_iter().map(|c| c.metadata.name).collect();
+    assert_eq!(names, ["good"]);
+    assert_eq!(store.unreadable(), [(bad.clone(), "key must be a string at line 1 column 2".to_string())]);
+    let err = store.backend().scan(Kind::MachineClass, &mut |json| Ok(parse::<MachineClass>(json).map(drop)?)).await;
+    assert!(matches!(&err, Err(Error::Unreadable { key, .. }) if *key == bad), "{err:?}");
+    // Its text names this owner: the owner cannot tell whether it owns it.
+    let owner = ObjectMeta { namespace: "default".into(), uid: "owner-uid".into(), ..Default::default() };
+    let err = store.list_owned::<MachineClass>(&owner).await.unwrap_err();
+    assert!(matches!(&err, Error::Unreadable { key, .. } if *key == bad), "{err:?}");
+    let other = ObjectMeta { uid: "another-uid".into(), ..owner };
+    assert!(store.list_owned::<MachineClass>(&other).await.unwrap().is_empty());
+    // Reported once, as a Warning event on it.
+    let events = store.backend().events(&bad, 10).await.unwrap();
+    let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(reasons, ["Unreadable"], "{events:?}");
+    assert!(events[0].message.contains("key must be a string"), "{events:?}");
     assert!(store.get::<MachineClass>("default", "good").await.unwrap().is_some());
+    // Deleted, it is no longer reported.
+    store.delete(&bad).await.unwrap();
+    assert!(store.get::<MachineClass>("default", "bad").await.unwrap().is_none());
+    assert!(store.unreadable().is_empty());
+}
+
+/// A text that is JSON but does not fit its kind is named with the path of the field at fault,
+/// without serde's position (which moves with every unrelated change of the object).
+#[test]
+fn parse_errors_name_the_field_at_fault() {
+    let mut md = serde_json::to_value(class("c", "small")).unwrap();
+    md["spec"]["driver"] = 5.into();
+    let err = parse::<MachineClass>(&md.to_string()).unwrap_err();
+    assert_eq!(err.to_string(), "spec.driver: invalid type: integer `5`, expected a string");
+    let err = parse::<MachineClass>("[").unwrap_err();
+    assert_eq!(err.to_string(), "EOF while parsing a list at line 1 column 1");
 }
 
 #[tokio::test]
