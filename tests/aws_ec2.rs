@@ -14,9 +14,9 @@ use aws_support::{start_driver, Ec2Stub, Fault, Moto};
 use driver_sdk::convert::json_to_struct;
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, DriverClient, OperationExt};
-use e2e_tests::{bin, controller_apply, controller_cli, eventually, run, start_controller};
+use e2e_tests::world::World;
+use e2e_tests::{bin, eventually, run, Driver};
 use machine_controller::resources::{Machine, MachineClass, MachineDeployment, Phase};
-use machine_controller::store::Store;
 use serde_json::json;
 use tokio::process::Command;
 use tonic::Code;
@@ -180,12 +180,11 @@ async fn startup_without_a_region_is_a_clear_error() {
 async fn controller_runs_a_deployment_through_aws_ec2_driver_on_moto() {
     let region = "us-west-2";
     let moto = Moto::shared().await;
-    let driver = start_driver(&moto.url(), region, &[]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let store_path = dir.path().join("store.db");
-    let log_path = dir.path().join("controller.log");
-    let driver_arg = format!("aws={}", driver.endpoint());
-    let _controller = start_controller(&store_path, &driver_arg, &["--controller-id", "e2e-aws"], &log_path);
+    let w = World::builder()
+        .driver(aws_support::driver(&moto.url(), region, &[]))
+        .controller_args(&["--controller-id", "e2e-aws"])
+        .start()
+        .await;
     let manifest = format!(
         "apiVersion: machine.driver.dev/v1alpha1
 kind: MachineClass
@@ -204,11 +203,11 @@ spec:
       classRef: {{name: aws-small}}
 "
     );
-    controller_apply(&store_path, dir.path(), &manifest).await;
+    w.apply(&manifest).await;
 
-    let store = Store::open(&store_path).unwrap();
-    let controller_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    eventually(2 * MINUTE, "3 machines Running", || {
+    let store = w.store();
+    let controller_log = || w.controller_log(0);
+    w.wait_for("3 machines Running", 2 * MINUTE, || {
         let store = store.clone();
         async move {
             let md = store.get::<MachineDeployment>("default", "web").await.ok()??;
@@ -248,9 +247,9 @@ spec:
         );
     }
 
-    let (code, out, err) = controller_cli(&store_path, &["delete", "md", "web"]).await;
+    let (code, out, err) = w.cli(&["delete", "md", "web"]).await;
     assert_eq!(code, 0, "delete failed:\n{out}\n{err}");
-    eventually(2 * MINUTE, "machines gone from the store", || {
+    w.wait_for("machines gone from the store", 2 * MINUTE, || {
         let store = store.clone();
         async move { store.list::<Machine>().await.ok().filter(|m| m.is_empty()).map(|_| ()) }
     })
@@ -429,13 +428,11 @@ async fn a_role_arn_is_assumed_with_sts_and_signs_the_ec2_calls_on_moto() {
 async fn controller_drives_aws_with_each_class_secret_on_moto() {
     let region = "ap-southeast-2";
     let moto = Moto::shared().await;
-    let driver = start_driver(&moto.url(), region, &[]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let store_path = dir.path().join("store.db");
-    let log_path = dir.path().join("controller.log");
-    let driver_arg = format!("aws={}", driver.endpoint());
-    let extra = ["--controller-id", "e2e-aws-creds", "--orphan-interval", "1s"];
-    let _controller = start_controller(&store_path, &driver_arg, &extra, &log_path);
+    let w = World::builder()
+        .driver(aws_support::driver(&moto.url(), region, &[]))
+        .controller_args(&["--controller-id", "e2e-aws-creds", "--orphan-interval", "1s"])
+        .start()
+        .await;
     let class = |name: &str, secret: &str| {
         format!(
             "apiVersion: machine.driver.dev/v1alpha1\nkind: MachineClass\nmetadata: {{name: {name}}}\nspec:\n  driver: aws\n  \
@@ -463,12 +460,12 @@ async fn controller_drives_aws_with_each_class_secret_on_moto() {
         md("web-half", "aws-half"),
     ]
     .join("---\n");
-    controller_apply(&store_path, dir.path(), &manifest).await;
+    w.apply(&manifest).await;
 
-    let store = Store::open(&store_path).unwrap();
-    let controller_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let store = w.store();
+    let controller_log = || w.controller_log(0);
     for name in ["web-a", "web-b"] {
-        eventually(2 * MINUTE, &format!("{name} available"), || {
+        w.wait_for(&format!("{name} available"), 2 * MINUTE, || {
             let store = store.clone();
             async move {
                 let md = store.get::<MachineDeployment>("default", name).await.ok()??;
@@ -477,14 +474,15 @@ async fn controller_drives_aws_with_each_class_secret_on_moto() {
         })
         .await;
     }
-    let invalid = eventually(MINUTE, "class aws-half invalid", || {
-        let store = store.clone();
-        async move {
-            let c = store.get::<MachineClass>("default", "aws-half").await.ok()??;
-            c.status.conditions.into_iter().find(|c| c.condition_type == "Valid" && c.status == "False")
-        }
-    })
-    .await;
+    let invalid = w
+        .wait_for("class aws-half invalid", MINUTE, || {
+            let store = store.clone();
+            async move {
+                let c = store.get::<MachineClass>("default", "aws-half").await.ok()??;
+                c.status.conditions.into_iter().find(|c| c.condition_type == "Valid" && c.status == "False")
+            }
+        })
+        .await;
     assert!(invalid.message.contains("secrets.secretAccessKey"), "{invalid:?}");
     assert!(!invalid.message.contains("AKIAHALFAPAIR"), "{invalid:?}");
 
@@ -540,10 +538,10 @@ async fn controller_drives_aws_with_each_class_secret_on_moto() {
         })
         .collect();
     for name in ["web-a", "web-b", "web-half"] {
-        let (code, out, err) = controller_cli(&store_path, &["delete", "md", name]).await;
+        let (code, out, err) = w.cli(&["delete", "md", name]).await;
         assert_eq!(code, 0, "delete failed:\n{out}\n{err}");
     }
-    eventually(2 * MINUTE, "machines gone from the store", || {
+    w.wait_for("machines gone from the store", 2 * MINUTE, || {
         let store = store.clone();
         async move { store.list::<Machine>().await.ok().filter(|m| m.is_empty()).map(|_| ()) }
     })
@@ -693,8 +691,7 @@ async fn missing_credentials_are_permission_denied_without_calling_ec2() {
     // Empty keys count as none; the profile files do not exist and instance metadata is off.
     env.push(("AWS_ACCESS_KEY_ID".into(), String::new()));
     env.push(("AWS_SECRET_ACCESS_KEY".into(), String::new()));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let driver = e2e_tests::Sidecar::start_with_env("aws-ec2-driver", &["--dev", "--max-attempts", "1"], &env).await;
+    let driver = Driver::binary("aws-ec2-driver").args(["--dev", "--max-attempts", "1"]).env(env).start().await;
     let c = driver.client().await;
     let e = c.create_machine(create_req("web-0", spec())).await.unwrap_err();
     assert_eq!((e.code(), e.reason()), (Code::PermissionDenied, reason::CLOUD_AUTH_FAILED), "{e}");

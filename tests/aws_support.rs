@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use e2e_tests::{eventually, free_port, http_get, Sidecar};
+use e2e_tests::{eventually, http_get, Driver, Emulator, Sidecar};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -40,15 +40,14 @@ fn moto_python() -> PathBuf {
     p
 }
 
-/// A `moto_server` on a free loopback port, shared by the tests of this binary that run at the
-/// same time. Tests isolate themselves by region (moto keeps one backend per region), so nobody
+/// A `moto_server` on a loopback port it picked itself (port 0; it logs the port it bound, so no
+/// other process can take it first), shared by the tests of this binary that run at the same
+/// time. Tests isolate themselves by region (moto keeps one backend per region), so nobody
 /// resets global state while others run. Killed when the last user drops it.
 pub struct Moto {
-    child: Child,
+    server: Emulator,
     pub port: u16,
-    pub log: PathBuf,
     recording: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 /// One request moto received, as its recorder wrote it down.
@@ -66,63 +65,48 @@ pub struct SignedCall {
     pub params: BTreeMap<String, String>,
 }
 
-static SHARED: Mutex<Weak<Moto>> = Mutex::new(Weak::new());
+/// The shared moto while anyone holds it. An async lock: held across a start, so two tests do
+/// not start two servers and nobody gets one that is not answering yet.
+static SHARED: tokio::sync::Mutex<Weak<Moto>> = tokio::sync::Mutex::const_new(Weak::new());
 
 impl Moto {
     /// The running shared moto, or a new one.
     pub async fn shared() -> Arc<Moto> {
-        let server = moto_server(); // fails with a clear message before the lock can be poisoned
-                                    // Held across the start so two tests do not start two servers.
-        let fresh = {
-            let mut guard = SHARED.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(m) = guard.upgrade() {
-                return m;
-            }
-            let m = Arc::new(Moto::spawn(&server));
-            *guard = Arc::downgrade(&m);
-            m
-        };
-        fresh.wait_ready().await;
-        fresh
+        let server = moto_server();
+        let mut shared = SHARED.lock().await;
+        if let Some(m) = shared.upgrade() {
+            return m;
+        }
+        let m = Arc::new(Moto::start(&server).await);
+        *shared = Arc::downgrade(&m);
+        m
     }
 
     /// A moto of its own, for a test whose calls must not compete with the other tests'.
     pub async fn private() -> Moto {
-        let moto = Moto::spawn(&moto_server());
-        moto.wait_ready().await;
-        moto
+        Moto::start(&moto_server()).await
     }
 
-    fn spawn(server: &Path) -> Moto {
+    async fn start(server: &Path) -> Moto {
         let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("moto.log");
-        let port = free_port();
-        let f = std::fs::File::create(&log).unwrap();
         // moto's recorder appends every request (headers and body) to a file: the tests read
         // which access key signed each call from its SigV4 Authorization header.
         let recording = dir.path().join("recording.jsonl");
-        let child = Command::new(server)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .env("MOTO_ENABLE_RECORDING", "True")
-            .env("MOTO_RECORDER_FILEPATH", &recording)
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", server.display()));
-        Moto { child, port, log, recording, _dir: dir }
-    }
-
-    async fn wait_ready(&self) {
-        let port = self.port;
+        let file = recording.to_string_lossy().into_owned();
+        let env = [("MOTO_ENABLE_RECORDING", "True"), ("MOTO_RECORDER_FILEPATH", file.as_str())];
+        // Port 0: werkzeug logs the address it bound (" * Running on http://127.0.0.1:PORT").
+        let args = ["-H", "127.0.0.1", "-p", "0"];
+        let server = Emulator::start_in(dir, server, &args, &env, "Running on http://").await;
+        let port = server.addr.port();
         eventually(Duration::from_secs(60), "moto_server answering", || async move {
             http_get(port, "/moto-api/").await.filter(|(status, _)| *status == 200).map(|_| ())
         })
         .await;
+        Moto { server, port, recording }
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.server.url()
     }
 
     /// The environment that points an AWS SDK at this moto in `region`.
@@ -216,13 +200,6 @@ impl Moto {
     }
 }
 
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The environment of an `aws-ec2-driver` talking to `endpoint` in `region` with test keys, and
 /// nothing from the host's AWS configuration.
 pub fn aws_env(endpoint: &str, region: &str) -> Vec<(String, String)> {
@@ -240,16 +217,16 @@ pub fn aws_env(endpoint: &str, region: &str) -> Vec<(String, String)> {
     .collect()
 }
 
-/// Starts `aws-ec2-driver` (dev token key) against `endpoint` in `region`.
+/// `aws-ec2-driver` (dev token key) against `endpoint` in `region`, polling every 200 ms unless
+/// `extra` says otherwise, named `aws` (the classes' `spec.driver`).
+pub fn driver(endpoint: &str, region: &str, extra: &[&str]) -> Driver {
+    let poll: &[&str] = if extra.contains(&"--poll-interval") { &[] } else { &["--poll-interval", "200ms"] };
+    Driver::binary("aws-ec2-driver").named("aws").args(["--dev"]).args(poll).args(extra).env(aws_env(endpoint, region))
+}
+
+/// Starts [`driver`].
 pub async fn start_driver(endpoint: &str, region: &str, extra: &[&str]) -> Sidecar {
-    let env = aws_env(endpoint, region);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut args = vec!["--dev"];
-    if !extra.contains(&"--poll-interval") {
-        args.extend_from_slice(&["--poll-interval", "200ms"]);
-    }
-    args.extend_from_slice(extra);
-    Sidecar::start_with_env("aws-ec2-driver", &args, &env).await
+    driver(endpoint, region, extra).start().await
 }
 
 // ------------------------------------------------------------------------------------------ stub

@@ -4,57 +4,29 @@
 //! truth for what went to "ARM".
 
 use std::collections::HashSet;
-use std::process::Stdio;
 use std::time::Duration;
 
 use driver_sdk::proto as pb;
 use driver_sdk::{convert, reason, DriverClient, OperationExt};
 use e2e_tests::world::{Driver, World};
-use e2e_tests::{bin, eventually, run, Sidecar};
+use e2e_tests::{bin, eventually, run, Emulator, Sidecar};
 use machine_controller::resources::*;
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const SUB: &str = "00000000-0000-0000-0000-0000000000e2";
 const RG: &str = "e2e";
 
-/// A running `arm-emulator`. Killed when dropped.
+/// A running `arm-emulator` on the port it picked ([`Emulator::arm`]). Killed when dropped.
 struct Arm {
-    _child: Child,
+    _emulator: Emulator,
     port: u16,
-    _dir: tempfile::TempDir,
 }
 
 impl Arm {
     async fn start(args: &[&str]) -> Arm {
-        let dir = tempfile::tempdir().unwrap();
-        let log = std::fs::File::create(dir.path().join("arm.log")).unwrap();
-        // Port 0, and the emulator writes the address it bound: nothing can take the port first.
-        let addr_file = dir.path().join("arm.addr");
-        let mut child = Command::new(bin("arm-emulator"))
-            .args(["--listen", "127.0.0.1:0", "--addr-file"])
-            .arg(&addr_file)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start arm-emulator");
-        let port = eventually(Duration::from_secs(30), "arm-emulator bound", || {
-            let exited = child.try_wait().ok().flatten();
-            assert!(exited.is_none(), "arm-emulator exited ({exited:?}) before listening");
-            let addr = std::fs::read_to_string(&addr_file).ok();
-            async move { addr?.trim().parse::<std::net::SocketAddr>().ok().map(|a| a.port()) }
-        })
-        .await;
-        let arm = Arm { _child: child, port, _dir: dir };
-        eventually(Duration::from_secs(30), "arm-emulator listening", || async {
-            http(port, "GET", "/_emulator/faults", None).await.filter(|(s, _)| *s == 200).map(|_| ())
-        })
-        .await;
-        arm
+        let emulator = Emulator::arm(args).await;
+        Arm { port: emulator.addr.port(), _emulator: emulator }
     }
 
     fn endpoint(&self) -> String {

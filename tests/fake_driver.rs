@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, OperationExt};
-use e2e_tests::{bin, eventually, free_port, grpcurl, http_get, run, Sidecar};
+use e2e_tests::{bin, eventually, grpcurl, http_get, run, Sidecar};
 use fake_driver::pb as fake;
 use serde_json::{json, Value};
 use tonic::Code;
@@ -394,9 +394,8 @@ async fn secrets_never_reach_logs_or_errors() {
 
 #[tokio::test]
 async fn metrics_and_health_endpoints_report_rpcs() {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let sidecar = Sidecar::start("fake-driver", &["--metrics-addr", &addr]).await;
+    let sidecar = Sidecar::start("fake-driver", &["--metrics-addr", "127.0.0.1:0"]).await;
+    let port = sidecar.metrics_addr().await.port();
     let client = sidecar.client().await;
     client.get_driver_info(pb::GetDriverInfoRequest {}).await.unwrap();
     let _ = client.get_machine_status(pb::GetMachineStatusRequest { name: "none".into(), ..Default::default() }).await;
@@ -459,8 +458,8 @@ async fn call_with_server_deadline(
 
 #[tokio::test]
 async fn every_rpc_stops_at_the_callers_deadline_with_details() {
-    let port = free_port();
-    let sidecar = Sidecar::start("fake-driver", &["--metrics-addr", &format!("127.0.0.1:{port}")]).await;
+    let sidecar = Sidecar::start("fake-driver", &["--metrics-addr", "127.0.0.1:0"]).await;
+    let port = sidecar.metrics_addr().await.port();
     let mut fc = fake_client(&sidecar).await;
     let delay = |rpc: &str| fake::FaultRule {
         rpc: rpc.into(),

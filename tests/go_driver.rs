@@ -28,9 +28,7 @@ const CALL: Duration = Duration::from_secs(10);
 
 /// The Go driver on a temporary Unix socket, with a random (dev-mode) token key.
 async fn start(args: &[&str]) -> Sidecar {
-    let mut all = vec!["--dev"];
-    all.extend_from_slice(args);
-    Sidecar::start(&go_driver(), &all).await
+    Driver::go(args).start().await
 }
 
 /// Bounds one call.

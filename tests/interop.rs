@@ -15,10 +15,9 @@
 mod aws_support;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use e2e_tests::{bin, eventually, grpcurl, http_get, run, Sidecar};
+use e2e_tests::{grpcurl, run, Driver, Emulator, Sidecar};
 use fake_driver::pb as fake;
 use serde_json::{json, Value};
 
@@ -277,7 +276,8 @@ async fn grpcurl_client(
 // ------------------------------------------------------------------------------------ sidecars
 
 async fn fake_sidecars() -> Sidecars {
-    Sidecars { unix: Sidecar::start("fake-driver", &[]).await, tcp: Sidecar::start_tcp("fake-driver", &[], &[]).await }
+    let driver = Driver::fake(&[]);
+    Sidecars { unix: driver.start().await, tcp: driver.start_tcp().await }
 }
 
 fn fake_expect() -> Expect {
@@ -317,12 +317,8 @@ async fn against_fake(client: Client) {
 async fn aws_sidecars() -> (std::sync::Arc<aws_support::Moto>, Sidecars) {
     let moto = aws_support::Moto::shared().await;
     // Nothing here reaches EC2 (health, driver info, a request the SDK refuses): any region does.
-    let env = moto.env("sa-east-1");
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let sidecars = Sidecars {
-        unix: Sidecar::start_with_env("aws-ec2-driver", &["--dev"], &env).await,
-        tcp: Sidecar::start_tcp("aws-ec2-driver", &["--dev"], &env).await,
-    };
+    let driver = Driver::binary("aws-ec2-driver").args(["--dev"]).env(moto.env("sa-east-1"));
+    let sidecars = Sidecars { unix: driver.start().await, tcp: driver.start_tcp().await };
     (moto, sidecars)
 }
 
@@ -331,38 +327,13 @@ async fn against_aws(client: Client) {
     exercise(client, &sidecars, &Expect { driver: AWS, create: None, invalid_rpc: "CreateMachine" }).await;
 }
 
-/// A running `arm-emulator` on a loopback port. Killed when dropped.
-struct Arm {
-    _child: tokio::process::Child,
-    _dir: tempfile::TempDir,
-    endpoint: String,
-}
-
-async fn arm_emulator() -> Arm {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = std::fs::File::create(dir.path().join("arm.log")).expect("log");
-    let port = e2e_tests::free_port();
-    let child = tokio::process::Command::new(bin("arm-emulator"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start arm-emulator");
-    eventually(Duration::from_secs(30), "arm-emulator listening", || async move {
-        http_get(port, "/_emulator/faults").await.filter(|(s, _)| *s == 200).map(|_| ())
-    })
-    .await;
-    Arm { _child: child, _dir: dir, endpoint: format!("http://127.0.0.1:{port}") }
-}
-
 async fn against_azure(client: Client) {
-    let arm = arm_emulator().await;
+    let arm = Emulator::arm(&[]).await;
+    let endpoint = arm.url();
     let args = [
         "--dev",
         "--arm-endpoint",
-        &arm.endpoint,
+        &endpoint,
         "--subscription-id",
         "00000000-0000-0000-0000-0000000000e2",
         "--resource-group",
@@ -372,10 +343,8 @@ async fn against_azure(client: Client) {
         "--static-token",
         "interop-test-token",
     ];
-    let sidecars = Sidecars {
-        unix: Sidecar::start("azure-vmss-driver", &args).await,
-        tcp: Sidecar::start_tcp("azure-vmss-driver", &args, &[]).await,
-    };
+    let driver = Driver::azure(&args);
+    let sidecars = Sidecars { unix: driver.start().await, tcp: driver.start_tcp().await };
     // The Azure driver serves pools only: the invalid request is an ApplyPool.
     exercise(client, &sidecars, &Expect { driver: AZURE, create: None, invalid_rpc: "ApplyPool" }).await;
 }

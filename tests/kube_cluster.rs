@@ -1,7 +1,12 @@
 //! A real Kubernetes control plane for tests: etcd and kube-apiserver, built from the Go module
-//! proxy by `tests/tools/install-kube-cluster.sh` (which `tests/run.sh` runs), started on free
-//! loopback ports in a temporary folder, with the machine-driver CRDs installed. Stopped
-//! (apiserver first, then etcd) when dropped.
+//! proxy by `tests/tools/install-kube-cluster.sh` (which `tests/run.sh` runs), started in a
+//! temporary folder, with the machine-driver CRDs installed. Stopped (apiserver first, then etcd)
+//! when dropped.
+//!
+//! No port is picked for them to bind later: etcd serves its clients and its peer listener on
+//! Unix sockets in the folder, and kube-apiserver's port is bound by the test first and kept
+//! (with `SO_REUSEPORT`, never listening) while the apiserver shares it (`--permit-port-sharing`),
+//! so no other process can take it in between.
 //!
 //! [`Cluster::start_full`] adds what makes it a whole cluster without kubelets:
 //! kube-controller-manager (ReplicaSets, garbage collection, PodDisruptionBudget status, node
@@ -20,13 +25,8 @@ use kube::core::GroupVersionKind;
 use kube::discovery::Scope;
 use tokio::process::{Child, Command};
 
-use crate::free_port;
-
 /// At most this many control planes run at once in one test binary (2 cores).
 static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
-
-/// Starts tried before a port collision fails the test.
-const PORT_ATTEMPTS: usize = 3;
 
 /// The kwok stages [`Cluster::start_full`] gives kwok, relative to `kwok-stages/` in the install
 /// folder (kwok's own `kustomize/stage/`). `node-not-ready` only acts on Nodes labelled
@@ -39,6 +39,31 @@ pub const KWOK_STAGES: [&str; 6] = [
     "pod/fast/pod-complete.yaml",
     "pod/fast/pod-delete.yaml",
 ];
+
+/// The apiserver's audit log in the cluster's folder ([`Cluster::audit_events`]).
+pub const AUDIT_LOG: &str = "audit.log";
+
+/// What the apiserver audits, at `Metadata` level (who, from which user agent, what, the
+/// answer's code; no bodies): the writes to Nodes and pods, evictions, and reads of
+/// PodDisruptionBudgets — what a drain does. Status updates (kwok's heartbeats), lists and
+/// watches are not audited, so the log stays small. Written before the answer
+/// (`--audit-log-mode blocking`): a call answered is in the log.
+pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete"]
+  resources:
+  - group: ""
+    resources: ["nodes", "pods", "pods/eviction"]
+- level: Metadata
+  verbs: ["get"]
+  resources:
+  - group: "policy"
+    resources: ["poddisruptionbudgets"]
+- level: None
+"#;
 
 /// The binaries [`Cluster::start_full`] runs besides kube-apiserver and etcd.
 const FULL_BINARIES: [&str; 4] = ["kube-controller-manager", "kube-scheduler", "kwok", "kubectl"];
@@ -111,7 +136,21 @@ pub struct Cluster {
     pub kubeconfig: PathBuf,
     /// An admin client.
     pub client: kube::Client,
+    /// The apiserver's port, held for it ([`reserve_port`]).
+    _api_port: tokio::net::TcpSocket,
     _slot: tokio::sync::SemaphorePermit<'static>,
+}
+
+/// A loopback port bound with `SO_REUSEPORT` and never listened on: no other process can bind it
+/// (nor be handed it for port 0), a process of this user that binds it with `SO_REUSEPORT` too
+/// (kube-apiserver `--permit-port-sharing`) can, and connections go to that one, the only
+/// listener.
+fn reserve_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_reuseport(true).expect("SO_REUSEPORT");
+    socket.bind(([127, 0, 0, 1], 0).into()).expect("bind a loopback port");
+    let port = socket.local_addr().expect("the reserved port").port();
+    (socket, port)
 }
 
 fn log_file(dir: &Path, name: &str) -> std::fs::File {
@@ -126,35 +165,25 @@ impl Cluster {
 
     /// Starts etcd and kube-apiserver, with or without the CRDs.
     pub async fn start_with(crds: bool) -> Cluster {
-        // etcd and kube-apiserver bind their own ports (they take no inherited listener), so a
-        // port picked free can be taken by another process before they bind it: then the start
-        // is tried again on new ports.
-        for _ in 1..PORT_ATTEMPTS {
-            if let Some(cluster) = Self::try_start(crds).await {
-                return cluster;
-            }
-        }
-        Self::try_start(crds).await.expect("a port was taken on every attempt")
-    }
-
-    /// One start; `None` when a port it picked was taken before etcd or the apiserver bound it.
-    async fn try_start(crds: bool) -> Option<Cluster> {
         let slot = SLOTS.acquire().await.expect("semaphore");
         let bins = install_dir();
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
-        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
+        // etcd's clients (the apiserver) on a Unix socket; its peer listener, which a single
+        // member never uses, on one too (`unix://NAME` is relative to etcd's folder).
+        let etcd_socket = format!("unix://{}", d.join("etcd.sock").display());
+        let peer = "unix://etcd-peer.sock";
+        let etcd_log = log_file(d, "etcd.log");
         let etcd = Command::new(bins.join("etcd"))
+            .current_dir(d)
             .args(["--data-dir", d.join("etcd").to_str().unwrap()])
-            .args(["--listen-client-urls", &format!("http://127.0.0.1:{etcd_port}")])
-            .args(["--advertise-client-urls", &format!("http://127.0.0.1:{etcd_port}")])
-            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer_port}")])
-            .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer_port}")])
-            .args(["--initial-cluster", &format!("default=http://127.0.0.1:{peer_port}")])
+            .args(["--listen-client-urls", &etcd_socket, "--advertise-client-urls", &etcd_socket])
+            .args(["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer])
+            .args(["--initial-cluster", &format!("default={peer}")])
             .args(["--unsafe-no-fsync", "--log-level", "warn"])
             .stdin(Stdio::null())
-            .stdout(log_file(d, "etcd.log"))
-            .stderr(log_file(d, "etcd.log"))
+            .stdout(etcd_log.try_clone().expect("etcd.log"))
+            .stderr(etcd_log)
             .kill_on_drop(true)
             .spawn()
             .expect("start etcd");
@@ -166,10 +195,13 @@ impl Cluster {
         assert!(out.status.success(), "openssl: {}", String::from_utf8_lossy(&out.stderr));
         let token = uuid::Uuid::new_v4().simple().to_string();
         std::fs::write(d.join("tokens.csv"), format!("{token},admin,admin,\"system:masters\"\n")).unwrap();
+        let (api_port_socket, api_port) = reserve_port();
+        let apiserver_log = log_file(d, "apiserver.log");
+        std::fs::write(d.join("audit-policy.yaml"), AUDIT_POLICY).unwrap();
         let apiserver = Command::new(bins.join("kube-apiserver"))
-            .args(["--etcd-servers", &format!("http://127.0.0.1:{etcd_port}")])
+            .args(["--etcd-servers", &etcd_socket])
             .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
-            .args(["--secure-port", &api_port.to_string()])
+            .args(["--secure-port", &api_port.to_string(), "--permit-port-sharing"])
             .args(["--endpoint-reconciler-type", "none"])
             .args(["--cert-dir", d.join("certs").to_str().unwrap()])
             .args(["--token-auth-file", d.join("tokens.csv").to_str().unwrap()])
@@ -179,9 +211,11 @@ impl Cluster {
             .args(["--service-account-signing-key-file", key.to_str().unwrap()])
             .args(["--service-cluster-ip-range", "10.96.0.0/16"])
             .args(["--enable-priority-and-fairness=false", "--v", "0"])
+            .args(["--audit-policy-file", d.join("audit-policy.yaml").to_str().unwrap()])
+            .args(["--audit-log-path", d.join(AUDIT_LOG).to_str().unwrap(), "--audit-log-mode", "blocking"])
             .stdin(Stdio::null())
-            .stdout(log_file(d, "apiserver.log"))
-            .stderr(log_file(d, "apiserver.log"))
+            .stdout(apiserver_log.try_clone().expect("apiserver.log"))
+            .stderr(apiserver_log)
             .kill_on_drop(true)
             .spawn()
             .expect("start kube-apiserver");
@@ -213,15 +247,14 @@ current-context: test
             dir,
             kubeconfig,
             client,
+            _api_port: api_port_socket,
             _slot: slot,
         };
-        if !cluster.wait_ready().await {
-            return None;
-        }
+        cluster.wait_ready().await;
         if crds {
             cluster.install_crds().await;
         }
-        Some(cluster)
+        cluster
     }
 
     /// Starts a whole cluster without kubelets: etcd, kube-apiserver (with the CRDs), then
@@ -412,23 +445,15 @@ current-context: test
             .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"))
     }
 
-    /// Waits until the apiserver is ready: `true`; `false` when it or etcd exited because a port
-    /// was taken (the caller starts again); panics on any other failure.
-    async fn wait_ready(&mut self) -> bool {
+    /// Waits until the apiserver is ready; panics if it exits or is not ready in 90 s.
+    async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
             if let Ok(body) = self.client.request_text(req).await {
                 if body.trim() == "ok" {
-                    return true;
+                    return;
                 }
-            }
-            let exited = |c: &mut Option<Child>| matches!(c.as_mut().map(|c| c.try_wait()), Some(Ok(Some(_))));
-            let (apiserver_exited, etcd_exited) = (exited(&mut self.apiserver), exited(&mut self.etcd));
-            let taken = |log: &str| self.log(log).contains("address already in use");
-            if apiserver_exited && taken("apiserver.log") || etcd_exited && taken("etcd.log") {
-                eprintln!("test cluster: a port was taken before it was bound; starting again on new ports");
-                return false;
             }
             if let Some(Ok(Some(status))) = self.apiserver.as_mut().map(|c| c.try_wait()) {
                 panic!("kube-apiserver exited ({status}):\n{}", self.start_logs());
@@ -452,6 +477,14 @@ current-context: test
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
         format!("{}\n--- etcd: {etcd}\n{}\n--- free disk\n{free}", self.log("apiserver.log"), self.log("etcd.log"))
+    }
+
+    /// The apiserver's audit events so far (see [`AUDIT_POLICY`] for which calls), oldest
+    /// first; each as the apiserver wrote it (`verb`, `objectRef`, `userAgent`,
+    /// `responseStatus.code`, …). A line being written is left out.
+    pub fn audit_events(&self) -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(self.dir.path().join(AUDIT_LOG)).unwrap_or_default();
+        text.lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
     }
 
     /// The tail of one of the cluster's logs.

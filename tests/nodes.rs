@@ -906,3 +906,145 @@ async fn a_pool_instance_whose_node_never_joins_is_replaced() {
     assert!(e.message.contains("no Ready Node 2s"), "{}", e.message);
     w.kill9().await;
 }
+
+/// The value of the sample `name{labels}` in a Prometheus text exposition (`labels` as the
+/// controller writes them, in order); 0 when absent.
+fn sample(metrics: &str, name_and_labels: &str) -> f64 {
+    metrics.lines().find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// `controller_target_calls_total` for one verb, resource and code.
+fn target_calls(metrics: &str, verb: &str, resource: &str, code: &str) -> f64 {
+    sample(metrics, &format!(r#"controller_target_calls_total{{verb="{verb}",resource="{resource}",code="{code}"}}"#))
+}
+
+/// During a drain, `/metrics` counts the controller's calls to the target cluster by verb,
+/// resource and code — evictions accepted and refused, the cordon's patch, the budget's reads,
+/// the forced deletions — a refusing budget is asked once a pass, and the API server's audit log
+/// names the controller (`machine-controller/VERSION`) as the user agent of its evictions and
+/// Node patches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drains_calls_are_counted_by_verb_resource_and_code_and_audited_under_the_controllers_name() {
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
+    let c = w.start_controller(&["--metrics-addr", "127.0.0.1:0"]);
+    w.class().await;
+    w.apply_md("web", 1, json!({"machineType": "small"}), json!({"drainTimeoutSeconds": 15})).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let m = w.machines().await.remove(0);
+    let name = m.metadata.name.clone();
+    let node = m.status.node_ref.clone().unwrap().name;
+    // Three pods that can only run on this node, under a budget of one disruption: the first
+    // eviction is accepted, and its replacement cannot run (the node is cordoned), so the budget
+    // refuses every other eviction until the drain's deadline deletes the pods.
+    let ns = w.ns().to_string();
+    w.cluster()
+        .apply_json(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "pinned", "namespace": ns},
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": {"app": "pinned"}},
+                "template": {
+                    "metadata": {"labels": {"app": "pinned"}},
+                    "spec": {
+                        "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
+                        "terminationGracePeriodSeconds": 5,
+                        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+                    }
+                }
+            }
+        }))
+        .await;
+    w.cluster()
+        .apply_json(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "pinned-budget", "namespace": ns},
+            "spec": {"selector": {"matchLabels": {"app": "pinned"}}, "maxUnavailable": 1}
+        }))
+        .await;
+    let pdbs = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(w.cluster().client.clone(), &ns);
+    eventually(2 * MINUTE, "3 pinned pods Ready and their budget allowing one disruption", || async {
+        let pdb = pdbs.get_opt("pinned-budget").await.ok().flatten()?;
+        let status = pdb.status.as_ref()?;
+        let current = status.observed_generation == pdb.metadata.generation;
+        let ready = w.ready_pods("pinned").await.len() == 3;
+        (ready && current && status.disruptions_allowed == Some(1)).then_some(())
+    })
+    .await;
+    let addr = w.metrics_addr(c).await;
+
+    w.apply_md("web", 0, json!({"machineType": "small"}), json!({"drainTimeoutSeconds": 15})).await;
+    eventually(2 * MINUTE, "the machine drained (forced at its deadline) and gone", || async {
+        w.machine(&name).await.is_none().then_some(())
+    })
+    .await;
+    let events = w.events(&name).await;
+    assert!(has_event(&events, "EvictionBlocked") && has_event(&events, "DrainForced"), "{events:?}");
+
+    // What /metrics says of the drain's calls.
+    let metrics = eventually(MINUTE, "/metrics", || async {
+        tokio::time::timeout(Duration::from_secs(10), e2e_tests::http_get(addr.port(), "/metrics"))
+            .await
+            .ok()
+            .flatten()
+            .filter(|(code, _)| *code == 200)
+            .map(|(_, body)| body)
+    })
+    .await;
+    let accepted = target_calls(&metrics, "create", "pods/eviction", "201");
+    let refused = target_calls(&metrics, "create", "pods/eviction", "429");
+    let budget_reads = target_calls(&metrics, "get", "poddisruptionbudgets", "200");
+    let report = || {
+        let lines: Vec<&str> = metrics.lines().filter(|l| l.starts_with("controller_target_call")).collect();
+        lines.join("\n")
+    };
+    assert_eq!(accepted, 1.0, "one eviction accepted\n{}", report());
+    assert!(refused >= 1.0, "the budget refused the others\n{}", report());
+    assert_eq!(budget_reads, refused, "the budget is read once per refusing pass, its other pod spared\n{}", report());
+    assert!(target_calls(&metrics, "patch", "nodes", "200") >= 1.0, "the cordon\n{}", report());
+    assert!(target_calls(&metrics, "delete", "pods", "200") >= 2.0, "the forced deletions\n{}", report());
+    assert!(target_calls(&metrics, "delete", "nodes", "200") >= 1.0, "the Node after its VM\n{}", report());
+    assert!(target_calls(&metrics, "list", "pods", "200") >= 1.0, "the node's pods\n{}", report());
+    assert!(target_calls(&metrics, "watch", "nodes", "200") >= 1.0, "the Node watch\n{}", report());
+    let timed = r#"controller_target_call_duration_seconds_count{verb="create",resource="pods/eviction"}"#;
+    assert_eq!(sample(&metrics, timed), accepted + refused, "every eviction timed\n{}", report());
+
+    // What the API server's audit log says of them: the controller by name.
+    let agent = machine_controller::store::kubernetes::USER_AGENT;
+    assert!(agent.starts_with("machine-controller/") && agent.len() > "machine-controller/".len(), "{agent}");
+    let audit = w.cluster().audit_events();
+    let of = |verb: &str, resource: &str, sub: Option<&str>| -> Vec<&Value> {
+        audit
+            .iter()
+            .filter(|e| {
+                let r = &e["objectRef"];
+                e["verb"] == verb && r["resource"] == resource && r["subresource"].as_str() == sub
+            })
+            .collect()
+    };
+    let evictions = of("create", "pods", Some("eviction"));
+    let agents: std::collections::BTreeSet<&str> =
+        evictions.iter().map(|e| e["userAgent"].as_str().unwrap_or_default()).collect();
+    assert_eq!(agents, [agent].into(), "every eviction names the controller");
+    let codes = |events: &[&Value], code: i64| events.iter().filter(|e| e["responseStatus"]["code"] == code).count();
+    assert_eq!(codes(&evictions, 201) as f64, accepted, "the audit log and /metrics agree");
+    assert_eq!(codes(&evictions, 429) as f64, refused, "the audit log and /metrics agree");
+    let asked: std::collections::BTreeSet<&str> =
+        evictions.iter().map(|e| e["objectRef"]["name"].as_str().unwrap_or_default()).collect();
+    assert_eq!(asked.len(), 2, "the third pod was never asked while its budget refused: {asked:?}");
+    let patches: Vec<&Value> =
+        of("patch", "nodes", None).into_iter().filter(|e| e["objectRef"]["name"] == node.as_str()).collect();
+    assert!(
+        patches.iter().any(|e| e["userAgent"] == agent && e["responseStatus"]["code"] == 200),
+        "the cordon names the controller: {patches:?}"
+    );
+    assert!(
+        patches.iter().all(|e| !e["userAgent"].as_str().unwrap_or_default().is_empty()),
+        "no anonymous patch of the Node: {patches:?}"
+    );
+    let budget_gets = of("get", "poddisruptionbudgets", None).into_iter().filter(|e| e["userAgent"] == agent).count();
+    assert_eq!(budget_gets as f64, budget_reads, "the audit log and /metrics agree");
+    w.kill9().await;
+}

@@ -1,8 +1,15 @@
-//! Helpers for end-to-end tests: start the workspace's real binaries on temporary Unix sockets,
-//! wait for them with deadlines, stop them, and find grpcurl.
+//! Helpers for end-to-end tests: start the workspace's real binaries (driver sidecars described
+//! by a [`Driver`], helper processes such as emulators) on temporary Unix sockets, wait for them
+//! with deadlines, stop them, and find grpcurl.
+//!
+//! Nothing here picks a port for another process to bind later (a port picked free can be taken
+//! by anyone before it is bound): a process that listens on TCP binds port 0 itself and the
+//! address it bound is read back from its log ([`addr_after`], [`Sidecar::metrics_addr`],
+//! [`Emulator`]).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use driver_sdk::DriverClient;
@@ -12,6 +19,7 @@ pub mod kube_cluster;
 #[path = "support/world.rs"]
 pub mod world;
 use tokio::process::{Child, Command};
+pub use world::Driver;
 
 /// How long anything in a test may take to become ready.
 pub const READY: Duration = Duration::from_secs(30);
@@ -52,8 +60,8 @@ pub fn grpcurl() -> PathBuf {
     p
 }
 
-/// A running sidecar process on a temporary Unix socket (or, from [`Sidecar::start_tcp`], a
-/// loopback TCP port). Killed when dropped.
+/// A running driver sidecar ([`Driver::start`]) on a temporary Unix socket (or, from
+/// [`Driver::start_tcp`], a loopback TCP port it picked). Killed when dropped.
 pub struct Sidecar {
     pub child: Child,
     pub dir: tempfile::TempDir,
@@ -64,53 +72,47 @@ pub struct Sidecar {
 }
 
 impl Sidecar {
-    /// Starts `binary` (a workspace binary's name, or an absolute path) with
-    /// `--endpoint unix://<tmp>/driver.sock` plus `args`, logging to a file.
+    /// `binary ARGS` on a temporary Unix socket: [`Driver::start`] of
+    /// `Driver::binary(binary).args(args)`.
     pub async fn start(binary: &str, args: &[&str]) -> Sidecar {
-        let dir = tempfile::tempdir().expect("tempdir");
-        Self::start_in(dir, binary, args).await
+        Driver::binary(binary).args(args).start().await
     }
 
     /// Like [`Sidecar::start`], in a given folder (to restart on the same socket and state).
     pub async fn start_in(dir: tempfile::TempDir, binary: &str, args: &[&str]) -> Sidecar {
-        Self::start_in_with_env(dir, binary, args, &[]).await
+        Driver::binary(binary).args(args).start_in(dir).await
     }
 
-    /// Like [`Sidecar::start`], with extra environment variables for the process.
-    pub async fn start_with_env(binary: &str, args: &[&str], envs: &[(&str, &str)]) -> Sidecar {
-        let dir = tempfile::tempdir().expect("tempdir");
-        Self::start_in_with_env(dir, binary, args, envs).await
-    }
-
-    async fn start_in_with_env(dir: tempfile::TempDir, binary: &str, args: &[&str], envs: &[(&str, &str)]) -> Sidecar {
+    /// Starts `driver` in `dir` with `--endpoint unix://DIR/driver.sock` (with `tcp`:
+    /// `tcp://127.0.0.1:0`, and the port it bound read from its log), logging to a file there,
+    /// and waits until it answers a Probe.
+    pub(crate) async fn launch(driver: &Driver, dir: tempfile::TempDir, tcp: bool) -> Sidecar {
         let socket = dir.path().join("driver.sock");
-        let log = dir.path().join(log_name(binary));
-        let child = spawn(binary, &format!("unix://{}", socket.display()), &log, args, envs);
-        let s = Sidecar { child, dir, socket, log, tcp: None };
-        s.wait_ready().await;
-        s
-    }
-
-    /// Like [`Sidecar::start_with_env`], on `tcp://127.0.0.1:0`: the port the sidecar bound is
-    /// read from its log ("serving on tcp://…"), so no other process can take it first.
-    pub async fn start_tcp(binary: &str, args: &[&str], envs: &[(&str, &str)]) -> Sidecar {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let socket = dir.path().join("driver.sock");
-        let log = dir.path().join(log_name(binary));
-        let child = spawn(binary, "tcp://127.0.0.1:0", &log, args, envs);
+        let log = dir.path().join(format!("{}.log", driver.label()));
+        let endpoint = if tcp { "tcp://127.0.0.1:0".to_string() } else { format!("unix://{}", socket.display()) };
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(driver.program())
+            .arg("--endpoint")
+            .arg(&endpoint)
+            .args(driver.arguments())
+            .env("RUST_LOG", "info")
+            // No span goes to a collector the test did not start.
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .envs(driver.environment())
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("log"))
+            .stderr(log_file)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", driver.program().display()));
         let mut s = Sidecar { child, dir, socket, log, tcp: None };
-        let deadline = Instant::now() + READY;
-        s.tcp = loop {
-            let text = s.log_text();
-            if let Some(addr) = text.split("serving on tcp://").nth(1).and_then(|rest| rest.split_whitespace().next()) {
-                // Strip any ANSI colour sequence that follows the address.
-                break Some(addr.split('\u{1b}').next().unwrap_or(addr).to_string());
-            }
-            let exited = s.child.try_wait().ok().flatten();
-            assert!(exited.is_none(), "{binary} exited ({exited:?}) before serving; log:\n{text}");
-            assert!(Instant::now() < deadline, "{binary} not serving on TCP within {READY:?}; log:\n{text}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        if tcp {
+            let what = format!("{} serving on TCP", driver.label());
+            let log = s.log.clone();
+            let child = &mut s.child;
+            let addr = wait_logged_addr(&what, "serving on tcp://", || read(&log), || child.try_wait().ok().flatten());
+            s.tcp = Some(addr.await.to_string());
+        }
         s.wait_ready().await;
         s
     }
@@ -127,8 +129,8 @@ impl Sidecar {
         DriverClient::connect(&self.endpoint()).await.expect("connect to sidecar")
     }
 
-    /// Waits until the socket accepts a Probe.
-    pub async fn wait_ready(&self) {
+    /// Waits until the socket accepts a Probe; fails at once if the sidecar exits.
+    async fn wait_ready(&mut self) {
         let deadline = Instant::now() + READY;
         loop {
             if self.tcp.is_some() || self.socket.exists() {
@@ -138,13 +140,21 @@ impl Sidecar {
                     }
                 }
             }
+            let exited = self.child.try_wait().ok().flatten();
+            assert!(exited.is_none(), "sidecar exited ({exited:?}) before it was ready; log:\n{}", self.log_text());
             assert!(Instant::now() < deadline, "sidecar not ready within {READY:?}; log:\n{}", self.log_text());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
+    /// The address the sidecar serves /metrics, /healthz and /readyz on (started with
+    /// `--metrics-addr 127.0.0.1:0`), as it logged it once bound.
+    pub async fn metrics_addr(&self) -> SocketAddr {
+        wait_logged_addr("the sidecar's metrics address", "metrics on http://", || self.log_text(), || None).await
+    }
+
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        read(&self.log)
     }
 
     /// SIGKILL, as a crash.
@@ -164,37 +174,147 @@ impl Sidecar {
     }
 }
 
-/// `binary` as a program: an absolute path as it is (e.g. the Go driver, built outside the
-/// workspace), else a workspace binary ([`bin`]).
-fn program(binary: &str) -> PathBuf {
-    let path = Path::new(binary);
-    if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        bin(binary)
+/// A helper process the tests talk to over loopback TCP (moto's EC2 server, the ARM emulator):
+/// it binds port 0 itself and logs the address it bound, which [`Emulator::start`] reads back,
+/// so no other process can take its port first. Its output goes to a log file in its own folder.
+/// Killed when dropped. Not tied to a tokio runtime, so tests of one binary can share one.
+pub struct Emulator {
+    child: Reaped,
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// Its stdout and stderr.
+    pub log: PathBuf,
+    /// Its folder.
+    pub dir: tempfile::TempDir,
+}
+
+/// A child process killed and reaped when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
-/// `<name>.log` for a binary's name or path.
-fn log_name(binary: &str) -> String {
-    let name = Path::new(binary).file_name().map_or_else(|| binary.into(), |n| n.to_string_lossy());
-    format!("{name}.log")
+impl Emulator {
+    /// Starts `program ARGS` (with `env`) in a new folder and waits (within [`READY`]) until its
+    /// log holds `logs_addr` followed by the address it bound (e.g. `Running on http://`).
+    ///
+    /// # Panics
+    /// If it exits first, or logs no address in time (with its log).
+    pub async fn start(program: &Path, args: &[&str], env: &[(&str, &str)], logs_addr: &str) -> Emulator {
+        Self::start_in(tempfile::tempdir().expect("tempdir"), program, args, env, logs_addr).await
+    }
+
+    /// Like [`Emulator::start`], in `dir` (for files it is given as arguments).
+    pub async fn start_in(
+        dir: tempfile::TempDir,
+        program: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        logs_addr: &str,
+    ) -> Emulator {
+        let name = program.file_name().map_or_else(|| "emulator".into(), |n| n.to_string_lossy().into_owned());
+        let log = dir.path().join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = std::process::Command::new(program)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
+        let mut child = Reaped(child);
+        let what = format!("{name} listening");
+        let addr = wait_logged_addr(&what, logs_addr, || read(&log), || child.0.try_wait().ok().flatten()).await;
+        Emulator { child, addr, log, dir }
+    }
+
+    /// `arm-emulator --listen 127.0.0.1:0 ARGS` (the Azure Resource Manager emulator), answering
+    /// once this returns.
+    pub async fn arm(args: &[&str]) -> Emulator {
+        let mut all = vec!["--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let arm = Emulator::start(&bin("arm-emulator"), &all, &[], "listening on http://").await;
+        let port = arm.addr.port();
+        eventually(READY, "arm-emulator answering", || async move {
+            http_get(port, "/_emulator/faults").await.filter(|(s, _)| *s == 200).map(|_| ())
+        })
+        .await;
+        arm
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Its process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
+    pub fn log_text(&self) -> String {
+        read(&self.log)
+    }
 }
 
-fn spawn(binary: &str, endpoint: &str, log: &Path, args: &[&str], envs: &[(&str, &str)]) -> Child {
-    let log_file = std::fs::File::create(log).expect("log file");
-    Command::new(program(binary))
-        .arg("--endpoint")
-        .arg(endpoint)
-        .args(args)
-        .env("RUST_LOG", "info")
-        .envs(envs.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().expect("log"))
-        .stderr(log_file)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {binary}: {e}"))
+/// The socket address that follows `prefix` in `text` (its first occurrence that parses, colour
+/// codes left out), up to a space, a `/` or the end of the line: `addr_after(log, "serving on
+/// tcp://")`.
+pub fn addr_after(text: &str, prefix: &str) -> Option<SocketAddr> {
+    let text = strip_ansi(text);
+    text.split(prefix).skip(1).find_map(|rest| rest.split(|c: char| c.is_whitespace() || c == '/').next()?.parse().ok())
+}
+
+/// Polls `text()` until it holds `prefix` followed by an address ([`addr_after`]) and returns
+/// it; fails when `exited()` reports the process gone, or after [`READY`].
+async fn wait_logged_addr(
+    what: &str,
+    prefix: &str,
+    mut text: impl FnMut() -> String,
+    mut exited: impl FnMut() -> Option<ExitStatus>,
+) -> SocketAddr {
+    let deadline = Instant::now() + READY;
+    loop {
+        let text = text();
+        if let Some(addr) = addr_after(&text, prefix) {
+            return addr;
+        }
+        if let Some(status) = exited() {
+            panic!("{what}: exited ({status}) before it logged its address; log:\n{text}");
+        }
+        assert!(Instant::now() < deadline, "{what}: no address logged within {READY:?}; log:\n{text}");
+        // Deliberate: a log file has no change feed; poll it.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A whole file, or "" if it cannot be read (yet).
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// `text` without ANSI colour sequences.
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ … final byte in @..~
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) && c != '[' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Runs a command to completion (bounded) and returns (exit code, stdout, stderr).
@@ -227,11 +347,6 @@ where
         assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-}
-
-/// A free loopback TCP port (bound, then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
 /// GET `path` from `127.0.0.1:port` over plain HTTP/1.1; returns (status, body).
@@ -283,42 +398,6 @@ pub fn cpu_model() -> String {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_default()
-}
-
-/// Starts `machine-controller --store STORE run --driver NAME=ENDPOINT` with the tests' fast
-/// timings (`--debounce 20ms --health-check-interval 1s`) and `extra` arguments, appending its
-/// output to `log`. Killed when the returned child is dropped.
-pub fn start_controller(store: &Path, driver: &str, extra: &[&str], log: &Path) -> Child {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("controller log file");
-    Command::new(bin("machine-controller"))
-        .arg("--store")
-        .arg(store)
-        .args(["run", "--driver", driver, "--debounce", "20ms", "--health-check-interval", "1s"])
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("controller log file"))
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting machine-controller")
-}
-
-/// `machine-controller --store STORE ARGS…`: exit code, stdout, stderr.
-pub async fn controller_cli(store: &Path, args: &[&str]) -> (i32, String, String) {
-    let store = store.to_string_lossy();
-    let mut all = vec!["--store", store.as_ref()];
-    all.extend_from_slice(args);
-    run(&bin("machine-controller"), &all).await
-}
-
-/// Applies `yaml` with `machine-controller apply` (the manifest is written into `dir`); fails the
-/// test when the CLI refuses it.
-pub async fn controller_apply(store: &Path, dir: &Path, yaml: &str) {
-    let file = dir.join(format!("m-{}.yaml", uuid::Uuid::new_v4()));
-    std::fs::write(&file, yaml).expect("writing the manifest");
-    let (code, out, err) = controller_cli(store, &["apply", "-f", &file.to_string_lossy()]).await;
-    assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
 }
 
 /// Whether a deployment has rolled out: all its replicas available, of its target revision, and

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use driver_sdk::proto as pb;
-use e2e_tests::{eventually, free_port, Sidecar};
+use e2e_tests::{eventually, Driver};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
@@ -75,7 +75,7 @@ async fn rpc_spans_are_exported_over_otlp_with_the_callers_trace_as_parent() {
     let (port, mut spans) = start_collector().await;
     let endpoint = format!("http://127.0.0.1:{port}");
     let sidecar =
-        Sidecar::start_with_env("fake-driver", &[], &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), FAST_EXPORT]).await;
+        Driver::fake(&[]).env([("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), FAST_EXPORT]).start().await;
 
     // A caller's trace context: fresh random IDs, so no other span can match by accident.
     let trace_id = uuid::Uuid::new_v4().as_bytes().to_vec();
@@ -134,10 +134,13 @@ async fn rpc_spans_are_exported_over_otlp_with_the_callers_trace_as_parent() {
 
 #[tokio::test]
 async fn export_failures_do_not_stop_serving() {
-    // Nothing listens there: every export fails.
-    let endpoint = format!("http://127.0.0.1:{}", free_port());
+    // Nothing listens there: every export fails. The port stays the test's own (bound, never
+    // listening) until the end, so no other process can answer on it.
+    let reserved = tokio::net::TcpSocket::new_v4().expect("socket");
+    reserved.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    let endpoint = format!("http://{}", reserved.local_addr().expect("addr"));
     let sidecar =
-        Sidecar::start_with_env("fake-driver", &[], &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), FAST_EXPORT]).await;
+        Driver::fake(&[]).env([("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), FAST_EXPORT]).start().await;
     let client = sidecar.client().await;
     client.get_driver_info(pb::GetDriverInfoRequest {}).await.expect("GetDriverInfo");
 

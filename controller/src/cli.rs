@@ -182,6 +182,12 @@ pub struct RunArgs {
     /// How often a drain looks at its node's pods again.
     #[arg(long, default_value = "5s", value_parser = driver_sdk::parse_duration)]
     pub drain_poll_interval: Duration,
+    /// Requests per second to the target cluster (every call, the Node watch, the probe).
+    #[arg(long, default_value_t = crate::defaults::TARGET_QPS)]
+    pub target_qps: f64,
+    /// Burst of requests to the target cluster.
+    #[arg(long, default_value_t = crate::defaults::TARGET_BURST)]
+    pub target_burst: u32,
     /// Namespace of the Lease (default: POD_NAMESPACE, else `--namespace`, else `default`).
     #[arg(long)]
     pub leader_elect_namespace: Option<String>,
@@ -721,13 +727,18 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
         other => other.clone(),
     };
     let (store, kube_client) = connect(&spec).await?;
+    let limits = crate::nodes::calls::Limits { qps: args.target_qps, burst: args.target_burst };
     let target = match (&args.target_kubeconfig, &spec) {
         _ if args.no_target_cluster => None,
         (Some(path), _) => Some(
-            crate::nodes::Target::from_kubeconfig(path).await.map_err(|e| fail(format!("--target-kubeconfig {e}")))?,
+            crate::nodes::Target::from_kubeconfig(path, limits)
+                .await
+                .map_err(|e| fail(format!("--target-kubeconfig {e}")))?,
         ),
         (None, StoreSpec::Kubernetes { .. }) => Some(
-            crate::nodes::Target::infer().await.map_err(|e| fail(format!("the target cluster (the store's): {e}")))?,
+            crate::nodes::Target::infer(limits)
+                .await
+                .map_err(|e| fail(format!("the target cluster (the store's): {e}")))?,
         ),
         (None, _) => None,
     };

@@ -28,6 +28,14 @@ pub const DRIVER_QPS: f64 = 200.0;
 /// `run --driver-burst`: calls that pass at once before [`DRIVER_QPS`] applies (twice it, so a
 /// scale-up is not paced at its first second).
 pub const DRIVER_BURST: u32 = 400;
+/// `run --target-qps`: requests per second to the target cluster (every call, the Node watch and
+/// the probe: [`crate::nodes::calls`]). About twice what a rolling update of 200 machines with
+/// 2,000 pods averages (48 per second, `docs/src/reference/benchmarks-history.md`), so it paces
+/// bursts, not drains; client-go's 5 would hold 1,000 joining machines' Node patches for
+/// 200 s.
+pub const TARGET_QPS: f64 = 100.0;
+/// `run --target-burst`: requests that pass at once before [`TARGET_QPS`] applies (twice it).
+pub const TARGET_BURST: u32 = 200;
 /// `run --health-check-interval`: how long a Running machine's VM may be gone unnoticed.
 pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 /// `run --orphan-interval`: one List per class and driver a minute.
@@ -113,6 +121,8 @@ mod tests {
             (CALL_TIMEOUT, RECONCILE_TIMEOUT, DEBOUNCE)
         );
         assert_eq!((config.driver_qps, config.driver_burst), (DRIVER_QPS, DRIVER_BURST));
+        assert_eq!(default_of(&run, "target-qps").parse::<f64>().unwrap(), TARGET_QPS);
+        assert_eq!(default_of(&run, "target-burst"), TARGET_BURST.to_string());
         let leader = crate::leader::Config::default();
         assert_eq!(
             (leader.lease_duration, leader.renew_deadline, leader.retry_period),
@@ -136,6 +146,8 @@ mod tests {
             "debounce",
             "driver-qps",
             "driver-burst",
+            "target-qps",
+            "target-burst",
             "health-check-interval",
             "orphan-interval",
             "orphan-grace",

@@ -1,6 +1,8 @@
 //! Controller benchmarks (issue: controller). Real processes: `fake-driver` and
 //! `machine-controller run` (release builds) over a Unix socket.
 //!
+//! Both are started through the test harness (`e2e_tests::world`), with the release builds.
+//!
 //! 1. 1,000 machines from one MachineDeployment, fake create latency 2 s, 10 workers: time until
 //!    all are Running. The controller stores each operation and requeues at `poll_after`, so a
 //!    worker is free while the cloud works. For comparison, in the same run, a client in this
@@ -27,46 +29,13 @@
 //! (default 2 at 10,000, 1 at 100,000), with the ratios this build ÷ that one.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use tokio::process::{Child, Command};
+use e2e_tests::world::{Driver, World};
 
-struct Procs {
-    fake: Child,
-    controller: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
-impl Procs {
-    fn sock(&self) -> PathBuf {
-        self.dir.path().join("fake.sock")
-    }
-
-    fn store(&self) -> PathBuf {
-        self.dir.path().join("store.db")
-    }
-}
-
-async fn start_fake() -> Procs {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("fake.sock");
-    let fake = Command::new(e2e_tests::release_bin("fake-driver"))
-        .args(["--endpoint", &format!("unix://{}", sock.display())])
-        .args(["--create-latency", "2s", "--delete-latency", "1s"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !sock.exists() {
-        assert!(Instant::now() < deadline, "fake-driver did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Procs { fake, controller: None, dir }
+/// The fake cloud's release build: create latency 2 s, delete 1 s, quiet.
+fn fake() -> Driver {
+    Driver::release_fake(&["--create-latency", "2s", "--delete-latency", "1s"])
 }
 
 /// The controller build to measure: this tree's release build, or `BENCH_COMPARE`'s.
@@ -92,33 +61,19 @@ impl Build {
     }
 }
 
-fn start_controller(p: &mut Procs, build: Build) {
-    let mut cmd = Command::new(build.binary());
-    cmd.arg("--store")
-        .arg(p.store())
-        .args(["run", "--driver", &format!("fake=unix://{}", p.sock().display())])
-        .args(["--workers", "10", "--driver-qps", "100000", "--driver-burst", "100000"])
-        .args(["--health-check-interval", "300s"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true);
-    p.controller = Some(cmd.spawn().unwrap());
-}
-
-/// Applies with the same build as the running controller (the store file is that build's).
-async fn apply(p: &Procs, build: Build, yaml: &str) {
-    let f = p.dir.path().join(format!("{}.yaml", uuid::Uuid::new_v4()));
-    std::fs::write(&f, yaml).unwrap();
-    let out = Command::new(build.binary())
-        .arg("--store")
-        .arg(p.store())
-        .args(["apply", "-f", f.to_str().unwrap()])
-        .output()
+/// The fake cloud and `build`'s controller on the embedded store (10 workers, no client-side
+/// rate limit, health checks every 300 s, quiet); its CLI ([`World::apply`]) is the same build,
+/// whose store file it is.
+async fn start(build: Build) -> World {
+    World::builder()
+        .driver(fake())
+        .controller_binary(build.binary())
+        .controller_env([("RUST_LOG", "warn")])
+        .timings(&[])
+        .controller_args(&["--workers", "10", "--driver-qps", "100000", "--driver-burst", "100000"])
+        .controller_args(&["--health-check-interval", "300s"])
+        .start()
         .await
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 fn manifests(replicas: usize, image: &str) -> String {
@@ -156,9 +111,9 @@ fn md_status(db: &rusqlite::Connection) -> Option<serde_json::Value> {
     serde_json::from_str(&body).ok()
 }
 
-async fn wait_converged(p: &Procs, replicas: usize, timeout: Duration) -> Option<Duration> {
+async fn wait_converged(w: &World, replicas: usize, timeout: Duration) -> Option<Duration> {
     let started = Instant::now();
-    let db = rusqlite::Connection::open_with_flags(p.store(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
+    let db = rusqlite::Connection::open_with_flags(w.store_path(), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
     db.busy_timeout(Duration::from_secs(10)).ok()?;
     loop {
         if let Some(v) = md_status(&db) {
@@ -180,21 +135,18 @@ async fn wait_converged(p: &Procs, replicas: usize, timeout: Duration) -> Option
     }
 }
 
-async fn fake_counters(p: &Procs, reset: bool) -> fake_driver::pb::Counters {
-    let client = driver_sdk::DriverClient::connect(&format!("unix://{}", p.sock().display())).await.unwrap();
+async fn fake_counters(w: &World, reset: bool) -> fake_driver::pb::Counters {
     // The answer carries the whole fake cloud: 30 MB with 100,000 machines.
-    let mut f = fake_driver::pb::fake_cloud_client::FakeCloudClient::new(client.channel())
-        .max_decoding_message_size(usize::MAX);
+    let mut f = w.fake().await.max_decoding_message_size(usize::MAX);
     f.inspect(fake_driver::pb::InspectRequest { reset_peak: reset }).await.unwrap().into_inner().counters.unwrap()
 }
 
-async fn create_run(build: Build, replicas: usize, timeout: Duration) -> (Option<Duration>, Procs) {
-    let mut p = start_fake().await;
-    start_controller(&mut p, build);
+async fn create_run(build: Build, replicas: usize, timeout: Duration) -> (Option<Duration>, World) {
+    let w = start(build).await;
     let started = Instant::now();
-    apply(&p, build, &manifests(replicas, "os-1")).await;
-    let t = wait_converged(&p, replicas, timeout).await.map(|_| started.elapsed());
-    (t, p)
+    w.apply(&manifests(replicas, "os-1")).await;
+    let t = wait_converged(&w, replicas, timeout).await.map(|_| started.elapsed());
+    (t, w)
 }
 
 /// The blocking way, without a controller: `workers` tasks, each creating a machine and polling
@@ -205,8 +157,8 @@ async fn blocking_client_run(machines: usize, workers: usize) -> Duration {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    let mut p = start_fake().await;
-    let client = driver_sdk::DriverClient::connect(&format!("unix://{}", p.sock().display())).await.unwrap();
+    let fake = fake().start().await;
+    let client = fake.client().await;
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -241,9 +193,7 @@ async fn blocking_client_run(machines: usize, workers: usize) -> Duration {
     for t in tasks {
         t.await.unwrap();
     }
-    let took = started.elapsed();
-    let _ = p.fake.kill().await;
-    took
+    started.elapsed()
 }
 
 /// How long the A/B runs leave the controller holding its Running machines before reading its
@@ -256,21 +206,18 @@ const HOLDING: Duration = Duration::from_secs(2);
 /// MB, controller CPU seconds, store file size in MB including the WAL, machines in the cloud,
 /// controller RSS in MB [`HOLDING`] after all were Running).
 async fn scale_run(build: Build, replicas: usize, timeout: Duration) -> (Option<Duration>, u64, f64, f64, u64, u64) {
-    let (t, mut p) = create_run(build, replicas, timeout).await;
-    let pid = p.controller.as_ref().and_then(|c| c.id()).unwrap_or(0);
+    let (t, mut w) = create_run(build, replicas, timeout).await;
+    let pid = w.controller_pid(0);
     let hwm = e2e_tests::proc_status_kb(pid, "VmHWM:") / 1024;
     let cpu = cpu_seconds(pid);
-    let in_cloud = fake_counters(&p, false).await.machines_now;
+    let in_cloud = fake_counters(&w, false).await.machines_now;
     // Deliberate: a fixed dwell, the measuring protocol of "RSS holding them", not a wait for
     // an event.
     tokio::time::sleep(HOLDING).await;
     let held = e2e_tests::proc_status_kb(pid, "VmRSS:") / 1024;
-    if let Some(c) = p.controller.as_mut() {
-        let _ = c.kill().await;
-    }
-    let _ = p.fake.kill().await;
+    w.kill9().await;
     let size = |suffix: &str| {
-        std::fs::metadata(format!("{}{suffix}", p.store().display())).map(|m| m.len()).unwrap_or(0) as f64
+        std::fs::metadata(format!("{}{suffix}", w.store_path().display())).map(|m| m.len()).unwrap_or(0) as f64
     };
     let store_mb = (size("") + size("-wal")) / 1e6;
     (t, hwm, cpu, store_mb, in_cloud, held)
@@ -350,16 +297,16 @@ async fn main() {
     }
 
     println!("[1] {n} machines, non-blocking controller ...");
-    let (fast, mut p) = create_run(Build::This, n, Duration::from_secs(120)).await;
+    let (fast, w) = create_run(Build::This, n, Duration::from_secs(120)).await;
     let fast = fast.expect("non-blocking run did not converge in 120 s");
     println!("    all Running after {:.2}s", fast.as_secs_f64());
 
     println!("[2] rolling update of {n} machines, maxSurge 10%, maxUnavailable 0 ...");
-    fake_counters(&p, true).await;
+    fake_counters(&w, true).await;
     let started = Instant::now();
-    apply(&p, Build::This, &manifests(n, "os-2")).await;
-    let rolled = wait_converged(&p, n, Duration::from_secs(600)).await.map(|_| started.elapsed());
-    let c = fake_counters(&p, false).await;
+    w.apply(&manifests(n, "os-2")).await;
+    let rolled = wait_converged(&w, n, Duration::from_secs(600)).await.map(|_| started.elapsed());
+    let c = fake_counters(&w, false).await;
     let rolled = rolled.expect("rolling update did not converge in 600 s");
     println!(
         "    done after {:.2}s, peak {} machines in the cloud (limit {})",
@@ -367,10 +314,7 @@ async fn main() {
         c.peak_machines,
         n + n / 10
     );
-    if let Some(c) = p.controller.as_mut() {
-        let _ = c.kill().await;
-    }
-    let _ = p.fake.kill().await;
+    drop(w);
 
     println!("[1b] {n} machines, blocking client (10 tasks, each awaits its operation) ...");
     let slow = blocking_client_run(n, 10).await;

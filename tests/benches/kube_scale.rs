@@ -1,6 +1,7 @@
 //! The Kubernetes backend at scale (issue: Kubernetes backend), side by side with the embedded
 //! store in the same run. Real processes: `fake-driver` and `machine-controller run` (release
-//! builds) over a Unix socket; kube-apiserver + etcd from `tests/tools/install-kube-cluster.sh`.
+//! builds) over a Unix socket, started through the test harness (`e2e_tests::world`);
+//! kube-apiserver + etcd from `tests/tools/install-kube-cluster.sh`.
 //!
 //! 1. 1,000 machines from one MachineDeployment to Running (fake create latency 2 s, 10 workers):
 //!    through the API server vs through the embedded store.
@@ -19,50 +20,15 @@
 //! machine-controller binary> to run every step with both builds in the same run (A/B).
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e_tests::kube_cluster::Cluster;
+use e2e_tests::world::{Builder, Driver, World};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use machine_controller::resources::MachineDeployment;
-use machine_controller::store::Store;
 use serde_json::json;
-use tokio::process::{Child, Command};
-
-struct Fake {
-    _child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Fake {
-    fn endpoint(&self) -> String {
-        format!("unix://{}", self.dir.path().join("fake.sock").display())
-    }
-}
-
-async fn start_fake() -> Fake {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("fake.sock");
-    let child = Command::new(e2e_tests::release_bin("fake-driver"))
-        .args(["--endpoint", &format!("unix://{}", sock.display())])
-        .args(["--create-latency", "2s", "--delete-latency", "1s"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !sock.exists() {
-        assert!(Instant::now() < deadline, "fake-driver did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Fake { _child: child, dir }
-}
 
 /// The controller build to measure: this tree's release build, or `BENCH_COMPARE`'s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,23 +53,17 @@ impl Build {
     }
 }
 
-/// `kube`: the API server's kubeconfig and the namespace the run uses.
-fn controller(build: Build, store: &str, fake: &Fake, kube: Option<(&Path, &str)>) -> Child {
-    let mut cmd = Command::new(build.binary());
-    cmd.args(["--store", store, "run", "--driver", &format!("fake={}", fake.endpoint())])
-        .args(["--workers", "10", "--driver-qps", "100000", "--driver-burst", "100000"])
-        .args(["--health-check-interval", "300s", "--resync-interval", "600s"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true);
-    if let Some((k, namespace)) = kube {
-        // Machines through the API server, without Nodes (no kubelets here). Only the run's own
-        // namespace: the runs before it left their machines, which are not this run's work.
-        cmd.env("KUBECONFIG", k).args(["--no-target-cluster", "--namespace", namespace]);
-    }
-    cmd.spawn().unwrap()
+/// The fake cloud (create latency 2 s, delete 1 s) and `build`'s controller (10 workers, no
+/// client-side rate limit, health checks every 300 s, a resync every 600 s), both quiet; the
+/// store is yet to choose.
+fn world(build: Build) -> Builder {
+    World::builder()
+        .driver(Driver::release_fake(&["--create-latency", "2s", "--delete-latency", "1s"]))
+        .controller_binary(build.binary())
+        .controller_env([("RUST_LOG", "warn")])
+        .timings(&[])
+        .controller_args(&["--workers", "10", "--driver-qps", "100000", "--driver-burst", "100000"])
+        .controller_args(&["--health-check-interval", "300s", "--resync-interval", "600s"])
 }
 
 fn objects(replicas: usize) -> (serde_json::Value, serde_json::Value) {
@@ -126,11 +86,8 @@ fn converged(md: &MachineDeployment, n: i64) -> bool {
 
 /// 1,000 (or `n`) machines to Running through the embedded store.
 async fn embedded(build: Build, n: usize) -> Duration {
-    let fake = start_fake().await;
-    let db = fake.dir.path().join("store.db");
-    let spec = format!("sqlite://{}", db.display());
-    let mut c = controller(build, &spec, &fake, None);
-    let store = Store::open(&db).unwrap();
+    let mut w = world(build).sqlite().start().await;
+    let store = w.store();
     let (class, md) = objects(n);
     let started = Instant::now();
     store.apply(machine_controller::resources::Kind::MachineClass, class).await.unwrap();
@@ -145,7 +102,7 @@ async fn embedded(build: Build, n: usize) -> Duration {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let t = started.elapsed();
-    let _ = c.kill().await;
+    w.kill9().await;
     t
 }
 
@@ -188,10 +145,12 @@ struct KubeRun {
 }
 
 /// `n` machines to Running through the API server.
-async fn through_api_server(build: Build, cluster: &Cluster, n: usize) -> KubeRun {
-    let fake = start_fake().await;
-    let ns = cluster.namespace("bench").await;
-    let mut c = controller(build, "kubernetes", &fake, Some((&cluster.kubeconfig, &ns)));
+async fn through_api_server(build: Build, cluster: &Arc<Cluster>, n: usize) -> KubeRun {
+    // Machines through the API server, without Nodes (no kubelets here), in a namespace of the
+    // run's own: the runs before it left their machines, which are not this run's work.
+    let mut w =
+        world(build).kubernetes(cluster.clone(), "bench").controller_args(&["--no-target-cluster"]).start().await;
+    let ns = w.ns().to_string();
     let ar = |kind: &str, plural: &str| {
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("machine.driver.dev", "v1alpha1", kind), plural)
     };
@@ -227,9 +186,8 @@ async fn through_api_server(build: Build, cluster: &Cluster, n: usize) -> KubeRu
     let ours = 2.0 + polls as f64 + 2.0;
     let breakdown = breakdown(&before, &after, n);
     let (before, after): (f64, f64) = (before.values().sum(), after.values().sum());
-    let pid = c.id().unwrap_or(0);
-    let peak_rss_mb = e2e_tests::proc_status_kb(pid, "VmHWM:") / 1024;
-    let _ = c.kill().await;
+    let peak_rss_mb = e2e_tests::proc_status_kb(w.controller_pid(0), "VmHWM:") / 1024;
+    w.kill9().await;
     KubeRun { breakdown, time, requests_per_machine: (after - before - ours) / n as f64, peak_rss_mb }
 }
 

@@ -1,6 +1,7 @@
 //! Machines as Kubernetes Nodes at scale (docs/src/operating/nodes.md), all in one process run so the
 //! figures are comparable. Real processes: `fake-driver` and `machine-controller run` (release
-//! builds) over a Unix socket; a whole test cluster from `tests/tools/install-kube-cluster.sh`
+//! builds) over a Unix socket, started through the test harness (`e2e_tests::world`); a whole
+//! test cluster from `tests/tools/install-kube-cluster.sh`
 //! (kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kwok) on the same machine,
 //! started by `Cluster::start_full`. The controller runs on the embedded store (SQLite, read here
 //! read-only) with `--target-kubeconfig` pointing at a counting proxy in front of the test
@@ -35,11 +36,11 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use e2e_tests::kube_cluster::Cluster;
+use e2e_tests::world::{Driver, World};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -48,7 +49,6 @@ use kube::runtime::{watcher, WatchStreamExt};
 use machine_controller::resources::{Kind, MachineDeployment};
 use machine_controller::store::Store;
 use serde_json::json;
-use tokio::process::{Child, Command};
 
 const CONTROLLER_ARGS: [&str; 12] = [
     "--workers",
@@ -243,85 +243,36 @@ current-context: proxy
 
 // ------------------------------------------------------------------------------ processes
 
-struct Fake {
-    _child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Fake {
-    fn endpoint(&self) -> String {
-        format!("unix://{}", self.dir.path().join("fake.sock").display())
-    }
-
-    fn log(&self) -> PathBuf {
-        self.dir.path().join("fake.log")
-    }
-}
-
-/// The fake cloud (create latency 2 s, delete latency 1 s); with `join`, its VMs register Nodes.
-async fn start_fake(join: Option<&Path>) -> Fake {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("fake.sock");
-    let log = std::fs::File::create(dir.path().join("fake.log")).unwrap();
-    let mut cmd = Command::new(e2e_tests::release_bin("fake-driver"));
-    cmd.args(["--endpoint", &format!("unix://{}", sock.display())])
-        .args(["--create-latency", "2s", "--delete-latency", "1s"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .kill_on_drop(true);
+/// The fake cloud (create latency 2 s, delete latency 1 s; with `join`, its VMs register Nodes)
+/// on the embedded store (read here too), and no controller yet: [`controller`] starts them,
+/// release builds, quiet.
+async fn start(join: Option<&Path>) -> World {
+    let mut fake = Driver::release_fake(&["--create-latency", "2s", "--delete-latency", "1s"]);
     if let Some(k) = join {
-        cmd.arg("--join-cluster").arg(k);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !sock.exists() {
         // A fake-driver built without the cargo feature join-cluster refuses --join-cluster.
-        if let Some(status) = child.try_wait().unwrap() {
-            let log = std::fs::read_to_string(dir.path().join("fake.log")).unwrap_or_default();
-            panic!("fake-driver exited ({status}) before serving:\n{log}");
-        }
-        assert!(Instant::now() < deadline, "fake-driver did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        fake = fake.args(["--join-cluster", &*k.to_string_lossy()]);
     }
-    Fake { _child: child, dir }
+    World::builder()
+        .driver(fake)
+        .controller_binary(e2e_tests::release_bin("machine-controller"))
+        .controller_env([("RUST_LOG", "warn")])
+        .timings(&[])
+        .controller_args(&CONTROLLER_ARGS)
+        .without_controller()
+        .start()
+        .await
 }
 
-/// `machine-controller --store sqlite://DB run …`, with `--target-kubeconfig` when given.
-fn controller(db: &Path, fake: &Fake, target: Option<&Path>) -> Child {
-    let log = std::fs::File::create(fake.dir.path().join("controller.log")).unwrap();
-    let mut cmd = Command::new(e2e_tests::release_bin("machine-controller"));
-    cmd.args(["--store", &format!("sqlite://{}", db.display()), "run"])
-        .args(["--driver", &format!("fake={}", fake.endpoint())])
-        .args(CONTROLLER_ARGS)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .kill_on_drop(true);
-    if let Some(k) = target {
-        cmd.arg("--target-kubeconfig").arg(k);
+/// Starts a controller of `w`, with `--target-kubeconfig` when given; returns its index.
+fn controller(w: &mut World, target: Option<&Path>) -> usize {
+    match target {
+        Some(k) => w.start_controller(&["--target-kubeconfig", &k.to_string_lossy()]),
+        None => w.start_controller(&[]),
     }
-    cmd.spawn().unwrap()
 }
 
-fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-fn logs(fake: &Fake) -> String {
-    format!(
-        "--- controller:\n{}\n--- fake-driver:\n{}",
-        tail(&fake.dir.path().join("controller.log"), 30),
-        tail(&fake.log(), 15)
-    )
-}
-
-fn peak_rss_mb(c: &Child) -> u64 {
-    e2e_tests::proc_status_kb(c.id().unwrap_or(0), "VmHWM:") / 1024
+fn peak_rss_mb(w: &World, i: usize) -> u64 {
+    e2e_tests::proc_status_kb(w.controller_pid(i), "VmHWM:") / 1024
 }
 
 // ------------------------------------------------------------------------------ objects
@@ -632,11 +583,10 @@ fn quantile(v: &[Duration], q: f64) -> Duration {
 async fn rolling_update(n: usize, pods: usize) -> Rollout {
     let cluster = Cluster::start_full().await;
     let ns = cluster.namespace("bench").await;
-    let fake = start_fake(Some(&cluster.kubeconfig)).await;
-    let db = fake.dir.path().join("store.db");
+    let mut w = start(Some(&cluster.kubeconfig)).await;
     let proxy = start_proxy(&cluster).await;
-    let mut c = controller(&db, &fake, Some(&proxy.kubeconfig));
-    let store = Store::open(&db).unwrap();
+    let c = controller(&mut w, Some(&proxy.kubeconfig));
+    let store = w.store();
     let (nodes, node_task) = watch_nodes(cluster.client.clone());
     let (watch, pod_task) = watch_pods(cluster.client.clone(), &ns, "shop");
     let node_count = || {
@@ -659,7 +609,7 @@ async fn rolling_update(n: usize, pods: usize) -> Rollout {
         Duration::from_millis(100),
         || async { md(&store).await.map(md_seen).filter(e2e_tests::rolled_out) },
         || format!("{}; nodes (total, Ready) {:?}", last.lock().unwrap(), node_count()),
-        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
+        || format!("{}\n{}", w.logs(), cluster_logs(&cluster)),
     )
     .await;
     let initial = started.elapsed();
@@ -702,7 +652,7 @@ async fn rolling_update(n: usize, pods: usize) -> Rollout {
         Duration::from_millis(250),
         || async { (watch.lock().unwrap().ready() == pods).then_some(()) },
         || format!("{} pods Ready", watch.lock().unwrap().ready()),
-        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
+        || format!("{}\n{}", w.logs(), cluster_logs(&cluster)),
     )
     .await;
     let pods_ready = started.elapsed();
@@ -718,7 +668,7 @@ async fn rolling_update(n: usize, pods: usize) -> Rollout {
             (s.current_healthy == Some(pods as i32) && s.disruptions_allowed == Some(allowed)).then_some(())
         },
         String::new,
-        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
+        || format!("{}\n{}", w.logs(), cluster_logs(&cluster)),
     )
     .await;
 
@@ -762,14 +712,14 @@ async fn rolling_update(n: usize, pods: usize) -> Rollout {
             (done && gone && on_new).then_some(())
         },
         progress,
-        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
+        || format!("{}\n{}", w.logs(), cluster_logs(&cluster)),
     )
     .await;
     let time = started.elapsed();
     let after = api_requests(&cluster.client).await;
     let ctl_after = proxy.counts();
-    let peak_rss_mb = peak_rss_mb(&c);
-    let _ = c.kill().await;
+    let peak_rss_mb = peak_rss_mb(&w, c);
+    w.kill9_controller(c).await;
     node_task.abort();
     pod_task.abort();
     let min_ready = watch.lock().unwrap().min_ready;
@@ -831,14 +781,13 @@ struct Join {
 /// controller manages Nodes (Running = Node Ready).
 async fn to_running(n: usize, cluster: Option<&Cluster>) -> Join {
     let kubeconfig = cluster.map(|c| c.kubeconfig.as_path());
-    let fake = start_fake(kubeconfig).await;
-    let db = fake.dir.path().join("store.db");
+    let mut w = start(kubeconfig).await;
     let proxy = match cluster {
         Some(cluster) => Some(start_proxy(cluster).await),
         None => None,
     };
-    let mut c = controller(&db, &fake, proxy.as_ref().map(|p| p.kubeconfig.as_path()));
-    let store = Store::open(&db).unwrap();
+    let c = controller(&mut w, proxy.as_ref().map(|p| p.kubeconfig.as_path()));
+    let store = w.store();
     let nodes = cluster.map(|c| watch_nodes(c.client.clone()));
     let last = Mutex::new(String::new());
     let started = Instant::now();
@@ -854,12 +803,12 @@ async fn to_running(n: usize, cluster: Option<&Cluster>) -> Join {
             e2e_tests::rolled_out(&md).then_some(())
         },
         || last.lock().unwrap().clone(),
-        || logs(&fake),
+        || w.logs(),
     )
     .await;
     let time = started.elapsed();
-    let peak_rss_mb = peak_rss_mb(&c);
-    let _ = c.kill().await;
+    let peak_rss_mb = peak_rss_mb(&w, c);
+    w.kill9_controller(c).await;
     let requests = proxy.map(|p| {
         let after = p.counts();
         (total(&BTreeMap::new(), &after) / n as f64, breakdown(&BTreeMap::new(), &after, n))
@@ -893,8 +842,9 @@ struct Usage {
     cpu: Duration,
 }
 
-fn usage(c: &Child) -> Usage {
-    let pid = c.id().unwrap_or(0);
+/// Of controller `i` of `w`.
+fn usage(w: &World, i: usize) -> Usage {
+    let pid = w.controller_pid(i);
     let anon_kb = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
         .ok()
         .and_then(|s| {
@@ -985,10 +935,9 @@ async fn create_bound_pods(client: &kube::Client, ns: &str, nodes: &[String], po
 async fn steady_state(n: usize, pods: usize, window: Duration) -> Steady {
     // Without a target cluster: its own fake cloud and controller, left running through the
     // window so both are measured over the same time.
-    let fake_alone = start_fake(None).await;
-    let db_alone = fake_alone.dir.path().join("store.db");
-    let mut alone = controller(&db_alone, &fake_alone, None);
-    let store_alone = Store::open(&db_alone).unwrap();
+    let mut w_alone = start(None).await;
+    let alone = controller(&mut w_alone, None);
+    let store_alone = w_alone.store();
     store_alone.apply(Kind::MachineClass, class()).await.unwrap();
     store_alone.apply(Kind::MachineDeployment, deployment(n, "os-1")).await.unwrap();
     until(
@@ -997,17 +946,16 @@ async fn steady_state(n: usize, pods: usize, window: Duration) -> Steady {
         Duration::from_millis(200),
         || async { md(&store_alone).await.filter(e2e_tests::rolled_out) },
         String::new,
-        || logs(&fake_alone),
+        || w_alone.logs(),
     )
     .await;
 
     let cluster = Cluster::start_full().await;
     let ns = cluster.namespace("steady").await;
-    let fake = start_fake(Some(&cluster.kubeconfig)).await;
-    let db = fake.dir.path().join("store.db");
+    let mut w = start(Some(&cluster.kubeconfig)).await;
     let proxy = start_proxy(&cluster).await;
-    let mut c = controller(&db, &fake, Some(&proxy.kubeconfig));
-    let store = Store::open(&db).unwrap();
+    let c = controller(&mut w, Some(&proxy.kubeconfig));
+    let store = w.store();
     let (nodes, node_task) = watch_nodes(cluster.client.clone());
     let (watch, pod_task) = watch_pods(cluster.client.clone(), &ns, "idle");
     let started = Instant::now();
@@ -1024,12 +972,12 @@ async fn steady_state(n: usize, pods: usize, window: Duration) -> Steady {
             e2e_tests::rolled_out(&md).then_some(())
         },
         || last.lock().unwrap().clone(),
-        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
+        || format!("{}\n{}", w.logs(), cluster_logs(&cluster)),
     )
     .await;
     let join = started.elapsed();
     println!("     {n} machines Running with Ready Nodes in {:.1} s", join.as_secs_f64());
-    let before_pods = usage(&c);
+    let before_pods = usage(&w, c);
 
     let started = Instant::now();
     let names: Vec<String> = nodes.lock().unwrap().nodes.keys().cloned().collect();
@@ -1042,7 +990,7 @@ async fn steady_state(n: usize, pods: usize, window: Duration) -> Steady {
         Duration::from_millis(500),
         || async { (watch.lock().unwrap().ready() == pods).then_some(()) },
         || format!("{} pods Ready", watch.lock().unwrap().ready()),
-        || format!("{}\n{}", logs(&fake), cluster_logs(&cluster)),
+        || format!("{}\n{}", w.logs(), cluster_logs(&cluster)),
     )
     .await;
     let pods_ready = started.elapsed();
@@ -1052,26 +1000,26 @@ async fn steady_state(n: usize, pods: usize, window: Duration) -> Steady {
     // The window: nothing changes but kwok's heartbeats (Node status every ~20 s, pod status
     // not at all once Running).
     let (requests_0, received_0) = (proxy.counts(), proxy.received());
-    let (cpu_0, alone_cpu_0) = (usage(&c).cpu, usage(&alone).cpu);
+    let (cpu_0, alone_cpu_0) = (usage(&w, c).cpu, usage(&w_alone, alone).cpu);
     println!("     steady window of {:.0} s ...", window.as_secs_f64());
     tokio::time::sleep(window).await;
     let (requests_1, received_1) = (proxy.counts(), proxy.received());
-    let (with, without) = (usage(&c), usage(&alone));
+    let (with, without) = (usage(&w, c), usage(&w_alone, alone));
     let still = md(&store).await.is_some_and(|m| e2e_tests::rolled_out(&m));
     assert!(still, "every machine still Running after the window");
-    let _ = c.kill().await;
-    let _ = alone.kill().await;
+    w.kill9_controller(c).await;
+    w_alone.kill9_controller(alone).await;
 
     // A restart: the first list now holds every Node (it was empty when the controller first
     // started), the most the controller decodes at once.
     let requests_2 = proxy.counts();
-    let mut c = controller(&db, &fake, Some(&proxy.kubeconfig));
+    let c = controller(&mut w, Some(&proxy.kubeconfig));
     tokio::time::sleep(RESTART_WINDOW).await;
-    let restarted = usage(&c);
+    let restarted = usage(&w, c);
     let still = md(&store).await.is_some_and(|m| e2e_tests::rolled_out(&m));
     assert!(still, "every machine still Running after the restart");
     let requests_3 = proxy.counts();
-    let _ = c.kill().await;
+    w.kill9_controller(c).await;
     node_task.abort();
     let restart_requests =
         requests_3.keys().map(|k| (k.clone(), diff(&requests_2, &requests_3, k))).filter(|(_, v)| *v > 0.0).collect();

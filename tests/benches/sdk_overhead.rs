@@ -6,8 +6,9 @@
 //! grpc-go server doing the same (`tests/benches/grpc-go-server`, built from the proto by
 //! `tests/tools/build-grpc-go-server.sh`); plus the sidecar's RSS.
 //!
-//! Every server is a child process on a temporary Unix socket; the bare tonic one is this
-//! executable re-run with `--serve-bare` (tokio's default multi-threaded runtime). Every server
+//! Every server is a child process on a temporary Unix socket (the sidecars started through the
+//! test harness, `e2e_tests::Driver`); the bare tonic one is this executable re-run with
+//! `--serve-bare` (tokio's default multi-threaded runtime). Every server
 //! gets the identical client load (raw generated `MachinesClient`, fixed concurrency over a fixed
 //! number of HTTP/2 connections, `x-request-id` and `grpc-timeout` on every call as
 //! `DriverClient` sends them). Rounds run in the order A B C D, D C B A so linear drift cancels out.
@@ -32,7 +33,8 @@ use std::time::{Duration, Instant};
 
 use driver_sdk::prost::Message as _;
 use driver_sdk::proto as pb;
-use driver_sdk::{DriverClient, OperationExt as _};
+use driver_sdk::OperationExt as _;
+use e2e_tests::{Driver, Sidecar};
 use hyper_util::rt::TokioIo;
 use pb::machines_client::MachinesClient;
 use tokio::process::{Child, Command};
@@ -187,6 +189,8 @@ struct Server {
     socket: PathBuf,
     log: PathBuf,
     idle_rss_kib: u64,
+    /// A sidecar's own folder (the harness's), removed with it.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Server {
@@ -261,39 +265,19 @@ fn log_text(p: &Path) -> String {
     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
-/// Starts a fake-driver sidecar with `RUST_LOG=rust_log`, creates the bench machine in it and
-/// waits until it is running.
-async fn start_sidecar(
-    label: String,
-    fake: &Path,
-    dir: &Path,
-    tag: &str,
-    rust_log: &str,
-) -> Result<(Server, pb::Machine), BoxError> {
-    let socket = dir.join(format!("{tag}.sock"));
-    let log = dir.join(format!("fake-driver-{tag}.log"));
-    let endpoint = format!("unix://{}", socket.display());
-    let child = spawn(
-        fake,
-        &["--endpoint", &endpoint, "--log-format", "json", "--create-latency", "100ms"],
-        &[("RUST_LOG", rust_log)],
-        &log,
-    )?;
-    let server = Server { label: label.clone(), child, socket, log, idle_rss_kib: 0 };
+/// Starts the fake-driver sidecar built at `fake` through the test harness (its own folder, a
+/// Unix socket, ready once it answers a Probe) with `RUST_LOG=rust_log`, creates the bench
+/// machine in it and waits until it is running.
+async fn start_sidecar(label: String, fake: &Path, rust_log: &str) -> Result<(Server, pb::Machine), BoxError> {
+    let sidecar = Driver::binary(fake)
+        .args(["--log-format", "json", "--create-latency", "100ms"])
+        .env([("RUST_LOG", rust_log)])
+        .start()
+        .await;
+    let client = sidecar.client().await;
+    let Sidecar { child, dir, socket, log, .. } = sidecar;
+    let server = Server { label: label.clone(), child, socket, log, idle_rss_kib: 0, _dir: Some(dir) };
     let deadline = Instant::now() + READY;
-    let client = loop {
-        if server.socket.exists() {
-            if let Ok(c) = DriverClient::connect(&endpoint).await {
-                if c.probe(Default::default()).await.is_ok() {
-                    break c;
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{label} not ready within {READY:?}; log:\n{}", log_text(&server.log)).into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
     let mut op = client
         .create_machine(pb::CreateMachineRequest {
             name: MACHINE.into(),
@@ -575,16 +559,13 @@ async fn bench() -> Result<(), BoxError> {
 
     eprintln!("starting servers in {}", dir.path().display());
     let mut servers: Vec<(Role, Server)> = Vec::new();
-    let (warn, machine) =
-        start_sidecar("SDK (fake-driver), RUST_LOG=warn".into(), &fake, dir.path(), "warn", "warn").await?;
+    let (warn, machine) = start_sidecar("SDK (fake-driver), RUST_LOG=warn".into(), &fake, "warn").await?;
     if s.info {
-        let (info, _) =
-            start_sidecar("SDK (fake-driver), RUST_LOG=info".into(), &fake, dir.path(), "info", "info").await?;
+        let (info, _) = start_sidecar("SDK (fake-driver), RUST_LOG=info".into(), &fake, "info").await?;
         servers.push((Role::Info, info));
     }
     if let Some(c) = &s.compare {
-        let (cmp, _) =
-            start_sidecar("SDK (BENCH_COMPARE build), RUST_LOG=warn".into(), c, dir.path(), "compare", "warn").await?;
+        let (cmp, _) = start_sidecar("SDK (BENCH_COMPARE build), RUST_LOG=warn".into(), c, "warn").await?;
         servers.push((Role::Compare, cmp));
     }
     servers.insert(0, (Role::Warn, warn));
@@ -610,6 +591,7 @@ async fn bench() -> Result<(), BoxError> {
                 socket: bare_socket,
                 log: bare_log,
                 idle_rss_kib: 0,
+                _dir: None,
             },
         ),
     );
@@ -621,7 +603,14 @@ async fn bench() -> Result<(), BoxError> {
         go_pos,
         (
             Role::GrpcGo,
-            Server { label: "grpc-go".into(), child: go_child, socket: go_socket, log: go_log, idle_rss_kib: 0 },
+            Server {
+                label: "grpc-go".into(),
+                child: go_child,
+                socket: go_socket,
+                log: go_log,
+                idle_rss_kib: 0,
+                _dir: None,
+            },
         ),
     );
     for (_, srv) in &mut servers {

@@ -1,5 +1,7 @@
-//! One test world for the end-to-end tests: a driver, a store, and controllers, built with
-//! [`World::builder`] and cleaned up when dropped.
+//! One test world for the end-to-end tests: a driver sidecar (any driver binary, [`Driver`]), a
+//! store, and controllers, built with [`World::builder`] and cleaned up when dropped. The tests
+//! and the benchmarks start sidecars and controllers through it (a benchmark with release
+//! builds: [`Builder::controller_binary`], [`Builder::timings`]).
 //!
 //! ```no_run
 //! # async fn f() {
@@ -26,7 +28,7 @@
 //! Nothing binds a port to hand it over: sidecars serve on Unix sockets in the world's folder,
 //! and a controller's metrics listener (`--metrics-addr 127.0.0.1:0`, [`Builder::metrics`]) is
 //! read back from the address the controller logs. Tests read state through the store API or
-//! the CLI, never the store's file.
+//! the CLI, never the store's file (a benchmark may: [`World::store_path`]).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -47,21 +49,38 @@ use machine_controller::store::Store;
 use tokio::process::{Child, Command};
 
 use crate::kube_cluster::Cluster;
-use crate::{bin, rolled_out, Sidecar, READY};
+use crate::{addr_after, bin, rolled_out, Sidecar, READY};
 
 /// How long one CLI command may take.
 const CLI: Duration = Duration::from_secs(60);
 
-/// The driver sidecar a world runs; the controller knows it by [`Driver::name`].
+/// The timings every controller of a world gets first, unless [`Builder::timings`] replaces
+/// them: fast enough for tests.
+const TEST_TIMINGS: [&str; 4] = ["--debounce", "20ms", "--health-check-interval", "1s"];
+
+/// A driver sidecar: a binary, its arguments and environment, and the name the controller knows
+/// it by (`--driver NAME=…`, which classes name in `spec.driver`). Any driver binary that takes
+/// `--endpoint` fits (every SDK driver, the Go driver); [`Driver::fake`], [`Driver::go`] and
+/// [`Driver::azure`] are shorthands for this repository's. A [`World`] runs one
+/// ([`Builder::driver`]); [`Driver::start`] runs one on its own.
+///
+/// ```no_run
+/// # async fn f() {
+/// use e2e_tests::world::Driver;
+/// let aws = Driver::binary("aws-ec2-driver").named("aws").args(["--dev"]).env([("AWS_REGION", "eu-west-1")]);
+/// let sidecar = aws.start().await;
+/// # }
+/// ```
+///
+/// The sidecar gets `--endpoint …` and then the arguments, and the test's environment with
+/// `RUST_LOG=info`, without `OTEL_EXPORTER_OTLP_ENDPOINT`, and then the driver's variables.
 #[derive(Debug, Clone)]
-pub enum Driver {
-    /// `fake-driver` with these arguments.
-    Fake(Vec<String>),
-    /// The Go driver (`$GO_DRIVER_BIN`, built by `tests/tools/build-go-driver.sh`) with `--dev`
-    /// and these arguments.
-    Go(Vec<String>),
-    /// `azure-vmss-driver` with these arguments (its ARM endpoint among them).
-    Azure(Vec<String>),
+#[must_use]
+pub struct Driver {
+    binary: PathBuf,
+    name: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 fn owned(args: &[&str]) -> Vec<String> {
@@ -69,45 +88,106 @@ fn owned(args: &[&str]) -> Vec<String> {
 }
 
 impl Driver {
-    /// `fake-driver ARGS`.
+    /// `binary` (a workspace binary's or example's name, or a path) with no arguments,
+    /// named after its file name without `-driver` (`aws-ec2-driver`: `aws-ec2`).
+    pub fn binary(binary: impl Into<PathBuf>) -> Self {
+        let binary = binary.into();
+        let file = binary.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = file.strip_suffix("-driver").unwrap_or(&file).to_string();
+        Driver { binary, name, args: Vec::new(), env: Vec::new() }
+    }
+
+    /// The name the controller registers the driver under.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// More arguments, after those given so far.
+    pub fn args<S: AsRef<str>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.args.extend(args.into_iter().map(|a| a.as_ref().to_string()));
+        self
+    }
+
+    /// More environment variables for the sidecar process.
+    pub fn env<K: AsRef<str>, V: AsRef<str>>(mut self, vars: impl IntoIterator<Item = (K, V)>) -> Self {
+        self.env.extend(vars.into_iter().map(|(k, v)| (k.as_ref().to_string(), v.as_ref().to_string())));
+        self
+    }
+
+    /// `fake-driver ARGS`, named `fake`.
     pub fn fake(args: &[&str]) -> Self {
-        Driver::Fake(owned(args))
+        Driver::binary("fake-driver").named("fake").args(args)
     }
 
-    /// The Go driver with `--dev ARGS`.
+    /// The Go driver ([`go_driver`]) with `--dev ARGS`, named `go`.
     pub fn go(args: &[&str]) -> Self {
-        let mut all = vec!["--dev".to_string()];
-        all.extend(owned(args));
-        Driver::Go(all)
+        Driver::binary(go_driver()).named("go").args(["--dev"]).args(args)
     }
 
-    /// `azure-vmss-driver ARGS`.
+    /// The release build of `fake-driver` ([`release_bin`](crate::release_bin), for benchmarks)
+    /// with `ARGS`, named `fake`, quiet (`RUST_LOG=warn`).
+    pub fn release_fake(args: &[&str]) -> Self {
+        Driver::binary(crate::release_bin("fake-driver")).named("fake").args(args).env([("RUST_LOG", "warn")])
+    }
+
+    /// `azure-vmss-driver ARGS` (its ARM endpoint among them), named `azure`.
     pub fn azure(args: &[&str]) -> Self {
-        Driver::Azure(owned(args))
+        Driver::binary("azure-vmss-driver").named("azure").args(args)
     }
 
     /// The name the controller registers the driver under (`--driver NAME=…`), which classes
     /// name in `spec.driver`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Driver::Fake(_) => "fake",
-            Driver::Go(_) => "go",
-            Driver::Azure(_) => "azure",
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Starts the sidecar on a Unix socket in a new temporary folder and waits until it answers
+    /// a Probe.
+    ///
+    /// # Panics
+    /// If it exits first or is not ready within [`READY`] (with its log).
+    pub async fn start(&self) -> Sidecar {
+        self.start_in(tempfile::tempdir().expect("tempdir")).await
+    }
+
+    /// Like [`Driver::start`], in `dir` (to restart on the same socket and state).
+    pub async fn start_in(&self, dir: tempfile::TempDir) -> Sidecar {
+        Sidecar::launch(self, dir, false).await
+    }
+
+    /// Like [`Driver::start`], on `tcp://127.0.0.1:0`: the port the sidecar bound is read from
+    /// its log ("serving on tcp://…"), so no other process can take it first.
+    pub async fn start_tcp(&self) -> Sidecar {
+        Sidecar::launch(self, tempfile::tempdir().expect("tempdir"), true).await
+    }
+
+    /// The program to run: a bare name is a workspace binary ([`bin`]); a path (e.g. the Go
+    /// driver, built outside the workspace, or a release build) is run as it is.
+    pub(crate) fn program(&self) -> PathBuf {
+        if self.binary.components().count() == 1 && !self.binary.is_absolute() {
+            bin(&self.binary.to_string_lossy())
+        } else {
+            self.binary.clone()
         }
     }
 
-    fn binary(&self) -> String {
-        match self {
-            Driver::Fake(_) => "fake-driver".into(),
-            Driver::Go(_) => go_driver(),
-            Driver::Azure(_) => "azure-vmss-driver".into(),
-        }
+    /// The binary's file name, for logs.
+    pub(crate) fn label(&self) -> String {
+        self.binary.file_name().map_or_else(|| self.name.clone(), |n| n.to_string_lossy().into_owned())
     }
 
-    fn args(&self) -> Vec<&str> {
-        match self {
-            Driver::Fake(a) | Driver::Go(a) | Driver::Azure(a) => a.iter().map(String::as_str).collect(),
-        }
+    pub(crate) fn arguments(&self) -> &[String] {
+        &self.args
+    }
+
+    pub(crate) fn environment(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// `fake-driver` with no extra environment: what an in-process world can serve itself.
+    fn is_plain_fake(&self) -> bool {
+        self.binary == Path::new("fake-driver") && self.env.is_empty()
     }
 }
 
@@ -125,7 +205,7 @@ pub fn go_driver() -> String {
 
 enum StoreChoice {
     Sqlite,
-    Kubernetes { cluster: Box<Cluster>, namespace_prefix: String },
+    Kubernetes { cluster: Arc<Cluster>, namespace_prefix: String },
 }
 
 /// Builds a [`World`]; see the module docs.
@@ -133,6 +213,9 @@ enum StoreChoice {
 pub struct Builder {
     driver: Driver,
     store: StoreChoice,
+    controller_binary: Option<PathBuf>,
+    controller_env: Vec<(String, String)>,
+    timings: Vec<String>,
     controller_args: Vec<String>,
     controller: bool,
     metrics: bool,
@@ -143,8 +226,11 @@ pub struct Builder {
 impl Default for Builder {
     fn default() -> Self {
         Self {
-            driver: Driver::Fake(Vec::new()),
+            driver: Driver::fake(&[]),
             store: StoreChoice::Sqlite,
+            controller_binary: None,
+            controller_env: Vec::new(),
+            timings: owned(&TEST_TIMINGS),
             controller_args: Vec::new(),
             controller: true,
             metrics: false,
@@ -155,7 +241,8 @@ impl Default for Builder {
 }
 
 impl Builder {
-    /// The driver sidecar (default: `fake-driver` with its default arguments).
+    /// The driver sidecar, any binary ([`Driver::binary`]; default: `fake-driver` with its
+    /// default arguments).
     pub fn driver(mut self, driver: Driver) -> Self {
         self.driver = driver;
         self
@@ -169,14 +256,36 @@ impl Builder {
 
     /// The store is `cluster`'s API server, in a new namespace named after `namespace_prefix`;
     /// controllers run with `--store kubernetes --namespace NS` and the cluster's kubeconfig.
-    /// The world owns the cluster ([`World::cluster`]).
-    pub fn kubernetes(mut self, cluster: Cluster, namespace_prefix: &str) -> Self {
-        self.store = StoreChoice::Kubernetes { cluster: Box::new(cluster), namespace_prefix: namespace_prefix.into() };
+    /// The world holds the cluster ([`World::cluster`]): a `Cluster` given here stops with the
+    /// world, an `Arc<Cluster>` (one cluster for several worlds) with its last holder.
+    pub fn kubernetes(mut self, cluster: impl Into<Arc<Cluster>>, namespace_prefix: &str) -> Self {
+        self.store = StoreChoice::Kubernetes { cluster: cluster.into(), namespace_prefix: namespace_prefix.into() };
         self
     }
 
-    /// Arguments every controller of this world gets after `run --driver … --debounce 20ms
-    /// --health-check-interval 1s` (and before those of [`World::start_controller`]).
+    /// The `machine-controller` binary the controllers and [`World::cli`] run (default: the
+    /// workspace's, [`bin`]); e.g. a release build for a benchmark.
+    pub fn controller_binary(mut self, binary: impl Into<PathBuf>) -> Self {
+        self.controller_binary = Some(binary.into());
+        self
+    }
+
+    /// More environment variables for every controller process (after `RUST_LOG=info`).
+    pub fn controller_env<K: AsRef<str>, V: AsRef<str>>(mut self, vars: impl IntoIterator<Item = (K, V)>) -> Self {
+        self.controller_env.extend(vars.into_iter().map(|(k, v)| (k.as_ref().to_string(), v.as_ref().to_string())));
+        self
+    }
+
+    /// The timing flags every controller gets first, instead of the tests' fast ones
+    /// (`--debounce 20ms --health-check-interval 1s`); `&[]` leaves the binary's defaults (a
+    /// benchmark).
+    pub fn timings(mut self, args: &[&str]) -> Self {
+        self.timings = owned(args);
+        self
+    }
+
+    /// Arguments every controller of this world gets after `run --driver …` and the timings
+    /// (and before those of [`World::start_controller`]).
     pub fn controller_args(mut self, args: &[&str]) -> Self {
         self.controller_args.extend(owned(args));
         self
@@ -230,13 +339,15 @@ impl Builder {
             }
         };
         let driver = if self.in_process {
-            let Driver::Fake(args) = &self.driver else {
-                panic!("in-process worlds run the fake driver only; use .process() for {:?}", self.driver)
-            };
+            assert!(
+                self.driver.is_plain_fake(),
+                "in-process worlds run the fake driver only; use .process() for {:?}",
+                self.driver
+            );
             assert!(matches!(store, WorldStore::Sqlite(_)), "in-process worlds use the embedded store only");
-            DriverSlot::InProcess(InProcessFake::start(dir.path(), args).await)
+            DriverSlot::InProcess(InProcessFake::start(dir.path(), self.driver.arguments()).await)
         } else {
-            DriverSlot::Process(Some(Box::new(Sidecar::start(&self.driver.binary(), &self.driver.args()).await)))
+            DriverSlot::Process(Some(Box::new(self.driver.start().await)))
         };
         let in_process_store = match (&store, self.in_process) {
             (WorldStore::Sqlite(path), true) => Some(Store::open(path).expect("opening the embedded store")),
@@ -248,6 +359,9 @@ impl Builder {
             driver: self.driver,
             store,
             in_process_store,
+            controller_binary: self.controller_binary.unwrap_or_else(|| bin("machine-controller")),
+            controller_env: self.controller_env,
+            timings: self.timings,
             controller_args: self.controller_args,
             metrics: self.metrics,
             cluster,
@@ -290,17 +404,20 @@ enum ControllerSlot {
 }
 
 /// One test's world: a driver sidecar, a store, controllers, and a scratch folder. Dropping it
-/// stops the controllers first, then the driver, then removes the folder (and stops the
-/// Kubernetes cluster it owns).
+/// stops the controllers first, then the driver, then removes the folder (and lets go of the
+/// Kubernetes cluster it holds, which stops with its last holder).
 pub struct World {
     controllers: Vec<ControllerSlot>,
     driver_slot: DriverSlot,
     driver: Driver,
     store: WorldStore,
     in_process_store: Option<Store>,
+    controller_binary: PathBuf,
+    controller_env: Vec<(String, String)>,
+    timings: Vec<String>,
     controller_args: Vec<String>,
     metrics: bool,
-    cluster: Option<Box<Cluster>>,
+    cluster: Option<Arc<Cluster>>,
     dir: tempfile::TempDir,
 }
 
@@ -355,6 +472,18 @@ impl World {
     /// The world's scratch folder (store file, logs, manifests).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The embedded store's file (for a benchmark that reads it as it is; tests read through
+    /// [`World::store`] or [`World::cli`]).
+    ///
+    /// # Panics
+    /// In a world on the Kubernetes store.
+    pub fn store_path(&self) -> &Path {
+        match &self.store {
+            WorldStore::Sqlite(path) => path,
+            WorldStore::Kubernetes { .. } => panic!("a world on the Kubernetes store has no store file"),
+        }
     }
 
     /// The Kubernetes cluster of a [`Builder::kubernetes`] world.
@@ -423,7 +552,7 @@ impl World {
             panic!("the fake driver runs in-process; use .process() to kill it")
         };
         let dir = slot.take().expect("the sidecar runs").kill9().await;
-        *slot = Some(Box::new(Sidecar::start_in(dir, &self.driver.binary(), &self.driver.args()).await));
+        *slot = Some(Box::new(self.driver.start_in(dir).await));
     }
 
     /// SIGTERM to the sidecar; returns its exit status and the socket it served on.
@@ -442,7 +571,7 @@ impl World {
     /// Starts a controller with the world's arguments and `extra`; returns its index.
     pub fn start_controller(&mut self, extra: &[&str]) -> usize {
         let i = self.controllers.len();
-        let mut args = owned(&["--debounce", "20ms", "--health-check-interval", "1s"]);
+        let mut args = self.timings.clone();
         args.extend(self.controller_args.iter().cloned());
         if self.metrics {
             args.extend(owned(&["--metrics-addr", "127.0.0.1:0"]));
@@ -454,7 +583,7 @@ impl World {
         } else {
             let log = self.dir.path().join(format!("controller-{i}.log"));
             let file = std::fs::File::create(&log).expect("controller log file");
-            let mut cmd = Command::new(bin("machine-controller"));
+            let mut cmd = Command::new(&self.controller_binary);
             match &self.store {
                 WorldStore::Sqlite(path) => {
                     cmd.arg("--store").arg(path).arg("run");
@@ -468,6 +597,7 @@ impl World {
                 .args(["--driver", &driver])
                 .args(&args)
                 .env("RUST_LOG", "info")
+                .envs(self.controller_env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .stdout(file.try_clone().expect("controller log file"))
                 .stderr(file)
@@ -511,6 +641,17 @@ impl World {
             .expect("wait")
     }
 
+    /// The process ID of controller `i`.
+    ///
+    /// # Panics
+    /// If it runs in-process or was killed.
+    pub fn controller_pid(&self, i: usize) -> u32 {
+        match &self.controllers[i] {
+            ControllerSlot::Process { child, .. } => child.id().expect("the controller runs"),
+            _ => panic!("controller {i} is not a running process"),
+        }
+    }
+
     /// Controller `i`'s whole log ("" in-process).
     pub fn controller_log(&self, i: usize) -> String {
         match &self.controllers[i] {
@@ -530,7 +671,7 @@ impl World {
             })
             .collect();
         if let DriverSlot::Process(Some(s)) = &self.driver_slot {
-            out.push(format!("--- {}\n{}", self.driver.binary(), tail(&s.log_text(), 15)));
+            out.push(format!("--- {}\n{}", self.driver.label(), tail(&s.log_text(), 15)));
         }
         out.join("\n")
     }
@@ -538,25 +679,8 @@ impl World {
     /// The address controller `i` serves /metrics, /healthz and /readyz on ([`Builder::metrics`]),
     /// as it logged it once bound.
     pub async fn metrics_addr(&self, i: usize) -> std::net::SocketAddr {
-        let deadline = Instant::now() + READY;
-        loop {
-            let text = strip_ansi(&self.controller_log(i));
-            let addr = text
-                .split("metrics on http://")
-                .nth(1)
-                .and_then(|rest| rest.split("/metrics").next())
-                .and_then(|a| a.parse().ok());
-            if let Some(addr) = addr {
-                return addr;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "controller {i} logged no metrics address in {READY:?}\n{}",
-                self.logs()
-            );
-            // Deliberate: the log file has no change feed; poll it.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("controller {i}'s metrics address in its log");
+        self.wait_for(&what, READY, || async { addr_after(&self.controller_log(i), "metrics on http://") }).await
     }
 
     // ----- the store and the CLI -----
@@ -574,7 +698,7 @@ impl World {
 
     /// `machine-controller --store … ARGS`: exit code, stdout, stderr (within a minute).
     pub async fn cli(&self, args: &[&str]) -> (i32, String, String) {
-        let mut cmd = Command::new(bin("machine-controller"));
+        let mut cmd = Command::new(&self.controller_binary);
         match &self.store {
             WorldStore::Sqlite(path) => {
                 cmd.arg("--store").arg(path);
@@ -751,25 +875,6 @@ impl World {
 pub fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// `text` without ANSI colour sequences.
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // ESC [ … final byte in @..~
-            for c in chars.by_ref() {
-                if ('@'..='~').contains(&c) && c != '[' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 // ----- in-process mode -----

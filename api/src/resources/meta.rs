@@ -126,6 +126,21 @@ pub struct OwnerReference {
     pub controller: bool,
 }
 
+impl OwnerReference {
+    /// The reference to the owner that manages the object (`controller: true`): the `kind`
+    /// object `name` with uid `uid`, of this API ([`API_VERSION`]). What the controller sets on
+    /// the Machines a MachineDeployment or a MachinePool makes.
+    pub fn controller_of(kind: Kind, name: &str, uid: &str) -> Self {
+        OwnerReference {
+            api_version: API_VERSION.into(),
+            kind: kind.as_str().into(),
+            name: name.into(),
+            uid: uid.into(),
+            controller: true,
+        }
+    }
+}
+
 /// A typed object.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -3,7 +3,8 @@
 //!
 //! Only what the controller decides on is kept of each Node ([`NodeView`]: identity, provider
 //! ID, readiness, schedulability, labels, annotations, taints) — not images, capacity or
-//! managed fields.
+//! managed fields — and its resourceVersion, which guards the controller's writes of the
+//! taints. A change of the resourceVersion alone (a status heartbeat) is kept but wakes no one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -45,6 +46,9 @@ pub struct NodeView {
     pub taints: Vec<Taint>,
     /// Being deleted.
     pub deleting: bool,
+    /// `metadata.resourceVersion` of the Node this view was taken from: a write that replaces a
+    /// list (the taints) carries it, so it fails with a conflict if the Node changed since.
+    pub resource_version: String,
 }
 
 impl NodeView {
@@ -72,7 +76,35 @@ impl NodeView {
             annotations: node.metadata.annotations.clone().unwrap_or_default(),
             taints: spec.and_then(|s| s.taints.clone()).unwrap_or_default(),
             deleting: node.metadata.deletion_timestamp.is_some(),
+            resource_version: node.metadata.resource_version.clone().unwrap_or_default(),
         })
+    }
+
+    /// Whether `other` says the same of the Node, whatever its resourceVersion: then nothing
+    /// the controller decides on changed (a status heartbeat, say).
+    pub fn same_as(&self, other: &NodeView) -> bool {
+        // Every field by name, so a new one is compared too.
+        let NodeView {
+            name,
+            uid,
+            provider_id,
+            readiness,
+            unschedulable,
+            labels,
+            annotations,
+            taints,
+            deleting,
+            resource_version: _,
+        } = self;
+        *name == other.name
+            && *uid == other.uid
+            && *provider_id == other.provider_id
+            && *readiness == other.readiness
+            && *unschedulable == other.unschedulable
+            && *labels == other.labels
+            && *annotations == other.annotations
+            && *taints == other.taints
+            && *deleting == other.deleting
     }
 
     /// Whether it is Ready.
@@ -239,14 +271,16 @@ impl NodeCache {
         }
     }
 
-    /// A Node was added or changed: the Machines to wake.
+    /// A Node was added or changed: the Machines to wake (none when only its resourceVersion
+    /// changed; the view still takes the new one).
     pub fn apply(&self, node: &Node) -> Vec<Key> {
         let Some(view) = NodeView::of(node) else { return Vec::new() };
         let mut inner = self.write();
-        if inner.nodes.get(&view.name).is_some_and(|old| **old == view) {
+        let old = inner.nodes.get(&view.name);
+        if old.is_some_and(|old| **old == view) {
             return Vec::new();
         }
-        let keys = inner.machines_of(&view);
+        let keys = if old.is_some_and(|old| old.same_as(&view)) { Vec::new() } else { inner.machines_of(&view) };
         inner.index(Arc::new(view));
         keys
     }
@@ -287,10 +321,13 @@ impl NodeCache {
             }
         }
         for (name, view) in fresh {
-            if inner.nodes.get(&name).is_some_and(|old| *old == view) {
+            let old = inner.nodes.get(&name);
+            if old.is_some_and(|old| *old == view) {
                 continue;
             }
-            keys.extend(inner.machines_of(&view));
+            if !old.is_some_and(|old| old.same_as(&view)) {
+                keys.extend(inner.machines_of(&view));
+            }
             inner.index(view);
         }
         inner.synced = true;
@@ -306,8 +343,12 @@ mod tests {
     use crate::resources::Kind;
 
     fn node(name: &str, provider_id: &str, ready: &str) -> Node {
+        node_at(name, provider_id, ready, "1")
+    }
+
+    fn node_at(name: &str, provider_id: &str, ready: &str, resource_version: &str) -> Node {
         serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "uid": format!("uid-{name}")},
+            "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": resource_version},
             "spec": {"providerID": provider_id},
             "status": {"conditions": [{"type": "Ready", "status": ready}]}
         }))
@@ -362,6 +403,22 @@ mod tests {
         assert_eq!(cache.delete(&node("m1", "fake:///zone-a/1", "True")), vec![key("m1")]);
         cache.unlink(&key("m2"));
         assert!(cache.apply(&node("m2", "fake:///zone-a/2", "True")).is_empty());
+    }
+
+    #[test]
+    fn a_heartbeat_refreshes_the_resource_version_and_wakes_no_one() {
+        let cache = NodeCache::default();
+        cache.relist_begin();
+        cache.relist_apply(&node_at("m1", "fake:///zone-a/1", "True", "10"));
+        cache.relist_done();
+        cache.link(&key("m1"), "fake:///zone-a/1", "m1");
+        assert!(cache.apply(&node_at("m1", "fake:///zone-a/1", "True", "11")).is_empty(), "only the version changed");
+        assert_eq!(cache.get("m1").unwrap().resource_version, "11", "the view carries the newest version");
+        assert_eq!(cache.apply(&node_at("m1", "fake:///zone-a/1", "False", "12")), vec![key("m1")]);
+        cache.relist_begin();
+        cache.relist_apply(&node_at("m1", "fake:///zone-a/1", "False", "13"));
+        assert!(cache.relist_done().is_empty(), "a relist with only a new version wakes no one");
+        assert_eq!(cache.get("m1").unwrap().resource_version, "13");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! What a drain does with each pod, and what an eviction's refusal means: pure decisions,
-//! table-tested; the calls are [`super::Target`]'s.
+//! What a drain does with each pod, what an eviction's refusal means, and one pass over a
+//! node's pods ([`pass`]): decisions, tested without a cluster; the calls are
+//! [`super::Target`]'s (through [`PodCalls`]).
 //!
 //! The rules (see `docs/src/operating/nodes.md`): mirror pods and DaemonSet pods are left alone (their
 //! controllers would put them back), pods in a terminal phase are ignored, everything else is
@@ -8,9 +9,14 @@
 //! time left as grace (at least 1 s), so the node is empty by the deadline. On a node whose VM
 //! is gone, nothing can be evicted gracefully: pods are deleted at once.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use tokio::time::Instant;
 
 /// Annotation the kubelet puts on mirror pods (static pods' API copies).
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
@@ -18,6 +24,35 @@ pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 pub const DEFAULT_GRACE_SECONDS: i64 = 30;
 /// The shortest grace a forced deletion gives (0 would delete without waiting for the kubelet).
 pub const MIN_FORCED_GRACE_SECONDS: i64 = 1;
+/// How long one pass over a node's pods may go on asking: Cluster API evicts for at most 10 s
+/// per reconcile and looks again later. A node of many pods (or a slow API server) then holds a
+/// worker for a bounded time; the pods not reached are asked at the next look.
+pub const PASS_BOUND: Duration = Duration::from_secs(10);
+
+/// A pod's identity: its namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl PodKey {
+    /// The key of `pod` (namespace `default` when it has none).
+    pub fn of(pod: &Pod) -> Self {
+        Self {
+            namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Display for PodKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
 
 /// Why a pod is left on the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +140,17 @@ pub fn next_forced(pods: &[Pod], deadline: DateTime<Utc>) -> Option<DateTime<Utc
         .min()
 }
 
+/// What an eviction did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Evicted {
+    /// Accepted: the pod is being deleted.
+    Accepted,
+    /// The pod is gone already (or was replaced by another of the same name).
+    Gone,
+    /// Refused for now (a PodDisruptionBudget, or several of them, or throttling).
+    Refused(Refusal),
+}
+
 /// What an eviction's refusal says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -112,6 +158,9 @@ pub struct Refusal {
     pub budget: Option<String>,
     /// The API server's words.
     pub message: String,
+    /// How long the API server asks to wait before asking again (`retryAfterSeconds`: 10 s while
+    /// a budget's status is behind its spec); `None` when it gave no time.
+    pub retry_after: Option<Duration>,
 }
 
 /// Reads a 429 or 500 eviction answer: the budget named in its causes
@@ -127,7 +176,13 @@ pub fn refusal(status: &kube::core::Status) -> Refusal {
         Some(c) if !c.message.is_empty() => format!("{} ({})", status.message, c.message),
         _ => status.message.clone(),
     };
-    Refusal { budget, message }
+    let retry_after = status
+        .details
+        .as_ref()
+        .map(|d| d.retry_after_seconds)
+        .filter(|s| *s > 0)
+        .map(|s| Duration::from_secs(u64::from(s)));
+    Refusal { budget, message, retry_after }
 }
 
 /// Whether a PodDisruptionBudget can never allow an eviction as things stand: its status is
@@ -145,143 +200,181 @@ pub fn never_allows_eviction(pdb: &PodDisruptionBudget) -> bool {
         && status.disruptions_allowed.unwrap_or(0) == 0
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
+/// Whether `selector` selects a pod with `labels` (`matchLabels` and `matchExpressions`, all of
+/// them). A PodDisruptionBudget's empty selector selects every pod of its namespace.
+pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let by_labels = selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k).is_some_and(|have| have == v));
+    let by_expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        let have = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => have.is_some_and(|v| values.contains(v)),
+            "NotIn" => have.is_none_or(|v| !values.contains(v)),
+            "Exists" => have.is_some(),
+            "DoesNotExist" => have.is_none(),
+            // Unknown: it cannot be said to select the pod.
+            _ => false,
+        }
+    });
+    by_labels && by_expressions
+}
 
-    fn pod(extra: serde_json::Value) -> Pod {
-        let mut base = json!({
-            "metadata": {"name": "p", "namespace": "default"},
-            "spec": {"containers": [{"name": "c"}], "terminationGracePeriodSeconds": 30},
-            "status": {"phase": "Running"}
-        });
-        merge(&mut base, extra);
-        serde_json::from_value(base).unwrap()
-    }
+/// A PodDisruptionBudget that refused an eviction in a pass, as read once after its refusal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefusingBudget {
+    /// Its namespace (the refused pod's).
+    pub namespace: String,
+    /// Its name, as the refusal named it.
+    pub name: String,
+    /// It can never allow an eviction as configured ([`never_allows_eviction`]).
+    pub never_allows_eviction: bool,
+    /// Its selector; `None` when it is gone or selects nothing.
+    selector: Option<LabelSelector>,
+}
 
-    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
-        match (a, b) {
-            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
-                for (k, v) in b {
-                    merge(a.entry(k).or_insert(serde_json::Value::Null), v);
-                }
-            }
-            (a, b) => *a = b,
+impl RefusingBudget {
+    /// The budget `namespace/name` as read (`None`: not found).
+    pub fn new(namespace: &str, name: &str, pdb: Option<&PodDisruptionBudget>) -> Self {
+        Self {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            never_allows_eviction: pdb.is_some_and(never_allows_eviction),
+            selector: pdb.and_then(|p| p.spec.as_ref()).and_then(|s| s.selector.clone()),
         }
     }
 
-    fn at(s: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap()
-    }
-
-    #[test]
-    fn each_pod_is_evicted_skipped_or_deleted_in_time_for_the_deadline() {
-        let deadline = at(3600);
-        let ds = json!({"metadata": {"ownerReferences": [
-            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "u", "controller": true}]}});
-        let rs = json!({"metadata": {"ownerReferences": [
-            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "u", "controller": true}]}});
-        let cases = [
-            ("a workload pod long before the deadline", pod(rs.clone()), at(0), false, PodStep::Evict),
-            ("a DaemonSet pod", pod(ds.clone()), at(0), false, PodStep::Skip(Skip::DaemonSet)),
-            (
-                "a mirror pod",
-                pod(json!({"metadata": {"annotations": {MIRROR_ANNOTATION: "x"}}})),
-                at(0),
-                false,
-                PodStep::Skip(Skip::Mirror),
-            ),
-            (
-                "a completed pod",
-                pod(json!({"status": {"phase": "Succeeded"}})),
-                at(0),
-                false,
-                PodStep::Skip(Skip::Terminal),
-            ),
-            ("a failed pod", pod(json!({"status": {"phase": "Failed"}})), at(0), false, PodStep::Skip(Skip::Terminal)),
-            (
-                "a terminating pod before the deadline",
-                pod(json!({"metadata": {"deletionTimestamp": "2027-01-15T08:00:00Z"}})),
-                at(0),
-                false,
-                PodStep::WaitGone,
-            ),
-            (
-                "a terminating pod past the deadline",
-                pod(json!({"metadata": {"deletionTimestamp": "2027-01-15T08:00:00Z"}})),
-                at(3601),
-                false,
-                PodStep::Skip(Skip::StuckTerminating),
-            ),
-            ("31 s before the deadline (grace 30)", pod(rs.clone()), at(3569), false, PodStep::Evict),
-            (
-                "30 s before the deadline (grace 30)",
-                pod(rs.clone()),
-                at(3570),
-                false,
-                PodStep::Delete { grace_seconds: 30 },
-            ),
-            ("10 s before the deadline", pod(rs.clone()), at(3590), false, PodStep::Delete { grace_seconds: 10 }),
-            ("at the deadline: at least 1 s", pod(rs.clone()), at(3600), false, PodStep::Delete { grace_seconds: 1 }),
-            ("past the deadline", pod(rs.clone()), at(4000), false, PodStep::Delete { grace_seconds: 1 }),
-            (
-                "grace 0 deleted only at the deadline",
-                pod(json!({"spec": {"terminationGracePeriodSeconds": 0}})),
-                at(3599),
-                false,
-                PodStep::Evict,
-            ),
-            ("a dead node: deleted at once", pod(rs.clone()), at(0), true, PodStep::Delete { grace_seconds: 0 }),
-            ("a dead node keeps DaemonSet pods", pod(ds), at(0), true, PodStep::Skip(Skip::DaemonSet)),
-        ];
-        for (what, p, now, dead, want) in cases {
-            assert_eq!(step(&p, now, deadline, dead), want, "{what}");
-        }
-    }
-
-    #[test]
-    fn the_next_forced_deletion_is_the_pod_with_the_longest_grace() {
-        let pods = [
-            pod(json!({"spec": {"terminationGracePeriodSeconds": 10}})),
-            pod(json!({"spec": {"terminationGracePeriodSeconds": 120}})),
-        ];
-        assert_eq!(next_forced(&pods, at(3600)), Some(at(3480)));
-        assert_eq!(next_forced(&[], at(3600)), None);
-    }
-
-    #[test]
-    fn a_refusal_names_the_disruption_budget() {
-        let status: kube::core::Status = serde_json::from_value(json!({
-            "status": "Failure", "code": 429, "reason": "TooManyRequests",
-            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
-            "details": {"causes": [{"reason": "DisruptionBudget",
-                "message": "The disruption budget web-pdb needs 3 healthy pods and has 3 currently"}]}
-        }))
-        .unwrap();
-        let r = refusal(&status);
-        assert_eq!(r.budget.as_deref(), Some("web-pdb"));
-        assert!(r.message.contains("needs 3 healthy pods"), "{}", r.message);
-        let plain: kube::core::Status =
-            serde_json::from_value(json!({"code": 429, "message": "too many requests"})).unwrap();
-        assert_eq!(refusal(&plain), Refusal { budget: None, message: "too many requests".into() });
-    }
-
-    #[test]
-    fn a_budget_that_can_never_allow_an_eviction_is_recognised() {
-        let pdb = |generation: i64, observed: i64, expected: i32, healthy: i32, allowed: i32| -> PodDisruptionBudget {
-            serde_json::from_value(json!({
-                "metadata": {"name": "b", "generation": generation},
-                "spec": {},
-                "status": {"observedGeneration": observed, "expectedPods": expected, "currentHealthy": healthy,
-                           "desiredHealthy": expected, "disruptionsAllowed": allowed}
-            }))
-            .unwrap()
-        };
-        assert!(never_allows_eviction(&pdb(1, 1, 3, 3, 0)), "all healthy, none allowed: minAvailable = replicas");
-        assert!(!never_allows_eviction(&pdb(1, 1, 3, 2, 0)), "one unhealthy: waiting can help");
-        assert!(!never_allows_eviction(&pdb(1, 1, 3, 3, 1)), "one allowed");
-        assert!(!never_allows_eviction(&pdb(2, 1, 3, 3, 0)), "status not current");
-        assert!(!never_allows_eviction(&pdb(1, 1, 0, 0, 0)), "no pods expected");
+    /// Whether it covers `pod` (same namespace, selected by its selector).
+    pub fn covers(&self, pod: &Pod) -> bool {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let empty = BTreeMap::new();
+        let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+        namespace == self.namespace && self.selector.as_ref().is_some_and(|s| selects(s, labels))
     }
 }
+
+/// A pod deleted by a pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deleted {
+    /// The pod.
+    pub pod: PodKey,
+    /// The grace period it was given, in seconds.
+    pub grace_seconds: i64,
+}
+
+/// What one pass over a node's pods did ([`pass`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DrainPass {
+    /// Evictions accepted.
+    pub evicted: Vec<PodKey>,
+    /// Pods deleted (the drain's deadline, or a dead node).
+    pub deleted: Vec<Deleted>,
+    /// Evictions refused, with what the API server said.
+    pub refused: Vec<(PodKey, Refusal)>,
+    /// Pods not asked: a budget that covers them refused earlier in this pass (its name).
+    pub spared: Vec<(PodKey, String)>,
+    /// The budgets that refused, each read once.
+    pub budgets: Vec<RefusingBudget>,
+    /// Every pod that still holds the drain (including those evicted or deleted now: they are
+    /// still terminating); the drain is done when a pass finds none.
+    pub left: Vec<PodKey>,
+    /// The pass stopped at [`PASS_BOUND`] (or before a `Retry-After` hold that would outlast it):
+    /// some pods were not looked at.
+    pub timed_out: bool,
+}
+
+impl DrainPass {
+    /// The budget that refused `pod`'s eviction, as read in this pass.
+    pub fn budget_of(&self, pod: &PodKey, refusal: &Refusal) -> Option<&RefusingBudget> {
+        let name = refusal.budget.as_deref()?;
+        self.budgets.iter().find(|b| b.namespace == pod.namespace && b.name == name)
+    }
+
+    /// The longest wait a refusal of this pass asked for (its `Retry-After`): the next pass is
+    /// no sooner.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.refused.iter().filter_map(|(_, r)| r.retry_after).max()
+    }
+}
+
+/// The target cluster's calls a pass makes ([`super::Target`] in the controller).
+#[async_trait::async_trait]
+pub trait PodCalls: Sync {
+    /// Evicts a pod through the Eviction API.
+    async fn evict(&self, pod: &Pod) -> Result<Evicted, super::Error>;
+    /// Deletes a pod with this grace period.
+    async fn delete_pod(&self, pod: &Pod, grace_seconds: i64) -> Result<(), super::Error>;
+    /// Reads a PodDisruptionBudget (`None`: not found).
+    async fn budget(&self, namespace: &str, name: &str) -> Result<Option<PodDisruptionBudget>, super::Error>;
+    /// How long until the next call may go (a 429's `Retry-After` being waited out).
+    fn hold_left(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// One pass over a node's `pods` at `now`, the drain ending at `deadline` (`dead`: the node's VM
+/// is gone): each pod's [`step`] is taken, in order, for at most `bound`.
+///
+/// A budget that refuses an eviction is read once (its selector, and whether it can ever allow
+/// one), and the pods it covers are not asked again in this pass: they are [`DrainPass::spared`]
+/// and asked at the next look. Before it starts a call, the pass stops if `bound` would be
+/// reached first, counting a `Retry-After` hold the call would wait out.
+///
+/// # Errors
+/// The target cluster's failures other than the answers [`Evicted`] names (the pass stops at the
+/// first).
+pub async fn pass(
+    calls: &impl PodCalls,
+    pods: &[Pod],
+    now: DateTime<Utc>,
+    deadline: DateTime<Utc>,
+    dead: bool,
+    bound: Duration,
+) -> Result<DrainPass, super::Error> {
+    let started = Instant::now();
+    let mut out = DrainPass::default();
+    for pod in pods {
+        let step = step(pod, now, deadline, dead);
+        if !step.holds_drain() {
+            continue;
+        }
+        let key = PodKey::of(pod);
+        out.left.push(key.clone());
+        if !matches!(step, PodStep::Evict | PodStep::Delete { .. }) {
+            continue;
+        }
+        if out.timed_out || started.elapsed() + calls.hold_left() >= bound {
+            out.timed_out = true;
+            continue;
+        }
+        match step {
+            PodStep::Evict => {
+                if let Some(b) = out.budgets.iter().find(|b| b.covers(pod)) {
+                    out.spared.push((key, b.name.clone()));
+                    continue;
+                }
+                match calls.evict(pod).await? {
+                    Evicted::Accepted => out.evicted.push(key),
+                    Evicted::Gone => {}
+                    Evicted::Refused(refusal) => {
+                        if let Some(name) = refusal.budget.as_deref() {
+                            if !out.budgets.iter().any(|b| b.namespace == key.namespace && b.name == name) {
+                                let pdb = calls.budget(&key.namespace, name).await?;
+                                out.budgets.push(RefusingBudget::new(&key.namespace, name, pdb.as_ref()));
+                            }
+                        }
+                        out.refused.push((key, refusal));
+                    }
+                }
+            }
+            PodStep::Delete { grace_seconds } => {
+                calls.delete_pod(pod, grace_seconds).await?;
+                out.deleted.push(Deleted { pod: key, grace_seconds });
+            }
+            PodStep::Skip(_) | PodStep::WaitGone => {}
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -112,6 +112,11 @@ pub fn patch(node: &NodeView, desired: &NodeTemplate) -> Option<Value> {
     }
     // The node's uid guards against a Node re-created under the same name meanwhile.
     metadata.insert("uid".into(), json!(node.uid));
+    if !same_taints && !node.resource_version.is_empty() {
+        // The taints are a list the API replaces whole: a taint someone added since `node` was
+        // seen would be lost, so the API server answers 409 instead if the Node changed.
+        metadata.insert("resourceVersion".into(), json!(node.resource_version));
+    }
     let mut patch = json!({ "metadata": metadata });
     if !same_taints {
         patch["spec"] = json!({ "taints": taints });
@@ -139,6 +144,7 @@ mod tests {
                 .map(|(k, e)| Taint { key: k.to_string(), effect: e.to_string(), ..Default::default() })
                 .collect(),
             deleting: false,
+            resource_version: "1".into(),
         }
     }
 
@@ -178,10 +184,19 @@ mod tests {
         let p = patch(&n, &t).expect("a patch");
         assert_eq!(p["metadata"]["labels"]["tier"], "web");
         assert_eq!(p["metadata"]["uid"], "u1");
+        assert_eq!(p["metadata"]["resourceVersion"], "1", "a taint list written is guarded by the Node's version");
         let n = applied(n, &p);
         assert!(n.taints.iter().all(|t| t.key != TAINT_UNINITIALIZED), "the startup taint is lifted");
         assert!(n.has_taint("dedicated", "NoSchedule"));
         assert_eq!(patch(&n, &t), None, "in sync");
+    }
+
+    #[test]
+    fn a_patch_of_labels_alone_is_not_guarded_by_the_nodes_version() {
+        let n = node(&[], &[], &[]);
+        let p = patch(&n, &template(&[("tier", "web")], &[])).expect("a patch");
+        assert!(p["metadata"].get("resourceVersion").is_none(), "{p}");
+        assert!(p.get("spec").is_none(), "{p}");
     }
 
     #[test]

@@ -5,12 +5,16 @@
 //!
 //! - [`cache`]: the Nodes from one watch, indexed by name and normalized provider ID;
 //! - [`provider_id`]: how provider IDs compare;
-//! - [`drain`]: what a drain does with each pod, and what an eviction's refusal means;
+//! - [`drain`]: what a drain does with each pod, what an eviction's refusal means, and one
+//!   pass over a node's pods, bounded in time;
 //! - [`metadata`]: the template's labels, annotations and taints kept on the Node;
+//! - [`calls`]: the one way every request to the target cluster goes (rate limit,
+//!   `Retry-After`, metrics, logs);
 //! - [`Target`]: the calls to the target cluster (cordon, evict, delete, annotate).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -18,11 +22,13 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 
 pub mod cache;
+pub mod calls;
 pub mod drain;
 pub mod metadata;
 pub mod provider_id;
 
 pub use cache::{Lookup, NodeCache, NodeView, Readiness};
+pub use drain::{Evicted, PodKey};
 
 use crate::resources::{ANNOTATION_NODE_MACHINE, TAINT_DRAINING};
 use crate::store::Key;
@@ -37,66 +43,85 @@ pub const TAINT_OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 /// Errors of calls to the target cluster.
 pub type Error = kube::Error;
 
-/// What an eviction did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Evicted {
-    /// Accepted: the pod is being deleted.
-    Accepted,
-    /// The pod is gone already (or was replaced by another of the same name).
-    Gone,
-    /// Refused for now (a PodDisruptionBudget, or several of them, or throttling).
-    Refused(drain::Refusal),
+/// Whether the API server refused a write because the object changed since it was read (409:
+/// a resourceVersion or uid precondition failed).
+pub fn is_conflict(e: &Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// What a write guarded by the Node's resourceVersion did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeWrite {
+    /// Written, or nothing was left to write.
+    Done,
+    /// The Node changed since the view it was computed from (409): nothing was written; compute
+    /// it again from a fresh view.
+    Conflict,
 }
 
 /// The target cluster.
 pub struct Target {
+    /// Every request goes through [`calls::Measure`].
     client: kube::Client,
+    calls: Arc<calls::Calls>,
     /// Its Nodes.
     pub cache: Arc<NodeCache>,
 }
 
 impl Target {
-    /// A target cluster reached with `client` (its cache fills once [`watch`] runs).
-    pub fn new(client: kube::Client) -> Self {
-        Self { client, cache: Arc::new(NodeCache::default()) }
-    }
-
     /// A target cluster from a kubeconfig file (never the process's environment: the control
-    /// cluster may be another).
+    /// cluster may be another), its requests within `limits`.
     ///
     /// # Errors
     /// An unreadable or invalid kubeconfig.
-    pub async fn from_kubeconfig(path: &std::path::Path) -> Result<Self, String> {
+    pub async fn from_kubeconfig(path: &std::path::Path, limits: calls::Limits) -> Result<Self, String> {
         let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        Self::from_config(config).map_err(|e| format!("{}: {e}", path.display()))
+        Self::from_config(config, limits).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// The target cluster of the process's environment (in-cluster, or `KUBECONFIG`): the
-    /// same cluster as `--store kubernetes`.
+    /// same cluster as `--store kubernetes`, its requests within `limits`.
     ///
     /// # Errors
     /// No usable configuration.
-    pub async fn infer() -> Result<Self, String> {
+    pub async fn infer(limits: calls::Limits) -> Result<Self, String> {
         let config = kube::Config::infer().await.map_err(|e| e.to_string())?;
-        Self::from_config(config).map_err(|e| e.to_string())
+        Self::from_config(config, limits).map_err(|e| e.to_string())
     }
 
-    /// A target cluster from a client configuration, with the client's own retries off: kube's
-    /// default retries 429 for minutes, and a 429 from the Eviction API is a
-    /// PodDisruptionBudget's answer that the drain reports and asks again, not throttling to
-    /// sit out inside one call.
+    /// A target cluster from a client configuration (its cache fills once [`watch`] runs). Every
+    /// request goes through [`calls::Measure`] (within `limits`, `Retry-After` honoured,
+    /// measured, logged) and names the controller ([`crate::store::kubernetes::USER_AGENT`]).
+    /// The client's own retries are off: kube's default retries 429 for minutes, and a 429 from
+    /// the Eviction API is a PodDisruptionBudget's answer that the drain reports and asks again,
+    /// not throttling to sit out inside one call (throttling's `Retry-After` holds the next
+    /// request instead).
     ///
     /// # Errors
     /// A configuration the client refuses.
-    pub fn from_config(mut config: kube::Config) -> Result<Self, kube::Error> {
+    pub fn from_config(mut config: kube::Config, limits: calls::Limits) -> Result<Self, kube::Error> {
         config.default_retry = false;
-        Ok(Self::new(kube::Client::try_from(config)?))
+        crate::store::kubernetes::identify(&mut config);
+        let calls = Arc::new(calls::Calls::new(limits));
+        let client = kube::client::ClientBuilder::try_from(config)?.with_layer(&calls::Measure(calls.clone())).build();
+        Ok(Self { client, calls, cache: Arc::new(NodeCache::default()) })
     }
 
-    /// Its client (for probes: [`crate::safety`]).
+    /// Counts and times its requests in `metrics` (the controller's registry:
+    /// [`crate::runtime::Metrics`]).
+    pub fn report_to(&self, metrics: calls::CallMetrics) {
+        self.calls.report_to(metrics);
+    }
+
+    /// How long until its next request may go (a 429's `Retry-After` being waited out).
+    pub fn hold_left(&self) -> Duration {
+        self.calls.hold_left()
+    }
+
+    /// Its client (for probes: [`crate::safety`]); measured like every call.
     pub fn client(&self) -> kube::Client {
         self.client.clone()
     }
@@ -123,7 +148,9 @@ impl Target {
     /// `true` when it wrote.
     ///
     /// # Errors
-    /// The API server's refusal.
+    /// The API server's refusal; a conflict (409: a patch of the taints is guarded by the
+    /// Node's resourceVersion, and the Node changed since `node` was seen) is retried by the
+    /// reconcile's retry, from a fresh view.
     pub async fn sync_metadata(
         &self,
         node: &NodeView,
@@ -135,60 +162,32 @@ impl Target {
     }
 
     /// Cordons a Node: `spec.unschedulable`, the draining `NoSchedule` taint and the label that
-    /// takes it out of external load balancers. Does nothing if all three are there already.
+    /// takes it out of external load balancers ([`cordon_patch`]), unless all three are there.
     ///
     /// # Errors
-    /// The API server's refusal (a conflict is retried by the next reconcile).
-    pub async fn cordon(&self, node: &NodeView) -> Result<(), Error> {
-        let tainted = node.has_taint(TAINT_DRAINING, "NoSchedule");
-        if node.unschedulable && tainted && node.labels.contains_key(LABEL_EXCLUDE_FROM_LB) {
-            return Ok(());
-        }
-        let mut taints = node.taints.clone();
-        if !tainted {
-            taints.push(Taint { key: TAINT_DRAINING.into(), effect: "NoSchedule".into(), ..Default::default() });
-        }
-        self.patch_node_spec(node, taints, Some(true), BTreeMap::from([(LABEL_EXCLUDE_FROM_LB, "true")])).await
+    /// The API server's refusal; a conflict (the Node changed since `node` was seen) is
+    /// [`NodeWrite::Conflict`].
+    pub async fn cordon(&self, node: &NodeView) -> Result<NodeWrite, Error> {
+        self.patch_node(node, cordon_patch(node)).await
     }
 
-    /// Adds `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`: the VM is gone, so the
-    /// pods are deleted and volumes detached without waiting for its kubelet.
+    /// Adds `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` ([`out_of_service_patch`]):
+    /// the VM is gone, so the pods are deleted and volumes detached without waiting for its
+    /// kubelet.
     ///
     /// # Errors
-    /// The API server's refusal.
-    pub async fn mark_out_of_service(&self, node: &NodeView) -> Result<(), Error> {
-        if node.has_taint(TAINT_OUT_OF_SERVICE, "NoExecute") {
-            return Ok(());
-        }
-        let mut taints = node.taints.clone();
-        taints.push(Taint {
-            key: TAINT_OUT_OF_SERVICE.into(),
-            value: Some("nodeshutdown".into()),
-            effect: "NoExecute".into(),
-            ..Default::default()
-        });
-        self.patch_node_spec(node, taints, None, BTreeMap::new()).await
+    /// The API server's refusal; a conflict is [`NodeWrite::Conflict`].
+    pub async fn mark_out_of_service(&self, node: &NodeView) -> Result<NodeWrite, Error> {
+        self.patch_node(node, out_of_service_patch(node)).await
     }
 
-    /// Writes a Node's taints (a list the API replaces whole), guarded by its uid so a Node
-    /// re-created under the same name is not touched.
-    async fn patch_node_spec(
-        &self,
-        node: &NodeView,
-        taints: Vec<Taint>,
-        unschedulable: Option<bool>,
-        labels: BTreeMap<&str, &str>,
-    ) -> Result<(), Error> {
-        let mut spec = serde_json::json!({"taints": taints});
-        if let Some(u) = unschedulable {
-            spec["unschedulable"] = u.into();
+    async fn patch_node(&self, node: &NodeView, patch: Option<serde_json::Value>) -> Result<NodeWrite, Error> {
+        let Some(patch) = patch else { return Ok(NodeWrite::Done) };
+        match self.nodes().patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(NodeWrite::Done),
+            Err(e) if is_conflict(&e) => Ok(NodeWrite::Conflict),
+            Err(e) => Err(e),
         }
-        let mut patch = serde_json::json!({"metadata": {"uid": node.uid}, "spec": spec});
-        if !labels.is_empty() {
-            patch["metadata"]["labels"] = serde_json::to_value(labels).unwrap_or_default();
-        }
-        self.nodes().patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        Ok(())
     }
 
     /// The pods bound to a Node.
@@ -280,14 +279,81 @@ impl Target {
     }
 }
 
+#[async_trait::async_trait]
+impl drain::PodCalls for Target {
+    async fn evict(&self, pod: &Pod) -> Result<Evicted, Error> {
+        Target::evict(self, pod).await
+    }
+
+    async fn delete_pod(&self, pod: &Pod, grace_seconds: i64) -> Result<(), Error> {
+        Target::delete_pod(self, pod, grace_seconds).await
+    }
+
+    async fn budget(&self, namespace: &str, name: &str) -> Result<Option<PodDisruptionBudget>, Error> {
+        Target::budget(self, namespace, name).await
+    }
+
+    fn hold_left(&self) -> Duration {
+        Target::hold_left(self)
+    }
+}
+
 fn pod_key(pod: &Pod) -> (&str, &str) {
     (pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or_default())
 }
 
-/// `namespace/name` of a pod.
-pub fn pod_name(pod: &Pod) -> String {
-    let (ns, name) = pod_key(pod);
-    format!("{ns}/{name}")
+/// The merge patch that cordons `node` (`None` when it is cordoned): `spec.unschedulable`, the
+/// taints with [`TAINT_DRAINING`]`:NoSchedule` added, the label [`LABEL_EXCLUDE_FROM_LB`].
+pub fn cordon_patch(node: &NodeView) -> Option<serde_json::Value> {
+    let tainted = node.has_taint(TAINT_DRAINING, "NoSchedule");
+    if node.unschedulable && tainted && node.labels.contains_key(LABEL_EXCLUDE_FROM_LB) {
+        return None;
+    }
+    let mut taints = node.taints.clone();
+    if !tainted {
+        taints.push(Taint { key: TAINT_DRAINING.into(), effect: "NoSchedule".into(), ..Default::default() });
+    }
+    Some(node_spec_patch(node, taints, Some(true), BTreeMap::from([(LABEL_EXCLUDE_FROM_LB, "true")])))
+}
+
+/// The merge patch that adds [`TAINT_OUT_OF_SERVICE`]`=nodeshutdown:NoExecute` to `node`
+/// (`None` when it is there).
+pub fn out_of_service_patch(node: &NodeView) -> Option<serde_json::Value> {
+    if node.has_taint(TAINT_OUT_OF_SERVICE, "NoExecute") {
+        return None;
+    }
+    let mut taints = node.taints.clone();
+    taints.push(Taint {
+        key: TAINT_OUT_OF_SERVICE.into(),
+        value: Some("nodeshutdown".into()),
+        effect: "NoExecute".into(),
+        ..Default::default()
+    });
+    Some(node_spec_patch(node, taints, None, BTreeMap::new()))
+}
+
+/// A merge patch of a Node's taints — a list the API replaces whole, so a taint someone else
+/// added since `node` was seen would be lost: the patch carries the view's resourceVersion (the
+/// API server answers 409 if the Node changed since) and its uid (a Node re-created under the
+/// same name is another).
+fn node_spec_patch(
+    node: &NodeView,
+    taints: Vec<Taint>,
+    unschedulable: Option<bool>,
+    labels: BTreeMap<&str, &str>,
+) -> serde_json::Value {
+    let mut spec = serde_json::json!({"taints": taints});
+    if let Some(u) = unschedulable {
+        spec["unschedulable"] = u.into();
+    }
+    let mut patch = serde_json::json!({"metadata": {"uid": node.uid}, "spec": spec});
+    if !node.resource_version.is_empty() {
+        patch["metadata"]["resourceVersion"] = node.resource_version.clone().into();
+    }
+    if !labels.is_empty() {
+        patch["metadata"]["labels"] = serde_json::to_value(labels).unwrap_or_default();
+    }
+    patch
 }
 
 /// Keeps `target`'s cache current from a watch on Nodes, calling `wake` with every Machine a
@@ -318,5 +384,56 @@ pub async fn watch(target: Arc<Target>, wake: impl Fn(Key)) {
         for key in woken {
             wake(key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(taints: &[(&str, &str)], unschedulable: bool) -> NodeView {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "uid": "u1", "resourceVersion": "42"},
+            "spec": {
+                "unschedulable": unschedulable,
+                "taints": taints.iter().map(|(k, e)| serde_json::json!({"key": k, "effect": e})).collect::<Vec<_>>(),
+            },
+        }))
+        .unwrap();
+        NodeView::of(&node).unwrap()
+    }
+
+    #[test]
+    fn a_cordon_keeps_others_taints_and_is_guarded_by_the_nodes_resource_version() {
+        let node = view(&[("example.com/gpu", "NoSchedule")], false);
+        let patch = cordon_patch(&node).expect("a patch");
+        assert_eq!(patch["metadata"]["resourceVersion"], "42", "409 if the Node changed since it was seen");
+        assert_eq!(patch["metadata"]["uid"], "u1");
+        assert_eq!(patch["spec"]["unschedulable"], true);
+        let taints: Vec<&str> =
+            patch["spec"]["taints"].as_array().unwrap().iter().map(|t| t["key"].as_str().unwrap()).collect();
+        assert_eq!(taints, ["example.com/gpu", TAINT_DRAINING]);
+        assert_eq!(patch["metadata"]["labels"][LABEL_EXCLUDE_FROM_LB], "true");
+
+        let mut cordoned = view(&[("example.com/gpu", "NoSchedule"), (TAINT_DRAINING, "NoSchedule")], true);
+        cordoned.labels.insert(LABEL_EXCLUDE_FROM_LB.into(), "true".into());
+        assert_eq!(cordon_patch(&cordoned), None, "nothing to write");
+
+        let patch = out_of_service_patch(&cordoned).expect("a patch");
+        assert_eq!(patch["metadata"]["resourceVersion"], "42");
+        assert_eq!(patch["spec"]["taints"].as_array().unwrap().len(), 3);
+        assert!(patch["spec"].get("unschedulable").is_none());
+    }
+
+    #[test]
+    fn only_a_409_is_a_conflict() {
+        let status = |code: u16| {
+            kube::Error::Api(Box::new(
+                serde_json::from_value(serde_json::json!({"code": code, "message": "m"})).unwrap(),
+            ))
+        };
+        assert!(is_conflict(&status(409)));
+        assert!(!is_conflict(&status(404)));
+        assert!(!is_conflict(&status(422)));
     }
 }

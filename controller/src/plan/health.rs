@@ -192,13 +192,7 @@ mod tests {
         let mut m = Machine::new("default", name, MachineSpec::default());
         m.status.phase = Phase::Running;
         if let Some(kind) = owner {
-            m.metadata.owner_references.push(OwnerReference {
-                api_version: API_VERSION.into(),
-                kind: kind.as_str().into(),
-                name: "web".into(),
-                uid: "u".into(),
-                controller: true,
-            });
+            m.metadata.owner_references.push(OwnerReference::controller_of(kind, "web", "u"));
         }
         m
     }

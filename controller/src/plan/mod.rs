@@ -54,20 +54,29 @@ impl Limits {
     }
 }
 
+/// `IntOrPercent` values for the planners' test tables: `int(1)`, `pct("25%")`.
+#[cfg(test)]
+pub(crate) mod literals {
+    use crate::resources::IntOrPercent;
+
+    /// A count of machines.
+    pub(crate) fn int(n: i64) -> IntOrPercent {
+        IntOrPercent::Int(n)
+    }
+
+    /// A percentage of replicas (or any string: one that does not parse, too).
+    pub(crate) fn pct(s: &str) -> IntOrPercent {
+        IntOrPercent::Str(s.into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::literals::{int, pct};
     use super::*;
 
     fn ru(surge: IntOrPercent, unavailable: IntOrPercent) -> RollingUpdate {
         RollingUpdate { max_surge: surge, max_unavailable: unavailable }
-    }
-
-    fn int(n: i64) -> IntOrPercent {
-        IntOrPercent::Int(n)
-    }
-
-    fn pct(s: &str) -> IntOrPercent {
-        IntOrPercent::Str(s.into())
     }
 
     #[test]

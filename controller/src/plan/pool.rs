@@ -31,7 +31,7 @@
 //! (the capacity grows by one for it, as for an upgrade), and its Machine is marked and deleted
 //! once no replacement is still coming (the usual deletion: drain, then exactly that instance).
 //!
-//! [`plan`] classifies the instances, asks for remediation, chooses the step ([`Step`]) with or
+//! [`plan_pool`] classifies the instances, asks for remediation, chooses the step ([`Step`]) with or
 //! without nodes, and the Ready condition to set; [`Plan::notes`] say why ([`Note`]). With nodes
 //! managed an instance is ready only once its Node is ([`Observed::ready`]).
 
@@ -383,7 +383,7 @@ fn number(i: &Instance) -> u64 {
 
 /// Plans one reconcile of a pool: classify, remediation, choose the one step (with or without
 /// nodes), then the Ready condition.
-pub fn plan(o: Observed<'_>) -> Plan {
+pub fn plan_pool(o: Observed<'_>) -> Plan {
     let mut notes = Vec::new();
     let live: Vec<&Instance> =
         o.instances.iter().filter(|i| i.state != InstanceState::Deleting && !o.deleting.contains(&i.id)).collect();

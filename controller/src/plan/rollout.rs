@@ -19,7 +19,7 @@
 //! - InPlace: old machines are converted (see [`super::in_place`]); only missing machines are
 //!   created and only a scale-down removes machines.
 //!
-//! [`plan`] runs named steps in order (choose the target, classify, track the rollout, the
+//! [`plan_deployment`] runs named steps in order (choose the target, classify, track the rollout, the
 //! failure budget, remediation, scale up, the remediated machines that go, scale down old, in
 //! place, remove the excess, status); each records in [`Plan::notes`] why it acted or held back
 //! ([`Note`]), as Cluster API's rollout planner does, so tests can assert the reason as well as
@@ -683,7 +683,7 @@ impl Classes<'_> {
 
 /// Plans one reconcile of a deployment: the steps below, in order, each noting why it acted or
 /// held back.
-pub fn plan(o: Observed<'_>) -> Plan {
+pub fn plan_deployment(o: Observed<'_>) -> Plan {
     let md = o.deployment;
     let mut d = Draft { status: md.status.clone(), events: Vec::new(), notes: Vec::new() };
     let c = classify(&o, &mut d);

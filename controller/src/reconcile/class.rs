@@ -34,11 +34,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     }
     let r = match resolve(ctx, &key.namespace, &key.name, None).await? {
         Ok(r) => r,
-        Err((reason, message)) => {
-            let mut c = before.clone();
-            set_condition(&mut c.status.conditions, ConditionType::Valid, false, reason, &message);
-            write::status(ctx, &before, &c).await?;
-            return Ok(Action::requeue(UNRESOLVED_RECHECK));
+        Err(why) => {
+            return why
+                .record_and_recheck(ctx, &before, |s| &mut s.conditions, ConditionType::Valid, UNRESOLVED_RECHECK)
+                .await;
         }
     };
     let caps = match ctx

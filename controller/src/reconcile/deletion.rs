@@ -18,9 +18,9 @@ use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
 use super::node::{self, NodeSeen};
-use super::record::{last_err, last_ok, remember};
+use super::record::{remember, LastOperationExt, StoredOperationExt};
 use super::write::{self, Written};
-use super::{poll_stored, stored, Polled, Resolved, Unresolved};
+use super::{poll_stored, Polled, Resolved, Unresolved};
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
@@ -232,10 +232,9 @@ pub(crate) async fn run(ctx: &Ctx, key: &Key, before: Machine, instance: Instanc
 /// A class that does not resolve (so the driver cannot be called): the deletion waits, saying
 /// why.
 async fn unresolved(ctx: &Ctx, before: &Machine, why: &Unresolved) -> Result<Action> {
-    let (reason, message) = why;
     let mut m = before.clone();
     m.status.phase = Phase::Terminating;
-    set_condition(&mut m.status.conditions, ConditionType::DeletionFailed, true, reason.clone(), message);
+    set_condition(&mut m.status.conditions, ConditionType::DeletionFailed, true, why.reason.clone(), &why.message);
     write::status(ctx, before, &m).await?;
     Ok(Action::requeue(DELETE_UNRESOLVED_RECHECK))
 }
@@ -256,7 +255,7 @@ async fn poll(ctx: &Ctx, key: &Key, before: Machine, instance: &Instance<'_>, op
             Some(err) if policy::decide(&err, Source::Operation(Rpc::Delete)) != Decision::Done => {
                 let mut m = before.clone();
                 m.status.operations.clear();
-                m.status.last_operation = Some(last_err(OperationType::Delete, &err));
+                m.status.last_operation = Some(LastOperation::failed(OperationType::Delete, &err.request_id, &err));
                 set_condition(
                     &mut m.status.conditions,
                     ConditionType::DeletionFailed,
@@ -296,7 +295,7 @@ async fn delete_instance(ctx: &Ctx, key: &Key, before: Machine, instance: &Insta
             let op = reply.value;
             remember(&mut m.status, &reply.request_id);
             let state = if op.done { OperationState::Succeeded } else { OperationState::Processing };
-            m.status.last_operation = Some(last_ok(OperationType::Delete, state, &reply.request_id));
+            m.status.last_operation = Some(LastOperation::ok(OperationType::Delete, state, &reply.request_id));
             if op.done && op.error_report().is_none() {
                 write::status(ctx, &before, &m).await?;
                 let Some(fresh) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
@@ -304,7 +303,7 @@ async fn delete_instance(ctx: &Ctx, key: &Key, before: Machine, instance: &Insta
                 };
                 return release(ctx, key, fresh).await;
             }
-            m.status.operations = vec![stored(instance.kind(), &op, &reply.request_id)];
+            m.status.operations = vec![StoredOperation::from_pb(instance.kind(), &op, &reply.request_id)];
             m.status.phase = Phase::Terminating;
             node::instance_deleting(&mut m);
             set_condition(
@@ -327,7 +326,7 @@ async fn delete_instance(ctx: &Ctx, key: &Key, before: Machine, instance: &Insta
             release(ctx, key, before).await
         }
         Err(e) => {
-            m.status.last_operation = Some(last_err(OperationType::Delete, &e.report));
+            m.status.last_operation = Some(LastOperation::failed(OperationType::Delete, e.request_id(), &e.report));
             remember(&mut m.status, e.request_id());
             m.status.phase = Phase::Terminating;
             set_condition(

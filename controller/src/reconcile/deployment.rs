@@ -46,7 +46,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let halted = super::health::halted(ctx, &key.namespace, &labels).await?;
 
     let now = Utc::now();
-    let plan = rollout::plan(Observed {
+    let plan = rollout::plan_deployment(Observed {
         deployment: &md,
         machines: &machines,
         remediation_halted: halted.as_deref(),
@@ -78,7 +78,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let by_name: HashMap<&str, &Member> = machines.iter().map(|m| (m.name.as_str(), m)).collect();
     for (name, why) in &plan.mark {
         if let Some(m) = by_name.get(name.as_str()) {
-            super::remediation::mark(ctx, &whole(ctx, &md, m).await?, *why).await?;
+            super::remediation::mark(ctx, &machine_if_unchanged(ctx, &md, m).await?, *why).await?;
         }
     }
     for name in &plan.remediate {
@@ -120,8 +120,9 @@ async fn observe(ctx: &Ctx, md: &MachineDeployment) -> Result<Vec<Member>> {
         .map_err(Into::into)
 }
 
-/// The whole machine behind a [`Member`], if it has not changed since it was listed.
-async fn whole(ctx: &Ctx, md: &MachineDeployment, member: &Member) -> Result<Option<Machine>> {
+/// Reads the Machine behind a [`Member`] again, in full: `None` when it is gone or has changed
+/// since it was listed (another resourceVersion), so a write based on it would conflict.
+async fn machine_if_unchanged(ctx: &Ctx, md: &MachineDeployment, member: &Member) -> Result<Option<Machine>> {
     let m = ctx.store.get::<Machine>(&md.metadata.namespace, &member.name).await?;
     Ok(m.filter(|m| m.metadata.resource_version == member.resource_version))
 }
@@ -173,13 +174,8 @@ fn new_machine(md: &MachineDeployment, t: &MachineTemplate, rev: &str, name: &st
     m.metadata.annotations = t.metadata.annotations.clone();
     m.metadata.annotations.insert(ANNOTATION_NODE_TEMPLATE.into(), node_hash);
     m.metadata.finalizers = vec![FINALIZER.into()];
-    m.metadata.owner_references = vec![OwnerReference {
-        api_version: API_VERSION.into(),
-        kind: Kind::MachineDeployment.as_str().into(),
-        name: md.metadata.name.clone(),
-        uid: md.metadata.uid.clone(),
-        controller: true,
-    }];
+    m.metadata.owner_references =
+        vec![OwnerReference::controller_of(Kind::MachineDeployment, &md.metadata.name, &md.metadata.uid)];
     m
 }
 
@@ -199,7 +195,7 @@ fn node_spec(md: &MachineDeployment) -> (Option<NodeTemplate>, NodeSettings, Str
 async fn node_metadata(ctx: &Ctx, md: &MachineDeployment, machines: &[Member]) -> Result<()> {
     let (template, settings, want) = node_spec(md);
     for member in machines.iter().filter(|m| !m.deleting && m.node_template != want) {
-        let Some(m) = whole(ctx, md, member).await? else { continue };
+        let Some(m) = machine_if_unchanged(ctx, md, member).await? else { continue };
         let mut next = m.clone();
         next.spec.node_template = template.clone();
         next.spec.node = Some(settings);
@@ -230,7 +226,7 @@ async fn in_place(
         }
         let Some(member) = machines.get(name.as_str()) else { continue };
         // Changed since listed: the patch would conflict; the change runs this again.
-        let Some(m) = whole(ctx, md, member).await? else { continue };
+        let Some(m) = machine_if_unchanged(ctx, md, member).await? else { continue };
         let m = &m;
         match budget.step(name, can_update(ctx, m, template).await?) {
             in_place::Step::Patch => {

@@ -10,9 +10,9 @@ use driver_sdk::proto as pb;
 use driver_sdk::{CallError, OperationExt};
 
 use super::deletion::{self, Instance};
-use super::record::{fail, last_err, last_ok, remember};
+use super::record::{fail, remember, LastOperationExt, StoredOperationExt};
 use super::write::{self, Finalizer};
-use super::{poll_stored, resolve, stored, Polled, Resolved};
+use super::{poll_stored, resolve, Polled, Resolved};
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
@@ -46,11 +46,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     };
     let r = match resolve(ctx, &m.metadata.namespace, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await? {
         Ok(r) => r,
-        Err((reason, message)) => {
-            let mut next = m.clone();
-            set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
-            write::status(ctx, &m, &next).await?;
-            return Ok(Action::requeue(super::UNRESOLVED_RECHECK));
+        Err(why) => {
+            return why
+                .record_and_recheck(ctx, &m, |s| &mut s.conditions, ConditionType::Ready, super::UNRESOLVED_RECHECK)
+                .await;
         }
     };
     // The driver is called at most when it asked (poll_after, RetryInfo, backoff, the health
@@ -200,7 +199,7 @@ async fn call_failed(
     op_type: OperationType,
     e: &CallError,
 ) -> Result<Action> {
-    m.status.last_operation = Some(last_err(op_type, &e.report));
+    m.status.last_operation = Some(LastOperation::failed(op_type, e.request_id(), &e.report));
     remember(&mut m.status, e.request_id());
     let code = format!("{:?}", e.code());
     match ctx.decide(key, &e.report, Source::Call(Rpc::Mutate)) {
@@ -261,13 +260,13 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     };
     let op = reply.value;
     m.status.create_started.get_or_insert_with(Utc::now);
-    m.status.last_operation = Some(last_ok(OperationType::Create, accepted(&op), &reply.request_id));
+    m.status.last_operation = Some(LastOperation::ok(OperationType::Create, accepted(&op), &reply.request_id));
     remember(&mut m.status, &reply.request_id);
     if op.done {
         return finished(ctx, &before, m, r, OperationKind::CreateMachine, op).await;
     }
     // The operation is stored before anything else happens.
-    m.status.operations = vec![stored(OperationKind::CreateMachine, &op, &reply.request_id)];
+    m.status.operations = vec![StoredOperation::from_pb(OperationKind::CreateMachine, &op, &reply.request_id)];
     // A new handle replaces one that was dropped as unusable (the event keeps the history).
     remove_condition(&mut m.status.conditions, ConditionType::OperationTokenUnusable);
     m.status.phase = Phase::Creating;
@@ -303,7 +302,7 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
             return Ok(Action::requeue_now());
         }
         Polled::Failed(e) => {
-            m.status.last_operation = Some(last_err(OperationType::Poll, &e.report));
+            m.status.last_operation = Some(LastOperation::failed(OperationType::Poll, e.request_id(), &e.report));
             return write::status_then_fail(ctx, &before, &m, ReconcileError::call(&e, Rpc::Poll)).await;
         }
     };
@@ -325,7 +324,8 @@ async fn poll(ctx: &Ctx, before: Machine, r: &Resolved<'_>, stored_op: StoredOpe
 }
 
 /// Applies a done create or update operation's outcome. A delete never ends here: a Machine being
-/// deleted is reconciled by [`delete`], a pool's Machine by `pool::reconcile_machine`.
+/// deleted is reconciled by [`deletion::run`] (a pool's Machine through
+/// `pool::reconcile_machine`).
 async fn finished(
     ctx: &Ctx,
     before: &Machine,
@@ -336,7 +336,7 @@ async fn finished(
 ) -> Result<Action> {
     let op_type = OperationType::from(kind);
     if let Some(err) = op.error_report() {
-        m.status.last_operation = Some(last_err(op_type, &err));
+        m.status.last_operation = Some(LastOperation::failed(op_type, &err.request_id, &err));
         ctx.store.event(Kind::Machine, &m.metadata, failed_event(op_type), err.to_string()).await;
         // An operation that ran and failed in the cloud is final for this machine (its owner
         // replaces it); a lost, cancelled or transiently failed one is asked again (idempotent).
@@ -366,7 +366,7 @@ async fn finished(
         write::status(ctx, before, &m).await?;
         return Ok(Action::await_change());
     }
-    m.status.last_operation = Some(last_ok(op_type, OperationState::Succeeded, &op_request_id(&m)));
+    m.status.last_operation = Some(LastOperation::ok(op_type, OperationState::Succeeded, &op_request_id(&m)));
     if let Some(machine) = op.machine() {
         apply_cloud_view(&mut m, machine);
     }
@@ -492,12 +492,12 @@ async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         Err(e) => return call_failed(ctx, key, &before, m, r, OperationType::Update, &e).await,
     };
     let op = reply.value;
-    m.status.last_operation = Some(last_ok(OperationType::Update, accepted(&op), &reply.request_id));
+    m.status.last_operation = Some(LastOperation::ok(OperationType::Update, accepted(&op), &reply.request_id));
     remember(&mut m.status, &reply.request_id);
     if op.done {
         return finished(ctx, &before, m, r, OperationKind::UpdateMachine, op).await;
     }
-    m.status.operations = vec![stored(OperationKind::UpdateMachine, &op, &reply.request_id)];
+    m.status.operations = vec![StoredOperation::from_pb(OperationKind::UpdateMachine, &op, &reply.request_id)];
     m.status.phase = Phase::Updating;
     set_condition(&mut m.status.conditions, ConditionType::UpToDate, false, Reason::Updating, "updating in place");
     write::status(ctx, &before, &m).await?;

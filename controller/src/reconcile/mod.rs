@@ -22,19 +22,6 @@ pub mod relations;
 pub(crate) mod remediation;
 pub(crate) mod write;
 
-/// An operation handle as kept in status (the token base64-encoded), stored before anything else.
-pub(crate) fn stored(kind: OperationKind, op: &pb::Operation, request_id: &str) -> StoredOperation {
-    use base64::Engine;
-    StoredOperation {
-        kind,
-        name: op.name.clone(),
-        token: base64::engine::general_purpose::STANDARD.encode(&op.token),
-        started: chrono::Utc::now(),
-        request_id: request_id.into(),
-        progress: op.progress_percent,
-    }
-}
-
 /// What polling a stored operation found.
 pub(crate) enum Polled {
     /// The driver answered with the operation.
@@ -239,8 +226,40 @@ pub struct Resolved<'a> {
     pub provider_spec: Value,
 }
 
-/// Why a class could not be resolved: (condition reason, message).
-pub type Unresolved = (Reason, String);
+/// Why a class could not be resolved, as a condition says it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unresolved {
+    /// The condition's reason: `ClassNotFound`, `DriverNotConfigured` or `SecretNotFound`.
+    pub reason: Reason,
+    /// What is missing, by name.
+    pub message: String,
+}
+
+impl Unresolved {
+    /// What an object whose class does not resolve does: its `condition` (one of `conditions`
+    /// in its status) turns False saying why, that status is written, and it looks again after
+    /// `recheck` (a change of the class or its Secret wakes it sooner).
+    ///
+    /// # Errors
+    /// A conflict and store failures.
+    pub(crate) async fn record_and_recheck<S, T>(
+        self,
+        ctx: &Ctx,
+        before: &Object<S, T>,
+        conditions: fn(&mut T) -> &mut Vec<Condition>,
+        condition: ConditionType,
+        recheck: std::time::Duration,
+    ) -> Result<Action, ReconcileError>
+    where
+        Object<S, T>: Resource,
+        T: PartialEq,
+    {
+        let mut next = before.clone();
+        set_condition(conditions(&mut next.status), condition, false, self.reason, &self.message);
+        write::status(ctx, before, &next).await?;
+        Ok(Action::requeue(recheck))
+    }
+}
 
 /// Resolves `class_name` in `namespace` with `overrides` merged over its provider spec.
 ///
@@ -253,24 +272,27 @@ pub async fn resolve<'a>(
     overrides: Option<&Value>,
 ) -> Result<Result<Resolved<'a>, Unresolved>, ReconcileError> {
     let Some(class) = ctx.store.get::<MachineClass>(namespace, class_name).await? else {
-        return Ok(Err((Reason::ClassNotFound, format!("MachineClass {class_name} does not exist"))));
+        return Ok(Err(Unresolved {
+            reason: Reason::ClassNotFound,
+            message: format!("MachineClass {class_name} does not exist"),
+        }));
     };
     let Some(driver) = ctx.drivers.get(&class.spec.driver) else {
         let known: Vec<&String> = ctx.drivers.keys().collect();
-        return Ok(Err((
-            Reason::DriverNotConfigured,
-            format!("MachineClass {class_name} uses driver {:?}, but the controller runs with {known:?} (run --driver NAME=ENDPOINT)", class.spec.driver),
-        )));
+        return Ok(Err(Unresolved {
+            reason: Reason::DriverNotConfigured,
+            message: format!("MachineClass {class_name} uses driver {:?}, but the controller runs with {known:?} (run --driver NAME=ENDPOINT)", class.spec.driver),
+        }));
     };
     let secrets = match &class.spec.secret_ref {
         None => None,
         Some(r) => match ctx.store.get::<Secret>(namespace, &r.name).await? {
             Some(s) => Some(pb::Secrets { data: s.values().into_iter().collect() }),
             None => {
-                return Ok(Err((
-                    Reason::SecretNotFound,
-                    format!("Secret {} (of MachineClass {class_name}) does not exist", r.name),
-                )))
+                return Ok(Err(Unresolved {
+                    reason: Reason::SecretNotFound,
+                    message: format!("Secret {} (of MachineClass {class_name}) does not exist", r.name),
+                }))
             }
         },
     };

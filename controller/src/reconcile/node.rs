@@ -18,10 +18,9 @@ use std::time::Duration;
 use chrono::Utc;
 
 use super::write;
-use k8s_openapi::api::core::v1::Pod;
 
 use crate::events::EventReason;
-use crate::nodes::{self, drain, Evicted, Lookup, NodeView, Readiness, Target};
+use crate::nodes::{drain, Lookup, NodeView, NodeWrite, Readiness, Target};
 use crate::policy;
 use crate::resources::*;
 use crate::runtime::{Action, Ctx, ReconcileError};
@@ -38,6 +37,10 @@ const JOIN_RECHECK: Duration = Duration::from_secs(30);
 const HOOK_RECHECK: Duration = Duration::from_secs(30);
 /// How often a deletion waiting for its node's VolumeAttachments to go looks again.
 const VOLUME_RECHECK: Duration = Duration::from_secs(2);
+/// How soon a drain looks again after its cordon found the Node changed since it was seen (409):
+/// the Node watch has the newer version by then, and a watch that lags costs one patch a second,
+/// never a loop.
+const NODE_CONFLICT_RETRY: Duration = Duration::from_secs(1);
 
 /// The name the Node of `m` registers under when the driver says so: its `Hostname` address.
 pub(crate) fn reported_node_name(m: &Machine) -> &str {
@@ -316,7 +319,8 @@ async fn hooks(ctx: &Ctx, m: &mut Machine, prefix: &str, next: DeletionPhase) ->
 }
 
 /// One look at the drain: cordon (or, for a dead VM's node, mark it out of service), one pass
-/// over the pods, then either the next step or a report of what holds it.
+/// over the pods ([`drain::pass`], at most [`drain::PASS_BOUND`]), then either the next step or
+/// a report of what holds it.
 async fn drain(
     ctx: &Ctx,
     target: &Target,
@@ -329,22 +333,32 @@ async fn drain(
         advance(m, DeletionPhase::Draining);
     }
     let deadline = deletion(m).drain_deadline.unwrap_or(now);
-    let dead = dead_node(ctx, target, m, node, probe).await?;
+    let dead = match prepare(ctx, target, m, node, probe).await? {
+        Prepared::Cordoned => false,
+        Prepared::OutOfService => true,
+        Prepared::Conflict => {
+            tracing::debug!("node {} changed since it was seen; cordoning again from a fresh view", node.name);
+            return Ok(Action::requeue(NODE_CONFLICT_RETRY));
+        }
+    };
     let pods = target.pods_on(&node.name).await?;
-    let pass = evict_pass(target, &pods, now, deadline, dead).await?;
-    if !pass.forced.is_empty() && !dead {
+    let pass = drain::pass(target, &pods, now, deadline, dead, drain::PASS_BOUND).await?;
+    if !pass.deleted.is_empty() && !dead {
         deletion(m).forced = true;
+        let pods: Vec<String> =
+            pass.deleted.iter().map(|d| format!("{} (grace {}s)", d.pod, d.grace_seconds)).collect();
         let message = format!(
             "drain deadline {} reached on node {}: deleted {} pod(s) instead of evicting them: {}",
             deadline.to_rfc3339(),
             node.name,
-            pass.forced.len(),
-            pass.forced.join(", ")
+            pods.len(),
+            pods.join(", ")
         );
         ctx.store.event(Kind::Machine, &m.metadata, EventReason::DrainForced, message).await;
     }
-    deletion(m).pods_left = pass.left;
-    if pass.left == 0 {
+    let left = u32::try_from(pass.left.len()).unwrap_or(u32::MAX);
+    deletion(m).pods_left = left;
+    if left == 0 {
         let how = match (deletion(m).out_of_service, deletion(m).forced) {
             (true, _) => "out of service",
             (false, true) => "forced at the deadline",
@@ -355,93 +369,73 @@ async fn drain(
         advance(m, DeletionPhase::VolumesDetaching);
         return Ok(Action::requeue_now());
     }
-    report_held(ctx, target, m, &node.name, &pass, deadline).await?;
-    // Look again soon; no later than the next forced deletion comes due.
-    let mut next = ctx.config.drain_poll_interval;
+    report_held(ctx, m, &node.name, &pass, deadline).await;
+    if pass.timed_out {
+        // The pass stopped at its bound with pods not yet asked: go on at once (other keys had
+        // their turn meanwhile).
+        return Ok(Action::requeue(super::MIN_REQUEUE));
+    }
+    // Look again soon (no sooner than a refusal's Retry-After asks); no later than the next
+    // forced deletion comes due.
+    let mut next = ctx.config.drain_poll_interval.max(pass.retry_after().unwrap_or_default());
     if let Some(due) = drain::next_forced(&pods, deadline) {
         next = next.min((due - now).to_std().unwrap_or_default().max(super::MIN_REQUEUE));
     }
     Ok(Action::requeue(next))
 }
 
-/// Whether the node is a dead VM's (not Ready, and the driver reports the VM gone or stopped):
-/// then it is marked out of service; else it is cordoned. Once found dead, it stays so.
-async fn dead_node(ctx: &Ctx, target: &Target, m: &mut Machine, node: &NodeView, probe: &dyn VmProbe) -> Result<bool> {
+/// What the node was made ready for a pass with.
+enum Prepared {
+    /// Cordoned: its pods are evicted.
+    Cordoned,
+    /// A dead VM's node, out of service: its pods are deleted.
+    OutOfService,
+    /// The Node changed since it was seen: nothing was written, look again.
+    Conflict,
+}
+
+/// Cordons the node, or — when it is a dead VM's (not Ready, and the driver reports the VM gone
+/// or stopped) — marks it out of service. Once found dead, it stays so.
+async fn prepare(
+    ctx: &Ctx,
+    target: &Target,
+    m: &mut Machine,
+    node: &NodeView,
+    probe: &dyn VmProbe,
+) -> Result<Prepared> {
     let mut dead = deletion(m).out_of_service;
     if !dead && !node.is_ready() {
         dead = probe.gone_or_stopped(ctx, m).await?;
     }
     if !dead {
-        target.cordon(node).await?;
-        return Ok(false);
+        return Ok(match target.cordon(node).await? {
+            NodeWrite::Done => Prepared::Cordoned,
+            NodeWrite::Conflict => Prepared::Conflict,
+        });
     }
     if !deletion(m).out_of_service {
         deletion(m).out_of_service = true;
         let message = format!("node {} is not Ready and its VM is gone: deleting its pods without eviction", node.name);
         ctx.store.event(Kind::Machine, &m.metadata, EventReason::OutOfService, message).await;
     }
-    target.mark_out_of_service(node).await?;
-    Ok(true)
-}
-
-/// What one pass over a node's pods did.
-struct Pass {
-    /// Pods that still hold the drain.
-    left: u32,
-    /// Evictions accepted in this pass.
-    evicted: u32,
-    /// Pods deleted in this pass (`ns/name (grace Ns)`).
-    forced: Vec<String>,
-    /// The first refused eviction: the pod and the refusal.
-    refused: Option<(String, drain::Refusal)>,
-}
-
-/// Evicts what may go and deletes what is due ([`drain::step`] decides for each pod).
-async fn evict_pass(target: &Target, pods: &[Pod], now: Time, deadline: Time, dead: bool) -> Result<Pass> {
-    let mut pass = Pass { left: 0, evicted: 0, forced: Vec::new(), refused: None };
-    for pod in pods {
-        let step = drain::step(pod, now, deadline, dead);
-        if step.holds_drain() {
-            pass.left += 1;
-        }
-        match step {
-            drain::PodStep::Skip(_) | drain::PodStep::WaitGone => {}
-            drain::PodStep::Evict => match target.evict(pod).await? {
-                Evicted::Accepted => pass.evicted += 1,
-                Evicted::Gone => {}
-                Evicted::Refused(r) => {
-                    pass.refused.get_or_insert((nodes::pod_name(pod), r));
-                }
-            },
-            drain::PodStep::Delete { grace_seconds } => {
-                target.delete_pod(pod, grace_seconds).await?;
-                pass.forced.push(format!("{} (grace {grace_seconds}s)", nodes::pod_name(pod)));
-            }
-        }
-    }
-    Ok(pass)
+    Ok(match target.mark_out_of_service(node).await? {
+        NodeWrite::Done => Prepared::OutOfService,
+        NodeWrite::Conflict => Prepared::Conflict,
+    })
 }
 
 /// Says what holds the drain: in the `Deleting` condition, `status.deletion.blockedBy`, and an
 /// event when the blocking budget or pod changes. A budget that can never allow an eviction as
-/// configured is named so.
-async fn report_held(
-    ctx: &Ctx,
-    target: &Target,
-    m: &mut Machine,
-    node: &str,
-    pass: &Pass,
-    deadline: Time,
-) -> Result<()> {
-    let left = pass.left;
+/// configured is named so (the pass read it once, after its refusal).
+async fn report_held(ctx: &Ctx, m: &mut Machine, node: &str, pass: &drain::DrainPass, deadline: Time) {
+    let left = pass.left.len();
     // `event` is set when something blocks the drain (then `blocked` says what).
-    let (reason, event, message, blocked) = match &pass.refused {
+    let (reason, event, message, blocked) = match pass.refused.first() {
         Some((pod, refusal)) => {
             let (reason, event, by) = match &refusal.budget {
                 Some(b) => {
-                    let ns = pod.split('/').next().unwrap_or("default");
-                    let never = target.budget(ns, b).await?.as_ref().is_some_and(drain::never_allows_eviction);
-                    if never {
+                    let ns = &pod.namespace;
+                    if pass.budget_of(pod, refusal).is_some_and(|b| b.never_allows_eviction) {
                         let by = format!("PodDisruptionBudget {ns}/{b} (it can never allow an eviction as configured)");
                         (Reason::DisruptionBudgetUnsatisfiable, EventReason::DisruptionBudgetUnsatisfiable, by)
                     } else {
@@ -462,7 +456,7 @@ async fn report_held(
         None => {
             let message = format!(
                 "{left} pod(s) left on node {node} ({} evicted now); deadline {}",
-                pass.evicted,
+                pass.evicted.len(),
                 deadline.to_rfc3339()
             );
             (Reason::Draining, None, message, String::new())
@@ -473,7 +467,6 @@ async fn report_held(
     }
     deletion(m).blocked_by = blocked;
     set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
-    Ok(())
 }
 
 /// Waits for the node's VolumeAttachments to go, at most `volumeDetachTimeoutSeconds`.

@@ -19,12 +19,14 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
-use super::deletion::{self, Instance};
-use super::record::last;
+use super::deletion;
+use super::record::{LastOperationExt, StoredOperationExt};
 use super::write::{self, Finalizer};
-use super::{poll_stored, pool_instances as instances, resolve, stored, Polled, Resolved};
+use super::{poll_stored, pool_instances as instances, resolve, Polled, Resolved};
 use crate::events::EventReason;
-use crate::plan::pool as plan;
+use crate::plan::pool::{
+    instance_phase, legacy_instance_state, plan_pool, Instance, InstanceState, Observed, Plan, Step,
+};
 use crate::plan::rollout::{disruption_conditions, Remediation};
 use crate::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
 use crate::resources::*;
@@ -44,26 +46,25 @@ const DONE_RECHECK: Duration = Duration::from_millis(200);
 
 /// An instance's state: the protocol's `InstanceState`, or, from a driver older than it
 /// (`UNSPECIFIED`), the deprecated provisioning string.
-fn state_of(i: &pb::PoolInstance) -> plan::InstanceState {
-    use plan::InstanceState as S;
+fn state_of(i: &pb::PoolInstance) -> InstanceState {
     match i.state() {
-        pb::InstanceState::Creating => S::Creating,
-        pb::InstanceState::Running => S::Running,
-        pb::InstanceState::Updating => S::Updating,
-        pb::InstanceState::Deleting => S::Deleting,
-        pb::InstanceState::Failed => S::Failed,
+        pb::InstanceState::Creating => InstanceState::Creating,
+        pb::InstanceState::Running => InstanceState::Running,
+        pb::InstanceState::Updating => InstanceState::Updating,
+        pb::InstanceState::Deleting => InstanceState::Deleting,
+        pb::InstanceState::Failed => InstanceState::Failed,
         #[allow(deprecated)] // The fallback for old drivers.
-        pb::InstanceState::Unspecified => plan::legacy_instance_state(&i.provisioning_state),
+        pb::InstanceState::Unspecified => legacy_instance_state(&i.provisioning_state),
     }
 }
 
 /// A listed instance as the planner sees it, what its Machine says aside.
-fn instance(i: &pb::PoolInstance) -> plan::Instance {
-    plan::Instance {
+fn instance(i: &pb::PoolInstance) -> Instance {
+    Instance {
         running: i.power_state == pb::PowerState::Running as i32,
         latest_model: i.latest_model_applied,
         node_ready: false,
-        ..plan::Instance::new(&i.instance_id, state_of(i))
+        ..Instance::new(&i.instance_id, state_of(i))
     }
 }
 
@@ -77,7 +78,7 @@ fn machine_name(pool: &str, instance: &str) -> String {
 }
 
 /// Reconciles one MachinePool: an operation in flight is polled, a pool being deleted is torn
-/// down; otherwise it observes (instances, Machines, Nodes), plans ([`plan::plan`]) and acts.
+/// down; otherwise it observes (instances, Machines, Nodes), plans ([`plan_pool`]) and acts.
 ///
 /// # Errors
 /// Store failures.
@@ -97,11 +98,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let t = &pool.spec.template.spec;
     let r = match resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await? {
         Ok(r) => r,
-        Err((reason, message)) => {
-            let mut next = pool.clone();
-            set_condition(&mut next.status.conditions, ConditionType::Ready, false, reason, &message);
-            write::status(ctx, &pool, &next).await?;
-            return Ok(Action::requeue(super::UNRESOLVED_RECHECK));
+        Err(why) => {
+            return why
+                .record_and_recheck(ctx, &pool, |s| &mut s.conditions, ConditionType::Ready, super::UNRESOLVED_RECHECK)
+                .await;
         }
     };
     if let Some(op) = pool.status.operations.first().cloned() {
@@ -115,7 +115,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Ok(seen) => seen,
         Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
     };
-    let plan = plan::plan(seen.input(&pool, halted.as_deref()));
+    let plan = plan_pool(seen.input(&pool, halted.as_deref()));
     if !plan.notes.is_empty() {
         let notes: Vec<String> = plan.notes.iter().map(ToString::to_string).collect();
         tracing::debug!("plan.notes" = %notes.join("; "), "planned pool");
@@ -151,8 +151,10 @@ async fn poll(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, op: StoredOperati
     }
     next.status.operations.clear();
     let err = reply.value.error_report();
-    let state = if err.is_some() { OperationState::Failed } else { OperationState::Succeeded };
-    next.status.last_operation = Some(last(op.kind.into(), state, &reply.request_id, err.as_ref()));
+    next.status.last_operation = Some(match &err {
+        Some(e) => LastOperation::failed(op.kind.into(), &reply.request_id, e),
+        None => LastOperation::ok(op.kind.into(), OperationState::Succeeded, &reply.request_id),
+    });
     if let Some(e) = &err {
         set_condition(
             &mut next.status.conditions,
@@ -202,7 +204,7 @@ struct Observation {
     /// The pool's Machines.
     machines: Vec<Machine>,
     /// The instances as the planner sees them.
-    instances: Vec<plan::Instance>,
+    instances: Vec<Instance>,
     /// Instances whose Machine is being deleted.
     deleting: HashSet<String>,
     /// Instances whose Machine carries the delete-machine annotation.
@@ -217,9 +219,9 @@ struct Observation {
 
 impl Observation {
     /// The planner's input.
-    fn input<'a>(&'a self, pool: &'a MachinePool, halted: Option<&'a str>) -> plan::Observed<'a> {
+    fn input<'a>(&'a self, pool: &'a MachinePool, halted: Option<&'a str>) -> Observed<'a> {
         let max = pool.spec.remediation.max_in_flight.as_ref();
-        plan::Observed {
+        Observed {
             replicas: pool.spec.replicas,
             strategy: &pool.spec.strategy,
             revision: &self.revision,
@@ -306,7 +308,7 @@ async fn observe(
         .iter()
         .map(|i| {
             let m = by_instance.get(i.instance_id.as_str());
-            plan::Instance {
+            Instance {
                 node_ready: m.is_some_and(|m| node_ready(m)),
                 remediation: m.and_then(|m| remediation_of(m, halted)),
                 remediating: m.is_some_and(|m| remediating(m)),
@@ -322,7 +324,7 @@ async fn observe(
 
 /// Carries out a plan: mirrors the instances as Machines, then makes its one call (or deletes
 /// its Machines) and writes the status.
-async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation, plan: plan::Plan) -> Result<Action> {
+async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation, plan: Plan) -> Result<Action> {
     mirror(ctx, pool, &seen.list, &seen.machines).await?;
     let by_instance: HashMap<&str, &Machine> =
         seen.machines.iter().filter_map(|m| Some((m.spec.pool_ref.as_ref()?.instance_id.as_str(), m))).collect();
@@ -370,20 +372,20 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
         );
     }
     match plan.step {
-        plan::Step::Apply { capacity } => {
+        Step::Apply { capacity } => {
             next.status.applied_revision = seen.revision.clone();
             next.status.applied_capacity = capacity;
             apply(ctx, pool, r, &next, capacity).await
         }
-        plan::Step::Delete(ids) => pool_instances_call(ctx, pool, r, OperationKind::DeletePoolInstances, ids).await,
-        plan::Step::Upgrade(ids) => pool_instances_call(ctx, pool, r, OperationKind::UpgradePoolInstances, ids).await,
-        plan::Step::DeleteMachines(ids) => {
+        Step::Delete(ids) => pool_instances_call(ctx, pool, r, OperationKind::DeletePoolInstances, ids).await,
+        Step::Upgrade(ids) => pool_instances_call(ctx, pool, r, OperationKind::UpgradePoolInstances, ids).await,
+        Step::DeleteMachines(ids) => {
             delete_machines(ctx, pool, &seen.machines, &ids).await?;
             write::status(ctx, pool, &next).await?;
             // The Machines' changes wake the pool; this is a safety net.
             Ok(Action::requeue(super::DELETION_RECHECK))
         }
-        plan::Step::Wait => {
+        Step::Wait => {
             // The driver answered: whatever the environment refused before is over.
             next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type));
             write::status(ctx, pool, &next).await?;
@@ -443,6 +445,8 @@ async fn delete_machines(ctx: &Ctx, pool: &MachinePool, machines: &[Machine], id
     Ok(())
 }
 
+/// DeletePoolInstances (`kind` [`OperationKind::DeletePoolInstances`]) or UpgradePoolInstances
+/// of the instances `ids`, each request built once; an operation it starts is stored.
 async fn pool_instances_call(
     ctx: &Ctx,
     pool: &MachinePool,
@@ -450,33 +454,14 @@ async fn pool_instances_call(
     kind: OperationKind,
     ids: Vec<String>,
 ) -> Result<Action> {
-    let name = pool.metadata.name.clone();
-    let secrets = r.secrets.clone();
-    let method = kind.method();
-    let result = if kind == OperationKind::DeletePoolInstances {
-        ctx.call(r.driver, method, |c| async move {
-            c.delete_pool_instances(pb::DeletePoolInstancesRequest {
-                pool_name: name,
-                instance_ids: ids,
-                provider_spec: None,
-                secrets,
-            })
-            .await
-        })
-        .await
+    let (pool_name, secrets, method) = (pool.metadata.name.clone(), r.secrets.clone(), kind.method());
+    let (rpc, result) = if kind == OperationKind::DeletePoolInstances {
+        let req = pb::DeletePoolInstancesRequest { pool_name, instance_ids: ids, provider_spec: None, secrets };
+        (Rpc::Delete, ctx.call(r.driver, method, |c| async move { c.delete_pool_instances(req).await }).await)
     } else {
-        ctx.call(r.driver, method, |c| async move {
-            c.upgrade_pool_instances(pb::UpgradePoolInstancesRequest {
-                pool_name: name,
-                instance_ids: ids,
-                provider_spec: None,
-                secrets,
-            })
-            .await
-        })
-        .await
+        let req = pb::UpgradePoolInstancesRequest { pool_name, instance_ids: ids, provider_spec: None, secrets };
+        (Rpc::Mutate, ctx.call(r.driver, method, |c| async move { c.upgrade_pool_instances(req).await }).await)
     };
-    let rpc = if kind == OperationKind::DeletePoolInstances { Rpc::Delete } else { Rpc::Mutate };
     match result {
         Ok(reply) if reply.value.done => Ok(Action::requeue(DONE_RECHECK)),
         Ok(reply) => start(ctx, pool, kind, reply).await,
@@ -492,8 +477,8 @@ async fn start(
     reply: driver_sdk::Reply<pb::Operation>,
 ) -> Result<Action> {
     let mut next = pool.clone();
-    next.status.operations = vec![stored(kind, &reply.value, &reply.request_id)];
-    next.status.last_operation = Some(last(kind.into(), OperationState::Processing, &reply.request_id, None));
+    next.status.operations = vec![StoredOperation::from_pb(kind, &reply.value, &reply.request_id)];
+    next.status.last_operation = Some(LastOperation::ok(kind.into(), OperationState::Processing, &reply.request_id));
     write::status(ctx, pool, &next).await?;
     Ok(Action::poll_after(reply.value.poll_after()))
 }
@@ -508,7 +493,7 @@ async fn failed(
     e: &driver_sdk::CallError,
 ) -> Result<Action> {
     let mut next = pool.clone();
-    next.status.last_operation = Some(last(op_type, OperationState::Failed, e.request_id(), Some(&e.report)));
+    next.status.last_operation = Some(LastOperation::failed(op_type, e.request_id(), &e.report));
     set_condition(&mut next.status.conditions, ConditionType::Ready, false, Reason::CallFailed, &e.report.to_string());
     let decision = policy::decide(&e.report, Source::Call(rpc));
     if let Some(kind) = decision.cause().and_then(policy::Cause::environment_condition) {
@@ -527,7 +512,7 @@ async fn mirror(ctx: &Ctx, pool: &MachinePool, list: &[pb::PoolInstance], machin
     let by_instance: HashMap<&str, &Machine> =
         machines.iter().filter_map(|m| m.spec.pool_ref.as_ref().map(|p| (p.instance_id.as_str(), m))).collect();
     for i in list {
-        let phase = plan::instance_phase(state_of(i));
+        let phase = instance_phase(state_of(i));
         match by_instance.get(i.instance_id.as_str()) {
             None => {
                 let mut m = Machine::new(
@@ -548,13 +533,8 @@ async fn mirror(ctx: &Ctx, pool: &MachinePool, list: &[pb::PoolInstance], machin
                 );
                 m.metadata.labels.insert(LABEL_POOL.into(), pool.metadata.name.clone());
                 m.metadata.finalizers = vec![FINALIZER.into()];
-                m.metadata.owner_references = vec![OwnerReference {
-                    api_version: API_VERSION.into(),
-                    kind: Kind::MachinePool.as_str().into(),
-                    name: pool.metadata.name.clone(),
-                    uid: pool.metadata.uid.clone(),
-                    controller: true,
-                }];
+                m.metadata.owner_references =
+                    vec![OwnerReference::controller_of(Kind::MachinePool, &pool.metadata.name, &pool.metadata.uid)];
                 match ctx.store.create(&m).await {
                     Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
                     Err(e) => return Err(e.into()),
@@ -701,7 +681,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
     };
     let t = &pool.spec.template.spec;
     let resolved = resolve(ctx, &key.namespace, &t.class_ref.name, t.provider_spec.as_ref()).await?;
-    let instance = Instance::Pool { pool: pref.name.clone(), id: pref.instance_id.clone(), resolved };
+    let instance = deletion::Instance::Pool { pool: pref.name.clone(), id: pref.instance_id.clone(), resolved };
     deletion::run(ctx, key, m, instance).await
 }
 
@@ -784,12 +764,12 @@ mod tests {
         deleting.set_state(pb::InstanceState::Deleting);
         let merged = union(vec![deleting], vec![instance("1")]);
         assert_eq!(merged.len(), 1);
-        assert_eq!(state_of(&merged[0]), plan::InstanceState::Deleting);
+        assert_eq!(state_of(&merged[0]), InstanceState::Deleting);
     }
 
     #[test]
     fn the_typed_state_decides_and_old_drivers_fall_back_to_the_string() {
-        use plan::InstanceState as S;
+        use InstanceState as S;
         #[allow(deprecated)]
         let with = |state: pb::InstanceState, legacy: &str| pb::PoolInstance {
             state: state as i32,

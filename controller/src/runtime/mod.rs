@@ -176,6 +176,8 @@ pub struct Metrics {
     pub orphans_deleted: Counter,
     /// Keys waiting in the work queue.
     pub queue_depth: Gauge,
+    /// Requests to the target cluster (`crate::nodes::calls`).
+    pub target_calls: crate::nodes::calls::CallMetrics,
 }
 
 impl Metrics {
@@ -192,6 +194,7 @@ impl Metrics {
             operations_in_flight: Gauge::default(),
             orphans_deleted: Counter::default(),
             queue_depth: Gauge::default(),
+            target_calls: crate::nodes::calls::CallMetrics::default(),
         };
         r.register("controller_driver_calls", "Driver calls by driver, method and gRPC code", m.calls.clone());
         r.register("controller_driver_call_duration_seconds", "Driver call latency", m.call_seconds.clone());
@@ -206,6 +209,7 @@ impl Metrics {
         );
         r.register("controller_orphans_deleted", "Cloud machines deleted as orphans", m.orphans_deleted.clone());
         r.register("controller_work_queue_depth", "Keys waiting in the work queue", m.queue_depth.clone());
+        m.target_calls.register(r);
         m
     }
 }
@@ -354,11 +358,15 @@ impl Ctx {
                 },
             );
         }
+        let metrics = Metrics::register(registry);
+        if let Some(target) = &target {
+            target.report_to(metrics.target_calls.clone());
+        }
         Ok(Arc::new(Self {
             store,
             drivers: map,
             queue: Arc::new(queue::WorkQueue::default()),
-            metrics: Metrics::register(registry),
+            metrics,
             target: target.map(Arc::new),
             config,
             orphans: Mutex::new(HashMap::new()),

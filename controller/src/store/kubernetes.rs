@@ -33,6 +33,26 @@ use crate::resources::Kind;
 
 mod events;
 
+/// The `User-Agent` of every request the controller sends to an API server (the store's, leader
+/// election's, the target cluster's): an audit log names the controller and its version.
+pub const USER_AGENT: &str = concat!("machine-controller/", env!("CARGO_PKG_VERSION"));
+
+/// Sends [`USER_AGENT`] with every request of clients built from `config` (kube's client sends
+/// none of its own).
+pub fn identify(config: &mut kube::Config) {
+    config.headers.retain(|(name, _)| name != http::header::USER_AGENT);
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
+}
+
+/// A client of the API server `config` names, identified by [`USER_AGENT`].
+///
+/// # Errors
+/// A configuration the client refuses.
+pub fn client(mut config: kube::Config) -> std::result::Result<kube::Client, kube::Error> {
+    identify(&mut config);
+    kube::Client::try_from(config)
+}
+
 /// How long a read waits for a kind's initial list.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 /// Deletions remembered per kind (so a write's late echo cannot resurrect an object) before they

@@ -343,7 +343,8 @@ impl StoreSpec {
         match self {
             StoreSpec::Sqlite(_) => Ok(None),
             StoreSpec::Kubernetes { .. } => {
-                kube::Client::try_default().await.map(Some).map_err(|e| Error::backend("kubernetes", e))
+                let config = kube::Config::infer().await.map_err(|e| Error::backend("kubernetes", e))?;
+                kubernetes::client(config).map(Some).map_err(|e| Error::backend("kubernetes", e))
             }
         }
     }

@@ -2,8 +2,8 @@
 //! headers and body handed back.
 //!
 //! Why not the `azure_mgmt_compute` operation builders: their long-running-operation futures
-//! re-send the request and mis-read provisioning states (reference.md, upstream #1525/#1656),
-//! their `HttpError` drops the response headers we need (`Retry-After`, `x-ms-request-id`,
+//! re-send the request and mis-read provisioning states (upstream #1525/#1656), their
+//! `HttpError` drops the response headers we need (`Retry-After`, `x-ms-request-id`,
 //! `x-ms-correlation-request-id`, `Azure-AsyncOperation`), and their pipeline builds a fresh
 //! `Context` per call, so a per-call `x-ms-client-request-id` cannot be injected. So requests go
 //! straight to `azure_core`'s HTTP transport (`HttpClient::execute_request`) with a bearer token

@@ -4,6 +4,7 @@
 use chrono::TimeZone;
 
 use super::*;
+use crate::plan::literals::{int, pct};
 use DisruptionReason::*;
 
 fn t0() -> Time {
@@ -82,7 +83,7 @@ fn a_rollout_removes_old_machines_no_faster_than_new_ones_come_up() {
 
 #[test]
 fn budgets_count_every_machine_down_and_the_most_restrictive_active_one_wins() {
-    let budgets = [budget(IntOrPercent::Int(2)), budget(IntOrPercent::Str("20%".into()))];
+    let budgets = [budget(int(2)), budget(pct("20%"))];
     // 10 replicas: 20% is 2; one machine is down already, so one more may go.
     let (got, report) = answers(census(10, 9, 1), limits(5, &budgets), &[(Rollout, UP), (Rollout, UP)]);
     assert_eq!(got, [true, false]);
@@ -92,25 +93,22 @@ fn budgets_count_every_machine_down_and_the_most_restrictive_active_one_wins() {
     let (got, _) = answers(census(10, 8, 2), limits(5, &budgets), &[(Rollout, DOWN), (Rollout, UP)]);
     assert_eq!(got, [true, false]);
     // 15% of 10 rounds up to 2.
-    let (got, _) = answers(
-        census(10, 10, 0),
-        limits(5, &[budget(IntOrPercent::Str("15%".into()))]),
-        &[(Rollout, UP), (Rollout, UP), (Rollout, UP)],
-    );
+    let (got, _) =
+        answers(census(10, 10, 0), limits(5, &[budget(pct("15%"))]), &[(Rollout, UP), (Rollout, UP), (Rollout, UP)]);
     assert_eq!(got, [true, true, false]);
 }
 
 #[test]
 fn a_budget_of_zero_freezes_only_the_reasons_it_names() {
-    let freeze = [budget(IntOrPercent::Int(0))];
+    let freeze = [budget(int(0))];
     let asks = [(Rollout, UP), (InPlaceUpdate, UP), (ScaleDown, UP), (Remediation, DOWN), (Interruption, UP)];
     let (got, report) = answers(census(5, 5, 0), limits(5, &freeze), &asks);
     assert_eq!(got, [false, false, true, true, true], "without reasons: the voluntary ones");
     assert!(report.blocking().is_some());
-    let remediation_only = [only(budget(IntOrPercent::Int(0)), &[Remediation])];
+    let remediation_only = [only(budget(int(0)), &[Remediation])];
     let (got, _) = answers(census(5, 4, 1), limits(5, &remediation_only), &[(Rollout, UP), (Remediation, COMING)]);
     assert_eq!(got, [true, false], "a budget naming only Remediation does not hold a rollout");
-    let scale_down = [only(budget(IntOrPercent::Int(0)), &[ScaleDown])];
+    let scale_down = [only(budget(int(0)), &[ScaleDown])];
     let (got, _) = answers(census(5, 5, 0), limits(5, &scale_down), &[(ScaleDown, UP), (Rollout, UP)]);
     assert_eq!(got, [false, true], "a budget naming ScaleDown holds a scale-down");
 }
@@ -119,13 +117,13 @@ fn a_budget_of_zero_freezes_only_the_reasons_it_names() {
 fn a_scheduled_budget_limits_only_while_its_window_is_open() {
     // 12:00 UTC on 15 June is 14:00 in Berlin. A freeze from 13:00 to 17:00 Berlin time is
     // active; one from 01:00 for 4 hours is not, and opens at 23:00 UTC.
-    let day_freeze = [scheduled(budget(IntOrPercent::Int(0)), "0 13 * * *", "4h", "Europe/Berlin")];
+    let day_freeze = [scheduled(budget(int(0)), "0 13 * * *", "4h", "Europe/Berlin")];
     let (got, report) = answers(census(5, 5, 0), limits(5, &day_freeze), &[(Rollout, UP)]);
     assert_eq!(got, [false]);
     let until = chrono::Utc.with_ymd_and_hms(2030, 6, 15, 15, 0, 0).single();
     assert!(matches!(report.held[0].hold, Hold::Budget { until: u, .. } if u == until), "{:?}", report.held);
     assert_eq!(report.recheck_at, until, "look again when the freeze ends");
-    let night = [scheduled(budget(IntOrPercent::Int(0)), "0 1 * * *", "4h", "Europe/Berlin")];
+    let night = [scheduled(budget(int(0)), "0 1 * * *", "4h", "Europe/Berlin")];
     let (got, report) = answers(census(5, 5, 0), limits(5, &night), &[(Rollout, UP)]);
     assert_eq!(got, [true], "a window that is closed does not limit");
     assert_eq!(report.budgets[0].opens, chrono::Utc.with_ymd_and_hms(2030, 6, 15, 23, 0, 0).single());
@@ -134,7 +132,7 @@ fn a_scheduled_budget_limits_only_while_its_window_is_open() {
 
 #[test]
 fn a_budget_that_cannot_be_read_holds_what_it_would_limit() {
-    let broken = [scheduled(budget(IntOrPercent::Int(3)), "0 1 * * *", "4h", "Atlantis/Capital")];
+    let broken = [scheduled(budget(int(3)), "0 1 * * *", "4h", "Atlantis/Capital")];
     let (got, report) =
         answers(census(5, 5, 0), limits(5, &broken), &[(Rollout, UP), (ScaleDown, UP), (Rollout, DOWN)]);
     assert_eq!(got, [false, true, false], "it fails closed, even for a machine already down");
@@ -176,7 +174,7 @@ fn remediation_is_held_by_the_short_circuit_the_pace_and_max_in_flight() {
 fn allowed_disruptions_are_counted_across_reasons() {
     // maxUnavailable 3, a budget of 2: a remediation of an available machine (requested by
     // annotation) and a rollout use the budget; the next rollout is held by it.
-    let b = [budget(IntOrPercent::Int(2))];
+    let b = [budget(int(2))];
     let (got, report) = answers(
         census(6, 6, 0),
         Limits { max_in_flight: 5, ..limits(3, &b) },
@@ -199,10 +197,10 @@ fn allowed_disruptions_are_counted_across_reasons() {
 #[test]
 fn max_in_flight_resolves_percentages_up_and_is_at_least_one() {
     assert_eq!(max_in_flight(None, 10), 1);
-    assert_eq!(max_in_flight(Some(&IntOrPercent::Int(3)), 10), 3);
-    assert_eq!(max_in_flight(Some(&IntOrPercent::Str("25%".into())), 10), 3);
-    assert_eq!(max_in_flight(Some(&IntOrPercent::Int(0)), 10), 1);
-    assert_eq!(max_in_flight(Some(&IntOrPercent::Str("bad".into())), 10), 1);
+    assert_eq!(max_in_flight(Some(&int(3)), 10), 3);
+    assert_eq!(max_in_flight(Some(&pct("25%")), 10), 3);
+    assert_eq!(max_in_flight(Some(&int(0)), 10), 1);
+    assert_eq!(max_in_flight(Some(&pct("bad")), 10), 1);
 }
 
 #[test]

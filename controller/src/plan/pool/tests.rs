@@ -4,6 +4,7 @@ use std::collections::HashSet;
 
 use super::disruption::Hold;
 use super::*;
+use crate::plan::literals::{int, pct};
 use crate::resources::{IntOrPercent, Reason};
 
 fn i(id: &str) -> Instance {
@@ -64,7 +65,7 @@ impl Case {
         self
     }
     fn plan(&self) -> Plan {
-        plan(Observed {
+        plan_pool(Observed {
             replicas: self.replicas,
             strategy: &self.strategy,
             revision: "rev",
@@ -81,14 +82,6 @@ impl Case {
             now: chrono::DateTime::parse_from_rfc3339("2030-01-01T00:00:00Z").unwrap().with_timezone(&chrono::Utc),
         })
     }
-}
-
-fn int(n: i64) -> IntOrPercent {
-    IntOrPercent::Int(n)
-}
-
-fn pct(s: &str) -> IntOrPercent {
-    IntOrPercent::Str(s.into())
 }
 
 fn ids(v: &[&str]) -> Vec<String> {

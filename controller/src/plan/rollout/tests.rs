@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use chrono::TimeZone;
 
 use super::*;
+use crate::plan::literals::{int, pct};
 use crate::policy::{REASON_CREATION_TIMEOUT, REASON_RETRIES_EXHAUSTED};
 
 fn t0() -> Time {
@@ -63,14 +64,6 @@ fn deployment(replicas: i64) -> MachineDeployment {
 fn surge(mut md: MachineDeployment, surge: IntOrPercent, unavailable: IntOrPercent) -> MachineDeployment {
     md.spec.strategy.rolling_update = RollingUpdate { max_surge: surge, max_unavailable: unavailable };
     md
-}
-
-fn int(n: i64) -> IntOrPercent {
-    IntOrPercent::Int(n)
-}
-
-fn pct(s: &str) -> IntOrPercent {
-    IntOrPercent::Str(s.into())
 }
 
 /// A fixture: `Fx::new("a")` is a Running machine of the new revision; chain to change it.
@@ -166,7 +159,13 @@ const PACE: (std::time::Duration, std::time::Duration) =
 
 fn run_halted(md: &MachineDeployment, machines: Vec<Fx>, halted: Option<&str>) -> Plan {
     let machines: Vec<Member> = machines.iter().map(|f| Member::from(&f.0)).collect();
-    plan(Observed { deployment: md, machines: &machines, remediation_halted: halted, pace: PACE, now: now() })
+    plan_deployment(Observed {
+        deployment: md,
+        machines: &machines,
+        remediation_halted: halted,
+        pace: PACE,
+        now: now(),
+    })
 }
 
 /// What a short-circuited health check says.
@@ -931,7 +930,13 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
         for step in 0..200 {
             let now = t0() + chrono::Duration::seconds(60 + step);
             let members: Vec<Member> = machines.iter().map(Member::from).collect();
-            let p = plan(Observed { deployment: &md, machines: &members, remediation_halted: None, pace: PACE, now });
+            let p = plan_deployment(Observed {
+                deployment: &md,
+                machines: &members,
+                remediation_halted: None,
+                pace: PACE,
+                now,
+            });
             let case = format!("seed {seed} step {step}: replicas {replicas}, {limits:?}, {} machines", machines.len());
             if p.aborted {
                 panic!("{case}: aborted with an unlimited budget");

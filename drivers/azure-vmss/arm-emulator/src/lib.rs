@@ -6,7 +6,8 @@
 //! disks (see the `vms` module) at `api-version=2024-07-01` — served at the root of a plain HTTP
 //! listener, the way the ARM endpoint is (`--arm-endpoint http://127.0.0.1:PORT`).
 //!
-//! It follows the ARM async contract recorded in `shared/docs/reference.md`:
+//! It follows the ARM async contract (the Azure VMSS chapter, `docs/src/operating/azure-vmss.md`,
+//! sums it up under "Testing against the ARM emulator"):
 //!
 //! - `PUT` a scale set → 201 (new) / 200 (existing) with `provisioningState` `Creating` /
 //!   `Updating` and an `Azure-AsyncOperation` header;
