@@ -363,13 +363,18 @@ pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// A release binary for benchmarks (`cargo build --release -p …` first); benches run from
-/// `target/release/deps`.
-pub fn release_bin(name: &str) -> PathBuf {
-    let p = bin_dir().join(name);
+/// The folder of the `dist` profile's binaries (what ships, and what the benchmarks measure),
+/// beside the folder of the running test or bench (`target/release/deps` for a bench).
+pub fn dist_dir() -> PathBuf {
+    bin_dir().parent().expect("target dir").join("dist")
+}
+
+/// A binary of the `dist` profile, for benchmarks (`cargo build --profile dist -p …` first).
+pub fn dist_bin(name: &str) -> PathBuf {
+    let p = dist_dir().join(name);
     assert!(
         p.exists(),
-        "{} missing: run `cargo build --release -p fake-driver -p machine-controller` first",
+        "{} missing: run `cargo build --profile dist -p fake-driver -p machine-controller` first",
         p.display()
     );
     p

@@ -3,9 +3,9 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p fake-driver --bin fake-driver
+RUN cargo build --profile dist --locked -p fake-driver --bin fake-driver
 
 FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /src/target/release/fake-driver /usr/local/bin/fake-driver
+COPY --from=build /src/target/dist/fake-driver /usr/local/bin/fake-driver
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/fake-driver"]

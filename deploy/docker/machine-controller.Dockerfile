@@ -3,9 +3,9 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p machine-controller --bin machine-controller
+RUN cargo build --profile dist --locked -p machine-controller --bin machine-controller
 
 FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /src/target/release/machine-controller /usr/local/bin/machine-controller
+COPY --from=build /src/target/dist/machine-controller /usr/local/bin/machine-controller
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/machine-controller"]

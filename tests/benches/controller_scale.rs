@@ -1,7 +1,7 @@
 //! Controller benchmarks (issue: controller). Real processes: `fake-driver` and
-//! `machine-controller run` (release builds) over a Unix socket.
+//! `machine-controller run` (`dist` builds) over a Unix socket.
 //!
-//! Both are started through the test harness (`e2e_tests::world`), with the release builds.
+//! Both are started through the test harness (`e2e_tests::world`), with the `dist` builds.
 //!
 //! 1. 1,000 machines from one MachineDeployment, fake create latency 2 s, 10 workers: time until
 //!    all are Running. The controller stores each operation and requeues at `poll_after`, so a
@@ -17,7 +17,7 @@
 //! 4. With `--100k` only: the same with 100,000 machines — time, peak RSS, store file size.
 //!
 //! ```text
-//! cargo build --release -p fake-driver -p machine-controller
+//! cargo build --profile dist -p fake-driver -p machine-controller
 //! cargo bench -p e2e-tests --bench controller_scale            # full run (~6 min)
 //! cargo bench -p e2e-tests --bench controller_scale -- --quick # 200 / 2,000 machines
 //! cargo bench -p e2e-tests --bench controller_scale -- --rss-only # only the 10,000-machine run
@@ -33,12 +33,12 @@ use std::time::{Duration, Instant};
 
 use e2e_tests::world::{Driver, World};
 
-/// The fake cloud's release build: create latency 2 s, delete 1 s, quiet.
+/// The fake cloud's dist build: create latency 2 s, delete 1 s, quiet.
 fn fake() -> Driver {
-    Driver::release_fake(&["--create-latency", "2s", "--delete-latency", "1s"])
+    Driver::dist_fake(&["--create-latency", "2s", "--delete-latency", "1s"])
 }
 
-/// The controller build to measure: this tree's release build, or `BENCH_COMPARE`'s.
+/// The controller build to measure: this tree's dist build, or `BENCH_COMPARE`'s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Build {
     This,
@@ -48,7 +48,7 @@ enum Build {
 impl Build {
     fn binary(self) -> PathBuf {
         match self {
-            Build::This => e2e_tests::release_bin("machine-controller"),
+            Build::This => e2e_tests::dist_bin("machine-controller"),
             Build::Compare => std::env::var_os("BENCH_COMPARE").expect("BENCH_COMPARE").into(),
         }
     }
@@ -244,7 +244,7 @@ async fn main() {
     let (n, big) = if quick { (200, 2_000) } else { (1_000, 10_000) };
     let mut out = String::new();
     out += &format!(
-        "Machine: {} cores ({}), {} — fake create latency 2 s, delete 1 s, 10 workers, release builds\n\n",
+        "Machine: {} cores ({}), {} — fake create latency 2 s, delete 1 s, 10 workers, dist builds\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         e2e_tests::cpu_model(),
         if quick { "quick run" } else { "full run" }

@@ -1,5 +1,5 @@
 //! The Kubernetes backend at scale (issue: Kubernetes backend), side by side with the embedded
-//! store in the same run. Real processes: `fake-driver` and `machine-controller run` (release
+//! store in the same run. Real processes: `fake-driver` and `machine-controller run` (`dist`
 //! builds) over a Unix socket, started through the test harness (`e2e_tests::world`);
 //! kube-apiserver + etcd from `tests/tools/install-kube-cluster.sh`.
 //!
@@ -10,7 +10,7 @@
 //! 3. Controller peak RSS holding 10,000 Machines through the API server.
 //!
 //! ```text
-//! cargo build --release -p fake-driver -p machine-controller
+//! cargo build --profile dist -p fake-driver -p machine-controller
 //! export KUBE_CLUSTER_DIR=$(bash tests/tools/install-kube-cluster.sh)
 //! cargo bench -p e2e-tests --bench kube_scale              # full run
 //! cargo bench -p e2e-tests --bench kube_scale -- --quick   # 200 / 2,000 machines
@@ -30,7 +30,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use machine_controller::resources::MachineDeployment;
 use serde_json::json;
 
-/// The controller build to measure: this tree's release build, or `BENCH_COMPARE`'s.
+/// The controller build to measure: this tree's dist build, or `BENCH_COMPARE`'s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Build {
     This,
@@ -40,7 +40,7 @@ enum Build {
 impl Build {
     fn binary(self) -> std::path::PathBuf {
         match self {
-            Build::This => e2e_tests::release_bin("machine-controller"),
+            Build::This => e2e_tests::dist_bin("machine-controller"),
             Build::Compare => std::env::var_os("BENCH_COMPARE").expect("BENCH_COMPARE").into(),
         }
     }
@@ -58,7 +58,7 @@ impl Build {
 /// store is yet to choose.
 fn world(build: Build) -> Builder {
     World::builder()
-        .driver(Driver::release_fake(&["--create-latency", "2s", "--delete-latency", "1s"]))
+        .driver(Driver::dist_fake(&["--create-latency", "2s", "--delete-latency", "1s"]))
         .controller_binary(build.binary())
         .controller_env([("RUST_LOG", "warn")])
         .timings(&[])
@@ -198,7 +198,7 @@ async fn main() {
     let compare = std::env::var_os("BENCH_COMPARE").is_some();
     let cluster = Arc::new(Cluster::start().await);
     let mut out = format!(
-        "Machine: {} cores ({}), {} — fake create latency 2 s, 10 workers, release builds; \
+        "Machine: {} cores ({}), {} — fake create latency 2 s, 10 workers, dist builds; \
          kube-apiserver 1.37.2 + etcd 3.7.3 on the same machine (etcd --unsafe-no-fsync)\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         e2e_tests::cpu_model(),

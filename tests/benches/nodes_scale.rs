@@ -1,5 +1,5 @@
 //! Machines as Kubernetes Nodes at scale (docs/src/operating/nodes.md), all in one process run so the
-//! figures are comparable. Real processes: `fake-driver` and `machine-controller run` (release
+//! figures are comparable. Real processes: `fake-driver` and `machine-controller run` (`dist`
 //! builds) over a Unix socket, started through the test harness (`e2e_tests::world`); a whole
 //! test cluster from `tests/tools/install-kube-cluster.sh`
 //! (kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kwok) on the same machine,
@@ -26,7 +26,7 @@
 //!    running through the same window.
 //!
 //! ```text
-//! CARGO_TARGET_DIR=... cargo build --release -p fake-driver -p machine-controller --features fake-driver/join-cluster
+//! CARGO_TARGET_DIR=... cargo build --profile dist -p fake-driver -p machine-controller --features fake-driver/join-cluster
 //! export KUBE_CLUSTER_DIR=$(bash tests/tools/install-kube-cluster.sh)
 //! cargo bench -p e2e-tests --bench nodes_scale              # 200 machines / 2,000 pods; 1,000 machines
 //! cargo bench -p e2e-tests --bench nodes_scale -- --quick   # 50 / 500; 200; steady 200 / 2,000, 1 min
@@ -245,16 +245,16 @@ current-context: proxy
 
 /// The fake cloud (create latency 2 s, delete latency 1 s; with `join`, its VMs register Nodes)
 /// on the embedded store (read here too), and no controller yet: [`controller`] starts them,
-/// release builds, quiet.
+/// `dist` builds, quiet.
 async fn start(join: Option<&Path>) -> World {
-    let mut fake = Driver::release_fake(&["--create-latency", "2s", "--delete-latency", "1s"]);
+    let mut fake = Driver::dist_fake(&["--create-latency", "2s", "--delete-latency", "1s"]);
     if let Some(k) = join {
         // A fake-driver built without the cargo feature join-cluster refuses --join-cluster.
         fake = fake.args(["--join-cluster", &*k.to_string_lossy()]);
     }
     World::builder()
         .driver(fake)
-        .controller_binary(e2e_tests::release_bin("machine-controller"))
+        .controller_binary(e2e_tests::dist_bin("machine-controller"))
         .controller_env([("RUST_LOG", "warn")])
         .timings(&[])
         .controller_args(&CONTROLLER_ARGS)
@@ -1166,7 +1166,7 @@ async fn main() {
     let (steady_pods, window) =
         if quick { (2_000, Duration::from_secs(60)) } else { (10_000, Duration::from_secs(300)) };
     let mut out = format!(
-        "Machine: {} cores ({}), {} — release builds; fake create latency 2 s, delete latency 1 s; controller \
+        "Machine: {} cores ({}), {} — dist builds; fake create latency 2 s, delete latency 1 s; controller \
          on the embedded store with `--target-kubeconfig` (through the bench's counting proxy), `{}`; kube-apiserver 1.37.2 + etcd 3.7.3 \
          (--unsafe-no-fsync) + kube-controller-manager + kube-scheduler + kwok 0.8.0 on the same machine\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),

@@ -14,7 +14,7 @@
 //! `DriverClient` sends them). Rounds run in the order A B C D, D C B A so linear drift cancels out.
 //!
 //! ```text
-//! cargo build --release -p fake-driver && cargo bench -p e2e-tests --bench sdk_overhead
+//! cargo build --profile dist -p fake-driver && cargo bench -p e2e-tests --bench sdk_overhead
 //! ```
 //!
 //! Go must be installed (the grpc-go peer is built on the first run; without Go the bench fails).
@@ -534,13 +534,19 @@ fn version_of(program: &Path) -> String {
 async fn bench() -> Result<(), BoxError> {
     let s = Settings::from_env();
     let exe = std::env::current_exe()?;
-    // The bench executable is target/<profile>/deps/sdk_overhead-<hash>.
-    let bin_dir = exe.parent().and_then(Path::parent).ok_or("cannot locate the target dir")?.to_path_buf();
+    // The bench executable is target/release/deps/sdk_overhead-<hash>; the sidecar it measures
+    // is the dist build, in target/dist.
+    let bin_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .ok_or("cannot locate the target dir")?
+        .join("dist");
     // BENCH_FAKE_DRIVER: another fake-driver build, e.g. to compare before / after a change.
     let fake = std::env::var_os("BENCH_FAKE_DRIVER").map(PathBuf::from).unwrap_or_else(|| bin_dir.join("fake-driver"));
     if !fake.exists() {
         return Err(format!(
-            "{} is missing: build it first, into the same target dir, with `cargo build --release -p fake-driver`",
+            "{} is missing: build it first, into the same target dir, with `cargo build --profile dist -p fake-driver`",
             fake.display()
         )
         .into());

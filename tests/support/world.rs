@@ -125,10 +125,10 @@ impl Driver {
         Driver::binary(go_driver()).named("go").args(["--dev"]).args(args)
     }
 
-    /// The release build of `fake-driver` ([`release_bin`](crate::release_bin), for benchmarks)
-    /// with `ARGS`, named `fake`, quiet (`RUST_LOG=warn`).
-    pub fn release_fake(args: &[&str]) -> Self {
-        Driver::binary(crate::release_bin("fake-driver")).named("fake").args(args).env([("RUST_LOG", "warn")])
+    /// The `dist` build of `fake-driver` ([`dist_bin`](crate::dist_bin), for benchmarks) with
+    /// `ARGS`, named `fake`, quiet (`RUST_LOG=warn`).
+    pub fn dist_fake(args: &[&str]) -> Self {
+        Driver::binary(crate::dist_bin("fake-driver")).named("fake").args(args).env([("RUST_LOG", "warn")])
     }
 
     /// `azure-vmss-driver ARGS` (its ARM endpoint among them), named `azure`.
