@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::GiveBackRoom;
+use super::keys::GiveBackRoom;
 use crate::store::Key;
 
 /// A waiting key is in two collections at once (ready and queued, or delayed and due): they
