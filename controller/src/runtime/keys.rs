@@ -1,4 +1,4 @@
-//! What the runtime keeps per key ([`KeyState`], in one place: forgetting the key forgets all
+//! What the runtime keeps per key (`KeyState`, in one place: forgetting the key forgets all
 //! of it) and the error policy built on it: backoff with jitter, holds on driver calls, the
 //! owner wake-up delay.
 

@@ -13,7 +13,7 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use super::Ctx;
-use crate::resources::Kind;
+use crate::resources::{Kind, Phase};
 
 /// How often the phase and in-flight gauges are recounted, at most ...
 const GAUGE_INTERVAL: Duration = Duration::from_secs(2);
@@ -101,6 +101,15 @@ impl Metrics {
         );
         m
     }
+
+    /// Sets the Machines-by-phase gauge: a series for every [`Phase`] (zero when none has it),
+    /// so a phase added to the enum is counted without a change here.
+    fn set_phases(&self, counts: &HashMap<Phase, i64>) {
+        for phase in Phase::ALL {
+            let n = counts.get(phase).copied().unwrap_or(0);
+            self.phases.get_or_create(&PhaseLabels { phase: phase.as_str().into() }).set(n);
+        }
+    }
 }
 
 /// Keeps the phase and in-flight gauges current.
@@ -120,18 +129,18 @@ pub(super) async fn gauges(ctx: Arc<Ctx>) {
         #[derive(serde::Deserialize, Default)]
         struct SlimStatus {
             #[serde(default)]
-            phase: crate::resources::Phase,
+            phase: Phase,
             #[serde(default)]
             operations: Vec<serde::de::IgnoredAny>,
         }
-        let mut counts: HashMap<String, i64> = HashMap::new();
+        let mut counts: HashMap<Phase, i64> = HashMap::new();
         let mut in_flight = 0;
         let counted = ctx
             .store
             .backend()
             .scan(Kind::Machine, &mut |json| {
                 if let Ok(m) = serde_json::from_str::<Slim>(json) {
-                    *counts.entry(m.status.phase.to_string()).or_default() += 1;
+                    *counts.entry(m.status.phase).or_default() += 1;
                     in_flight += m.status.operations.len() as i64;
                 }
                 Ok(())
@@ -141,18 +150,32 @@ pub(super) async fn gauges(ctx: Arc<Ctx>) {
         if counted.is_err() {
             continue;
         }
-        for phase in ["Pending", "Creating", "Provisioned", "Running", "Updating", "Terminating", "Failed", "Unknown"] {
-            ctx.metrics
-                .phases
-                .get_or_create(&PhaseLabels { phase: phase.into() })
-                .set(counts.get(phase).copied().unwrap_or(0));
-        }
+        ctx.metrics.set_phases(&counts);
         ctx.metrics.operations_in_flight.set(in_flight);
         ctx.metrics.queue_depth.set(ctx.queue.depth() as i64);
         let unreadable = ctx.store.unreadable();
         for kind in Kind::ALL {
             let n = unreadable.iter().filter(|(key, _)| key.kind == kind).count();
             ctx.metrics.unreadable.get_or_create(&KindLabels { kind: kind.as_str().into() }).set(n as i64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_phase_has_a_series_in_the_machines_gauge() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.set_phases(&HashMap::from([(Phase::Running, 3)]));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for phase in Phase::ALL {
+            let n = if *phase == Phase::Running { 3 } else { 0 };
+            let line = format!("controller_machines{{phase=\"{phase}\"}} {n}");
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }
     }
 }
