@@ -763,7 +763,9 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
         tokio::spawn(driver_sdk::metrics::serve_http(
             listener,
             Arc::new(registry),
-            Arc::new(move || !ready_ctx.drivers.is_empty() && ready_acting.load(std::sync::atomic::Ordering::SeqCst)),
+            Arc::new(move || {
+                !ready_ctx.driver_names().is_empty() && ready_acting.load(std::sync::atomic::Ordering::SeqCst)
+            }),
             async move {
                 let _ = stop.wait_for(|s| *s).await;
             },

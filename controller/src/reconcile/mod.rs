@@ -169,9 +169,8 @@ impl crate::runtime::Reconciler for Controller {
         use futures::FutureExt;
         let mut tasks = vec![orphans::run(ctx.clone()).boxed()];
         if let Some(target) = ctx.target.clone() {
-            let queue = ctx.queue.clone();
             tasks.push(crate::safety::probe(ctx.safety.clone(), "the target cluster", target.client()).boxed());
-            tasks.push(crate::nodes::watch(target, move |key| queue.add(key)).boxed());
+            tasks.push(crate::nodes::watch(target, ctx.waker()).boxed());
         }
         if let Some(client) = ctx.store.backend().api_client() {
             tasks.push(crate::safety::probe(ctx.safety.clone(), "the store's API server", client).boxed());
@@ -277,8 +276,8 @@ pub async fn resolve<'a>(
             message: format!("MachineClass {class_name} does not exist"),
         }));
     };
-    let Some(driver) = ctx.drivers.get(&class.spec.driver) else {
-        let known: Vec<&String> = ctx.drivers.keys().collect();
+    let Some(driver) = ctx.driver(&class.spec.driver) else {
+        let known = ctx.driver_names();
         return Ok(Err(Unresolved {
             reason: Reason::DriverNotConfigured,
             message: format!("MachineClass {class_name} uses driver {:?}, but the controller runs with {known:?} (run --driver NAME=ENDPOINT)", class.spec.driver),

@@ -91,14 +91,14 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
                 continue
             }
             Err(e) => {
-                tracing::info!("listing machines of driver {}: {e}", r.driver.name);
+                tracing::info!("listing machines of driver {}: {e}", r.driver.name());
                 continue;
             }
         };
         let now = Instant::now();
         let mut still: HashSet<(String, String)> = HashSet::new();
         for cm in cloud {
-            let k = (r.driver.name.clone(), cm.name.clone());
+            let k = (r.driver.name().to_string(), cm.name.clone());
             still.insert(k.clone());
             let first = *ctx.orphans.lock().unwrap_or_else(|p| p.into_inner()).entry(k.clone()).or_insert(now);
             if now.duration_since(first) < ctx.config.orphan_grace {
@@ -131,7 +131,10 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
             }
         }
         // Forget candidates that disappeared or got a Machine meanwhile.
-        ctx.orphans.lock().unwrap_or_else(|p| p.into_inner()).retain(|k, _| k.0 != r.driver.name || still.contains(k));
+        ctx.orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k, _| k.0 != r.driver.name() || still.contains(k));
     }
     Ok(deleted)
 }

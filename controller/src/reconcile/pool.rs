@@ -583,7 +583,7 @@ async fn mirror(ctx: &Ctx, pool: &MachinePool, list: &[pb::PoolInstance], machin
                 if joining {
                     // A status write does not wake the Machine itself: its Node is looked for
                     // (and its changes watched) from now on.
-                    ctx.queue.add(Key::of(*m));
+                    ctx.wake(Key::of(*m));
                 }
             }
             Some(_) => {}
@@ -668,7 +668,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
         if node_ready(&next) != node_ready(&m) {
             // The pool counts it ready (or not) on its next pass.
             if let Some(owner) = m.spec.pool_ref.as_ref() {
-                ctx.queue.add(Key::new(Kind::MachinePool, &key.namespace, &owner.name));
+                ctx.wake(Key::new(Kind::MachinePool, &key.namespace, &owner.name));
             }
         }
         write::status(ctx, &m, &next).await?;

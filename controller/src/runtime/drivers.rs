@@ -48,10 +48,17 @@ impl TokenBucket {
 /// One driver sidecar.
 pub struct DriverHandle {
     /// The name classes use.
-    pub name: String,
-    /// The client (short per-call deadline).
-    pub client: DriverClient,
+    name: String,
+    /// The client (short per-call deadline); [`Ctx::call`] hands it to a call.
+    client: DriverClient,
     limiter: TokenBucket,
+}
+
+impl DriverHandle {
+    /// The name classes use.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 /// Handles for `drivers` (names and endpoints), connected lazily.
@@ -75,6 +82,18 @@ pub(super) fn connect(
 }
 
 impl Ctx {
+    /// The driver named `name` (as a class names it), if the controller runs with it.
+    pub fn driver(&self, name: &str) -> Option<&DriverHandle> {
+        self.drivers.get(name)
+    }
+
+    /// The names of the drivers the controller runs with, sorted.
+    pub fn driver_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.drivers.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
     /// Calls a driver: waits for the rate limit, records metrics, logs the request ID.
     pub async fn call<T, F, Fut>(&self, driver: &DriverHandle, method: &'static str, f: F) -> CallResult<T>
     where

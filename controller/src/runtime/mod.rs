@@ -50,12 +50,12 @@ use keys::KeyState;
 pub struct Ctx {
     /// Where objects live: reconcilers read and write them only through it.
     pub store: Store,
-    /// Drivers by name.
-    pub drivers: HashMap<String, DriverHandle>,
+    /// Drivers by name ([`Ctx::driver`]).
+    drivers: HashMap<String, DriverHandle>,
     /// Settings.
     pub config: Config,
-    /// The work queue.
-    pub queue: Arc<queue::WorkQueue>,
+    /// The work queue: the runtime's own; reconcilers wake keys through [`Ctx::wake`].
+    queue: Arc<queue::WorkQueue>,
     /// The controller's own metrics (served at `/metrics` with `run --metrics-addr`).
     pub metrics: Metrics,
     /// The cluster where the machines' Nodes live; `None`: nodes are not managed.

@@ -19,6 +19,21 @@ const TIMED_OUT_RETRY: Duration = Duration::from_secs(1);
 /// The shortest resync interval honoured, so `--resync-interval 0` cannot spin.
 const MIN_RESYNC_INTERVAL: Duration = Duration::from_secs(1);
 
+impl Ctx {
+    /// Runs `key` as soon as a worker is free (or again after its reconcile in progress): for an
+    /// object another object's reconcile affected, beyond what [`Reconciler::woken_by`] wakes.
+    pub fn wake(&self, key: Key) {
+        self.queue.add(key);
+    }
+
+    /// A function that wakes a key as [`Ctx::wake`] does, for a task that outlives a borrow of
+    /// the context (a watch of another source).
+    pub fn waker(&self) -> impl Fn(Key) + Send + Sync + 'static {
+        let queue = self.queue.clone();
+        move |key| queue.add(key)
+    }
+}
+
 /// Runs the workers, the change watcher and `reconciler`'s background tasks until `shutdown`
 /// resolves.
 pub async fn run<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>, shutdown: impl std::future::Future<Output = ()>) {
