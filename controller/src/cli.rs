@@ -746,7 +746,7 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
         tracing::info!("no target cluster: Nodes are not managed (machines are Running when their VM runs)");
     }
     let mut registry = prometheus_client::registry::Registry::default();
-    let ctx = runtime::Ctx::new(store.clone(), &args.drivers, args.config(), &mut registry, target)?;
+    let ctx = crate::app::App::context(store.clone(), &args.drivers, args.config(), &mut registry, target)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // Ready = this replica acts: it has drivers and, with leader election, holds the lease.
     let acting = Arc::new(std::sync::atomic::AtomicBool::new(!args.leader_elect));
@@ -764,7 +764,7 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
             listener,
             Arc::new(registry),
             Arc::new(move || {
-                !ready_ctx.driver_names().is_empty() && ready_acting.load(std::sync::atomic::Ordering::SeqCst)
+                !ready_ctx.app.driver_names().is_empty() && ready_acting.load(std::sync::atomic::Ordering::SeqCst)
             }),
             async move {
                 let _ = stop.wait_for(|s| *s).await;

@@ -19,11 +19,12 @@ use chrono::Utc;
 
 use super::write;
 
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::nodes::{drain, Lookup, NodeView, NodeWrite, Readiness, Target};
 use crate::policy;
 use crate::resources::*;
-use crate::runtime::{Action, Ctx, ReconcileError};
+use crate::runtime::{Action, ReconcileError};
 use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
@@ -233,7 +234,7 @@ pub(crate) async fn deletion_step(
     phase: DeletionPhase,
     probe: &dyn VmProbe,
 ) -> Result<Action> {
-    let Some(target) = ctx.target.clone() else { return Ok(Action::requeue_now()) };
+    let Some(target) = ctx.app.target.clone() else { return Ok(Action::requeue_now()) };
     let node = match lookup(&target, key, &before) {
         Lookup::Found(node) => Some(node),
         Lookup::NotSynced | Lookup::Missing => None,
@@ -495,7 +496,7 @@ pub(crate) fn instance_deleting(m: &mut Machine) {
 /// # Errors
 /// The target cluster's refusal (retried).
 pub(crate) async fn delete_node(ctx: &Ctx, key: &Key, m: &Machine) -> Result<Option<Action>> {
-    let Some(target) = ctx.target.clone() else { return Ok(None) };
+    let Some(target) = ctx.app.target.clone() else { return Ok(None) };
     let node = match lookup(&target, key, m) {
         Lookup::NotSynced => return Ok(Some(Action::requeue(NOT_SYNCED_RETRY))),
         Lookup::Missing => None,

@@ -8,10 +8,10 @@ use driver_sdk::proto as pb;
 use tokio::time::Instant;
 
 use super::resolve;
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::Ctx;
 
 /// Runs collection every `orphan_interval` until aborted.
 pub async fn run(ctx: Arc<Ctx>) {
@@ -100,7 +100,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
         for cm in cloud {
             let k = (r.driver.name().to_string(), cm.name.clone());
             still.insert(k.clone());
-            let first = *ctx.orphans.lock().unwrap_or_else(|p| p.into_inner()).entry(k.clone()).or_insert(now);
+            let first = *ctx.app.orphans.lock().unwrap_or_else(|p| p.into_inner()).entry(k.clone()).or_insert(now);
             if now.duration_since(first) < ctx.config.orphan_grace {
                 continue;
             }
@@ -114,7 +114,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
                 Ok(reply) => {
                     deleted += 1;
                     ctx.metrics.orphans_deleted.inc();
-                    ctx.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                    ctx.app.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
                     ctx.store
                         .event(
                             Kind::MachineClass,
@@ -131,7 +131,8 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
             }
         }
         // Forget candidates that disappeared or got a Machine meanwhile.
-        ctx.orphans
+        ctx.app
+            .orphans
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|k, _| k.0 != r.driver.name() || still.contains(k));

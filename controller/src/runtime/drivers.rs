@@ -62,7 +62,10 @@ impl DriverHandle {
 }
 
 /// Handles for `drivers` (names and endpoints), connected lazily.
-pub(super) fn connect(
+///
+/// # Errors
+/// A malformed endpoint.
+pub fn connect(
     drivers: &[(String, String)],
     config: &Config,
 ) -> Result<HashMap<String, DriverHandle>, driver_sdk::endpoint::EndpointError> {
@@ -81,19 +84,7 @@ pub(super) fn connect(
     Ok(map)
 }
 
-impl Ctx {
-    /// The driver named `name` (as a class names it), if the controller runs with it.
-    pub fn driver(&self, name: &str) -> Option<&DriverHandle> {
-        self.drivers.get(name)
-    }
-
-    /// The names of the drivers the controller runs with, sorted.
-    pub fn driver_names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self.drivers.keys().map(String::as_str).collect();
-        names.sort_unstable();
-        names
-    }
-
+impl<A> Ctx<A> {
     /// Calls a driver: waits for the rate limit, records metrics, logs the request ID.
     pub async fn call<T, F, Fut>(&self, driver: &DriverHandle, method: &'static str, f: F) -> CallResult<T>
     where

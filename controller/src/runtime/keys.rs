@@ -27,9 +27,6 @@ pub(super) struct KeyState {
     /// How long its last reconcile took, when longer than the debounce (owners of thousands of
     /// machines): see [`Ctx::owner_wake_delay`].
     costly: Option<Duration>,
-    /// The generation at which the objects that depend on it were last woken: its own status
-    /// writes must not wake them (that would undo their backoff in a loop).
-    dependents_woken_at: Option<i64>,
 }
 
 impl KeyState {
@@ -44,7 +41,7 @@ const ROOM_KEPT: usize = 1024;
 /// A hash table keeps the room it grew to: after a burst (10,000 machines created at once) that
 /// is room for all of them, long after most entries went. [`GiveBackRoom::give_back_room`]
 /// returns it once three quarters stand empty; called after a removal, its cost is amortised.
-pub(super) trait GiveBackRoom {
+pub(crate) trait GiveBackRoom {
     fn give_back_room(&mut self);
 }
 
@@ -64,7 +61,7 @@ impl<K: Eq + std::hash::Hash> GiveBackRoom for std::collections::HashSet<K> {
     }
 }
 
-impl Ctx {
+impl<A> Ctx<A> {
     /// How long after a change of one of its objects an owner runs: the debounce, or twice as
     /// long as its last reconcile took if that is longer. A deployment of 100,000 machines
     /// plans for about 1 s, of 10,000 for about 0.1 s; woken by every machine change, it would
@@ -105,13 +102,6 @@ impl Ctx {
             keys.give_back_room();
         }
         out
-    }
-
-    /// Whether the objects that depend on `key` are to be woken for its `generation`: `true`
-    /// the first time a generation is seen (a new spec), `false` for the same one again (the
-    /// object's own status writes).
-    pub fn dependents_due(&self, key: &Key, generation: i64) -> bool {
-        self.with_key(key, |s| s.dependents_woken_at.replace(generation) != Some(generation))
     }
 
     /// The error policy (kube-runtime's `error_policy`): the delay before `key` runs again after
@@ -233,10 +223,10 @@ mod tests {
     use crate::runtime::Config;
     use crate::store::Store;
 
-    fn ctx() -> (Arc<Ctx>, tempfile::TempDir) {
+    fn ctx() -> (Arc<Ctx<()>>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
-        let ctx = Ctx::new(store, &[], Config::default(), &mut Registry::default(), None).unwrap();
+        let ctx = Ctx::new(store, Config::default(), &mut Registry::default(), ());
         (ctx, dir)
     }
 
@@ -247,7 +237,7 @@ mod tests {
         for k in &keys {
             ctx.hold(k, Duration::from_secs(60));
         }
-        let room = |ctx: &Ctx| ctx.keys.lock().unwrap().capacity();
+        let room = |ctx: &Ctx<()>| ctx.keys.lock().unwrap().capacity();
         assert!(room(&ctx) >= 10_000);
         for k in &keys[100..] {
             ctx.forget_backoff(k);
@@ -313,24 +303,24 @@ mod tests {
     #[tokio::test]
     async fn forgetting_a_deleted_object_forgets_everything_so_a_re_created_one_starts_afresh() {
         let (ctx, _dir) = ctx();
-        let class = Key::new(Kind::MachineClass, "default", "small");
-        assert!(ctx.dependents_due(&class, 1), "a new class wakes what uses it");
-        assert!(!ctx.dependents_due(&class, 1), "its own status writes do not");
-        assert!(ctx.dependents_due(&class, 2), "a new spec does");
-        ctx.exponential(&class);
-        ctx.hold(&class, Duration::from_secs(60));
-        ctx.forget(&class);
-        // Deleted and created again at generation 1: its users are woken again.
-        assert!(ctx.dependents_due(&class, 1));
-        assert!(ctx.wait_before_call(&class).is_zero());
-        assert_eq!(ctx.read_key(&class, |s| s.attempts), 0);
+        let md = Key::new(Kind::MachineDeployment, "default", "big");
+        ctx.reconciled_in(&md, Duration::from_secs(2));
+        ctx.exponential(&md);
+        ctx.hold(&md, Duration::from_secs(60));
+        ctx.forget(&md);
+        // Deleted and created again: nothing of the old one is left.
+        assert_eq!(ctx.owner_wake_delay(&md), ctx.config.debounce);
+        assert!(ctx.wait_before_call(&md).is_zero());
+        assert_eq!(ctx.read_key(&md, |s| s.attempts), 0);
         // Forgetting only the backoff keeps the rest.
-        ctx.exponential(&class);
-        ctx.hold(&class, Duration::from_secs(60));
-        ctx.forget_backoff(&class);
-        assert!(ctx.wait_before_call(&class).is_zero());
-        assert!(!ctx.dependents_due(&class, 1), "still known at generation 1");
-        ctx.forget(&class);
+        ctx.reconciled_in(&md, Duration::from_secs(3));
+        ctx.exponential(&md);
+        ctx.hold(&md, Duration::from_secs(60));
+        ctx.forget_backoff(&md);
+        assert!(ctx.wait_before_call(&md).is_zero());
+        assert_eq!(ctx.read_key(&md, |s| s.attempts), 0);
+        assert_eq!(ctx.owner_wake_delay(&md), OWNER_WAKE_MAX, "its pacing is kept");
+        ctx.forget(&md);
         assert!(ctx.keys.lock().unwrap().is_empty(), "nothing is kept for a forgotten key");
     }
 

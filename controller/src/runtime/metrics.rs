@@ -113,7 +113,7 @@ impl Metrics {
 }
 
 /// Keeps the phase and in-flight gauges current.
-pub(super) async fn gauges(ctx: Arc<Ctx>) {
+pub(super) async fn gauges<A>(ctx: Arc<Ctx<A>>) {
     let mut wait = Duration::ZERO;
     loop {
         // Deliberate: the pause between recounts, paced by what the last one cost.

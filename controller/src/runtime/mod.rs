@@ -25,7 +25,6 @@ use std::time::Duration;
 
 use driver_sdk::{CallError, ErrorReport};
 use prometheus_client::registry::Registry;
-use tokio::time::Instant;
 
 use crate::policy::{self, Source};
 use crate::resources::Kind;
@@ -46,24 +45,22 @@ pub use worker::run;
 
 use keys::KeyState;
 
-/// Everything a reconciler needs.
-pub struct Ctx {
-    /// Where objects live: reconcilers read and write them only through it.
+/// What a reconciler gets: the runtime's part (the work queue, what is kept per key, settings,
+/// metrics) and the application's, `A` (kube-runtime's `Controller<K>` with its `Arc<Ctx>`):
+/// the runtime never reads `app`, and the application reaches the runtime's part only through
+/// methods ([`Ctx::wake`], [`Ctx::call`], [`Ctx::error_policy`], ...).
+pub struct Ctx<A> {
+    /// Where objects live: the runtime watches it, reconcilers read and write objects only
+    /// through it.
     pub store: Store,
-    /// Drivers by name ([`Ctx::driver`]).
-    drivers: HashMap<String, DriverHandle>,
     /// Settings.
     pub config: Config,
-    /// The work queue: the runtime's own; reconcilers wake keys through [`Ctx::wake`].
-    queue: Arc<queue::WorkQueue>,
     /// The controller's own metrics (served at `/metrics` with `run --metrics-addr`).
     pub metrics: Metrics,
-    /// The cluster where the machines' Nodes live; `None`: nodes are not managed.
-    pub target: Option<Arc<crate::nodes::Target>>,
-    /// Cloud machines without a Machine, and when they were first seen.
-    pub orphans: Mutex<HashMap<(String, String), Instant>>,
-    /// Whether the API servers it depends on answer, and when health timers start.
-    pub safety: Arc<crate::safety::Safety>,
+    /// The application's context: what its reconcilers share.
+    pub app: A,
+    /// The work queue: the runtime's own; reconcilers wake keys through [`Ctx::wake`].
+    queue: Arc<queue::WorkQueue>,
     /// What is kept per object; an entry goes when it holds nothing.
     keys: Mutex<HashMap<Key, KeyState>>,
 }
@@ -119,34 +116,17 @@ impl Action {
     }
 }
 
-impl Ctx {
-    /// A context; `drivers` maps names to endpoints.
-    ///
-    /// # Errors
-    /// A malformed endpoint.
-    pub fn new(
-        store: Store,
-        drivers: &[(String, String)],
-        config: Config,
-        registry: &mut Registry,
-        target: Option<crate::nodes::Target>,
-    ) -> Result<Arc<Self>, driver_sdk::endpoint::EndpointError> {
-        let map = drivers::connect(drivers, &config)?;
-        let metrics = Metrics::register(registry);
-        if let Some(target) = &target {
-            target.report_to(metrics.target_calls.clone());
-        }
-        Ok(Arc::new(Self {
+impl<A> Ctx<A> {
+    /// A context for the application's `app`, its metrics registered in `registry`.
+    pub fn new(store: Store, config: Config, registry: &mut Registry, app: A) -> Arc<Self> {
+        Arc::new(Self {
             store,
-            drivers: map,
-            queue: Arc::new(queue::WorkQueue::default()),
-            metrics,
-            target: target.map(Arc::new),
             config,
-            orphans: Mutex::new(HashMap::new()),
-            safety: Arc::default(),
+            metrics: Metrics::register(registry),
+            app,
+            queue: Arc::new(queue::WorkQueue::default()),
             keys: Mutex::new(HashMap::new()),
-        }))
+        })
     }
 }
 
@@ -156,6 +136,9 @@ impl Ctx {
 /// model; the error policy is [`Ctx::error_policy`]).
 #[async_trait::async_trait]
 pub trait Reconciler: Send + Sync + 'static {
+    /// The application's context ([`Ctx::app`]).
+    type App: Send + Sync + 'static;
+
     /// The kinds reconciled: every object of them is queued at start and at every resync, and
     /// woken by its own changes (except status-only ones, which its own reconcile wrote).
     fn kinds(&self) -> &[Kind];
@@ -164,14 +147,14 @@ pub trait Reconciler: Send + Sync + 'static {
     ///
     /// # Errors
     /// What [`Ctx::error_policy`] turns into the delay before the next try.
-    async fn reconcile(&self, ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError>;
+    async fn reconcile(&self, ctx: &Ctx<Self::App>, key: &Key) -> Result<Action, ReconcileError>;
 
     /// The other objects a stored change wakes (its owner, the objects that use it).
-    async fn woken_by(&self, ctx: &Ctx, change: &Change) -> Vec<Wake>;
+    async fn woken_by(&self, ctx: &Ctx<Self::App>, change: &Change) -> Vec<Wake>;
 
     /// Tasks that run beside the workers until the runtime stops: watches of other sources
     /// (the target cluster's Nodes), periodic sweeps (orphan collection).
-    fn background(&self, ctx: &Arc<Ctx>) -> Vec<futures::future::BoxFuture<'static, ()>>;
+    fn background(&self, ctx: &Arc<Ctx<Self::App>>) -> Vec<futures::future::BoxFuture<'static, ()>>;
 }
 
 /// An object to run because another changed.

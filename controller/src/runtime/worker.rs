@@ -19,7 +19,7 @@ const TIMED_OUT_RETRY: Duration = Duration::from_secs(1);
 /// The shortest resync interval honoured, so `--resync-interval 0` cannot spin.
 const MIN_RESYNC_INTERVAL: Duration = Duration::from_secs(1);
 
-impl Ctx {
+impl<A> Ctx<A> {
     /// Runs `key` as soon as a worker is free (or again after its reconcile in progress): for an
     /// object another object's reconcile affected, beyond what [`Reconciler::woken_by`] wakes.
     pub fn wake(&self, key: Key) {
@@ -36,7 +36,11 @@ impl Ctx {
 
 /// Runs the workers, the change watcher and `reconciler`'s background tasks until `shutdown`
 /// resolves.
-pub async fn run<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>, shutdown: impl std::future::Future<Output = ()>) {
+pub async fn run<R: Reconciler>(
+    ctx: Arc<Ctx<R::App>>,
+    reconciler: Arc<R>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     // Everything is reconciled once at start: in-flight operations resume from status.
     for kind in reconciler.kinds() {
         for key in keys_of(&ctx.store, *kind).await {
@@ -72,7 +76,7 @@ async fn keys_of(store: &Store, kind: Kind) -> Vec<Key> {
     }
 }
 
-async fn watch<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>) {
+async fn watch<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>) {
     let mut rx = ctx.store.subscribe();
     loop {
         match rx.recv().await {
@@ -106,7 +110,7 @@ async fn watch<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>) {
     }
 }
 
-async fn worker<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>, id: usize) {
+async fn worker<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>, id: usize) {
     while let Some(key) = ctx.queue.next().await {
         let span = tracing::info_span!("reconcile", worker = id, kind = %key.kind, "object.name" = %key.name);
         let started = Instant::now();
@@ -158,7 +162,7 @@ async fn worker<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>, id: usize) {
 
 /// Reconciles everything again every `resync_interval`: a missed notification (or a store
 /// written by a process whose change went unseen) delays a reconcile, never loses it.
-async fn resync<R: Reconciler>(ctx: Arc<Ctx>, reconciler: Arc<R>) {
+async fn resync<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>) {
     let mut tick = tokio::time::interval(ctx.config.resync_interval.max(MIN_RESYNC_INTERVAL));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
