@@ -6,8 +6,14 @@
 //! retried), what it keeps per key in one place, and metrics. It names no reconciler.
 //!
 //! Reconcilers return [`Action`] or a [`ReconcileError`]; only the runtime schedules the next
-//! run of a key.
-
+//! run of a key. Each reconcile runs in a `reconcile` span naming the object (namespace, kind,
+//! name) and why it ran ([`Trigger`]: its own change, a related object's, a requeue, a poll, a
+//! retry, the periodic resync, ...).
+//!
+//! The runtime is generic over the application: [`Ctx<A>`](Ctx) holds the runtime's state (the
+//! queue, what is kept per key, settings, metrics) apart from the application's context `A`
+//! ([`Ctx::app`]; the controller's is [`crate::app::App`]), and a [`Reconciler`] names its `A`.
+//!
 //! The parts, by concern:
 //! - [`config`]: the settings ([`Config`]);
 //! - [`drivers`]: driver handles, their rate limit, and [`Ctx::call`];
@@ -41,6 +47,7 @@ pub use config::Config;
 pub use drivers::{DriverHandle, TokenBucket};
 pub use keys::OWNER_WAKE_MAX;
 pub use metrics::Metrics;
+pub use queue::Trigger;
 pub use worker::run;
 
 use keys::KeyState;

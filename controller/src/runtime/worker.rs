@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::metrics::KindLabels;
+use super::queue::Trigger;
 use super::{Ctx, Next, ReconcileError, Reconciler};
 use crate::resources::Kind;
 use crate::store::{Key, Store};
@@ -23,14 +24,14 @@ impl<A> Ctx<A> {
     /// Runs `key` as soon as a worker is free (or again after its reconcile in progress): for an
     /// object another object's reconcile affected, beyond what [`Reconciler::woken_by`] wakes.
     pub fn wake(&self, key: Key) {
-        self.queue.add(key);
+        self.queue.add(key, Trigger::Wake);
     }
 
     /// A function that wakes a key as [`Ctx::wake`] does, for a task that outlives a borrow of
     /// the context (a watch of another source).
     pub fn waker(&self) -> impl Fn(Key) + Send + Sync + 'static {
         let queue = self.queue.clone();
-        move |key| queue.add(key)
+        move |key| queue.add(key, Trigger::Watch)
     }
 }
 
@@ -44,7 +45,7 @@ pub async fn run<R: Reconciler>(
     // Everything is reconciled once at start: in-flight operations resume from status.
     for kind in reconciler.kinds() {
         for key in keys_of(&ctx.store, *kind).await {
-            ctx.queue.add(key);
+            ctx.queue.add(key, Trigger::Start);
         }
     }
     let mut tasks = vec![tokio::spawn(watch(ctx.clone(), reconciler.clone()))];
@@ -85,7 +86,7 @@ async fn watch<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>) {
                 // already said when it runs next (controller-runtime's GenerationChanged
                 // predicate, made exact: label, annotation and finalizer changes still wake).
                 if reconciler.kinds().contains(&change.key.kind) && !change.status_only {
-                    ctx.queue.add_after(change.key.clone(), ctx.config.debounce);
+                    ctx.queue.add_after(change.key.clone(), ctx.config.debounce, Trigger::Change);
                 }
                 if change.deleted {
                     ctx.forget(&change.key);
@@ -94,14 +95,14 @@ async fn watch<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>) {
                     if wake.retry_now {
                         ctx.forget_backoff(&wake.key);
                     }
-                    ctx.queue.add_after(wake.key, wake.after);
+                    ctx.queue.add_after(wake.key, wake.after, Trigger::Related);
                 }
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                 tracing::warn!("missed {n} change notifications; resyncing everything");
                 for kind in reconciler.kinds() {
                     for key in keys_of(&ctx.store, *kind).await {
-                        ctx.queue.add(key);
+                        ctx.queue.add(key, Trigger::Resync);
                     }
                 }
             }
@@ -111,8 +112,15 @@ async fn watch<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>) {
 }
 
 async fn worker<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>, id: usize) {
-    while let Some(key) = ctx.queue.next().await {
-        let span = tracing::info_span!("reconcile", worker = id, kind = %key.kind, "object.name" = %key.name);
+    while let Some((key, why)) = ctx.queue.next().await {
+        let span = tracing::info_span!(
+            "reconcile",
+            worker = id,
+            "object.namespace" = %key.namespace,
+            kind = %key.kind,
+            "object.name" = %key.name,
+            trigger = %why,
+        );
         let started = Instant::now();
         let result = tokio::time::timeout(ctx.config.reconcile_timeout, reconciler.reconcile(&ctx, &key))
             .instrument(span.clone())
@@ -128,10 +136,10 @@ async fn worker<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>, id: us
                     _ => ctx.succeeded(&key),
                 }
                 match action.0 {
-                    Next::Requeue(d) | Next::Wait(d) => ctx.queue.add_after(key.clone(), d),
+                    Next::Requeue(d) | Next::Wait(d) => ctx.queue.add_after(key.clone(), d, Trigger::Requeue),
                     Next::Poll(d) => {
                         ctx.hold(&key, d);
-                        ctx.queue.add_after(key.clone(), d);
+                        ctx.queue.add_after(key.clone(), d, Trigger::Poll);
                     }
                     Next::AwaitChange => {}
                 }
@@ -146,14 +154,14 @@ async fn worker<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>, id: us
                     }
                     _ => tracing::warn!("reconcile failed, retrying in {delay:?}: {}", driver_sdk::error_chain(&e)),
                 });
-                ctx.queue.add_after(key.clone(), delay);
+                ctx.queue.add_after(key.clone(), delay, Trigger::Retry);
             }
             Err(_) => {
                 ctx.metrics.reconcile_errors.get_or_create(&labels).inc();
                 span.in_scope(|| {
                     tracing::warn!("reconcile took longer than {:?}; retrying", ctx.config.reconcile_timeout)
                 });
-                ctx.queue.add_after(key.clone(), TIMED_OUT_RETRY);
+                ctx.queue.add_after(key.clone(), TIMED_OUT_RETRY, Trigger::Retry);
             }
         }
         ctx.queue.done(&key);
@@ -170,7 +178,7 @@ async fn resync<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>) {
         tick.tick().await;
         for kind in reconciler.kinds() {
             for key in keys_of(&ctx.store, *kind).await {
-                ctx.queue.add_after(key, ctx.config.debounce);
+                ctx.queue.add_after(key, ctx.config.debounce, Trigger::Resync);
             }
         }
     }
