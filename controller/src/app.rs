@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
@@ -16,8 +17,37 @@ use crate::store::{Key, Store};
 /// The context the controller's reconcilers get: the runtime's part with [`App`].
 pub type Ctx = runtime::Ctx<App>;
 
+/// The controller's settings, beside the runtime's ([`Config`]).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How often a Running machine's status is checked.
+    pub health_check_interval: Duration,
+    /// How often each class is listed for orphans.
+    pub orphan_interval: Duration,
+    /// How long an orphan is left alone before it is deleted.
+    pub orphan_grace: Duration,
+    /// The tag value that marks cloud machines as this controller's.
+    pub controller_id: String,
+    /// How often a drain looks at its node's pods again (and evicts those still there).
+    pub drain_poll_interval: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            health_check_interval: crate::defaults::HEALTH_CHECK_INTERVAL,
+            orphan_interval: crate::defaults::ORPHAN_INTERVAL,
+            orphan_grace: crate::defaults::ORPHAN_GRACE,
+            controller_id: crate::defaults::CONTROLLER_ID.into(),
+            drain_poll_interval: crate::defaults::DRAIN_POLL_INTERVAL,
+        }
+    }
+}
+
 /// The application's part of the context ([`runtime::Ctx::app`]).
 pub struct App {
+    /// Settings.
+    pub settings: Settings,
     /// Drivers by name ([`App::driver`]).
     drivers: HashMap<String, DriverHandle>,
     /// The cluster where the machines' Nodes live; `None`: nodes are not managed.
@@ -33,7 +63,8 @@ pub struct App {
 }
 
 impl App {
-    /// The controller's context; `drivers` maps names to endpoints.
+    /// The controller's context; `drivers` maps names to endpoints (the runtime's settings,
+    /// `config`, hold their rate limit and call deadline).
     ///
     /// # Errors
     /// A malformed endpoint.
@@ -41,10 +72,12 @@ impl App {
         store: Store,
         drivers: &[(String, String)],
         config: Config,
+        settings: Settings,
         registry: &mut Registry,
         target: Option<crate::nodes::Target>,
     ) -> Result<Arc<Ctx>, driver_sdk::endpoint::EndpointError> {
         let app = App {
+            settings,
             drivers: drivers::connect(drivers, &config)?,
             target: target.map(Arc::new),
             orphans: Mutex::new(HashMap::new()),
@@ -97,7 +130,8 @@ mod tests {
     async fn a_class_wakes_its_users_once_per_generation_and_afresh_once_re_created() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("s.db")).unwrap();
-        let ctx = App::context(store, &[], Config::default(), &mut Registry::default(), None).unwrap();
+        let ctx =
+            App::context(store, &[], Config::default(), Settings::default(), &mut Registry::default(), None).unwrap();
         let class = Key::new(Kind::MachineClass, "default", "small");
         assert!(ctx.app.dependents_due(&class, 1), "a new class wakes what uses it");
         assert!(!ctx.app.dependents_due(&class, 1), "its own status writes do not");

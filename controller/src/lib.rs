@@ -21,7 +21,8 @@
 //! - [`reconcile`]: the machine, deployment, pool, health-check and orphan reconcilers;
 //! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`; [`exit`]: how a
 //!   failed command ends;
-//! - [`defaults`]: the default of every flag, shared by the CLI, the runtime's settings and the book.
+//! - [`defaults`]: the default of every flag, shared by the CLI, the runtime's and the
+//!   controller's settings and the book.
 
 #![warn(missing_docs)]
 

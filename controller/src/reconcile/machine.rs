@@ -153,7 +153,7 @@ fn accepted(op: &pb::Operation) -> OperationState {
 fn labels_for(ctx: &Ctx, m: &Machine) -> std::collections::HashMap<String, String> {
     let mut labels: std::collections::HashMap<String, String> =
         m.metadata.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    labels.insert(TAG_CONTROLLER.into(), ctx.config.controller_id.clone());
+    labels.insert(TAG_CONTROLLER.into(), ctx.app.settings.controller_id.clone());
     labels.insert(TAG_MACHINE.into(), format!("{}.{}", m.metadata.namespace, m.metadata.name));
     labels
 }
@@ -406,7 +406,7 @@ async fn finished(
         // The Node may be Ready already: look at once (no driver call).
         return Ok(Action::requeue_now());
     }
-    Ok(Action::poll_after(ctx.config.health_check_interval))
+    Ok(Action::poll_after(ctx.app.settings.health_check_interval))
 }
 
 fn op_request_id(m: &Machine) -> String {
@@ -434,7 +434,7 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         secrets: r.secrets.clone(),
     };
     let mut m = before.clone();
-    let interval = ctx.config.health_check_interval;
+    let interval = ctx.app.settings.health_check_interval;
     let healthy = match ctx.call(r.driver, "GetMachineStatus", |c| async move { c.get_machine_status(req).await }).await
     {
         Ok(reply) => {

@@ -138,7 +138,7 @@ pub(crate) async fn join(
                     write::status(ctx, &before, &m)
                 );
                 written?;
-                return Ok(Action::poll_after(ctx.config.health_check_interval));
+                return Ok(Action::poll_after(ctx.app.settings.health_check_interval));
             }
             let message = format!("node {} has joined but is not Ready", node.name);
             set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotReady, &message);
@@ -378,7 +378,7 @@ async fn drain(
     }
     // Look again soon (no sooner than a refusal's Retry-After asks); no later than the next
     // forced deletion comes due.
-    let mut next = ctx.config.drain_poll_interval.max(pass.retry_after().unwrap_or_default());
+    let mut next = ctx.app.settings.drain_poll_interval.max(pass.retry_after().unwrap_or_default());
     if let Some(due) = drain::next_forced(&pods, deadline) {
         next = next.min((due - now).to_std().unwrap_or_default().max(super::MIN_REQUEUE));
     }

@@ -15,7 +15,7 @@ use crate::resources::*;
 
 /// Runs collection every `orphan_interval` until aborted.
 pub async fn run(ctx: Arc<Ctx>) {
-    let mut tick = tokio::time::interval(ctx.config.orphan_interval);
+    let mut tick = tokio::time::interval(ctx.app.settings.orphan_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -76,7 +76,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
             continue;
         }
         let Ok(r) = resolve(ctx, &class.metadata.namespace, &class.metadata.name, None).await? else { continue };
-        let selector = [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into();
+        let selector = [(TAG_CONTROLLER.to_string(), ctx.app.settings.controller_id.clone())].into();
         let spec = Some(driver_sdk::convert::json_to_struct(&r.provider_spec));
         // Cloud machines of this controller's that name a Machine the store does not have.
         let unknown =
@@ -101,7 +101,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
             let k = (r.driver.name().to_string(), cm.name.clone());
             still.insert(k.clone());
             let first = *ctx.app.orphans.lock().unwrap_or_else(|p| p.into_inner()).entry(k.clone()).or_insert(now);
-            if now.duration_since(first) < ctx.config.orphan_grace {
+            if now.duration_since(first) < ctx.app.settings.orphan_grace {
                 continue;
             }
             let req = pb::DeleteMachineRequest {

@@ -407,7 +407,7 @@ async fn apply(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, next: &MachinePo
         provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
         capacity: capacity as i32,
         secrets: r.secrets.clone(),
-        labels: [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into(),
+        labels: [(TAG_CONTROLLER.to_string(), ctx.app.settings.controller_id.clone())].into(),
     };
     write::status(ctx, pool, next).await?;
     let Some(fresh) = ctx.store.get::<MachinePool>(&pool.metadata.namespace, &pool.metadata.name).await? else {
