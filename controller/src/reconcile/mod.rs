@@ -174,7 +174,7 @@ impl crate::runtime::Reconciler for Controller {
 
     fn background(&self, ctx: &std::sync::Arc<Ctx>) -> Vec<futures::future::BoxFuture<'static, ()>> {
         use futures::FutureExt;
-        let mut tasks = vec![orphans::run(ctx.clone()).boxed()];
+        let mut tasks = vec![orphans::run(ctx.clone()).boxed(), crate::app::gauges(ctx.clone()).boxed()];
         if let Some(target) = ctx.app.target.clone() {
             tasks.push(crate::safety::probe(ctx.app.safety.clone(), "the target cluster", target.client()).boxed());
             tasks.push(crate::nodes::watch(target, ctx.waker()).boxed());

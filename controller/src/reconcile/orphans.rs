@@ -113,7 +113,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
             match ctx.call(r.driver, "DeleteMachine", |c| async move { c.delete_machine(req).await }).await {
                 Ok(reply) => {
                     deleted += 1;
-                    ctx.metrics.orphans_deleted.inc();
+                    ctx.app.metrics.orphans_deleted.inc();
                     ctx.app.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
                     ctx.store
                         .event(

@@ -18,7 +18,8 @@
 //! - [`config`]: the settings ([`Config`]);
 //! - [`drivers`]: driver handles, their rate limit, and [`Ctx::call`];
 //! - [`keys`]: what is kept per key, and the error policy built on it ([`Ctx::error_policy`]);
-//! - [`metrics`]: the controller's metrics and the task that keeps its gauges current;
+//! - [`metrics`]: the runtime's metrics (driver calls, reconciles, the queue, unreadable
+//!   objects) and the task that keeps its gauges current;
 //! - [`queue`]: the work queue;
 //! - [`worker`]: [`run`], the workers, the change watcher and the periodic resync.
 //!
@@ -62,7 +63,8 @@ pub struct Ctx<A> {
     pub store: Store,
     /// Settings.
     pub config: Config,
-    /// The controller's own metrics (served at `/metrics` with `run --metrics-addr`).
+    /// The runtime's metrics (served at `/metrics` with `run --metrics-addr`, beside the
+    /// application's).
     pub metrics: Metrics,
     /// The application's context: what its reconcilers share.
     pub app: A,
