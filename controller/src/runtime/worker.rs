@@ -1,7 +1,8 @@
 //! The workers and the tasks that feed them: [`run`] queues every object at start, follows the
 //! store's change notifications (debounced, waking what a change affects), resyncs
-//! periodically, and runs reconciles, scheduling each key's next run from its [`Action`](super::Action) or
-//! error.
+//! periodically, and runs reconciles, scheduling each key's next run from its
+//! [`Action`](super::Action) or error, each in a `reconcile` span that names the object and
+//! why it ran ([`Trigger`]).
 
 use std::sync::Arc;
 use std::time::Duration;
