@@ -217,13 +217,19 @@ impl RunArgs {
             debounce: self.debounce,
             driver_qps: self.driver_qps,
             driver_burst: self.driver_burst,
+            resync_interval: self.resync_interval,
+            ..Config::default()
+        }
+    }
+
+    /// The controller's own settings.
+    pub fn settings(&self) -> crate::app::Settings {
+        crate::app::Settings {
             health_check_interval: self.health_check_interval,
             orphan_interval: self.orphan_interval,
             orphan_grace: self.orphan_grace,
             controller_id: self.controller_id.clone(),
-            resync_interval: self.resync_interval,
             drain_poll_interval: self.drain_poll_interval,
-            ..Config::default()
         }
     }
 }
@@ -748,7 +754,8 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
         tracing::info!("no target cluster: Nodes are not managed (machines are Running when their VM runs)");
     }
     let mut registry = prometheus_client::registry::Registry::default();
-    let ctx = runtime::Ctx::new(store.clone(), &args.drivers, args.config(), &mut registry, target)?;
+    let ctx =
+        crate::app::App::context(store.clone(), &args.drivers, args.config(), args.settings(), &mut registry, target)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // Ready = this replica acts: it has drivers and, with leader election, holds the lease.
     let acting = Arc::new(std::sync::atomic::AtomicBool::new(!args.leader_elect));
@@ -765,7 +772,9 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
         tokio::spawn(machine_driver_util::metrics::serve_http(
             listener,
             Arc::new(registry),
-            Arc::new(move || !ready_ctx.drivers.is_empty() && ready_acting.load(std::sync::atomic::Ordering::SeqCst)),
+            Arc::new(move || {
+                !ready_ctx.app.driver_names().is_empty() && ready_acting.load(std::sync::atomic::Ordering::SeqCst)
+            }),
             async move {
                 let _ = stop.wait_for(|s| *s).await;
             },

@@ -1,5 +1,6 @@
 //! The defaults of `machine-controller` flags, one value each: the flags ([`crate::cli`]),
-//! [`runtime::Config::default`](crate::runtime::Config) and
+//! [`runtime::Config::default`](crate::runtime::Config),
+//! [`app::Settings::default`](crate::app::Settings) and
 //! [`leader::Config::default`](crate::leader::Config) read them, and the tests below pin the
 //! flags' duration strings and the book (`docs/src/operating/running-the-controller.md`,
 //! `kubernetes.md`, `nodes.md`) to them.
@@ -121,6 +122,15 @@ mod tests {
             (CALL_TIMEOUT, RECONCILE_TIMEOUT, DEBOUNCE)
         );
         assert_eq!((config.driver_qps, config.driver_burst), (DRIVER_QPS, DRIVER_BURST));
+        let settings = crate::app::Settings::default();
+        assert_eq!(
+            (settings.health_check_interval, settings.orphan_interval, settings.orphan_grace),
+            (HEALTH_CHECK_INTERVAL, ORPHAN_INTERVAL, ORPHAN_GRACE)
+        );
+        assert_eq!(
+            (settings.drain_poll_interval, settings.controller_id.as_str()),
+            (DRAIN_POLL_INTERVAL, CONTROLLER_ID)
+        );
         assert_eq!(default_of(&run, "target-qps").parse::<f64>().unwrap(), TARGET_QPS);
         assert_eq!(default_of(&run, "target-burst"), TARGET_BURST.to_string());
         let leader = crate::leader::Config::default();

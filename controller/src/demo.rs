@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::app::{App, Settings};
 use crate::exit::Exit;
 use crate::manifest;
 use crate::resources::*;
-use crate::runtime::{self, Config, Ctx};
+use crate::runtime::{self, Config};
 use crate::store::{Key, Store};
 
 /// The sample manifests (also in `examples/`).
@@ -194,9 +195,16 @@ async fn demo(args: &DemoArgs, dir: &std::path::Path, endpoint: &str) -> Result<
         println!("   {}/{} created", o.kind(), o.meta().name);
     }
     let mut registry = prometheus_client::registry::Registry::default();
-    let config = Config { health_check_interval: HEALTH_CHECK_INTERVAL, ..Config::default() };
-    let ctx = Ctx::new(store.clone(), &[("fake".into(), endpoint.into())], config, &mut registry, None)
-        .map_err(|e| fail(e.to_string()))?;
+    let settings = Settings { health_check_interval: HEALTH_CHECK_INTERVAL, ..Settings::default() };
+    let ctx = App::context(
+        store.clone(),
+        &[("fake".into(), endpoint.into())],
+        Config::default(),
+        settings,
+        &mut registry,
+        None,
+    )
+    .map_err(|e| fail(e.to_string()))?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let controller = tokio::spawn(runtime::run(ctx.clone(), Arc::new(crate::reconcile::Controller), async move {
         let _ = stop_rx.wait_for(|s| *s).await;

@@ -15,15 +15,18 @@
 //! - [`nodes`]: the target cluster where the machines' Nodes live (linking, drain calls);
 //! - [`plan`]: pure planners (rollouts, in-place updates, pool upgrades);
 //! - [`policy`]: the error policy (what a driver error means: retry, back off, fail, done);
-//! - [`runtime`]: work queue, workers, rate limits, backoff;
+//! - [`runtime`]: work queue, workers, rate limits, backoff, generic over the application's
+//!   context; [`app`]: that context for the reconcilers (drivers, target cluster, orphans);
 //! - [`safety`]: whether the API servers answer; health timers start over after an outage;
 //! - [`reconcile`]: the machine, deployment, pool, health-check and orphan reconcilers;
 //! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`; [`exit`]: how a
 //!   failed command ends;
-//! - [`defaults`]: the default of every flag, shared by the CLI, the runtime's settings and the book.
+//! - [`defaults`]: the default of every flag, shared by the CLI, the runtime's and the
+//!   controller's settings and the book.
 
 #![warn(missing_docs)]
 
+pub mod app;
 pub mod cli;
 pub mod defaults;
 pub mod demo;

@@ -898,8 +898,9 @@ fn start_in_process_controller(store: Store, driver: &str, args: &[String]) -> C
         "in-process controllers serve no metrics, manage no Nodes and elect no leader; use .process()"
     );
     let mut registry = prometheus_client::registry::Registry::default();
-    let ctx = machine_controller::runtime::Ctx::new(store, &run.drivers, run.config(), &mut registry, None)
-        .expect("the driver endpoint");
+    let ctx =
+        machine_controller::app::App::context(store, &run.drivers, run.config(), run.settings(), &mut registry, None)
+            .expect("the driver endpoint");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(machine_controller::runtime::run(
         ctx,

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::checks::{self, Check};
 use super::kind::{Column, ColumnType, KindInfo, Shown, Via};
 use super::meta::{is_default, KindOf, Object, Time, LABEL_REVISION};
-use super::state::Reason;
+use super::state::{wire_enum, Reason};
 use super::status::{Condition, LastOperation, StoredOperation};
 use super::template::{NameRef, NodeSettings, NodeTemplate};
 use crate::registry::Kind;
@@ -50,31 +50,28 @@ pub struct MachineSpec {
     pub node_template: Option<NodeTemplate>,
 }
 
-/// Lifecycle phase of a Machine.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
-pub enum Phase {
-    /// Accepted; nothing asked of the cloud yet.
-    #[default]
-    Pending,
-    /// A create operation is in flight.
-    Creating,
-    /// The VM runs; its Node has not joined or is not Ready yet (only with a target cluster).
-    Provisioned,
-    /// Up (with a target cluster: its Node is Ready).
-    Running,
-    /// An in-place update is in flight.
-    Updating,
-    /// Being deleted.
-    Terminating,
-    /// Failed; the owner replaces it.
-    Failed,
-    /// The cloud reports it unhealthy or cannot find it.
-    Unknown,
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
+wire_enum! {
+    /// Lifecycle phase of a Machine. [`Phase::ALL`] lists every phase (the controller's
+    /// `controller_machines` gauge has a series for each).
+    #[derive(Default)]
+    pub enum Phase {
+        /// Accepted; nothing asked of the cloud yet.
+        #[default]
+        Pending,
+        /// A create operation is in flight.
+        Creating,
+        /// The VM runs; its Node has not joined or is not Ready yet (only with a target cluster).
+        Provisioned,
+        /// Up (with a target cluster: its Node is Ready).
+        Running,
+        /// An in-place update is in flight.
+        Updating,
+        /// Being deleted.
+        Terminating,
+        /// Failed; the owner replaces it.
+        Failed,
+        /// The cloud reports it unhealthy or cannot find it.
+        Unknown,
     }
 }
 

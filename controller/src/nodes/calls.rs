@@ -8,7 +8,7 @@
 //!   which the drain waits out for that budget's pods alone),
 //! - are counted in `controller_target_calls_total{verb,resource,code}` and timed in
 //!   `controller_target_call_duration_seconds{verb,resource}` (registered with the controller's
-//!   other metrics: [`crate::runtime::Metrics`]),
+//!   other metrics: [`crate::app::Metrics`]),
 //! - and are logged: each at debug level, failures (no answer, a server error, throttling, a
 //!   refused identity) as warnings — as driver calls are ([`crate::runtime::Ctx::call`]).
 //!
@@ -70,7 +70,7 @@ struct LatencyLabels {
     resource: String,
 }
 
-/// The target cluster's call metrics; [`crate::runtime::Metrics`] registers them.
+/// The target cluster's call metrics; [`crate::app::Metrics`] registers them.
 #[derive(Clone)]
 pub struct CallMetrics {
     /// `controller_target_calls_total{verb,resource,code}`.

@@ -111,7 +111,7 @@ impl Target {
     }
 
     /// Counts and times its requests in `metrics` (the controller's registry:
-    /// [`crate::runtime::Metrics`]).
+    /// [`crate::app::Metrics`]).
     pub fn report_to(&self, metrics: calls::CallMetrics) {
         self.calls.report_to(metrics);
     }

@@ -6,10 +6,11 @@ use std::time::Duration;
 use driver_sdk::proto as pb;
 
 use super::{resolve, write};
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::{Action, Ctx, ReconcileError};
+use crate::runtime::{Action, ReconcileError};
 use crate::store::Key;
 
 /// How soon a class that does not resolve (its driver is not registered, its Secret is missing)

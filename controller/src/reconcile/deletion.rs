@@ -21,10 +21,11 @@ use super::node::{self, NodeSeen};
 use super::record::{remember, LastOperationExt, StoredOperationExt};
 use super::write::{self, Written};
 use super::{poll_stored, Polled, Resolved, Unresolved};
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::{Action, Ctx, ReconcileError};
+use crate::runtime::{Action, ReconcileError};
 use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
@@ -209,7 +210,7 @@ pub(crate) fn next(m: &Machine, may_exist: bool, delete_kind: OperationKind, nod
 /// # Errors
 /// Store failures and the target cluster's refusals (retried).
 pub(crate) async fn run(ctx: &Ctx, key: &Key, before: Machine, instance: Instance<'_>) -> Result<Action> {
-    let seen = match ctx.target.as_deref() {
+    let seen = match ctx.app.target.as_deref() {
         None => NodeSeen::NoTarget,
         Some(target) => node::seen(target, key, &before),
     };

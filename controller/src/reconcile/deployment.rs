@@ -12,12 +12,13 @@ use driver_sdk::proto as pb;
 
 use super::write::{self, Finalizer};
 use super::{resolve, slow_start};
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::plan::in_place::{self, Verdict};
 use crate::plan::rollout::{self, InPlaceWork, Member, Observed, StoredMember};
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::{Action, Ctx, ReconcileError};
+use crate::runtime::{Action, ReconcileError};
 use crate::store::{Error as StoreError, Key};
 
 type Result<T> = std::result::Result<T, ReconcileError>;

@@ -11,10 +11,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::write;
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::plan::health::{self, Assessment, Unhealthy};
 use crate::resources::*;
-use crate::runtime::{Action, Ctx, ReconcileError};
+use crate::runtime::{Action, ReconcileError};
 use crate::store::{Key, ListParams};
 
 /// How soon a health check looks again while the target cluster cannot be reached.
@@ -41,7 +42,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     let machines = if params.labels.is_empty() { Vec::new() } else { ctx.store.list_with::<Machine>(&params).await? };
     let mut after = before.clone();
     after.status.observed_generation = before.metadata.generation;
-    if let Some(why) = ctx.safety.unreachable() {
+    if let Some(why) = ctx.app.safety.unreachable() {
         // Nothing observed now can be trusted: judge nothing, hold every remediation; the timers
         // start over once it is reachable again.
         let message = format!("{why}: no machine is judged or remediated until it is reachable again");
@@ -52,7 +53,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     }
     let now = chrono::Utc::now();
     let shortest = before.spec.unhealthy_conditions.iter().map(|c| c.timeout_seconds).min().unwrap_or(u64::MAX);
-    let timers_since = ctx.safety.timers_since(Duration::from_secs(shortest));
+    let timers_since = ctx.app.safety.timers_since(Duration::from_secs(shortest));
     let a = match health::assess(&before.spec, &machines, now, timers_since) {
         Ok(a) => a,
         Err(why) => {

@@ -13,10 +13,11 @@ use super::deletion::{self, Instance};
 use super::record::{fail, remember, LastOperationExt, StoredOperationExt};
 use super::write::{self, Finalizer};
 use super::{poll_stored, resolve, Polled, Resolved};
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::{Action, Ctx, ReconcileError};
+use crate::runtime::{Action, ReconcileError};
 use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
@@ -57,7 +58,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     // only look at the Node call no driver and are not held back.
     let spec_changed = spec_changed(&m, &driver_sdk::convert::spec_hash(&r.provider_spec));
     let step = next_step(&m, r.class.metadata.generation, spec_changed);
-    if let (Step::Join, Some(target)) = (&step, ctx.target.as_deref()) {
+    if let (Step::Join, Some(target)) = (&step, ctx.app.target.as_deref()) {
         return super::node::join(ctx, target, key, m, r.class.metadata.generation).await;
     }
     let wait = ctx.wait_before_call(key);
@@ -79,7 +80,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
 /// Between driver calls, a Running machine's Node is still watched: its readiness is kept in
 /// `NodeReady` (a Node change wakes the machine).
 async fn watch_node(ctx: &Ctx, key: &Key, before: Machine, wait: Duration) -> Result<Action> {
-    let Some(target) = ctx.target.as_deref() else { return Ok(Action::wait(wait)) };
+    let Some(target) = ctx.app.target.as_deref() else { return Ok(Action::wait(wait)) };
     if before.status.phase != Phase::Running || before.status.provider_id.is_empty() {
         return Ok(Action::wait(wait));
     }
@@ -152,7 +153,7 @@ fn accepted(op: &pb::Operation) -> OperationState {
 fn labels_for(ctx: &Ctx, m: &Machine) -> std::collections::HashMap<String, String> {
     let mut labels: std::collections::HashMap<String, String> =
         m.metadata.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    labels.insert(TAG_CONTROLLER.into(), ctx.config.controller_id.clone());
+    labels.insert(TAG_CONTROLLER.into(), ctx.app.settings.controller_id.clone());
     labels.insert(TAG_MACHINE.into(), format!("{}.{}", m.metadata.namespace, m.metadata.name));
     labels
 }
@@ -373,7 +374,7 @@ async fn finished(
     // With a target cluster a new VM is Provisioned until its Node is Ready; an in-place update
     // keeps a Running machine Running.
     let joining =
-        ctx.target.is_some() && before.status.phase != Phase::Running && before.status.phase != Phase::Updating;
+        ctx.app.target.is_some() && before.status.phase != Phase::Running && before.status.phase != Phase::Updating;
     m.status.phase = if joining { Phase::Provisioned } else { Phase::Running };
     m.status.observed_generation = m.metadata.generation;
     m.status.failure = None;
@@ -405,7 +406,7 @@ async fn finished(
         // The Node may be Ready already: look at once (no driver call).
         return Ok(Action::requeue_now());
     }
-    Ok(Action::poll_after(ctx.config.health_check_interval))
+    Ok(Action::poll_after(ctx.app.settings.health_check_interval))
 }
 
 fn op_request_id(m: &Machine) -> String {
@@ -433,7 +434,7 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         secrets: r.secrets.clone(),
     };
     let mut m = before.clone();
-    let interval = ctx.config.health_check_interval;
+    let interval = ctx.app.settings.health_check_interval;
     let healthy = match ctx.call(r.driver, "GetMachineStatus", |c| async move { c.get_machine_status(req).await }).await
     {
         Ok(reply) => {
@@ -451,7 +452,7 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
             _ => return Err(ReconcileError::call(&e, Rpc::Read)),
         },
     };
-    if let Some(target) = ctx.target.as_deref() {
+    if let Some(target) = ctx.app.target.as_deref() {
         super::node::observe(ctx, target, key, &mut m).await?;
     }
     match healthy {

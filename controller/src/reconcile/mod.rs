@@ -4,9 +4,10 @@ use driver_sdk::proto as pb;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
+use crate::app::Ctx;
 use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::{Action, Ctx, DriverHandle, ReconcileError};
+use crate::runtime::{Action, DriverHandle, ReconcileError};
 use crate::store::Key;
 
 pub mod class;
@@ -140,6 +141,8 @@ pub struct Controller;
 
 #[async_trait::async_trait]
 impl crate::runtime::Reconciler for Controller {
+    type App = crate::app::App;
+
     fn kinds(&self) -> &[Kind] {
         relations::reconciled()
     }
@@ -150,6 +153,10 @@ impl crate::runtime::Reconciler for Controller {
 
     async fn woken_by(&self, ctx: &Ctx, change: &crate::store::Change) -> Vec<crate::runtime::Wake> {
         use crate::runtime::Wake;
+        if change.deleted {
+            // What the application keeps for the object goes with it (the runtime forgets its own).
+            ctx.app.forget(&change.key);
+        }
         let mut wakes = Vec::new();
         if let Some(owner) = change.owner.clone().filter(|o| relations::wakes_owner(change.key.kind, o.kind)) {
             wakes.push(Wake { after: ctx.owner_wake_delay(&owner), key: owner, retry_now: false });
@@ -167,14 +174,13 @@ impl crate::runtime::Reconciler for Controller {
 
     fn background(&self, ctx: &std::sync::Arc<Ctx>) -> Vec<futures::future::BoxFuture<'static, ()>> {
         use futures::FutureExt;
-        let mut tasks = vec![orphans::run(ctx.clone()).boxed()];
-        if let Some(target) = ctx.target.clone() {
-            let queue = ctx.queue.clone();
-            tasks.push(crate::safety::probe(ctx.safety.clone(), "the target cluster", target.client()).boxed());
-            tasks.push(crate::nodes::watch(target, move |key| queue.add(key)).boxed());
+        let mut tasks = vec![orphans::run(ctx.clone()).boxed(), crate::app::gauges(ctx.clone()).boxed()];
+        if let Some(target) = ctx.app.target.clone() {
+            tasks.push(crate::safety::probe(ctx.app.safety.clone(), "the target cluster", target.client()).boxed());
+            tasks.push(crate::nodes::watch(target, ctx.waker()).boxed());
         }
         if let Some(client) = ctx.store.backend().api_client() {
-            tasks.push(crate::safety::probe(ctx.safety.clone(), "the store's API server", client).boxed());
+            tasks.push(crate::safety::probe(ctx.app.safety.clone(), "the store's API server", client).boxed());
         }
         tasks
     }
@@ -277,8 +283,8 @@ pub async fn resolve<'a>(
             message: format!("MachineClass {class_name} does not exist"),
         }));
     };
-    let Some(driver) = ctx.drivers.get(&class.spec.driver) else {
-        let known: Vec<&String> = ctx.drivers.keys().collect();
+    let Some(driver) = ctx.app.driver(&class.spec.driver) else {
+        let known = ctx.app.driver_names();
         return Ok(Err(Unresolved {
             reason: Reason::DriverNotConfigured,
             message: format!("MachineClass {class_name} uses driver {:?}, but the controller runs with {known:?} (run --driver NAME=ENDPOINT)", class.spec.driver),

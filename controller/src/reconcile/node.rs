@@ -19,11 +19,12 @@ use chrono::Utc;
 
 use super::write;
 
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::nodes::{drain, Lookup, NodeView, NodeWrite, Readiness, Target};
 use crate::policy;
 use crate::resources::*;
-use crate::runtime::{Action, Ctx, ReconcileError};
+use crate::runtime::{Action, ReconcileError};
 use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
@@ -137,7 +138,7 @@ pub(crate) async fn join(
                     write::status(ctx, &before, &m)
                 );
                 written?;
-                return Ok(Action::poll_after(ctx.config.health_check_interval));
+                return Ok(Action::poll_after(ctx.app.settings.health_check_interval));
             }
             let message = format!("node {} has joined but is not Ready", node.name);
             set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotReady, &message);
@@ -233,7 +234,7 @@ pub(crate) async fn deletion_step(
     phase: DeletionPhase,
     probe: &dyn VmProbe,
 ) -> Result<Action> {
-    let Some(target) = ctx.target.clone() else { return Ok(Action::requeue_now()) };
+    let Some(target) = ctx.app.target.clone() else { return Ok(Action::requeue_now()) };
     let node = match lookup(&target, key, &before) {
         Lookup::Found(node) => Some(node),
         Lookup::NotSynced | Lookup::Missing => None,
@@ -377,7 +378,7 @@ async fn drain(
     }
     // Look again soon (no sooner than a refusal's Retry-After asks); no later than the next
     // forced deletion comes due.
-    let mut next = ctx.config.drain_poll_interval.max(pass.retry_after().unwrap_or_default());
+    let mut next = ctx.app.settings.drain_poll_interval.max(pass.retry_after().unwrap_or_default());
     if let Some(due) = drain::next_forced(&pods, deadline) {
         next = next.min((due - now).to_std().unwrap_or_default().max(super::MIN_REQUEUE));
     }
@@ -495,7 +496,7 @@ pub(crate) fn instance_deleting(m: &mut Machine) {
 /// # Errors
 /// The target cluster's refusal (retried).
 pub(crate) async fn delete_node(ctx: &Ctx, key: &Key, m: &Machine) -> Result<Option<Action>> {
-    let Some(target) = ctx.target.clone() else { return Ok(None) };
+    let Some(target) = ctx.app.target.clone() else { return Ok(None) };
     let node = match lookup(&target, key, m) {
         Lookup::NotSynced => return Ok(Some(Action::requeue(NOT_SYNCED_RETRY))),
         Lookup::Missing => None,

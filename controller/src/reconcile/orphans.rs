@@ -8,14 +8,14 @@ use driver_sdk::proto as pb;
 use tokio::time::Instant;
 
 use super::resolve;
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
-use crate::runtime::Ctx;
 
 /// Runs collection every `orphan_interval` until aborted.
 pub async fn run(ctx: Arc<Ctx>) {
-    let mut tick = tokio::time::interval(ctx.config.orphan_interval);
+    let mut tick = tokio::time::interval(ctx.app.settings.orphan_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -76,7 +76,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
             continue;
         }
         let Ok(r) = resolve(ctx, &class.metadata.namespace, &class.metadata.name, None).await? else { continue };
-        let selector = [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into();
+        let selector = [(TAG_CONTROLLER.to_string(), ctx.app.settings.controller_id.clone())].into();
         let spec = Some(driver_sdk::convert::json_to_struct(&r.provider_spec));
         // Cloud machines of this controller's that name a Machine the store does not have.
         let unknown =
@@ -91,17 +91,17 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
                 continue
             }
             Err(e) => {
-                tracing::info!("listing machines of driver {}: {e}", r.driver.name);
+                tracing::info!("listing machines of driver {}: {e}", r.driver.name());
                 continue;
             }
         };
         let now = Instant::now();
         let mut still: HashSet<(String, String)> = HashSet::new();
         for cm in cloud {
-            let k = (r.driver.name.clone(), cm.name.clone());
+            let k = (r.driver.name().to_string(), cm.name.clone());
             still.insert(k.clone());
-            let first = *ctx.orphans.lock().unwrap_or_else(|p| p.into_inner()).entry(k.clone()).or_insert(now);
-            if now.duration_since(first) < ctx.config.orphan_grace {
+            let first = *ctx.app.orphans.lock().unwrap_or_else(|p| p.into_inner()).entry(k.clone()).or_insert(now);
+            if now.duration_since(first) < ctx.app.settings.orphan_grace {
                 continue;
             }
             let req = pb::DeleteMachineRequest {
@@ -113,8 +113,8 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
             match ctx.call(r.driver, "DeleteMachine", |c| async move { c.delete_machine(req).await }).await {
                 Ok(reply) => {
                     deleted += 1;
-                    ctx.metrics.orphans_deleted.inc();
-                    ctx.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                    ctx.app.metrics.orphans_deleted.inc();
+                    ctx.app.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
                     ctx.store
                         .event(
                             Kind::MachineClass,
@@ -131,7 +131,11 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
             }
         }
         // Forget candidates that disappeared or got a Machine meanwhile.
-        ctx.orphans.lock().unwrap_or_else(|p| p.into_inner()).retain(|k, _| k.0 != r.driver.name || still.contains(k));
+        ctx.app
+            .orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k, _| k.0 != r.driver.name() || still.contains(k));
     }
     Ok(deleted)
 }

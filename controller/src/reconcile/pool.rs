@@ -23,6 +23,7 @@ use super::deletion;
 use super::record::{LastOperationExt, StoredOperationExt};
 use super::write::{self, Finalizer};
 use super::{poll_stored, pool_instances as instances, resolve, Polled, Resolved};
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::plan::pool::{
     instance_phase, legacy_instance_state, plan_pool, Instance, InstanceState, Observed, Plan, Step,
@@ -30,7 +31,7 @@ use crate::plan::pool::{
 use crate::plan::rollout::{disruption_conditions, Remediation};
 use crate::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
 use crate::resources::*;
-use crate::runtime::{Action, Ctx, ReconcileError};
+use crate::runtime::{Action, ReconcileError};
 use crate::store::{Error as StoreError, Key, ListParams};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
@@ -176,7 +177,7 @@ async fn poll(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, op: StoredOperati
 /// A pool being deleted: with a target cluster every instance's Node is drained first (its
 /// Machine's deletion drains it and deletes that instance); the pool goes once none is left.
 async fn delete_pool(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>) -> Result<Action> {
-    if ctx.target.is_some() {
+    if ctx.app.target.is_some() {
         let machines = owned_machines(ctx, pool).await?;
         if !machines.is_empty() {
             let doomed: Vec<Key> = machines.iter().filter(|m| !m.is_deleting()).map(Key::of).collect();
@@ -316,7 +317,7 @@ async fn observe(
             }
         })
         .collect();
-    let nodes_managed = ctx.target.is_some();
+    let nodes_managed = ctx.app.target.is_some();
     let revision = short_hash(&pool.spec.template);
     let now = Utc::now();
     Ok(Ok(Observation { list, machines, instances, deleting, annotated, nodes_managed, revision, now }))
@@ -406,7 +407,7 @@ async fn apply(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, next: &MachinePo
         provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
         capacity: capacity as i32,
         secrets: r.secrets.clone(),
-        labels: [(TAG_CONTROLLER.to_string(), ctx.config.controller_id.clone())].into(),
+        labels: [(TAG_CONTROLLER.to_string(), ctx.app.settings.controller_id.clone())].into(),
     };
     write::status(ctx, pool, next).await?;
     let Some(fresh) = ctx.store.get::<MachinePool>(&pool.metadata.namespace, &pool.metadata.name).await? else {
@@ -543,7 +544,7 @@ async fn mirror(ctx: &Ctx, pool: &MachinePool, list: &[pb::PoolInstance], machin
             Some(m) if !m.is_deleting() && m.status.failure.is_none() => {
                 let mut next = (*m).clone();
                 // With a target cluster a running instance is Provisioned until its Node is Ready.
-                let joining = ctx.target.is_some() && phase == Phase::Running && !node_ready(m);
+                let joining = ctx.app.target.is_some() && phase == Phase::Running && !node_ready(m);
                 let phase = if joining { Phase::Provisioned } else { phase };
                 next.status.phase = phase;
                 next.status.provider_id = i.provider_id.clone();
@@ -583,7 +584,7 @@ async fn mirror(ctx: &Ctx, pool: &MachinePool, list: &[pb::PoolInstance], machin
                 if joining {
                     // A status write does not wake the Machine itself: its Node is looked for
                     // (and its changes watched) from now on.
-                    ctx.queue.add(Key::of(*m));
+                    ctx.wake(Key::of(*m));
                 }
             }
             Some(_) => {}
@@ -659,7 +660,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
     // instance gone from the cloud must go without a call). The pool mirrors their instances;
     // here only their Node (with a target cluster) and their deletion are reconciled.
     if !write::cleanup_due(&m) {
-        let Some(target) = ctx.target.as_deref() else { return Ok(Action::await_change()) };
+        let Some(target) = ctx.app.target.as_deref() else { return Ok(Action::await_change()) };
         if m.is_deleting() || m.status.provider_id.is_empty() {
             return Ok(Action::await_change());
         }
@@ -668,7 +669,7 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
         if node_ready(&next) != node_ready(&m) {
             // The pool counts it ready (or not) on its next pass.
             if let Some(owner) = m.spec.pool_ref.as_ref() {
-                ctx.queue.add(Key::new(Kind::MachinePool, &key.namespace, &owner.name));
+                ctx.wake(Key::new(Kind::MachinePool, &key.namespace, &owner.name));
             }
         }
         write::status(ctx, &m, &next).await?;

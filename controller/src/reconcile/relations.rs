@@ -5,9 +5,9 @@
 
 use std::sync::LazyLock;
 
+use crate::app::Ctx;
 use crate::resources::Kind;
 pub use crate::resources::Via;
-use crate::runtime::Ctx;
 use crate::store::Key;
 
 /// The kinds that have a reconciler, in the order a full resync queues them.
@@ -135,7 +135,7 @@ async fn class_users(ctx: &Ctx, changed: &Key) -> Vec<Key> {
             let Ok(Some(class)) = ctx.store.get::<MachineClass>(&changed.namespace, &changed.name).await else {
                 return Vec::new();
             };
-            if !ctx.dependents_due(changed, class.metadata.generation) {
+            if !ctx.app.dependents_due(changed, class.metadata.generation) {
                 return Vec::new();
             }
             vec![changed.name.clone()]

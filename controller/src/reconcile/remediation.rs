@@ -4,10 +4,11 @@
 //! restarts), then deleted when the plan says it goes — its replacement is up, or the surge
 //! leaves no room to wait. The deletion is the usual one (drain, VM, Node).
 
+use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::plan::rollout::Remediation;
 use crate::resources::*;
-use crate::runtime::{Ctx, ReconcileError};
+use crate::runtime::ReconcileError;
 use crate::store::{Error as StoreError, Key};
 
 type Result<T> = std::result::Result<T, ReconcileError>;

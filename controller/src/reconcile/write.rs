@@ -9,8 +9,9 @@
 //! - **not found** (deleted meanwhile) is done: nothing is left to write to;
 //! - status that did not change is not written.
 
+use crate::app::Ctx;
 use crate::resources::{Object, Resource, FINALIZER};
-use crate::runtime::{Action, Ctx, ReconcileError};
+use crate::runtime::{Action, ReconcileError};
 use crate::store::Error as StoreError;
 
 type Result<T> = std::result::Result<T, ReconcileError>;

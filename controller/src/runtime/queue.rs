@@ -1,5 +1,7 @@
 //! A work queue of object keys: deduplicated, delayed requeues, and never the same key on two
-//! workers at once (a key changed while processing runs again afterwards).
+//! workers at once (a key changed while processing runs again afterwards). Each waiting key
+//! keeps the [`Trigger`] it runs for: the first that queued it, or for a delayed one, the one
+//! due soonest.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -8,8 +10,55 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::GiveBackRoom;
+use super::keys::GiveBackRoom;
 use crate::store::Key;
+
+/// Why a key runs: what queued it (carried by the reconcile's span).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Trigger {
+    /// Queued when the runtime started.
+    Start,
+    /// Its own stored change (a watch event).
+    Change,
+    /// Another object's change woke it (its owner's, its class's, a selector's:
+    /// [`super::Reconciler::woken_by`]).
+    Related,
+    /// A reconciler woke it ([`super::Ctx::wake`]).
+    Wake,
+    /// A watch of another source woke it ([`super::Ctx::waker`]: the target cluster's Nodes).
+    Watch,
+    /// Its last reconcile asked to run again ([`super::Action::requeue`], [`super::Action::wait`]).
+    Requeue,
+    /// Its driver sets the pace ([`super::Action::poll_after`]).
+    Poll,
+    /// Its last reconcile failed or timed out: a retry after the error policy's delay.
+    Retry,
+    /// The periodic resync (or a resync after missed change notifications).
+    Resync,
+}
+
+impl Trigger {
+    /// The name logs and traces carry.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Start => "start",
+            Trigger::Change => "change",
+            Trigger::Related => "related",
+            Trigger::Wake => "wake",
+            Trigger::Watch => "watch",
+            Trigger::Requeue => "requeue",
+            Trigger::Poll => "poll",
+            Trigger::Retry => "retry",
+            Trigger::Resync => "resync",
+        }
+    }
+}
+
+impl std::fmt::Display for Trigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// A waiting key is in two collections at once (ready and queued, or delayed and due): they
 /// share one copy. With 10,000 Machines waiting on their operations that is about 1 MB less.
@@ -17,12 +66,12 @@ type Shared = Arc<Key>;
 
 #[derive(Default)]
 struct State {
-    ready: VecDeque<Shared>,
+    ready: VecDeque<(Shared, Trigger)>,
     queued: HashSet<Shared>,
     processing: HashSet<Key>,
-    dirty: HashSet<Key>,
+    dirty: HashMap<Key, Trigger>,
     delayed: BTreeSet<(Instant, u64, Shared)>,
-    due: HashMap<Shared, (Instant, u64)>,
+    due: HashMap<Shared, (Instant, u64, Trigger)>,
     seq: u64,
     closed: bool,
 }
@@ -30,15 +79,15 @@ struct State {
 impl State {
     /// Queues `key` unless it is queued already; a key being processed is marked to run again
     /// once it is done instead.
-    fn add(&mut self, key: Shared) -> bool {
+    fn add(&mut self, key: Shared, why: Trigger) -> bool {
         if self.processing.contains(&*key) {
-            self.dirty.insert(Arc::unwrap_or_clone(key));
+            self.dirty.entry(Arc::unwrap_or_clone(key)).or_insert(why);
             false
         } else if self.queued.contains(&*key) {
             false
         } else {
             self.queued.insert(key.clone());
-            self.ready.push_back(key);
+            self.ready.push_back((key, why));
             true
         }
     }
@@ -49,9 +98,9 @@ impl State {
                 break;
             }
             if let Some((_, _, key)) = self.delayed.pop_first() {
-                self.due.remove(&*key);
+                let why = self.due.remove(&*key).map_or(Trigger::Requeue, |(_, _, why)| why);
                 self.due.give_back_room();
-                self.add(key);
+                self.add(key, why);
             }
         }
     }
@@ -69,18 +118,18 @@ impl WorkQueue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues `key` now.
-    pub fn add(&self, key: Key) {
-        if self.state().add(Arc::new(key)) {
+    /// Queues `key` now, to run for `why`.
+    pub fn add(&self, key: Key, why: Trigger) {
+        if self.state().add(Arc::new(key), why) {
             self.notify.notify_one();
         }
     }
 
     /// Queues `key` after `delay`, unless it is already due sooner (so bursts of changes
     /// coalesce into one reconcile: the debounce).
-    pub fn add_after(&self, key: Key, delay: Duration) {
+    pub fn add_after(&self, key: Key, delay: Duration, why: Trigger) {
         if delay.is_zero() {
-            return self.add(key);
+            return self.add(key, why);
         }
         let at = Instant::now() + delay;
         let mut s = self.state();
@@ -88,8 +137,8 @@ impl WorkQueue {
             return;
         }
         let key = match s.due.get_key_value(&key).map(|(k, due)| (k.clone(), *due)) {
-            Some((_, (current, _))) if current <= at => return,
-            Some((shared, (current, seq))) => {
+            Some((_, (current, _, _))) if current <= at => return,
+            Some((shared, (current, seq, _))) => {
                 s.delayed.remove(&(current, seq, shared.clone()));
                 shared
             }
@@ -98,14 +147,14 @@ impl WorkQueue {
         s.seq += 1;
         let seq = s.seq;
         s.delayed.insert((at, seq, key.clone()));
-        s.due.insert(key, (at, seq));
+        s.due.insert(key, (at, seq, why));
         drop(s);
         // Wake a waiter so it re-computes its sleep.
         self.notify.notify_one();
     }
 
-    /// The next key to work on; `None` once closed.
-    pub async fn next(&self) -> Option<Key> {
+    /// The next key to work on, and why it runs; `None` once closed.
+    pub async fn next(&self) -> Option<(Key, Trigger)> {
         loop {
             let next_due = {
                 let mut s = self.state();
@@ -113,11 +162,11 @@ impl WorkQueue {
                     return None;
                 }
                 s.promote_due(Instant::now());
-                if let Some(key) = s.ready.pop_front() {
+                if let Some((key, why)) = s.ready.pop_front() {
                     s.queued.remove(&*key);
                     s.queued.give_back_room();
                     // A pending delayed run is superseded: the reconcile decides the next one.
-                    if let Some((at, seq)) = s.due.remove(&*key) {
+                    if let Some((at, seq, _)) = s.due.remove(&*key) {
                         s.delayed.remove(&(at, seq, key.clone()));
                         s.due.give_back_room();
                     }
@@ -126,7 +175,7 @@ impl WorkQueue {
                     if !s.ready.is_empty() {
                         self.notify.notify_one();
                     }
-                    return Some(key);
+                    return Some((key, why));
                 }
                 s.delayed.first().map(|(at, _, _)| *at)
             };
@@ -146,11 +195,9 @@ impl WorkQueue {
     pub fn done(&self, key: &Key) {
         let mut s = self.state();
         s.processing.remove(key);
-        let changed = s.dirty.remove(key);
-        if changed {
-            s.dirty.give_back_room();
-        }
-        if changed && s.add(Arc::new(key.clone())) {
+        let Some(why) = s.dirty.remove(key) else { return };
+        s.dirty.give_back_room();
+        if s.add(Arc::new(key.clone()), why) {
             drop(s);
             self.notify.notify_one();
         }
@@ -181,25 +228,42 @@ mod tests {
     #[tokio::test]
     async fn dedups_and_never_hands_out_a_key_twice_at_once() {
         let q = WorkQueue::default();
-        q.add(k("a"));
-        q.add(k("a"));
-        q.add(k("b"));
-        assert_eq!(q.next().await, Some(k("a")));
-        assert_eq!(q.next().await, Some(k("b")));
-        q.add(k("a")); // changed while processing
+        q.add(k("a"), Trigger::Change);
+        q.add(k("a"), Trigger::Change);
+        q.add(k("b"), Trigger::Change);
+        assert_eq!(q.next().await.map(|(key, _)| key), Some(k("a")));
+        assert_eq!(q.next().await.map(|(key, _)| key), Some(k("b")));
+        q.add(k("a"), Trigger::Change); // changed while processing
         assert_eq!(q.depth(), 0);
         q.done(&k("a"));
-        assert_eq!(q.next().await, Some(k("a")));
+        assert_eq!(q.next().await.map(|(key, _)| key), Some(k("a")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_runs_for_what_queued_it_first_or_for_its_soonest_delay() {
+        let q = WorkQueue::default();
+        q.add(k("a"), Trigger::Change);
+        q.add(k("a"), Trigger::Wake);
+        assert_eq!(q.next().await, Some((k("a"), Trigger::Change)));
+        q.add(k("a"), Trigger::Related); // while processing
+        q.add(k("a"), Trigger::Watch);
+        q.done(&k("a"));
+        assert_eq!(q.next().await, Some((k("a"), Trigger::Related)), "changed while processing");
+        q.done(&k("a"));
+        q.add_after(k("b"), Duration::from_secs(5), Trigger::Resync);
+        q.add_after(k("b"), Duration::from_secs(1), Trigger::Poll);
+        q.add_after(k("b"), Duration::from_secs(3), Trigger::Retry);
+        assert_eq!(q.next().await, Some((k("b"), Trigger::Poll)), "the soonest delay's");
     }
 
     #[tokio::test(start_paused = true)]
     async fn delays_coalesce_to_the_earliest() {
         let q = WorkQueue::default();
-        q.add_after(k("a"), Duration::from_secs(5));
-        q.add_after(k("a"), Duration::from_secs(10));
-        q.add_after(k("a"), Duration::from_secs(1));
+        q.add_after(k("a"), Duration::from_secs(5), Trigger::Requeue);
+        q.add_after(k("a"), Duration::from_secs(10), Trigger::Requeue);
+        q.add_after(k("a"), Duration::from_secs(1), Trigger::Requeue);
         let started = Instant::now();
-        assert_eq!(q.next().await, Some(k("a")));
+        assert_eq!(q.next().await.map(|(key, _)| key), Some(k("a")));
         assert_eq!(started.elapsed(), Duration::from_secs(1));
         q.done(&k("a"));
         assert_eq!(q.depth(), 0, "the superseded delays are gone");
@@ -208,15 +272,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_delay_that_comes_due_while_its_key_is_processing_runs_it_after() {
         let q = WorkQueue::default();
-        q.add(k("a"));
-        assert_eq!(q.next().await, Some(k("a")));
-        q.add_after(k("a"), Duration::from_secs(1));
-        q.add_after(k("b"), Duration::from_secs(2));
+        q.add(k("a"), Trigger::Change);
+        assert_eq!(q.next().await.map(|(key, _)| key), Some(k("a")));
+        q.add_after(k("a"), Duration::from_secs(1), Trigger::Requeue);
+        q.add_after(k("b"), Duration::from_secs(2), Trigger::Requeue);
         let started = Instant::now();
-        assert_eq!(q.next().await, Some(k("b")), "a is still processing when its delay is due");
+        assert_eq!(q.next().await.map(|(key, _)| key), Some(k("b")), "a is still processing when its delay is due");
         assert_eq!(started.elapsed(), Duration::from_secs(2));
         q.done(&k("a"));
-        assert_eq!(q.next().await, Some(k("a")), "and runs once it is done");
+        assert_eq!(q.next().await.map(|(key, _)| key), Some(k("a")), "and runs once it is done");
         assert_eq!(q.depth(), 0);
     }
 
@@ -246,7 +310,7 @@ mod tests {
                 (q.clone(), keys.clone(), changes.clone(), seen.clone(), running.clone(), ran.clone());
             workers.push(tokio::spawn(async move {
                 let mut rand = 7 + w;
-                while let Some(key) = q.next().await {
+                while let Some((key, _)) = q.next().await {
                     assert!(running.lock().unwrap().insert(key.clone()), "{key:?} on two workers at once");
                     let i = keys.iter().position(|k| *k == key).unwrap();
                     // What the reconcile reads: every change made before it started.
@@ -254,7 +318,11 @@ mod tests {
                     // Deliberate: the run's simulated work, on the paused clock.
                     tokio::time::sleep(Duration::from_millis(next_rand(&mut rand) % 30)).await;
                     if next_rand(&mut rand).is_multiple_of(3) {
-                        q.add_after(key.clone(), Duration::from_millis(1 + next_rand(&mut rand) % 100));
+                        q.add_after(
+                            key.clone(),
+                            Duration::from_millis(1 + next_rand(&mut rand) % 100),
+                            Trigger::Requeue,
+                        );
                     }
                     running.lock().unwrap().remove(&key);
                     q.done(&key);
@@ -267,8 +335,10 @@ mod tests {
             let i = (next_rand(&mut rand) as usize) % KEYS;
             changes[i].fetch_add(1, Ordering::SeqCst);
             match next_rand(&mut rand) % 3 {
-                0 => q.add(keys[i].clone()),
-                _ => q.add_after(keys[i].clone(), Duration::from_millis(1 + next_rand(&mut rand) % 50)),
+                0 => q.add(keys[i].clone(), Trigger::Change),
+                _ => {
+                    q.add_after(keys[i].clone(), Duration::from_millis(1 + next_rand(&mut rand) % 50), Trigger::Requeue)
+                }
             }
             // Deliberate: the spacing of the changes, on the paused clock.
             tokio::time::sleep(Duration::from_millis(next_rand(&mut rand) % 5)).await;
