@@ -536,12 +536,8 @@ async fn bench() -> Result<(), BoxError> {
     let exe = std::env::current_exe()?;
     // The bench executable is target/release/deps/sdk_overhead-<hash>; the sidecar it measures
     // is the dist build, in target/dist.
-    let bin_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .and_then(Path::parent)
-        .ok_or("cannot locate the target dir")?
-        .join("dist");
+    let bin_dir =
+        exe.parent().and_then(Path::parent).and_then(Path::parent).ok_or("cannot locate the target dir")?.join("dist");
     // BENCH_FAKE_DRIVER: another fake-driver build, e.g. to compare before / after a change.
     let fake = std::env::var_os("BENCH_FAKE_DRIVER").map(PathBuf::from).unwrap_or_else(|| bin_dir.join("fake-driver"));
     if !fake.exists() {

@@ -153,7 +153,10 @@ async fn worker<R: Reconciler>(ctx: Arc<Ctx<R::App>>, reconciler: Arc<R>, id: us
                     ReconcileError::Driver { .. } => {
                         tracing::info!("{}; retrying in {delay:?}", machine_driver_util::error_chain(&e))
                     }
-                    _ => tracing::warn!("reconcile failed, retrying in {delay:?}: {}", machine_driver_util::error_chain(&e)),
+                    _ => tracing::warn!(
+                        "reconcile failed, retrying in {delay:?}: {}",
+                        machine_driver_util::error_chain(&e)
+                    ),
                 });
                 ctx.queue.add_after(key.clone(), delay, Trigger::Retry);
             }
