@@ -406,7 +406,11 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
             v.finish()?;
             let changed_paths = convert::changed_paths(&current, &desired);
             if changed_paths.is_empty() {
-                return Ok(pb::CanUpdateMachineResponse::default());
+                // Nothing changes, so nothing is disrupted.
+                return Ok(pb::CanUpdateMachineResponse {
+                    disruption: pb::InPlaceDisruption::None as i32,
+                    ..Default::default()
+                });
             }
             let plan = self
                 .driver()
@@ -415,7 +419,11 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
                     CanUpdateMachine { name: r.name, current, desired, changed_paths, secrets: secrets.clone() },
                 )
                 .await?;
-            Ok(pb::CanUpdateMachineResponse { in_place_paths: plan.in_place_paths, replace_paths: plan.replace_paths })
+            Ok(pb::CanUpdateMachineResponse {
+                in_place_paths: plan.in_place_paths,
+                replace_paths: plan.replace_paths,
+                disruption: plan.disruption.to_pb() as i32,
+            })
         })
     }
 

@@ -149,6 +149,43 @@ pub struct UpdatePlan {
     pub in_place_paths: Vec<String>,
     /// Changes that need a replacement machine.
     pub replace_paths: Vec<String>,
+    /// What applying `in_place_paths` does to the running machine. Defaults to
+    /// [`InPlaceDisruption::Reboot`], the safe answer: the controller drains the node first.
+    pub disruption: InPlaceDisruption,
+}
+
+/// What an in-place update does to a running machine (`CanUpdateMachineResponse.disruption`):
+/// whether the controller must cordon and drain its node first, and wait for it to come back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum InPlaceDisruption {
+    /// Nothing restarts (tags, labels, metadata): no pod is touched.
+    None,
+    /// The machine keeps running but its workloads must move off first: drain, update, uncordon.
+    Drain,
+    /// The machine stops or restarts (image, kernel, size): drain, update, wait for the node to
+    /// be Ready again with a new boot ID, uncordon. What an unset answer means.
+    #[default]
+    Reboot,
+}
+
+impl InPlaceDisruption {
+    /// Reads the wire value: unset (or a value newer than this SDK) is `Reboot`.
+    pub fn from_pb(value: i32) -> Self {
+        match crate::proto::InPlaceDisruption::try_from(value) {
+            Ok(crate::proto::InPlaceDisruption::None) => Self::None,
+            Ok(crate::proto::InPlaceDisruption::Drain) => Self::Drain,
+            _ => Self::Reboot,
+        }
+    }
+
+    /// The wire value.
+    pub fn to_pb(self) -> crate::proto::InPlaceDisruption {
+        match self {
+            Self::None => crate::proto::InPlaceDisruption::None,
+            Self::Drain => crate::proto::InPlaceDisruption::Drain,
+            Self::Reboot => crate::proto::InPlaceDisruption::Reboot,
+        }
+    }
 }
 
 /// `UpdateMachine` arguments.
