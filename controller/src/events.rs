@@ -130,6 +130,14 @@ event_reasons! {
     DrainForced: Warning,
     /// Machine: its Node is drained.
     Drained: Normal,
+    /// Machine: its Node is cordoned and drained before an in-place update its driver says
+    /// disrupts it (`Drain`, `Reboot`).
+    DrainingForUpdate: Normal,
+    /// Machine: its Node is Ready again after an in-place update and is uncordoned.
+    Uncordoned: Normal,
+    /// Machine: its Node was not Ready again within `nodeStartupTimeoutSeconds` of an in-place
+    /// update; it fails (`NODE_NOT_BACK_AFTER_UPDATE`).
+    NodeNotBackAfterUpdate: Warning,
     /// Machine: the VM is gone and the Node not Ready; its pods were deleted without eviction.
     OutOfService: Warning,
     /// Machine: its Node is deleted after the VM.

@@ -165,6 +165,9 @@ pub const REASON_CREATION_TIMEOUT: &str = "CREATION_TIMEOUT";
 pub const REASON_HEALTH_TIMEOUT: &str = "HEALTH_TIMEOUT";
 /// The reason of a machine failed because its Node did not become Ready in time.
 pub const REASON_NODE_NOT_JOINED: &str = "NODE_NOT_JOINED";
+/// A machine updated in place whose Node was not Ready again within `nodeStartupTimeoutSeconds`
+/// (the controller's own failure reason; it blames the revision).
+pub const REASON_NODE_NOT_BACK: &str = "NODE_NOT_BACK_AFTER_UPDATE";
 /// Controller-made failure reason: `INTERNAL` more than [`INTERNAL_RETRIES`] times in a row.
 pub const REASON_RETRIES_EXHAUSTED: &str = "RETRIES_EXHAUSTED";
 
@@ -271,7 +274,9 @@ impl Blame {
 /// failure, then the code.
 pub fn blame(code: &str, reason: &str) -> Blame {
     match reason {
-        REASON_CREATION_TIMEOUT | REASON_HEALTH_TIMEOUT | REASON_NODE_NOT_JOINED => return Blame::Revision,
+        REASON_CREATION_TIMEOUT | REASON_HEALTH_TIMEOUT | REASON_NODE_NOT_JOINED | REASON_NODE_NOT_BACK => {
+            return Blame::Revision
+        }
         REASON_RETRIES_EXHAUSTED => return Blame::Transient,
         driver_sdk::reason::CLOUD_OPERATION_FAILED => return Blame::Revision,
         _ => {}

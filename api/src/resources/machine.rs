@@ -164,6 +164,11 @@ pub struct MachineStatus {
     /// elected controller resumes it with the same deadlines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion: Option<Deletion>,
+    /// Where an in-place update that disrupts the machine stands (drain, update, the node back,
+    /// uncordon), so a restarted controller resumes it with the same deadlines. Absent when no
+    /// such update runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place: Option<InPlaceProgress>,
 }
 
 /// A Node, by name and uid.
@@ -227,6 +232,72 @@ pub struct Deletion {
     /// Pods were deleted at the drain deadline instead of evicted.
     #[serde(default, skip_serializing_if = "is_default")]
     pub forced: bool,
+}
+
+wire_enum! {
+    /// What an in-place update does to a running machine, as its driver answered
+    /// `CanUpdateMachine` (an unset answer is `Reboot`). The owner writes it into
+    /// [`ANNOTATION_IN_PLACE_DISRUPTION`](super::ANNOTATION_IN_PLACE_DISRUPTION) with the new
+    /// spec; a Machine without it is treated as `Reboot`.
+    pub enum InPlaceDisruption {
+        /// Nothing restarts (tags, labels): the update runs with no pod touched.
+        None,
+        /// The workloads must move off first: cordon and drain, update, uncordon.
+        Drain,
+        /// The machine restarts: cordon and drain, update, wait for the Node to be Ready with a
+        /// new boot ID (or to have gone NotReady and come back), uncordon.
+        Reboot,
+    }
+}
+
+wire_enum! {
+    /// The steps of an in-place update that drains, in order. Each is recorded with its start
+    /// time before it acts, so a restart resumes the same step.
+    pub enum InPlacePhase {
+        /// Cordoned and tainted; pods evicted (PodDisruptionBudgets respected) until the drain
+        /// deadline.
+        Draining,
+        /// The driver applies the new spec (`UpdateMachine`, its operation polled).
+        Updating,
+        /// Updated: waiting, at most `nodeStartupTimeoutSeconds`, for the Node to be Ready again
+        /// (after a reboot: with a new boot ID, or after having gone NotReady).
+        WaitingForNode,
+    }
+}
+
+/// Where a Machine's draining in-place update stands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InPlaceProgress {
+    /// What the driver said the update does.
+    pub disruption: InPlaceDisruption,
+    /// The current step.
+    pub phase: InPlacePhase,
+    /// When the current step began (the Node's wait is counted from `WaitingForNode`'s).
+    pub phase_started: Time,
+    /// When the drain began (its deadline is this plus `drainTimeoutSeconds`).
+    pub drain_started: Time,
+    /// The drain's deadline: pods still there are deleted so that they are gone by it.
+    pub drain_deadline: Time,
+    /// Pods still to leave the node at the last look.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub pods_left: u32,
+    /// What holds the drain (a PodDisruptionBudget and the pod it protects).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub blocked_by: String,
+    /// Pods were deleted at the drain deadline instead of evicted.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub forced: bool,
+    /// The Node's boot ID when the update began: after a reboot it differs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
+    /// The Node went NotReady since the update was asked (a reboot seen without a boot ID).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub node_went_not_ready: bool,
+    /// The Node was already unschedulable (cordoned by someone else) when the drain began: it is
+    /// left so afterwards.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub was_unschedulable: bool,
 }
 
 /// A Machine: one cloud machine, created, polled, health-checked and deleted through its
@@ -308,6 +379,26 @@ impl KindInfo for Machine {
             }
             if d["outOfService"].as_bool() == Some(true) {
                 out += "  out of service: the VM was gone; pods deleted without eviction\n";
+            }
+        }
+        if let Some(u) = status.get("inPlace").filter(|u| !u.is_null()) {
+            let field = |k: &str| u[k].as_str().unwrap_or("-").to_string();
+            out += &format!(
+                "In-place update: {} since {} (the driver says: {})\n",
+                field("phase"),
+                field("phaseStarted"),
+                field("disruption")
+            );
+            out += &format!("  drain:      started {}, deadline {}\n", field("drainStarted"), field("drainDeadline"));
+            out += &format!("  pods left:  {}\n", u["podsLeft"].as_u64().unwrap_or(0));
+            if let Some(b) = u["blockedBy"].as_str() {
+                out += &format!("  blocked by: {b}\n");
+            }
+            if u["forced"].as_bool() == Some(true) {
+                out += "  forced:     pods were deleted at the drain deadline\n";
+            }
+            if let Some(boot) = u["bootId"].as_str() {
+                out += &format!("  boot ID before the update: {boot}\n");
             }
         }
         out

@@ -33,6 +33,10 @@ pub const ANNOTATION_SKIP_REMEDIATION: &str = "machine.driver.dev/skip-remediati
 /// [`DisruptionReason`](super::DisruptionReason)): a machine being remediated counts against
 /// `remediation.maxInFlight` until it is gone, across restarts.
 pub const ANNOTATION_DISRUPTION: &str = "machine.driver.dev/disruption-reason";
+/// Annotation the owner writes with a new spec it moves a machine to in place: what the driver
+/// said the update does ([`InPlaceDisruption`](super::InPlaceDisruption): `None`, `Drain`,
+/// `Reboot`). A Machine whose spec changes without it is treated as `Reboot`.
+pub const ANNOTATION_IN_PLACE_DISRUPTION: &str = "machine.driver.dev/in-place-disruption";
 /// Cloud tag naming the controller instance that owns a cloud machine (orphan collection).
 pub const TAG_CONTROLLER: &str = "machine.driver.dev/controller";
 /// Cloud tag with the namespace/name of the owning Machine.

@@ -369,6 +369,12 @@ reasons! {
     WaitingForPreTerminateHooks,
     /// The VM is being deleted.
     DeletingInstance,
+    /// An in-place update waits for its Node to be Ready again (after a reboot: with a new boot
+    /// ID).
+    WaitingForNodeAfterUpdate,
+    /// The Node did not come back Ready within `nodeStartupTimeoutSeconds` of an in-place
+    /// update.
+    NodeNotBackAfterUpdate,
     /// MachineHealthCheck: no more machines are unhealthy than `maxUnhealthy`.
     WithinMaxUnhealthy,
     /// MachineHealthCheck: more machines are unhealthy than `maxUnhealthy`; none is remediated.

@@ -46,6 +46,8 @@ pub struct NodeView {
     pub taints: Vec<Taint>,
     /// Being deleted.
     pub deleting: bool,
+    /// `status.nodeInfo.bootID`: a reboot changes it.
+    pub boot_id: String,
     /// `metadata.resourceVersion` of the Node this view was taken from: a write that replaces a
     /// list (the taints) carries it, so it fails with a conflict if the Node changed since.
     pub resource_version: String,
@@ -76,6 +78,12 @@ impl NodeView {
             annotations: node.metadata.annotations.clone().unwrap_or_default(),
             taints: spec.and_then(|s| s.taints.clone()).unwrap_or_default(),
             deleting: node.metadata.deletion_timestamp.is_some(),
+            boot_id: node
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.boot_id.clone())
+                .unwrap_or_default(),
             resource_version: node.metadata.resource_version.clone().unwrap_or_default(),
         })
     }
@@ -94,6 +102,7 @@ impl NodeView {
             annotations,
             taints,
             deleting,
+            boot_id,
             resource_version: _,
         } = self;
         *name == other.name
@@ -105,6 +114,7 @@ impl NodeView {
             && *annotations == other.annotations
             && *taints == other.taints
             && *deleting == other.deleting
+            && *boot_id == other.boot_id
     }
 
     /// Whether it is Ready.

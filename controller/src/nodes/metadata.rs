@@ -144,6 +144,7 @@ mod tests {
                 .map(|(k, e)| Taint { key: k.to_string(), effect: e.to_string(), ..Default::default() })
                 .collect(),
             deleting: false,
+            boot_id: String::new(),
             resource_version: "1".into(),
         }
     }

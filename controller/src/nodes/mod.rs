@@ -171,6 +171,15 @@ impl Target {
         self.patch_node(node, cordon_patch(node)).await
     }
 
+    /// Undoes [`Target::cordon`] after an in-place update ([`uncordon_patch`]); the Node stays
+    /// unschedulable when `keep_unschedulable` (it was cordoned before the update).
+    ///
+    /// # Errors
+    /// The API server's refusal; a conflict is [`NodeWrite::Conflict`].
+    pub async fn uncordon(&self, node: &NodeView, keep_unschedulable: bool) -> Result<NodeWrite, Error> {
+        self.patch_node(node, uncordon_patch(node, keep_unschedulable)).await
+    }
+
     /// Adds `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` ([`out_of_service_patch`]):
     /// the VM is gone, so the pods are deleted and volumes detached without waiting for its
     /// kubelet.
@@ -316,6 +325,24 @@ pub fn cordon_patch(node: &NodeView) -> Option<serde_json::Value> {
     Some(node_spec_patch(node, taints, Some(true), BTreeMap::from([(LABEL_EXCLUDE_FROM_LB, "true")])))
 }
 
+/// The merge patch that undoes [`cordon_patch`] (`None` when nothing is left to undo): the
+/// [`TAINT_DRAINING`] taint and the label [`LABEL_EXCLUDE_FROM_LB`] go, and `spec.unschedulable`
+/// is cleared unless `keep_unschedulable`.
+pub fn uncordon_patch(node: &NodeView, keep_unschedulable: bool) -> Option<serde_json::Value> {
+    let tainted = node.has_taint(TAINT_DRAINING, "NoSchedule");
+    let labelled = node.labels.contains_key(LABEL_EXCLUDE_FROM_LB);
+    let cordoned = node.unschedulable && !keep_unschedulable;
+    if !tainted && !labelled && !cordoned {
+        return None;
+    }
+    let taints = node.taints.iter().filter(|t| t.key != TAINT_DRAINING).cloned().collect();
+    let mut patch = node_spec_patch(node, taints, (!keep_unschedulable).then_some(false), BTreeMap::new());
+    if labelled {
+        patch["metadata"]["labels"] = serde_json::json!({ LABEL_EXCLUDE_FROM_LB: null });
+    }
+    Some(patch)
+}
+
 /// The merge patch that adds [`TAINT_OUT_OF_SERVICE`]`=nodeshutdown:NoExecute` to `node`
 /// (`None` when it is there).
 pub fn out_of_service_patch(node: &NodeView) -> Option<serde_json::Value> {
@@ -401,6 +428,23 @@ mod tests {
         }))
         .unwrap();
         NodeView::of(&node).unwrap()
+    }
+
+    #[test]
+    fn an_uncordon_undoes_the_cordon_and_keeps_what_others_set() {
+        let mut node = view(&[("example.com/gpu", "NoSchedule"), (TAINT_DRAINING, "NoSchedule")], true);
+        node.labels.insert(LABEL_EXCLUDE_FROM_LB.into(), "true".into());
+        let patch = uncordon_patch(&node, false).expect("a patch");
+        assert_eq!(patch["spec"]["unschedulable"], false);
+        assert_eq!(patch["spec"]["taints"], serde_json::json!([{"key": "example.com/gpu", "effect": "NoSchedule"}]));
+        assert_eq!(patch["metadata"]["labels"][LABEL_EXCLUDE_FROM_LB], serde_json::Value::Null);
+        assert_eq!(patch["metadata"]["resourceVersion"], "42", "409 if the Node changed since it was seen");
+        // Cordoned by someone else before the update: it stays unschedulable.
+        let kept = uncordon_patch(&node, true).expect("a patch");
+        assert!(kept["spec"].get("unschedulable").is_none(), "{kept}");
+        // Nothing of ours left: no patch.
+        assert_eq!(uncordon_patch(&view(&[("example.com/gpu", "NoSchedule")], false), false), None);
+        assert_eq!(uncordon_patch(&view(&[], true), true), None);
     }
 
     #[test]

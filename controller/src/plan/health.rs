@@ -149,6 +149,12 @@ fn health(spec: &MachineHealthCheckSpec, m: &Machine, now: Time, timers_since: O
         return Health::Unhealthy(Reason::MachineFailed, why);
     }
     let mut recheck: Option<Duration> = None;
+    if m.status.in_place.is_some() {
+        // Drained for an in-place update: its Node may go NotReady while it reboots, and the
+        // update's own deadline (`nodeStartupTimeoutSeconds`) fails the machine if it does not
+        // come back.
+        return Health::Healthy { recheck };
+    }
     let Some(ready) = condition(&m.status.conditions, ConditionType::NodeReady) else {
         return Health::Healthy { recheck };
     };

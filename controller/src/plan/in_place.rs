@@ -4,13 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use crate::resources::{set_condition, Condition, ConditionType, Reason};
+use crate::resources::{set_condition, Condition, ConditionType, InPlaceDisruption, Reason};
 
 /// What is known about updating one machine in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// The driver can apply every change in place.
-    Updatable,
+    /// The driver can apply every change in place, disrupting the machine this much.
+    Updatable(InPlaceDisruption),
     /// These paths cannot change in place (or the driver or class changes, or the driver has no
     /// in-place updates).
     NeedsReplacement(Vec<String>),
@@ -21,8 +21,9 @@ pub enum Verdict {
 /// What to do with one machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// Move its spec to the target template; its Machine reconciler calls UpdateMachine.
-    Patch,
+    /// Move its spec to the target template, saying what the update disrupts; its Machine
+    /// reconciler drains it if need be and calls UpdateMachine.
+    Patch(InPlaceDisruption),
     /// Delete it: its replacement is created on the target revision (fallbackToReplace).
     Replace(Vec<String>),
     /// Leave it: it needs replacement and fallbackToReplace is off.
@@ -58,9 +59,9 @@ impl Budget {
         }
         match verdict {
             Verdict::Unknown => Step::Skip,
-            Verdict::Updatable => {
+            Verdict::Updatable(disruption) => {
                 self.left -= 1;
-                Step::Patch
+                Step::Patch(disruption)
             }
             Verdict::NeedsReplacement(paths) if self.fallback_to_replace => {
                 self.left -= 1;
@@ -90,6 +91,9 @@ impl Budget {
 mod tests {
     use super::*;
 
+    const UPDATABLE: Verdict = Verdict::Updatable(InPlaceDisruption::Reboot);
+    const PATCH: Step = Step::Patch(InPlaceDisruption::Reboot);
+
     fn needs(path: &str) -> Verdict {
         Verdict::NeedsReplacement(vec![path.into()])
     }
@@ -101,34 +105,34 @@ mod tests {
         type Row = (usize, bool, Vec<Verdict>, Vec<Step>, (&'static str, &'static str));
         let rows: Vec<Row> = vec![
             // One at a time: the first updatable machine is patched, the rest wait.
-            (1, false, vec![Verdict::Updatable, Verdict::Updatable], vec![Patch, Skip], ("True", "Updatable")),
+            (1, false, vec![UPDATABLE, UPDATABLE], vec![PATCH, Skip], ("True", "Updatable")),
             // One more may start: one is patched.
-            (1, false, vec![Verdict::Updatable, Verdict::Updatable], vec![Patch, Skip], ("True", "Updatable")),
+            (1, false, vec![UPDATABLE, UPDATABLE], vec![PATCH, Skip], ("True", "Updatable")),
             // None may start (the planner held them): nothing starts.
-            (0, false, vec![Verdict::Updatable], vec![Skip], ("True", "Updatable")),
+            (0, false, vec![UPDATABLE], vec![Skip], ("True", "Updatable")),
             // Unknown answers are skipped without using budget.
-            (1, false, vec![Verdict::Unknown, Verdict::Updatable], vec![Skip, Patch], ("True", "Updatable")),
+            (1, false, vec![Verdict::Unknown, UPDATABLE], vec![Skip, PATCH], ("True", "Updatable")),
             // Blocked machines use no budget, and the condition names them.
             (
                 1,
                 false,
-                vec![needs("provider_spec.zone"), Verdict::Updatable],
-                vec![Blocked, Patch],
+                vec![needs("provider_spec.zone"), UPDATABLE],
+                vec![Blocked, PATCH],
                 ("False", "NeedsReplacement"),
             ),
             // With fallbackToReplace they are replaced, within the budget.
             (
                 1,
                 true,
-                vec![needs("provider_spec.zone"), Verdict::Updatable],
+                vec![needs("provider_spec.zone"), UPDATABLE],
                 vec![Replace(vec!["provider_spec.zone".into()]), Skip],
                 ("True", "Updatable"),
             ),
             (
                 3,
                 true,
-                vec![needs("(driver or class)"), Verdict::Updatable, needs("a")],
-                vec![Replace(vec!["(driver or class)".into()]), Patch, Replace(vec!["a".into()])],
+                vec![needs("(driver or class)"), UPDATABLE, needs("a")],
+                vec![Replace(vec!["(driver or class)".into()]), PATCH, Replace(vec!["a".into()])],
                 ("True", "Updatable"),
             ),
         ];

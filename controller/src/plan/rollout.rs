@@ -183,6 +183,8 @@ struct ViewMeta<'a> {
     creation_timestamp: Option<Time>,
     #[serde(default)]
     deletion_timestamp: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    generation: i64,
     #[serde(default, borrow)]
     labels: ViewLabels<'a>,
     #[serde(default, borrow)]
@@ -216,6 +218,8 @@ struct ViewAnnotations<'a> {
     delete: Option<Cow<'a, str>>,
     #[serde(rename = "machine.driver.dev/node-template-hash", default, borrow)]
     node_template: Option<Cow<'a, str>>,
+    #[serde(rename = "machine.driver.dev/in-place-disruption", default)]
+    in_place: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(serde::Deserialize)]
@@ -237,6 +241,8 @@ struct ViewStatus<'a> {
     last_operation: Option<ViewOperation<'a>>,
     #[serde(default)]
     failure: Option<Failure>,
+    #[serde(default)]
+    observed_generation: i64,
 }
 
 /// A condition, its time left unparsed: only the Ready condition's is read.
@@ -308,6 +314,10 @@ impl StoredMember<'_> {
             None
         };
         let a = m.annotations;
+        // Moved to a new spec in place and not updated yet: its update counts from the patch on,
+        // before its own reconcile says Updating (so the next plan does not start another).
+        let update_pending =
+            st.phase == Phase::Running && a.in_place.is_some() && st.observed_generation < m.generation;
         let on = |v: &Option<Cow<'_, str>>| v.as_deref().is_some_and(|v| v != "false");
         let remediation = if deleting || on(&a.skip_remediation) {
             None
@@ -332,7 +342,7 @@ impl StoredMember<'_> {
             marked_for_deletion: a.delete.is_some_and(|v| v != "false"),
             remediation,
             marked_unhealthy: marked_unhealthy && !deleting,
-            phase: st.phase,
+            phase: if update_pending { Phase::Updating } else { st.phase },
             failure: st.failure.map(Box::new),
             node_template: a.node_template.map(Cow::into_owned).unwrap_or_default(),
             ready_since,

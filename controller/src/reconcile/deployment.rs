@@ -230,11 +230,14 @@ async fn in_place(
         let Some(m) = machine_if_unchanged(ctx, md, member).await? else { continue };
         let m = &m;
         match budget.step(name, can_update(ctx, m, template).await?) {
-            in_place::Step::Patch => {
+            in_place::Step::Patch(disruption) => {
                 let mut patched = (*m).clone();
                 patched.spec.class_ref = template.spec.class_ref.clone();
                 patched.spec.provider_spec = template.spec.provider_spec.clone();
                 patched.metadata.labels.insert(LABEL_REVISION.into(), rev.into());
+                // What the driver said the update does, for the Machine's reconciler (drain or
+                // not) and for the planner (it counts as updating from now on).
+                patched.metadata.annotations.insert(ANNOTATION_IN_PLACE_DISRUPTION.into(), disruption.to_string());
                 match ctx.store.update(&patched).await {
                     Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => {}
                     Err(e) => return Err(e.into()),
@@ -279,7 +282,13 @@ async fn can_update(ctx: &Ctx, m: &Machine, template: &MachineTemplate) -> Resul
         secrets: desired.secrets.clone(),
     };
     Ok(match ctx.call(desired.driver, "CanUpdateMachine", |c| async move { c.can_update_machine(req).await }).await {
-        Ok(reply) if reply.value.replace_paths.is_empty() => Verdict::Updatable,
+        Ok(reply) if reply.value.replace_paths.is_empty() => {
+            Verdict::Updatable(match driver_sdk::InPlaceDisruption::from_pb(reply.value.disruption) {
+                driver_sdk::InPlaceDisruption::None => InPlaceDisruption::None,
+                driver_sdk::InPlaceDisruption::Drain => InPlaceDisruption::Drain,
+                driver_sdk::InPlaceDisruption::Reboot => InPlaceDisruption::Reboot,
+            })
+        }
         Ok(reply) => Verdict::NeedsReplacement(reply.value.replace_paths),
         Err(e) => match policy::decide(&e.report, Source::Call(Rpc::Read)) {
             Decision::Permanent(Permanent::Unsupported) => replace_all(),

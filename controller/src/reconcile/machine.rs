@@ -10,6 +10,7 @@ use driver_sdk::proto as pb;
 use driver_sdk::{CallError, OperationExt};
 
 use super::deletion::{self, Instance};
+use super::in_place;
 use super::record::{fail, remember, LastOperationExt, StoredOperationExt};
 use super::write::{self, Finalizer};
 use super::{poll_stored, resolve, Polled, Resolved};
@@ -61,6 +62,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if let (Step::Join, Some(target)) = (&step, ctx.app.target.as_deref()) {
         return super::node::join(ctx, target, key, m, r.class.metadata.generation).await;
     }
+    if step == Step::InPlace {
+        return in_place::step(ctx, key, m, &r).await;
+    }
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() && !spec_changed {
         return watch_node(ctx, key, m, wait).await;
@@ -68,7 +72,17 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     match step {
         Step::Poll(op) => poll(ctx, m, &r, op).await,
         Step::Hold => Ok(Action::await_change()),
-        Step::Update => update(ctx, key, m, &r).await,
+        Step::Update => {
+            // With a target cluster, an update that disrupts the machine drains its Node first.
+            let disruption = in_place::disruption(&m);
+            if let (Some(target), true) = (ctx.app.target.as_deref(), disruption != InPlaceDisruption::None) {
+                if let Some(action) = in_place::begin(ctx, target, key, m.clone(), disruption).await? {
+                    return Ok(action);
+                }
+            }
+            update(ctx, key, m, &r).await
+        }
+        Step::InPlace => Ok(Action::requeue_now()),
         Step::Health => health(ctx, key, m, &r).await,
         Step::Create => create(ctx, key, m, &r).await,
         // Without a target cluster a Provisioned machine (the controller ran with one before)
@@ -97,8 +111,11 @@ enum Step {
     Poll(StoredOperation),
     /// Nothing until the spec or class changes (a permanent failure), or the owner replaces it.
     Hold,
-    /// UpdateMachine: a running machine's spec changed.
+    /// UpdateMachine: a running machine's spec changed (with a target cluster, a disruptive
+    /// update drains its Node first: [`in_place::begin`]).
     Update,
+    /// A draining in-place update is in progress ([`in_place::step`]).
+    InPlace,
     /// GetMachineStatus: a running machine's health check.
     Health,
     /// CreateMachine (again: creates are idempotent by name).
@@ -129,6 +146,7 @@ fn next_step(m: &Machine, class_generation: i64, spec_changed: bool) -> Step {
     }
     match m.status.phase {
         Phase::Failed if m.status.failure.is_none() => Step::Hold,
+        _ if m.status.in_place.is_some() => Step::InPlace,
         Phase::Provisioned if !m.status.provider_id.is_empty() => Step::Join,
         Phase::Running | Phase::Unknown | Phase::Updating if !m.status.provider_id.is_empty() => {
             if spec_changed {
@@ -371,6 +389,13 @@ async fn finished(
     if let Some(machine) = op.machine() {
         apply_cloud_view(&mut m, machine);
     }
+    if op_type == OperationType::Update && in_place::updated(&mut m) {
+        // A drained update: the machine stays Updating until its Node is back.
+        m.status.observed_generation = m.metadata.generation;
+        m.status.failure = None;
+        write::status(ctx, before, &m).await?;
+        return Ok(Action::requeue_now());
+    }
     // With a target cluster a new VM is Provisioned until its Node is Ready; an in-place update
     // keeps a Running machine Running.
     let joining =
@@ -455,6 +480,11 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     if let Some(target) = ctx.app.target.as_deref() {
         super::node::observe(ctx, target, key, &mut m).await?;
     }
+    if m.status.spec_hash == driver_sdk::convert::spec_hash(&r.provider_spec) {
+        // The cloud machine runs this generation's spec (a change that did not touch the
+        // provider spec, such as the node template, asks nothing of the cloud).
+        m.status.observed_generation = m.metadata.generation;
+    }
     match healthy {
         Ok(()) => {
             m.status.phase = Phase::Running;
@@ -481,7 +511,9 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
     Ok(Action::poll_after(interval))
 }
 
-async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
+/// Asks the driver to apply the machine's spec in place (its operation stored before anything
+/// else).
+pub(super) async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
     let mut m = before.clone();
     let req = pb::UpdateMachineRequest {
         name: m.metadata.name.clone(),

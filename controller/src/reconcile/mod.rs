@@ -14,6 +14,7 @@ pub mod class;
 pub(crate) mod deletion;
 pub mod deployment;
 pub mod health;
+pub(crate) mod in_place;
 pub mod machine;
 pub mod node;
 pub mod orphans;

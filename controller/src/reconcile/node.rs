@@ -49,7 +49,7 @@ pub(crate) fn reported_node_name(m: &Machine) -> &str {
 }
 
 /// Finds `m`'s Node and records that its changes wake `key`.
-fn lookup(target: &Target, key: &Key, m: &Machine) -> Lookup {
+pub(crate) fn lookup(target: &Target, key: &Key, m: &Machine) -> Lookup {
     target.cache.link(key, &m.status.provider_id, reported_node_name(m));
     if let Some(r) = &m.status.node_ref {
         if let Some(view) = target.cache.get(&r.name).filter(|v| r.uid.is_empty() || v.uid == r.uid) {
@@ -319,9 +319,9 @@ async fn hooks(ctx: &Ctx, m: &mut Machine, prefix: &str, next: DeletionPhase) ->
     Action::requeue(HOOK_RECHECK)
 }
 
-/// One look at the drain: cordon (or, for a dead VM's node, mark it out of service), one pass
-/// over the pods ([`drain::pass`], at most [`drain::PASS_BOUND`]), then either the next step or
-/// a report of what holds it.
+/// One look at a deletion's drain: cordon (or, for a dead VM's node, mark it out of service),
+/// one pass over the pods ([`drain_pass`]), then either the next step or a report of what holds
+/// it.
 async fn drain(
     ctx: &Ctx,
     target: &Target,
@@ -329,11 +329,9 @@ async fn drain(
     node: &Arc<NodeView>,
     probe: &dyn VmProbe,
 ) -> Result<Action> {
-    let now = Utc::now();
     if deletion(m).drain_deadline.is_none() {
         advance(m, DeletionPhase::Draining);
     }
-    let deadline = deletion(m).drain_deadline.unwrap_or(now);
     let dead = match prepare(ctx, target, m, node, probe).await? {
         Prepared::Cordoned => false,
         Prepared::OutOfService => true,
@@ -342,10 +340,61 @@ async fn drain(
             return Ok(Action::requeue(NODE_CONFLICT_RETRY));
         }
     };
+    let d = deletion(m);
+    let mut state = DrainState {
+        deadline: d.drain_deadline.unwrap_or_else(Utc::now),
+        pods_left: d.pods_left,
+        blocked_by: std::mem::take(&mut d.blocked_by),
+        forced: d.forced,
+    };
+    let held = drain_pass(ctx, target, m, node, dead, &mut state, (ConditionType::Deleting, true)).await;
+    let d = deletion(m);
+    (d.pods_left, d.blocked_by, d.forced) = (state.pods_left, state.blocked_by, state.forced);
+    if let Some(action) = held? {
+        return Ok(action);
+    }
+    let how = match (d.out_of_service, d.forced) {
+        (true, _) => "out of service",
+        (false, true) => "forced at the deadline",
+        (false, false) => "every pod evicted",
+    };
+    let message = format!("node {} drained ({how})", node.name);
+    ctx.store.event(Kind::Machine, &m.metadata, EventReason::Drained, message).await;
+    advance(m, DeletionPhase::VolumesDetaching);
+    Ok(Action::requeue_now())
+}
+
+/// What a drain keeps between passes: a deletion's (`status.deletion`) or an in-place update's
+/// (`status.inPlace`).
+pub(crate) struct DrainState {
+    /// Pods still there are deleted so that they are gone by then.
+    pub deadline: Time,
+    /// Pods left at the last look.
+    pub pods_left: u32,
+    /// What holds it (a budget and the pod it protects).
+    pub blocked_by: String,
+    /// Pods were deleted at the deadline.
+    pub forced: bool,
+}
+
+/// One pass over a cordoned (or, `dead`, out-of-service) node's pods ([`drain::pass`], at most
+/// [`drain::PASS_BOUND`]): `None` once none is left, else when to look again, with what holds
+/// the drain reported in the condition `report` (its type and status) and in `state`.
+pub(crate) async fn drain_pass(
+    ctx: &Ctx,
+    target: &Target,
+    m: &mut Machine,
+    node: &NodeView,
+    dead: bool,
+    state: &mut DrainState,
+    report: (ConditionType, bool),
+) -> Result<Option<Action>> {
+    let now = Utc::now();
+    let deadline = state.deadline;
     let pods = target.pods_on(&node.name).await?;
     let pass = drain::pass(target, &pods, now, deadline, dead, drain::PASS_BOUND).await?;
     if !pass.deleted.is_empty() && !dead {
-        deletion(m).forced = true;
+        state.forced = true;
         let pods: Vec<String> =
             pass.deleted.iter().map(|d| format!("{} (grace {}s)", d.pod, d.grace_seconds)).collect();
         let message = format!(
@@ -357,24 +406,15 @@ async fn drain(
         );
         ctx.store.event(Kind::Machine, &m.metadata, EventReason::DrainForced, message).await;
     }
-    let left = u32::try_from(pass.left.len()).unwrap_or(u32::MAX);
-    deletion(m).pods_left = left;
-    if left == 0 {
-        let how = match (deletion(m).out_of_service, deletion(m).forced) {
-            (true, _) => "out of service",
-            (false, true) => "forced at the deadline",
-            (false, false) => "every pod evicted",
-        };
-        let message = format!("node {} drained ({how})", node.name);
-        ctx.store.event(Kind::Machine, &m.metadata, EventReason::Drained, message).await;
-        advance(m, DeletionPhase::VolumesDetaching);
-        return Ok(Action::requeue_now());
+    state.pods_left = u32::try_from(pass.left.len()).unwrap_or(u32::MAX);
+    if state.pods_left == 0 {
+        return Ok(None);
     }
-    report_held(ctx, m, &node.name, &pass, deadline).await;
+    report_held(ctx, m, &node.name, &pass, state, report).await;
     if pass.timed_out {
         // The pass stopped at its bound with pods not yet asked: go on at once (other keys had
         // their turn meanwhile).
-        return Ok(Action::requeue(super::MIN_REQUEUE));
+        return Ok(Some(Action::requeue(super::MIN_REQUEUE)));
     }
     // Look again soon (no sooner than a refusal's Retry-After asks); no later than the next
     // forced deletion comes due.
@@ -382,7 +422,7 @@ async fn drain(
     if let Some(due) = drain::next_forced(&pods, deadline) {
         next = next.min((due - now).to_std().unwrap_or_default().max(super::MIN_REQUEUE));
     }
-    Ok(Action::requeue(next))
+    Ok(Some(Action::requeue(next)))
 }
 
 /// What the node was made ready for a pass with.
@@ -425,11 +465,20 @@ async fn prepare(
     })
 }
 
-/// Says what holds the drain: in the `Deleting` condition, `status.deletion.blockedBy`, and an
-/// event when the blocking budget or pod changes. A budget that can never allow an eviction as
-/// configured is named so (the pass read it once, after its refusal).
-async fn report_held(ctx: &Ctx, m: &mut Machine, node: &str, pass: &drain::DrainPass, deadline: Time) {
+/// Says what holds the drain: in the condition `report` (the deletion's `Deleting`, an
+/// in-place update's `UpToDate`), `state.blocked_by`, and an event when the blocking budget or
+/// pod changes. A budget that can never allow an eviction as configured is named so (the pass
+/// read it once, after its refusal).
+async fn report_held(
+    ctx: &Ctx,
+    m: &mut Machine,
+    node: &str,
+    pass: &drain::DrainPass,
+    state: &mut DrainState,
+    report: (ConditionType, bool),
+) {
     let left = pass.left.len();
+    let deadline = state.deadline;
     // `event` is set when something blocks the drain (then `blocked` says what).
     let (reason, event, message, blocked) = match pass.refused.first() {
         Some((pod, refusal)) => {
@@ -463,11 +512,11 @@ async fn report_held(ctx: &Ctx, m: &mut Machine, node: &str, pass: &drain::Drain
             (Reason::Draining, None, message, String::new())
         }
     };
-    if let Some(event) = event.filter(|_| deletion(m).blocked_by != blocked) {
+    if let Some(event) = event.filter(|_| state.blocked_by != blocked) {
         ctx.store.event(Kind::Machine, &m.metadata, event, message.clone()).await;
     }
-    deletion(m).blocked_by = blocked;
-    set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
+    state.blocked_by = blocked;
+    set_condition(&mut m.status.conditions, report.0, report.1, reason, &message);
 }
 
 /// Waits for the node's VolumeAttachments to go, at most `volumeDetachTimeoutSeconds`.
