@@ -1048,3 +1048,202 @@ async fn a_drains_calls_are_counted_by_verb_resource_and_code_and_audited_under_
     assert_eq!(budget_gets as f64, budget_reads, "the audit log and /metrics agree");
     w.kill9().await;
 }
+
+// ------------------------------------------------------------------- in-place updates that drain
+
+/// Every state a watch saw of each Node: (boot ID, Ready, cordoned by the controller).
+struct NodeWatch {
+    seen: Arc<Mutex<BTreeMap<String, Vec<(String, bool, bool)>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl NodeWatch {
+    fn start(w: &World) -> NodeWatch {
+        let seen = Arc::new(Mutex::new(BTreeMap::<String, Vec<(String, bool, bool)>>::new()));
+        let nodes = Api::<Node>::all(w.cluster().client.clone());
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(watcher(nodes, watcher::Config::default()));
+            while let Some(Ok(event)) = stream.next().await {
+                if let watcher::Event::Apply(n) | watcher::Event::InitApply(n) = event {
+                    let boot = n.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone());
+                    let state = (boot.unwrap_or_default(), node_ready(&n), cordoned(&n));
+                    let mut seen = record.lock().unwrap();
+                    let states = seen.entry(n.metadata.name.clone().unwrap_or_default()).or_default();
+                    if states.last() != Some(&state) {
+                        states.push(state);
+                    }
+                }
+            }
+        });
+        NodeWatch { seen, task }
+    }
+}
+
+fn boot_id(n: &Node) -> String {
+    n.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone()).unwrap_or_default()
+}
+
+/// An InPlace deployment of `replicas` fake machines whose in-place changes do `disruption`
+/// (the fake driver's `inPlaceDisruption`), rolled out, with a workload of `pods` under a
+/// PodDisruptionBudget `maxUnavailable: 1` watched from the start.
+async fn in_place_fleet(w: &World, replicas: i64, disruption: &str, pods: i32) -> PodWatch {
+    w.class().await;
+    let strategy = json!({"strategy": {"type": "InPlace", "inPlace": {"maxUnavailable": 1}}});
+    let spec = json!({"machineType": "small", "tags": {"os": "1"}, "inPlaceDisruption": disruption});
+    w.apply_md("web", replicas, spec, strategy).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    w.workload("shop", pods, Some(json!({"maxUnavailable": 1}))).await;
+    let watch = PodWatch::start(w, "shop");
+    let n = pods as usize;
+    eventually(MINUTE, "the pod watch to see every pod Ready", || async {
+        (*watch.ready.lock().unwrap() == n && *watch.min_ready.lock().unwrap() == n).then_some(())
+    })
+    .await;
+    watch
+}
+
+/// Moves the fleet to tag `os: 2` in place, keeping `disruption`, and waits until every machine
+/// runs it.
+async fn update_in_place(w: &World, replicas: i64, disruption: &str) {
+    update_in_place_to(w, replicas, disruption, "2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebooting_in_place_update_drains_one_node_at_a_time_and_uncordons_it_when_it_is_back() {
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
+    w.start_controller(&[]);
+    let pods = in_place_fleet(&w, 3, "Reboot", 6).await;
+    let before: BTreeMap<String, String> =
+        w.nodes().await.iter().map(|n| (n.metadata.name.clone().unwrap(), boot_id(n))).collect();
+    assert!(before.values().all(|b| !b.is_empty()), "the fake's Nodes carry a boot ID: {before:?}");
+    let names: Vec<String> = w.machines().await.iter().map(|m| m.metadata.name.clone()).collect();
+    let created = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    let nodes = NodeWatch::start(&w);
+    update_in_place(&w, 3, "Reboot").await;
+    pods.task.abort();
+    nodes.task.abort();
+
+    // The PodDisruptionBudget held: never more than one pod down; none left an uncordoned node.
+    let min_ready = *pods.min_ready.lock().unwrap();
+    assert!(min_ready >= 5, "one pod down at a time, but the watch saw only {min_ready} Ready");
+    let uncordoned = pods.uncordoned_evictions.lock().unwrap().clone();
+    assert!(uncordoned.is_empty(), "{uncordoned:?}");
+    // Each Node: cordoned on its old boot, back with a new boot ID, and uncordoned only once Ready.
+    let seen = nodes.seen.lock().unwrap().clone();
+    for (node, old_boot) in &before {
+        let states = &seen[node];
+        assert!(states.iter().any(|(b, _, c)| b == old_boot && *c), "{node} cordoned before its reboot: {states:?}");
+        let (boot, ready, cordoned) = states.last().unwrap().clone();
+        assert!(boot != *old_boot && ready && !cordoned, "{node} back, rebooted and uncordoned: {states:?}");
+        let first_uncordoned_after = states.iter().find(|(b, _, c)| b != old_boot && !*c).unwrap();
+        assert!(first_uncordoned_after.1, "{node} uncordoned only once Ready: {states:?}");
+    }
+    // Same machines, same VMs: nothing was created or replaced.
+    let after = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    let counters = |c: &fake::InspectResponse| c.counters.clone().unwrap_or_default();
+    assert_eq!(counters(&after).machines_created, counters(&created).machines_created, "no VM was created");
+    assert_eq!(sorted(w.machines().await.iter().map(|m| m.metadata.name.clone()).collect()), sorted(names));
+    for m in w.machines().await {
+        let events = w.events(&m.metadata.name).await;
+        for reason in ["DrainingForUpdate", "Drained", "Uncordoned"] {
+            assert!(has_event(&events, reason), "{}: no {reason} event", m.metadata.name);
+        }
+        assert!(!has_event(&events, "DrainForced"), "every pod left by eviction");
+    }
+    w.kill9().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_that_disrupts_nothing_evicts_no_pod_and_an_unsaid_one_drains_as_a_reboot() {
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
+    w.start_controller(&[]);
+    let pods = in_place_fleet(&w, 2, "None", 4).await;
+    let nodes = NodeWatch::start(&w);
+    update_in_place(&w, 2, "None").await;
+    assert_eq!(*pods.min_ready.lock().unwrap(), 4, "no pod was evicted");
+    let seen = nodes.seen.lock().unwrap().clone();
+    assert!(seen.values().flatten().all(|(_, _, c)| !c), "no Node was cordoned: {seen:?}");
+    for m in w.machines().await {
+        let events = w.events(&m.metadata.name).await;
+        assert!(!has_event(&events, "DrainingForUpdate"), "{}: {events:?}", m.metadata.name);
+        assert_eq!(m.metadata.annotations.get(ANNOTATION_IN_PLACE_DISRUPTION).map(String::as_str), Some("None"));
+    }
+
+    // A driver that does not say (older than the field) is drained as for a reboot.
+    update_in_place_to(&w, 2, "Unset", "3").await;
+    pods.task.abort();
+    nodes.task.abort();
+    assert!(*pods.min_ready.lock().unwrap() >= 3, "the budget held");
+    for m in w.machines().await {
+        let events = w.events(&m.metadata.name).await;
+        assert!(has_event(&events, "DrainingForUpdate") && has_event(&events, "Uncordoned"), "{events:?}");
+        assert_eq!(m.metadata.annotations.get(ANNOTATION_IN_PLACE_DISRUPTION).map(String::as_str), Some("Reboot"));
+    }
+    w.kill9().await;
+}
+
+/// [`update_in_place`] to tag `os` = `tag`.
+async fn update_in_place_to(w: &World, replicas: i64, disruption: &str, tag: &str) {
+    let strategy = json!({"strategy": {"type": "InPlace", "inPlace": {"maxUnavailable": 1}}});
+    let spec = json!({"machineType": "small", "tags": {"os": tag}, "inPlaceDisruption": disruption});
+    w.apply_md("web", replicas, spec, strategy).await;
+    eventually(4 * MINUTE, "every machine updated in place and Running", || async {
+        let machines = w.machines().await;
+        let done = machines.iter().all(|m| {
+            m.status.phase == Phase::Running
+                && m.status.in_place.is_none()
+                && m.spec.provider_spec.as_ref().is_some_and(|s| s["tags"]["os"] == tag)
+        });
+        (machines.len() == replicas as usize && done).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_place_drain_resumes_after_kill_9_with_the_same_deadline() {
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
+    w.start_controller(&[]);
+    w.class().await;
+    let strategy =
+        json!({"strategy": {"type": "InPlace", "inPlace": {"maxUnavailable": 1}}, "drainTimeoutSeconds": 25});
+    let spec = |os: &str| json!({"machineType": "small", "tags": {"os": os}, "inPlaceDisruption": "Reboot"});
+    w.apply_md("web", 1, spec("1"), strategy.clone()).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let name = w.machines().await.remove(0).metadata.name;
+    // One pod that must stay: the drain is held until its deadline.
+    w.workload("db", 1, Some(json!({"minAvailable": 1}))).await;
+    eventually(MINUTE, "the pod Ready", || async { (w.ready_pods("db").await.len() == 1).then_some(()) }).await;
+    w.apply_md("web", 1, spec("2"), strategy).await;
+    let first = eventually(MINUTE, "the in-place drain held by the budget", || async {
+        let m = w.machine(&name).await?;
+        let p = m.status.in_place.clone()?;
+        (p.phase == InPlacePhase::Draining && p.blocked_by.contains("PodDisruptionBudget")).then_some(p)
+    })
+    .await;
+    let m = w.machine(&name).await.unwrap();
+    let c = condition(&m.status.conditions, ConditionType::UpToDate).unwrap();
+    assert_eq!(c.reason, Reason::EvictionBlocked, "UpToDate says what blocks: {}", c.message);
+    assert_eq!(m.status.phase, Phase::Updating);
+    w.kill9().await;
+    w.start_controller(&[]);
+    let resumed = eventually(MINUTE, "the new process at work on the same drain", || async {
+        let m = w.machine(&name).await?;
+        let p = m.status.in_place.clone()?;
+        (w.controller_log(1).contains("running") && p.phase == InPlacePhase::Draining).then_some(p)
+    })
+    .await;
+    assert_eq!(resumed.drain_started, first.drain_started, "the drain did not start over");
+    assert_eq!(resumed.drain_deadline, first.drain_deadline, "the deadline did not move");
+    eventually(2 * MINUTE, "updated after the forced drain, and Running", || async {
+        let m = w.machine(&name).await?;
+        (m.status.phase == Phase::Running && m.status.in_place.is_none()).then_some(())
+    })
+    .await;
+    let events = w.events(&name).await;
+    let forced = events.iter().find(|e| e.reason == "DrainForced").expect("a DrainForced event");
+    assert!(forced.time >= first.drain_deadline - chrono::Duration::seconds(6), "forced at {}", forced.time);
+    let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
+    assert_eq!(cloud.counters.unwrap_or_default().machines_created, 1, "updated, not replaced");
+    w.kill9().await;
+}
