@@ -166,10 +166,16 @@ pub enum InPlaceDisruption {
     /// be Ready again with a new boot ID, uncordon. What an unset answer means.
     #[default]
     Reboot,
+    /// Says nothing (`IN_PLACE_DISRUPTION_UNSPECIFIED`): what a driver older than the field
+    /// sends, and the controller treats it as [`Reboot`](Self::Reboot). Not for new drivers
+    /// (the conformance suite warns about it); it exists so that a test driver can play an old
+    /// one. [`from_pb`](Self::from_pb) never returns it.
+    Unspecified,
 }
 
 impl InPlaceDisruption {
-    /// Reads the wire value: unset (or a value newer than this SDK) is `Reboot`.
+    /// Reads the wire value as the controller must act on it: unset (or a value newer than this
+    /// SDK) is `Reboot`, so the result is never [`Unspecified`](Self::Unspecified).
     pub fn from_pb(value: i32) -> Self {
         match crate::proto::InPlaceDisruption::try_from(value) {
             Ok(crate::proto::InPlaceDisruption::None) => Self::None,
@@ -184,6 +190,7 @@ impl InPlaceDisruption {
             Self::None => crate::proto::InPlaceDisruption::None,
             Self::Drain => crate::proto::InPlaceDisruption::Drain,
             Self::Reboot => crate::proto::InPlaceDisruption::Reboot,
+            Self::Unspecified => crate::proto::InPlaceDisruption::Unspecified,
         }
     }
 }
@@ -576,5 +583,23 @@ pub(crate) fn kind_slug(kind: OperationKind) -> &'static str {
         OperationKind::DeletePoolInstances => "delete-instances",
         OperationKind::UpgradePoolInstances => "upgrade-instances",
         OperationKind::DeletePool => "delete-pool",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InPlaceDisruption as D;
+    use crate::proto::InPlaceDisruption as Pb;
+
+    #[test]
+    fn disruption_round_trips_and_unset_reads_as_reboot() {
+        for d in [D::None, D::Drain, D::Reboot] {
+            assert_eq!(D::from_pb(d.to_pb() as i32), d);
+        }
+        assert_eq!(D::default(), D::Reboot);
+        // An old driver (or one playing it) says nothing: the reader acts as for a reboot.
+        assert_eq!(D::Unspecified.to_pb(), Pb::Unspecified);
+        assert_eq!(D::from_pb(Pb::Unspecified as i32), D::Reboot);
+        assert_eq!(D::from_pb(99), D::Reboot, "a value newer than this SDK");
     }
 }

@@ -482,6 +482,20 @@ pub(super) async fn in_place(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         ensure!(got == want, "the plan covers {got:?}, but the changed fields are {want:?}");
         Ok(())
     });
+    check!(s, on, "in_place.disruption", |s| {
+        let (spec, alt) = (s.spec_struct()?, s.alt_spec_struct()?);
+        let plan = s
+            .client
+            .can_update_machine(pb::CanUpdateMachineRequest {
+                name: s.name("m0"),
+                current_provider_spec: Some(spec),
+                desired_provider_spec: Some(alt),
+                secrets: s.secrets(),
+            })
+            .await?
+            .value;
+        disruption_verdict(&plan)
+    });
     check!(s, on, "in_place.update_machine", |s| {
         let (spec, alt) = (s.spec_struct()?, s.alt_spec_struct()?);
         let name = s.name("m2");
@@ -530,6 +544,27 @@ pub(super) async fn in_place(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         ensure!(after.spec_hash != before.spec_hash, "spec_hash unchanged after update ({})", after.spec_hash);
         Ok(())
     });
+}
+
+/// Whether a plan with in-place changes says what applying them disrupts. Unset is legal (a
+/// driver older than the field; the controller treats it as REBOOT, so it drains the node even
+/// for a tag change) and only warned about; a value this suite does not know fails.
+fn disruption_verdict(plan: &pb::CanUpdateMachineResponse) -> Verdict {
+    if plan.in_place_paths.is_empty() {
+        return skip("the second example changes nothing in place, so no disruption is stated");
+    }
+    match pb::InPlaceDisruption::try_from(plan.disruption) {
+        Ok(pb::InPlaceDisruption::Unspecified) => Err(NotPassed::Warn(format!(
+            "CanUpdateMachine leaves disruption unset for in-place changes {:?}: the controller treats that as \
+             REBOOT (cordon, drain, wait for a new boot ID); say NONE, DRAIN or REBOOT",
+            plan.in_place_paths
+        ))),
+        Ok(_) => Ok(()),
+        Err(_) => Err(NotPassed::Fail(format!(
+            "CanUpdateMachine answers disruption {}, which is no InPlaceDisruption value",
+            plan.disruption
+        ))),
+    }
 }
 
 async fn pool_instances(s: &Suite, pool: &str) -> Result<Vec<pb::PoolInstance>, NotPassed> {
@@ -755,4 +790,29 @@ pub(super) async fn cleanup(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         );
         Ok(())
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(in_place: &[&str], disruption: i32) -> pb::CanUpdateMachineResponse {
+        pb::CanUpdateMachineResponse {
+            in_place_paths: in_place.iter().map(|p| p.to_string()).collect(),
+            replace_paths: Vec::new(),
+            disruption,
+        }
+    }
+
+    #[test]
+    fn an_unset_disruption_is_a_warning_an_unknown_one_a_failure() {
+        for d in [pb::InPlaceDisruption::None, pb::InPlaceDisruption::Drain, pb::InPlaceDisruption::Reboot] {
+            assert!(disruption_verdict(&plan(&["/tags/a"], d as i32)).is_ok(), "{d:?}");
+        }
+        let unset = disruption_verdict(&plan(&["/tags/a"], 0));
+        assert!(matches!(unset, Err(NotPassed::Warn(ref w)) if w.contains("REBOOT")), "{unset:?}");
+        assert!(matches!(disruption_verdict(&plan(&["/tags/a"], 42)), Err(NotPassed::Fail(_))));
+        // Nothing in place: nothing to say.
+        assert!(matches!(disruption_verdict(&plan(&[], 0)), Err(NotPassed::Skip(_))));
+    }
 }

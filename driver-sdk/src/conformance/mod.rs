@@ -79,6 +79,10 @@ pub enum Outcome {
     Failed(String),
     /// Not applicable (capability not advertised, no second example, ...), and why.
     Skipped(String),
+    /// It held, as far as the protocol requires, but the driver does something a newer driver
+    /// should not (say nothing of an in-place update's disruption, ...): what and why. Not a
+    /// failure: the run still succeeds.
+    Warned(String),
 }
 
 /// One check's result.
@@ -99,6 +103,7 @@ impl fmt::Display for CheckResult {
             Outcome::Passed => write!(f, "PASS  {} ({ms} ms)", self.name),
             Outcome::Failed(why) => write!(f, "FAIL  {} ({ms} ms): {why}", self.name),
             Outcome::Skipped(why) => write!(f, "SKIP  {}: {why}", self.name),
+            Outcome::Warned(why) => write!(f, "WARN  {} ({ms} ms): {why}", self.name),
         }
     }
 }
@@ -130,17 +135,28 @@ impl Report {
         self.count(|o| matches!(o, Outcome::Skipped(_)))
     }
 
-    /// The closing line: `N passed, N failed, N skipped`.
+    /// Checks that held with a warning.
+    pub fn warned(&self) -> usize {
+        self.count(|o| matches!(o, Outcome::Warned(_)))
+    }
+
+    /// The closing line: `N passed, N failed, N skipped`, and `, N warned` when any did.
     pub fn summary(&self) -> String {
-        format!("{} passed, {} failed, {} skipped", self.passed(), self.failed(), self.skipped())
+        let mut line = format!("{} passed, {} failed, {} skipped", self.passed(), self.failed(), self.skipped());
+        if self.warned() > 0 {
+            line.push_str(&format!(", {} warned", self.warned()));
+        }
+        line
     }
 }
 
-/// A check's verdict: `Ok(())` passed, `Err(Skip)` skipped, `Err(Fail)` failed.
+/// A check's verdict: `Ok(())` passed, `Err(Skip)` skipped, `Err(Fail)` failed, `Err(Warn)`
+/// held with a warning.
 #[derive(Debug)]
 pub(crate) enum NotPassed {
     Skip(String),
     Fail(String),
+    Warn(String),
 }
 
 impl From<CallError> for NotPassed {
@@ -243,6 +259,7 @@ impl Suite {
             Ok(Ok(())) => Outcome::Passed,
             Ok(Err(NotPassed::Skip(why))) => Outcome::Skipped(why),
             Ok(Err(NotPassed::Fail(why))) => Outcome::Failed(why),
+            Ok(Err(NotPassed::Warn(why))) => Outcome::Warned(why),
             Err(_) => Outcome::Failed(format!("did not finish within {:?}", self.budget())),
         };
         let result = CheckResult { name: name.to_string(), outcome, elapsed: started.elapsed() };
@@ -375,4 +392,25 @@ pub(crate) fn without_required(schema: &Value, spec: &Value) -> Option<(String, 
 
 pub(crate) fn spec_of(s: &prost_types::Struct) -> Value {
     struct_to_json(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(name: &str, outcome: Outcome) -> CheckResult {
+        CheckResult { name: name.into(), outcome, elapsed: Duration::from_millis(3) }
+    }
+
+    #[test]
+    fn a_warning_is_printed_and_counted_but_is_no_failure() {
+        let mut report =
+            Report { results: vec![result("a", Outcome::Passed), result("b", Outcome::Skipped("x".into()))] };
+        assert_eq!(report.summary(), "1 passed, 0 failed, 1 skipped", "no warning: the line as before");
+        let warned = result("in_place.disruption", Outcome::Warned("unset".into()));
+        assert_eq!(warned.to_string(), "WARN  in_place.disruption (3 ms): unset");
+        report.results.push(warned);
+        assert_eq!((report.passed(), report.failed(), report.warned()), (1, 0, 1));
+        assert_eq!(report.summary(), "1 passed, 0 failed, 1 skipped, 1 warned");
+    }
 }

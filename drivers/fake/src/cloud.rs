@@ -74,6 +74,11 @@ pub(crate) struct FMachine {
     /// reporting and not registered again.
     #[serde(default)]
     pub(crate) kubelet_stopped: bool,
+    /// The boot ID of its current boot (its Node's `status.nodeInfo.bootID`): new at create and
+    /// after every in-place update that reboots it ([`crate::reboots`]). Empty in a state file
+    /// older than the field: the VM's ID stands in.
+    #[serde(default)]
+    pub(crate) boot_id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -247,6 +252,11 @@ impl State {
                     m.op = None;
                     if let Some(spec) = m.pending_spec.take() {
                         if op.error.is_none() {
+                            if crate::reboots(&spec) {
+                                // From the operation, so that a restarted sidecar that
+                                // applies it again (its end not yet saved) gives the same.
+                                m.boot_id = crate::boot_id_after(&op.id);
+                            }
                             m.hash = driver_sdk::convert::spec_hash(&spec);
                             m.spec = spec;
                         }

@@ -28,6 +28,13 @@
 //!   (kwok's `Running`, which no kubelet sets), so that after that last heartbeat no kwok stage
 //!   matches and kwok stops; and the task watches the Nodes it marked for [`SETTLE`] after the
 //!   mark and marks again at once whatever undoes it, unless the kubelet was started again;
+//! - a VM that rebooted (an in-place update whose spec says `inPlaceDisruption: Reboot` or
+//!   `Unset`) has a new boot ID ([`Vm::boot_id`]): its Node's `status.nodeInfo.bootID`, set at
+//!   registration, is patched to it through `nodes/status`, as a kubelet posts its status after a
+//!   reboot. The boot ID each Node was last seen with is kept (from the registration, the Node
+//!   found, and every watch event of a registered Node), so one that something else overwrote is
+//!   posted again. kwok (0.8) keeps it: its `node-initialize` stage renders `nodeInfo.bootID` from
+//!   the Node's own (`or $nodeInfo.bootID ""`) and its heartbeat writes only the conditions;
 //! - the provider spec field `kubelet` ([`KubeletMode`]): `NeverJoins` registers nothing,
 //!   `JoinsNotReady` registers without the kwok annotation and with `Ready=False` /
 //!   `KubeletNotReady`.
@@ -40,7 +47,8 @@
 //! without the kwok annotation, is "in doubt": marked (again) while its VM is gone or its kubelet
 //! stopped, registered (again) while its kubelet reports. The cloud's lock is held only to copy
 //! its VMs, so the gRPC server is not slowed. Memory: the names and provider IDs of the
-//! registered Nodes, of those in doubt, and of those marked in the last [`SETTLE`].
+//! registered Nodes (and their boot IDs), of those in doubt, and of those marked in the last
+//! [`SETTLE`].
 //!
 //! The Kubernetes client behind all this (`node`, `config`, `spawn`: kube and
 //! k8s-openapi, about a quarter of the executable's code) is compiled only with the cargo feature
@@ -55,7 +63,7 @@ use serde_json::Value;
 #[cfg(feature = "join-cluster")]
 mod cluster;
 #[cfg(feature = "join-cluster")]
-pub use cluster::{config, is_fake, node, restart_patch, spawn, stopped_status_patch};
+pub use cluster::{boot_id, config, is_fake, node, reboot_status_patch, restart_patch, spawn, stopped_status_patch};
 
 /// How often the kubelets compare the cloud with the cluster.
 pub const TICK: Duration = Duration::from_millis(300);
@@ -117,6 +125,9 @@ pub struct Vm {
     pub kubelet: KubeletMode,
     /// `StopKubelet` was called (and no `StartKubelet` since).
     pub stopped: bool,
+    /// The ID of its current boot: its Node's `status.nodeInfo.bootID`. A reboot (an in-place
+    /// update that says `Reboot` or `Unset`) changes it.
+    pub boot_id: String,
 }
 
 impl Vm {
@@ -134,14 +145,24 @@ pub struct Plan {
     pub register: Vec<Vm>,
     /// Registered Nodes (name, provider ID) to mark as no longer reporting.
     pub mark_gone: Vec<(String, String)>,
+    /// VMs whose registered Node shows another boot ID than theirs (they rebooted): their
+    /// kubelet posts the new one.
+    pub reboot: Vec<Vm>,
 }
 
-/// Compares the cloud's VMs with the Nodes registered so far (name → provider ID) and those in
+/// Compares the cloud's VMs with the Nodes registered so far (name → provider ID), those in
 /// doubt ((name, provider ID): a registration or mark that failed, an unannotated Node found after
-/// a restart). Registered and doubtful Nodes whose VM is gone or whose kubelet stopped are marked;
-/// VMs whose kubelet reports ([`Vm::reports`]) and whose Node is not registered (a doubtful one
-/// included, or one whose kubelet was started again) are registered.
-pub fn plan(vms: &[Vm], registered: &BTreeMap<String, String>, in_doubt: &BTreeSet<(String, String)>) -> Plan {
+/// a restart) and the boot IDs their Nodes were last seen with (name → boot ID). Registered and
+/// doubtful Nodes whose VM is gone or whose kubelet stopped are marked; VMs whose kubelet reports
+/// ([`Vm::reports`]) and whose Node is not registered (a doubtful one included, or one whose
+/// kubelet was started again) are registered; those whose registered Node was seen with another
+/// boot ID (the VM rebooted) post theirs. A Node whose boot ID was not seen is left as it is.
+pub fn plan(
+    vms: &[Vm],
+    registered: &BTreeMap<String, String>,
+    in_doubt: &BTreeSet<(String, String)>,
+    boots: &BTreeMap<String, String>,
+) -> Plan {
     let alive: BTreeSet<(&str, &str)> =
         vms.iter().filter(|v| !v.stopped).map(|v| (v.hostname.as_str(), v.provider_id.as_str())).collect();
     let mark_gone: BTreeSet<(&String, &String)> = registered
@@ -149,13 +170,15 @@ pub fn plan(vms: &[Vm], registered: &BTreeMap<String, String>, in_doubt: &BTreeS
         .chain(in_doubt.iter().map(|(name, pid)| (name, pid)))
         .filter(|(name, pid)| !alive.contains(&(name.as_str(), pid.as_str())))
         .collect();
-    let register = vms
-        .iter()
-        .filter(|v| v.reports())
-        .filter(|v| registered.get(&v.hostname) != Some(&v.provider_id))
-        .cloned()
-        .collect();
-    Plan { register, mark_gone: mark_gone.into_iter().map(|(name, pid)| (name.clone(), pid.clone())).collect() }
+    let (register, known): (Vec<&Vm>, Vec<&Vm>) =
+        vms.iter().filter(|v| v.reports()).partition(|v| registered.get(&v.hostname) != Some(&v.provider_id));
+    let reboot =
+        known.into_iter().filter(|v| boots.get(&v.hostname).is_some_and(|seen| *seen != v.boot_id)).cloned().collect();
+    Plan {
+        register: register.into_iter().cloned().collect(),
+        mark_gone: mark_gone.into_iter().map(|(name, pid)| (name.clone(), pid.clone())).collect(),
+        reboot,
+    }
 }
 
 /// CPUs and memory of a machine type.

@@ -12,12 +12,16 @@
 //!   and deletes happened, peak machine count), to prove nothing leaked or was created twice, and
 //!   test aids: `StopKubelet` (a machine's kubelet stops reporting), `StartKubelet` (it reports
 //!   again) and `RemoveMachine` (a VM vanishes out of band, as if deleted in the cloud console);
+//! - the provider spec field `inPlaceDisruption` (`None`, the default, `Drain`, `Reboot`, `Unset`),
+//!   what `CanUpdateMachine` says an in-place update disrupts ([`in_place_disruption`]); with
+//!   `Reboot` or `Unset` the update reboots the VM (a new boot ID, [`reboots`]);
 //! - optionally (`--join-cluster KUBECONFIG`, [`kubelets`]) machines that join a Kubernetes
 //!   cluster the way a kubelet registers: a Node per running machine and pool instance (name =
 //!   its `Hostname` address, `spec.providerID` = the provider ID the driver reports), annotated
 //!   for kwok to keep Ready; the Node of a VM that is gone or whose kubelet stopped turns
 //!   `Ready=Unknown` and is left for the controller to delete (or, once the kubelet is started
-//!   again, gets its kwok annotation back and turns Ready). The provider spec field `kubelet`
+//!   again, gets its kwok annotation back and turns Ready), and whose `status.nodeInfo.bootID`
+//!   changes when an in-place update reboots the VM. The provider spec field `kubelet`
 //!   (`Joins`, `NeverJoins`, `JoinsNotReady`) injects registration faults. Without the option no
 //!   Kubernetes client exists and nothing of this runs; without the cargo feature `join-cluster`
 //!   (off by default, on in the test suite) none is even compiled in, and the option is refused.
@@ -28,9 +32,9 @@ use std::time::{Duration, Instant};
 
 use driver_sdk::{
     async_trait, convert, reason, Address, ApplyPool, CanUpdateMachine, Capability, CreateMachine, Driver, DriverError,
-    DriverInfo, InstanceState, ListMachines, ListPoolInstances, Machine, MachineRef, MachineState, Operation,
-    OperationHandle, OperationKind, OperationOutput, Page, Pool, PoolInstance, PoolInstances, PoolRef, PowerState,
-    RequestContext, ResourceStatus, Result, Secrets, UpdateMachine, UpdatePlan,
+    DriverInfo, InPlaceDisruption, InstanceState, ListMachines, ListPoolInstances, Machine, MachineRef, MachineState,
+    Operation, OperationHandle, OperationKind, OperationOutput, Page, Pool, PoolInstance, PoolInstances, PoolRef,
+    PowerState, RequestContext, ResourceStatus, Result, Secrets, UpdateMachine, UpdatePlan,
 };
 use serde_json::{json, Value};
 
@@ -421,7 +425,9 @@ impl FakeDriver {
                 "simulateFailure": {"type": "string", "enum": ["", "provisioning", "unhealthy"],
                                      "description": "test aid: creates fail (provisioning) or machines turn Failed after boot (unhealthy)"},
                 "kubelet": {"type": "string", "enum": ["Joins", "NeverJoins", "JoinsNotReady"],
-                            "description": "test aid for a sidecar started with --join-cluster: the machine's Node registers and kwok makes it Ready (Joins, the default), is never registered (NeverJoins), or registers but never turns Ready (JoinsNotReady); like any other field but machineType, tags and diskGiB, changing it replaces the machine"}
+                            "description": "test aid for a sidecar started with --join-cluster: the machine's Node registers and kwok makes it Ready (Joins, the default), is never registered (NeverJoins), or registers but never turns Ready (JoinsNotReady); like any other field but machineType, tags, diskGiB and inPlaceDisruption, changing it replaces the machine"},
+                "inPlaceDisruption": {"type": "string", "enum": ["None", "Drain", "Reboot", "Unset"],
+                                      "description": "test aid: what CanUpdateMachine says an in-place update to this spec disrupts (None when absent); Unset leaves the answer unset, as a driver older than the field does (read as Reboot). With Reboot or Unset the update reboots the VM: under --join-cluster its Node gets a new status.nodeInfo.bootID. Changed in place"}
             },
             "examples": [
                 {"machineType": "small", "zone": "zone-a", "image": "fake-os-1"},
@@ -558,6 +564,8 @@ impl FakeDriver {
                     booted: matches!(instance_state(&i.state), InstanceState::Running | InstanceState::Updating),
                     kubelet,
                     stopped: false,
+                    // Pool instances are never rebooted in place: one boot, from their creation.
+                    boot_id: format!("{}-{}-{}", p.id, i.id, i.created_ms),
                 });
             }
         }
@@ -689,6 +697,7 @@ impl Driver for FakeDriver {
                 pending_spec: None,
                 failure: None,
                 kubelet_stopped: false,
+                boot_id: new_boot_id(),
             },
         );
         st.counters.machines_created += 1;
@@ -1090,6 +1099,7 @@ fn machine_vm(m: &FMachine) -> kubelets::Vm {
         booted: matches!(m.state, MState::Running | MState::Updating),
         kubelet: kubelets::KubeletMode::of(&m.spec),
         stopped: m.kubelet_stopped,
+        boot_id: if m.boot_id.is_empty() { m.id.clone() } else { m.boot_id.clone() },
     }
 }
 
@@ -1113,14 +1123,17 @@ fn inspect_not_found(name: &str) -> tonic::Status {
     tonic::Status::not_found(format!("machine {name} does not exist"))
 }
 
-/// Machine type, tags and disk growth apply in place; everything else needs a new machine.
+/// Machine type, tags, disk growth and the test knob `inPlaceDisruption` apply in place;
+/// everything else needs a new machine. What the in-place changes disrupt is what the desired
+/// spec's `inPlaceDisruption` says ([`in_place_disruption`]), so that tests choose.
 fn plan_update(current: &Value, desired: &Value, changed_paths: Vec<String>) -> UpdatePlan {
-    let mut plan = UpdatePlan::default();
+    let mut plan = UpdatePlan { disruption: in_place_disruption(desired), ..UpdatePlan::default() };
     for path in changed_paths {
         let disk = |v: &Value| v.get("diskGiB").and_then(Value::as_i64);
         let in_place = path == "/machineType"
             || path == "/tags"
             || path.starts_with("/tags/")
+            || path == "/inPlaceDisruption"
             || (path == "/diskGiB" && disk(desired) >= disk(current));
         if in_place {
             plan.in_place_paths.push(path);
@@ -1129,6 +1142,37 @@ fn plan_update(current: &Value, desired: &Value, changed_paths: Vec<String>) -> 
         }
     }
     plan
+}
+
+/// The provider spec field `inPlaceDisruption` (a test aid): what `CanUpdateMachine` answers for
+/// an in-place update to `spec`. Absent: [`InPlaceDisruption::None`] (the fake's in-place
+/// changes restart nothing); `Unset`: [`InPlaceDisruption::Unspecified`], the wire field left
+/// unset as by a driver older than it. The schema refuses other values.
+pub fn in_place_disruption(spec: &Value) -> InPlaceDisruption {
+    match spec.get("inPlaceDisruption").and_then(Value::as_str) {
+        Some("Drain") => InPlaceDisruption::Drain,
+        Some("Reboot") => InPlaceDisruption::Reboot,
+        Some("Unset") => InPlaceDisruption::Unspecified,
+        _ => InPlaceDisruption::None,
+    }
+}
+
+/// Whether an in-place update to `spec` reboots the VM: when it says `Reboot`, or `Unset`
+/// (which the controller reads as a reboot, so the fake makes it one).
+pub fn reboots(spec: &Value) -> bool {
+    matches!(in_place_disruption(spec), InPlaceDisruption::Reboot | InPlaceDisruption::Unspecified)
+}
+
+/// A fresh boot ID (a kubelet reads its own from `/proc/sys/kernel/random/boot_id`: a UUID).
+pub(crate) fn new_boot_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// The boot ID after the reboot of the in-place update `op_id` (`op-<uuid>`): that UUID, so
+/// each reboot has its own and applying the operation again gives the same.
+pub(crate) fn boot_id_after(op_id: &str) -> String {
+    let id = op_id.trim_start_matches("op-");
+    uuid::Uuid::try_parse(id).map_or_else(|_| id.to_string(), |u| u.to_string())
 }
 
 /// Shares one driver between the protocol services and the inspection API.

@@ -219,6 +219,7 @@ fn vm(name: &str, pid: &str) -> kubelets::Vm {
         booted: true,
         kubelet: kubelets::KubeletMode::Joins,
         stopped: false,
+        boot_id: format!("boot-of-{name}"),
     }
 }
 
@@ -234,7 +235,7 @@ fn kubelet_plan_registers_booted_machines_once() {
         kubelets::Vm { kubelet: kubelets::KubeletMode::JoinsNotReady, ..vm("not-ready", "fake:///zone-b/vm-2") };
     let vms =
         vec![booting, never, not_ready.clone(), vm("new", "fake:///zone-b/vm-3"), vm("old", "fake:///zone-b/vm-4")];
-    let plan = kubelets::plan(&vms, &registered(&[("old", "fake:///zone-b/vm-4")]), &BTreeSet::new());
+    let plan = kubelets::plan(&vms, &registered(&[("old", "fake:///zone-b/vm-4")]), &BTreeSet::new(), &BTreeMap::new());
     let names: Vec<&str> = plan.register.iter().map(|v| v.hostname.as_str()).collect();
     assert_eq!(names, ["not-ready", "new"], "booted, joining and not registered yet");
     assert_eq!(plan.register[0], not_ready);
@@ -252,7 +253,7 @@ fn kubelet_plan_marks_nodes_of_vanished_or_stopped_machines() {
         ("gone", "fake:///zone-b/vm-2"),
         ("stopped", "fake:///zone-b/vm-1"),
     ]);
-    let plan = kubelets::plan(&vms, &reg, &BTreeSet::new());
+    let plan = kubelets::plan(&vms, &reg, &BTreeSet::new(), &BTreeMap::new());
     let gone: Vec<(&str, &str)> = plan.mark_gone.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
     assert_eq!(
         gone,
@@ -262,7 +263,7 @@ fn kubelet_plan_marks_nodes_of_vanished_or_stopped_machines() {
     assert_eq!(names, ["again"], "a stopped kubelet never registers again; the new VM does");
     // Once marked (no longer registered), a stopped machine needs nothing more.
     let reg = registered(&[("alive", "fake:///zone-b/vm-3"), ("again", "fake:///zone-b/vm-new")]);
-    let plan = kubelets::plan(&vms, &reg, &BTreeSet::new());
+    let plan = kubelets::plan(&vms, &reg, &BTreeSet::new(), &BTreeMap::new());
     assert_eq!(plan, kubelets::Plan::default());
 }
 
@@ -272,16 +273,19 @@ fn kubelet_plan_registers_a_started_kubelet_again() {
     // again like a new one (registering finds its Node and puts the kwok annotation back).
     let vms = vec![vm("web-1", "fake:///zone-b/vm-1"), vm("alive", "fake:///zone-b/vm-3")];
     let reg = registered(&[("alive", "fake:///zone-b/vm-3")]);
-    let plan = kubelets::plan(&vms, &reg, &BTreeSet::new());
+    let plan = kubelets::plan(&vms, &reg, &BTreeSet::new(), &BTreeMap::new());
     assert_eq!(plan.register, [vms[0].clone()]);
     assert!(plan.mark_gone.is_empty());
     // Started again before its Node was marked (still registered): nothing to do.
     let reg = registered(&[("alive", "fake:///zone-b/vm-3"), ("web-1", "fake:///zone-b/vm-1")]);
-    assert_eq!(kubelets::plan(&vms, &reg, &BTreeSet::new()), kubelets::Plan::default());
+    assert_eq!(kubelets::plan(&vms, &reg, &BTreeSet::new(), &BTreeMap::new()), kubelets::Plan::default());
     // Started again while the VM is not running (being deleted): it does not report.
     let deleting = kubelets::Vm { booted: false, ..vms[0].clone() };
     assert!(!deleting.reports());
-    assert_eq!(kubelets::plan(&[deleting], &BTreeMap::new(), &BTreeSet::new()), kubelets::Plan::default());
+    assert_eq!(
+        kubelets::plan(&[deleting], &BTreeMap::new(), &BTreeSet::new(), &BTreeMap::new()),
+        kubelets::Plan::default()
+    );
     for (v, reports) in [
         (vm("a", "fake:///zone-b/vm-1"), true),
         (kubelets::Vm { stopped: true, ..vm("a", "fake:///zone-b/vm-1") }, false),
@@ -313,7 +317,7 @@ fn kubelet_plan_marks_or_registers_nodes_in_doubt() {
     .map(|(n, p)| (n.to_string(), p.to_string()))
     .collect();
     let reg = registered(&[("again", "fake:///zone-b/vm-new"), ("gone", "fake:///zone-b/vm-3")]);
-    let plan = kubelets::plan(&vms, &reg, &doubt);
+    let plan = kubelets::plan(&vms, &reg, &doubt, &BTreeMap::new());
     let gone: Vec<(&str, &str)> = plan.mark_gone.iter().map(|(n, p)| (n.as_str(), p.as_str())).collect();
     assert_eq!(
         gone,
@@ -532,7 +536,7 @@ async fn stop_kubelet_marks_the_machine_and_survives_a_restart() {
     let (same_id, vms) = again.kubelet_view();
     assert_eq!(same_id, cloud_id, "the cloud keeps its ID in the state file");
     assert!(vms[0].stopped, "the mark is kept in the state file");
-    assert!(kubelets::plan(&vms, &BTreeMap::new(), &BTreeSet::new()).register.is_empty());
+    assert!(kubelets::plan(&vms, &BTreeMap::new(), &BTreeSet::new(), &BTreeMap::new()).register.is_empty());
 }
 
 #[tokio::test]
@@ -564,7 +568,7 @@ async fn start_kubelet_clears_the_mark_and_survives_a_restart() {
     assert!(!d.kubelet_reports("m1", "fake:///zone-a/other"), "another VM of that name");
     assert!(!d.kubelet_reports("nope", &pid));
     // Its Node (marked, so no longer registered) registers again.
-    assert_eq!(kubelets::plan(&vms, &BTreeMap::new(), &BTreeSet::new()).register, vms);
+    assert_eq!(kubelets::plan(&vms, &BTreeMap::new(), &BTreeSet::new(), &BTreeMap::new()).register, vms);
     // Persisted: a restarted sidecar sees the kubelet running.
     drop((svc, d));
     let d = Arc::new(FakeDriver::new(cfg.clone()).unwrap());
@@ -615,6 +619,135 @@ async fn remove_machine_vanishes_without_counting_a_delete() {
     assert_eq!(done.outcome.unwrap().unwrap_err().reason(), reason::MACHINE_NOT_FOUND);
     assert_eq!(d.inspect(false).counters.unwrap().machines_deleted, 0);
     // Its kubelet is gone with it: a Node registered for it is marked.
-    let plan = kubelets::plan(&d.kubelet_view().1, &registered(&[("m1", "fake:///zone-a/vm-x")]), &BTreeSet::new());
+    let plan = kubelets::plan(
+        &d.kubelet_view().1,
+        &registered(&[("m1", "fake:///zone-a/vm-x")]),
+        &BTreeSet::new(),
+        &BTreeMap::new(),
+    );
     assert_eq!(plan.mark_gone.len(), 1);
+}
+
+// ------------------------------------------------------------------ in-place disruption
+
+#[test]
+fn kubelet_plan_posts_the_boot_id_of_a_rebooted_vm() {
+    let same = vm("same", "fake:///zone-b/vm-1");
+    let rebooted = kubelets::Vm { boot_id: "second-boot".into(), ..vm("rebooted", "fake:///zone-b/vm-2") };
+    let unseen = vm("unseen", "fake:///zone-b/vm-3");
+    let stopped = kubelets::Vm { stopped: true, boot_id: "second-boot".into(), ..vm("stopped", "fake:///zone-b/vm-4") };
+    let vms = vec![same.clone(), rebooted.clone(), unseen.clone(), stopped.clone()];
+    let reg = registered(&[
+        ("same", "fake:///zone-b/vm-1"),
+        ("rebooted", "fake:///zone-b/vm-2"),
+        ("unseen", "fake:///zone-b/vm-3"),
+        ("stopped", "fake:///zone-b/vm-4"),
+    ]);
+    // The boot IDs the Nodes were last seen with; "unseen"'s is not known (left as it is).
+    let boots: BTreeMap<String, String> = [
+        ("same", "boot-of-same"),
+        ("rebooted", "boot-of-rebooted"),
+        ("stopped", "boot-of-stopped"),
+        ("gone", "boot-of-gone"),
+    ]
+    .into_iter()
+    .map(|(n, b)| (n.to_string(), b.to_string()))
+    .collect();
+    let plan = kubelets::plan(&vms, &reg, &BTreeSet::new(), &boots);
+    assert_eq!(plan.reboot, vec![rebooted.clone()], "only a reporting VM with a new boot posts it");
+    assert!(plan.register.is_empty());
+    assert_eq!(plan.mark_gone, vec![("stopped".to_string(), "fake:///zone-b/vm-4".to_string())]);
+    // Posted (or seen posted): nothing more to do.
+    let mut boots = boots;
+    boots.insert("rebooted".into(), "second-boot".into());
+    assert!(kubelets::plan(&vms, &reg, &BTreeSet::new(), &boots).reboot.is_empty());
+    // A Node not registered (yet) is registered with the VM's boot ID, not rebooted.
+    let plan = kubelets::plan(std::slice::from_ref(&rebooted), &BTreeMap::new(), &BTreeSet::new(), &BTreeMap::new());
+    assert_eq!((plan.register, plan.reboot), (vec![rebooted.clone()], Vec::new()));
+    // Another VM of that name (another provider ID) registers once the stale Node goes.
+    let newer = kubelets::Vm { provider_id: "fake:///zone-b/vm-9".into(), ..rebooted };
+    let plan = kubelets::plan(&[newer], &reg, &BTreeSet::new(), &boots);
+    assert!(plan.reboot.is_empty());
+}
+
+#[cfg(feature = "join-cluster")]
+#[test]
+fn kubelet_node_carries_the_boot_id_and_a_reboot_posts_the_new_one() {
+    let web = vm("web-1", "fake:///zone-b/vm-1");
+    let n = kubelets::node(&web, "c");
+    assert_eq!(kubelets::boot_id(&n), "boot-of-web-1");
+    let info = n.status.as_ref().unwrap().node_info.as_ref().unwrap();
+    assert_eq!((info.architecture.as_str(), info.operating_system.as_str()), ("amd64", "linux"));
+    assert!(info.kubelet_version.is_empty(), "left for kwok to fill in");
+    let again = kubelets::Vm { boot_id: "b2".into(), ..web };
+    assert_eq!(kubelets::reboot_status_patch(&again), json!({"status": {"nodeInfo": {"bootID": "b2"}}}));
+    assert_eq!(kubelets::boot_id(&k8s_openapi::api::core::v1::Node::default()), "");
+}
+
+#[test]
+fn in_place_disruption_is_the_spec_s_choice_none_when_absent() {
+    let schema = FakeDriver::schema();
+    let check = |spec: Value| driver_sdk::schema::validate(&schema, &spec, "provider_spec");
+    let current = json!({"machineType": "small"});
+    for (knob, want, reboot) in [
+        (None, InPlaceDisruption::None, false),
+        (Some("None"), InPlaceDisruption::None, false),
+        (Some("Drain"), InPlaceDisruption::Drain, false),
+        (Some("Reboot"), InPlaceDisruption::Reboot, true),
+        (Some("Unset"), InPlaceDisruption::Unspecified, true),
+    ] {
+        let mut desired = json!({"machineType": "large", "tags": {"a": "b"}});
+        if let Some(k) = knob {
+            desired["inPlaceDisruption"] = json!(k);
+        }
+        assert!(check(desired.clone()).is_empty(), "{knob:?}");
+        let plan = plan_update(&current, &desired, convert::changed_paths(&current, &desired));
+        assert!(plan.replace_paths.is_empty(), "{knob:?}: {plan:?}");
+        assert_eq!(plan.disruption, want, "{knob:?}");
+        assert_eq!(reboots(&desired), reboot, "{knob:?}");
+    }
+    // Unset is what an old driver sends: nothing on the wire.
+    assert_eq!(in_place_disruption(&json!({"inPlaceDisruption": "Unset"})).to_pb() as i32, 0);
+    // The knob itself changes in place.
+    let desired = json!({"machineType": "small", "inPlaceDisruption": "Reboot"});
+    let plan = plan_update(&current, &desired, convert::changed_paths(&current, &desired));
+    assert_eq!((plan.in_place_paths, plan.replace_paths), (vec!["/inPlaceDisruption".to_string()], Vec::new()));
+    // Anything else is refused, naming the field.
+    for bad in [json!("reboot"), json!("Sometimes"), json!(3)] {
+        let v = check(json!({"machineType": "small", "inPlaceDisruption": bad}));
+        assert!(!v.is_empty() && v.iter().all(|v| v.field == "provider_spec.inPlaceDisruption"), "{bad}: {v:?}");
+    }
+    assert!(schema["properties"]["inPlaceDisruption"]["description"].as_str().unwrap().contains("test aid"));
+}
+
+#[tokio::test]
+async fn an_in_place_update_that_reboots_changes_the_boot_id_and_others_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config { state_file: Some(dir.path().join("cloud.json")), ..fast() };
+    let d = FakeDriver::new(cfg.clone()).unwrap();
+    running(&d, "m1", spec()).await;
+    let boot = |d: &FakeDriver| d.kubelet_view().1[0].boot_id.clone();
+    let first = boot(&d);
+    assert!(!first.is_empty());
+    let update = |knob: &str, machine_type: &str| UpdateMachine {
+        name: "m1".into(),
+        provider_spec: json!({"machineType": machine_type, "inPlaceDisruption": knob}),
+        secrets: Secrets::default(),
+    };
+    for (knob, machine_type, rebooted) in
+        [("None", "medium", false), ("Drain", "large", false), ("Reboot", "small", true), ("Unset", "medium", true)]
+    {
+        let before = boot(&d);
+        let op = d.update_machine(&ctx("UpdateMachine"), update(knob, machine_type)).await.unwrap();
+        assert_eq!(boot(&d), before, "{knob}: not before the update ends");
+        let done = settle(&d, op).await;
+        assert!(matches!(done.outcome, Some(Ok(_))), "{knob}: {done:?}");
+        assert_eq!(boot(&d) != before, rebooted, "{knob}");
+        assert_eq!(d.kubelet_view().1[0].machine_type, machine_type);
+    }
+    assert_ne!(boot(&d), first);
+    // Kept in the state file.
+    let last = boot(&d);
+    drop(d);
+    assert_eq!(boot(&FakeDriver::new(cfg).unwrap()), last);
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -89,9 +89,26 @@ pub fn node(vm: &Vm, cloud_id: &str) -> Node {
                 NodeAddress { type_: "Hostname".into(), address: vm.hostname.clone() },
             ]),
             conditions,
+            // What a kubelet reads of its machine; kwok fills in the versions it leaves empty.
+            node_info: Some(NodeSystemInfo {
+                architecture: "amd64".into(),
+                boot_id: vm.boot_id.clone(),
+                operating_system: "linux".into(),
+                ..NodeSystemInfo::default()
+            }),
             ..NodeStatus::default()
         }),
     }
+}
+
+/// The boot ID `node` shows (`status.nodeInfo.bootID`; empty when it shows none).
+pub fn boot_id(node: &Node) -> &str {
+    node.status.as_ref().and_then(|s| s.node_info.as_ref()).map_or("", |i| i.boot_id.as_str())
+}
+
+/// The `nodes/status` merge patch a VM's kubelet posts after a reboot: its new boot ID.
+pub fn reboot_status_patch(vm: &Vm) -> Value {
+    json!({"status": {"nodeInfo": {"bootID": vm.boot_id}}})
 }
 
 /// Whether `node` is one of the fake cloud's (its provider ID was issued by a fake cloud).
@@ -205,8 +222,8 @@ pub fn spawn(driver: Arc<FakeDriver>, config: kube::Config) -> Result<tokio::tas
 /// The outcome of one registration.
 enum Registered {
     /// Created now, or found with this VM's provider ID (and given the kwok annotation back if
-    /// it lacked it).
-    Yes,
+    /// it lacked it): the boot ID the Node shows.
+    Yes(String),
     /// A Node of that name exists with another provider ID.
     Conflict(String),
     /// Created and deleted meanwhile: try again.
@@ -241,6 +258,8 @@ struct Kubelets {
     /// a restart. Marked while the VM is gone or its kubelet stopped, else registered again.
     in_doubt: BTreeSet<(String, String)>,
     settling: BTreeMap<String, Settling>,
+    /// The boot ID each registered Node was last seen with: name → boot ID.
+    boots: BTreeMap<String, String>,
     /// The cloud's earlier Nodes have been looked up (after a restart).
     adopted: bool,
     warned: BTreeMap<String, Instant>,
@@ -254,6 +273,7 @@ impl Kubelets {
             registered: BTreeMap::new(),
             in_doubt: BTreeSet::new(),
             settling: BTreeMap::new(),
+            boots: BTreeMap::new(),
             adopted: false,
             warned: BTreeMap::new(),
         }
@@ -278,11 +298,12 @@ impl Kubelets {
         if !self.adopted {
             self.adopt(&cloud_id).await;
         }
-        let plan = plan(&vms, &self.registered, &self.in_doubt);
+        let plan = plan(&vms, &self.registered, &self.in_doubt, &self.boots);
         drop(vms);
         self.unsettle(&plan.register);
         self.mark_gone(plan.mark_gone).await;
         self.register(plan.register, &cloud_id).await;
+        self.reboot(plan.reboot).await;
         self.settle().await;
     }
 
@@ -316,7 +337,7 @@ impl Kubelets {
                     (ours, is_fake(n), &n.metadata.name, n.spec.as_ref().and_then(|s| s.provider_id.as_ref()))
                 {
                     if kwok_annotated(n) {
-                        found.insert(name.clone(), pid.clone());
+                        found.insert(name.clone(), (pid.clone(), boot_id(n).to_string()));
                     } else {
                         doubtful.push((name.clone(), pid.clone()));
                     }
@@ -332,8 +353,11 @@ impl Kubelets {
             tracing::info!(nodes, unannotated = doubtful.len(), "found the Nodes this cloud registered before");
         }
         // Registrations made meanwhile (an earlier list failed) win over what the list saw.
-        for (name, pid) in found {
-            self.registered.entry(name).or_insert(pid);
+        for (name, (pid, boot)) in found {
+            if !self.registered.contains_key(&name) {
+                self.boots.insert(name.clone(), boot);
+                self.registered.insert(name, pid);
+            }
         }
         for (name, pid) in doubtful {
             if !self.registered.contains_key(&name) {
@@ -355,11 +379,12 @@ impl Kubelets {
             .await;
         for (vm, r) in results {
             match r {
-                Ok(Registered::Yes) => {
+                Ok(Registered::Yes(boot)) => {
                     self.warned.remove(&vm.hostname);
                     self.settling.remove(&vm.hostname);
                     let key = (vm.hostname, vm.provider_id);
                     self.in_doubt.remove(&key);
+                    self.boots.insert(key.0.clone(), boot);
                     self.registered.insert(key.0, key.1);
                 }
                 Ok(Registered::Conflict(other)) => {
@@ -413,10 +438,35 @@ impl Kubelets {
         }
     }
 
+    /// Posts the new boot ID of each VM that rebooted (its kubelet's first status after the
+    /// boot). A failure is retried on the next pass: the Node still shows the old one.
+    async fn reboot(&mut self, vms: Vec<Vm>) {
+        let nodes = &self.nodes;
+        let results: Vec<(Vm, kube::Result<Node>)> = futures::stream::iter(vms)
+            .map(|vm| async move {
+                let patch = reboot_status_patch(&vm);
+                let r = nodes.patch_status(&vm.hostname, &PatchParams::default(), &Patch::Merge(&patch)).await;
+                (vm, r)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for (vm, r) in results {
+            match r {
+                Ok(n) => {
+                    tracing::info!(node = %vm.hostname, boot_id = %vm.boot_id, "Node rebooted: new boot ID posted");
+                    self.boots.insert(vm.hostname, boot_id(&n).to_string());
+                }
+                Err(e) => self.warn(&vm.hostname, "posting the Node's new boot ID failed", &e),
+            }
+        }
+    }
+
     /// No longer counts the Node `name` of provider ID `pid` as registered.
     fn forget(&mut self, name: &str, pid: &str) {
         if self.registered.get(name).is_some_and(|p| p == pid) {
             self.registered.remove(name);
+            self.boots.remove(name);
         }
     }
 
@@ -434,6 +484,11 @@ impl Kubelets {
             watcher::Event::Init | watcher::Event::InitDone => return,
         };
         let Some(name) = node.metadata.name.clone() else { return };
+        // The boot ID a registered Node shows now: one that something overwrote is posted again.
+        let pid = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+        if pid.is_some() && self.registered.get(&name).map(String::as_str) == pid {
+            self.boots.insert(name.clone(), boot_id(&node).to_string());
+        }
         let Some(s) = self.settling.get(&name) else { return };
         let pid = s.provider_id.clone();
         let own = node.metadata.resource_version.as_ref().is_some_and(|rv| s.own.contains(rv));
@@ -492,9 +547,10 @@ async fn register_one(nodes: &Api<Node>, vm: &Vm, cloud_id: &str) -> kube::Resul
             // kubelet's first status update would.
             if created.status.as_ref().and_then(|s| s.capacity.as_ref()).is_none() {
                 let status = json!({"status": want.status});
-                nodes.patch_status(&vm.hostname, &PatchParams::default(), &Patch::Merge(&status)).await?;
+                let posted = nodes.patch_status(&vm.hostname, &PatchParams::default(), &Patch::Merge(&status)).await?;
+                return Ok(Registered::Yes(boot_id(&posted).to_string()));
             }
-            Ok(Registered::Yes)
+            Ok(Registered::Yes(boot_id(&created).to_string()))
         }
         Err(kube::Error::Api(s)) if s.is_already_exists() => {
             let Some(existing) = nodes.get_opt(&vm.hostname).await? else { return Ok(Registered::Again) };
@@ -510,7 +566,8 @@ async fn register_one(nodes: &Api<Node>, vm: &Vm, cloud_id: &str) -> kube::Resul
                 let pid = &vm.provider_id;
                 tracing::info!(node = %vm.hostname, provider_id = %pid, "Node reports again: kwok annotation put back");
             }
-            Ok(Registered::Yes)
+            // A VM that rebooted meanwhile posts its boot ID on the next pass.
+            Ok(Registered::Yes(boot_id(&existing).to_string()))
         }
         Err(e) => Err(e),
     }
@@ -636,7 +693,7 @@ mod tests {
             other.hostname.clone(),
             Settling { provider_id: other.provider_id.clone(), until: Instant::now() + SETTLE, own: Vec::new() },
         );
-        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt);
+        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt, &k.boots);
         assert_eq!((p.register, p.mark_gone), (vec![vm.clone()], Vec::new()));
         k.pass().await;
         assert!(!k.settling.contains_key("m1"), "its Node is no longer kept marked");
@@ -646,7 +703,7 @@ mod tests {
         assert_eq!(k.in_doubt, BTreeSet::from([key(&vm)]));
         // In doubt and stopped again: marked again.
         d.stop_kubelet("m1").unwrap();
-        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt);
+        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt, &k.boots);
         assert_eq!((p.register, p.mark_gone), (Vec::new(), vec![key(&vm)]));
         // Only this VM's kubelet ends the watch: a new VM of that name (another provider ID)
         // leaves the earlier VM's marked Node watched.
@@ -670,11 +727,11 @@ mod tests {
         assert_eq!(k.in_doubt, BTreeSet::from([key(&vm)]));
         assert!(k.settling.is_empty());
         // Retried while the kubelet is stopped.
-        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt);
+        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt, &k.boots);
         assert_eq!((p.register, p.mark_gone), (Vec::new(), vec![key(&vm)]));
         // Started again meanwhile: registered again (its annotation put back), not marked.
         d.start_kubelet("m1").unwrap();
-        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt);
+        let p = plan(&d.kubelet_view().1, &k.registered, &k.in_doubt, &k.boots);
         assert_eq!((p.register, p.mark_gone), (vec![vm.clone()], Vec::new()));
     }
 }
