@@ -1133,7 +1133,8 @@ async fn a_rebooting_in_place_update_drains_one_node_at_a_time_and_uncordons_it_
     let seen = nodes.seen.lock().unwrap().clone();
     for (node, old_boot) in &before {
         let states = &seen[node];
-        assert!(states.iter().any(|(b, _, c)| b == old_boot && *c), "{node} cordoned before its reboot: {states:?}");
+        let cordoned_first = states.iter().any(|(b, _, c)| b == old_boot && *c);
+        assert!(cordoned_first, "{node} cordoned before its reboot: {states:?}\n{}", w.logs());
         let (boot, ready, cordoned) = states.last().unwrap().clone();
         assert!(boot != *old_boot && ready && !cordoned, "{node} back, rebooted and uncordoned: {states:?}");
         let first_uncordoned_after = states.iter().find(|(b, _, c)| b != old_boot && !*c).unwrap();
@@ -1193,6 +1194,7 @@ async fn update_in_place_to(w: &World, replicas: i64, disruption: &str, tag: &st
         let done = machines.iter().all(|m| {
             m.status.phase == Phase::Running
                 && m.status.in_place.is_none()
+                && m.status.observed_generation == m.metadata.generation
                 && m.spec.provider_spec.as_ref().is_some_and(|s| s["tags"]["os"] == tag)
         });
         (machines.len() == replicas as usize && done).then_some(())
@@ -1223,7 +1225,7 @@ async fn an_in_place_drain_resumes_after_kill_9_with_the_same_deadline() {
     .await;
     let m = w.machine(&name).await.unwrap();
     let c = condition(&m.status.conditions, ConditionType::UpToDate).unwrap();
-    assert_eq!(c.reason, Reason::EvictionBlocked, "UpToDate says what blocks: {}", c.message);
+    assert_eq!(c.reason, Reason::DisruptionBudgetUnsatisfiable, "UpToDate says what blocks: {}", c.message);
     assert_eq!(m.status.phase, Phase::Updating);
     w.kill9().await;
     w.start_controller(&[]);

@@ -286,7 +286,9 @@ async fn can_update(ctx: &Ctx, m: &Machine, template: &MachineTemplate) -> Resul
             Verdict::Updatable(match driver_sdk::InPlaceDisruption::from_pb(reply.value.disruption) {
                 driver_sdk::InPlaceDisruption::None => InPlaceDisruption::None,
                 driver_sdk::InPlaceDisruption::Drain => InPlaceDisruption::Drain,
-                driver_sdk::InPlaceDisruption::Reboot => InPlaceDisruption::Reboot,
+                driver_sdk::InPlaceDisruption::Reboot | driver_sdk::InPlaceDisruption::Unspecified => {
+                    InPlaceDisruption::Reboot
+                }
             })
         }
         Ok(reply) => Verdict::NeedsReplacement(reply.value.replace_paths),
