@@ -1227,6 +1227,25 @@ async fn an_in_place_drain_resumes_after_kill_9_with_the_same_deadline() {
     let c = condition(&m.status.conditions, ConditionType::UpToDate).unwrap();
     assert_eq!(c.reason, Reason::DisruptionBudgetUnsatisfiable, "UpToDate says what blocks: {}", c.message);
     assert_eq!(m.status.phase, Phase::Updating);
+    // `describe` and `kubectl describe` show the step, the pods left and what blocks.
+    let (code, out, err) = w.cli(&["describe", "machine", &name, "-n", w.ns()]).await;
+    assert_eq!(code, 0, "{err}");
+    for line in
+        ["In-place update: Draining", "(the driver says: Reboot)", "pods left:  1", "blocked by: PodDisruptionBudget"]
+    {
+        assert!(out.contains(line), "describe shows {line:?}:\n{out}");
+    }
+    let (code, out, err) = w.cluster().kubectl(&["describe", "machine", "-n", w.ns(), &name]).await;
+    assert_eq!(code, 0, "{err}");
+    let in_place = out.split("In Place:").nth(1).unwrap_or_else(|| panic!("kubectl describe shows inPlace:\n{out}"));
+    for (field, value) in [("Phase:", "Draining"), ("Disruption:", "Reboot"), ("Pods Left:", "1")] {
+        let shown = in_place.lines().any(|l| l.trim().strip_prefix(field).is_some_and(|v| v.trim() == value));
+        assert!(shown, "kubectl describe shows {field} {value}:\n{out}");
+    }
+    assert!(in_place.contains("Blocked By:      PodDisruptionBudget"), "{out}");
+    if std::env::var_os("SHOW_DESCRIBE").is_some() {
+        eprintln!("{}", w.cli(&["describe", "machine", &name, "-n", w.ns()]).await.1);
+    }
     w.kill9().await;
     w.start_controller(&[]);
     let resumed = eventually(MINUTE, "the new process at work on the same drain", || async {
