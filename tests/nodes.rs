@@ -1268,3 +1268,56 @@ async fn an_in_place_drain_resumes_after_kill_9_with_the_same_deadline() {
     assert_eq!(cloud.counters.unwrap_or_default().machines_created, 1, "updated, not replaced");
     w.kill9().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_place_update_that_fails_fails_its_machine_which_is_replaced_and_counted_against_the_revision() {
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
+    w.start_controller(&[]);
+    w.class().await;
+    let settings = json!({"strategy": {"type": "InPlace", "inPlace": {"maxUnavailable": 1}}, "failureBudget": 1});
+    let spec = |os: &str| json!({"machineType": "small", "tags": {"os": os}, "inPlaceDisruption": "Reboot"});
+    w.apply_md("web", 2, spec("1"), settings.clone()).await;
+    let good = w.rolled_out("web", 2 * MINUTE).await;
+    let before: Vec<String> = w.machines().await.iter().map(|m| m.metadata.name.clone()).collect();
+    // The cloud accepts the update, then its operation ends with an error that blames the spec.
+    w.set_faults(vec![fake::FaultRule {
+        rpc: "UpdateMachine".into(),
+        target: "*".into(),
+        action: "fail_operation".into(),
+        code: "INVALID_ARGUMENT".into(),
+        reason: "IMAGE_NOT_BOOTABLE".into(),
+        message: "the image does not boot".into(),
+        ..Default::default()
+    }])
+    .await;
+    w.apply_md("web", 2, spec("2"), settings).await;
+    let md = eventually(3 * MINUTE, "the revision aborted and rolled back", || async {
+        let md = w.store().get::<MachineDeployment>(w.ns(), "web").await.ok().flatten()?;
+        (!md.status.bad_revisions.is_empty() && e2e_tests::rolled_out(&md)).then_some(md)
+    })
+    .await;
+    assert_eq!(md.status.target_revision, good.status.target_revision, "back on the good revision");
+    let after = w.machines().await;
+    assert!(after.iter().all(|m| m.metadata.labels.get(LABEL_REVISION) == Some(&good.status.target_revision)));
+    // Exactly one machine was touched: it failed its update after its drain and was replaced;
+    // the other was never drained.
+    let replaced: Vec<&String> = before.iter().filter(|n| !after.iter().any(|m| &m.metadata.name == *n)).collect();
+    assert_eq!(replaced.len(), 1, "one machine replaced: {replaced:?}");
+    let kept = before.iter().find(|n| !replaced.contains(n)).unwrap();
+    assert!(!has_event(&w.events(kept).await, "DrainingForUpdate"), "the other machine was not touched");
+    let api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.cluster().client.clone(), w.ns());
+    let notes: Vec<(String, String)> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect();
+    let failed =
+        notes.iter().find(|(r, _)| r == "UpdateFailed").unwrap_or_else(|| panic!("no UpdateFailed: {notes:?}"));
+    assert!(failed.1.contains("IMAGE_NOT_BOOTABLE"), "{failed:?}");
+    assert!(notes.iter().any(|(r, _)| r == "DrainingForUpdate"), "drained before the update: {notes:?}");
+    assert!(notes.iter().any(|(r, _)| r == "RolloutAborted"), "{notes:?}");
+    w.kill9().await;
+}
