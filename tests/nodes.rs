@@ -1051,15 +1051,18 @@ async fn a_drains_calls_are_counted_by_verb_resource_and_code_and_audited_under_
 
 // ------------------------------------------------------------------- in-place updates that drain
 
-/// Every state a watch saw of each Node: (boot ID, Ready, cordoned by the controller).
+/// A Node's state as a watch saw it: (boot ID, Ready, cordoned by the controller).
+type NodeState = (String, bool, bool);
+
+/// Every state a watch saw of each Node.
 struct NodeWatch {
-    seen: Arc<Mutex<BTreeMap<String, Vec<(String, bool, bool)>>>>,
+    seen: Arc<Mutex<BTreeMap<String, Vec<NodeState>>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl NodeWatch {
     fn start(w: &World) -> NodeWatch {
-        let seen = Arc::new(Mutex::new(BTreeMap::<String, Vec<(String, bool, bool)>>::new()));
+        let seen = Arc::new(Mutex::new(BTreeMap::<String, Vec<NodeState>>::new()));
         let nodes = Api::<Node>::all(w.cluster().client.clone());
         let record = seen.clone();
         let task = tokio::spawn(async move {
@@ -1142,7 +1145,7 @@ async fn a_rebooting_in_place_update_drains_one_node_at_a_time_and_uncordons_it_
     }
     // Same machines, same VMs: nothing was created or replaced.
     let after = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
-    let counters = |c: &fake::InspectResponse| c.counters.clone().unwrap_or_default();
+    let counters = |c: &fake::InspectResponse| c.counters.unwrap_or_default();
     assert_eq!(counters(&after).machines_created, counters(&created).machines_created, "no VM was created");
     assert_eq!(sorted(w.machines().await.iter().map(|m| m.metadata.name.clone()).collect()), sorted(names));
     for m in w.machines().await {
