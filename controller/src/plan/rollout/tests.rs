@@ -62,7 +62,7 @@ fn deployment(replicas: i64) -> MachineDeployment {
 }
 
 fn surge(mut md: MachineDeployment, surge: IntOrPercent, unavailable: IntOrPercent) -> MachineDeployment {
-    md.spec.strategy.rolling_update = RollingUpdate { max_surge: surge, max_unavailable: unavailable };
+    md.spec.strategy.rolling_update = RollingUpdate { max_surge: surge, max_unavailable: unavailable, canary: None };
     md
 }
 
