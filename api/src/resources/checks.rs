@@ -291,9 +291,13 @@ pub(crate) fn replicated_rules(kind: Kind) -> Vec<Rule> {
         match kind {
             Md => {
                 let at = "spec.strategy.rollingUpdate.canary.machines";
-                out.push(rule(kind, at, int_or_percent.clone(), "", INT_OR_PERCENT, int_or_percent_ok));
+                let format = "type(self) == int ? self >= 1 : self.matches('^[0-9]+%?$')";
+                out.push(rule(kind, at, format.into(), "", CANARY_MACHINES, |v| {
+                    int_or_percent_ok(v) && !(v.is_number() && is_zero(v))
+                }));
                 out.push(rule(kind, at, percent.to_string(), "", PERCENT_AT_MOST_100, percent_at_most_100));
-                out.push(rule(kind, at, format!("!{}", cel_is_zero("self")), "", CANARY_NOT_ZERO, |v| !is_zero(v)));
+                let not_zero = "type(self) == int || !self.matches('^0+%?$')";
+                out.push(rule(kind, at, not_zero.into(), "", CANARY_NOT_ZERO, |v| !(v.is_string() && is_zero(v))));
             }
             _ => out.push(rule(kind, "spec.strategy", "!has(self.canary)".into(), "canary", POOL_CANARY, |v| {
                 v.get("canary").is_none()
@@ -303,6 +307,8 @@ pub(crate) fn replicated_rules(kind: Kind) -> Vec<Rule> {
     out
 }
 
+/// Message of the canary size format rule.
+pub(crate) const CANARY_MACHINES: &str = "must be an integer of at least 1 or a percentage like \"25%\"";
 /// Message of the canary size rule.
 pub(crate) const CANARY_NOT_ZERO: &str = "must be at least 1 (or 1%): a canary of no machines is none; leave canary out";
 /// Message of the pools' canary rule.
