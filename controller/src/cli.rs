@@ -704,8 +704,8 @@ async fn set_paused(store: &Store, namespace: &str, name: &str, paused: bool) ->
 /// The canary and pause lines of `rollout status`, if there are any.
 fn rollout_lines(md: &MachineDeployment, now: Time) -> Vec<String> {
     let mut out = Vec::new();
-    let rolling = md.status.rollout.is_some() || md.status.target_revision != md.status.current_revision;
-    if let Some(k) = md.status.canary.as_ref().filter(|k| rolling || k.revision == md.status.target_revision) {
+    // The latest canary, whether it is under way, passed or failed (and its revision was rolled back).
+    if let Some(k) = &md.status.canary {
         out.push(k.summary(now));
     }
     if md.spec.paused {
