@@ -564,9 +564,7 @@ async fn a_canary_whose_node_never_joins_aborts_the_rollout_touching_only_it() {
     let mut w = World::on_full_cluster(FAST, "disruption").await;
     w.start_controller(&[]);
     w.class().await;
-    let spec = |template: Value| {
-        json!({"replicas": 3, "strategy": canary_strategy(5), "nodeStartupTimeoutSeconds": 3, "template": template})
-    };
+    let spec = |template: Value| json!({"replicas": 3, "strategy": canary_strategy(5), "nodeStartupTimeoutSeconds": 3, "template": template});
     w.apply_md("web", spec(image("os-1", None))).await;
     let good = w.converged("web", 2 * MINUTE).await;
     let before = names_of(&w.machines().await);

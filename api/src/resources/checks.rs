@@ -310,7 +310,8 @@ pub(crate) fn replicated_rules(kind: Kind) -> Vec<Rule> {
 /// Message of the canary size format rule.
 pub(crate) const CANARY_MACHINES: &str = "must be an integer of at least 1 or a percentage like \"25%\"";
 /// Message of the canary size rule.
-pub(crate) const CANARY_NOT_ZERO: &str = "must be at least 1 (or 1%): a canary of no machines is none; leave canary out";
+pub(crate) const CANARY_NOT_ZERO: &str =
+    "must be at least 1 (or 1%): a canary of no machines is none; leave canary out";
 /// Message of the pools' canary rule.
 pub(crate) const POOL_CANARY: &str =
     "is not supported on a MachinePool (the cloud upgrades its instances); use a MachineDeployment for canaries";

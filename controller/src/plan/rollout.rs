@@ -964,13 +964,7 @@ fn canary(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) -> Option<i64>
         // One of them is not (or no longer) Running, Ready and healthy: the pause starts over.
         (k.phase, k.ready_since, k.pause_until) = (CanaryPhase::Progressing, None, None);
     }
-    d.notes.push(Note::Canary {
-        revision: k.revision.clone(),
-        phase: k.phase,
-        ready,
-        wanted,
-        until: k.pause_until,
-    });
+    d.notes.push(Note::Canary { revision: k.revision.clone(), phase: k.phase, ready, wanted, until: k.pause_until });
     st.canary = Some(k);
     Some(wanted)
 }
@@ -1038,7 +1032,10 @@ fn abort(md: &MachineDeployment, c: Classes<'_>, mut d: Draft, failures: u32) ->
     let message = format!("{reason}; {then}");
     set_condition(&mut st.conditions, ConditionType::Progressing, false, Reason::RolloutAborted, &message);
     d.events.push(PlannedEvent { reason: EventReason::RolloutAborted, message });
-    d.notes.push(Note::RevisionAborted { revision: rev.clone(), failures, budget: md.spec.failure_budget });
+    // During a canary the budget is 1.
+    let canary = d.status.canary.as_ref().is_some_and(|k| k.revision == *rev && k.phase == CanaryPhase::Failed);
+    let budget = if canary { 1 } else { md.spec.failure_budget };
+    d.notes.push(Note::RevisionAborted { revision: rev.clone(), failures, budget });
     Plan {
         target_revision: c.target_rev,
         target: c.target,
