@@ -940,7 +940,6 @@ fn a_canary_holds_the_rollout_until_its_machines_held_through_the_pause() {
     let k = canary_of(&p);
     assert_eq!((k.phase, k.ready_since, k.pause_until), (CanaryPhase::Progressing, None, None));
     // The pause over: passed (remembered), and the rollout goes on at its usual pace.
-    let mut md = md;
     let k = md.status.canary.as_mut().unwrap();
     k.ready_since = Some(now() - chrono::Duration::seconds(31));
     let p = run(&md, up(), true);
