@@ -1103,6 +1103,11 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
         md.spec.failure_budget = 1000;
         md.spec.delete_policy =
             [DeletePolicy::Oldest, DeletePolicy::Newest, DeletePolicy::Random][rng.below(3) as usize];
+        // A third with a canary (of any size, even one validation refuses; pausing 0-2 s).
+        if rng.chance(33) {
+            md.spec.strategy.rolling_update.canary =
+                Some(Canary { machines: rng.limit(), pause_seconds: rng.below(3) });
+        }
         let limits = Limits::resolve(replicas, &md.spec.strategy.rolling_update);
         let start = rng.below(12) as i64;
         let fail_percent = [0, 0, 10, 30][rng.below(4) as usize];
@@ -1122,7 +1127,7 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
             })
             .collect();
         let mut next_name = 0;
-        let mut finished = false;
+        let (mut finished, mut aborted) = (false, false);
         for step in 0..200 {
             let now = t0() + chrono::Duration::seconds(60 + step);
             let members: Vec<Member> = machines.iter().map(Member::from).collect();
@@ -1135,7 +1140,17 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
             });
             let case = format!("seed {seed} step {step}: replicas {replicas}, {limits:?}, {} machines", machines.len());
             if p.aborted {
-                panic!("{case}: aborted with an unlimited budget");
+                // During a canary the budget is 1.
+                assert!(md.spec.strategy.rolling_update.canary.is_some(), "{case}: aborted with an unlimited budget");
+                aborted = true;
+                break;
+            }
+            // A canary under way: no more machines of the revision than it wants.
+            let under_way = |k: &&CanaryStatus| matches!(k.phase, CanaryPhase::Progressing | CanaryPhase::Pausing);
+            if let Some(k) = p.status.canary.as_ref().filter(under_way) {
+                let new = members.iter().filter(|m| !m.deleting && m.revision == p.target_revision).count() as i64;
+                let after = new + p.create as i64 + p.in_place.as_ref().map_or(0, |w| w.allowed as i64);
+                assert!(after <= new.max(k.wanted), "{case}: {new} → {after} machines of a canary of {}", k.wanted);
             }
             let total = machines.len() as i64;
             let cap = replicas + limits.max_surge;
@@ -1185,7 +1200,7 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
                 }
             }
         }
-        if fail_percent == 0 {
+        if fail_percent == 0 && !aborted {
             assert!(finished, "seed {seed}: replicas {replicas}, {limits:?}, start {start}: no convergence");
         }
     }
