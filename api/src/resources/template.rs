@@ -289,4 +289,22 @@ mod tests {
         let patch = serde_json::json!({"b": {"c": 9, "d": null}, "e": 5});
         assert_eq!(merge(&base, &patch), serde_json::json!({"a": 1, "b": {"c": 9}, "e": 5}));
     }
+
+    #[test]
+    fn a_canary_is_at_least_one_machine_and_at_most_replicas() {
+        let canary = |m: IntOrPercent| Canary { machines: m, pause_seconds: 0 };
+        let rows = [
+            (IntOrPercent::Int(1), 10, 1),
+            (IntOrPercent::Int(3), 2, 2),
+            (IntOrPercent::Str("25%".into()), 10, 3),
+            (IntOrPercent::Str("1%".into()), 10, 1),
+            (IntOrPercent::Str("100%".into()), 7, 7),
+            (IntOrPercent::Int(0), 10, 1),
+            (IntOrPercent::Str("bogus".into()), 10, 1),
+            (IntOrPercent::Int(2), 0, 0),
+        ];
+        for (m, replicas, want) in rows {
+            assert_eq!(canary(m.clone()).machines_of(replicas), want, "{m:?} of {replicas}");
+        }
+    }
 }
