@@ -625,6 +625,7 @@ async fn a_healthy_canary_pauses_then_the_rollout_finishes_and_the_cli_pauses_an
     let (_, described, _) = w.cli(&["describe", "md", "web", "-n", w.ns()]).await;
     assert!(described.contains(&format!("Canary:       revision {} Pausing", canary.revision)), "{described}");
     assert!(described.contains("Pause until:"), "{described}");
+    eprintln!("describe of the pausing canary:\n{described}");
     let machines = w.machines().await;
     let old: Vec<&Machine> = machines.iter().filter(|m| before.contains(&m.metadata.name)).collect();
     assert_eq!(old.len(), 3);

@@ -370,20 +370,21 @@ impl KindInfo for MachineDeployment {
             return String::new();
         };
         let mut out = format!("Canary:       revision {} {}\n", canary.revision, canary.phase.as_str());
-        out += &format!("  Machines:   {} of {}", canary.machines.len(), canary.wanted);
+        let time = |t: Time| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        out += &format!("  Machines:     {} of {}", canary.machines.len(), canary.wanted);
         if !canary.machines.is_empty() {
             out += &format!(" ({})", canary.machines.join(", "));
         }
         out += "\n";
         if let Some(t) = canary.ready_since {
-            out += &format!("  Ready since: {}\n", t.to_rfc3339());
+            out += &format!("  Ready since:  {}\n", time(t));
         }
         if let Some(t) = canary.pause_until {
             let left = canary.pause_left(chrono::Utc::now()).map(|s| format!(" ({s}s left)")).unwrap_or_default();
-            out += &format!("  Pause until: {}{left}\n", t.to_rfc3339());
+            out += &format!("  Pause until:  {}{left}\n", time(t));
         }
         if !canary.message.is_empty() {
-            out += &format!("  Message:    {}\n", canary.message);
+            out += &format!("  Message:      {}\n", canary.message);
         }
         out
     }

@@ -732,18 +732,15 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
     let mut planner = Planner::new(c.census(), limits(&o, &c));
     let (mark, targets) = remediation(&o, &c, &mut planner, &mut d);
     let (mut create, mut in_place, mut delete) = (0, None, Vec::new());
-    if md.spec.paused {
-        d.notes.push(Note::Paused);
-    } else {
-        create = scale_up(&c, &targets, &mut d);
-    }
     // A canary not passed yet: no more machines of the revision than it wants.
     let canary_room = canary.map(|wanted| {
         let have = c.new.iter().filter(|m| !targets.iter().any(|t| t.name == m.name)).count() as i64;
         (wanted - have).max(0) as usize
     });
-    if let Some(room) = canary_room {
-        create = create.min(room);
+    if md.spec.paused {
+        d.notes.push(Note::Paused);
+    } else {
+        create = scale_up(&c, &targets, canary_room, &mut d);
     }
     let remediate = remediated_now(&c, &targets, create, &mut d);
     if !md.spec.paused {
@@ -1099,7 +1096,8 @@ fn remediation<'a>(
 /// Scales up the target revision within `replicas + maxSurge` (terminating machines included);
 /// machines being remediated do not count, so their replacements are created (first, where the
 /// surge has room). In place, old machines are converted, so only missing machines are created.
-fn scale_up(c: &Classes<'_>, targets: &[&Member], d: &mut Draft) -> usize {
+/// A canary under way wants no more than `canary_room` more.
+fn scale_up(c: &Classes<'_>, targets: &[&Member], canary_room: Option<usize>, d: &mut Draft) -> usize {
     if c.target.is_none() {
         return 0;
     }
@@ -1107,7 +1105,7 @@ fn scale_up(c: &Classes<'_>, targets: &[&Member], d: &mut Draft) -> usize {
     let current = c.all.len() as i64;
     let kept = |m: &&&Member| !targets.iter().any(|t| t.name == m.name);
     let have = if c.in_place { c.live.iter().filter(kept).count() } else { c.new.iter().filter(kept).count() } as i64;
-    let wanted = c.desired - have;
+    let wanted = (c.desired - have).min(canary_room.map_or(i64::MAX, |r| r as i64));
     let create = wanted.min(limit - current).max(0) as usize;
     if wanted > 0 && (create as i64) < wanted {
         d.notes.push(Note::SurgeExhausted { limit, current, wanted });

@@ -928,6 +928,7 @@ fn a_canary_holds_the_rollout_until_its_machines_held_through_the_pause() {
     assert_eq!((status, reason), ("True", "Rolling"));
     let message = &p.status.conditions.iter().find(|c| c.condition_type == "Progressing").unwrap().message;
     assert!(message.contains("canary of revision") && message.contains("Pausing"), "{message}");
+    assert!(!message.contains("maxSurge"), "the canary holds, not the surge: {message}");
     // Still pausing (the same start, kept in the status: a restarted controller resumes it).
     md.status = p.status;
     let p = run(&md, up(), true);
