@@ -534,3 +534,148 @@ async fn a_remediation_resumes_after_kill_9_with_its_deadline_and_one_replacemen
     w.assert_consistent(2).await;
     w.kill9().await;
 }
+
+/// A strategy with a canary of one machine paused `pause` seconds (maxSurge 1, maxUnavailable 1).
+fn canary_strategy(pause: u64) -> Value {
+    json!({"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1, "canary": {"machines": 1, "pauseSeconds": pause}}})
+}
+
+fn image(image: &str, kubelet: Option<&str>) -> Value {
+    let mut provider = json!({"image": image});
+    if let Some(k) = kubelet {
+        provider["kubelet"] = json!(k);
+    }
+    json!({"spec": {"classRef": {"name": "small"}, "providerSpec": provider}})
+}
+
+fn canary_phase(md: &MachineDeployment) -> Option<CanaryPhase> {
+    md.status.canary.as_ref().map(|k| k.phase)
+}
+
+fn names_of(machines: &[Machine]) -> std::collections::BTreeSet<String> {
+    machines.iter().map(|m| m.metadata.name.clone()).collect()
+}
+
+/// A canary of 1 whose Node never joins: the machine fails with NodeNotJoined, the rollout is
+/// aborted at once (with a failure budget of 3), the revision remembered as bad, and only the
+/// canary machine was ever touched: the old machines are the same three, never deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_whose_node_never_joins_aborts_the_rollout_touching_only_it() {
+    let mut w = World::on_full_cluster(FAST, "disruption").await;
+    w.start_controller(&[]);
+    w.class().await;
+    let spec = |template: Value| json!({"replicas": 3, "strategy": canary_strategy(5), "nodeStartupTimeoutSeconds": 3, "template": template});
+    w.apply_md("web", spec(image("os-1", None))).await;
+    let good = w.converged("web", 2 * MINUTE).await;
+    let before = names_of(&w.machines().await);
+    let created = w.created().await;
+
+    w.apply_md("web", spec(image("os-2", Some("NeverJoins")))).await;
+    let aborted = md_until(&w, "the canary failed and the rollout aborted", 3 * MINUTE, |md| {
+        canary_phase(md) == Some(CanaryPhase::Failed) && !md.status.bad_revisions.is_empty()
+    })
+    .await;
+    let canary = aborted.status.canary.clone().unwrap();
+    assert_eq!(canary.machines.len(), 1, "{canary:?}");
+    assert!(canary.message.contains("NODE_NOT_JOINED"), "{canary:?}");
+    let bad = &aborted.status.bad_revisions[0];
+    assert_eq!(bad.revision, canary.revision);
+    assert!(bad.reason.contains(&canary.machines[0]), "{bad:?}");
+    // (Aborted, or already rolling back: either way the failed canary is shown.)
+    let (_, out, err) = w.cli(&["rollout", "status", "web", "-n", w.ns(), "--no-watch"]).await;
+    assert!(out.contains(&format!("canary of revision {}: Failed, 1 of 1 machine(s)", canary.revision)), "{out}");
+    eprintln!("rollout status of the failed canary:\n{out}{err}");
+
+    let back = md_until(&w, "rolled back", 3 * MINUTE, |md| {
+        e2e_tests::rolled_out(md) && md.status.target_revision == good.status.target_revision
+    })
+    .await;
+    assert_eq!(back.status.bad_revisions.len(), 1);
+    assert_eq!(names_of(&w.machines().await), before, "the old machines are the same");
+    assert_eq!(w.created().await, created + 1, "only the canary machine was made");
+    // Remembered: the bad revision is not tried again.
+    assert_eq!(canary_phase(&back), Some(CanaryPhase::Failed));
+    w.kill9().await;
+}
+
+/// A healthy canary: one machine of the new revision, then a pause of `pauseSeconds` during which
+/// no old machine goes (and which survives a kill -9 of the controller); `rollout pause` holds the
+/// rollout after the canary passed, `rollout resume` lets it finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_canary_pauses_then_the_rollout_finishes_and_the_cli_pauses_and_resumes_it() {
+    let mut w = World::on_full_cluster(FAST, "disruption").await;
+    w.start_controller(&[]);
+    w.class().await;
+    let spec = |template: Value| json!({"replicas": 3, "strategy": canary_strategy(20), "template": template});
+    w.apply_md("web", spec(image("os-1", None))).await;
+    let first = w.converged("web", 2 * MINUTE).await;
+    let before = names_of(&w.machines().await);
+
+    w.apply_md("web", spec(image("os-2", None))).await;
+    let pausing = md_until(&w, "the canary pausing", 2 * MINUTE, |md| {
+        md.status.observed_generation == md.metadata.generation && canary_phase(md) == Some(CanaryPhase::Pausing)
+    })
+    .await;
+    let canary = pausing.status.canary.clone().unwrap();
+    let (code, out, err) = w.cli(&["rollout", "status", "web", "-n", w.ns(), "--no-watch"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let line = format!("canary of revision {}: Pausing, 1 of 1 machine(s) ({})", canary.revision, canary.machines[0]);
+    assert!(out.contains(&line) && out.contains("s of pause left"), "{out}");
+    eprintln!("rollout status of the pausing canary:\n{out}");
+    let (_, described, _) = w.cli(&["describe", "md", "web", "-n", w.ns()]).await;
+    assert!(described.contains(&format!("Canary:       revision {} Pausing", canary.revision)), "{described}");
+    assert!(described.contains("Pause until:"), "{described}");
+    eprintln!("describe of the pausing canary:\n{described}");
+    let machines = w.machines().await;
+    let old: Vec<&Machine> = machines.iter().filter(|m| before.contains(&m.metadata.name)).collect();
+    assert_eq!(old.len(), 3);
+    assert!(old.iter().all(|m| !m.is_deleting()), "no old machine goes during the canary");
+
+    // kill -9 of the controller during the pause: the new one resumes the same pause.
+    w.kill9().await;
+    w.start_controller(&[]);
+    let resumed = md_until(&w, "the new controller on the same pause", MINUTE, |md| {
+        w.controller_log(1).contains("running")
+            && md.status.canary.as_ref().is_some_and(|k| k.phase != CanaryPhase::Progressing)
+    })
+    .await;
+    let k = resumed.status.canary.clone().unwrap();
+    assert_eq!(k.ready_since, canary.ready_since, "the pause did not start over");
+
+    // Paused from the CLI: the canary passes, nothing else moves.
+    let (code, out, err) = w.cli(&["rollout", "pause", "web", "-n", w.ns()]).await;
+    assert_eq!((code, out.trim()), (0, "machinedeployment web paused"), "{err}");
+    let passed = md_until(&w, "the canary passed while paused", MINUTE, |md| {
+        md.spec.paused
+            && md.status.observed_generation == md.metadata.generation
+            && canary_phase(md) == Some(CanaryPhase::Passed)
+    })
+    .await;
+    let machines = w.machines().await;
+    assert_eq!(machines.iter().filter(|m| before.contains(&m.metadata.name) && !m.is_deleting()).count(), 3);
+    assert_eq!(machines.len(), 4, "the canary machine and the old three");
+    let (_, out, _) = w.cli(&["rollout", "status", "web", "-n", w.ns(), "--no-watch"]).await;
+    assert!(out.contains("Passed") && out.contains("paused: "), "{out}");
+    eprintln!("rollout status, paused after the canary:\n{out}");
+
+    // Resumed: the rollout goes on and finishes.
+    let (code, out, err) = w.cli(&["rollout", "resume", "web", "-n", w.ns()]).await;
+    assert_eq!((code, out.trim()), (0, "machinedeployment web resumed"), "{err}");
+    let (code, out, err) = w.cli(&["rollout", "status", "web", "-n", w.ns(), "--timeout", "3m"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("successfully rolled out"), "{out}");
+    eprintln!("rollout status after the resume:\n{out}");
+    let done = w.converged("web", MINUTE).await;
+    assert_ne!(done.status.current_revision, first.status.current_revision);
+    assert_eq!(canary_phase(&done), Some(CanaryPhase::Passed));
+    assert!(names_of(&w.machines().await).is_disjoint(&before), "every old machine replaced");
+    let events = w
+        .store()
+        .backend()
+        .events(&machine_controller::store::Key::new(Kind::MachineDeployment, w.ns(), "web"), 50)
+        .await
+        .unwrap();
+    let passed_at = events.iter().find(|e| e.reason == "CanaryPassed").map(|e| e.time).expect("a CanaryPassed event");
+    assert!(passed_at >= passed.status.canary.unwrap().pause_until.unwrap(), "passed only after the pause");
+    w.kill9().await;
+}

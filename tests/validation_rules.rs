@@ -102,6 +102,24 @@ fn table() -> Vec<Row> {
         (MD, json!({"volumeDetachTimeoutSeconds": -5}), Some(("spec.volumeDetachTimeoutSeconds", AT_LEAST_0))),
         (MD, json!({"minReadySeconds": -1}), Some(("spec.minReadySeconds", AT_LEAST_0))),
         (MP, json!({"nodeStartupTimeoutSeconds": -1}), Some(("spec.nodeStartupTimeoutSeconds", AT_LEAST_0))),
+        // Canaries: at least 1 machine, at most 100%; none on a MachinePool.
+        (MD, canary(json!(1)), None),
+        (MD, canary(json!("25%")), None),
+        (MD, canary(json!(-1)), Some((CANARY, CANARY_MACHINES))),
+        (MD, canary(json!(0)), Some((CANARY, CANARY_MACHINES))),
+        (MD, canary(json!("few")), Some((CANARY, CANARY_MACHINES))),
+        (MD, canary(json!("0%")), Some((CANARY, CANARY_NOT_ZERO))),
+        (MD, canary(json!("150%")), Some((CANARY, AT_MOST_100))),
+        (
+            MD,
+            json!({"strategy": {"rollingUpdate": {"canary": {"machines": 1, "pauseSeconds": -5}}}}),
+            Some(("spec.strategy.rollingUpdate.canary.pauseSeconds", AT_LEAST_0)),
+        ),
+        (
+            MP,
+            json!({"strategy": {"canary": {"machines": 1, "pauseSeconds": 30}}}),
+            Some(("spec.strategy.canary", POOL_CANARY)),
+        ),
         // Remediation and disruption budgets.
         (MD, budgets(json!([{"machines": "10%"}, night()]), json!("20%")), None),
         (MP, budgets(json!([{"machines": 1}, night()]), json!(2)), None),
@@ -156,6 +174,17 @@ const BUDGET_SCHEDULE: &str = "is required with a schedule, and needs one";
 const BUDGET_DURATION: &str = "must be like 1h, 30m, 1h30m or 90s";
 
 /// `spec.disruption.budgets` and `spec.remediation.maxInFlight`.
+const CANARY: &str = "spec.strategy.rollingUpdate.canary.machines";
+const CANARY_MACHINES: &str = "must be an integer of at least 1 or a percentage like \"25%\"";
+const CANARY_NOT_ZERO: &str = "must be at least 1 (or 1%): a canary of no machines is none; leave canary out";
+const POOL_CANARY: &str =
+    "is not supported on a MachinePool (the cloud upgrades its instances); use a MachineDeployment for canaries";
+
+/// A MachineDeployment's canary of `machines`, paused 30 s.
+fn canary(machines: Value) -> Value {
+    json!({"strategy": {"rollingUpdate": {"canary": {"machines": machines, "pauseSeconds": 30}}}})
+}
+
 fn budgets(budgets: Value, max_in_flight: Value) -> Value {
     json!({"disruption": {"budgets": budgets}, "remediation": {"maxInFlight": max_in_flight}})
 }

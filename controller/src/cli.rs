@@ -91,9 +91,10 @@ pub enum Command {
         #[arg(short, long, default_value = "default")]
         namespace: String,
     },
-    /// Rollout status of a MachineDeployment, with progress bars.
+    /// Rollout of a MachineDeployment: its status (with progress bars and its canary), pause,
+    /// resume.
     Rollout {
-        /// `status`.
+        /// `status`, `pause` or `resume`.
         #[command(subcommand)]
         action: RolloutAction,
     },
@@ -123,6 +124,23 @@ pub enum RolloutAction {
         /// Print the status once instead of waiting.
         #[arg(long)]
         no_watch: bool,
+    },
+    /// Pauses the rollout (`spec.paused: true`): no machine of the new revision is made and no
+    /// old one removed until `resume` (scaling and remediation go on; a canary's pause clock too).
+    Pause {
+        /// The MachineDeployment.
+        name: String,
+        /// Namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
+    /// Resumes a paused rollout (`spec.paused: false`).
+    Resume {
+        /// The MachineDeployment.
+        name: String,
+        /// Namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
     },
 }
 
@@ -281,6 +299,12 @@ pub async fn execute(cli: Cli) -> Result<(), Exit> {
         Command::Delete { kind, name, files, namespace } => delete(&cli.store, kind, name, &files, &namespace).await,
         Command::Rollout { action: RolloutAction::Status { name, namespace, timeout, no_watch } } => {
             rollout_status(&open(&cli.store).await?, &namespace, &name, timeout, !no_watch).await
+        }
+        Command::Rollout { action: RolloutAction::Pause { name, namespace } } => {
+            set_paused(&open(&cli.store).await?, &namespace, &name, true).await
+        }
+        Command::Rollout { action: RolloutAction::Resume { name, namespace } } => {
+            set_paused(&open(&cli.store).await?, &namespace, &name, false).await
         }
         Command::Run(args) => run(&cli.store, &args).await,
         Command::Crds => {
@@ -652,6 +676,47 @@ fn indent(s: &str) -> String {
     s.lines().map(|l| format!("  {l}\n")).collect()
 }
 
+/// `rollout pause` / `rollout resume`: sets `spec.paused` (read again and retried on a
+/// conflict with the controller or another writer).
+async fn set_paused(store: &Store, namespace: &str, name: &str, paused: bool) -> Result<(), Exit> {
+    let what = if paused { "paused" } else { "resumed" };
+    for _ in 0..5 {
+        let Some(mut md) = store.get::<MachineDeployment>(namespace, name).await? else {
+            return Err(fail(format!("MachineDeployment {name} not found in namespace {namespace}")));
+        };
+        if md.spec.paused == paused {
+            println!("machinedeployment {name} already {what}");
+            return Ok(());
+        }
+        md.spec.paused = paused;
+        match store.update(&md).await {
+            Ok(_) => {
+                println!("machinedeployment {name} {what}");
+                return Ok(());
+            }
+            Err(crate::store::Error::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(fail(format!("MachineDeployment {name} kept changing; try again")))
+}
+
+/// The canary and pause lines of `rollout status`, if there are any.
+fn rollout_lines(md: &MachineDeployment, now: Time) -> Vec<String> {
+    let mut out = Vec::new();
+    // The latest canary, whether it is under way, passed or failed (and its revision was rolled back).
+    if let Some(k) = &md.status.canary {
+        out.push(k.summary(now));
+    }
+    if md.spec.paused {
+        out.push(format!(
+            "paused: no machine of the new revision is made and no old one removed (machine-controller rollout resume {})",
+            md.metadata.name
+        ));
+    }
+    out
+}
+
 async fn rollout_status(
     store: &Store,
     namespace: &str,
@@ -669,6 +734,9 @@ async fn rollout_status(
     let available = bars.add(ProgressBar::new(0).with_style(style).with_prefix("available"));
     // Subscribed before the first read: every status change after it wakes this loop.
     let mut changes = store.watch::<MachineDeployment>(None);
+    // The canary and pause lines last printed (watching: printed again when they change, the
+    // seconds of pause left aside).
+    let mut shown = String::new();
     loop {
         let Some(md) = store.get::<MachineDeployment>(namespace, name).await? else {
             return Err(fail(format!("MachineDeployment {name} not found in namespace {namespace}")));
@@ -683,9 +751,24 @@ async fn rollout_status(
         available.set_message(msg.clone());
         updated.set_message(format!("revision {} ({} machines total)", md.status.target_revision, md.status.replicas));
         let observed = md.status.observed_generation >= md.metadata.generation;
+        let lines = rollout_lines(&md, chrono::Utc::now());
+        let key = {
+            let mut k = md.status.canary.clone();
+            if let Some(k) = k.as_mut() {
+                k.pause_until = None;
+            }
+            format!("{k:?} {}", md.spec.paused)
+        };
+        if watch && key != shown && !lines.is_empty() {
+            bars.suspend(|| lines.iter().for_each(|l| println!("{l}")));
+        }
+        shown = key;
         if observed && progressing.is_some_and(|c| matches!(c.reason, Reason::RolloutAborted | Reason::NoGoodRevision))
         {
             bars.clear().ok();
+            if !watch {
+                lines.iter().for_each(|l| println!("{l}"));
+            }
             return Err(Exit { message: format!("rollout of {name} aborted: {msg}"), code: 1 });
         }
         let done = observed
@@ -695,6 +778,9 @@ async fn rollout_status(
         if done {
             updated.finish();
             available.finish();
+            if !watch {
+                lines.iter().for_each(|l| println!("{l}"));
+            }
             println!("machinedeployment {name} successfully rolled out (revision {})", md.status.target_revision);
             return Ok(());
         }
@@ -704,6 +790,7 @@ async fn rollout_status(
                 "waiting for rollout of {name}: {} of {} updated machines available",
                 md.status.available_replicas, md.spec.replicas
             );
+            lines.iter().for_each(|l| println!("{l}"));
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {

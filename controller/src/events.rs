@@ -67,6 +67,8 @@ event_reasons! {
     RolloutComplete: Normal,
     /// MachineDeployment: new machines used up `failureBudget`; the revision is bad.
     RolloutAborted: Warning,
+    /// MachineDeployment: the canary of a revision held through its pause; the rollout goes on.
+    CanaryPassed: Normal,
     /// MachinePool: a stored ApplyPool or DeletePool handle was unusable and is dropped.
     /// Machine: a stored operation handle was unusable; the driver is asked again by name.
     OperationTokenUnusable: Warning,

@@ -187,6 +187,86 @@ pub struct RolloutState {
     pub failures: u32,
 }
 
+/// Where a canary stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum CanaryPhase {
+    /// The canary machines are being made (created, or updated in place) or are not all Running,
+    /// Ready and healthy yet.
+    #[default]
+    Progressing,
+    /// Every canary machine is Running, Ready and healthy: the pause runs until `pauseUntil`.
+    Pausing,
+    /// The canary held through its pause: the rollout goes on at its usual pace.
+    Passed,
+    /// A canary machine failed for a reason that blames the revision: the rollout was aborted.
+    Failed,
+}
+
+impl CanaryPhase {
+    /// Its name, as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CanaryPhase::Progressing => "Progressing",
+            CanaryPhase::Pausing => "Pausing",
+            CanaryPhase::Passed => "Passed",
+            CanaryPhase::Failed => "Failed",
+        }
+    }
+}
+
+/// The canary of the latest revision that had one (kept after it passed or failed, until the
+/// next revision's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStatus {
+    /// The revision it tests.
+    pub revision: String,
+    /// Where it stands.
+    pub phase: CanaryPhase,
+    /// Canary machines wanted (`strategy.rollingUpdate.canary.machines` resolved).
+    pub wanted: i64,
+    /// The canary machines (new, or updated in place, of the revision).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machines: Vec<String>,
+    /// Since when every canary machine is Running, Ready and healthy (the pause's start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_since: Option<Time>,
+    /// When the pause ends (`readySince + pauseSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_until: Option<Time>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl CanaryStatus {
+    /// Seconds of the pause left at `now` (while Pausing).
+    pub fn pause_left(&self, now: Time) -> Option<i64> {
+        let until = self.pause_until.filter(|_| self.phase == CanaryPhase::Pausing)?;
+        Some((until - now).num_seconds().max(0))
+    }
+
+    /// One line for a person: `revision 5f2c1 canary Pausing: 1 of 1 machine(s) (web-5f2c1-a1b2c),
+    /// 20s of pause left`.
+    pub fn summary(&self, now: Time) -> String {
+        let names = if self.machines.is_empty() { String::new() } else { format!(" ({})", self.machines.join(", ")) };
+        let mut out = format!(
+            "canary of revision {}: {}, {} of {} machine(s){names}",
+            self.revision,
+            self.phase.as_str(),
+            self.machines.len(),
+            self.wanted
+        );
+        if let Some(left) = self.pause_left(now) {
+            out += &format!(", {left}s of pause left");
+        }
+        if !self.message.is_empty() {
+            out += &format!(": {}", self.message);
+        }
+        out
+    }
+}
+
 /// Observed state of a MachineDeployment.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -218,6 +298,9 @@ pub struct MachineDeploymentStatus {
     /// Rollout in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutState>,
+    /// The canary of the revision rolling out (or of the last one that had one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryStatus>,
     /// Revisions that failed and are not applied again (until the template changes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bad_revisions: Vec<BadRevision>,
@@ -281,12 +364,37 @@ impl KindInfo for MachineDeployment {
         checks::disruption(&self.spec.disruption)
     }
 
+    fn describe_head(status: &Value) -> String {
+        let Some(canary) = status.get("canary").and_then(|c| serde_json::from_value::<CanaryStatus>(c.clone()).ok())
+        else {
+            return String::new();
+        };
+        let mut out = format!("Canary:       revision {} {}\n", canary.revision, canary.phase.as_str());
+        let time = |t: Time| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        out += &format!("  Machines:     {} of {}", canary.machines.len(), canary.wanted);
+        if !canary.machines.is_empty() {
+            out += &format!(" ({})", canary.machines.join(", "));
+        }
+        out += "\n";
+        if let Some(t) = canary.ready_since {
+            out += &format!("  Ready since:  {}\n", time(t));
+        }
+        if let Some(t) = canary.pause_until {
+            let left = canary.pause_left(chrono::Utc::now()).map(|s| format!(" ({s}s left)")).unwrap_or_default();
+            out += &format!("  Pause until:  {}{left}\n", time(t));
+        }
+        if !canary.message.is_empty() {
+            out += &format!("  Message:      {}\n", canary.message);
+        }
+        out
+    }
+
     fn describe_tail(status: &Value) -> String {
         let other: serde_json::Map<String, Value> = status
             .as_object()
             .map(|o| {
                 o.iter()
-                    .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "revisionHistory" | "disruption"))
+                    .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "revisionHistory" | "disruption" | "canary"))
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect()
             })

@@ -151,6 +151,32 @@ pub struct RollingUpdate {
     /// Machines below `replicas` allowed to be unavailable (default 0; percentages round down).
     #[serde(default = "zero")]
     pub max_unavailable: IntOrPercent,
+    /// MachineDeployment (either strategy type): the new revision first reaches this many
+    /// machines, which must stay Running, Ready and healthy for `pauseSeconds` before the rollout
+    /// goes on. Not supported on a MachinePool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<Canary>,
+}
+
+/// A canary: the first machines of a new revision, watched before the rest follow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Canary {
+    /// Machines of the new revision first (new, or updated in place): a count of at least 1 or
+    /// a percentage of `replicas` (rounded up, at least 1 machine).
+    pub machines: IntOrPercent,
+    /// How long every canary machine must be Running, Ready and healthy before the rollout goes
+    /// on at its usual pace (default 0: as soon as they are).
+    #[serde(default)]
+    pub pause_seconds: u64,
+}
+
+impl Canary {
+    /// The number of canary machines of a deployment of `replicas`: at least 1, at most
+    /// `replicas` (0 when `replicas` is 0).
+    pub fn machines_of(&self, replicas: i64) -> i64 {
+        self.machines.resolve(replicas, true).unwrap_or(1).max(1).min(replicas.max(0))
+    }
 }
 
 pub(crate) fn one() -> IntOrPercent {
@@ -163,7 +189,7 @@ pub(crate) fn zero() -> IntOrPercent {
 
 impl Default for RollingUpdate {
     fn default() -> Self {
-        Self { max_surge: one(), max_unavailable: zero() }
+        Self { max_surge: one(), max_unavailable: zero(), canary: None }
     }
 }
 
@@ -262,5 +288,23 @@ mod tests {
         let base = serde_json::json!({"a": 1, "b": {"c": 2, "d": 3}});
         let patch = serde_json::json!({"b": {"c": 9, "d": null}, "e": 5});
         assert_eq!(merge(&base, &patch), serde_json::json!({"a": 1, "b": {"c": 9}, "e": 5}));
+    }
+
+    #[test]
+    fn a_canary_is_at_least_one_machine_and_at_most_replicas() {
+        let canary = |m: IntOrPercent| Canary { machines: m, pause_seconds: 0 };
+        let rows = [
+            (IntOrPercent::Int(1), 10, 1),
+            (IntOrPercent::Int(3), 2, 2),
+            (IntOrPercent::Str("25%".into()), 10, 3),
+            (IntOrPercent::Str("1%".into()), 10, 1),
+            (IntOrPercent::Str("100%".into()), 7, 7),
+            (IntOrPercent::Int(0), 10, 1),
+            (IntOrPercent::Str("bogus".into()), 10, 1),
+            (IntOrPercent::Int(2), 0, 0),
+        ];
+        for (m, replicas, want) in rows {
+            assert_eq!(canary(m.clone()).machines_of(replicas), want, "{m:?} of {replicas}");
+        }
     }
 }

@@ -76,7 +76,7 @@ mod tests {
     use super::*;
 
     fn ru(surge: IntOrPercent, unavailable: IntOrPercent) -> RollingUpdate {
-        RollingUpdate { max_surge: surge, max_unavailable: unavailable }
+        RollingUpdate { max_surge: surge, max_unavailable: unavailable, canary: None }
     }
 
     #[test]

@@ -16,6 +16,13 @@
 //!   remembered as bad and never applied again (until the template changes), and the deployment
 //!   rolls back to the last good revision. A failed machine of the revision counts once: while it
 //!   waits, and from the moment it is marked for remediation, in the rollout's failures.
+//! - Canary (`strategy.rollingUpdate.canary`, either strategy): a rollout of a new spec revision
+//!   (not a first rollout, not a rollback) first makes at most `canary.machines` machines of it
+//!   (created, or updated in place), and removes old machines only as far as the surge needs
+//!   to make room for them. Once every canary machine is Running, Ready and healthy for
+//!   `pauseSeconds` the canary has passed (remembered in `status.canary`) and the rollout goes
+//!   on at its usual pace. Until then the failure budget is 1: a canary machine that fails for
+//!   its revision aborts the rollout as a spent budget does, with only the canary touched.
 //! - InPlace: old machines are converted (see [`super::in_place`]); only missing machines are
 //!   created and only a scale-down removes machines.
 //!
@@ -577,6 +584,24 @@ pub enum Note {
         /// `progressDeadlineSeconds`.
         seconds: u64,
     },
+    /// A canary holds the rollout: at most `wanted` machines of `revision` until it passes.
+    Canary {
+        /// The revision.
+        revision: String,
+        /// Progressing or Pausing.
+        phase: CanaryPhase,
+        /// Canary machines Running, Ready and healthy.
+        ready: usize,
+        /// Canary machines wanted.
+        wanted: i64,
+        /// When the pause ends (while Pausing).
+        until: Option<Time>,
+    },
+    /// The canary of `revision` held through its pause: the rollout goes on.
+    CanaryPassed {
+        /// The revision.
+        revision: String,
+    },
     /// Every machine is on `revision` and available.
     Complete {
         /// The target revision.
@@ -589,7 +614,11 @@ impl Note {
     pub fn holds_back(&self) -> bool {
         matches!(
             self,
-            Note::SurgeExhausted { .. } | Note::Held { .. } | Note::Paused | Note::AwaitingReplacement { .. }
+            Note::SurgeExhausted { .. }
+                | Note::Held { .. }
+                | Note::Paused
+                | Note::AwaitingReplacement { .. }
+                | Note::Canary { .. }
         )
     }
 }
@@ -621,6 +650,14 @@ impl std::fmt::Display for Note {
                 write!(f, "{machines} machines of the target revision for {replicas} replicas")
             }
             Note::ProgressDeadlineExceeded { seconds } => write!(f, "no progress for {seconds}s"),
+            Note::Canary { revision, phase, ready, wanted, until } => {
+                write!(f, "canary of revision {revision} {}: {ready} of {wanted} machine(s) ready", phase.as_str())?;
+                match until {
+                    Some(t) => write!(f, ", pausing until {}", t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+                    None => Ok(()),
+                }
+            }
+            Note::CanaryPassed { revision } => write!(f, "the canary of revision {revision} passed"),
             Note::Complete { revision } => write!(f, "revision {revision} is rolled out"),
         }
     }
@@ -698,21 +735,30 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
     let mut d = Draft { status: md.status.clone(), events: Vec::new(), notes: Vec::new() };
     let c = classify(&o, &mut d);
     track_rollout(md, &c, &mut d);
-    if let Some(failures) = budget_spent(md, &c, &d) {
+    let canary = canary(md, &c, &mut d);
+    if let Some(failures) = budget_spent(md, &c, &d, canary.is_some()) {
         return abort(md, c, d, failures);
     }
     let mut planner = Planner::new(c.census(), limits(&o, &c));
     let (mark, targets) = remediation(&o, &c, &mut planner, &mut d);
     let (mut create, mut in_place, mut delete) = (0, None, Vec::new());
+    // A canary not passed yet: no more machines of the revision than it wants.
+    let canary_room = canary.map(|wanted| {
+        let have = c.new.iter().filter(|m| !targets.iter().any(|t| t.name == m.name)).count() as i64;
+        (wanted - have).max(0) as usize
+    });
     if md.spec.paused {
         d.notes.push(Note::Paused);
     } else {
-        create = scale_up(&c, &targets, &mut d);
+        create = scale_up(&c, &targets, canary_room, &mut d);
     }
     let remediate = remediated_now(&c, &targets, create, &mut d);
     if !md.spec.paused {
-        delete = scale_down_old(md, &c, &targets, &mut planner);
+        delete = scale_down_old(md, &c, &targets, canary_removals(&c, &targets, canary), &mut planner);
         in_place = in_place_work(&c, &targets, &delete, &mut planner, &mut d);
+        if let (Some(work), Some(room)) = (in_place.as_mut(), canary_room) {
+            work.allowed = work.allowed.min(room.saturating_sub(create));
+        }
     }
     delete.extend(scale_down_excess(md, &c, &targets, &mut planner, &mut d));
     let report = planner.report();
@@ -730,6 +776,10 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
         .map(|m| m.name.clone())
         .collect();
     let complete = write_status(md, &c, &report, &mark, waiting.clone(), &mut d);
+    let recheck_at = match (report.recheck_at, pause_until(&d.status, canary)) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let remediation_left = !waiting.is_empty() || c.live.iter().any(|m| m.remediating);
     Plan {
         settled: complete && c.failed.is_empty() && !remediation_left,
@@ -743,7 +793,7 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
         delete,
         status: d.status,
         events: d.events,
-        recheck_at: report.recheck_at,
+        recheck_at,
         disruption: Some(report),
         notes: d.notes,
     }
@@ -848,6 +898,102 @@ fn track_rollout(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) {
     }
 }
 
+/// The canary step: whether the rollout of the spec's revision is held by a canary, and how many
+/// machines of the revision it wants (`None`: no canary, or it passed). Only a rollout of the
+/// spec's revision from an earlier one has a canary (a first rollout has nothing to compare
+/// with, a rollback goes to a revision that ran before). `status.canary` records where it
+/// stands, so a restarted controller goes on with the same pause; a canary that passed or failed
+/// stays recorded until the next revision's.
+fn canary(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) -> Option<i64> {
+    let st = &mut d.status;
+    let under_way = |k: &CanaryStatus| matches!(k.phase, CanaryPhase::Progressing | CanaryPhase::Pausing);
+    let Some(spec) = md.spec.strategy.rolling_update.canary.as_ref() else {
+        // No canary asked (any more): one under way is dropped; one that passed or failed stays.
+        if st.canary.as_ref().is_some_and(under_way) {
+            st.canary = None;
+        }
+        return None;
+    };
+    let rolling = st.rollout.as_ref().is_some_and(|r| r.revision == c.target_rev);
+    let applies = rolling && c.target.is_some() && c.target_rev == c.spec_rev && !st.current_revision.is_empty();
+    let wanted = spec.machines_of(c.desired);
+    if !applies || wanted == 0 {
+        if st.canary.as_ref().is_some_and(|k| under_way(k) && k.revision != c.target_rev) {
+            st.canary = None;
+        }
+        return None;
+    }
+    let mut k = match st.canary.take() {
+        Some(k) if k.revision == c.target_rev => k,
+        _ => CanaryStatus {
+            revision: c.target_rev.clone(),
+            phase: CanaryPhase::Progressing,
+            wanted,
+            machines: Vec::new(),
+            ready_since: None,
+            pause_until: None,
+            message: String::new(),
+        },
+    };
+    if !under_way(&k) {
+        st.canary = Some(k);
+        return None;
+    }
+    // The canary machines: the revision's live machines, oldest first (a replacement of one
+    // that went takes its place).
+    let mut members: Vec<&Member> = c.new.clone();
+    members.sort_by(|a, b| (a.created, &a.name).cmp(&(b.created, &b.name)));
+    members.truncate(usize::try_from(wanted).unwrap_or(usize::MAX));
+    k.wanted = wanted;
+    k.machines = members.iter().map(|m| m.name.clone()).collect();
+    let ready = members.iter().filter(|m| m.is_available() && !m.marked_unhealthy).count();
+    if ready as i64 >= wanted {
+        // Kept across reconciles (and restarts): the pause runs from when they all were.
+        let since = *k.ready_since.get_or_insert(c.now);
+        let pause = chrono::Duration::seconds(i64::try_from(spec.pause_seconds).unwrap_or(i64::MAX / 2));
+        let until = since + pause;
+        k.pause_until = Some(until);
+        if c.now >= until {
+            k.phase = CanaryPhase::Passed;
+            let message = format!(
+                "the canary of revision {} ({}) held {}s: rolling out the rest",
+                k.revision,
+                k.machines.join(", "),
+                spec.pause_seconds
+            );
+            d.events.push(PlannedEvent { reason: EventReason::CanaryPassed, message });
+            d.notes.push(Note::CanaryPassed { revision: k.revision.clone() });
+            st.canary = Some(k);
+            return None;
+        }
+        k.phase = CanaryPhase::Pausing;
+    } else {
+        // One of them is not (or no longer) Running, Ready and healthy: the pause starts over.
+        (k.phase, k.ready_since, k.pause_until) = (CanaryPhase::Progressing, None, None);
+    }
+    d.notes.push(Note::Canary { revision: k.revision.clone(), phase: k.phase, ready, wanted, until: k.pause_until });
+    st.canary = Some(k);
+    Some(wanted)
+}
+
+/// While a canary holds a rolling update, old machines go only as far as the surge needs to
+/// make room for the canary machines (none with a surge as large as the canary): the rest stay
+/// untouched until it passes. `None`: no limit.
+fn canary_removals(c: &Classes<'_>, targets: &[&Member], canary: Option<i64>) -> Option<usize> {
+    let wanted = canary?;
+    if c.in_place {
+        return None;
+    }
+    let old = c.old.iter().filter(|m| !targets.iter().any(|t| t.name == m.name)).count() as i64;
+    Some((old + wanted - (c.desired + c.limits.max_surge)).max(0) as usize)
+}
+
+/// When a canary's pause ends (to plan again then).
+fn pause_until(st: &MachineDeploymentStatus, canary: Option<i64>) -> Option<Time> {
+    canary?;
+    st.canary.as_ref().filter(|k| k.phase == CanaryPhase::Pausing)?.pause_until
+}
+
 /// Whether a failed machine counts against the target revision's failure budget: of that
 /// revision, and its failure the revision's doing.
 fn counts_against(c: &Classes<'_>, m: &Member) -> bool {
@@ -857,11 +1003,13 @@ fn counts_against(c: &Classes<'_>, m: &Member) -> bool {
 /// The failures of the spec's revision under way, if they reach the failure budget: those
 /// counted when their machines were taken for remediation, and the failed machines not taken
 /// yet (each failed machine counts once).
-fn budget_spent(md: &MachineDeployment, c: &Classes<'_>, d: &Draft) -> Option<u32> {
+/// While a canary runs the budget is 1: one canary machine failing for its revision is enough.
+fn budget_spent(md: &MachineDeployment, c: &Classes<'_>, d: &Draft, canary: bool) -> Option<u32> {
     let rollout = d.status.rollout.as_ref()?;
     let failed_now = c.failed.iter().filter(|m| !m.remediating && counts_against(c, m)).count() as u32;
     let used = rollout.failures + failed_now;
-    let spent = c.target.is_some() && c.target_rev == c.spec_rev && used >= md.spec.failure_budget.max(1);
+    let budget = if canary { 1 } else { md.spec.failure_budget.max(1) };
+    let spent = c.target.is_some() && c.target_rev == c.spec_rev && used >= budget;
     spent.then_some(used)
 }
 
@@ -869,7 +1017,19 @@ fn budget_spent(md: &MachineDeployment, c: &Classes<'_>, d: &Draft) -> Option<u3
 /// is anything to roll back to). Nothing else is done this time.
 fn abort(md: &MachineDeployment, c: Classes<'_>, mut d: Draft, failures: u32) -> Plan {
     let (st, rev) = (&mut d.status, &c.target_rev);
-    let reason = format!("{failures} machines of revision {rev} failed (budget {})", md.spec.failure_budget);
+    let mut reason = format!("{failures} machines of revision {rev} failed (budget {})", md.spec.failure_budget);
+    if let Some(k) = st.canary.as_mut().filter(|k| k.revision == *rev && k.phase != CanaryPhase::Passed) {
+        let culprit = c.failed.iter().find(|m| counts_against(&c, m));
+        let why = culprit.map(|m| {
+            let f = m.failure.as_deref();
+            let cause = f.map(|f| format!("{}: {}", f.reason, f.message)).unwrap_or_else(|| "Failed".into());
+            format!("canary machine {} of revision {rev} failed ({cause})", m.name)
+        });
+        reason = why.unwrap_or_else(|| format!("a canary machine of revision {rev} failed"));
+        k.phase = CanaryPhase::Failed;
+        (k.ready_since, k.pause_until) = (None, None);
+        k.message = reason.clone();
+    }
     st.bad_revisions.push(BadRevision { revision: rev.clone(), reason: reason.clone(), time: c.now });
     st.rollout = None;
     let then = match st.revision_history.last() {
@@ -879,7 +1039,10 @@ fn abort(md: &MachineDeployment, c: Classes<'_>, mut d: Draft, failures: u32) ->
     let message = format!("{reason}; {then}");
     set_condition(&mut st.conditions, ConditionType::Progressing, false, Reason::RolloutAborted, &message);
     d.events.push(PlannedEvent { reason: EventReason::RolloutAborted, message });
-    d.notes.push(Note::RevisionAborted { revision: rev.clone(), failures, budget: md.spec.failure_budget });
+    // During a canary the budget is 1.
+    let canary = d.status.canary.as_ref().is_some_and(|k| k.revision == *rev && k.phase == CanaryPhase::Failed);
+    let budget = if canary { 1 } else { md.spec.failure_budget };
+    d.notes.push(Note::RevisionAborted { revision: rev.clone(), failures, budget });
     Plan {
         target_revision: c.target_rev,
         target: c.target,
@@ -943,7 +1106,8 @@ fn remediation<'a>(
 /// Scales up the target revision within `replicas + maxSurge` (terminating machines included);
 /// machines being remediated do not count, so their replacements are created (first, where the
 /// surge has room). In place, old machines are converted, so only missing machines are created.
-fn scale_up(c: &Classes<'_>, targets: &[&Member], d: &mut Draft) -> usize {
+/// A canary under way wants no more than `canary_room` more.
+fn scale_up(c: &Classes<'_>, targets: &[&Member], canary_room: Option<usize>, d: &mut Draft) -> usize {
     if c.target.is_none() {
         return 0;
     }
@@ -951,7 +1115,7 @@ fn scale_up(c: &Classes<'_>, targets: &[&Member], d: &mut Draft) -> usize {
     let current = c.all.len() as i64;
     let kept = |m: &&&Member| !targets.iter().any(|t| t.name == m.name);
     let have = if c.in_place { c.live.iter().filter(kept).count() } else { c.new.iter().filter(kept).count() } as i64;
-    let wanted = c.desired - have;
+    let wanted = (c.desired - have).min(canary_room.map_or(i64::MAX, |r| r as i64));
     let create = wanted.min(limit - current).max(0) as usize;
     if wanted > 0 && (create as i64) < wanted {
         d.notes.push(Note::SurgeExhausted { limit, current, wanted });
@@ -984,7 +1148,13 @@ fn remediated_now(c: &Classes<'_>, targets: &[&Member], create: usize, d: &mut D
 /// Removes old machines (not being remediated) in deletion order, each asked of the disruption
 /// planner as a `Rollout` (within `maxUnavailable` and the budgets); in place, old machines are
 /// converted, and only a scale-down removes them (`ScaleDown`, the excess over `replicas`).
-fn scale_down_old(md: &MachineDeployment, c: &Classes<'_>, targets: &[&Member], planner: &mut Planner) -> Vec<String> {
+fn scale_down_old(
+    md: &MachineDeployment,
+    c: &Classes<'_>,
+    targets: &[&Member],
+    limit: Option<usize>,
+    planner: &mut Planner,
+) -> Vec<String> {
     let mut order: Vec<&Member> = c.old.iter().copied().filter(|m| !targets.iter().any(|t| t.name == m.name)).collect();
     deletion_order(&mut order, md.spec.delete_policy);
     if c.in_place {
@@ -999,6 +1169,7 @@ fn scale_down_old(md: &MachineDeployment, c: &Classes<'_>, targets: &[&Member], 
     order
         .into_iter()
         .filter(|m| planner.ask(DisruptionReason::Rollout, c.candidate(m)).allowed())
+        .take(limit.unwrap_or(usize::MAX))
         .map(|m| m.name.clone())
         .collect()
 }

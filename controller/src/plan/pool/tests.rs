@@ -35,7 +35,7 @@ struct Case {
 fn case(replicas: i64, surge: IntOrPercent, unavailable: IntOrPercent, instances: Vec<Instance>) -> Case {
     Case {
         replicas,
-        strategy: RollingUpdate { max_surge: surge, max_unavailable: unavailable },
+        strategy: RollingUpdate { max_surge: surge, max_unavailable: unavailable, canary: None },
         applied_revision: "rev",
         applied_capacity: replicas,
         instances,

@@ -62,7 +62,7 @@ fn deployment(replicas: i64) -> MachineDeployment {
 }
 
 fn surge(mut md: MachineDeployment, surge: IntOrPercent, unavailable: IntOrPercent) -> MachineDeployment {
-    md.spec.strategy.rolling_update = RollingUpdate { max_surge: surge, max_unavailable: unavailable };
+    md.spec.strategy.rolling_update = RollingUpdate { max_surge: surge, max_unavailable: unavailable, canary: None };
     md
 }
 
@@ -867,6 +867,203 @@ fn in_place_converts_old_machines_and_creates_only_missing_ones() {
     assert!(run(&md, vec![Fx::new("n1"), Fx::new("n2"), Fx::new("n3")], true).in_place.is_none());
 }
 
+// ---------------------------------------------------------------------------------------- canary
+
+/// A deployment of `replicas` rolling from os-1 to os-2 with a canary of `machines` and a pause of
+/// 30 s (maxSurge 1, maxUnavailable 0 unless changed).
+fn with_canary(replicas: i64, machines: IntOrPercent) -> MachineDeployment {
+    let mut md = surge(deployment(replicas), int(1), int(0));
+    md.spec.strategy.rolling_update.canary = Some(Canary { machines, pause_seconds: 30 });
+    md
+}
+
+fn canary_of(p: &Plan) -> CanaryStatus {
+    p.status.canary.clone().expect("a canary in the status")
+}
+
+fn olds(n: usize) -> Vec<Fx> {
+    (1..=n).map(|i| Fx::new(&format!("o{i}")).old()).collect()
+}
+
+#[test]
+fn a_canary_holds_the_rollout_until_its_machines_held_through_the_pause() {
+    let md = with_canary(3, int(1));
+    // The canary machine is made first; no old machine goes (the surge has room for it).
+    let p = run(&md, olds(3), true);
+    assert_eq!((p.create, p.delete.len()), (1, 0));
+    let k = canary_of(&p);
+    assert_eq!((k.revision.as_str(), k.phase, k.wanted), (new_rev().as_str(), CanaryPhase::Progressing, 1));
+    assert!(p.notes.contains(&Note::Canary {
+        revision: new_rev(),
+        phase: CanaryPhase::Progressing,
+        ready: 0,
+        wanted: 1,
+        until: None
+    }));
+    // Coming up: nothing more is made, nothing old goes.
+    let mut md = md;
+    md.status = p.status;
+    let coming = || {
+        let mut m = olds(3);
+        m.push(Fx::new("n1").at(10).phase(Phase::Creating));
+        m
+    };
+    let p = run(&md, coming(), true);
+    assert_eq!((p.create, p.delete.len()), (0, 0));
+    assert_eq!(canary_of(&p).machines, ["n1"]);
+    // Running, Ready and healthy: the pause starts; without a canary an old machine would go now.
+    let up = || {
+        let mut m = olds(3);
+        m.push(Fx::new("n1").at(10).ready_since(20));
+        m
+    };
+    let p = run(&md, up(), true);
+    assert_eq!((p.create, p.delete.len()), (0, 0), "{:?}", p.notes);
+    let k = canary_of(&p);
+    assert_eq!(k.phase, CanaryPhase::Pausing);
+    assert_eq!(k.ready_since, Some(now()));
+    assert_eq!(k.pause_until, Some(now() + chrono::Duration::seconds(30)));
+    assert_eq!(p.recheck_at, k.pause_until, "planned again when the pause ends");
+    let (status, reason) = condition(&p, "Progressing");
+    assert_eq!((status, reason), ("True", "Rolling"));
+    let message = &p.status.conditions.iter().find(|c| c.condition_type == "Progressing").unwrap().message;
+    assert!(message.contains("canary of revision") && message.contains("Pausing"), "{message}");
+    assert!(!message.contains("maxSurge"), "the canary holds, not the surge: {message}");
+    // Still pausing (the same start, kept in the status: a restarted controller resumes it).
+    md.status = p.status;
+    let p = run(&md, up(), true);
+    assert_eq!(canary_of(&p).ready_since, Some(now()));
+    assert!(p.delete.is_empty());
+    // A canary machine's Node NotReady: the pause starts over once it is back.
+    let mut sick = up();
+    sick[3] = Fx::new("n1").at(10).ready_since(20).node_not_ready();
+    let p = run(&md, sick, true);
+    let k = canary_of(&p);
+    assert_eq!((k.phase, k.ready_since, k.pause_until), (CanaryPhase::Progressing, None, None));
+    // The pause over: passed (remembered), and the rollout goes on at its usual pace.
+    let k = md.status.canary.as_mut().unwrap();
+    k.ready_since = Some(now() - chrono::Duration::seconds(31));
+    let p = run(&md, up(), true);
+    assert_eq!(canary_of(&p).phase, CanaryPhase::Passed);
+    assert!(p.events.iter().any(|e| e.reason == EventReason::CanaryPassed));
+    assert_eq!(names(&p.delete), ["o1"], "{:?}", p.notes);
+    assert!(p.notes.contains(&Note::CanaryPassed { revision: new_rev() }));
+    // Passed stays passed, whatever the canary machines do next.
+    md.status = p.status;
+    let mut later = up();
+    later[3] = Fx::new("n1").at(10).phase(Phase::Creating);
+    let p = run(&md, later, true);
+    assert_eq!(canary_of(&p).phase, CanaryPhase::Passed);
+    assert!(!p.notes.iter().any(|n| matches!(n, Note::Canary { .. })), "{:?}", p.notes);
+}
+
+#[test]
+fn a_failed_canary_machine_aborts_at_once_touching_only_the_canary() {
+    let md = with_canary(3, int(1));
+    let p = run(&md, olds(3), true);
+    let mut md = md;
+    md.status = p.status;
+    assert_eq!(md.spec.failure_budget, 3);
+    let failed = || {
+        let mut m = olds(3);
+        m.push(Fx::new("n1").at(10).failed("FailedPrecondition", crate::policy::REASON_NODE_NOT_JOINED));
+        m
+    };
+    // One failure is enough during the canary (the budget is 3 otherwise).
+    let p = run(&md, failed(), true);
+    assert!(p.aborted);
+    assert_eq!(p.status.bad_revisions.iter().map(|b| b.revision.clone()).collect::<Vec<_>>(), [new_rev()]);
+    let k = canary_of(&p);
+    assert_eq!(k.phase, CanaryPhase::Failed);
+    assert!(k.message.contains("canary machine n1") && k.message.contains("NODE_NOT_JOINED"), "{}", k.message);
+    assert_eq!(condition(&p, "Progressing"), ("False", "RolloutAborted"));
+    assert_eq!(p.notes.last(), Some(&Note::RevisionAborted { revision: new_rev(), failures: 1, budget: 1 }));
+    // The rollback: only the canary machine goes; the old ones stay, nothing is made.
+    md.status = p.status;
+    let p = run(&md, failed(), true);
+    assert_eq!(p.target_revision, old_rev());
+    assert_eq!(p.create, 0);
+    let touched: Vec<&str> = p.delete.iter().chain(&p.remediate).map(String::as_str).collect();
+    assert_eq!(touched, ["n1"]);
+    assert_eq!(canary_of(&p).phase, CanaryPhase::Failed, "remembered");
+    // A failure that is not the revision's (quota) is replaced, not an abort.
+    let md = {
+        let mut md = with_canary(3, int(1));
+        md.status = run(&md, olds(3), true).status;
+        md
+    };
+    let mut quota = olds(3);
+    quota.push(Fx::new("n1").at(10).failed("ResourceExhausted", "QUOTA_EXCEEDED"));
+    let p = run(&md, quota, true);
+    assert!(!p.aborted);
+    assert_eq!(names(&p.remediate), ["n1"]);
+}
+
+#[test]
+fn a_canary_sizes_by_percent_surges_only_as_far_as_it_needs_and_counts_in_place_updates() {
+    // 50% of 3 rounds up to 2; with a surge of 1, one old machine makes room for the second.
+    let md = with_canary(3, pct("50%"));
+    let p = run(&md, olds(3), true);
+    assert_eq!(canary_of(&p).wanted, 2);
+    assert_eq!(p.create, 1);
+    let mut md = md;
+    md.status = p.status;
+    let mut m = olds(3);
+    m.push(Fx::new("n1").at(10).ready_since(20));
+    let p = run(&md, m, true);
+    assert_eq!((p.create, p.delete.len()), (0, 1), "{:?}", p.notes);
+    // maxSurge 0: one old machine goes for the one canary machine, then nothing more.
+    let mut md = with_canary(3, int(1));
+    md.spec.strategy.rolling_update.max_surge = int(0);
+    md.spec.strategy.rolling_update.max_unavailable = int(1);
+    let p = run(&md, olds(3), true);
+    assert_eq!(p.delete.len(), 1);
+    md.status = p.status;
+    let mut m = olds(2);
+    m.push(Fx::new("n1").at(10).ready_since(20));
+    let p = run(&md, m, true);
+    assert_eq!((p.create, p.delete.len()), (0, 0), "{:?}", p.notes);
+    // InPlace: one machine updated in place is the canary.
+    let mut md = in_place(with_canary(3, int(1)), 2);
+    let p = run(&md, olds(3), true);
+    assert_eq!(p.in_place.as_ref().map(|w| w.allowed), Some(1));
+    md.status = p.status;
+    let mut m = olds(2);
+    m.push(Fx::new("o3").phase(Phase::Updating));
+    let p = run(&md, m, true);
+    assert_eq!(p.in_place.as_ref().map(|w| w.allowed), Some(0));
+    assert_eq!(canary_of(&p).machines, ["o3"]);
+}
+
+#[test]
+fn no_canary_on_a_first_rollout_a_rollback_or_once_it_is_dropped_and_a_pause_holds_it() {
+    // First rollout: nothing to compare with.
+    let mut md = with_canary(3, int(1));
+    md.status = MachineDeploymentStatus::default();
+    let p = run(&md, vec![], true);
+    assert_eq!(p.create, 4 - 1, "replicas, within the surge");
+    assert!(p.status.canary.is_none());
+    // A rollback to the last good revision.
+    let md = bad_spec(with_canary(3, int(1)));
+    let p = run(&md, vec![Fx::new("o1").old(), Fx::new("o2").old()], true);
+    assert_eq!(p.create, 1);
+    assert!(p.status.canary.is_none());
+    // Paused during the canary: nothing made, the canary recorded.
+    let md = paused(with_canary(3, int(1)));
+    let p = run(&md, olds(3), true);
+    assert_eq!(p.create, 0);
+    assert_eq!(canary_of(&p).phase, CanaryPhase::Progressing);
+    // The canary taken out of the spec mid-way: dropped, the rollout at its usual pace.
+    let mut md = with_canary(3, int(1));
+    md.status = run(&md, olds(3), true).status;
+    md.spec.strategy.rolling_update.canary = None;
+    let mut m = olds(3);
+    m.push(Fx::new("n1").at(10).ready_since(20));
+    let p = run(&md, m, true);
+    assert!(p.status.canary.is_none());
+    assert_eq!(names(&p.delete), ["o1"]);
+}
+
 // ------------------------------------------------------------------------- invariants (property)
 
 /// A small deterministic generator (xorshift64*): the same seeds give the same cases.
@@ -907,6 +1104,11 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
         md.spec.failure_budget = 1000;
         md.spec.delete_policy =
             [DeletePolicy::Oldest, DeletePolicy::Newest, DeletePolicy::Random][rng.below(3) as usize];
+        // A third with a canary (of any size, even one validation refuses; pausing 0-2 s).
+        if rng.chance(33) {
+            md.spec.strategy.rolling_update.canary =
+                Some(Canary { machines: rng.limit(), pause_seconds: rng.below(3) });
+        }
         let limits = Limits::resolve(replicas, &md.spec.strategy.rolling_update);
         let start = rng.below(12) as i64;
         let fail_percent = [0, 0, 10, 30][rng.below(4) as usize];
@@ -926,7 +1128,7 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
             })
             .collect();
         let mut next_name = 0;
-        let mut finished = false;
+        let (mut finished, mut aborted) = (false, false);
         for step in 0..200 {
             let now = t0() + chrono::Duration::seconds(60 + step);
             let members: Vec<Member> = machines.iter().map(Member::from).collect();
@@ -939,7 +1141,17 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
             });
             let case = format!("seed {seed} step {step}: replicas {replicas}, {limits:?}, {} machines", machines.len());
             if p.aborted {
-                panic!("{case}: aborted with an unlimited budget");
+                // During a canary the budget is 1.
+                assert!(md.spec.strategy.rolling_update.canary.is_some(), "{case}: aborted with an unlimited budget");
+                aborted = true;
+                break;
+            }
+            // A canary under way: no more machines of the revision than it wants.
+            let under_way = |k: &&CanaryStatus| matches!(k.phase, CanaryPhase::Progressing | CanaryPhase::Pausing);
+            if let Some(k) = p.status.canary.as_ref().filter(under_way) {
+                let new = members.iter().filter(|m| !m.deleting && m.revision == p.target_revision).count() as i64;
+                let after = new + p.create as i64 + p.in_place.as_ref().map_or(0, |w| w.allowed as i64);
+                assert!(after <= new.max(k.wanted), "{case}: {new} → {after} machines of a canary of {}", k.wanted);
             }
             let total = machines.len() as i64;
             let cap = replicas + limits.max_surge;
@@ -989,7 +1201,7 @@ fn rollouts_keep_within_max_surge_and_max_unavailable() {
                 }
             }
         }
-        if fail_percent == 0 {
+        if fail_percent == 0 && !aborted {
             assert!(finished, "seed {seed}: replicas {replicas}, {limits:?}, start {start}: no convergence");
         }
     }
