@@ -1083,6 +1083,7 @@ impl NodeWatch {
     }
 }
 
+/// The boot ID a Node shows (`status.nodeInfo.bootID`; empty when none).
 fn boot_id(n: &Node) -> String {
     n.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone()).unwrap_or_default()
 }
@@ -1323,4 +1324,147 @@ async fn an_in_place_update_that_fails_fails_its_machine_which_is_replaced_and_c
     assert!(notes.iter().any(|(r, _)| r == "DrainingForUpdate"), "drained before the update: {notes:?}");
     assert!(notes.iter().any(|(r, _)| r == "RolloutAborted"), "{notes:?}");
     w.kill9().await;
+}
+
+/// When kwok last heart-beat the Node (its Ready condition's `lastHeartbeatTime`).
+fn last_heartbeat(n: &Node) -> Option<k8s_openapi::jiff::Timestamp> {
+    let conditions = n.status.as_ref()?.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == "Ready")?.last_heartbeat_time.as_ref().map(|t| t.0)
+}
+
+/// The fake driver alone on a full cluster (no controller): it states what an in-place update
+/// disrupts as the provider spec's `inPlaceDisruption` says, and an update that says `Reboot`
+/// reboots the VM: its Node posts a new `status.nodeInfo.bootID` and stays Ready; one that says
+/// `None` does not. kwok keeps the bootID the fake set, through registration (its
+/// node-initialize stage) and its heartbeats: a watch sees every value the Node had, and none
+/// goes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_place_update_that_reboots_gives_the_node_a_new_boot_id_which_kwok_keeps() {
+    use driver_sdk::convert::json_to_struct;
+    use driver_sdk::proto as pb;
+    use driver_sdk::OperationExt;
+
+    let cluster = Cluster::start_full().await;
+    let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
+    let mut args = FAST.to_vec();
+    args.extend(["--join-cluster", &kubeconfig]);
+    let sidecar = e2e_tests::Sidecar::start("fake-driver", &args).await;
+    let client = sidecar.client().await;
+    let nodes = Api::<Node>::all(cluster.client.clone());
+    // Every boot ID the Node shows, in order, from before it registers.
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let watch = {
+        let (seen, nodes) = (seen.clone(), nodes.clone());
+        tokio::spawn(async move {
+            let config = watcher::Config::default().fields("metadata.name=m1");
+            let mut events = std::pin::pin!(watcher(nodes, config));
+            while let Some(e) = events.next().await {
+                if let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = e {
+                    let b = boot_id(&n);
+                    let mut seen = seen.lock().unwrap();
+                    if seen.last() != Some(&b) {
+                        seen.push(b);
+                    }
+                }
+            }
+        })
+    };
+    let wait = |op: pb::Operation| {
+        let client = &client;
+        async move {
+            let mut op = op;
+            let deadline = std::time::Instant::now() + MINUTE;
+            while !op.done {
+                assert!(std::time::Instant::now() < deadline, "operation {} not done in a minute", op.name);
+                tokio::time::sleep(op.poll_after().min(Duration::from_millis(200))).await;
+                let get = pb::GetOperationRequest { token: op.token.clone(), secrets: None };
+                op = client.get_operation(get).await.expect("GetOperation").value;
+            }
+            assert!(op.error_report().is_none(), "{} failed: {:?}", op.name, op.error_report());
+        }
+    };
+    let spec = json!({"machineType": "small"});
+    let create = pb::CreateMachineRequest {
+        name: "m1".into(),
+        provider_spec: Some(json_to_struct(&spec)),
+        ..Default::default()
+    };
+    wait(client.create_machine(create).await.expect("CreateMachine").value).await;
+    let first = eventually(MINUTE, "m1's Node Ready (kwok) with a boot ID", || async {
+        let n = nodes.get_opt("m1").await.ok()??;
+        (node_ready(&n) && !boot_id(&n).is_empty()).then(|| boot_id(&n))
+    })
+    .await;
+
+    // What CanUpdateMachine says is the spec's choice; absent, None.
+    let plan = |desired: Value| {
+        let (client, spec) = (&client, &spec);
+        async move {
+            let req = pb::CanUpdateMachineRequest {
+                name: "m1".into(),
+                current_provider_spec: Some(json_to_struct(spec)),
+                desired_provider_spec: Some(json_to_struct(&desired)),
+                secrets: None,
+            };
+            let plan = client.can_update_machine(req).await.expect("CanUpdateMachine").value;
+            assert!(plan.replace_paths.is_empty(), "{plan:?}");
+            plan.disruption
+        }
+    };
+    for (knob, want) in [
+        (None, pb::InPlaceDisruption::None),
+        (Some("Drain"), pb::InPlaceDisruption::Drain),
+        (Some("Reboot"), pb::InPlaceDisruption::Reboot),
+        (Some("Unset"), pb::InPlaceDisruption::Unspecified),
+    ] {
+        let mut desired = json!({"machineType": "medium"});
+        if let Some(k) = knob {
+            desired["inPlaceDisruption"] = json!(k);
+        }
+        assert_eq!(plan(desired).await, want as i32, "{knob:?}");
+    }
+    let bad = json!({"machineType": "small", "inPlaceDisruption": "Sometimes"});
+    let req = pb::CanUpdateMachineRequest {
+        name: "m1".into(),
+        current_provider_spec: Some(json_to_struct(&spec)),
+        desired_provider_spec: Some(json_to_struct(&bad)),
+        secrets: None,
+    };
+    let err = client.can_update_machine(req).await.expect_err("an unknown inPlaceDisruption");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    let fields: Vec<&str> = err.report.violations.iter().map(|v| v.field.as_str()).collect();
+    assert!(fields.contains(&"desired_provider_spec.inPlaceDisruption"), "the violation names the field: {err}");
+
+    // An update that disrupts nothing keeps the boot; one that reboots gets a new one.
+    let update = |desired: Value| pb::UpdateMachineRequest {
+        name: "m1".into(),
+        provider_spec: Some(json_to_struct(&desired)),
+        secrets: None,
+    };
+    let quiet = json!({"machineType": "medium", "inPlaceDisruption": "None"});
+    wait(client.update_machine(update(quiet)).await.expect("UpdateMachine").value).await;
+    let rebooting = json!({"machineType": "large", "inPlaceDisruption": "Reboot"});
+    wait(client.update_machine(update(rebooting)).await.expect("UpdateMachine").value).await;
+    let (second, at) = eventually(MINUTE, "m1's Node with a new boot ID, Ready", || async {
+        let n = nodes.get_opt("m1").await.ok()??;
+        let b = boot_id(&n);
+        (b != first && !b.is_empty() && node_ready(&n)).then(|| (b, k8s_openapi::jiff::Timestamp::now()))
+    })
+    .await;
+    // kwok heart-beats the Node (every 20-45 s) and leaves the boot ID alone.
+    let n = eventually(2 * MINUTE, "a kwok heartbeat after the reboot", || async {
+        let n = nodes.get_opt("m1").await.ok()??;
+        last_heartbeat(&n).is_some_and(|t| t > at).then_some(n)
+    })
+    .await;
+    assert_eq!(boot_id(&n), second, "the heartbeat kept the boot ID");
+    assert!(node_ready(&n));
+    let seen = seen.lock().unwrap().clone();
+    watch.abort();
+    // Possibly an empty one first (a watch event of the create, before kwok's status): never
+    // one that goes back.
+    let seen: Vec<&String> = seen.iter().filter(|b| !b.is_empty()).collect();
+    assert_eq!(seen, [&first, &second], "every boot ID m1's Node had, in order (the None update kept the boot)");
+    let log = std::fs::read_to_string(&sidecar.log).unwrap_or_default();
+    assert_eq!(log.matches("Node rebooted: new boot ID posted").count(), 1, "posted once, never again:\n{log}");
 }

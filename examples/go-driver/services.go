@@ -176,7 +176,11 @@ func (s machinesServer) ValidateMachineClass(_ context.Context, req *pb.Validate
 	return resp, nil
 }
 
-// CAPABILITY_IN_PLACE_UPDATE is not advertised: refuse before looking at the request.
+// CAPABILITY_IN_PLACE_UPDATE is not advertised: refuse before looking at the request. Every spec
+// change replaces the machine, so there is no in-place disruption to state. A driver that
+// advertises it answers, besides the paths, what its in-place changes do to the running machine:
+// Disruption: pb.InPlaceDisruption_IN_PLACE_DISRUPTION_NONE (nothing restarts: tags), _DRAIN
+// (workloads must move off) or _REBOOT (the VM restarts; also how an unset answer is read).
 func (machinesServer) CanUpdateMachine(context.Context, *pb.CanUpdateMachineRequest) (*pb.CanUpdateMachineResponse, error) {
 	return nil, errUnadvertised("CanUpdateMachine")
 }

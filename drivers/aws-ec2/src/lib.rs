@@ -731,6 +731,27 @@ mod tests {
         }
     }
 
+    /// EC2 changes nothing of an instance in place here: every spec change replaces the machine
+    /// (the controller drains the old one first), so there is no in-place disruption to state.
+    #[tokio::test]
+    async fn every_change_replaces_so_no_in_place_disruption_is_stated() {
+        let sdk =
+            SdkConfig::builder().region(Region::new("eu-west-1")).behavior_version(BehaviorVersion::latest()).build();
+        let d = AwsEc2Driver::from_sdk_config(sdk, Config::default()).unwrap();
+        assert!(!d.capabilities().contains(&Capability::InPlaceUpdate));
+        let ctx = RequestContext::for_method("test", "CanUpdateMachine");
+        let spec = serde_json::json!({"instanceType": "t3.micro", "tags": {"tier": "web"}});
+        let req = driver_sdk::CanUpdateMachine {
+            name: "web-0".into(),
+            current: spec.clone(),
+            desired: serde_json::json!({"instanceType": "t3.micro", "tags": {"tier": "api"}}),
+            changed_paths: vec!["/tags/tier".into()],
+            secrets: Secrets::default(),
+        };
+        let err = d.can_update_machine(&ctx, req).await.unwrap_err();
+        assert_eq!(err.code(), driver_sdk::tonic::Code::Unimplemented, "{err}");
+    }
+
     #[test]
     fn op_state_is_compact_json() {
         let st = OpState {

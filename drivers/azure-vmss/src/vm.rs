@@ -16,7 +16,9 @@ use std::time::SystemTime;
 use azure_mgmt_compute::package_2024_07_01::models::VirtualMachine;
 use base64::Engine;
 use driver_sdk::tonic::Code;
-use driver_sdk::{reason, Address, DriverError, Labels, Machine, MachineState, ResourceStatus, UpdatePlan};
+use driver_sdk::{
+    reason, Address, DriverError, InPlaceDisruption, Labels, Machine, MachineState, ResourceStatus, UpdatePlan,
+};
 use serde_json::{json, Map, Value};
 
 use crate::model::{label_name, tag_name, vm_template, ProviderSpec, VmTemplate, SPEC_HASH_TAG};
@@ -303,12 +305,18 @@ pub fn has_labels(vm: &Value, selector: &Labels) -> bool {
     tags.contains_key(NAME_TAG) && selector.iter().all(|(k, v)| tags.get(&tag_name(k)) == Some(v))
 }
 
-/// `CanUpdateMachine`: size and tags change in place, everything else needs a new VM.
+/// `CanUpdateMachine`: size and tags change in place, everything else needs a new VM. New tags
+/// alone disrupt nothing ([`InPlaceDisruption::None`]); a new size is a resize, which Azure does
+/// by restarting the VM (deallocating it first when the size is not on its current hardware
+/// cluster): [`InPlaceDisruption::Reboot`].
 pub fn plan_update(changed_paths: &[String]) -> UpdatePlan {
-    let mut plan = UpdatePlan::default();
+    let mut plan = UpdatePlan { disruption: InPlaceDisruption::None, ..UpdatePlan::default() };
     for p in changed_paths {
         let in_place = IN_PLACE_FIELDS.iter().any(|f| p == f || p.starts_with(&format!("{f}/")));
         if in_place {
+            if !(p == "/tags" || p.starts_with("/tags/")) {
+                plan.disruption = InPlaceDisruption::Reboot;
+            }
             plan.in_place_paths.push(p.clone());
         } else {
             plan.replace_paths.push(p.clone());
@@ -435,5 +443,20 @@ mod tests {
         let plan = plan_update(&paths);
         assert_eq!(plan.in_place_paths, ["/vmSize", "/tags/tier"]);
         assert_eq!(plan.replace_paths, ["/osDiskSizeGB", "/image/sku"]);
+    }
+
+    #[test]
+    fn new_tags_disrupt_nothing_a_new_size_reboots() {
+        let plan = |paths: &[&str]| plan_update(&paths.iter().map(|p| p.to_string()).collect::<Vec<_>>());
+        assert_eq!(plan(&["/tags/tier", "/tags/team"]).disruption, InPlaceDisruption::None);
+        assert_eq!(plan(&["/tags"]).disruption, InPlaceDisruption::None);
+        assert_eq!(plan(&["/vmSize"]).disruption, InPlaceDisruption::Reboot);
+        assert_eq!(plan(&["/tags/tier", "/vmSize"]).disruption, InPlaceDisruption::Reboot);
+        // Said in so many words on the wire (never left unset).
+        assert_eq!(plan(&["/tags/tier"]).disruption.to_pb(), driver_sdk::proto::InPlaceDisruption::None);
+        // Only replacements: nothing is done in place, so nothing in place restarts.
+        let replace = plan(&["/image/sku"]);
+        assert!(replace.in_place_paths.is_empty());
+        assert_eq!(replace.disruption, InPlaceDisruption::None);
     }
 }

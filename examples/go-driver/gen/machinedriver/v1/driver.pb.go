@@ -101,6 +101,66 @@ func (Capability) EnumDescriptor() ([]byte, []int) {
 	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{0}
 }
 
+// What an in-place update does to a running machine, so the controller knows whether to cordon
+// and drain its node first (CanUpdateMachineResponse.disruption).
+type InPlaceDisruption int32
+
+const (
+	// Not said: treated as IN_PLACE_DISRUPTION_REBOOT.
+	InPlaceDisruption_IN_PLACE_DISRUPTION_UNSPECIFIED InPlaceDisruption = 0
+	// Nothing on the machine restarts (tags, labels, metadata): no pod is touched.
+	InPlaceDisruption_IN_PLACE_DISRUPTION_NONE InPlaceDisruption = 1
+	// The machine keeps running but its workloads must move off first (e.g. a runtime or agent
+	// restart): the node is cordoned and drained, updated, then uncordoned.
+	InPlaceDisruption_IN_PLACE_DISRUPTION_DRAIN InPlaceDisruption = 2
+	// The machine stops or restarts (a new image, a kernel, a resize): drained as for DRAIN, and
+	// the controller waits until the node is Ready again with a new boot ID before uncordoning.
+	InPlaceDisruption_IN_PLACE_DISRUPTION_REBOOT InPlaceDisruption = 3
+)
+
+// Enum value maps for InPlaceDisruption.
+var (
+	InPlaceDisruption_name = map[int32]string{
+		0: "IN_PLACE_DISRUPTION_UNSPECIFIED",
+		1: "IN_PLACE_DISRUPTION_NONE",
+		2: "IN_PLACE_DISRUPTION_DRAIN",
+		3: "IN_PLACE_DISRUPTION_REBOOT",
+	}
+	InPlaceDisruption_value = map[string]int32{
+		"IN_PLACE_DISRUPTION_UNSPECIFIED": 0,
+		"IN_PLACE_DISRUPTION_NONE":        1,
+		"IN_PLACE_DISRUPTION_DRAIN":       2,
+		"IN_PLACE_DISRUPTION_REBOOT":      3,
+	}
+)
+
+func (x InPlaceDisruption) Enum() *InPlaceDisruption {
+	p := new(InPlaceDisruption)
+	*p = x
+	return p
+}
+
+func (x InPlaceDisruption) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (InPlaceDisruption) Descriptor() protoreflect.EnumDescriptor {
+	return file_machinedriver_v1_driver_proto_enumTypes[1].Descriptor()
+}
+
+func (InPlaceDisruption) Type() protoreflect.EnumType {
+	return &file_machinedriver_v1_driver_proto_enumTypes[1]
+}
+
+func (x InPlaceDisruption) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use InPlaceDisruption.Descriptor instead.
+func (InPlaceDisruption) EnumDescriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{1}
+}
+
 type MachineState int32
 
 const (
@@ -152,11 +212,11 @@ func (x MachineState) String() string {
 }
 
 func (MachineState) Descriptor() protoreflect.EnumDescriptor {
-	return file_machinedriver_v1_driver_proto_enumTypes[1].Descriptor()
+	return file_machinedriver_v1_driver_proto_enumTypes[2].Descriptor()
 }
 
 func (MachineState) Type() protoreflect.EnumType {
-	return &file_machinedriver_v1_driver_proto_enumTypes[1]
+	return &file_machinedriver_v1_driver_proto_enumTypes[2]
 }
 
 func (x MachineState) Number() protoreflect.EnumNumber {
@@ -165,7 +225,7 @@ func (x MachineState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MachineState.Descriptor instead.
 func (MachineState) EnumDescriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{1}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{2}
 }
 
 // Lifecycle state of a pool instance. Whether it is powered on is `PowerState`.
@@ -217,11 +277,11 @@ func (x InstanceState) String() string {
 }
 
 func (InstanceState) Descriptor() protoreflect.EnumDescriptor {
-	return file_machinedriver_v1_driver_proto_enumTypes[2].Descriptor()
+	return file_machinedriver_v1_driver_proto_enumTypes[3].Descriptor()
 }
 
 func (InstanceState) Type() protoreflect.EnumType {
-	return &file_machinedriver_v1_driver_proto_enumTypes[2]
+	return &file_machinedriver_v1_driver_proto_enumTypes[3]
 }
 
 func (x InstanceState) Number() protoreflect.EnumNumber {
@@ -230,7 +290,7 @@ func (x InstanceState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use InstanceState.Descriptor instead.
 func (InstanceState) EnumDescriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{2}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{3}
 }
 
 type PowerState int32
@@ -278,11 +338,11 @@ func (x PowerState) String() string {
 }
 
 func (PowerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_machinedriver_v1_driver_proto_enumTypes[3].Descriptor()
+	return file_machinedriver_v1_driver_proto_enumTypes[4].Descriptor()
 }
 
 func (PowerState) Type() protoreflect.EnumType {
-	return &file_machinedriver_v1_driver_proto_enumTypes[3]
+	return &file_machinedriver_v1_driver_proto_enumTypes[4]
 }
 
 func (x PowerState) Number() protoreflect.EnumNumber {
@@ -291,7 +351,7 @@ func (x PowerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PowerState.Descriptor instead.
 func (PowerState) EnumDescriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{3}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{4}
 }
 
 type OperationKind int32
@@ -342,11 +402,11 @@ func (x OperationKind) String() string {
 }
 
 func (OperationKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_machinedriver_v1_driver_proto_enumTypes[4].Descriptor()
+	return file_machinedriver_v1_driver_proto_enumTypes[5].Descriptor()
 }
 
 func (OperationKind) Type() protoreflect.EnumType {
-	return &file_machinedriver_v1_driver_proto_enumTypes[4]
+	return &file_machinedriver_v1_driver_proto_enumTypes[5]
 }
 
 func (x OperationKind) Number() protoreflect.EnumNumber {
@@ -355,7 +415,7 @@ func (x OperationKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OperationKind.Descriptor instead.
 func (OperationKind) EnumDescriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{4}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{5}
 }
 
 type GetDriverInfoRequest struct {
@@ -1210,7 +1270,11 @@ type CanUpdateMachineResponse struct {
 	// JSON pointers (RFC 6901) of changed fields the driver applies in place.
 	InPlacePaths []string `protobuf:"bytes,1,rep,name=in_place_paths,json=inPlacePaths,proto3" json:"in_place_paths,omitempty"`
 	// JSON pointers of changed fields that need a replacement machine. Empty: update in place.
-	ReplacePaths  []string `protobuf:"bytes,2,rep,name=replace_paths,json=replacePaths,proto3" json:"replace_paths,omitempty"`
+	ReplacePaths []string `protobuf:"bytes,2,rep,name=replace_paths,json=replacePaths,proto3" json:"replace_paths,omitempty"`
+	// What applying the in-place changes does to the running machine's workloads. Unset (a driver
+	// older than this field, or one that does not say) is treated as REBOOT: the controller
+	// cordons and drains the node first and waits for it to come back.
+	Disruption    InPlaceDisruption `protobuf:"varint,3,opt,name=disruption,proto3,enum=machinedriver.v1.InPlaceDisruption" json:"disruption,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1257,6 +1321,13 @@ func (x *CanUpdateMachineResponse) GetReplacePaths() []string {
 		return x.ReplacePaths
 	}
 	return nil
+}
+
+func (x *CanUpdateMachineResponse) GetDisruption() InPlaceDisruption {
+	if x != nil {
+		return x.Disruption
+	}
+	return InPlaceDisruption_IN_PLACE_DISRUPTION_UNSPECIFIED
 }
 
 type UpdateMachineRequest struct {
@@ -2708,10 +2779,13 @@ const file_machinedriver_v1_driver_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12K\n" +
 	"\x15current_provider_spec\x18\x02 \x01(\v2\x17.google.protobuf.StructR\x13currentProviderSpec\x12K\n" +
 	"\x15desired_provider_spec\x18\x03 \x01(\v2\x17.google.protobuf.StructR\x13desiredProviderSpec\x129\n" +
-	"\asecrets\x18\x04 \x01(\v2\x19.machinedriver.v1.SecretsB\x04\xe0\xed\x1c\x01R\asecrets\"e\n" +
+	"\asecrets\x18\x04 \x01(\v2\x19.machinedriver.v1.SecretsB\x04\xe0\xed\x1c\x01R\asecrets\"\xaa\x01\n" +
 	"\x18CanUpdateMachineResponse\x12$\n" +
 	"\x0ein_place_paths\x18\x01 \x03(\tR\finPlacePaths\x12#\n" +
-	"\rreplace_paths\x18\x02 \x03(\tR\freplacePaths\"\xa3\x01\n" +
+	"\rreplace_paths\x18\x02 \x03(\tR\freplacePaths\x12C\n" +
+	"\n" +
+	"disruption\x18\x03 \x01(\x0e2#.machinedriver.v1.InPlaceDisruptionR\n" +
+	"disruption\"\xa3\x01\n" +
 	"\x14UpdateMachineRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12<\n" +
 	"\rprovider_spec\x18\x02 \x01(\v2\x17.google.protobuf.StructR\fproviderSpec\x129\n" +
@@ -2839,7 +2913,12 @@ const file_machinedriver_v1_driver_proto_rawDesc = "" +
 	"!CAPABILITY_VALIDATE_MACHINE_CLASS\x10\x02\x12\x1e\n" +
 	"\x1aCAPABILITY_IN_PLACE_UPDATE\x10\x03\x12\x14\n" +
 	"\x10CAPABILITY_POOLS\x10\x04\x12\x1f\n" +
-	"\x1bCAPABILITY_CANCEL_OPERATION\x10\x05*\x87\x02\n" +
+	"\x1bCAPABILITY_CANCEL_OPERATION\x10\x05*\x95\x01\n" +
+	"\x11InPlaceDisruption\x12#\n" +
+	"\x1fIN_PLACE_DISRUPTION_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18IN_PLACE_DISRUPTION_NONE\x10\x01\x12\x1d\n" +
+	"\x19IN_PLACE_DISRUPTION_DRAIN\x10\x02\x12\x1e\n" +
+	"\x1aIN_PLACE_DISRUPTION_REBOOT\x10\x03*\x87\x02\n" +
 	"\fMachineState\x12\x1d\n" +
 	"\x19MACHINE_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15MACHINE_STATE_PENDING\x10\x01\x12\x1a\n" +
@@ -2914,163 +2993,165 @@ func file_machinedriver_v1_driver_proto_rawDescGZIP() []byte {
 	return file_machinedriver_v1_driver_proto_rawDescData
 }
 
-var file_machinedriver_v1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_machinedriver_v1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_machinedriver_v1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_machinedriver_v1_driver_proto_goTypes = []any{
 	(Capability)(0),                      // 0: machinedriver.v1.Capability
-	(MachineState)(0),                    // 1: machinedriver.v1.MachineState
-	(InstanceState)(0),                   // 2: machinedriver.v1.InstanceState
-	(PowerState)(0),                      // 3: machinedriver.v1.PowerState
-	(OperationKind)(0),                   // 4: machinedriver.v1.OperationKind
-	(*GetDriverInfoRequest)(nil),         // 5: machinedriver.v1.GetDriverInfoRequest
-	(*GetDriverInfoResponse)(nil),        // 6: machinedriver.v1.GetDriverInfoResponse
-	(*GetCapabilitiesRequest)(nil),       // 7: machinedriver.v1.GetCapabilitiesRequest
-	(*GetCapabilitiesResponse)(nil),      // 8: machinedriver.v1.GetCapabilitiesResponse
-	(*ProbeRequest)(nil),                 // 9: machinedriver.v1.ProbeRequest
-	(*ProbeResponse)(nil),                // 10: machinedriver.v1.ProbeResponse
-	(*Secrets)(nil),                      // 11: machinedriver.v1.Secrets
-	(*CreateMachineRequest)(nil),         // 12: machinedriver.v1.CreateMachineRequest
-	(*DeleteMachineRequest)(nil),         // 13: machinedriver.v1.DeleteMachineRequest
-	(*GetMachineStatusRequest)(nil),      // 14: machinedriver.v1.GetMachineStatusRequest
-	(*ListMachinesRequest)(nil),          // 15: machinedriver.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),         // 16: machinedriver.v1.ListMachinesResponse
-	(*ValidateMachineClassRequest)(nil),  // 17: machinedriver.v1.ValidateMachineClassRequest
-	(*ValidateMachineClassResponse)(nil), // 18: machinedriver.v1.ValidateMachineClassResponse
-	(*CanUpdateMachineRequest)(nil),      // 19: machinedriver.v1.CanUpdateMachineRequest
-	(*CanUpdateMachineResponse)(nil),     // 20: machinedriver.v1.CanUpdateMachineResponse
-	(*UpdateMachineRequest)(nil),         // 21: machinedriver.v1.UpdateMachineRequest
-	(*Machine)(nil),                      // 22: machinedriver.v1.Machine
-	(*Address)(nil),                      // 23: machinedriver.v1.Address
-	(*ResourceStatus)(nil),               // 24: machinedriver.v1.ResourceStatus
-	(*ApplyPoolRequest)(nil),             // 25: machinedriver.v1.ApplyPoolRequest
-	(*GetPoolRequest)(nil),               // 26: machinedriver.v1.GetPoolRequest
-	(*DeletePoolRequest)(nil),            // 27: machinedriver.v1.DeletePoolRequest
-	(*Pool)(nil),                         // 28: machinedriver.v1.Pool
-	(*ListPoolInstancesRequest)(nil),     // 29: machinedriver.v1.ListPoolInstancesRequest
-	(*ListPoolInstancesResponse)(nil),    // 30: machinedriver.v1.ListPoolInstancesResponse
-	(*PoolInstance)(nil),                 // 31: machinedriver.v1.PoolInstance
-	(*DeletePoolInstancesRequest)(nil),   // 32: machinedriver.v1.DeletePoolInstancesRequest
-	(*UpgradePoolInstancesRequest)(nil),  // 33: machinedriver.v1.UpgradePoolInstancesRequest
-	(*GetOperationRequest)(nil),          // 34: machinedriver.v1.GetOperationRequest
-	(*WaitOperationRequest)(nil),         // 35: machinedriver.v1.WaitOperationRequest
-	(*CancelOperationRequest)(nil),       // 36: machinedriver.v1.CancelOperationRequest
-	(*Operation)(nil),                    // 37: machinedriver.v1.Operation
-	(*OperationResult)(nil),              // 38: machinedriver.v1.OperationResult
-	nil,                                  // 39: machinedriver.v1.Secrets.DataEntry
-	nil,                                  // 40: machinedriver.v1.CreateMachineRequest.LabelsEntry
-	nil,                                  // 41: machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
-	nil,                                  // 42: machinedriver.v1.Machine.LabelsEntry
-	nil,                                  // 43: machinedriver.v1.ApplyPoolRequest.LabelsEntry
-	nil,                                  // 44: machinedriver.v1.Pool.LabelsEntry
-	(*structpb.Struct)(nil),              // 45: google.protobuf.Struct
-	(*status.Status)(nil),                // 46: google.rpc.Status
-	(*timestamppb.Timestamp)(nil),        // 47: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 48: google.protobuf.Duration
-	(*descriptorpb.FieldOptions)(nil),    // 49: google.protobuf.FieldOptions
+	(InPlaceDisruption)(0),               // 1: machinedriver.v1.InPlaceDisruption
+	(MachineState)(0),                    // 2: machinedriver.v1.MachineState
+	(InstanceState)(0),                   // 3: machinedriver.v1.InstanceState
+	(PowerState)(0),                      // 4: machinedriver.v1.PowerState
+	(OperationKind)(0),                   // 5: machinedriver.v1.OperationKind
+	(*GetDriverInfoRequest)(nil),         // 6: machinedriver.v1.GetDriverInfoRequest
+	(*GetDriverInfoResponse)(nil),        // 7: machinedriver.v1.GetDriverInfoResponse
+	(*GetCapabilitiesRequest)(nil),       // 8: machinedriver.v1.GetCapabilitiesRequest
+	(*GetCapabilitiesResponse)(nil),      // 9: machinedriver.v1.GetCapabilitiesResponse
+	(*ProbeRequest)(nil),                 // 10: machinedriver.v1.ProbeRequest
+	(*ProbeResponse)(nil),                // 11: machinedriver.v1.ProbeResponse
+	(*Secrets)(nil),                      // 12: machinedriver.v1.Secrets
+	(*CreateMachineRequest)(nil),         // 13: machinedriver.v1.CreateMachineRequest
+	(*DeleteMachineRequest)(nil),         // 14: machinedriver.v1.DeleteMachineRequest
+	(*GetMachineStatusRequest)(nil),      // 15: machinedriver.v1.GetMachineStatusRequest
+	(*ListMachinesRequest)(nil),          // 16: machinedriver.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),         // 17: machinedriver.v1.ListMachinesResponse
+	(*ValidateMachineClassRequest)(nil),  // 18: machinedriver.v1.ValidateMachineClassRequest
+	(*ValidateMachineClassResponse)(nil), // 19: machinedriver.v1.ValidateMachineClassResponse
+	(*CanUpdateMachineRequest)(nil),      // 20: machinedriver.v1.CanUpdateMachineRequest
+	(*CanUpdateMachineResponse)(nil),     // 21: machinedriver.v1.CanUpdateMachineResponse
+	(*UpdateMachineRequest)(nil),         // 22: machinedriver.v1.UpdateMachineRequest
+	(*Machine)(nil),                      // 23: machinedriver.v1.Machine
+	(*Address)(nil),                      // 24: machinedriver.v1.Address
+	(*ResourceStatus)(nil),               // 25: machinedriver.v1.ResourceStatus
+	(*ApplyPoolRequest)(nil),             // 26: machinedriver.v1.ApplyPoolRequest
+	(*GetPoolRequest)(nil),               // 27: machinedriver.v1.GetPoolRequest
+	(*DeletePoolRequest)(nil),            // 28: machinedriver.v1.DeletePoolRequest
+	(*Pool)(nil),                         // 29: machinedriver.v1.Pool
+	(*ListPoolInstancesRequest)(nil),     // 30: machinedriver.v1.ListPoolInstancesRequest
+	(*ListPoolInstancesResponse)(nil),    // 31: machinedriver.v1.ListPoolInstancesResponse
+	(*PoolInstance)(nil),                 // 32: machinedriver.v1.PoolInstance
+	(*DeletePoolInstancesRequest)(nil),   // 33: machinedriver.v1.DeletePoolInstancesRequest
+	(*UpgradePoolInstancesRequest)(nil),  // 34: machinedriver.v1.UpgradePoolInstancesRequest
+	(*GetOperationRequest)(nil),          // 35: machinedriver.v1.GetOperationRequest
+	(*WaitOperationRequest)(nil),         // 36: machinedriver.v1.WaitOperationRequest
+	(*CancelOperationRequest)(nil),       // 37: machinedriver.v1.CancelOperationRequest
+	(*Operation)(nil),                    // 38: machinedriver.v1.Operation
+	(*OperationResult)(nil),              // 39: machinedriver.v1.OperationResult
+	nil,                                  // 40: machinedriver.v1.Secrets.DataEntry
+	nil,                                  // 41: machinedriver.v1.CreateMachineRequest.LabelsEntry
+	nil,                                  // 42: machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
+	nil,                                  // 43: machinedriver.v1.Machine.LabelsEntry
+	nil,                                  // 44: machinedriver.v1.ApplyPoolRequest.LabelsEntry
+	nil,                                  // 45: machinedriver.v1.Pool.LabelsEntry
+	(*structpb.Struct)(nil),              // 46: google.protobuf.Struct
+	(*status.Status)(nil),                // 47: google.rpc.Status
+	(*timestamppb.Timestamp)(nil),        // 48: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 49: google.protobuf.Duration
+	(*descriptorpb.FieldOptions)(nil),    // 50: google.protobuf.FieldOptions
 }
 var file_machinedriver_v1_driver_proto_depIdxs = []int32{
-	45, // 0: machinedriver.v1.GetDriverInfoResponse.provider_spec_schema:type_name -> google.protobuf.Struct
+	46, // 0: machinedriver.v1.GetDriverInfoResponse.provider_spec_schema:type_name -> google.protobuf.Struct
 	0,  // 1: machinedriver.v1.GetCapabilitiesResponse.capabilities:type_name -> machinedriver.v1.Capability
-	39, // 2: machinedriver.v1.Secrets.data:type_name -> machinedriver.v1.Secrets.DataEntry
-	45, // 3: machinedriver.v1.CreateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 4: machinedriver.v1.CreateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	40, // 5: machinedriver.v1.CreateMachineRequest.labels:type_name -> machinedriver.v1.CreateMachineRequest.LabelsEntry
-	45, // 6: machinedriver.v1.DeleteMachineRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 7: machinedriver.v1.DeleteMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	45, // 8: machinedriver.v1.GetMachineStatusRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 9: machinedriver.v1.GetMachineStatusRequest.secrets:type_name -> machinedriver.v1.Secrets
-	41, // 10: machinedriver.v1.ListMachinesRequest.label_selector:type_name -> machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
-	45, // 11: machinedriver.v1.ListMachinesRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 12: machinedriver.v1.ListMachinesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	22, // 13: machinedriver.v1.ListMachinesResponse.machines:type_name -> machinedriver.v1.Machine
-	45, // 14: machinedriver.v1.ValidateMachineClassRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 15: machinedriver.v1.ValidateMachineClassRequest.secrets:type_name -> machinedriver.v1.Secrets
-	45, // 16: machinedriver.v1.CanUpdateMachineRequest.current_provider_spec:type_name -> google.protobuf.Struct
-	45, // 17: machinedriver.v1.CanUpdateMachineRequest.desired_provider_spec:type_name -> google.protobuf.Struct
-	11, // 18: machinedriver.v1.CanUpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	45, // 19: machinedriver.v1.UpdateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 20: machinedriver.v1.UpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	1,  // 21: machinedriver.v1.Machine.state:type_name -> machinedriver.v1.MachineState
-	23, // 22: machinedriver.v1.Machine.addresses:type_name -> machinedriver.v1.Address
-	42, // 23: machinedriver.v1.Machine.labels:type_name -> machinedriver.v1.Machine.LabelsEntry
-	24, // 24: machinedriver.v1.Machine.resources:type_name -> machinedriver.v1.ResourceStatus
-	46, // 25: machinedriver.v1.Machine.cloud_error:type_name -> google.rpc.Status
-	47, // 26: machinedriver.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
-	45, // 27: machinedriver.v1.ApplyPoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 28: machinedriver.v1.ApplyPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	43, // 29: machinedriver.v1.ApplyPoolRequest.labels:type_name -> machinedriver.v1.ApplyPoolRequest.LabelsEntry
-	45, // 30: machinedriver.v1.GetPoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 31: machinedriver.v1.GetPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	45, // 32: machinedriver.v1.DeletePoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 33: machinedriver.v1.DeletePoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	44, // 34: machinedriver.v1.Pool.labels:type_name -> machinedriver.v1.Pool.LabelsEntry
-	45, // 35: machinedriver.v1.ListPoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 36: machinedriver.v1.ListPoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	31, // 37: machinedriver.v1.ListPoolInstancesResponse.instances:type_name -> machinedriver.v1.PoolInstance
-	3,  // 38: machinedriver.v1.PoolInstance.power_state:type_name -> machinedriver.v1.PowerState
-	23, // 39: machinedriver.v1.PoolInstance.addresses:type_name -> machinedriver.v1.Address
-	47, // 40: machinedriver.v1.PoolInstance.create_time:type_name -> google.protobuf.Timestamp
-	2,  // 41: machinedriver.v1.PoolInstance.state:type_name -> machinedriver.v1.InstanceState
-	45, // 42: machinedriver.v1.DeletePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 43: machinedriver.v1.DeletePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	45, // 44: machinedriver.v1.UpgradePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	11, // 45: machinedriver.v1.UpgradePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	11, // 46: machinedriver.v1.GetOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	48, // 47: machinedriver.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
-	11, // 48: machinedriver.v1.WaitOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	11, // 49: machinedriver.v1.CancelOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	4,  // 50: machinedriver.v1.Operation.kind:type_name -> machinedriver.v1.OperationKind
-	46, // 51: machinedriver.v1.Operation.error:type_name -> google.rpc.Status
-	38, // 52: machinedriver.v1.Operation.response:type_name -> machinedriver.v1.OperationResult
-	48, // 53: machinedriver.v1.Operation.poll_after:type_name -> google.protobuf.Duration
-	47, // 54: machinedriver.v1.Operation.start_time:type_name -> google.protobuf.Timestamp
-	47, // 55: machinedriver.v1.Operation.end_time:type_name -> google.protobuf.Timestamp
-	22, // 56: machinedriver.v1.OperationResult.machine:type_name -> machinedriver.v1.Machine
-	28, // 57: machinedriver.v1.OperationResult.pool:type_name -> machinedriver.v1.Pool
-	49, // 58: machinedriver.v1.secret:extendee -> google.protobuf.FieldOptions
-	5,  // 59: machinedriver.v1.Identity.GetDriverInfo:input_type -> machinedriver.v1.GetDriverInfoRequest
-	7,  // 60: machinedriver.v1.Identity.GetCapabilities:input_type -> machinedriver.v1.GetCapabilitiesRequest
-	9,  // 61: machinedriver.v1.Identity.Probe:input_type -> machinedriver.v1.ProbeRequest
-	12, // 62: machinedriver.v1.Machines.CreateMachine:input_type -> machinedriver.v1.CreateMachineRequest
-	13, // 63: machinedriver.v1.Machines.DeleteMachine:input_type -> machinedriver.v1.DeleteMachineRequest
-	14, // 64: machinedriver.v1.Machines.GetMachineStatus:input_type -> machinedriver.v1.GetMachineStatusRequest
-	15, // 65: machinedriver.v1.Machines.ListMachines:input_type -> machinedriver.v1.ListMachinesRequest
-	17, // 66: machinedriver.v1.Machines.ValidateMachineClass:input_type -> machinedriver.v1.ValidateMachineClassRequest
-	19, // 67: machinedriver.v1.Machines.CanUpdateMachine:input_type -> machinedriver.v1.CanUpdateMachineRequest
-	21, // 68: machinedriver.v1.Machines.UpdateMachine:input_type -> machinedriver.v1.UpdateMachineRequest
-	25, // 69: machinedriver.v1.Pools.ApplyPool:input_type -> machinedriver.v1.ApplyPoolRequest
-	26, // 70: machinedriver.v1.Pools.GetPool:input_type -> machinedriver.v1.GetPoolRequest
-	29, // 71: machinedriver.v1.Pools.ListPoolInstances:input_type -> machinedriver.v1.ListPoolInstancesRequest
-	32, // 72: machinedriver.v1.Pools.DeletePoolInstances:input_type -> machinedriver.v1.DeletePoolInstancesRequest
-	33, // 73: machinedriver.v1.Pools.UpgradePoolInstances:input_type -> machinedriver.v1.UpgradePoolInstancesRequest
-	27, // 74: machinedriver.v1.Pools.DeletePool:input_type -> machinedriver.v1.DeletePoolRequest
-	34, // 75: machinedriver.v1.Operations.GetOperation:input_type -> machinedriver.v1.GetOperationRequest
-	35, // 76: machinedriver.v1.Operations.WaitOperation:input_type -> machinedriver.v1.WaitOperationRequest
-	36, // 77: machinedriver.v1.Operations.CancelOperation:input_type -> machinedriver.v1.CancelOperationRequest
-	6,  // 78: machinedriver.v1.Identity.GetDriverInfo:output_type -> machinedriver.v1.GetDriverInfoResponse
-	8,  // 79: machinedriver.v1.Identity.GetCapabilities:output_type -> machinedriver.v1.GetCapabilitiesResponse
-	10, // 80: machinedriver.v1.Identity.Probe:output_type -> machinedriver.v1.ProbeResponse
-	37, // 81: machinedriver.v1.Machines.CreateMachine:output_type -> machinedriver.v1.Operation
-	37, // 82: machinedriver.v1.Machines.DeleteMachine:output_type -> machinedriver.v1.Operation
-	22, // 83: machinedriver.v1.Machines.GetMachineStatus:output_type -> machinedriver.v1.Machine
-	16, // 84: machinedriver.v1.Machines.ListMachines:output_type -> machinedriver.v1.ListMachinesResponse
-	18, // 85: machinedriver.v1.Machines.ValidateMachineClass:output_type -> machinedriver.v1.ValidateMachineClassResponse
-	20, // 86: machinedriver.v1.Machines.CanUpdateMachine:output_type -> machinedriver.v1.CanUpdateMachineResponse
-	37, // 87: machinedriver.v1.Machines.UpdateMachine:output_type -> machinedriver.v1.Operation
-	37, // 88: machinedriver.v1.Pools.ApplyPool:output_type -> machinedriver.v1.Operation
-	28, // 89: machinedriver.v1.Pools.GetPool:output_type -> machinedriver.v1.Pool
-	30, // 90: machinedriver.v1.Pools.ListPoolInstances:output_type -> machinedriver.v1.ListPoolInstancesResponse
-	37, // 91: machinedriver.v1.Pools.DeletePoolInstances:output_type -> machinedriver.v1.Operation
-	37, // 92: machinedriver.v1.Pools.UpgradePoolInstances:output_type -> machinedriver.v1.Operation
-	37, // 93: machinedriver.v1.Pools.DeletePool:output_type -> machinedriver.v1.Operation
-	37, // 94: machinedriver.v1.Operations.GetOperation:output_type -> machinedriver.v1.Operation
-	37, // 95: machinedriver.v1.Operations.WaitOperation:output_type -> machinedriver.v1.Operation
-	37, // 96: machinedriver.v1.Operations.CancelOperation:output_type -> machinedriver.v1.Operation
-	78, // [78:97] is the sub-list for method output_type
-	59, // [59:78] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	58, // [58:59] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	40, // 2: machinedriver.v1.Secrets.data:type_name -> machinedriver.v1.Secrets.DataEntry
+	46, // 3: machinedriver.v1.CreateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 4: machinedriver.v1.CreateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	41, // 5: machinedriver.v1.CreateMachineRequest.labels:type_name -> machinedriver.v1.CreateMachineRequest.LabelsEntry
+	46, // 6: machinedriver.v1.DeleteMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 7: machinedriver.v1.DeleteMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	46, // 8: machinedriver.v1.GetMachineStatusRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 9: machinedriver.v1.GetMachineStatusRequest.secrets:type_name -> machinedriver.v1.Secrets
+	42, // 10: machinedriver.v1.ListMachinesRequest.label_selector:type_name -> machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
+	46, // 11: machinedriver.v1.ListMachinesRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 12: machinedriver.v1.ListMachinesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	23, // 13: machinedriver.v1.ListMachinesResponse.machines:type_name -> machinedriver.v1.Machine
+	46, // 14: machinedriver.v1.ValidateMachineClassRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 15: machinedriver.v1.ValidateMachineClassRequest.secrets:type_name -> machinedriver.v1.Secrets
+	46, // 16: machinedriver.v1.CanUpdateMachineRequest.current_provider_spec:type_name -> google.protobuf.Struct
+	46, // 17: machinedriver.v1.CanUpdateMachineRequest.desired_provider_spec:type_name -> google.protobuf.Struct
+	12, // 18: machinedriver.v1.CanUpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	1,  // 19: machinedriver.v1.CanUpdateMachineResponse.disruption:type_name -> machinedriver.v1.InPlaceDisruption
+	46, // 20: machinedriver.v1.UpdateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 21: machinedriver.v1.UpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	2,  // 22: machinedriver.v1.Machine.state:type_name -> machinedriver.v1.MachineState
+	24, // 23: machinedriver.v1.Machine.addresses:type_name -> machinedriver.v1.Address
+	43, // 24: machinedriver.v1.Machine.labels:type_name -> machinedriver.v1.Machine.LabelsEntry
+	25, // 25: machinedriver.v1.Machine.resources:type_name -> machinedriver.v1.ResourceStatus
+	47, // 26: machinedriver.v1.Machine.cloud_error:type_name -> google.rpc.Status
+	48, // 27: machinedriver.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
+	46, // 28: machinedriver.v1.ApplyPoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 29: machinedriver.v1.ApplyPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	44, // 30: machinedriver.v1.ApplyPoolRequest.labels:type_name -> machinedriver.v1.ApplyPoolRequest.LabelsEntry
+	46, // 31: machinedriver.v1.GetPoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 32: machinedriver.v1.GetPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	46, // 33: machinedriver.v1.DeletePoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 34: machinedriver.v1.DeletePoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	45, // 35: machinedriver.v1.Pool.labels:type_name -> machinedriver.v1.Pool.LabelsEntry
+	46, // 36: machinedriver.v1.ListPoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 37: machinedriver.v1.ListPoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	32, // 38: machinedriver.v1.ListPoolInstancesResponse.instances:type_name -> machinedriver.v1.PoolInstance
+	4,  // 39: machinedriver.v1.PoolInstance.power_state:type_name -> machinedriver.v1.PowerState
+	24, // 40: machinedriver.v1.PoolInstance.addresses:type_name -> machinedriver.v1.Address
+	48, // 41: machinedriver.v1.PoolInstance.create_time:type_name -> google.protobuf.Timestamp
+	3,  // 42: machinedriver.v1.PoolInstance.state:type_name -> machinedriver.v1.InstanceState
+	46, // 43: machinedriver.v1.DeletePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 44: machinedriver.v1.DeletePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	46, // 45: machinedriver.v1.UpgradePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 46: machinedriver.v1.UpgradePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	12, // 47: machinedriver.v1.GetOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	49, // 48: machinedriver.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
+	12, // 49: machinedriver.v1.WaitOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	12, // 50: machinedriver.v1.CancelOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	5,  // 51: machinedriver.v1.Operation.kind:type_name -> machinedriver.v1.OperationKind
+	47, // 52: machinedriver.v1.Operation.error:type_name -> google.rpc.Status
+	39, // 53: machinedriver.v1.Operation.response:type_name -> machinedriver.v1.OperationResult
+	49, // 54: machinedriver.v1.Operation.poll_after:type_name -> google.protobuf.Duration
+	48, // 55: machinedriver.v1.Operation.start_time:type_name -> google.protobuf.Timestamp
+	48, // 56: machinedriver.v1.Operation.end_time:type_name -> google.protobuf.Timestamp
+	23, // 57: machinedriver.v1.OperationResult.machine:type_name -> machinedriver.v1.Machine
+	29, // 58: machinedriver.v1.OperationResult.pool:type_name -> machinedriver.v1.Pool
+	50, // 59: machinedriver.v1.secret:extendee -> google.protobuf.FieldOptions
+	6,  // 60: machinedriver.v1.Identity.GetDriverInfo:input_type -> machinedriver.v1.GetDriverInfoRequest
+	8,  // 61: machinedriver.v1.Identity.GetCapabilities:input_type -> machinedriver.v1.GetCapabilitiesRequest
+	10, // 62: machinedriver.v1.Identity.Probe:input_type -> machinedriver.v1.ProbeRequest
+	13, // 63: machinedriver.v1.Machines.CreateMachine:input_type -> machinedriver.v1.CreateMachineRequest
+	14, // 64: machinedriver.v1.Machines.DeleteMachine:input_type -> machinedriver.v1.DeleteMachineRequest
+	15, // 65: machinedriver.v1.Machines.GetMachineStatus:input_type -> machinedriver.v1.GetMachineStatusRequest
+	16, // 66: machinedriver.v1.Machines.ListMachines:input_type -> machinedriver.v1.ListMachinesRequest
+	18, // 67: machinedriver.v1.Machines.ValidateMachineClass:input_type -> machinedriver.v1.ValidateMachineClassRequest
+	20, // 68: machinedriver.v1.Machines.CanUpdateMachine:input_type -> machinedriver.v1.CanUpdateMachineRequest
+	22, // 69: machinedriver.v1.Machines.UpdateMachine:input_type -> machinedriver.v1.UpdateMachineRequest
+	26, // 70: machinedriver.v1.Pools.ApplyPool:input_type -> machinedriver.v1.ApplyPoolRequest
+	27, // 71: machinedriver.v1.Pools.GetPool:input_type -> machinedriver.v1.GetPoolRequest
+	30, // 72: machinedriver.v1.Pools.ListPoolInstances:input_type -> machinedriver.v1.ListPoolInstancesRequest
+	33, // 73: machinedriver.v1.Pools.DeletePoolInstances:input_type -> machinedriver.v1.DeletePoolInstancesRequest
+	34, // 74: machinedriver.v1.Pools.UpgradePoolInstances:input_type -> machinedriver.v1.UpgradePoolInstancesRequest
+	28, // 75: machinedriver.v1.Pools.DeletePool:input_type -> machinedriver.v1.DeletePoolRequest
+	35, // 76: machinedriver.v1.Operations.GetOperation:input_type -> machinedriver.v1.GetOperationRequest
+	36, // 77: machinedriver.v1.Operations.WaitOperation:input_type -> machinedriver.v1.WaitOperationRequest
+	37, // 78: machinedriver.v1.Operations.CancelOperation:input_type -> machinedriver.v1.CancelOperationRequest
+	7,  // 79: machinedriver.v1.Identity.GetDriverInfo:output_type -> machinedriver.v1.GetDriverInfoResponse
+	9,  // 80: machinedriver.v1.Identity.GetCapabilities:output_type -> machinedriver.v1.GetCapabilitiesResponse
+	11, // 81: machinedriver.v1.Identity.Probe:output_type -> machinedriver.v1.ProbeResponse
+	38, // 82: machinedriver.v1.Machines.CreateMachine:output_type -> machinedriver.v1.Operation
+	38, // 83: machinedriver.v1.Machines.DeleteMachine:output_type -> machinedriver.v1.Operation
+	23, // 84: machinedriver.v1.Machines.GetMachineStatus:output_type -> machinedriver.v1.Machine
+	17, // 85: machinedriver.v1.Machines.ListMachines:output_type -> machinedriver.v1.ListMachinesResponse
+	19, // 86: machinedriver.v1.Machines.ValidateMachineClass:output_type -> machinedriver.v1.ValidateMachineClassResponse
+	21, // 87: machinedriver.v1.Machines.CanUpdateMachine:output_type -> machinedriver.v1.CanUpdateMachineResponse
+	38, // 88: machinedriver.v1.Machines.UpdateMachine:output_type -> machinedriver.v1.Operation
+	38, // 89: machinedriver.v1.Pools.ApplyPool:output_type -> machinedriver.v1.Operation
+	29, // 90: machinedriver.v1.Pools.GetPool:output_type -> machinedriver.v1.Pool
+	31, // 91: machinedriver.v1.Pools.ListPoolInstances:output_type -> machinedriver.v1.ListPoolInstancesResponse
+	38, // 92: machinedriver.v1.Pools.DeletePoolInstances:output_type -> machinedriver.v1.Operation
+	38, // 93: machinedriver.v1.Pools.UpgradePoolInstances:output_type -> machinedriver.v1.Operation
+	38, // 94: machinedriver.v1.Pools.DeletePool:output_type -> machinedriver.v1.Operation
+	38, // 95: machinedriver.v1.Operations.GetOperation:output_type -> machinedriver.v1.Operation
+	38, // 96: machinedriver.v1.Operations.WaitOperation:output_type -> machinedriver.v1.Operation
+	38, // 97: machinedriver.v1.Operations.CancelOperation:output_type -> machinedriver.v1.Operation
+	79, // [79:98] is the sub-list for method output_type
+	60, // [60:79] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	59, // [59:60] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_machinedriver_v1_driver_proto_init() }
@@ -3087,7 +3168,7 @@ func file_machinedriver_v1_driver_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_machinedriver_v1_driver_proto_rawDesc), len(file_machinedriver_v1_driver_proto_rawDesc)),
-			NumEnums:      5,
+			NumEnums:      6,
 			NumMessages:   40,
 			NumExtensions: 1,
 			NumServices:   4,
