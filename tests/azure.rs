@@ -213,6 +213,7 @@ async fn conformance_suite_passes_against_the_emulator() {
         "machines.list_paginated_and_filtered",
         "machines.delete_idempotent",
         "in_place.update_machine",
+        "in_place.disruption",
         "pools.apply_idempotent",
         "pools.get_missing",
         "pools.upgrade_instances",

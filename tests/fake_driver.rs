@@ -49,11 +49,39 @@ async fn conformance_passes_against_the_fake_driver() {
     assert_eq!(code, 0, "conformance failed:\n{out}\n{err}");
     assert!(out.lines().any(|l| l.ends_with(" passed, 0 failed, 0 skipped")), "{out}");
     // Every capability group ran: pools and in-place update included.
-    for check in ["pools.delete_one_instance", "in_place.update_machine", "machines.validate_machine_class"] {
+    for check in [
+        "pools.delete_one_instance",
+        "in_place.update_machine",
+        "in_place.disruption",
+        "machines.validate_machine_class",
+    ] {
         assert!(out.contains(&format!("PASS  {check}")), "{check} did not pass:\n{out}");
     }
     let inspect = fake_client(&sidecar).await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
     assert!(inspect.machines.is_empty() && inspect.pools.is_empty(), "conformance left things behind: {inspect:?}");
+}
+
+#[tokio::test]
+async fn conformance_warns_but_passes_when_an_in_place_plan_states_no_disruption() {
+    // The fake playing a driver older than CanUpdateMachineResponse.disruption: legal, so the
+    // run succeeds, with one WARN line.
+    let sidecar = Sidecar::start("fake-driver", FAST).await;
+    // The schema's second example, saying Unset.
+    let alt = r#"{"machineType": "medium", "zone": "zone-a", "image": "fake-os-1", "tags": {"tier": "web"},
+                  "inPlaceDisruption": "Unset"}"#;
+    let args = ["--endpoint", &sidecar.endpoint(), "--alt-provider-spec", alt];
+    let (code, out, err) = run(&bin("driver-conformance"), &args).await;
+    assert_eq!(
+        code, 0,
+        "a warning is no failure:
+{out}
+{err}"
+    );
+    let warned: Vec<&str> = out.lines().filter(|l| l.starts_with("WARN")).collect();
+    assert_eq!(warned.len(), 1, "{out}");
+    assert!(warned[0].starts_with("WARN  in_place.disruption") && warned[0].contains("REBOOT"), "{out}");
+    assert!(out.contains("PASS  in_place.update_machine"), "{out}");
+    assert!(out.lines().any(|l| l.ends_with(" passed, 0 failed, 0 skipped, 1 warned")), "{out}");
 }
 
 #[tokio::test]
