@@ -236,6 +236,7 @@ impl Observation {
             max_in_flight: crate::plan::disruption::max_in_flight(max, pool.spec.replicas),
             remediation_not_before: pool.status.disruption.remediation.not_before,
             remediation_halted: halted,
+            canary: pool.status.canary.as_ref(),
             now: self.now,
         }
     }
@@ -313,6 +314,7 @@ async fn observe(
                 node_ready: m.is_some_and(|m| node_ready(m)),
                 remediation: m.and_then(|m| remediation_of(m, halted)),
                 remediating: m.is_some_and(|m| remediating(m)),
+                failure: m.and_then(|m| m.status.failure.as_ref()).map(|f| format!("{}: {}", f.reason, f.message)),
                 ..instance(i)
             }
         })
@@ -372,14 +374,22 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
             &ready.message,
         );
     }
+    // The canary names Machines; the planner, instances.
+    next.status.canary = plan.canary.clone().map(|mut k| {
+        k.machines = k.machines.iter().map(|id| machine_name(&pool.metadata.name, id)).collect();
+        k
+    });
+    for e in &plan.events {
+        ctx.store.event(Kind::MachinePool, &pool.metadata, e.reason, e.message.clone()).await;
+    }
     match plan.step {
         Step::Apply { capacity } => {
             next.status.applied_revision = seen.revision.clone();
             next.status.applied_capacity = capacity;
             apply(ctx, pool, r, &next, capacity).await
         }
-        Step::Delete(ids) => pool_instances_call(ctx, pool, r, OperationKind::DeletePoolInstances, ids).await,
-        Step::Upgrade(ids) => pool_instances_call(ctx, pool, r, OperationKind::UpgradePoolInstances, ids).await,
+        Step::Delete(ids) => instances_step(ctx, pool, r, &next, OperationKind::DeletePoolInstances, ids).await,
+        Step::Upgrade(ids) => instances_step(ctx, pool, r, &next, OperationKind::UpgradePoolInstances, ids).await,
         Step::DeleteMachines(ids) => {
             delete_machines(ctx, pool, &seen.machines, &ids).await?;
             write::status(ctx, pool, &next).await?;
@@ -398,6 +408,26 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
             Ok(Action::requeue(after))
         }
     }
+}
+
+/// DeletePoolInstances or UpgradePoolInstances; a canary that just changed (passed: the upgrade
+/// goes on) is recorded first.
+async fn instances_step(
+    ctx: &Ctx,
+    pool: &MachinePool,
+    r: &Resolved<'_>,
+    next: &MachinePool,
+    kind: OperationKind,
+    ids: Vec<String>,
+) -> Result<Action> {
+    if next.status.canary == pool.status.canary {
+        return pool_instances_call(ctx, pool, r, kind, ids).await;
+    }
+    write::status(ctx, pool, next).await?;
+    let Some(fresh) = ctx.store.get::<MachinePool>(&pool.metadata.namespace, &pool.metadata.name).await? else {
+        return Ok(Action::await_change());
+    };
+    pool_instances_call(ctx, &fresh, r, kind, ids).await
 }
 
 /// ApplyPool: the revision and capacity are recorded first (`next`), then the call made.
