@@ -512,6 +512,7 @@ spec:
     let k = done.status.canary.unwrap();
     assert_eq!(k.revision, canary.revision);
     assert_eq!(k.ready_since, canary.ready_since, "the pause ran from when the canary was ready");
+    assert_eq!(k.machines, canary.machines);
     let (_, described, _) = w.cli(&["describe", "machinepool", "workers"]).await;
     assert!(described.contains("CanaryPassed"), "{described}");
     let cloud = w.inspect().await;

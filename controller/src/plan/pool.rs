@@ -85,6 +85,11 @@ pub fn instance_phase(state: InstanceState) -> Phase {
     }
 }
 
+/// The name of the Machine that mirrors instance `instance` of pool `pool`.
+pub fn machine_name(pool: &str, instance: &str) -> String {
+    format!("{pool}-{instance}")
+}
+
 /// One pool instance as the planner sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
@@ -164,6 +169,8 @@ pub struct Observed<'a> {
     pub remediation_not_before: Option<Time>,
     /// What halts remediation now (a MachineHealthCheck's short circuit), if anything.
     pub remediation_halted: Option<&'a str>,
+    /// The pool's name (its Machines are named after it and their instances).
+    pub pool: &'a str,
     /// `status.canary`: where the canary of the latest model that had one stands.
     pub canary: Option<&'a CanaryStatus>,
     /// The moment of the plan.
@@ -385,7 +392,7 @@ pub struct Plan {
     pub disruption: Report,
     /// Instances that want remediation and are not taken (held).
     pub waiting: Vec<String>,
-    /// `status.canary` to write (its `machines` are instance IDs).
+    /// `status.canary` to write.
     pub canary: Option<CanaryStatus>,
     /// Events to record (a canary passed or failed).
     pub events: Vec<PlannedEvent>,
@@ -570,7 +577,8 @@ fn canary(
     if let Some(i) = failed {
         let why = i.failure.clone().unwrap_or_else(|| format!("the cloud reports it {:?}", i.state));
         k.phase = CanaryPhase::Failed;
-        k.machines = new.iter().take(usize::try_from(wanted).unwrap_or(usize::MAX)).map(|i| i.id.clone()).collect();
+        let wanted_n = usize::try_from(wanted).unwrap_or(usize::MAX);
+        k.machines = new.iter().take(wanted_n).map(|i| machine_name(o.pool, &i.id)).collect();
         (k.ready_since, k.pause_until) = (None, None);
         k.message = format!(
             "canary instance {} of model {} failed ({why}): the upgrade stops until the template changes",
@@ -582,7 +590,7 @@ fn canary(
     }
     new.truncate(usize::try_from(wanted).unwrap_or(usize::MAX));
     k.wanted = wanted;
-    k.machines = new.iter().map(|i| i.id.clone()).collect();
+    k.machines = new.iter().map(|i| machine_name(o.pool, &i.id)).collect();
     let ready = new.iter().filter(|i| o.ready(i) && i.wants_remediation().is_none() && !i.remediating).count();
     if ready as i64 >= wanted {
         // Kept across reconciles (and restarts): the pause runs from when they all were.
@@ -592,7 +600,7 @@ fn canary(
         if o.now >= until {
             k.phase = CanaryPhase::Passed;
             let message = format!(
-                "the canary of model {} (instance(s) {}) held {}s: upgrading the rest",
+                "the canary of model {} ({}) held {}s: upgrading the rest",
                 k.revision,
                 k.machines.join(", "),
                 spec.pause_seconds

@@ -26,7 +26,7 @@ use super::{poll_stored, pool_instances as instances, resolve, Polled, Resolved}
 use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::plan::pool::{
-    instance_phase, legacy_instance_state, plan_pool, Instance, InstanceState, Observed, Plan, Step,
+    instance_phase, legacy_instance_state, machine_name, plan_pool, Instance, InstanceState, Observed, Plan, Step,
 };
 use crate::plan::rollout::{disruption_conditions, Remediation};
 use crate::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
@@ -72,10 +72,6 @@ fn instance(i: &pb::PoolInstance) -> Instance {
 /// Whether a pool Machine's Node is Ready (`NodeReady=True`).
 fn node_ready(m: &Machine) -> bool {
     condition(&m.status.conditions, ConditionType::NodeReady).is_some_and(|c| c.status == ConditionStatus::True)
-}
-
-fn machine_name(pool: &str, instance: &str) -> String {
-    format!("{pool}-{instance}")
 }
 
 /// Reconciles one MachinePool: an operation in flight is polled, a pool being deleted is torn
@@ -236,6 +232,7 @@ impl Observation {
             max_in_flight: crate::plan::disruption::max_in_flight(max, pool.spec.replicas),
             remediation_not_before: pool.status.disruption.remediation.not_before,
             remediation_halted: halted,
+            pool: &pool.metadata.name,
             canary: pool.status.canary.as_ref(),
             now: self.now,
         }
@@ -374,11 +371,7 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
             &ready.message,
         );
     }
-    // The canary names Machines; the planner, instances.
-    next.status.canary = plan.canary.clone().map(|mut k| {
-        k.machines = k.machines.iter().map(|id| machine_name(&pool.metadata.name, id)).collect();
-        k
-    });
+    next.status.canary = plan.canary.clone();
     for e in &plan.events {
         ctx.store.event(Kind::MachinePool, &pool.metadata, e.reason, e.message.clone()).await;
     }

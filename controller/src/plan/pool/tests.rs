@@ -91,6 +91,7 @@ impl Case {
             max_in_flight: 1,
             remediation_not_before: None,
             remediation_halted: None,
+            pool: "p",
             canary: self.canary.as_ref(),
             now: at(self.now),
         })
@@ -1017,7 +1018,8 @@ fn a_canary_caps_the_new_model_instances_until_its_pause_is_over() {
         assert_eq!(p.step, step, "{what}: {:?}", p.notes);
         assert_eq!(p.canary.as_ref().map(|k| k.phase), phase, "{what}");
         if phase.is_some_and(|ph| ph != Passed) {
-            assert_eq!(p.canary.as_ref().unwrap().machines, ids(&members), "{what}");
+            let names: Vec<String> = members.iter().map(|id| machine_name("p", id)).collect();
+            assert_eq!(p.canary.as_ref().unwrap().machines, names, "{what}");
         }
     }
 }
@@ -1049,9 +1051,18 @@ fn the_pause_runs_from_when_every_canary_instance_was_ready() {
         .canary(again)
         .at(130)
         .plan();
-    assert_eq!(passed.canary.unwrap().phase, CanaryPhase::Passed);
+    let k = passed.canary.clone().unwrap();
+    assert_eq!((k.phase, k.machines.clone()), (CanaryPhase::Passed, vec!["p-3".to_string()]));
     assert!(passed.events.iter().any(|e| e.reason == EventReason::CanaryPassed));
     assert!(passed.notes.contains(&Note::CanaryPassed { revision: "rev".into() }));
+    // Read back, a canary that passed is kept as it is.
+    let kept = with_canary(case(3, int(1), int(0), vec![old("1"), old("2"), i("3"), i("4")]), 1, 30)
+        .applied("rev", 4)
+        .canary(k.clone())
+        .at(200)
+        .plan();
+    assert_eq!(kept.canary, Some(k));
+    assert!(kept.events.is_empty());
 }
 
 #[test]
