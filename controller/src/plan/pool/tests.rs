@@ -834,7 +834,8 @@ fn a_canary_caps_the_new_model_instances_until_its_pause_is_over() {
     let three_old = || vec![old("0"), old("1"), old("2")];
     let progressing = || canary_status(Progressing, 1, None, 30);
     // (what, case, step, canary phase after, canary instances)
-    let rows: Vec<(&str, Case, Step, Option<CanaryPhase>, Vec<&str>)> = vec![
+    type Row = (&'static str, Case, Step, Option<CanaryPhase>, Vec<&'static str>);
+    let rows: Vec<Row> = vec![
         (
             "no canary: a new template grows the pool by maxSurge (3)",
             case(3, int(3), int(0), three_old()).applied("old", 3),
