@@ -1095,7 +1095,7 @@ fn a_failed_canary_instance_stops_the_upgrade_and_is_still_replaced() {
                         old("0"),
                         old("1"),
                         old("2"),
-                        failed_machine(node_not_ready(i("3")), "NodeNotJoined: no Ready Node 600s"),
+                        failed_machine(node_not_ready(i("3")), "NODE_NOT_JOINED: no Ready Node 600s"),
                     ],
                 ),
                 1,
@@ -1105,7 +1105,7 @@ fn a_failed_canary_instance_stops_the_upgrade_and_is_still_replaced() {
             .managed()
             .canary(progressing()),
             DeleteMachines(ids(&["3"])),
-            "canary instance 3 of model rev failed (NodeNotJoined: no Ready Node 600s)",
+            "canary instance 3 of model rev failed (NODE_NOT_JOINED: no Ready Node 600s)",
         ),
         (
             "maxSurge 0 without nodes: the reimaged canary failed; nothing else is reimaged",
