@@ -490,7 +490,9 @@ pub fn plan_pool(o: Observed<'_>) -> Plan {
     let waiting =
         c.live.iter().filter(|i| i.wants_remediation().is_some() && !c.is_target(i)).map(|i| i.id.clone()).collect();
     let mut ready = ready_condition(&o, &c, &step, done, &notes);
-    if let (Some(r), Some(k)) = (ready.as_mut(), canary_status.as_ref().filter(|_| hold.is_some_and(|h| h.stopped))) {
+    // A failed canary holds old instances back: the pool is not ready on the latest model.
+    let stopped = canary_status.as_ref().filter(|_| hold.is_some_and(|h| h.stopped));
+    if let (Some(r), Some(k)) = (ready.as_mut().filter(|r| !r.holds), stopped) {
         r.reason = Reason::CanaryFailed;
         if !r.message.contains(&k.message) {
             r.message = format!("{}; {}", r.message, k.message);

@@ -1156,4 +1156,11 @@ fn a_new_template_after_a_failed_canary_starts_a_new_one() {
     let p = c.plan();
     assert_eq!(p.step, Step::Delete(ids(&["0"])));
     assert_eq!(p.canary.unwrap().phase, CanaryPhase::Failed);
+    // Every instance on the latest model (the old ones replaced after failing): Ready, whatever
+    // the failed canary says.
+    let all_new = with_canary(case(2, int(1), int(0), vec![i("3"), i("4")]), 1, 30)
+        .canary(canary_status(CanaryPhase::Failed, 1, None, 30))
+        .plan();
+    let ready = all_new.ready.unwrap();
+    assert_eq!((all_new.step, ready.holds, ready.reason), (Step::Wait, true, Reason::Ready));
 }
