@@ -448,6 +448,78 @@ spec:
     eventually(MINUTE, "pool ready again", ready(3)).await;
 }
 
+/// A pool of 3 with a canary of 1 and a short pause: the new model reaches one instance first,
+/// which pauses (`status.canary` Pausing, shown by describe) while the other three stay on the old
+/// model; then the upgrade finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_canary_upgrades_one_instance_first_pauses_then_finishes() {
+    let w = world(FAST).in_process().start().await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    let pool = |ty: &str| {
+        format!(
+            "apiVersion: machine.driver.dev/v1alpha1
+kind: MachinePool
+metadata: {{name: workers}}
+spec:
+  replicas: 3
+  template:
+    spec:
+      classRef: {{name: small}}
+      providerSpec: {{machineType: {ty}}}
+  strategy: {{maxSurge: 3, maxUnavailable: 0, canary: {{machines: 1, pauseSeconds: 4}}}}
+"
+        )
+    };
+    w.apply(&pool("small")).await;
+    let store = w.store();
+    let get = || {
+        let store = store.clone();
+        async move { store.get::<MachinePool>("default", "workers").await.ok().flatten() }
+    };
+    eventually(MINUTE, "pool of 3 ready", || async {
+        let p = get().await?;
+        (p.status.ready_replicas == 3 && p.status.updated_replicas == 3 && p.status.replicas == 3).then_some(())
+    })
+    .await;
+    assert!(get().await.unwrap().status.canary.is_none(), "a pool's first apply has no canary");
+
+    w.apply(&pool("large")).await;
+    let canary = eventually(MINUTE, "the canary pausing", || async {
+        get().await?.status.canary.filter(|k| k.phase == CanaryPhase::Pausing)
+    })
+    .await;
+    // maxSurge 3, yet one instance of the new model only, and the old ones all there.
+    let cloud = w.inspect().await;
+    let instances = &cloud.pools[0].instances;
+    let new: Vec<&str> = instances.iter().filter(|i| i.latest_model_applied).map(|i| i.instance_id.as_str()).collect();
+    assert_eq!(new.len(), 1, "{instances:?}");
+    assert_eq!(instances.len(), 4, "{instances:?}");
+    assert_eq!((canary.wanted, canary.machines.len()), (1, 1));
+    assert_eq!(canary.machines[0], format!("workers-{}", new[0]));
+    assert!(canary.ready_since.is_some() && canary.pause_until.is_some(), "{canary:?}");
+    let (code, described, err) = w.cli(&["describe", "machinepool", "workers"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(described.contains(&format!("Canary:       revision {} Pausing", canary.revision)), "{described}");
+    assert!(described.contains("Pause until:"), "{described}");
+
+    let done = eventually(MINUTE, "the upgrade finished after the canary", || async {
+        let p = get().await?;
+        let passed = p.status.canary.as_ref().is_some_and(|k| k.phase == CanaryPhase::Passed);
+        (passed && p.status.ready_replicas == 3 && p.status.updated_replicas == 3 && p.status.replicas == 3)
+            .then_some(p)
+    })
+    .await;
+    let k = done.status.canary.unwrap();
+    assert_eq!(k.revision, canary.revision);
+    assert_eq!(k.ready_since, canary.ready_since, "the pause ran from when the canary was ready");
+    assert_eq!(k.machines, canary.machines);
+    let (_, described, _) = w.cli(&["describe", "machinepool", "workers"]).await;
+    assert!(described.contains("CanaryPassed"), "{described}");
+    let cloud = w.inspect().await;
+    assert_eq!(cloud.pools[0].instances.len(), 3);
+    assert!(cloud.pools[0].instances.iter().all(|i| i.latest_model_applied));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphans_tagged_by_this_controller_are_collected() {
     let w =

@@ -907,6 +907,83 @@ async fn a_pool_instance_whose_node_never_joins_is_replaced() {
     w.kill9().await;
 }
 
+/// A pool's canary whose Node never joins fails: `status.canary` Failed naming the instance and
+/// why, `Ready=False` with reason `CanaryFailed`, a `CanaryFailed` event; the failed instance is
+/// replaced and no old instance is touched. A new template is a new canary, and the upgrade
+/// finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_canary_whose_node_never_joins_stops_the_upgrade_until_the_template_changes() {
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
+    w.start_controller(&[]);
+    w.class().await;
+    let pool = |machine_type: &str, kubelet: &str| {
+        json!({"metadata": {"name": "workers"}, "spec": {
+            "replicas": 2,
+            "template": {"spec": {"classRef": {"name": "small"},
+                                  "providerSpec": {"machineType": machine_type, "kubelet": kubelet}}},
+            "strategy": {"maxSurge": 1, "maxUnavailable": 0, "canary": {"machines": 1, "pauseSeconds": 1}},
+            "nodeStartupTimeoutSeconds": 2,
+        }})
+    };
+    let get = || async { w.store().get::<MachinePool>(w.ns(), "workers").await.ok().flatten() };
+    let settled = |p: &MachinePool| {
+        (p.status.replicas, p.status.ready_replicas, p.status.updated_replicas) == (2, 2, 2)
+            && condition(&p.status.conditions, ConditionType::Ready).is_some_and(|c| c.status == ConditionStatus::True)
+    };
+    w.apply_object("MachinePool", "machinepools", pool("small", "Joins")).await;
+    eventually(2 * MINUTE, "a pool of 2 with Ready Nodes", || async { get().await.filter(settled) }).await;
+    let before = pool_machines(&w, "workers").await;
+    assert_eq!(before.keys().cloned().collect::<Vec<_>>(), ["workers-0", "workers-1"]);
+
+    w.apply_object("MachinePool", "machinepools", pool("small", "NeverJoins")).await;
+    let failed = eventually(2 * MINUTE, "the canary failed", || async {
+        get().await.filter(|p| p.status.canary.as_ref().is_some_and(|k| k.phase == CanaryPhase::Failed))
+    })
+    .await;
+    let k = failed.status.canary.clone().unwrap();
+    assert_eq!(k.machines, ["workers-2"], "{k:?}");
+    assert!(k.message.contains("canary instance 2 of model"), "{}", k.message);
+    assert!(k.message.contains("NODE_NOT_JOINED"), "{}", k.message);
+    let ready = condition(&failed.status.conditions, ConditionType::Ready).cloned();
+    assert!(
+        ready.as_ref().is_some_and(|c| c.status == ConditionStatus::False && c.reason == Reason::CanaryFailed),
+        "{ready:?}"
+    );
+    // The failed instance is replaced (its replacement never joins either, and is replaced in
+    // turn); the old instances stay as they were.
+    eventually(2 * MINUTE, "the failed canary instance replaced", || async {
+        let c = w.fake().await.inspect(fake::InspectRequest::default()).await.ok()?.into_inner().counters?;
+        (c.instances_deleted >= 1 && c.instances_created >= 4).then_some(())
+    })
+    .await;
+    let now = pool_machines(&w, "workers").await;
+    for (name, m) in &before {
+        let kept = now.get(name).unwrap_or_else(|| panic!("{name} gone: {:?}", now.keys()));
+        assert_eq!(kept.metadata.uid, m.metadata.uid, "{name}");
+        assert_eq!(kept.status.phase, Phase::Running, "{name}");
+    }
+    let p = get().await.unwrap();
+    assert_eq!(p.status.canary.as_ref(), Some(&k), "the failed canary is kept as it was");
+    let events = w.store().backend().events(&Key::new(Kind::MachinePool, w.ns(), "workers"), 100).await.unwrap();
+    let failures: Vec<_> = events.iter().filter(|e| e.reason == "CanaryFailed").collect();
+    assert_eq!(failures.len(), 1, "{events:?}");
+
+    // A fixed template: a new model, a new canary, and the upgrade goes on to the end.
+    w.apply_object("MachinePool", "machinepools", pool("large", "Joins")).await;
+    let done = eventually(3 * MINUTE, "the upgrade finished", || async {
+        get().await.filter(|p| {
+            settled(p)
+                && p.status.canary.as_ref().is_some_and(|c| c.phase == CanaryPhase::Passed && c.revision != k.revision)
+        })
+    })
+    .await;
+    let passed = done.status.canary.unwrap();
+    assert_eq!(passed.wanted, 1);
+    let left = pool_machines(&w, "workers").await;
+    assert!(before.keys().all(|name| !left.contains_key(name)), "old instances left: {:?}", left.keys());
+    w.kill9().await;
+}
+
 /// The value of the sample `name{labels}` in a Prometheus text exposition (`labels` as the
 /// controller writes them, in order); 0 when absent.
 fn sample(metrics: &str, name_and_labels: &str) -> f64 {

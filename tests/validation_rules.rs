@@ -115,10 +115,17 @@ fn table() -> Vec<Row> {
             json!({"strategy": {"rollingUpdate": {"canary": {"machines": 1, "pauseSeconds": -5}}}}),
             Some(("spec.strategy.rollingUpdate.canary.pauseSeconds", AT_LEAST_0)),
         ),
+        // A MachinePool's canary: the same rules, under `spec.strategy.canary`.
+        (MP, pool_canary(json!(1)), None),
+        (MP, pool_canary(json!("34%")), None),
+        (MP, pool_canary(json!(0)), Some((POOL_CANARY, CANARY_MACHINES))),
+        (MP, pool_canary(json!("few")), Some((POOL_CANARY, CANARY_MACHINES))),
+        (MP, pool_canary(json!("0%")), Some((POOL_CANARY, CANARY_NOT_ZERO))),
+        (MP, pool_canary(json!("150%")), Some((POOL_CANARY, AT_MOST_100))),
         (
             MP,
-            json!({"strategy": {"canary": {"machines": 1, "pauseSeconds": 30}}}),
-            Some(("spec.strategy.canary", POOL_CANARY)),
+            json!({"strategy": {"canary": {"machines": 1, "pauseSeconds": -5}}}),
+            Some(("spec.strategy.canary.pauseSeconds", AT_LEAST_0)),
         ),
         // Remediation and disruption budgets.
         (MD, budgets(json!([{"machines": "10%"}, night()]), json!("20%")), None),
@@ -177,8 +184,7 @@ const BUDGET_DURATION: &str = "must be like 1h, 30m, 1h30m or 90s";
 const CANARY: &str = "spec.strategy.rollingUpdate.canary.machines";
 const CANARY_MACHINES: &str = "must be an integer of at least 1 or a percentage like \"25%\"";
 const CANARY_NOT_ZERO: &str = "must be at least 1 (or 1%): a canary of no machines is none; leave canary out";
-const POOL_CANARY: &str =
-    "is not supported on a MachinePool (the cloud upgrades its instances); use a MachineDeployment for canaries";
+const POOL_CANARY: &str = "spec.strategy.canary.machines";
 
 /// A MachineDeployment's canary of `machines`, paused 30 s.
 fn canary(machines: Value) -> Value {
@@ -187,6 +193,11 @@ fn canary(machines: Value) -> Value {
 
 fn budgets(budgets: Value, max_in_flight: Value) -> Value {
     json!({"disruption": {"budgets": budgets}, "remediation": {"maxInFlight": max_in_flight}})
+}
+
+/// A MachinePool's canary of `machines`, paused 30 s.
+fn pool_canary(machines: Value) -> Value {
+    json!({"strategy": {"canary": {"machines": machines, "pauseSeconds": 30}}})
 }
 
 /// A budget for a night window in Berlin.

@@ -67,8 +67,12 @@ event_reasons! {
     RolloutComplete: Normal,
     /// MachineDeployment: new machines used up `failureBudget`; the revision is bad.
     RolloutAborted: Warning,
-    /// MachineDeployment: the canary of a revision held through its pause; the rollout goes on.
+    /// MachineDeployment, MachinePool: the canary of a revision (a pool's model) held through
+    /// its pause; the rollout goes on.
     CanaryPassed: Normal,
+    /// MachinePool: a canary instance of a new model failed; the upgrade stops until the
+    /// template changes again.
+    CanaryFailed: Warning,
     /// MachinePool: a stored ApplyPool or DeletePool handle was unusable and is dropped.
     /// Machine: a stored operation handle was unusable; the driver is asked again by name.
     OperationTokenUnusable: Warning,

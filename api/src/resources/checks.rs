@@ -288,21 +288,18 @@ pub(crate) fn replicated_rules(kind: Kind) -> Vec<Rule> {
             "must be at least 1 (a drain always has a deadline)",
             at_least_1,
         ));
-        match kind {
-            Md => {
-                let at = "spec.strategy.rollingUpdate.canary.machines";
-                let format = "type(self) == int ? self >= 1 : self.matches('^[0-9]+%?$')";
-                out.push(rule(kind, at, format.into(), "", CANARY_MACHINES, |v| {
-                    int_or_percent_ok(v) && !(v.is_number() && is_zero(v))
-                }));
-                out.push(rule(kind, at, percent.to_string(), "", PERCENT_AT_MOST_100, percent_at_most_100));
-                let not_zero = "type(self) == int || !self.matches('^0+%?$')";
-                out.push(rule(kind, at, not_zero.into(), "", CANARY_NOT_ZERO, |v| !(v.is_string() && is_zero(v))));
-            }
-            _ => out.push(rule(kind, "spec.strategy", "!has(self.canary)".into(), "canary", POOL_CANARY, |v| {
-                v.get("canary").is_none()
-            })),
-        }
+        // A canary: at least 1 machine, at most 100% (a MachineDeployment's and a MachinePool's).
+        let at = match kind {
+            Md => "spec.strategy.rollingUpdate.canary.machines",
+            _ => "spec.strategy.canary.machines",
+        };
+        let format = "type(self) == int ? self >= 1 : self.matches('^[0-9]+%?$')";
+        out.push(rule(kind, at, format.into(), "", CANARY_MACHINES, |v| {
+            int_or_percent_ok(v) && !(v.is_number() && is_zero(v))
+        }));
+        out.push(rule(kind, at, percent.to_string(), "", PERCENT_AT_MOST_100, percent_at_most_100));
+        let not_zero = "type(self) == int || !self.matches('^0+%?$')";
+        out.push(rule(kind, at, not_zero.into(), "", CANARY_NOT_ZERO, |v| !(v.is_string() && is_zero(v))));
     }
     out
 }
@@ -312,10 +309,6 @@ pub(crate) const CANARY_MACHINES: &str = "must be an integer of at least 1 or a 
 /// Message of the canary size rule.
 pub(crate) const CANARY_NOT_ZERO: &str =
     "must be at least 1 (or 1%): a canary of no machines is none; leave canary out";
-/// Message of the pools' canary rule.
-pub(crate) const POOL_CANARY: &str =
-    "is not supported on a MachinePool (the cloud upgrades its instances); use a MachineDeployment for canaries";
-
 /// The rules of a MachineDeployment only (after [`replicated_rules`]).
 pub(crate) fn deployment_rules() -> Vec<Rule> {
     use Kind::MachineDeployment as Md;

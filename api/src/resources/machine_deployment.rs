@@ -365,28 +365,7 @@ impl KindInfo for MachineDeployment {
     }
 
     fn describe_head(status: &Value) -> String {
-        let Some(canary) = status.get("canary").and_then(|c| serde_json::from_value::<CanaryStatus>(c.clone()).ok())
-        else {
-            return String::new();
-        };
-        let mut out = format!("Canary:       revision {} {}\n", canary.revision, canary.phase.as_str());
-        let time = |t: Time| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-        out += &format!("  Machines:     {} of {}", canary.machines.len(), canary.wanted);
-        if !canary.machines.is_empty() {
-            out += &format!(" ({})", canary.machines.join(", "));
-        }
-        out += "\n";
-        if let Some(t) = canary.ready_since {
-            out += &format!("  Ready since:  {}\n", time(t));
-        }
-        if let Some(t) = canary.pause_until {
-            let left = canary.pause_left(chrono::Utc::now()).map(|s| format!(" ({s}s left)")).unwrap_or_default();
-            out += &format!("  Pause until:  {}{left}\n", time(t));
-        }
-        if !canary.message.is_empty() {
-            out += &format!("  Message:      {}\n", canary.message);
-        }
-        out
+        describe_canary(status)
     }
 
     fn describe_tail(status: &Value) -> String {
@@ -415,4 +394,29 @@ impl MachineDeploymentSpec {
             volume_detach_timeout_seconds: self.volume_detach_timeout_seconds,
         }
     }
+}
+
+/// The `Canary:` lines of `describe` (a MachineDeployment's or a MachinePool's `status.canary`).
+pub(crate) fn describe_canary(status: &Value) -> String {
+    let Some(canary) = status.get("canary").and_then(|c| serde_json::from_value::<CanaryStatus>(c.clone()).ok()) else {
+        return String::new();
+    };
+    let mut out = format!("Canary:       revision {} {}\n", canary.revision, canary.phase.as_str());
+    let time = |t: Time| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    out += &format!("  Machines:     {} of {}", canary.machines.len(), canary.wanted);
+    if !canary.machines.is_empty() {
+        out += &format!(" ({})", canary.machines.join(", "));
+    }
+    out += "\n";
+    if let Some(t) = canary.ready_since {
+        out += &format!("  Ready since:  {}\n", time(t));
+    }
+    if let Some(t) = canary.pause_until {
+        let left = canary.pause_left(chrono::Utc::now()).map(|s| format!(" ({s}s left)")).unwrap_or_default();
+        out += &format!("  Pause until:  {}{left}\n", time(t));
+    }
+    if !canary.message.is_empty() {
+        out += &format!("  Message:      {}\n", canary.message);
+    }
+    out
 }

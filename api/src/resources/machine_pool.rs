@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::checks::{self, Check};
 use super::disruption::{self, DisruptionSpec, DisruptionStatus, RemediationSpec};
 use super::kind::{Column, ColumnType, KindInfo, Shown, Via};
+use super::machine_deployment::CanaryStatus;
 use super::meta::{is_default, KindOf, Object};
 use super::status::{Condition, LastOperation, StoredOperation};
 use super::template::{
@@ -25,7 +26,7 @@ pub struct MachinePoolSpec {
     pub replicas: i64,
     /// The instance template.
     pub template: MachineTemplate,
-    /// Rolling instance upgrades (maxSurge / maxUnavailable).
+    /// Rolling instance upgrades (maxSurge / maxUnavailable, and a canary).
     #[serde(default)]
     pub strategy: RollingUpdate,
     /// A machine whose VM runs but whose Node is not Ready this long after the VM came up fails
@@ -80,7 +81,12 @@ pub struct MachinePoolStatus {
     /// What is down, what the disruption budgets allow and what they hold back.
     #[serde(default, skip_serializing_if = "is_default")]
     pub disruption: DisruptionStatus,
-    /// `Ready` (every instance ready on the latest model), `OperationTokenUnusable`,
+    /// The canary of the model upgrading (or of the last one that had one): `revision` is the
+    /// template's hash (`appliedRevision` once applied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryStatus>,
+    /// `Ready` (every instance ready on the latest model; `CanaryFailed` when the canary stops
+    /// the upgrade), `OperationTokenUnusable`,
     /// `DisruptionBlocked`, `Valid`, and the environment's (`QuotaExceeded`,
     /// `CloudCredentialsRefused`, `CloudUnavailable`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -114,6 +120,10 @@ impl KindInfo for MachinePool {
 
     fn rules() -> Vec<checks::Rule> {
         checks::replicated_rules(Kind::MachinePool)
+    }
+
+    fn describe_head(status: &Value) -> String {
+        super::machine_deployment::describe_canary(status)
     }
 
     fn describe_tail(status: &Value) -> String {

@@ -299,6 +299,8 @@ reasons! {
     NeedsReplacement,
     /// A rollout used up its failure budget.
     RolloutAborted,
+    /// A pool's canary instance failed: its upgrade stops until the template changes.
+    CanaryFailed,
     /// The spec's revision is bad and nothing good is left to roll back to.
     NoGoodRevision,
     /// A rollout made no progress within its deadline.

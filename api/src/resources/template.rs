@@ -151,9 +151,10 @@ pub struct RollingUpdate {
     /// Machines below `replicas` allowed to be unavailable (default 0; percentages round down).
     #[serde(default = "zero")]
     pub max_unavailable: IntOrPercent,
-    /// MachineDeployment (either strategy type): the new revision first reaches this many
-    /// machines, which must stay Running, Ready and healthy for `pauseSeconds` before the rollout
-    /// goes on. Not supported on a MachinePool.
+    /// The new revision (a MachineDeployment's, either strategy type) or model (a MachinePool's)
+    /// first reaches this many machines, which must stay Running, Ready and healthy for
+    /// `pauseSeconds` before the rollout goes on. A pool's failed canary stops its upgrade until
+    /// the template changes again (a pool does not roll back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<Canary>,
 }

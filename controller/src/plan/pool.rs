@@ -31,6 +31,19 @@
 //! (the capacity grows by one for it, as for an upgrade), and its Machine is marked and deleted
 //! once no replacement is still coming (the usual deletion: drain, then exactly that instance).
 //!
+//! **Canary** (`strategy.canary`): when a new template upgrades a pool's instances (not its first
+//! apply), at most `canary.machines` instances reach the new model first: a surge upgrade grows
+//! the capacity by at most that many, and old instances go (deleted, deleted and replaced, or
+//! reimaged) only while new-model instances, existing and coming, number fewer. Once every
+//! canary instance is ready (its Node too, with nodes managed) and not to be remediated for
+//! `pauseSeconds` the canary has passed and the upgrade goes on at its usual pace
+//! (`status.canary` keeps where it stands across restarts). A pool has no failure budget,
+//! revision history or bad revisions: a new-model instance that fails (its Machine Failed: the
+//! instance's state, a Node that never joined) while the canary is under way fails it, and no
+//! further old instance is taken until the template changes again (a new canary) or the canary
+//! is removed from the strategy. Remediation goes on: the failed instance is replaced (by the
+//! cloud, on the latest model).
+//!
 //! [`plan_pool`] classifies the instances, asks for remediation, chooses the step ([`Step`]) with or
 //! without nodes, and the Ready condition to set; [`Plan::notes`] say why ([`Note`]). With nodes
 //! managed an instance is ready only once its Node is ([`Observed::ready`]).
@@ -38,9 +51,12 @@
 use std::collections::HashSet;
 
 use super::disruption::{self, Candidate, Census, Planner, Report};
-use super::rollout::Remediation;
+use super::rollout::{PlannedEvent, Remediation};
 use super::Limits;
-use crate::resources::{DisruptionBudget, DisruptionReason, Phase, Reason, RollingUpdate, Time};
+use crate::events::EventReason;
+use crate::resources::{
+    CanaryPhase, CanaryStatus, DisruptionBudget, DisruptionReason, Phase, Reason, RollingUpdate, Time,
+};
 
 /// An instance's lifecycle state: the protocol's, as the SDK types it.
 pub use driver_sdk::InstanceState;
@@ -69,6 +85,11 @@ pub fn instance_phase(state: InstanceState) -> Phase {
     }
 }
 
+/// The name of the Machine that mirrors instance `instance` of pool `pool`.
+pub fn machine_name(pool: &str, instance: &str) -> String {
+    format!("{pool}-{instance}")
+}
+
 /// One pool instance as the planner sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
@@ -87,6 +108,8 @@ pub struct Instance {
     pub remediation: Option<Remediation>,
     /// Its Machine was taken for remediation before (marked): in flight until it is gone.
     pub remediating: bool,
+    /// Why its Machine failed (`reason: message`), if the controller or the driver said.
+    pub failure: Option<String>,
 }
 
 impl Instance {
@@ -101,6 +124,7 @@ impl Instance {
             node_ready: true,
             remediation: None,
             remediating: false,
+            failure: None,
         }
     }
 
@@ -145,6 +169,10 @@ pub struct Observed<'a> {
     pub remediation_not_before: Option<Time>,
     /// What halts remediation now (a MachineHealthCheck's short circuit), if anything.
     pub remediation_halted: Option<&'a str>,
+    /// The pool's name (its Machines are named after it and their instances).
+    pub pool: &'a str,
+    /// `status.canary`: where the canary of the latest model that had one stands.
+    pub canary: Option<&'a CanaryStatus>,
     /// The moment of the plan.
     pub now: Time,
 }
@@ -261,6 +289,29 @@ pub enum Note {
         /// What held them.
         hold: disruption::Hold,
     },
+    /// A canary holds the upgrade: at most `wanted` instances of the new model until it passes.
+    Canary {
+        /// The model (template hash).
+        revision: String,
+        /// Where it stands.
+        phase: CanaryPhase,
+        /// Canary instances ready.
+        ready: usize,
+        /// Canary instances wanted.
+        wanted: i64,
+    },
+    /// The canary of `revision` held through its pause: the upgrade goes on.
+    CanaryPassed {
+        /// The model.
+        revision: String,
+    },
+    /// The canary of `revision` failed: no old instance is taken until the template changes.
+    CanaryFailed {
+        /// The model.
+        revision: String,
+        /// Which instance, and why.
+        message: String,
+    },
     /// `replicas` instances, all ready, on the latest model.
     Done,
 }
@@ -270,7 +321,12 @@ impl Note {
     pub fn holds_back(&self) -> bool {
         matches!(
             self,
-            Note::RefillHeld { .. } | Note::ApplyHeld { .. } | Note::Held { .. } | Note::AwaitingReplacement { .. }
+            Note::RefillHeld { .. }
+                | Note::ApplyHeld { .. }
+                | Note::Held { .. }
+                | Note::AwaitingReplacement { .. }
+                | Note::Canary { .. }
+                | Note::CanaryFailed { .. }
         )
     }
 }
@@ -292,6 +348,11 @@ impl std::fmt::Display for Note {
             }
             Note::Upgrading { old, taken } => write!(f, "{old} old instance(s); {taken} taken now"),
             Note::Held { reason, instances, hold } => write!(f, "{instances} {reason} held: {hold}"),
+            Note::Canary { revision, phase, ready, wanted } => {
+                write!(f, "canary of model {revision} {}: {ready} of {wanted} instance(s) ready", phase.as_str())
+            }
+            Note::CanaryPassed { revision } => write!(f, "the canary of model {revision} passed"),
+            Note::CanaryFailed { message, .. } => f.write_str(message),
             Note::Done => write!(f, "every instance ready on the latest model"),
         }
     }
@@ -309,7 +370,7 @@ pub struct Ready {
 }
 
 /// The plan for one pool reconcile.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     /// The call to make.
     pub step: Step,
@@ -331,6 +392,10 @@ pub struct Plan {
     pub disruption: Report,
     /// Instances that want remediation and are not taken (held).
     pub waiting: Vec<String>,
+    /// `status.canary` to write.
+    pub canary: Option<CanaryStatus>,
+    /// Events to record (a canary passed or failed).
+    pub events: Vec<PlannedEvent>,
     /// Why, in the order decided.
     pub notes: Vec<Note>,
 }
@@ -391,15 +456,26 @@ pub fn plan_pool(o: Observed<'_>) -> Plan {
     let mut planner = Planner::new(census(&o, &live), limits_of(&o, &limits));
     let (mark, targets) = remediation(&o, &live, &mut planner, &mut notes);
     let mut c = classify(&o, live, targets, limits);
+    let mut events = Vec::new();
+    let (canary_status, hold) = canary(&o, &c, &mut notes, &mut events);
+    if let Some(h) = hold {
+        // The surge makes no more new-model instances than the canary wants.
+        c.surge = c.surge.min(h.wanted);
+        c.capacity = o.replicas + c.surge;
+    }
     let go = remediated_now(&o, &c, &mut notes);
     // Only the remediated instances that wait for a replacement keep room for one.
     let waiting = c.targets.len() - go.len();
     c.surge = limits.max_surge.min((c.old.len() + waiting) as i64);
+    if let Some(h) = hold {
+        c.surge = c.surge.min(h.wanted);
+    }
     c.capacity = o.replicas + c.surge;
+    let room = hold.map(|h| canary_room(&c, h));
     let step = if o.nodes_managed {
-        step_with_nodes(&o, &c, &go, &mut planner, &mut notes)
+        step_with_nodes(&o, &c, &go, room, &mut planner, &mut notes)
     } else {
-        step_without_nodes(&o, &c, &go, &mut planner, &mut notes)
+        step_without_nodes(&o, &c, &go, room, &mut planner, &mut notes)
     };
     let done = c.old.is_empty() && c.targets.is_empty() && c.live.len() as i64 == o.replicas && c.ready == o.replicas;
     let report = planner.report();
@@ -413,8 +489,17 @@ pub fn plan_pool(o: Observed<'_>) -> Plan {
     }
     let waiting =
         c.live.iter().filter(|i| i.wants_remediation().is_some() && !c.is_target(i)).map(|i| i.id.clone()).collect();
+    let mut ready = ready_condition(&o, &c, &step, done, &notes);
+    // A failed canary holds old instances back: the pool is not ready on the latest model.
+    let stopped = canary_status.as_ref().filter(|_| hold.is_some_and(|h| h.stopped));
+    if let (Some(r), Some(k)) = (ready.as_mut().filter(|r| !r.holds), stopped) {
+        r.reason = Reason::CanaryFailed;
+        if !r.message.contains(&k.message) {
+            r.message = format!("{}; {}", r.message, k.message);
+        }
+    }
     Plan {
-        ready: ready_condition(&o, &c, &step, done, &notes),
+        ready,
         step,
         mark,
         replicas: c.live.len() as i64,
@@ -423,8 +508,129 @@ pub fn plan_pool(o: Observed<'_>) -> Plan {
         done,
         disruption: report,
         waiting,
+        canary: canary_status,
+        events,
         notes,
     }
+}
+
+/// A canary under way: how many new-model instances it wants, and whether it failed (then no old
+/// instance is taken).
+#[derive(Debug, Clone, Copy)]
+struct CanaryHold {
+    wanted: i64,
+    stopped: bool,
+}
+
+/// Whether a live instance runs the latest model of the current template.
+fn is_new(c: &Classes<'_>, i: &Instance) -> bool {
+    i.latest_model && !c.template_changed
+}
+
+/// The canary step: `status.canary` to write, and the hold on the upgrade (`None`: no canary, or
+/// it passed). A canary starts when a template (a model) with `strategy.canary` upgrades
+/// instances of an earlier one; it is kept across reconciles (and restarts) by its revision,
+/// the template's hash.
+fn canary(
+    o: &Observed<'_>,
+    c: &Classes<'_>,
+    notes: &mut Vec<Note>,
+    events: &mut Vec<PlannedEvent>,
+) -> (Option<CanaryStatus>, Option<CanaryHold>) {
+    let under_way = |k: &CanaryStatus| matches!(k.phase, CanaryPhase::Progressing | CanaryPhase::Pausing);
+    let prev = o.canary.cloned();
+    let Some(spec) = o.strategy.canary.as_ref() else {
+        // No canary asked (any more): one under way is dropped; one that passed or failed stays.
+        return (prev.filter(|k| !under_way(k)), None);
+    };
+    let wanted = spec.machines_of(o.replicas);
+    let mut k = match prev {
+        Some(k) if k.revision == o.revision => k,
+        other => {
+            // Not a pool's first apply, and instances of an earlier model to upgrade.
+            let upgrading = !o.applied_revision.is_empty() && !c.old.is_empty();
+            if !upgrading || wanted == 0 {
+                return (other.filter(|k| !under_way(k)), None);
+            }
+            CanaryStatus {
+                revision: o.revision.to_string(),
+                phase: CanaryPhase::Progressing,
+                wanted,
+                machines: Vec::new(),
+                ready_since: None,
+                pause_until: None,
+                message: String::new(),
+            }
+        }
+    };
+    match k.phase {
+        CanaryPhase::Passed => return (Some(k), None),
+        CanaryPhase::Failed => {
+            notes.push(Note::CanaryFailed { revision: k.revision.clone(), message: k.message.clone() });
+            let hold = CanaryHold { wanted: k.wanted.max(1), stopped: true };
+            return (Some(k), Some(hold));
+        }
+        CanaryPhase::Progressing | CanaryPhase::Pausing => {}
+    }
+    let mut new: Vec<&Instance> = c.live.iter().copied().filter(|i| is_new(c, i)).collect();
+    new.sort_by_key(|i| (number(i), i.id.clone()));
+    // Any new-model instance failing while the canary is under way fails it.
+    let failed = new.iter().find(|i| i.state == InstanceState::Failed || i.remediation == Some(Remediation::Failed));
+    if let Some(i) = failed {
+        let why = i.failure.clone().unwrap_or_else(|| format!("the cloud reports it {:?}", i.state));
+        k.phase = CanaryPhase::Failed;
+        let wanted_n = usize::try_from(wanted).unwrap_or(usize::MAX);
+        k.machines = new.iter().take(wanted_n).map(|i| machine_name(o.pool, &i.id)).collect();
+        (k.ready_since, k.pause_until) = (None, None);
+        k.message = format!(
+            "canary instance {} of model {} failed ({why}): the upgrade stops until the template changes",
+            i.id, k.revision
+        );
+        events.push(PlannedEvent { reason: EventReason::CanaryFailed, message: k.message.clone() });
+        notes.push(Note::CanaryFailed { revision: k.revision.clone(), message: k.message.clone() });
+        return (Some(k), Some(CanaryHold { wanted, stopped: true }));
+    }
+    new.truncate(usize::try_from(wanted).unwrap_or(usize::MAX));
+    k.wanted = wanted;
+    k.machines = new.iter().map(|i| machine_name(o.pool, &i.id)).collect();
+    let ready = new.iter().filter(|i| o.ready(i) && i.wants_remediation().is_none() && !i.remediating).count();
+    if ready as i64 >= wanted {
+        // Kept across reconciles (and restarts): the pause runs from when they all were.
+        let since = *k.ready_since.get_or_insert(o.now);
+        let until = since + chrono::Duration::seconds(i64::try_from(spec.pause_seconds).unwrap_or(i64::MAX / 2));
+        k.pause_until = Some(until);
+        if o.now >= until {
+            k.phase = CanaryPhase::Passed;
+            let message = format!(
+                "the canary of model {} ({}) held {}s: upgrading the rest",
+                k.revision,
+                k.machines.join(", "),
+                spec.pause_seconds
+            );
+            events.push(PlannedEvent { reason: EventReason::CanaryPassed, message });
+            notes.push(Note::CanaryPassed { revision: k.revision.clone() });
+            return (Some(k), None);
+        }
+        k.phase = CanaryPhase::Pausing;
+    } else {
+        // One of them is not (or no longer) ready: the pause starts over.
+        (k.phase, k.ready_since, k.pause_until) = (CanaryPhase::Progressing, None, None);
+    }
+    notes.push(Note::Canary { revision: k.revision.clone(), phase: k.phase, ready, wanted });
+    (Some(k), Some(CanaryHold { wanted, stopped: false }))
+}
+
+/// How many old instances a canary lets go now: none once it failed; else as many as keep the
+/// new-model instances (live, being reimaged, and those the cloud is still to create) within
+/// what it wants.
+fn canary_room(c: &Classes<'_>, h: CanaryHold) -> usize {
+    if h.stopped {
+        return 0;
+    }
+    let new = c.live.iter().filter(|i| is_new(c, i)).count() as i64;
+    let reimaging = c.old.iter().filter(|i| i.state == InstanceState::Updating).count() as i64;
+    let coming = (c.capacity - c.live.len() as i64).max(0);
+    (h.wanted - new - reimaging - coming).max(0) as usize
 }
 
 /// The instances as the disruption planner counts them.
@@ -554,6 +760,7 @@ fn step_without_nodes(
     o: &Observed<'_>,
     c: &Classes<'_>,
     go: &[String],
+    room: Option<usize>,
     planner: &mut Planner,
     notes: &mut Vec<Note>,
 ) -> Step {
@@ -579,11 +786,13 @@ fn step_without_nodes(
     }
     if c.surge > 0 {
         // CAPZ: delete old-model instances.
-        return upgrade_by_deletion(o, c, planner, notes).map_or(Step::Wait, Step::Delete);
+        return upgrade_by_deletion(o, c, room, planner, notes).map_or(Step::Wait, Step::Delete);
     }
     let mut ids = Vec::new();
     for i in c.old.iter().filter(|i| o.ready(i)) {
-        if !planner.ask(DisruptionReason::InPlaceUpdate, o.candidate(i)).allowed() {
+        if room.is_some_and(|r| ids.len() >= r)
+            || !planner.ask(DisruptionReason::InPlaceUpdate, o.candidate(i)).allowed()
+        {
             break;
         }
         ids.push(i.id.clone());
@@ -601,6 +810,7 @@ fn step_with_nodes(
     o: &Observed<'_>,
     c: &Classes<'_>,
     go: &[String],
+    room: Option<usize>,
     planner: &mut Planner,
     notes: &mut Vec<Note>,
 ) -> Step {
@@ -620,7 +830,7 @@ fn step_with_nodes(
     }
     if !c.old.is_empty() {
         // Upgrades by deletion, with or without surge.
-        ids.extend(upgrade_by_deletion(o, c, planner, notes).unwrap_or_default());
+        ids.extend(upgrade_by_deletion(o, c, room, planner, notes).unwrap_or_default());
     }
     if ids.is_empty() {
         Step::Wait
@@ -651,20 +861,25 @@ fn scale_down_victims(o: &Observed<'_>, c: &Classes<'_>, count: usize, planner: 
 
 /// CAPZ's upgrade by deletion: old instances in order (failed, annotated, unready, ready; lowest
 /// ID first), each asked of the planner as a `Rollout` (unready ones cost no availability, ready
-/// ones go only within `maxUnavailable`).
+/// ones go only within `maxUnavailable`); at most `room` of them while a canary holds.
 fn upgrade_by_deletion(
     o: &Observed<'_>,
     c: &Classes<'_>,
+    room: Option<usize>,
     planner: &mut Planner,
     notes: &mut Vec<Note>,
 ) -> Option<Vec<String>> {
     let mut order: Vec<&Instance> = c.old.clone();
     order.sort_by_key(|i| (rank(o, i, true), number(i)));
-    let victims: Vec<String> = order
-        .into_iter()
-        .filter(|i| planner.ask(DisruptionReason::Rollout, o.candidate(i)).allowed())
-        .map(|i| i.id.clone())
-        .collect();
+    let mut victims: Vec<String> = Vec::new();
+    for i in order {
+        if room.is_some_and(|r| victims.len() >= r) {
+            break;
+        }
+        if planner.ask(DisruptionReason::Rollout, o.candidate(i)).allowed() {
+            victims.push(i.id.clone());
+        }
+    }
     if victims.is_empty() {
         return None;
     }

@@ -26,7 +26,7 @@ use super::{poll_stored, pool_instances as instances, resolve, Polled, Resolved}
 use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::plan::pool::{
-    instance_phase, legacy_instance_state, plan_pool, Instance, InstanceState, Observed, Plan, Step,
+    instance_phase, legacy_instance_state, machine_name, plan_pool, Instance, InstanceState, Observed, Plan, Step,
 };
 use crate::plan::rollout::{disruption_conditions, Remediation};
 use crate::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
@@ -72,10 +72,6 @@ fn instance(i: &pb::PoolInstance) -> Instance {
 /// Whether a pool Machine's Node is Ready (`NodeReady=True`).
 fn node_ready(m: &Machine) -> bool {
     condition(&m.status.conditions, ConditionType::NodeReady).is_some_and(|c| c.status == ConditionStatus::True)
-}
-
-fn machine_name(pool: &str, instance: &str) -> String {
-    format!("{pool}-{instance}")
 }
 
 /// Reconciles one MachinePool: an operation in flight is polled, a pool being deleted is torn
@@ -236,6 +232,8 @@ impl Observation {
             max_in_flight: crate::plan::disruption::max_in_flight(max, pool.spec.replicas),
             remediation_not_before: pool.status.disruption.remediation.not_before,
             remediation_halted: halted,
+            pool: &pool.metadata.name,
+            canary: pool.status.canary.as_ref(),
             now: self.now,
         }
     }
@@ -313,6 +311,7 @@ async fn observe(
                 node_ready: m.is_some_and(|m| node_ready(m)),
                 remediation: m.and_then(|m| remediation_of(m, halted)),
                 remediating: m.is_some_and(|m| remediating(m)),
+                failure: m.and_then(|m| m.status.failure.as_ref()).map(|f| format!("{}: {}", f.reason, f.message)),
                 ..instance(i)
             }
         })
@@ -372,14 +371,18 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
             &ready.message,
         );
     }
+    next.status.canary = plan.canary.clone();
+    for e in &plan.events {
+        ctx.store.event(Kind::MachinePool, &pool.metadata, e.reason, e.message.clone()).await;
+    }
     match plan.step {
         Step::Apply { capacity } => {
             next.status.applied_revision = seen.revision.clone();
             next.status.applied_capacity = capacity;
             apply(ctx, pool, r, &next, capacity).await
         }
-        Step::Delete(ids) => pool_instances_call(ctx, pool, r, OperationKind::DeletePoolInstances, ids).await,
-        Step::Upgrade(ids) => pool_instances_call(ctx, pool, r, OperationKind::UpgradePoolInstances, ids).await,
+        Step::Delete(ids) => instances_step(ctx, pool, r, &next, OperationKind::DeletePoolInstances, ids).await,
+        Step::Upgrade(ids) => instances_step(ctx, pool, r, &next, OperationKind::UpgradePoolInstances, ids).await,
         Step::DeleteMachines(ids) => {
             delete_machines(ctx, pool, &seen.machines, &ids).await?;
             write::status(ctx, pool, &next).await?;
@@ -398,6 +401,26 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
             Ok(Action::requeue(after))
         }
     }
+}
+
+/// DeletePoolInstances or UpgradePoolInstances; a canary that just changed (passed: the upgrade
+/// goes on) is recorded first.
+async fn instances_step(
+    ctx: &Ctx,
+    pool: &MachinePool,
+    r: &Resolved<'_>,
+    next: &MachinePool,
+    kind: OperationKind,
+    ids: Vec<String>,
+) -> Result<Action> {
+    if next.status.canary == pool.status.canary {
+        return pool_instances_call(ctx, pool, r, kind, ids).await;
+    }
+    write::status(ctx, pool, next).await?;
+    let Some(fresh) = ctx.store.get::<MachinePool>(&pool.metadata.namespace, &pool.metadata.name).await? else {
+        return Ok(Action::await_change());
+    };
+    pool_instances_call(ctx, &fresh, r, kind, ids).await
 }
 
 /// ApplyPool: the revision and capacity are recorded first (`next`), then the call made.

@@ -4,8 +4,9 @@ use std::collections::HashSet;
 
 use super::disruption::Hold;
 use super::*;
+use crate::events::EventReason;
 use crate::plan::literals::{int, pct};
-use crate::resources::{IntOrPercent, Reason};
+use crate::resources::{CanaryPhase, CanaryStatus, IntOrPercent, Reason};
 
 fn i(id: &str) -> Instance {
     Instance::new(id, InstanceState::Running)
@@ -30,6 +31,9 @@ struct Case {
     annotated: HashSet<String>,
     nodes_managed: bool,
     budgets: Vec<crate::resources::DisruptionBudget>,
+    canary: Option<CanaryStatus>,
+    /// Seconds after the planner's epoch ([`at`]).
+    now: i64,
 }
 
 fn case(replicas: i64, surge: IntOrPercent, unavailable: IntOrPercent, instances: Vec<Instance>) -> Case {
@@ -43,7 +47,15 @@ fn case(replicas: i64, surge: IntOrPercent, unavailable: IntOrPercent, instances
         annotated: HashSet::new(),
         nodes_managed: false,
         budgets: Vec::new(),
+        canary: None,
+        now: 0,
     }
+}
+
+/// The tests' clock: `secs` after 2030-01-01T00:00:00Z.
+fn at(secs: i64) -> Time {
+    chrono::DateTime::parse_from_rfc3339("2030-01-01T00:00:00Z").unwrap().with_timezone(&chrono::Utc)
+        + chrono::Duration::seconds(secs)
 }
 
 impl Case {
@@ -79,7 +91,9 @@ impl Case {
             max_in_flight: 1,
             remediation_not_before: None,
             remediation_halted: None,
-            now: chrono::DateTime::parse_from_rfc3339("2030-01-01T00:00:00Z").unwrap().with_timezone(&chrono::Utc),
+            pool: "p",
+            canary: self.canary.as_ref(),
+            now: at(self.now),
         })
     }
 }
@@ -775,4 +789,378 @@ fn pool_upgrades_keep_within_max_unavailable() {
             }
         }
     }
+}
+
+// ---- canaries
+
+/// A canary of `machines` instances paused `pause` seconds.
+fn with_canary(mut c: Case, machines: i64, pause: u64) -> Case {
+    c.strategy.canary = Some(crate::resources::Canary { machines: int(machines), pause_seconds: pause });
+    c
+}
+
+/// `status.canary` of model "rev" in `phase`, ready since `since` (seconds on the tests' clock).
+fn canary_status(phase: CanaryPhase, wanted: i64, since: Option<i64>, pause: i64) -> CanaryStatus {
+    CanaryStatus {
+        revision: "rev".into(),
+        phase,
+        wanted,
+        machines: Vec::new(),
+        ready_since: since.map(at),
+        pause_until: since.map(|s| at(s + pause)),
+        message: String::new(),
+    }
+}
+
+impl Case {
+    fn canary(mut self, k: CanaryStatus) -> Self {
+        self.canary = Some(k);
+        self
+    }
+    fn at(mut self, secs: i64) -> Self {
+        self.now = secs;
+        self
+    }
+}
+
+fn failed_machine(inst: Instance, why: &str) -> Instance {
+    Instance { remediation: Some(Remediation::Failed), failure: Some(why.into()), ..inst }
+}
+
+#[test]
+fn a_canary_caps_the_new_model_instances_until_its_pause_is_over() {
+    use CanaryPhase::*;
+    use Step::*;
+    let three_old = || vec![old("0"), old("1"), old("2")];
+    let progressing = || canary_status(Progressing, 1, None, 30);
+    // (what, case, step, canary phase after, canary instances)
+    type Row = (&'static str, Case, Step, Option<CanaryPhase>, Vec<&'static str>);
+    let rows: Vec<Row> = vec![
+        (
+            "no canary: a new template grows the pool by maxSurge (3)",
+            case(3, int(3), int(0), three_old()).applied("old", 3),
+            Apply { capacity: 6 },
+            None,
+            vec![],
+        ),
+        (
+            "a canary of 1: the surge grows the pool by 1 only",
+            with_canary(case(3, int(3), int(0), three_old()).applied("old", 3), 1, 30),
+            Apply { capacity: 4 },
+            Some(Progressing),
+            vec![],
+        ),
+        (
+            "a pool's first apply has no canary",
+            with_canary(case(3, int(1), int(0), vec![]).applied("", 0), 1, 30),
+            Apply { capacity: 3 },
+            None,
+            vec![],
+        ),
+        (
+            "the canary instance is created but not ready: nothing else moves",
+            with_canary(
+                case(3, int(3), int(0), vec![old("0"), old("1"), old("2"), state(i("3"), InstanceState::Creating)]),
+                1,
+                30,
+            )
+            .applied("rev", 4)
+            .canary(progressing()),
+            Wait,
+            Some(Progressing),
+            vec!["3"],
+        ),
+        (
+            "the canary instance is ready: the pause starts, no old instance goes",
+            with_canary(case(3, int(3), int(0), vec![old("0"), old("1"), old("2"), i("3")]), 1, 30)
+                .applied("rev", 4)
+                .canary(progressing()),
+            Wait,
+            Some(Pausing),
+            vec!["3"],
+        ),
+        (
+            "without a canary (maxSurge 1) old instances go as soon as the surge instance is ready",
+            case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")]).applied("rev", 4),
+            Delete(ids(&["0"])),
+            None,
+            vec![],
+        ),
+        (
+            "still pausing 29s later",
+            with_canary(case(3, int(3), int(0), vec![old("0"), old("1"), old("2"), i("3")]), 1, 30)
+                .applied("rev", 4)
+                .canary(canary_status(Pausing, 1, Some(0), 30))
+                .at(29),
+            Wait,
+            Some(Pausing),
+            vec!["3"],
+        ),
+        (
+            "the pause is over: passed, and the upgrade goes on at its usual pace",
+            with_canary(case(3, int(3), int(0), vec![old("0"), old("1"), old("2"), i("3")]), 1, 30)
+                .applied("rev", 4)
+                .canary(canary_status(Pausing, 1, Some(0), 30))
+                .at(30),
+            Apply { capacity: 6 },
+            Some(Passed),
+            vec!["3"],
+        ),
+        (
+            "a canary instance not ready any more: the pause starts over",
+            with_canary(case(3, int(3), int(0), vec![old("0"), old("1"), old("2"), not_running(i("3"))]), 1, 30)
+                .applied("rev", 4)
+                .canary(canary_status(Pausing, 1, Some(0), 30))
+                .at(29),
+            Wait,
+            Some(Progressing),
+            vec!["3"],
+        ),
+        (
+            "a canary instance its MachineHealthCheck marked is not ready for the canary",
+            with_canary(
+                case(
+                    3,
+                    int(1),
+                    int(0),
+                    vec![
+                        old("0"),
+                        old("1"),
+                        old("2"),
+                        Instance { remediation: Some(Remediation::Unhealthy), ..i("3") },
+                    ],
+                ),
+                1,
+                30,
+            )
+            .applied("rev", 4)
+            .canary(progressing()),
+            DeleteMachines(ids(&["3"])),
+            Some(Progressing),
+            vec!["3"],
+        ),
+        (
+            "a canary of 2 with maxSurge 1: one old instance goes to make room for the second",
+            with_canary(case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")]), 2, 30)
+                .applied("rev", 4)
+                .canary(canary_status(Progressing, 2, None, 30)),
+            Delete(ids(&["0"])),
+            Some(Progressing),
+            vec!["3"],
+        ),
+        (
+            "… but not a second one while its replacement is coming",
+            with_canary(case(3, int(1), int(0), vec![old("1"), old("2"), i("3")]), 2, 30)
+                .applied("rev", 4)
+                .canary(canary_status(Progressing, 2, None, 30)),
+            Apply { capacity: 4 },
+            Some(Progressing),
+            vec!["3"],
+        ),
+        (
+            "maxSurge 0 without nodes: one old instance is reimaged, not more",
+            with_canary(case(3, int(0), int(3), three_old()), 1, 30).applied("rev", 3),
+            Upgrade(ids(&["0"])),
+            Some(Progressing),
+            vec![],
+        ),
+        (
+            "maxSurge 0 without nodes: none while the canary is reimaging",
+            with_canary(
+                case(3, int(0), int(3), vec![state(old("0"), InstanceState::Updating), old("1"), old("2")]),
+                1,
+                30,
+            )
+            .applied("rev", 3)
+            .canary(progressing()),
+            Wait,
+            Some(Progressing),
+            vec![],
+        ),
+        (
+            "maxSurge 0 with nodes: one old instance is deleted and replaced, not more",
+            with_canary(case(3, int(0), int(3), three_old()), 1, 30).applied("rev", 3).managed(),
+            DeleteMachines(ids(&["0"])),
+            Some(Progressing),
+            vec![],
+        ),
+        (
+            "maxSurge 0 with nodes: none while its replacement is coming",
+            with_canary(case(3, int(0), int(3), vec![old("1"), old("2")]), 1, 30)
+                .applied("rev", 3)
+                .managed()
+                .canary(progressing()),
+            Apply { capacity: 3 },
+            Some(Progressing),
+            vec![],
+        ),
+        (
+            "with nodes an instance is ready for the canary only once its Node is",
+            with_canary(case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), node_not_ready(i("3"))]), 1, 30)
+                .applied("rev", 4)
+                .managed()
+                .canary(progressing()),
+            Wait,
+            Some(Progressing),
+            vec!["3"],
+        ),
+        (
+            "a canary that passed is kept, and the upgrade goes on",
+            with_canary(case(3, int(1), int(0), vec![old("1"), old("2"), i("3"), i("4")]), 1, 30)
+                .applied("rev", 4)
+                .canary(canary_status(Passed, 1, Some(0), 30)),
+            Delete(ids(&["1"])),
+            Some(Passed),
+            vec![],
+        ),
+    ];
+    for (what, c, step, phase, members) in rows {
+        let p = c.plan();
+        assert_eq!(p.step, step, "{what}: {:?}", p.notes);
+        assert_eq!(p.canary.as_ref().map(|k| k.phase), phase, "{what}");
+        if phase.is_some_and(|ph| ph != Passed) {
+            let names: Vec<String> = members.iter().map(|id| machine_name("p", id)).collect();
+            assert_eq!(p.canary.as_ref().unwrap().machines, names, "{what}");
+        }
+    }
+}
+
+#[test]
+fn the_pause_runs_from_when_every_canary_instance_was_ready() {
+    let c = with_canary(case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")]), 1, 30)
+        .applied("rev", 4)
+        .canary(canary_status(CanaryPhase::Progressing, 1, None, 30))
+        .at(100);
+    let p = c.plan();
+    let k = p.canary.clone().unwrap();
+    assert_eq!((k.phase, k.ready_since, k.pause_until), (CanaryPhase::Pausing, Some(at(100)), Some(at(130))));
+    assert!(p.notes.contains(&Note::Canary {
+        revision: "rev".into(),
+        phase: CanaryPhase::Pausing,
+        ready: 1,
+        wanted: 1
+    }));
+    let ready = p.ready.unwrap();
+    assert!(!ready.holds);
+    assert!(ready.message.contains("canary of model rev Pausing"), "{}", ready.message);
+    // A restarted controller reads the same readySince back: the pause is not restarted.
+    let again = c.canary(k).at(120).plan().canary.unwrap();
+    assert_eq!((again.phase, again.ready_since), (CanaryPhase::Pausing, Some(at(100))));
+    // It passes once and says so.
+    let passed = with_canary(case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")]), 1, 30)
+        .applied("rev", 4)
+        .canary(again)
+        .at(130)
+        .plan();
+    let k = passed.canary.clone().unwrap();
+    assert_eq!((k.phase, k.machines.clone()), (CanaryPhase::Passed, vec!["p-3".to_string()]));
+    assert!(passed.events.iter().any(|e| e.reason == EventReason::CanaryPassed));
+    assert!(passed.notes.contains(&Note::CanaryPassed { revision: "rev".into() }));
+    // Read back, a canary that passed is kept as it is.
+    let kept = with_canary(case(3, int(1), int(0), vec![old("1"), old("2"), i("3"), i("4")]), 1, 30)
+        .applied("rev", 4)
+        .canary(k.clone())
+        .at(200)
+        .plan();
+    assert_eq!(kept.canary, Some(k));
+    assert!(kept.events.is_empty());
+}
+
+#[test]
+fn a_failed_canary_instance_stops_the_upgrade_and_is_still_replaced() {
+    use Step::*;
+    let progressing = || canary_status(CanaryPhase::Progressing, 1, None, 30);
+    // (what, case, step)
+    let rows: Vec<(&str, Case, Step, &str)> = vec![
+        (
+            "its instance fails (a failed create): remediated, no old instance goes",
+            with_canary(
+                case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), state(i("3"), InstanceState::Failed)]),
+                1,
+                30,
+            )
+            .applied("rev", 4)
+            .canary(progressing()),
+            DeleteMachines(ids(&["3"])),
+            "canary instance 3 of model rev failed (the cloud reports it Failed)",
+        ),
+        (
+            "its Node never joined (nodes managed)",
+            with_canary(
+                case(
+                    3,
+                    int(1),
+                    int(0),
+                    vec![
+                        old("0"),
+                        old("1"),
+                        old("2"),
+                        failed_machine(node_not_ready(i("3")), "NODE_NOT_JOINED: no Ready Node 600s"),
+                    ],
+                ),
+                1,
+                30,
+            )
+            .applied("rev", 4)
+            .managed()
+            .canary(progressing()),
+            DeleteMachines(ids(&["3"])),
+            "canary instance 3 of model rev failed (NODE_NOT_JOINED: no Ready Node 600s)",
+        ),
+        (
+            "maxSurge 0 without nodes: the reimaged canary failed; nothing else is reimaged",
+            with_canary(case(3, int(0), int(3), vec![state(i("0"), InstanceState::Failed), old("1"), old("2")]), 1, 30)
+                .applied("rev", 3)
+                .canary(progressing()),
+            DeleteMachines(ids(&["0"])),
+            "canary instance 0 of model rev failed",
+        ),
+    ];
+    for (what, c, step, message) in rows {
+        let p = c.plan();
+        assert_eq!(p.step, step, "{what}: {:?}", p.notes);
+        let k = p.canary.clone().unwrap();
+        assert_eq!(k.phase, CanaryPhase::Failed, "{what}");
+        assert!(k.message.contains(message), "{what}: {}", k.message);
+        assert!(k.message.contains("the upgrade stops until the template changes"), "{what}");
+        assert!(p.events.iter().any(|e| e.reason == EventReason::CanaryFailed), "{what}");
+        let ready = p.ready.clone().unwrap();
+        assert_eq!((ready.holds, ready.reason), (false, Reason::CanaryFailed), "{what}");
+        // Once failed (read back from status), no old instance goes, whatever is ready.
+        let mut after = c;
+        after.instances.retain(|i| !matches!(i.state, InstanceState::Failed) && i.remediation.is_none());
+        after.instances.push(i("5"));
+        let replaced = after.canary(k).plan();
+        assert_eq!(replaced.step, Wait, "{what} (its replacement ready): {:?}", replaced.notes);
+        assert_eq!(replaced.canary.as_ref().unwrap().phase, CanaryPhase::Failed, "{what}");
+        assert!(replaced.events.is_empty(), "{what}: one event");
+        let ready = replaced.ready.unwrap();
+        assert_eq!(ready.reason, Reason::CanaryFailed, "{what}");
+        assert!(ready.message.contains("failed"), "{what}: {}", ready.message);
+    }
+}
+
+#[test]
+fn a_new_template_after_a_failed_canary_starts_a_new_one() {
+    let failed = CanaryStatus { revision: "bad".into(), ..canary_status(CanaryPhase::Failed, 1, None, 30) };
+    let c = with_canary(case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), old("3")]), 1, 30)
+        .applied("bad", 4)
+        .canary(failed);
+    let p = c.plan();
+    assert_eq!(p.step, Step::Apply { capacity: 4 });
+    let k = p.canary.unwrap();
+    assert_eq!((k.revision.as_str(), k.phase), ("rev", CanaryPhase::Progressing));
+    // The canary taken out of the strategy: the upgrade goes on, the failed record stays.
+    let mut c = case(3, int(1), int(0), vec![old("0"), old("1"), old("2"), i("3")]).applied("rev", 4);
+    c.canary = Some(canary_status(CanaryPhase::Failed, 1, None, 30));
+    let p = c.plan();
+    assert_eq!(p.step, Step::Delete(ids(&["0"])));
+    assert_eq!(p.canary.unwrap().phase, CanaryPhase::Failed);
+    // Every instance on the latest model (the old ones replaced after failing): Ready, whatever
+    // the failed canary says.
+    let all_new = with_canary(case(2, int(1), int(0), vec![i("3"), i("4")]), 1, 30)
+        .canary(canary_status(CanaryPhase::Failed, 1, None, 30))
+        .plan();
+    let ready = all_new.ready.unwrap();
+    assert_eq!((all_new.step, ready.holds, ready.reason), (Step::Wait, true, Reason::Ready));
 }
