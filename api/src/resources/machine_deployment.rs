@@ -240,6 +240,22 @@ pub struct CanaryStatus {
 }
 
 impl CanaryStatus {
+    /// Every canary machine is ready at `now`: the pause runs from when they first all were
+    /// (`readySince`, kept across reconciles and restarts) for `pause_seconds`; `Passed` once
+    /// it is over, else `Pausing`. Returns whether it passed.
+    pub fn pause(&mut self, now: Time, pause_seconds: u64) -> bool {
+        let since = *self.ready_since.get_or_insert(now);
+        let until = since + chrono::Duration::seconds(i64::try_from(pause_seconds).unwrap_or(i64::MAX / 2));
+        self.pause_until = Some(until);
+        self.phase = if now >= until { CanaryPhase::Passed } else { CanaryPhase::Pausing };
+        self.phase == CanaryPhase::Passed
+    }
+
+    /// One of the canary machines is not (or no longer) ready: the pause starts over.
+    pub fn not_ready(&mut self) {
+        (self.phase, self.ready_since, self.pause_until) = (CanaryPhase::Progressing, None, None);
+    }
+
     /// Seconds of the pause left at `now` (while Pausing).
     pub fn pause_left(&self, now: Time) -> Option<i64> {
         let until = self.pause_until.filter(|_| self.phase == CanaryPhase::Pausing)?;

@@ -595,12 +595,7 @@ fn canary(
     k.machines = new.iter().map(|i| machine_name(o.pool, &i.id)).collect();
     let ready = new.iter().filter(|i| o.ready(i) && i.wants_remediation().is_none() && !i.remediating).count();
     if ready as i64 >= wanted {
-        // Kept across reconciles (and restarts): the pause runs from when they all were.
-        let since = *k.ready_since.get_or_insert(o.now);
-        let until = since + chrono::Duration::seconds(i64::try_from(spec.pause_seconds).unwrap_or(i64::MAX / 2));
-        k.pause_until = Some(until);
-        if o.now >= until {
-            k.phase = CanaryPhase::Passed;
+        if k.pause(o.now, spec.pause_seconds) {
             let message = format!(
                 "the canary of model {} ({}) held {}s: upgrading the rest",
                 k.revision,
@@ -611,10 +606,8 @@ fn canary(
             notes.push(Note::CanaryPassed { revision: k.revision.clone() });
             return (Some(k), None);
         }
-        k.phase = CanaryPhase::Pausing;
     } else {
-        // One of them is not (or no longer) ready: the pause starts over.
-        (k.phase, k.ready_since, k.pause_until) = (CanaryPhase::Progressing, None, None);
+        k.not_ready();
     }
     notes.push(Note::Canary { revision: k.revision.clone(), phase: k.phase, ready, wanted });
     (Some(k), Some(CanaryHold { wanted, stopped: false }))

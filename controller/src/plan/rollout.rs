@@ -948,13 +948,7 @@ fn canary(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) -> Option<i64>
     k.machines = members.iter().map(|m| m.name.clone()).collect();
     let ready = members.iter().filter(|m| m.is_available() && !m.marked_unhealthy).count();
     if ready as i64 >= wanted {
-        // Kept across reconciles (and restarts): the pause runs from when they all were.
-        let since = *k.ready_since.get_or_insert(c.now);
-        let pause = chrono::Duration::seconds(i64::try_from(spec.pause_seconds).unwrap_or(i64::MAX / 2));
-        let until = since + pause;
-        k.pause_until = Some(until);
-        if c.now >= until {
-            k.phase = CanaryPhase::Passed;
+        if k.pause(c.now, spec.pause_seconds) {
             let message = format!(
                 "the canary of revision {} ({}) held {}s: rolling out the rest",
                 k.revision,
@@ -966,10 +960,9 @@ fn canary(md: &MachineDeployment, c: &Classes<'_>, d: &mut Draft) -> Option<i64>
             st.canary = Some(k);
             return None;
         }
-        k.phase = CanaryPhase::Pausing;
     } else {
-        // One of them is not (or no longer) Running, Ready and healthy: the pause starts over.
-        (k.phase, k.ready_since, k.pause_until) = (CanaryPhase::Progressing, None, None);
+        // One of them is not (or no longer) Running, Ready and healthy.
+        k.not_ready();
     }
     d.notes.push(Note::Canary { revision: k.revision.clone(), phase: k.phase, ready, wanted, until: k.pause_until });
     st.canary = Some(k);
