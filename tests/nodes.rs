@@ -1545,3 +1545,54 @@ async fn an_in_place_update_that_reboots_gives_the_node_a_new_boot_id_which_kwok
     let log = std::fs::read_to_string(&sidecar.log).unwrap_or_default();
     assert_eq!(log.matches("Node rebooted: new boot ID posted").count(), 1, "posted once, never again:\n{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_place_canary_updates_one_machine_and_pauses_before_the_rest_follow() {
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
+    w.start_controller(&[]);
+    w.class().await;
+    let strategy = json!({"strategy": {
+        "type": "InPlace",
+        "inPlace": {"maxUnavailable": 1},
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0, "canary": {"machines": 1, "pauseSeconds": 8}},
+    }});
+    let spec = |os: &str| json!({"machineType": "small", "tags": {"os": os}, "inPlaceDisruption": "Reboot"});
+    w.apply_md("web", 3, spec("1"), strategy.clone()).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let names = sorted(w.machines().await.iter().map(|m| m.metadata.name.clone()).collect());
+    w.apply_md("web", 3, spec("2"), strategy).await;
+    let md = || async { w.store().get::<MachineDeployment>(w.ns(), "web").await.ok().flatten() };
+    let on_new = |m: &Machine| {
+        m.spec.provider_spec.as_ref().is_some_and(|s| s["tags"]["os"] == "2")
+            && m.status.observed_generation == m.metadata.generation
+    };
+    let pausing = eventually(2 * MINUTE, "the canary updated in place and pausing", || async {
+        let k = md().await?.status.canary?;
+        (k.phase == CanaryPhase::Pausing).then_some(k)
+    })
+    .await;
+    assert_eq!(pausing.machines.len(), 1, "{pausing:?}");
+    let moved: Vec<String> = w.machines().await.iter().filter(|m| on_new(m)).map(|m| m.metadata.name.clone()).collect();
+    assert_eq!(moved, pausing.machines, "only the canary is on the new template while it pauses");
+    eventually(3 * MINUTE, "every machine updated in place", || async {
+        let machines = w.machines().await;
+        let done =
+            machines.iter().all(|m| on_new(m) && m.status.phase == Phase::Running && m.status.in_place.is_none());
+        (machines.len() == 3 && done).then_some(())
+    })
+    .await;
+    assert_eq!(md().await.unwrap().status.canary.map(|k| k.phase), Some(CanaryPhase::Passed));
+    assert_eq!(
+        sorted(w.machines().await.iter().map(|m| m.metadata.name.clone()).collect()),
+        names,
+        "updated, not replaced"
+    );
+    // The others were drained only after the canary's pause was over.
+    let until = pausing.pause_until.expect("a pause end");
+    for name in names.iter().filter(|n| !pausing.machines.contains(n)) {
+        let events = w.events(name).await;
+        let drained = events.iter().find(|e| e.reason == "DrainingForUpdate").expect("drained for its update");
+        assert!(drained.time >= until, "{name} drained at {} before the canary's pause ended at {until}", drained.time);
+    }
+    w.kill9().await;
+}
