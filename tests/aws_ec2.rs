@@ -277,16 +277,7 @@ fn keys(k: (&str, &str)) -> Option<pb::Secrets> {
 
 /// Polls GetOperation, sending `secrets` with every poll, until done (bounded).
 async fn wait_done_with(c: &DriverClient, op: pb::Operation, secrets: &Option<pb::Secrets>) -> pb::Operation {
-    let mut op = op;
-    let deadline = tokio::time::Instant::now() + MINUTE;
-    while !op.done {
-        assert!(tokio::time::Instant::now() < deadline, "operation {} not done within a minute", op.name);
-        // Deliberate: honour the driver's poll_after between polls.
-        tokio::time::sleep(op.poll_after().min(Duration::from_millis(500))).await;
-        let req = pb::GetOperationRequest { token: op.token.clone(), secrets: secrets.clone() };
-        op = c.get_operation(req).await.unwrap().value;
-    }
-    op
+    e2e_tests::wait_done(c, op, secrets.clone(), MINUTE, Duration::from_millis(500)).await
 }
 
 /// Create (and poll), status, delete (and poll) of one machine, every call with `secrets`.

@@ -148,19 +148,7 @@ async fn apply(c: &DriverClient, name: &str, vm_size: &str, capacity: i32) -> dr
 
 /// Polls GetOperation (at the operation's own poll_after, within a deadline) until done.
 async fn wait_done(c: &DriverClient, op: pb::Operation) -> pb::Operation {
-    let token = op.token.clone();
-    let mut op = op;
-    let deadline = tokio::time::Instant::now() + MINUTE;
-    while !op.done {
-        assert!(tokio::time::Instant::now() < deadline, "operation {} not done within a minute", op.name);
-        tokio::time::sleep(op.poll_after().min(Duration::from_secs(2))).await; // the driver's poll_after, by design
-        op = c
-            .get_operation(pb::GetOperationRequest { token: token.clone(), secrets: None })
-            .await
-            .expect("GetOperation")
-            .value;
-    }
-    op
+    e2e_tests::wait_done(c, op, None, MINUTE, Duration::from_secs(2)).await
 }
 
 async fn instances(c: &DriverClient, pool: &str) -> Vec<pb::PoolInstance> {

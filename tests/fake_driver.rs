@@ -28,18 +28,8 @@ fn create(name: &str) -> pb::CreateMachineRequest {
 }
 
 /// Polls GetOperation (at the driver's poll_after, at most 200 ms) until the operation is done.
-async fn wait_done(client: &driver_sdk::DriverClient, mut op: pb::Operation) -> pb::Operation {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !op.done {
-        assert!(std::time::Instant::now() < deadline, "operation {} not done in 30 s", op.name);
-        tokio::time::sleep(op.poll_after().min(Duration::from_millis(200))).await;
-        op = client
-            .get_operation(pb::GetOperationRequest { token: op.token.clone(), secrets: None })
-            .await
-            .expect("GetOperation")
-            .value;
-    }
-    op
+async fn wait_done(client: &driver_sdk::DriverClient, op: pb::Operation) -> pb::Operation {
+    e2e_tests::wait_done(client, op, None, Duration::from_secs(30), Duration::from_millis(200)).await
 }
 
 #[tokio::test]

@@ -1449,14 +1449,7 @@ async fn an_in_place_update_that_reboots_gives_the_node_a_new_boot_id_which_kwok
     let wait = |op: pb::Operation| {
         let client = &client;
         async move {
-            let mut op = op;
-            let deadline = std::time::Instant::now() + MINUTE;
-            while !op.done {
-                assert!(std::time::Instant::now() < deadline, "operation {} not done in a minute", op.name);
-                tokio::time::sleep(op.poll_after().min(Duration::from_millis(200))).await;
-                let get = pb::GetOperationRequest { token: op.token.clone(), secrets: None };
-                op = client.get_operation(get).await.expect("GetOperation").value;
-            }
+            let op = e2e_tests::wait_done(client, op, None, MINUTE, Duration::from_millis(200)).await;
             assert!(op.error_report().is_none(), "{} failed: {:?}", op.name, op.error_report());
         }
     };

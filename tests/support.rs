@@ -349,6 +349,27 @@ where
     }
 }
 
+/// Polls GetOperation (sending `secrets` with each poll) until the operation is done, or panics
+/// after `within`. Between polls it waits the operation's own `poll_after` (the protocol's
+/// polling rule), at most `max_interval`, so a test does not outwait a fast fake.
+pub async fn wait_done(
+    client: &DriverClient,
+    mut op: driver_sdk::proto::Operation,
+    secrets: Option<driver_sdk::proto::Secrets>,
+    within: Duration,
+    max_interval: Duration,
+) -> driver_sdk::proto::Operation {
+    use driver_sdk::OperationExt;
+    let deadline = Instant::now() + within;
+    while !op.done {
+        assert!(Instant::now() < deadline, "operation {} not done within {within:?}", op.name);
+        tokio::time::sleep(op.poll_after().min(max_interval)).await;
+        let req = driver_sdk::proto::GetOperationRequest { token: op.token.clone(), secrets: secrets.clone() };
+        op = client.get_operation(req).await.expect("GetOperation").value;
+    }
+    op
+}
+
 /// GET `path` from `127.0.0.1:port` over plain HTTP/1.1; returns (status, body).
 pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
