@@ -1201,9 +1201,33 @@ async fn a_rebooting_in_place_update_drains_one_node_at_a_time_and_uncordons_it_
     let names: Vec<String> = w.machines().await.iter().map(|m| m.metadata.name.clone()).collect();
     let created = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
     let nodes = NodeWatch::start(&w);
+    // Machines not Running (Updating from the cordon to the uncordon), at every Machine event.
+    let most_down = Arc::new(Mutex::new(0usize));
+    let machines_watch = {
+        let (most_down, api) = (
+            most_down.clone(),
+            Api::<DynamicObject>::namespaced_with(w.cluster().client.clone(), w.ns(), &ar("Machine", "machines")),
+        );
+        tokio::spawn(async move {
+            let mut phases: BTreeMap<String, String> = BTreeMap::new();
+            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+            while let Some(Ok(event)) = events.next().await {
+                if let watcher::Event::Apply(m) | watcher::Event::InitApply(m) = event {
+                    let phase = m.data["status"]["phase"].as_str().unwrap_or("").to_string();
+                    phases.insert(m.metadata.name.clone().unwrap_or_default(), phase);
+                    let down = phases.values().filter(|p| *p != "Running").count();
+                    let mut most = most_down.lock().unwrap();
+                    *most = (*most).max(down);
+                }
+            }
+        })
+    };
     update_in_place(&w, 3, "Reboot").await;
     pods.task.abort();
     nodes.task.abort();
+    machines_watch.abort();
+    let most_down = *most_down.lock().unwrap();
+    assert_eq!(most_down, 1, "maxUnavailable 1: one machine down at a time, and one was");
 
     // The PodDisruptionBudget held: never more than one pod down; none left an uncordoned node.
     let min_ready = *pods.min_ready.lock().unwrap();

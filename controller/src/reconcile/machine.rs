@@ -62,11 +62,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if let (Step::Join, Some(target)) = (&step, ctx.app.target.as_deref()) {
         return super::node::join(ctx, target, key, m, r.class.metadata.generation).await;
     }
-    if step == Step::InPlace {
-        return in_place::step(ctx, key, m, &r).await;
-    }
     let wait = ctx.wait_before_call(key);
-    if !wait.is_zero() && !spec_changed {
+    // A draining in-place update's steps act on the Node at once (its UpdateMachine call comes
+    // right after the drain, as for a new spec).
+    if !wait.is_zero() && !spec_changed && step != Step::InPlace {
         return watch_node(ctx, key, m, wait).await;
     }
     match step {
@@ -82,7 +81,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             }
             update(ctx, key, m, &r).await
         }
-        Step::InPlace => Ok(Action::requeue_now()),
+        Step::InPlace => in_place::step(ctx, key, m, &r).await,
         Step::Health => health(ctx, key, m, &r).await,
         Step::Create => create(ctx, key, m, &r).await,
         // Without a target cluster a Provisioned machine (the controller ran with one before)
