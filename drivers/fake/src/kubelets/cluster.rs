@@ -36,6 +36,9 @@ const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 const LIST_PAGE_SIZE: u32 = 500;
 /// The pod capacity a registered Node reports: the kubelet's default `--max-pods`.
 const MAX_PODS: &str = "110";
+/// The `User-Agent` of the kubelets' requests: an audit log tells their Node writes from the
+/// controller's, as it tells a real kubelet's (`kubelet/VERSION`).
+const USER_AGENT: &str = concat!("fake-driver-kubelet/", env!("CARGO_PKG_VERSION"));
 
 /// The Node a VM's kubelet registers.
 pub fn node(vm: &Vm, cloud_id: &str) -> Node {
@@ -188,7 +191,11 @@ pub async fn config(kubeconfig: &Path) -> Result<kube::Config, String> {
 ///
 /// # Errors
 /// No client could be built from `config`.
-pub fn spawn(driver: Arc<FakeDriver>, config: kube::Config) -> Result<tokio::task::JoinHandle<()>, String> {
+pub fn spawn(driver: Arc<FakeDriver>, mut config: kube::Config) -> Result<tokio::task::JoinHandle<()>, String> {
+    use tonic::codegen::http::{header, HeaderValue};
+    // kube's client sends no User-Agent of its own.
+    config.headers.retain(|(name, _)| name != header::USER_AGENT);
+    config.headers.push((header::USER_AGENT, HeaderValue::from_static(USER_AGENT)));
     // Calls time out soon, so that a slow API server delays registrations, never the task for
     // long; the watch keeps kube's defaults (its requests last up to ~5 minutes).
     let mut calls = config.clone();
