@@ -509,7 +509,16 @@ async fn a_remediation_resumes_after_kill_9_with_its_deadline_and_one_replacemen
     w.workload("db", 2, Some(json!({"minAvailable": 2}))).await;
     w.health_check(5, json!("100%")).await;
     let created = w.created().await;
-    let sick = w.machines().await[0].metadata.name.clone();
+    // The sick machine is one that runs a pod of the budget (the spread is only preferred).
+    let db_node = w.ready_pods("db").await[0].spec.as_ref().and_then(|s| s.node_name.clone());
+    let machines = w.machines().await;
+    let sick = machines
+        .iter()
+        .find(|m| m.status.node_ref.as_ref().map(|r| &r.name) == db_node.as_ref())
+        .unwrap_or_else(|| panic!("no machine runs a db pod (on {db_node:?})"))
+        .metadata
+        .name
+        .clone();
     w.stop_kubelet(&sick).await;
     let first = eventually(2 * MINUTE, "the remediated machine's drain held by the budget", || async {
         let m = w.machine(&sick).await?;

@@ -8,13 +8,16 @@
 # Any crash, panic, leak, timeout or out-of-memory fails the run (after every target has run):
 # the input is copied to fuzz/regressions/<target>/, where `cargo test` replays it from then on,
 # and printed. A missing tool fails, never skips.
-# Usage: bash tests/fuzz.sh [SECONDS]
+# Usage: bash tests/fuzz.sh [SECONDS] [build|run]   (default: build, then run; tests/run.sh builds
+#        first and runs the targets beside the tests, which leave the machine mostly idle)
 # Env:   MACHINE_DRIVER_CACHE (default ~/.cache/machine-driver), FUZZ_TARGETS (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${1:-30}"
 case "$seconds" in '' | *[!0-9]*) echo "fuzz.sh: SECONDS must be a whole number, not '$seconds'" >&2; exit 2 ;; esac
+only="${2:-}"
+case "$only" in '' | build | run) ;; *) echo "fuzz.sh: the second argument is build or run, not '$only'" >&2; exit 2 ;; esac
 cargo_fuzz_version=0.13.2
 cache="${MACHINE_DRIVER_CACHE:-$HOME/.cache/machine-driver}"
 cargo_fuzz_root="$cache/cargo-fuzz-$cargo_fuzz_version"
@@ -33,9 +36,12 @@ cargo fuzz --version
 # The fuzz crate is its own workspace: give it the main workspace's versions of everything.
 cp Cargo.lock fuzz/Cargo.lock
 fuzz() { cargo +nightly fuzz "$1" --fuzz-dir fuzz --target-dir "$target_dir" --debug-assertions "${@:2}"; }
-echo "==> building the fuzz targets (nightly, into $target_dir)"
-fuzz build
-echo "==> built in $((SECONDS - start)) s"
+if [ "$only" != run ]; then
+  echo "==> building the fuzz targets (nightly, into $target_dir)"
+  fuzz build
+  echo "==> built in $((SECONDS - start)) s"
+fi
+[ "$only" != build ] || exit 0
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

