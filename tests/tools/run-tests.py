@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Runs `cargo test --workspace` with its test executables in parallel.
+"""Runs the workspace's tests (what `cargo test --workspace` runs) with the test executables side by side.
 
 The end-to-end tests spend most of their time waiting (for a cluster, a drain deadline, a
 pause): with cargo's one executable at a time the machine was 80-90% idle through the test
-step. This builds every test executable once (`cargo test --workspace --no-run`), then runs
-one `cargo test -p PACKAGE --lib|--bin NAME|--test NAME` per executable (and one for the doc
-tests), JOBS at a time, longest first (by the durations of the last run, kept in the target
-folder). Each job's output is printed whole when it ends, so logs never interleave; a table
-of the jobs' times and the failures close the run.
+step. This builds every test executable once (`cargo test --workspace --no-run`, so with the
+workspace's features: a `cargo test -p PACKAGE` would resolve them per package and build
+again), then runs the executables as cargo would (from their package's folder, with cargo's
+CARGO_* variables), JOBS at a time, longest first (by the times of the last run, kept in the
+target folder); the doc tests (`cargo test --workspace --doc`) are one more job. Each job's
+output is printed whole when it ends, so logs never interleave; a table of the jobs' times and
+the failures close the run.
 
-Usage: run-tests.py [--jobs N] [--timeout SECONDS] [CARGO TEST ARGS...]
-The cargo test arguments (a filter, `-- --nocapture`) go to every job.
+Usage: run-tests.py [--jobs N] [--timeout SECONDS] [FILTER...] [-- HARNESS ARGS...]
+The filter and the harness arguments (`--nocapture`, `--exact`) go to every executable.
 Exit status: 0 when every job passed, 1 otherwise.
 """
 
@@ -30,11 +32,16 @@ def workspace():
         ["cargo", "metadata", "--format-version", "1", "--no-deps"], check=True, capture_output=True, text=True
     ).stdout
     meta = json.loads(out)
-    return {p["manifest_path"]: p["name"] for p in meta["packages"]}, meta["target_directory"]
+    return {p["manifest_path"]: p for p in meta["packages"]}, meta["target_directory"]
 
 
-def test_jobs(packages, extra):
-    """Builds the test executables; returns one cargo test command per executable, and the doc tests."""
+class Job:
+    def __init__(self, label, cmd, cwd=None, env=None):
+        self.label, self.cmd, self.cwd, self.env = label, cmd, cwd, env
+
+
+def test_jobs(packages, harness_args):
+    """Builds the test executables; returns a job per executable, and one for the doc tests."""
     build = subprocess.run(
         ["cargo", "test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"],
         stdout=subprocess.PIPE,
@@ -42,19 +49,28 @@ def test_jobs(packages, extra):
     )
     if build.returncode != 0:
         sys.exit("run-tests: the test build failed (above)")
+    cargo = os.environ.get("CARGO", "cargo")
     jobs = []
     for line in build.stdout.splitlines():
         msg = json.loads(line)
         if msg.get("reason") != "compiler-artifact" or not msg["profile"]["test"] or not msg.get("executable"):
             continue
         package = packages[msg["manifest_path"]]
-        kind = msg["target"]["kind"][0]
-        name = msg["target"]["name"]
-        selector = {"lib": ["--lib"], "bin": ["--bin", name], "test": ["--test", name]}.get(kind)
-        if selector is None:
-            sys.exit(f"run-tests: a test executable of an unknown kind: {kind} {name} of {package}")
-        jobs.append(["cargo", "test", "-p", package, *selector, *extra])
-    jobs.append(["cargo", "test", "--workspace", "--doc", *extra])
+        kind, name = msg["target"]["kind"][0], msg["target"]["name"]
+        label = f"{package['name']} " + ("--lib" if kind == "lib" else f"--{kind} {name}")
+        # What cargo test gives a test executable: its package's folder and variables.
+        env = dict(os.environ)
+        env.update(
+            CARGO=cargo,
+            CARGO_MANIFEST_DIR=os.path.dirname(msg["manifest_path"]),
+            CARGO_MANIFEST_PATH=msg["manifest_path"],
+            CARGO_PKG_NAME=package["name"],
+            CARGO_PKG_VERSION=package["version"],
+            CARGO_CRATE_NAME=name.replace("-", "_"),
+        )
+        jobs.append(Job(label, [msg["executable"], *harness_args], os.path.dirname(msg["manifest_path"]), env))
+    doc = ["cargo", "test", "--workspace", "--doc"]
+    jobs.append(Job("--doc", doc + (["--", *harness_args] if harness_args else [])))
     return jobs
 
 
@@ -65,24 +81,26 @@ def main():
     parser.add_argument("--timeout", type=int, default=1800)
     args, extra = parser.parse_known_args()
     packages, target = workspace()
-    jobs = test_jobs(packages, extra)
+    harness_args = [a for a in extra if a != "--"]
+    jobs = test_jobs(packages, harness_args)
     history_file = os.path.join(target, "test-durations.json")
     try:
         with open(history_file) as f:
             history = json.load(f)
     except (OSError, ValueError):
         history = {}
-    key = lambda cmd: " ".join(cmd[2:len(cmd) - len(extra)])  # noqa: E731
     # Longest first; a job never timed (a new test file) counts as long.
-    jobs.sort(key=lambda cmd: -history.get(key(cmd), 600))
+    jobs.sort(key=lambda job: -history.get(job.label, 600))
 
     print_lock = threading.Lock()
     started = time.monotonic()
 
-    def run(cmd):
+    def run(job):
         t0 = time.monotonic()
         try:
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=args.timeout)
+            p = subprocess.run(
+                job.cmd, cwd=job.cwd, env=job.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=args.timeout
+            )
             output, code = p.stdout.decode(errors="replace"), p.returncode
         except subprocess.TimeoutExpired as e:
             output = (e.stdout or b"").decode(errors="replace") + f"\nrun-tests: killed after {args.timeout} s\n"
@@ -90,15 +108,15 @@ def main():
         took = time.monotonic() - t0
         with print_lock:
             status = "ok" if code == 0 else f"FAILED (exit {code})"
-            print(f"==> [{time.monotonic() - started:.0f}s] {' '.join(cmd)}: {status} in {took:.0f} s", flush=True)
+            print(f"==> [{time.monotonic() - started:.0f}s] {job.label}: {status} in {took:.0f} s", flush=True)
             sys.stdout.write(output)
             sys.stdout.flush()
-        return cmd, code, took
+        return job, code, took
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(run, jobs))
 
-    history.update({key(cmd): took for cmd, code, took in results if code == 0})
+    history.update({job.label: took for job, code, took in results if code == 0})
     try:
         with open(history_file, "w") as f:
             json.dump(history, f, indent=1, sort_keys=True)
@@ -106,9 +124,9 @@ def main():
         pass
     total = time.monotonic() - started
     print(f"==> {len(results)} test jobs, {args.jobs} at a time, in {total:.0f} s (the longest first):")
-    for cmd, code, took in sorted(results, key=lambda r: -r[2]):
-        print(f"{took:7.0f} s  {'ok    ' if code == 0 else 'FAILED'}  {' '.join(cmd)}")
-    failed = [" ".join(cmd) for cmd, code, _ in results if code != 0]
+    for job, code, took in sorted(results, key=lambda r: -r[2]):
+        print(f"{took:7.0f} s  {'ok    ' if code == 0 else 'FAILED'}  {job.label}")
+    failed = [job.label for job, code, _ in results if code != 0]
     if failed:
         print("run-tests: failed:\n  " + "\n  ".join(failed), file=sys.stderr)
         return 1
