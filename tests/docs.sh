@@ -11,9 +11,13 @@
 #     built; for any other Markdown file, GitHub's heading slug; #L12 on a source file is a line;
 #   - every chapter under docs/src/ is listed in SUMMARY.md;
 #   - http(s) links are listed, never fetched (no network).
-# Then the code docs: `cargo doc --no-deps --workspace` with RUSTDOCFLAGS="-D warnings", so a
-# broken, redundant or private intra-doc link, or a missing doc where a crate warns of them,
-# fails the run (warm target: 6-20 s; a cold one first checks every dependency).
+# Then the code docs: `cargo doc --no-deps --workspace --lib --bin driver-conformance --examples`
+# with RUSTDOCFLAGS="-D warnings", so a broken, redundant or private intra-doc link, or a missing
+# doc where a crate warns of them, fails the run (warm target: 6-20 s; a cold one first checks
+# every dependency). The examples are documented too so that the dependencies are checked with
+# the dev-dependencies' features, as `cargo clippy --all-targets` (next in tests/run.sh) checks
+# them: the two share every dependency's check instead of doing it twice (tokio's test-util
+# alone would re-check every crate above tokio, aws-sdk-ec2 among them).
 # Usage: bash tests/docs.sh      Env: MACHINE_DRIVER_CACHE (default ~/.cache/machine-driver)
 set -euo pipefail
 
@@ -180,6 +184,6 @@ for e in errors:
 sys.exit(1 if errors else 0)
 PY
 
-say "cargo doc --no-deps --workspace (RUSTDOCFLAGS=\"-D warnings\")"
-(cd "$root" && RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet) ||
+say "cargo doc --no-deps --workspace --lib --bin driver-conformance --examples (RUSTDOCFLAGS=\"-D warnings\")"
+(cd "$root" && RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --lib --bin driver-conformance --examples --quiet) ||
   die "cargo doc failed or warned (above)"
