@@ -41,7 +41,11 @@ cargo fuzz --version
 
 # The fuzz crate is its own workspace: give it the main workspace's versions of everything.
 cp Cargo.lock fuzz/Cargo.lock
-fuzz() { cargo +nightly fuzz "$1" --fuzz-dir fuzz --target-dir "$target_dir" --debug-assertions "${@:2}"; }
+# 16 codegen units (cargo-fuzz's default is 1): the build takes much less time on a small
+# machine, at the cost of somewhat fewer executions per second (docs/src/developer/testing.md).
+fuzz() {
+  cargo +nightly fuzz "$1" --fuzz-dir fuzz --target-dir "$target_dir" --debug-assertions --codegen-units 16 "${@:2}"
+}
 if [ "$only" != run ]; then
   echo "==> building the fuzz targets (nightly, into $target_dir)"
   fuzz build
@@ -51,7 +55,13 @@ fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-failed=()
+# One target for $seconds: its output in $work/$t/log, its crashes in $work/$t/artifacts.
+fuzz_one() {
+  local t="$1"
+  # -timeout: a single input running 10 s is a hang; -rss_limit_mb: memory is bounded.
+  fuzz run "$t" "$work/$t/corpus" -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix="$work/$t/artifacts/" -print_final_stats=1 >"$work/$t/log" 2>&1
+}
 for t in "${targets[@]}"; do
   [ -n "$(ls -A "fuzz/corpus/$t" 2>/dev/null)" ] || { echo "fuzz.sh: fuzz/corpus/$t holds no seed" >&2; exit 1; }
   mkdir -p "$work/$t/corpus" "$work/$t/artifacts"
@@ -59,13 +69,25 @@ for t in "${targets[@]}"; do
   if [ -d "fuzz/regressions/$t" ]; then
     find "fuzz/regressions/$t" -maxdepth 1 -type f -exec cp {} "$work/$t/corpus/" \;
   fi
+done
+# FUZZ_JOBS targets at a time (default: one per core), each on its own core for $seconds: the
+# same fuzzing per target as one at a time, in less wall time.
+jobs="${FUZZ_JOBS:-$(nproc)}"
+declare -A pid_of=()
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
   echo "==> fuzzing $t for $seconds s"
-  # -timeout: a single input running 10 s is a hang; -rss_limit_mb: memory is bounded.
-  if fuzz run "$t" "$work/$t/corpus" -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-      -artifact_prefix="$work/$t/artifacts/" -print_final_stats=1 >"$work/$t/log" 2>&1; then
+  fuzz_one "$t" &
+  pid_of[$t]=$!
+done
+failed=()
+for t in "${targets[@]}"; do
+  if wait "${pid_of[$t]}"; then
+    echo "==> $t:"
     grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' "$work/$t/log" || true
   else
     failed+=("$t")
+    echo "==> $t FAILED:"
     # What went wrong (the panic or the sanitizer's report), then how the run ended.
     grep -E -A3 "panicked at|==[0-9]+==ERROR|^SUMMARY|ERROR: libFuzzer|^error" "$work/$t/log" | head -n 40 || true
     tail -n 30 "$work/$t/log"

