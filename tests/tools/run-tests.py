@@ -11,7 +11,7 @@ target folder); the doc tests (`cargo test --workspace --doc`) are one more job.
 output is printed whole when it ends, so logs never interleave; a table of the jobs' times and
 the failures close the run.
 
-Usage: run-tests.py [--jobs N] [--timeout SECONDS] [FILTER...] [-- HARNESS ARGS...]
+Usage: run-tests.py [--jobs N] [--timeout SECONDS] [--executables FILE] [FILTER...] [-- HARNESS ARGS...]
 The filter and the harness arguments (`--nocapture`, `--exact`) go to every executable.
 Exit status: 0 when every job passed, 1 otherwise.
 """
@@ -40,8 +40,12 @@ class Job:
         self.label, self.cmd, self.cwd, self.env = label, cmd, cwd, env
 
 
-def test_jobs(packages, harness_args):
-    """Builds the test executables; returns a job per executable, and one for the doc tests."""
+def build_messages(executables):
+    """Cargo's JSON messages of the test build: read from `executables` if given (the output
+    of `cargo test --workspace --no-run --message-format=json-render-diagnostics`), else built now."""
+    if executables:
+        with open(executables) as f:
+            return f.read()
     build = subprocess.run(
         ["cargo", "test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"],
         stdout=subprocess.PIPE,
@@ -49,9 +53,14 @@ def test_jobs(packages, harness_args):
     )
     if build.returncode != 0:
         sys.exit("run-tests: the test build failed (above)")
+    return build.stdout
+
+
+def test_jobs(packages, messages, harness_args):
+    """A job per test executable of the build's `messages`, and one for the doc tests."""
     cargo = os.environ.get("CARGO", "cargo")
     jobs = []
-    for line in build.stdout.splitlines():
+    for line in messages.splitlines():
         msg = json.loads(line)
         if msg.get("reason") != "compiler-artifact" or not msg["profile"]["test"] or not msg.get("executable"):
             continue
@@ -79,10 +88,12 @@ def main():
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("TEST_JOBS", "3")))
     # Every await of a test is bounded; this bounds a job that hangs outside them.
     parser.add_argument("--timeout", type=int, default=1800)
+    # The test build's messages, when tests/run.sh built the tests already.
+    parser.add_argument("--executables", metavar="FILE")
     args, extra = parser.parse_known_args()
     packages, target = workspace()
     harness_args = [a for a in extra if a != "--"]
-    jobs = test_jobs(packages, harness_args)
+    jobs = test_jobs(packages, build_messages(args.executables), harness_args)
     history_file = os.path.join(target, "test-durations.json")
     try:
         with open(history_file) as f:

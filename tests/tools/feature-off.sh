@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Checks the builds users make with a feature off, which the workspace build (every feature of
+# every member unified) never compiles. tests/run.sh runs it beside the tests, in the background.
+#   - fake-driver without `join-cluster`: the workspace build turns it on (e2e-tests asks for
+#     it); the fake-driver users build (`cargo build -p fake-driver`, the Docker image) has it off.
+#   - machine-controller and driver-sdk without the SDK's `server` feature: the drivers turn it
+#     on; the controller (a client only) builds driver-sdk without it, and so compiles none of
+#     its server side or dependencies.
+# Usage: bash tests/tools/feature-off.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+echo "==> fake-driver without the join-cluster feature (clippy, test)"
+cargo clippy -p fake-driver --all-targets -- -D warnings
+cargo test -p fake-driver
+
+echo "==> machine-controller and driver-sdk without the SDK's server feature (clippy)"
+if cargo tree -p machine-controller -e normal --prefix none | grep -E '^(tonic-health|tonic-reflection|hmac|jsonschema) '; then
+  echo "feature-off.sh: machine-controller pulls in the SDK's server side (above)" >&2
+  exit 1
+fi
+# One pass for both (the controller has no default features to lose): their dependencies are
+# checked once, not twice with different features.
+cargo clippy -p machine-controller -p driver-sdk --no-default-features --all-targets -- -D warnings
