@@ -127,12 +127,13 @@ def main():
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(run, jobs))
 
-    history.update({job.label: took for job, code, took in results if code == 0})
-    try:
-        with open(history_file, "w") as f:
-            json.dump(history, f, indent=1, sort_keys=True)
-    except OSError:
-        pass
+    if not harness_args:  # a filtered run's times say nothing of the next whole run's
+        history.update({job.label: took for job, code, took in results if code == 0})
+        try:
+            with open(history_file, "w") as f:
+                json.dump(history, f, indent=1, sort_keys=True)
+        except OSError:
+            pass
     total = time.monotonic() - started
     print(f"==> {len(results)} test jobs, {args.jobs} at a time, in {total:.0f} s (the longest first):")
     for job, code, took in sorted(results, key=lambda r: -r[2]):
