@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the builds users make with a feature off, which the workspace build (every feature of
-# every member unified) never compiles. tests/run.sh runs it beside the tests, in the background.
+# every member unified) never compiles. tests/run.sh runs it after clippy.
 #   - fake-driver without `join-cluster`: the workspace build turns it on (e2e-tests asks for
 #     it); the fake-driver users build (`cargo build -p fake-driver`, the Docker image) has it off.
 #   - machine-controller and driver-sdk without the SDK's `server` feature: the drivers turn it
