@@ -11,6 +11,7 @@
 //! [`disruption`]; the facts of a kind in `kind.rs`; the checks of `apply` in [`checks`]. Every
 //! item is re-exported here: `resources::Machine`, `resources::Condition`, ….
 
+mod autoscaling;
 pub mod checks;
 pub mod disruption;
 mod kind;
@@ -25,6 +26,7 @@ mod state;
 mod status;
 mod template;
 
+pub use autoscaling::*;
 pub use disruption::*;
 pub use kind::*;
 pub use machine::*;

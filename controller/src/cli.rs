@@ -54,6 +54,10 @@ pub enum Command {
         /// Files or folders.
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<PathBuf>,
+        /// Set `replicas` from the manifest even on an autoscaled MachineDeployment or MachinePool
+        /// (by default the stored size, the cluster-autoscaler's, is kept).
+        #[arg(long)]
+        force_replicas: bool,
     },
     /// Lists objects.
     Get {
@@ -224,6 +228,24 @@ pub struct RunArgs {
     /// How often candidates try to acquire and the leader renews.
     #[arg(long, default_value = "2s", value_parser = machine_driver_util::parse_duration)]
     pub leader_elect_retry_period: Duration,
+    /// Serve the cluster-autoscaler's externalgrpc cloud provider here (host:port; off when not
+    /// given): every MachineDeployment and MachinePool with spec.autoscaling is a node group.
+    #[arg(long, env = "MACHINE_CONTROLLER_AUTOSCALER_LISTEN")]
+    pub autoscaler_listen: Option<std::net::SocketAddr>,
+    /// The autoscaler server's certificate (PEM); with --autoscaler-tls-key and
+    /// --autoscaler-client-ca: mutual TLS.
+    #[arg(long, requires_all = ["autoscaler_tls_key", "autoscaler_client_ca"])]
+    pub autoscaler_tls_cert: Option<std::path::PathBuf>,
+    /// The autoscaler server's private key (PEM).
+    #[arg(long, requires_all = ["autoscaler_tls_cert", "autoscaler_client_ca"])]
+    pub autoscaler_tls_key: Option<std::path::PathBuf>,
+    /// The CA the autoscaler's client certificate must chain to (PEM).
+    #[arg(long, requires_all = ["autoscaler_tls_cert", "autoscaler_tls_key"])]
+    pub autoscaler_client_ca: Option<std::path::PathBuf>,
+    /// Serve the autoscaler plaintext on an address other than loopback (anyone who reaches it
+    /// can resize the node groups).
+    #[arg(long)]
+    pub autoscaler_allow_plaintext: bool,
 }
 
 impl RunArgs {
@@ -238,6 +260,21 @@ impl RunArgs {
             resync_interval: self.resync_interval,
             ..Config::default()
         }
+    }
+
+    /// The autoscaler server's settings, if it is to run.
+    pub fn autoscaler(&self) -> Option<crate::autoscaler::Settings> {
+        let tls = match (&self.autoscaler_tls_cert, &self.autoscaler_tls_key, &self.autoscaler_client_ca) {
+            (Some(cert), Some(key), Some(ca)) => {
+                Some(crate::autoscaler::TlsFiles { cert: cert.clone(), key: key.clone(), client_ca: ca.clone() })
+            }
+            _ => None,
+        };
+        Some(crate::autoscaler::Settings {
+            listen: self.autoscaler_listen?,
+            tls,
+            allow_plaintext: self.autoscaler_allow_plaintext,
+        })
     }
 
     /// The controller's own settings.
@@ -287,7 +324,7 @@ fn kind_arg(s: &str) -> Result<Kind, Exit> {
 /// What to print, and the exit code.
 pub async fn execute(cli: Cli) -> Result<(), Exit> {
     match cli.command {
-        Command::Apply { files } => apply(&cli.store, &files).await,
+        Command::Apply { files, force_replicas } => apply(&cli.store, &files, force_replicas).await,
         Command::Get { kind, name, namespace, output } => {
             let kind = kind_arg(&kind)?;
             get(&open(&cli.store).await?, kind, name.as_deref(), &namespace, output).await
@@ -353,19 +390,45 @@ pub fn read_manifests(files: &[PathBuf]) -> Result<Vec<AnyObject>, Exit> {
     Ok(objects)
 }
 
-async fn apply(spec: &StoreSpec, files: &[PathBuf]) -> Result<(), Exit> {
+async fn apply(spec: &StoreSpec, files: &[PathBuf], force_replicas: bool) -> Result<(), Exit> {
     let mut objects = read_manifests(files)?;
     let store = open(spec).await?;
     objects.sort_by_key(|o| o.kind());
     for o in objects {
         let meta = o.meta();
-        let (created, _) = store.apply(o.kind(), o.to_json()).await?;
+        let mut desired = o.to_json();
+        if !force_replicas {
+            keep_autoscaled_replicas(&store, o.kind(), &mut desired).await?;
+        }
+        let (created, _) = store.apply(o.kind(), desired).await?;
         println!(
             "{}/{} {}",
             o.kind().as_str().to_ascii_lowercase(),
             meta.name,
             if created { "created" } else { "configured" }
         );
+    }
+    Ok(())
+}
+
+/// `replicas` has one owner at a time: on an autoscaled MachineDeployment or MachinePool that
+/// exists, the stored size (the cluster-autoscaler's) is kept, brought within the manifest's
+/// bounds, instead of the manifest's (like a Deployment's replicas under a HorizontalPodAutoscaler).
+async fn keep_autoscaled_replicas(store: &Store, kind: Kind, desired: &mut Value) -> Result<(), Exit> {
+    if !matches!(kind, Kind::MachineDeployment | Kind::MachinePool) {
+        return Ok(());
+    }
+    let Some(bounds) = desired.pointer("/spec/autoscaling").cloned() else { return Ok(()) };
+    let Ok(bounds) = serde_json::from_value::<crate::resources::Autoscaling>(bounds) else { return Ok(()) };
+    let key = Key::new(
+        kind,
+        desired["metadata"]["namespace"].as_str().unwrap_or("default"),
+        desired["metadata"]["name"].as_str().unwrap_or_default(),
+    );
+    let Some(stored) = store.backend().get(&key).await? else { return Ok(()) };
+    let stored: Value = serde_json::from_str(&stored).map_err(|e| fail(format!("{key}: {e}")))?;
+    if let Some(n) = stored.pointer("/spec/replicas").and_then(Value::as_i64) {
+        desired["spec"]["replicas"] = Value::from(bounds.clamp(n));
     }
     Ok(())
 }
@@ -866,6 +929,15 @@ async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
                 let _ = stop.wait_for(|s| *s).await;
             },
         ));
+    }
+    if let Some(settings) = args.autoscaler() {
+        let server = crate::autoscaler::Server::new(store.clone(), ctx.app.target.clone(), acting.clone());
+        let mut stop = stop_rx.clone();
+        crate::autoscaler::serve(settings, server, async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await
+        .map_err(fail)?;
     }
     let names: Vec<String> = args.drivers.iter().map(|(n, e)| format!("{n}={e}")).collect();
     let result = if args.leader_elect {

@@ -148,6 +148,12 @@ event_reasons! {
     OutOfService: Warning,
     /// Machine: its Node is deleted after the VM.
     NodeDeleted: Normal,
+    /// MachineDeployment, MachinePool: the cluster-autoscaler changed `replicas` (raised it, or
+    /// lowered it to remove the nodes it names, or dropped requests not yet fulfilled).
+    AutoscalerResized: Normal,
+    /// MachineDeployment, MachinePool: a request of the cluster-autoscaler was refused (a node not
+    /// in the group, below `minReplicas`, a rollout in progress, a disruption budget).
+    AutoscalerRefused: Warning,
     /// Any kind: the stored object cannot be read as its kind (which field, and why, in the
     /// message); reads of it by name, and selections it may belong to, fail, and sweeps of its
     /// kind pass over it, until it is repaired or deleted.

@@ -21,12 +21,15 @@
 //! - [`reconcile`]: the machine, deployment, pool, health-check and orphan reconcilers;
 //! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`; [`exit`]: how a
 //!   failed command ends;
+//! - [`autoscaler`]: the cluster-autoscaler's externalgrpc cloud provider (`run
+//!   --autoscaler-listen`): autoscaled deployments and pools as node groups;
 //! - [`defaults`]: the default of every flag, shared by the CLI, the runtime's and the
 //!   controller's settings and the book.
 
 #![warn(missing_docs)]
 
 pub mod app;
+pub mod autoscaler;
 pub mod cli;
 pub mod defaults;
 pub mod demo;

@@ -282,6 +282,33 @@ pub(crate) fn replicated_rules(kind: Kind) -> Vec<Rule> {
         out.extend(budget_rules(kind));
         out.push(rule(
             kind,
+            "spec.autoscaling",
+            "self.minReplicas <= self.maxReplicas".into(),
+            "maxReplicas",
+            AUTOSCALING_BOUNDS,
+            |v| !matches!((v["minReplicas"].as_i64(), v["maxReplicas"].as_i64()), (Some(min), Some(max)) if min > max),
+        ));
+        out.push(rule(
+            kind,
+            "spec",
+            "!has(self.autoscaling) || (self.replicas >= self.autoscaling.minReplicas && \
+             self.replicas <= self.autoscaling.maxReplicas)"
+                .into(),
+            "replicas",
+            REPLICAS_WITHIN_BOUNDS,
+            |v| {
+                let (Some(n), Some(min), Some(max)) = (
+                    v["replicas"].as_i64(),
+                    v.pointer("/autoscaling/minReplicas").and_then(Value::as_i64),
+                    v.pointer("/autoscaling/maxReplicas").and_then(Value::as_i64),
+                ) else {
+                    return true;
+                };
+                (min..=max).contains(&n)
+            },
+        ));
+        out.push(rule(
+            kind,
             "spec.drainTimeoutSeconds",
             "self >= 1".into(),
             "",
@@ -304,6 +331,11 @@ pub(crate) fn replicated_rules(kind: Kind) -> Vec<Rule> {
     out
 }
 
+/// Message of the autoscaling bounds rule.
+pub(crate) const AUTOSCALING_BOUNDS: &str = "must be at least minReplicas";
+/// Message of the rule that keeps `replicas` within the autoscaling bounds.
+pub(crate) const REPLICAS_WITHIN_BOUNDS: &str =
+    "must lie within spec.autoscaling's [minReplicas, maxReplicas] (the cluster-autoscaler sizes it there)";
 /// Message of the canary size format rule.
 pub(crate) const CANARY_MACHINES: &str = "must be an integer of at least 1 or a percentage like \"25%\"";
 /// Message of the canary size rule.

@@ -24,6 +24,11 @@ pub struct MachineClassSpec {
     /// Secret with the cloud credentials, sent to the driver as secrets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<NameRef>,
+    /// What one machine of the class offers the scheduler (cpu, memory, pods, …): the node the
+    /// cluster-autoscaler expects a new machine to bring, so an autoscaled group can grow from
+    /// zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<super::autoscaling::Capacity>,
 }
 
 /// What the controller found out about a class.
@@ -71,6 +76,9 @@ impl KindInfo for MachineClass {
         }
         if let Some(r) = &self.spec.secret_ref {
             checks::name("spec.secretRef.name", &r.name)?;
+        }
+        if let Some(c) = &self.spec.capacity {
+            c.check()?;
         }
         Ok(())
     }

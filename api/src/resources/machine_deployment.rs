@@ -77,6 +77,10 @@ pub struct MachineDeploymentSpec {
     /// Number of machines.
     #[schemars(range(min = 0))]
     pub replicas: i64,
+    /// The cluster-autoscaler sizes it within these bounds (it is then a node group of the
+    /// controller's externalgrpc server, and `apply` leaves `replicas` to the autoscaler).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<super::autoscaling::Autoscaling>,
     /// The machine template; a change starts a rollout.
     pub template: MachineTemplate,
     /// How to roll out a new template.
@@ -377,6 +381,7 @@ impl KindInfo for MachineDeployment {
 
     fn validate(&self) -> Check {
         checks::template(&self.spec.template)?;
+        super::autoscaling::check(self.spec.autoscaling.as_ref())?;
         checks::disruption(&self.spec.disruption)
     }
 

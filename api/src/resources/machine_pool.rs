@@ -24,6 +24,10 @@ pub struct MachinePoolSpec {
     /// Number of instances.
     #[schemars(range(min = 0))]
     pub replicas: i64,
+    /// The cluster-autoscaler sizes it within these bounds (it is then a node group of the
+    /// controller's externalgrpc server, and `apply` leaves `replicas` to the autoscaler).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<super::autoscaling::Autoscaling>,
     /// The instance template.
     pub template: MachineTemplate,
     /// Rolling instance upgrades (maxSurge / maxUnavailable, and a canary).
@@ -132,6 +136,7 @@ impl KindInfo for MachinePool {
 
     fn validate(&self) -> Check {
         checks::template(&self.spec.template)?;
+        super::autoscaling::check(self.spec.autoscaling.as_ref())?;
         checks::disruption(&self.spec.disruption)
     }
 }

@@ -82,6 +82,9 @@ pub struct Member {
     pub remediating: bool,
     /// It carries the delete-machine annotation (deleted first on scale-down).
     pub marked_for_deletion: bool,
+    /// The cluster-autoscaler asked for its removal ([`ANNOTATION_DISRUPTION`] `Autoscaler`, with
+    /// the delete-machine annotation): its scale-down is an `Autoscaler` disruption.
+    pub by_autoscaler: bool,
     /// Why it is to be remediated, if it is: Failed, marked by a MachineHealthCheck
     /// (`OwnerRemediated=False`), or annotated [`ANNOTATION_REMEDIATE`]; never with
     /// [`ANNOTATION_SKIP_REMEDIATION`].
@@ -347,6 +350,7 @@ impl StoredMember<'_> {
             remediating: a.replacing.is_some()
                 || a.disruption.as_deref() == Some(DisruptionReason::Remediation.as_str()),
             marked_for_deletion: a.delete.is_some_and(|v| v != "false"),
+            by_autoscaler: a.disruption.as_deref() == Some(DisruptionReason::Autoscaler.as_str()),
             remediation,
             marked_unhealthy: marked_unhealthy && !deleting,
             phase: if update_pending { Phase::Updating } else { st.phase },
@@ -1216,7 +1220,9 @@ fn scale_down_excess(
         if delete.len() as i64 >= excess {
             break;
         }
-        if planner.ask(DisruptionReason::ScaleDown, c.candidate(m)).allowed() {
+        // The autoscaler's removals are its own reason: a budget naming `Autoscaler` holds them.
+        let reason = if m.by_autoscaler { DisruptionReason::Autoscaler } else { DisruptionReason::ScaleDown };
+        if planner.ask(reason, c.candidate(m)).allowed() {
             delete.push(m.name.clone());
         }
     }

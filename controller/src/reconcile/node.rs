@@ -332,6 +332,14 @@ async fn drain(
     if deletion(m).drain_deadline.is_none() {
         advance(m, DeletionPhase::Draining);
     }
+    if node.taints.iter().any(|t| t.key == TAINT_AUTOSCALER_DELETING) {
+        // The cluster-autoscaler cordoned and drained it before it asked for the removal (it
+        // waited for the pods to go, honouring their budgets): a second drain would only wait.
+        let message = format!("node {} drained by the cluster-autoscaler ({TAINT_AUTOSCALER_DELETING})", node.name);
+        ctx.store.event(Kind::Machine, &m.metadata, EventReason::Drained, message).await;
+        advance(m, DeletionPhase::VolumesDetaching);
+        return Ok(Action::requeue_now());
+    }
     let dead = match prepare(ctx, target, m, node, probe).await? {
         Prepared::Cordoned => false,
         Prepared::OutOfService => true,

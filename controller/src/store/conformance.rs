@@ -122,6 +122,7 @@ fn class(namespace: &str, name: &str) -> MachineClass {
             driver: "fake".into(),
             provider_spec: serde_json::json!({"machineType": "small"}),
             secret_ref: None,
+            capacity: None,
         },
     )
 }

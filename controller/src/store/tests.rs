@@ -10,6 +10,7 @@ fn class(name: &str, size: &str) -> MachineClass {
             driver: "fake".into(),
             provider_spec: serde_json::json!({"machineType": size}),
             secret_ref: None,
+            capacity: None,
         },
     )
 }

@@ -33,6 +33,7 @@ fn new_rev() -> String {
 fn deployment(replicas: i64) -> MachineDeployment {
     let spec = MachineDeploymentSpec {
         replicas,
+        autoscaling: None,
         template: template("os-2"),
         strategy: Strategy::default(),
         delete_policy: DeletePolicy::Oldest,

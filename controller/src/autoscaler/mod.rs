@@ -1,0 +1,549 @@
+//! The cluster-autoscaler's cloud provider: an externalgrpc server (`run --autoscaler-listen`)
+//! through which the real Kubernetes cluster-autoscaler (`--cloud-provider=externalgrpc`) sizes
+//! every MachineDeployment and MachinePool that has `spec.autoscaling`.
+//!
+//! - Reads come from a [`groups::Snapshot`] built on `Refresh` (before every autoscaler loop) or
+//!   when the last one is older than [`MAX_SNAPSHOT_AGE`]: `NodeGroupForNode`, called for every
+//!   node on every loop, is one hash lookup.
+//! - Writes (`NodeGroupIncreaseSize`, `NodeGroupDeleteNodes`, `NodeGroupDecreaseTargetSize`) read
+//!   the owner fresh and change it in one write (`replicas`, the last-change annotation), one at
+//!   a time; they return at once (the autoscaler's call deadline is a few seconds) and the owner's
+//!   reconciler creates or removes the machines. `DeleteNodes` marks the exact machines
+//!   (`machine.driver.dev/delete-machine`, disruption reason `Autoscaler`) in the same pass.
+//! - Only the leader answers; a replica that is not acting answers `UNAVAILABLE`, and the
+//!   autoscaler retries.
+
+pub mod groups;
+pub mod template;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use autoscaler_proto::pb;
+use autoscaler_proto::pb::cloud_provider_server::{CloudProvider, CloudProviderServer};
+use chrono::Utc;
+use serde_json::Value;
+use tonic::{Request, Response, Status};
+
+use self::groups::{parse_group_id, Group, Owner, Shared, Snapshot};
+use crate::events::EventReason;
+use crate::nodes::provider_id::normalize;
+use crate::nodes::Target;
+use crate::resources::*;
+use crate::store::{Error as StoreError, Key, Store};
+
+/// A snapshot older than this is read again before a call is answered from it (the autoscaler
+/// refreshes before every loop; this bounds staleness for callers that do not).
+pub const MAX_SNAPSHOT_AGE: Duration = Duration::from_secs(10);
+/// Attempts at a size write that conflicts with the owner's reconciler.
+const WRITE_ATTEMPTS: usize = 5;
+
+/// Where and how the server listens.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The TCP address.
+    pub listen: SocketAddr,
+    /// Mutual TLS: the server's certificate and key and the CA its clients' certificates are
+    /// checked against (the autoscaler speaks mTLS or plaintext, nothing between).
+    pub tls: Option<TlsFiles>,
+    /// Serve plaintext on an address other than loopback.
+    pub allow_plaintext: bool,
+}
+
+/// PEM files of mutual TLS.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The server's certificate chain.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// The CA of the client certificates.
+    pub client_ca: PathBuf,
+}
+
+impl Settings {
+    /// Checks the combination: plaintext only on loopback unless allowed.
+    ///
+    /// # Errors
+    /// What is wrong, naming the flags.
+    pub fn check(&self) -> Result<(), String> {
+        if self.tls.is_none() && !self.listen.ip().is_loopback() && !self.allow_plaintext {
+            return Err(format!(
+                "--autoscaler-listen {} is not a loopback address: give --autoscaler-tls-cert, \
+                 --autoscaler-tls-key and --autoscaler-client-ca (mutual TLS), or \
+                 --autoscaler-allow-plaintext",
+                self.listen
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The externalgrpc `CloudProvider` service.
+pub struct Server {
+    store: Store,
+    target: Option<Arc<Target>>,
+    acting: Arc<AtomicBool>,
+    snapshot: RwLock<Option<(Instant, Shared)>>,
+    /// One size write at a time: two calls for one group must not both read the old size.
+    writes: tokio::sync::Mutex<()>,
+}
+
+impl Server {
+    /// A server over `store`; it answers while `acting` is true.
+    pub fn new(store: Store, target: Option<Arc<Target>>, acting: Arc<AtomicBool>) -> Self {
+        Self { store, target, acting, snapshot: RwLock::new(None), writes: tokio::sync::Mutex::new(()) }
+    }
+
+    fn check_acting(&self) -> Result<(), Status> {
+        if self.acting.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(Status::unavailable("this machine-controller replica is not the leader; retry"))
+        }
+    }
+
+    /// The current snapshot; read again when `fresh`, or when there is none or it is too old.
+    async fn snapshot(&self, fresh: bool) -> Result<Shared, Status> {
+        self.check_acting()?;
+        if !fresh {
+            let held = self.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone();
+            if let Some((at, snap)) = held.filter(|(at, _)| at.elapsed() < MAX_SNAPSHOT_AGE) {
+                let _ = at;
+                return Ok(snap);
+            }
+        }
+        let cache = self.target.as_ref().map(|t| t.cache.clone());
+        let node_provider_id = move |name: &str| cache.as_ref()?.get(name).map(|n| n.provider_id.clone());
+        let snap = Arc::new(Snapshot::read(&self.store, &node_provider_id).await.map_err(store_status)?);
+        *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), snap.clone()));
+        Ok(snap)
+    }
+
+    fn invalidate(&self) {
+        *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    async fn group(&self, id: &str) -> Result<Group, Status> {
+        let snap = self.snapshot(false).await?;
+        snap.groups.get(id).cloned().ok_or_else(|| unknown_group(id))
+    }
+
+    /// Reads the owner of group `id` fresh (its JSON, to write back whole, and its typed view).
+    async fn owner(&self, id: &str) -> Result<(Key, Value, Owner, Autoscaling), Status> {
+        let key = parse_group_id(id).ok_or_else(|| unknown_group(id))?;
+        let json = self.store.backend().get(&key).await.map_err(store_status)?.ok_or_else(|| unknown_group(id))?;
+        let value: Value = serde_json::from_str(&json).map_err(|e| Status::internal(format!("{key}: {e}")))?;
+        let owner: Owner =
+            serde_json::from_value(value.clone()).map_err(|e| Status::failed_precondition(format!("{key}: {e}")))?;
+        let autoscaling = owner.spec.autoscaling.clone().ok_or_else(|| {
+            Status::not_found(format!("{} {} has no spec.autoscaling: it is not a node group", key.kind, key.name))
+        })?;
+        Ok((key, value, owner, autoscaling))
+    }
+
+    /// Writes `replicas` (and marks `doomed` machines) in the owner's one write, retrying when its
+    /// reconciler wrote in between. `change` gets the fresh owner and returns the new size and
+    /// the machines to mark, or the refusal.
+    async fn resize(
+        &self,
+        id: &str,
+        call: &str,
+        change: impl Fn(&Owner, &Autoscaling) -> Result<Resize, Status>,
+    ) -> Result<(), Status> {
+        self.check_acting()?;
+        let _one = self.writes.lock().await;
+        for _ in 0..WRITE_ATTEMPTS {
+            let (key, mut value, owner, autoscaling) = self.owner(id).await?;
+            let resize = match change(&owner, &autoscaling) {
+                Ok(r) => r,
+                Err(status) => {
+                    let message = format!("refused {call} from the cluster-autoscaler: {}", status.message());
+                    self.store.event(key.kind, &owner.metadata, EventReason::AutoscalerRefused, message).await;
+                    return Err(status);
+                }
+            };
+            for machine in &resize.mark {
+                self.mark(&key.namespace, machine).await?;
+            }
+            let from = owner.spec.replicas;
+            let to = resize.replicas;
+            let note = format!("{} {call} {from} -> {to}{}", Utc::now().format("%Y-%m-%dT%H:%M:%SZ"), resize.detail);
+            value["spec"]["replicas"] = Value::from(to);
+            if !value["metadata"]["annotations"].is_object() {
+                value["metadata"]["annotations"] = Value::Object(Default::default());
+            }
+            value["metadata"]["annotations"][ANNOTATION_AUTOSCALER_LAST_CHANGE] = Value::from(note);
+            match self.store.backend().update(key.kind, value).await {
+                Ok(_) => {
+                    self.invalidate();
+                    let message = format!("the cluster-autoscaler's {call}: replicas {from} -> {to}{}", resize.detail);
+                    self.store.event(key.kind, &owner.metadata, EventReason::AutoscalerResized, message).await;
+                    return Ok(());
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(store_status(e)),
+            }
+        }
+        Err(Status::aborted(format!("{id} kept changing while {call} wrote it; retry")))
+    }
+
+    /// Marks a machine for removal by the autoscaler: deleted first on the scale-down that
+    /// follows, as an `Autoscaler` disruption. Written before `replicas` is lowered, so a crash in
+    /// between leaves a marked machine and the old size (the autoscaler retries), never a lower
+    /// size that takes another machine.
+    async fn mark(&self, namespace: &str, name: &str) -> Result<(), Status> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let Some(mut m) = self.store.get::<Machine>(namespace, name).await.map_err(store_status)? else {
+                return Err(Status::not_found(format!("machine {namespace}/{name} is gone")));
+            };
+            let a = &mut m.metadata.annotations;
+            if a.get(ANNOTATION_DELETE).map(String::as_str) == Some("true")
+                && a.get(ANNOTATION_DISRUPTION).map(String::as_str) == Some(DisruptionReason::Autoscaler.as_str())
+            {
+                return Ok(());
+            }
+            a.insert(ANNOTATION_DELETE.into(), "true".into());
+            a.insert(ANNOTATION_DISRUPTION.into(), DisruptionReason::Autoscaler.as_str().into());
+            match self.store.update(&m).await {
+                Ok(_) => return Ok(()),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(store_status(e)),
+            }
+        }
+        Err(Status::aborted(format!("machine {namespace}/{name} kept changing; retry")))
+    }
+}
+
+/// What a size call changes.
+struct Resize {
+    replicas: i64,
+    /// Machines to mark for removal.
+    mark: Vec<String>,
+    /// Said in the event and the annotation (`: removing web-1`).
+    detail: String,
+}
+
+fn unknown_group(id: &str) -> Status {
+    Status::not_found(format!(
+        "node group {id:?} not found: a group is a MachineDeployment (namespace/name) or a MachinePool \
+         (MachinePool/namespace/name) with spec.autoscaling"
+    ))
+}
+
+fn store_status(e: StoreError) -> Status {
+    match e {
+        StoreError::Unavailable { .. } => Status::unavailable(machine_driver_util::error_chain(&e)),
+        StoreError::NotFound(_) => Status::not_found(e.to_string()),
+        StoreError::Conflict { .. } => Status::aborted(e.to_string()),
+        e => Status::internal(machine_driver_util::error_chain(&e)),
+    }
+}
+
+/// A disruption budget that refuses `n` more `Autoscaler` removals now: its index and why.
+fn budget_refuses(owner: &Owner, n: i64) -> Option<String> {
+    let now = Utc::now();
+    let down = owner.status.disruption.disrupted;
+    for (index, b) in owner.spec.disruption.budgets.iter().enumerate() {
+        if !b.limits(DisruptionReason::Autoscaler) {
+            continue;
+        }
+        match b.window(now) {
+            Err((field, why)) => return Some(format!("disruption budget {index} cannot be read ({field}: {why})")),
+            Ok(w) if !w.active => continue,
+            Ok(_) => {}
+        }
+        let Ok(machines) = b.machines.resolve(owner.spec.replicas, true) else { continue };
+        if down + n > machines {
+            return Some(format!(
+                "disruption budget {index} allows {machines} machine(s) down and {down} are: no room for {n} more \
+                 (reason Autoscaler)"
+            ));
+        }
+    }
+    None
+}
+
+#[tonic::async_trait]
+impl CloudProvider for Server {
+    async fn node_groups(&self, _: Request<pb::NodeGroupsRequest>) -> Result<Response<pb::NodeGroupsResponse>, Status> {
+        let snap = self.snapshot(false).await?;
+        Ok(Response::new(pb::NodeGroupsResponse { node_groups: snap.groups.values().map(Group::to_pb).collect() }))
+    }
+
+    async fn node_group_for_node(
+        &self,
+        request: Request<pb::NodeGroupForNodeRequest>,
+    ) -> Result<Response<pb::NodeGroupForNodeResponse>, Status> {
+        let node = request.into_inner().node.ok_or_else(|| Status::invalid_argument("node is required"))?;
+        let snap = self.snapshot(false).await?;
+        // A node that is not ours (or has no provider ID yet) has the empty group: not an error.
+        let group = snap.group_of(&node.provider_id).map_or_else(pb::NodeGroup::default, Group::to_pb);
+        Ok(Response::new(pb::NodeGroupForNodeResponse { node_group: Some(group) }))
+    }
+
+    async fn pricing_node_price(
+        &self,
+        _: Request<pb::PricingNodePriceRequest>,
+    ) -> Result<Response<pb::PricingNodePriceResponse>, Status> {
+        Err(Status::unimplemented("no pricing: use an expander other than price"))
+    }
+
+    async fn pricing_pod_price(
+        &self,
+        _: Request<pb::PricingPodPriceRequest>,
+    ) -> Result<Response<pb::PricingPodPriceResponse>, Status> {
+        Err(Status::unimplemented("no pricing: use an expander other than price"))
+    }
+
+    async fn gpu_label(&self, _: Request<pb::GpuLabelRequest>) -> Result<Response<pb::GpuLabelResponse>, Status> {
+        self.check_acting()?;
+        Ok(Response::new(pb::GpuLabelResponse { label: template::GPU_LABEL.into() }))
+    }
+
+    async fn get_available_gpu_types(
+        &self,
+        _: Request<pb::GetAvailableGpuTypesRequest>,
+    ) -> Result<Response<pb::GetAvailableGpuTypesResponse>, Status> {
+        self.check_acting()?;
+        Ok(Response::new(pb::GetAvailableGpuTypesResponse::default()))
+    }
+
+    async fn cleanup(&self, _: Request<pb::CleanupRequest>) -> Result<Response<pb::CleanupResponse>, Status> {
+        self.invalidate();
+        Ok(Response::new(pb::CleanupResponse {}))
+    }
+
+    async fn refresh(&self, _: Request<pb::RefreshRequest>) -> Result<Response<pb::RefreshResponse>, Status> {
+        self.snapshot(true).await?;
+        Ok(Response::new(pb::RefreshResponse {}))
+    }
+
+    async fn node_group_target_size(
+        &self,
+        request: Request<pb::NodeGroupTargetSizeRequest>,
+    ) -> Result<Response<pb::NodeGroupTargetSizeResponse>, Status> {
+        let g = self.group(&request.into_inner().id).await?;
+        Ok(Response::new(pb::NodeGroupTargetSizeResponse { target_size: groups::clamp_i32(g.replicas) }))
+    }
+
+    async fn node_group_increase_size(
+        &self,
+        request: Request<pb::NodeGroupIncreaseSizeRequest>,
+    ) -> Result<Response<pb::NodeGroupIncreaseSizeResponse>, Status> {
+        let r = request.into_inner();
+        let delta = i64::from(r.delta);
+        self.resize(&r.id, "IncreaseSize", |owner, a| {
+            if delta <= 0 {
+                return Err(Status::invalid_argument(format!("delta must be positive, got {delta}")));
+            }
+            let to = owner.spec.replicas + delta;
+            if to > a.max_replicas {
+                return Err(Status::failed_precondition(format!(
+                    "size increase too large: {} + {delta} is above maxReplicas {}",
+                    owner.spec.replicas, a.max_replicas
+                )));
+            }
+            Ok(Resize { replicas: to, mark: Vec::new(), detail: String::new() })
+        })
+        .await?;
+        Ok(Response::new(pb::NodeGroupIncreaseSizeResponse {}))
+    }
+
+    async fn node_group_delete_nodes(
+        &self,
+        request: Request<pb::NodeGroupDeleteNodesRequest>,
+    ) -> Result<Response<pb::NodeGroupDeleteNodesResponse>, Status> {
+        let r = request.into_inner();
+        if r.nodes.is_empty() {
+            return Err(Status::invalid_argument("nodes is empty"));
+        }
+        let key = parse_group_id(&r.id).ok_or_else(|| unknown_group(&r.id))?;
+        // The machines of the nodes, read fresh: (machine name, already marked or being deleted).
+        let wanted: Vec<(String, String)> =
+            r.nodes.iter().map(|n| (normalize(&n.provider_id), n.name.clone())).collect();
+        let machines = self.machines_of(&key).await?;
+        let mut doomed = Vec::new();
+        for (pid, node) in &wanted {
+            let found = machines.iter().find(|m| !pid.is_empty() && m.ids.iter().any(|id| id == pid));
+            let Some(m) = found else {
+                return Err(Status::invalid_argument(format!(
+                    "node {node:?} (provider ID {pid:?}) is not a machine of node group {}",
+                    r.id
+                )));
+            };
+            doomed.push(m.clone());
+        }
+        self.resize(&r.id, "DeleteNodes", |owner, a| {
+            if owner.rolling_out() {
+                return Err(Status::failed_precondition(format!(
+                    "{} is rolling out (updated {} of {}): no scale-down until it is done",
+                    r.id, owner.status.updated_replicas, owner.status.replicas
+                )));
+            }
+            // Machines already on their way out lower nothing again.
+            let new: Vec<&MachineRef> = doomed.iter().filter(|m| !m.going).collect();
+            let n = new.len() as i64;
+            let to = owner.spec.replicas - n;
+            if to < a.min_replicas {
+                return Err(Status::failed_precondition(format!(
+                    "removing {n} node(s) would leave {to}, below minReplicas {}",
+                    a.min_replicas
+                )));
+            }
+            if let Some(why) = budget_refuses(owner, new.iter().filter(|m| m.up).count() as i64) {
+                return Err(Status::failed_precondition(why));
+            }
+            let names: Vec<String> = new.iter().map(|m| m.name.clone()).collect();
+            Ok(Resize { replicas: to, detail: format!(": removing {}", names.join(", ")), mark: names })
+        })
+        .await?;
+        Ok(Response::new(pb::NodeGroupDeleteNodesResponse {}))
+    }
+
+    async fn node_group_decrease_target_size(
+        &self,
+        request: Request<pb::NodeGroupDecreaseTargetSizeRequest>,
+    ) -> Result<Response<pb::NodeGroupDecreaseTargetSizeResponse>, Status> {
+        let r = request.into_inner();
+        let key = parse_group_id(&r.id).ok_or_else(|| unknown_group(&r.id))?;
+        let delta = i64::from(r.delta);
+        let machines = self.machines_of(&key).await?;
+        // Machines that have a Node (or at least a provider ID) are fulfilled requests: only
+        // DeleteNodes removes them.
+        let fulfilled = machines.iter().filter(|m| !m.going && m.registered).count() as i64;
+        self.resize(&r.id, "DecreaseTargetSize", |owner, _| {
+            if delta >= 0 {
+                return Err(Status::invalid_argument(format!("delta must be negative, got {delta}")));
+            }
+            let to = owner.spec.replicas + delta;
+            if to < fulfilled {
+                return Err(Status::failed_precondition(format!(
+                    "attempt to delete existing nodes: {} + {delta} is below the {fulfilled} machine(s) that have \
+                     joined; remove those with DeleteNodes",
+                    owner.spec.replicas
+                )));
+            }
+            Ok(Resize { replicas: to, mark: Vec::new(), detail: String::new() })
+        })
+        .await?;
+        Ok(Response::new(pb::NodeGroupDecreaseTargetSizeResponse {}))
+    }
+
+    async fn node_group_nodes(
+        &self,
+        request: Request<pb::NodeGroupNodesRequest>,
+    ) -> Result<Response<pb::NodeGroupNodesResponse>, Status> {
+        let g = self.group(&request.into_inner().id).await?;
+        Ok(Response::new(pb::NodeGroupNodesResponse { instances: g.instances }))
+    }
+
+    async fn node_group_template_node_info(
+        &self,
+        request: Request<pb::NodeGroupTemplateNodeInfoRequest>,
+    ) -> Result<Response<pb::NodeGroupTemplateNodeInfoResponse>, Status> {
+        let g = self.group(&request.into_inner().id).await?;
+        let class = self.store.get::<MachineClass>(&g.key.namespace, &g.class).await.map_err(store_status)?;
+        let node_bytes = template::node_bytes(&g, class.as_ref())?;
+        Ok(Response::new(pb::NodeGroupTemplateNodeInfoResponse { node_bytes }))
+    }
+
+    async fn node_group_get_options(
+        &self,
+        request: Request<pb::NodeGroupAutoscalingOptionsRequest>,
+    ) -> Result<Response<pb::NodeGroupAutoscalingOptionsResponse>, Status> {
+        let r = request.into_inner();
+        let g = self.group(&r.id).await?;
+        let options = template::options(&g.autoscaling.scale_down, r.defaults.unwrap_or_default());
+        Ok(Response::new(pb::NodeGroupAutoscalingOptionsResponse { node_group_autoscaling_options: Some(options) }))
+    }
+}
+
+/// A machine of a group, as `DeleteNodes` and `DecreaseTargetSize` weigh it.
+#[derive(Debug, Clone)]
+struct MachineRef {
+    name: String,
+    /// The IDs it answers to, normalized: its provider ID (and its Node's) and its placeholder.
+    ids: Vec<String>,
+    /// Being deleted, or marked for the autoscaler already.
+    going: bool,
+    /// Running: removing it takes a machine that is up.
+    up: bool,
+    /// It has a provider ID: the cloud has it.
+    registered: bool,
+}
+
+impl Server {
+    /// The owner's machines, read fresh.
+    async fn machines_of(&self, key: &Key) -> Result<Vec<MachineRef>, Status> {
+        let label = if key.kind == Kind::MachinePool { LABEL_POOL } else { LABEL_DEPLOYMENT };
+        let params = crate::store::ListParams::namespaced(&key.namespace).label(label, &key.name);
+        let machines = self.store.list_with::<Machine>(&params).await.map_err(store_status)?;
+        let cache = self.target.as_ref().map(|t| t.cache.clone());
+        Ok(machines
+            .into_iter()
+            .map(|m| {
+                let mut ids =
+                    vec![normalize(&m.status.provider_id), groups::placeholder(&key.namespace, &m.metadata.name)];
+                if let Some(n) = m.status.node_ref.as_ref().and_then(|n| cache.as_ref()?.get(&n.name)) {
+                    ids.push(normalize(&n.provider_id));
+                }
+                ids.retain(|id| !id.is_empty());
+                let a = &m.metadata.annotations;
+                let marked = a.get(ANNOTATION_DISRUPTION).map(String::as_str)
+                    == Some(DisruptionReason::Autoscaler.as_str())
+                    && a.get(ANNOTATION_DELETE).is_some_and(|v| v != "false");
+                MachineRef {
+                    going: m.metadata.deletion_timestamp.is_some() || marked,
+                    up: m.status.phase == Phase::Running,
+                    registered: !m.status.provider_id.is_empty(),
+                    name: m.metadata.name,
+                    ids,
+                }
+            })
+            .collect())
+    }
+}
+
+/// Serves the autoscaler's cloud provider until `stop` resolves.
+///
+/// # Errors
+/// An address that cannot be bound, a TLS file that cannot be read, a plaintext non-loopback
+/// address without `allow_plaintext`.
+pub async fn serve(
+    settings: Settings,
+    server: Server,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    settings.check()?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| format!("--autoscaler-listen {}: {e}", settings.listen))?;
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let mut builder = tonic::transport::Server::builder();
+    let scheme = if let Some(tls) = &settings.tls {
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()));
+        let config = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?))
+            .client_ca_root(tonic::transport::Certificate::from_pem(read(&tls.client_ca)?));
+        builder = builder.tls_config(config).map_err(|e| format!("autoscaler TLS: {e}"))?;
+        "mutual TLS"
+    } else {
+        "plaintext"
+    };
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(autoscaler_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| format!("reflection: {e}"))?;
+    let router = builder.add_service(CloudProviderServer::new(server)).add_service(reflection);
+    tracing::info!("cluster-autoscaler cloud provider (externalgrpc) on {local} ({scheme})");
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+            tracing::error!("the autoscaler server stopped: {e}");
+        }
+    }))
+}
