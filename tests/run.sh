@@ -7,6 +7,9 @@
 #     version-keyed cache outside the clone (tests/tools/install-kube-cluster.sh; cold 10-15 min,
 #     then free): kube-apiserver, kube-controller-manager, kube-scheduler and kubectl 1.37.2,
 #     etcd 3.7.3 (the Kubernetes-backend tests run apiserver + etcd), kwok 0.8.0 and its stages
+#   - the real Kubernetes cluster-autoscaler 1.36.1, externalgrpc provider only, built from the
+#     release source in ../shared/vendor with Go modules from the proxy into the same kind of
+#     cache (tests/tools/install-autoscaler.sh; cold 2-6 min, then free)
 #   - the interop clients (tests/interop: Python grpcio from PyPI, Node grpc-js from npm, grpc-go
 #     from the Go module proxy; tests/tools/install-interop.sh) and the Go driver example
 #     (examples/go-driver; tests/tools/build-go-driver.sh), both cached outside the clone
@@ -102,6 +105,11 @@ export KUBE_CLUSTER_DIR KUBE_APISERVER_DIR
 "$KUBE_CLUSTER_DIR/kubectl" version --client
 "$KUBE_CLUSTER_DIR/etcd" --version
 "$KUBE_CLUSTER_DIR/kwok" --version
+
+step "the cluster-autoscaler 1.36.1 (Go, from ../shared/vendor, cached by version)"
+CLUSTER_AUTOSCALER_BIN="$(bash tests/tools/install-autoscaler.sh)"; export CLUSTER_AUTOSCALER_BIN
+# It has no --version: --help runs it once, so a broken binary fails the run here.
+"$CLUSTER_AUTOSCALER_BIN" --help >/dev/null 2>&1
 
 step "interop clients (grpcio, grpc-js, grpc-go)"
 INTEROP_DIR="$(bash tests/tools/install-interop.sh)"; export INTEROP_DIR

@@ -1,0 +1,297 @@
+//! The real Kubernetes cluster-autoscaler (release 1.36.1, built from source with only its
+//! externalgrpc provider by `tests/tools/install-autoscaler.sh`) sizing MachineDeployments through
+//! the controller's externalgrpc server (`run --autoscaler-listen`), on a whole test cluster
+//! whose Nodes are the fake cloud's VMs joining as kwok Nodes with a real capacity (a `small`
+//! machine: 2 CPUs, 4 Gi).
+//!
+//! Pending pods that do not fit make it call `NodeGroupIncreaseSize`; the machines are created,
+//! join, and the pods run. Pods removed make it taint and drain idle nodes and call
+//! `NodeGroupDeleteNodes`: exactly those machines and their VMs go, and their deletion does not
+//! drain again. A group at zero grows through its template node (the class's `capacity`).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use e2e_tests::world::World;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use machine_controller::resources::*;
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+const MINUTE: Duration = Duration::from_secs(60);
+const FAST: &[&str] = &["--create-latency", "300ms", "--delete-latency", "200ms", "--update-latency", "200ms"];
+
+/// The cluster-autoscaler binary: `$CLUSTER_AUTOSCALER_BIN` (`tests/run.sh` sets it), else what
+/// `tests/tools/install-autoscaler.sh` prints (it builds once into a cache outside the clone). A
+/// missing one fails the test.
+fn autoscaler_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("CLUSTER_AUTOSCALER_BIN") {
+        return PathBuf::from(p);
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/install-autoscaler.sh");
+    let out = std::process::Command::new("bash").arg(script).stderr(Stdio::inherit()).output().expect("bash");
+    assert!(out.status.success(), "{script} failed: set CLUSTER_AUTOSCALER_BIN or run `bash tests/run.sh`");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A running cluster-autoscaler (killed on drop).
+struct Autoscaler {
+    _child: Child,
+    log: PathBuf,
+}
+
+impl Autoscaler {
+    /// Starts it against the world's cluster and the controller's server at `address`, with the
+    /// short timings of the reference (`../shared/docs/autoscaler-reference.md`).
+    fn start(w: &World, address: &str, extra_config: &str) -> Autoscaler {
+        let dir = w.dir();
+        let config = dir.join("cloud-config.yaml");
+        std::fs::write(&config, format!("address: \"{address}\"\ngrpc_timeout: 10s\n{extra_config}"))
+            .expect("cloud-config");
+        let log = dir.join("cluster-autoscaler.log");
+        let file = std::fs::File::create(&log).expect("autoscaler log");
+        let child = Command::new(autoscaler_bin())
+            .args([
+                "--cloud-provider=externalgrpc",
+                &format!("--cloud-config={}", config.display()),
+                &format!("--kubeconfig={}", w.cluster().kubeconfig.display()),
+                "--leader-elect=false",
+                &format!("--namespace={}", w.ns()),
+                "--address=127.0.0.1:0",
+                "--scan-interval=2s",
+                "--scale-down-unneeded-time=10s",
+                "--scale-down-delay-after-add=10s",
+                "--scale-down-delay-after-delete=0s",
+                "--scale-down-delay-after-failure=10s",
+                "--unremovable-node-recheck-timeout=10s",
+                "--max-node-provision-time=2m",
+                "--node-delete-delay-after-taint=2s",
+                "--max-graceful-termination-sec=30",
+                "--skip-nodes-with-local-storage=false",
+                "--skip-nodes-with-system-pods=false",
+                "--v=4",
+            ])
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting the cluster-autoscaler");
+        Autoscaler { _child: child, log }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// The address the controller's autoscaler server logged once bound.
+async fn server_address(w: &World, c: usize) -> String {
+    w.wait_for("the controller's autoscaler server address in its log", MINUTE, || async {
+        e2e_tests::addr_after(&w.controller_log(c), "cloud provider (externalgrpc) on ").map(|a| a.to_string())
+    })
+    .await
+}
+
+/// A class of `small` machines (2 CPUs, 4 Gi: what the fake kubelets report) that says so.
+async fn class(w: &World) {
+    let spec = json!({
+        "driver": "fake",
+        "providerSpec": {"machineType": "small", "zone": "zone-a"},
+        "capacity": {"cpu": "2", "memory": "4Gi", "pods": "110"},
+    });
+    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": spec})).await;
+}
+
+async fn autoscaled_md(w: &World, name: &str, replicas: i64, min: i64, max: i64, node_labels: Value) {
+    let spec = json!({
+        "replicas": replicas,
+        "autoscaling": {"minReplicas": min, "maxReplicas": max},
+        "template": {"spec": {"classRef": {"name": "small"}, "nodeTemplate": {"labels": node_labels}}},
+        "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "drainTimeoutSeconds": 60,
+    });
+    w.apply_object("MachineDeployment", "machinedeployments", json!({"metadata": {"name": name}, "spec": spec})).await;
+}
+
+/// A Deployment of `replicas` pods each asking for 1.5 CPUs: one fits a small node.
+async fn big_pods(w: &World, name: &str, replicas: i32, node_selector: Value) {
+    w.cluster()
+        .apply_json(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": w.ns()},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {
+                        "containers": [{"name": "app", "image": "registry.invalid/app:1",
+                            "resources": {"requests": {"cpu": "1500m", "memory": "256Mi"}}}],
+                        "terminationGracePeriodSeconds": 1,
+                        "nodeSelector": node_selector,
+                    }
+                }
+            }
+        }))
+        .await;
+}
+
+async fn scale_pods(w: &World, name: &str, replicas: i32) {
+    let api: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(w.cluster().client.clone(), w.ns());
+    let patch = json!({"spec": {"replicas": replicas}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("scaling the pods");
+}
+
+/// The deployment's live machines (not being deleted), by name.
+async fn live_machines(w: &World, md: &str) -> BTreeSet<String> {
+    w.machines()
+        .await
+        .into_iter()
+        .filter(|m| m.metadata.labels.get(LABEL_DEPLOYMENT).map(String::as_str) == Some(md))
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .map(|m| m.metadata.name)
+        .collect()
+}
+
+/// Nodes carrying the autoscaler's deletion taint.
+async fn tainted_nodes(w: &World) -> BTreeSet<String> {
+    let nodes: Api<Node> = Api::all(w.cluster().client.clone());
+    let list = nodes.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+    list.into_iter()
+        .filter(|n| {
+            let taints = n.spec.as_ref().and_then(|s| s.taints.as_ref());
+            taints.is_some_and(|ts| ts.iter().any(|t| t.key == TAINT_AUTOSCALER_DELETING))
+        })
+        .filter_map(|n| n.metadata.name)
+        .collect()
+}
+
+/// The autoscaler's scale-up decisions, for failure messages.
+fn scale_up_lines(ca: &Autoscaler) -> String {
+    let log = ca.log_text();
+    log.lines().filter(|l| l.contains("Final scale-up plan") || l.contains("rror")).collect::<Vec<_>>().join("\n")
+}
+
+/// The messages of a deployment's events.
+async fn md_events(w: &World, md: &str) -> Vec<String> {
+    let key = machine_controller::store::Key::new(Kind::MachineDeployment, w.ns(), md);
+    let events = w.store().backend().events(&key, 100).await.unwrap_or_default();
+    events.into_iter().map(|e| e.message).collect()
+}
+
+/// Waits until the deployment has `replicas` and that many live machines.
+async fn settled(w: &World, md: &str, replicas: i64) -> MachineDeployment {
+    w.wait_for(&format!("{md} settled at {replicas} machines"), 2 * MINUTE, || async {
+        let d = w.md(md).await;
+        (d.spec.replicas == replicas && live_machines(w, md).await.len() as i64 == replicas).then_some(d)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pending_pods_scale_a_deployment_up_and_idle_nodes_go_exactly_without_a_second_drain() {
+    let mut w = World::on_full_cluster(FAST, "autoscale").await;
+    let c = w.start_controller(&["--autoscaler-listen", "127.0.0.1:0"]);
+    let address = server_address(&w, c).await;
+    class(&w).await;
+    autoscaled_md(&w, "web", 1, 1, 4, json!({})).await;
+    w.converged("web", 2 * MINUTE).await;
+    let ca = Autoscaler::start(&w, &address, "");
+
+    // Three pods of 1.5 CPUs: one fits the node there is, two stay Pending.
+    big_pods(&w, "big", 3, json!({})).await;
+    let what = "3 pods Running on 3 machines the autoscaler asked for";
+    w.wait_for(what, 4 * MINUTE, || async { (w.ready_pods("big").await.len() == 3).then_some(()) }).await;
+    assert!(ca.log_text().contains("web 1->3 (max: 4)"), "{}", scale_up_lines(&ca));
+    let md = settled(&w, "web", 3).await;
+    let note = md.metadata.annotations.get(ANNOTATION_AUTOSCALER_LAST_CHANGE).cloned().unwrap_or_default();
+    assert!(note.contains("IncreaseSize") || note.contains("DeleteNodes"), "last size change: {note:?}");
+    let said = md_events(&w, "web").await;
+    assert!(said.iter().any(|e| e.contains("IncreaseSize: replicas 1 -> 3")), "{said:?}");
+    let before = live_machines(&w, "web").await;
+    assert_eq!(before.len(), 3, "{before:?}");
+
+    // The status ConfigMap shows the group, healthy.
+    let configmaps: Api<ConfigMap> = Api::namespaced(w.cluster().client.clone(), w.ns());
+    let status = w
+        .wait_for("the autoscaler's status ConfigMap", MINUTE, || async {
+            let cm = configmaps.get_opt("cluster-autoscaler-status").await.ok().flatten()?;
+            let text = cm.data?.get("status")?.clone();
+            text.contains(&format!("{}/web", w.ns())).then_some(text)
+        })
+        .await;
+    assert!(status.contains("Healthy"), "{status}");
+
+    // Two pods go: two nodes are idle; the autoscaler drains and removes them, naming them.
+    scale_pods(&w, "big", 1).await;
+    // Every node the autoscaler tainted on the way (the taint goes with the Node).
+    let tainted = std::sync::Mutex::new(BTreeSet::new());
+    w.wait_for("the deployment back at 1 machine", 4 * MINUTE, || async {
+        let seen = tainted_nodes(&w).await;
+        tainted.lock().unwrap().extend(seen);
+        (live_machines(&w, "web").await.len() == 1 && w.md("web").await.spec.replicas == 1).then_some(())
+    })
+    .await;
+    let tainted = tainted.into_inner().unwrap();
+    let after = live_machines(&w, "web").await;
+    let gone: BTreeSet<String> = before.difference(&after).cloned().collect();
+    assert_eq!(gone.len(), 2, "{before:?} -> {after:?}");
+    // Exactly the machines whose nodes the autoscaler tainted (a machine's node is named as it).
+    let store = w.store();
+    let ns = w.ns().to_string();
+    let mut removed_nodes = BTreeSet::new();
+    for name in &gone {
+        let events = store.backend().events(&machine_controller::store::Key::new(Kind::Machine, &ns, name), 50).await;
+        let events = events.unwrap_or_default();
+        let drained: Vec<&str> = events.iter().filter(|e| e.reason == "Drained").map(|e| e.message.as_str()).collect();
+        assert!(
+            drained.iter().all(|m| m.contains("drained by the cluster-autoscaler")),
+            "{name} was drained a second time: {drained:?}"
+        );
+        if let Some(node) = drained.first().and_then(|m| m.split_whitespace().nth(1)) {
+            removed_nodes.insert(node.to_string());
+        }
+    }
+    assert!(
+        removed_nodes.is_subset(&tainted) && removed_nodes.len() == 2,
+        "removed {removed_nodes:?}, tainted {tainted:?}\n{}",
+        ca.log_text()
+    );
+    // Their VMs are gone from the cloud; the one left still runs the pod.
+    w.wait_for("the fake cloud down to the machine left", MINUTE, || async {
+        let vms = w.inspect().await.machines;
+        (vms.len() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(w.ready_pods("big").await.len(), 1);
+    let md = w.md("web").await;
+    let note = md.metadata.annotations.get(ANNOTATION_AUTOSCALER_LAST_CHANGE).cloned().unwrap_or_default();
+    assert!(note.contains("DeleteNodes"), "last size change: {note:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_at_zero_grows_through_its_template_node() {
+    let mut w = World::on_full_cluster(FAST, "autoscale-zero").await;
+    let c = w.start_controller(&["--autoscaler-listen", "127.0.0.1:0"]);
+    let address = server_address(&w, c).await;
+    class(&w).await;
+    autoscaled_md(&w, "batch", 0, 0, 3, json!({"pool": "batch"})).await;
+    let ca = Autoscaler::start(&w, &address, "");
+    // Pods that only run on the group's nodes (its template's node label): none exists, so only
+    // the template node (from the class's capacity) tells the autoscaler they would fit.
+    big_pods(&w, "jobs", 2, json!({"pool": "batch"})).await;
+    w.wait_for("2 pods Running on machines made from zero", 4 * MINUTE, || async {
+        (w.ready_pods("jobs").await.len() == 2).then_some(())
+    })
+    .await;
+    // The template node (2 CPUs) made it ask for exactly the two nodes the two pods need.
+    assert!(ca.log_text().contains("batch 0->2 (max: 3)"), "{}", scale_up_lines(&ca));
+    // A new Node carries the API server's not-ready taint for a moment after it turns Ready; an
+    // autoscaler loop that falls in it can ask for one node more. It removes it again once idle.
+    settled(&w, "batch", 2).await;
+    assert_eq!(live_machines(&w, "batch").await.len(), 2);
+}
