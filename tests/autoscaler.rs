@@ -47,6 +47,11 @@ impl Autoscaler {
     /// Starts it against the world's cluster and the controller's server at `address`, with the
     /// short timings of the reference (`../shared/docs/autoscaler-reference.md`).
     fn start(w: &World, address: &str, extra_config: &str) -> Autoscaler {
+        Self::start_with(w, address, extra_config, &[])
+    }
+
+    /// [`Autoscaler::start`] with more flags.
+    fn start_with(w: &World, address: &str, extra_config: &str, flags: &[&str]) -> Autoscaler {
         let dir = w.dir();
         let config = dir.join("cloud-config.yaml");
         std::fs::write(&config, format!("address: \"{address}\"\ngrpc_timeout: 10s\n{extra_config}"))
@@ -74,6 +79,7 @@ impl Autoscaler {
                 "--skip-nodes-with-system-pods=false",
                 "--v=4",
             ])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log"))
             .stderr(file)
@@ -107,10 +113,14 @@ async fn class(w: &World) {
 }
 
 async fn autoscaled_md(w: &World, name: &str, replicas: i64, min: i64, max: i64, node_labels: Value) {
+    autoscaled_md_of(w, name, "small", replicas, (min, max), node_labels).await;
+}
+
+async fn autoscaled_md_of(w: &World, name: &str, class: &str, replicas: i64, (min, max): (i64, i64), node_labels: Value) {
     let spec = json!({
         "replicas": replicas,
         "autoscaling": {"minReplicas": min, "maxReplicas": max},
-        "template": {"spec": {"classRef": {"name": "small"}, "nodeTemplate": {"labels": node_labels}}},
+        "template": {"spec": {"classRef": {"name": class}, "nodeTemplate": {"labels": node_labels}}},
         "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "drainTimeoutSeconds": 60,
     });
@@ -294,4 +304,43 @@ async fn a_group_at_zero_grows_through_its_template_node() {
     // autoscaler loop that falls in it can ask for one node more. It removes it again once idle.
     settled(&w, "batch", 2).await;
     assert_eq!(live_machines(&w, "batch").await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_whose_creates_fail_for_quota_is_out_of_resources_and_the_autoscaler_takes_another() {
+    let mut w = World::on_full_cluster(FAST, "autoscale-quota").await;
+    let c = w.start_controller(&["--autoscaler-listen", "127.0.0.1:0"]);
+    let address = server_address(&w, c).await;
+    class(&w).await;
+    let medium = json!({
+        "driver": "fake",
+        "providerSpec": {"machineType": "medium", "zone": "zone-a"},
+        "capacity": {"cpu": "4", "memory": "8Gi"},
+    });
+    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "medium"}, "spec": medium})).await;
+    // The cloud refuses every machine of `cheap` for quota, as a cloud whose quota is used up.
+    w.set_faults(vec![fake_driver::pb::FaultRule {
+        rpc: "CreateMachine".into(),
+        target: "cheap-*".into(),
+        action: "error".into(),
+        code: "RESOURCE_EXHAUSTED".into(),
+        reason: "QUOTA_EXCEEDED".into(),
+        message: "the quota of small machines is used up".into(),
+        ..Default::default()
+    }])
+    .await;
+    autoscaled_md_of(&w, "cheap", "small", 0, (0, 3), json!({"tier": "any"})).await;
+    autoscaled_md_of(&w, "roomy", "medium", 0, (0, 3), json!({"tier": "any"})).await;
+    // least-waste prefers `cheap` (2 CPUs for a 1.5-CPU pod) over `roomy` (4 CPUs).
+    let ca = Autoscaler::start_with(&w, &address, "", &["--expander=least-waste"]);
+    big_pods(&w, "work", 1, json!({"tier": "any"})).await;
+    w.wait_for("the pod Running on a machine of the second group", 4 * MINUTE, || async {
+        (w.ready_pods("work").await.len() == 1 && !live_machines(&w, "roomy").await.is_empty()).then_some(())
+    })
+    .await;
+    let log = ca.log_text();
+    assert!(log.contains("cheap 0->1"), "it tried the cheaper group first: {}", scale_up_lines(&ca));
+    assert!(log.contains("OutOfResources") || log.contains("QUOTA_EXCEEDED"), "{}", scale_up_lines(&ca));
+    // The refused machine is removed again, and the cheap group is back at zero.
+    settled(&w, "cheap", 0).await;
 }
