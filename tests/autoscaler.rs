@@ -116,7 +116,14 @@ async fn autoscaled_md(w: &World, name: &str, replicas: i64, min: i64, max: i64,
     autoscaled_md_of(w, name, "small", replicas, (min, max), node_labels).await;
 }
 
-async fn autoscaled_md_of(w: &World, name: &str, class: &str, replicas: i64, (min, max): (i64, i64), node_labels: Value) {
+async fn autoscaled_md_of(
+    w: &World,
+    name: &str,
+    class: &str,
+    replicas: i64,
+    (min, max): (i64, i64),
+    node_labels: Value,
+) {
     let spec = json!({
         "replicas": replicas,
         "autoscaling": {"minReplicas": min, "maxReplicas": max},
@@ -184,6 +191,16 @@ async fn tainted_nodes(w: &World) -> BTreeSet<String> {
 fn scale_up_lines(ca: &Autoscaler) -> String {
     let log = ca.log_text();
     log.lines().filter(|l| l.contains("Final scale-up plan") || l.contains("rror")).collect::<Vec<_>>().join("\n")
+}
+
+/// Waits until the controller has seen the deployment's latest spec (the CLI writes the embedded
+/// store from another process; the controller learns of it by polling).
+async fn observed(w: &World) {
+    w.wait_for("the controller to see the latest spec", MINUTE, || async {
+        let md = w.md("web").await;
+        (md.status.observed_generation == md.metadata.generation).then_some(())
+    })
+    .await;
 }
 
 /// The messages of a deployment's events.
@@ -343,4 +360,166 @@ async fn a_group_whose_creates_fail_for_quota_is_out_of_resources_and_the_autosc
     assert!(log.contains("OutOfResources") || log.contains("QUOTA_EXCEEDED"), "{}", scale_up_lines(&ca));
     // The refused machine is removed again, and the cheap group is back at zero.
     settled(&w, "cheap", 0).await;
+}
+
+// ----- the calls, made as the autoscaler makes them, on the embedded store -----
+
+use autoscaler_proto::pb;
+use autoscaler_proto::pb::cloud_provider_client::CloudProviderClient;
+use e2e_tests::world::Driver;
+use tonic::Code;
+
+type Client = CloudProviderClient<tonic::transport::Channel>;
+
+async fn client(address: &str) -> Client {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("connecting to the autoscaler server");
+    CloudProviderClient::new(channel)
+}
+
+fn md_yaml(replicas: i64, image: &str, extra: &str) -> String {
+    let class = "apiVersion: machine.driver.dev/v1alpha1\nkind: MachineClass\nmetadata: {name: small}\n\
+                 spec: {driver: fake, providerSpec: {machineType: small}}\n";
+    let md = [
+        "apiVersion: machine.driver.dev/v1alpha1",
+        "kind: MachineDeployment",
+        "metadata: {name: web}",
+        "spec:",
+        &format!("  replicas: {replicas}"),
+        "  autoscaling: {minReplicas: 2, maxReplicas: 5}",
+        &format!("  template: {{spec: {{classRef: {{name: small}}, providerSpec: {{image: {image}}}}}}}"),
+    ]
+    .join("\n");
+    format!("{class}---\n{md}\n{extra}")
+}
+
+fn node(provider_id: &str) -> pb::ExternalGrpcNode {
+    pb::ExternalGrpcNode {
+        provider_id: provider_id.into(),
+        name: provider_id.rsplit('/').next().unwrap_or("").into(),
+        ..Default::default()
+    }
+}
+
+async fn delete_nodes(c: &mut Client, ids: &[&str]) -> Result<(), tonic::Status> {
+    let nodes = ids.iter().map(|id| node(id)).collect();
+    c.node_group_delete_nodes(pb::NodeGroupDeleteNodesRequest { nodes, id: "default/web".into() }).await.map(drop)
+}
+
+async fn provider_ids(w: &World) -> Vec<String> {
+    let mut ids: Vec<String> = w.machines().await.into_iter().map(|m| m.status.provider_id).collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn size_calls_refuse_what_they_must_with_a_reason_and_remove_exactly_the_named_machine() {
+    let w = World::builder()
+        .driver(Driver::fake(&["--create-latency", "200ms", "--delete-latency", "100ms"]))
+        .controller_args(&["--resync-interval", "5s", "--autoscaler-listen", "127.0.0.1:0"])
+        .start()
+        .await;
+    w.apply(&md_yaml(3, "os-1", "")).await;
+    w.converged("web", MINUTE).await;
+    let mut c = client(&server_address(&w, 0).await).await;
+    let groups = c.node_groups(pb::NodeGroupsRequest {}).await.unwrap().into_inner().node_groups;
+    assert_eq!(groups.len(), 1);
+    assert_eq!((groups[0].id.as_str(), groups[0].min_size, groups[0].max_size), ("default/web", 2, 5));
+    let ids = provider_ids(&w).await;
+
+    // Nodes: ours by provider ID, others the empty group (not an error).
+    let ours = c.node_group_for_node(pb::NodeGroupForNodeRequest { node: Some(node(&ids[0])) }).await.unwrap();
+    assert_eq!(ours.into_inner().node_group.unwrap().id, "default/web");
+    let foreign = c.node_group_for_node(pb::NodeGroupForNodeRequest { node: Some(node("aws:///x/i-1")) }).await;
+    assert_eq!(foreign.unwrap().into_inner().node_group.unwrap().id, "");
+    let instances = c.node_group_nodes(pb::NodeGroupNodesRequest { id: "default/web".into() }).await.unwrap();
+    let mut listed: Vec<String> = instances.into_inner().instances.into_iter().map(|i| i.id).collect();
+    listed.sort();
+    assert_eq!(listed, ids);
+
+    // Refusals name what is wrong and change nothing.
+    let unknown = c.node_group_target_size(pb::NodeGroupTargetSizeRequest { id: "default/nope".into() }).await;
+    assert_eq!(unknown.unwrap_err().code(), Code::NotFound);
+    let too_big =
+        c.node_group_increase_size(pb::NodeGroupIncreaseSizeRequest { delta: 3, id: "default/web".into() }).await;
+    let e = too_big.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("above maxReplicas 5"), "{}", e.message());
+    let e = delete_nodes(&mut c, &["fake:///zone-a/not-ours"]).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("is not a machine of node group default/web"), "{}", e.message());
+    let e = delete_nodes(&mut c, &[&ids[0], &ids[1]]).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("below minReplicas 2"), "{}", e.message());
+    let e = c
+        .node_group_decrease_target_size(pb::NodeGroupDecreaseTargetSizeRequest { delta: -1, id: "default/web".into() })
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("attempt to delete existing nodes"), "{}", e.message());
+    let e = c.node_group_template_node_info(pb::NodeGroupTemplateNodeInfoRequest { id: "default/web".into() }).await;
+    assert_eq!(e.unwrap_err().code(), Code::Unimplemented, "a class without capacity has no template node");
+
+    // A budget that names Autoscaler refuses the removal.
+    let budget = "  disruption: {budgets: [{machines: 0, reasons: [Autoscaler]}]}\n";
+    w.apply(&md_yaml(3, "os-1", budget)).await;
+    observed(&w).await;
+    let e = delete_nodes(&mut c, &[&ids[0]]).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{}\n{}", e.message(), w.logs());
+    assert!(e.message().contains("disruption budget 0 allows 0"), "{}", e.message());
+
+    // A rollout in progress refuses scale-down (autoscaler#8494).
+    w.apply(&md_yaml(3, "os-2", "")).await;
+    w.wait_for("the rollout under way", MINUTE, || async { w.md("web").await.status.rollout.map(drop) }).await;
+    let e = delete_nodes(&mut c, &[&ids[0]]).await.unwrap_err();
+    assert!(e.message().contains("is rolling out"), "{}", e.message());
+    assert_eq!(w.md("web").await.spec.replicas, 3, "no refusal changed the size");
+    let md = w.converged("web", 2 * MINUTE).await;
+    let refused = md_events(&w, "web").await;
+    // (The store folds repeated events of one reason into the first, counting them.)
+    assert!(refused.iter().any(|m| m.starts_with("refused IncreaseSize from the cluster-autoscaler")), "{refused:?}");
+
+    // Now it goes: exactly the named machine, its VM, and replicas down by one in one write.
+    let _ = md;
+    let ids = provider_ids(&w).await;
+    delete_nodes(&mut c, &[&ids[1]]).await.expect("DeleteNodes");
+    assert_eq!(w.md("web").await.spec.replicas, 2, "lowered before the call returned");
+    w.converged("web", MINUTE).await;
+    let left = provider_ids(&w).await;
+    assert_eq!(left, vec![ids[0].clone(), ids[2].clone()]);
+    w.assert_consistent(2).await;
+
+    // `apply` of the manifest (replicas: 3) leaves the autoscaler's size; --force-replicas sets it.
+    w.apply(&md_yaml(3, "os-2", "")).await;
+    assert_eq!(w.md("web").await.spec.replicas, 2, "apply kept the autoscaler's replicas");
+    let file = w.dir().join("web.yaml");
+    std::fs::write(&file, md_yaml(4, "os-2", "")).unwrap();
+    let (code, _, err) = w.cli(&["apply", "-f", file.to_str().unwrap(), "--force-replicas"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(w.md("web").await.spec.replicas, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_controller_right_after_increase_size_creates_each_machine_once() {
+    let mut w = World::builder()
+        .driver(Driver::fake(&["--create-latency", "1s", "--delete-latency", "100ms"]))
+        .controller_args(&["--resync-interval", "5s", "--autoscaler-listen", "127.0.0.1:0"])
+        .start()
+        .await;
+    w.apply(&md_yaml(2, "os-1", "")).await;
+    w.converged("web", MINUTE).await;
+    let mut c = client(&server_address(&w, 0).await).await;
+    c.node_group_increase_size(pb::NodeGroupIncreaseSizeRequest { delta: 3, id: "default/web".into() })
+        .await
+        .expect("IncreaseSize");
+    // The size is written when the call returns; the creates are the reconciler's, under way.
+    w.kill9_controller(0).await;
+    assert_eq!(w.md("web").await.spec.replicas, 5);
+    w.start_controller(&[]);
+    w.converged("web", 2 * MINUTE).await;
+    w.assert_consistent(5).await;
 }

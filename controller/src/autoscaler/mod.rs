@@ -40,6 +40,9 @@ use crate::store::{Error as StoreError, Key, Store};
 pub const MAX_SNAPSHOT_AGE: Duration = Duration::from_secs(10);
 /// Attempts at a size write that conflicts with the owner's reconciler.
 const WRITE_ATTEMPTS: usize = 5;
+/// The pause after a conflicting size write, times the attempt (within the autoscaler's call
+/// deadline: 50 + 100 + … + 250 ms at most).
+const CONFLICT_PAUSE: Duration = Duration::from_millis(50);
 
 /// Where and how the server listens.
 #[derive(Debug, Clone)]
@@ -156,7 +159,7 @@ impl Server {
     ) -> Result<(), Status> {
         self.check_acting()?;
         let _one = self.writes.lock().await;
-        for _ in 0..WRITE_ATTEMPTS {
+        for attempt in 0..WRITE_ATTEMPTS as u32 {
             let (key, mut value, owner, autoscaling) = self.owner(id).await?;
             let resize = match change(&owner, &autoscaling) {
                 Ok(r) => r,
@@ -184,7 +187,9 @@ impl Server {
                     self.store.event(key.kind, &owner.metadata, EventReason::AutoscalerResized, message).await;
                     return Ok(());
                 }
-                Err(StoreError::Conflict { .. }) => continue,
+                // The reconciler wrote it in between (or this process's view is behind another
+                // writer's): read it again, a little later each time.
+                Err(StoreError::Conflict { .. }) => tokio::time::sleep(CONFLICT_PAUSE * (attempt + 1)).await,
                 Err(e) => return Err(store_status(e)),
             }
         }
