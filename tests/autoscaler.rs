@@ -94,6 +94,66 @@ impl Autoscaler {
     }
 }
 
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new(parent: &std::path::Path) -> Pki {
+        let dir = parent.join("pki");
+        std::fs::create_dir_all(&dir).unwrap();
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl").args(args).current_dir(&dir).output().expect("openssl");
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=test-ca", "-days", "1"],
+            ]
+            .concat(),
+        );
+        for (name, ext) in [
+            ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"),
+            ("client", "extendedKeyUsage=clientAuth\n"),
+        ] {
+            std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+            let (key, csr, crt, ext) =
+                (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"), format!("{name}.ext"));
+            openssl(&[&["req"][..], &ec, &["-keyout", &key, "-out", &csr, "-subj", &format!("/CN={name}")]].concat());
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &crt,
+                "-days",
+                "1",
+                "-extfile",
+                &ext,
+            ]);
+        }
+        Pki { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+
+    fn read(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.dir.join(name)).unwrap()
+    }
+}
+
 /// The address the controller's autoscaler server logged once bound.
 async fn server_address(w: &World, c: usize) -> String {
     w.wait_for("the controller's autoscaler server address in its log", MINUTE, || async {
@@ -301,13 +361,48 @@ async fn pending_pods_scale_a_deployment_up_and_idle_nodes_go_exactly_without_a_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_group_at_zero_grows_through_its_template_node() {
+async fn a_group_at_zero_grows_through_its_template_node_over_mutual_tls() {
     let mut w = World::on_full_cluster(FAST, "autoscale-zero").await;
-    let c = w.start_controller(&["--autoscaler-listen", "127.0.0.1:0"]);
+    let pki = Pki::new(w.dir());
+    let c = w.start_controller(&[
+        "--autoscaler-listen",
+        "127.0.0.1:0",
+        "--autoscaler-tls-cert",
+        &pki.path("server.crt"),
+        "--autoscaler-tls-key",
+        &pki.path("server.key"),
+        "--autoscaler-client-ca",
+        &pki.path("ca.crt"),
+    ]);
     let address = server_address(&w, c).await;
+    assert!(w.controller_log(c).contains("(mutual TLS)"), "{}", w.controller_log(c));
+    // Without a client certificate, no call gets through.
+    let plaintext = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap();
+    if let Ok(channel) = plaintext.connect_timeout(Duration::from_secs(5)).connect().await {
+        let mut c = CloudProviderClient::new(channel);
+        assert!(c.node_groups(pb::NodeGroupsRequest {}).await.is_err(), "a plaintext call was answered");
+    }
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(pki.read("ca.crt")))
+        .domain_name("127.0.0.1");
+    let no_cert =
+        tonic::transport::Endpoint::from_shared(format!("https://{address}")).unwrap().tls_config(tls).unwrap();
+    if let Ok(channel) = no_cert.connect_timeout(Duration::from_secs(5)).connect().await {
+        let mut c = CloudProviderClient::new(channel);
+        assert!(
+            c.node_groups(pb::NodeGroupsRequest {}).await.is_err(),
+            "a call without a client certificate was answered"
+        );
+    }
     class(&w).await;
     autoscaled_md(&w, "batch", 0, 0, 3, json!({"pool": "batch"})).await;
-    let ca = Autoscaler::start(&w, &address, "");
+    let config = format!(
+        "cert: \"{}\"\nkey: \"{}\"\ncacert: \"{}\"\n",
+        pki.path("client.crt"),
+        pki.path("client.key"),
+        pki.path("ca.crt")
+    );
+    let ca = Autoscaler::start(&w, &address, &config);
     // Pods that only run on the group's nodes (its template's node label): none exists, so only
     // the template node (from the class's capacity) tells the autoscaler they would fit.
     big_pods(&w, "jobs", 2, json!({"pool": "batch"})).await;
