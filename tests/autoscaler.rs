@@ -327,26 +327,31 @@ async fn pending_pods_scale_a_deployment_up_and_idle_nodes_go_exactly_without_a_
     let after = live_machines(&w, "web").await;
     let gone: BTreeSet<String> = before.difference(&after).cloned().collect();
     assert_eq!(gone.len(), 2, "{before:?} -> {after:?}");
-    // Exactly the machines whose nodes the autoscaler tainted (a machine's node is named as it).
+    // Exactly the machines whose nodes the autoscaler tainted (the fake cloud names a machine's
+    // node as the machine), and none drained a second time.
     let store = w.store();
     let ns = w.ns().to_string();
-    let mut removed_nodes = BTreeSet::new();
+    let mut said = Vec::new();
     for name in &gone {
-        let events = store.backend().events(&machine_controller::store::Key::new(Kind::Machine, &ns, name), 50).await;
-        let events = events.unwrap_or_default();
-        let drained: Vec<&str> = events.iter().filter(|e| e.reason == "Drained").map(|e| e.message.as_str()).collect();
-        assert!(
-            drained.iter().all(|m| m.contains("drained by the cluster-autoscaler")),
-            "{name} was drained a second time: {drained:?}"
-        );
-        if let Some(node) = drained.first().and_then(|m| m.split_whitespace().nth(1)) {
-            removed_nodes.insert(node.to_string());
-        }
+        let key = machine_controller::store::Key::new(Kind::Machine, &ns, name);
+        let events = store.backend().events(&key, 50).await.unwrap_or_default();
+        let ours: Vec<&str> = events
+            .iter()
+            .filter(|e| e.reason == "Drained" && !e.message.contains("drained by the cluster-autoscaler"))
+            .map(|e| e.message.as_str())
+            .collect();
+        assert!(ours.is_empty(), "{name} was drained a second time: {ours:?}");
+        said.push(format!(
+            "{name}: {:?}",
+            events.iter().map(|e| format!("{} {}", e.reason, e.message)).collect::<Vec<_>>()
+        ));
     }
+    assert!(said.iter().any(|s| s.contains("drained by the cluster-autoscaler")), "{said:?}");
     assert!(
-        removed_nodes.is_subset(&tainted) && removed_nodes.len() == 2,
-        "removed {removed_nodes:?}, tainted {tainted:?}\n{}",
-        ca.log_text()
+        gone.is_subset(&tainted),
+        "removed {gone:?}, tainted {tainted:?}\n{}\n{}",
+        said.join("\n"),
+        ca.log_text().lines().filter(|l| l.contains("cale") && !l.contains("reflector")).collect::<Vec<_>>().join("\n")
     );
     // Their VMs are gone from the cloud; the one left still runs the pod.
     w.wait_for("the fake cloud down to the machine left", MINUTE, || async {
@@ -358,6 +363,20 @@ async fn pending_pods_scale_a_deployment_up_and_idle_nodes_go_exactly_without_a_
     let md = w.md("web").await;
     let note = md.metadata.annotations.get(ANNOTATION_AUTOSCALER_LAST_CHANGE).cloned().unwrap_or_default();
     assert!(note.contains("DeleteNodes"), "last size change: {note:?}");
+
+    // kubectl: describe shows the bounds and the last size change; scale stays within the bounds.
+    let ns = w.ns().to_string();
+    let (code, out, err) = w.cluster().kubectl(&["describe", "machinedeployment", "web", "-n", &ns]).await;
+    assert_eq!(code, 0, "{err}");
+    let max = out.lines().find(|l| l.trim_start().starts_with("Max Replicas:")).map(|l| l.split_whitespace().last());
+    assert!(out.contains("Autoscaling:") && max == Some(Some("4")), "{out}");
+    assert!(out.contains(ANNOTATION_AUTOSCALER_LAST_CHANGE), "{out}");
+    let (code, _, err) = w.cluster().kubectl(&["scale", "machinedeployment", "web", "-n", &ns, "--replicas=9"]).await;
+    assert_ne!(code, 0, "kubectl scale above maxReplicas was accepted");
+    assert!(err.contains("minReplicas, maxReplicas"), "{err}");
+    let (code, _, err) = w.cluster().kubectl(&["scale", "machinedeployment", "web", "-n", &ns, "--replicas=2"]).await;
+    assert_eq!(code, 0, "{err}");
+    settled(&w, "web", 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -617,4 +636,59 @@ async fn kill_9_of_the_controller_right_after_increase_size_creates_each_machine
     w.start_controller(&[]);
     w.converged("web", 2 * MINUTE).await;
     w.assert_consistent(5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_answers_and_a_follower_says_unavailable() {
+    let cluster = e2e_tests::kube_cluster::Cluster::start().await;
+    let mut w = World::builder().kubernetes(cluster, "autoscale-leader").without_controller().start().await;
+    let args = ["--leader-elect", "--autoscaler-listen", "127.0.0.1:0", "--no-target-cluster"];
+    let a = w.start_controller(&[&args[..], &["--leader-elect-identity", "a"]].concat());
+    w.wait_for("controller a leading", MINUTE, || async {
+        w.controller_log(a).contains("running (leader)").then_some(())
+    })
+    .await;
+    let b = w.start_controller(&[&args[..], &["--leader-elect-identity", "b"]].concat());
+    let (leader, follower) = (server_address(&w, a).await, server_address(&w, b).await);
+    let e = client(&follower).await.node_groups(pb::NodeGroupsRequest {}).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+    assert!(e.message().contains("not the leader"), "{}", e.message());
+    client(&leader).await.node_groups(pb::NodeGroupsRequest {}).await.expect("the leader answers");
+}
+
+#[tokio::test]
+async fn plaintext_off_loopback_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store.db");
+    let bin = e2e_tests::bin("machine-controller");
+    let (code, _, err) = e2e_tests::run(
+        &bin,
+        &[
+            "--store",
+            store.to_str().unwrap(),
+            "run",
+            "--driver",
+            "fake=unix:///nonexistent.sock",
+            "--autoscaler-listen",
+            "0.0.0.0:0",
+        ],
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(err.contains("is not a loopback address") && err.contains("--autoscaler-allow-plaintext"), "{err}");
+    let (code, _, err) = e2e_tests::run(
+        &bin,
+        &[
+            "--store",
+            store.to_str().unwrap(),
+            "run",
+            "--driver",
+            "fake=unix:///x.sock",
+            "--autoscaler-tls-cert",
+            "c.pem",
+        ],
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(err.contains("--autoscaler-tls-key") && err.contains("--autoscaler-client-ca"), "{err}");
 }
