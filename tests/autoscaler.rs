@@ -413,7 +413,10 @@ async fn a_group_at_zero_grows_through_its_template_node_over_mutual_tls() {
             "a call without a client certificate was answered"
         );
     }
-    class(&w).await;
+    // A class that declares no capacity: the fake driver reports its machine type's when it
+    // validates the class, and the template node is built from that.
+    let spec = json!({"driver": "fake", "providerSpec": {"machineType": "small", "zone": "zone-a"}});
+    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": spec})).await;
     autoscaled_md(&w, "batch", 0, 0, 3, json!({"pool": "batch"})).await;
     let config = format!(
         "cert: \"{}\"\nkey: \"{}\"\ncacert: \"{}\"\n",
@@ -575,8 +578,13 @@ async fn size_calls_refuse_what_they_must_with_a_reason_and_remove_exactly_the_n
         .await
         .unwrap_err();
     assert!(e.message().contains("attempt to delete existing nodes"), "{}", e.message());
-    let e = c.node_group_template_node_info(pb::NodeGroupTemplateNodeInfoRequest { id: "default/web".into() }).await;
-    assert_eq!(e.unwrap_err().code(), Code::Unimplemented, "a class without capacity has no template node");
+    // The class declares no capacity; the fake driver reported its machine type's.
+    let template = c.node_group_template_node_info(pb::NodeGroupTemplateNodeInfoRequest { id: "default/web".into() });
+    let bytes = template.await.expect("a template node").into_inner().node_bytes;
+    let node = autoscaler_proto::node::Node::decode_bytes(&bytes).unwrap();
+    let capacity = node.status.unwrap().capacity;
+    assert_eq!(capacity["cpu"].string.as_deref(), Some("2"));
+    assert_eq!(capacity["memory"].string.as_deref(), Some("4Gi"));
 
     // A budget that names Autoscaler refuses the removal.
     let budget = "  disruption: {budgets: [{machines: 0, reasons: [Autoscaler]}]}\n";

@@ -131,12 +131,20 @@ async fn a_launch_template_spec_launches_on_moto() {
     let driver = start_driver(&moto.url(), region, &[]).await;
     let c = driver.client().await;
     let spec = json!({"instanceType": "t3.micro", "launchTemplate": {"name": "web-lt", "version": "$Latest"}});
-    c.validate_machine_class(pb::ValidateMachineClassRequest {
-        provider_spec: Some(json_to_struct(&spec)),
-        secrets: None,
-    })
-    .await
-    .unwrap();
+    let answer = c
+        .validate_machine_class(pb::ValidateMachineClassRequest {
+            provider_spec: Some(json_to_struct(&spec)),
+            secrets: None,
+        })
+        .await
+        .unwrap();
+    // The machine capacity comes from EC2's DescribeInstanceTypes (moto's instance-type data):
+    // a t3.micro has 2 vCPUs and 1 GiB.
+    let capacity = &answer.value.capacity;
+    assert_eq!(
+        (capacity.get("cpu").map(String::as_str), capacity.get("memory").map(String::as_str)),
+        (Some("2"), Some("1024Mi"))
+    );
     let op = wait_done(&c, c.create_machine(create_req("lt-0", spec)).await.unwrap().value).await;
     assert!(op.error_report().is_none(), "{:?}", op.error_report());
     let instances = moto.instances(region).await;

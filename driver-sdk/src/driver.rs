@@ -53,6 +53,19 @@ pub trait Driver: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
+    /// What one machine of a class offers the scheduler, as its Node's `status.capacity` will say
+    /// it (`cpu`, `memory`, `pods`, `nvidia.com/gpu`, …), answered with ValidateMachineClass
+    /// after [`Driver::validate_machine_class`] accepted the class. The controller keeps it in
+    /// the class's status, and the cluster-autoscaler builds the node a group would add from it.
+    /// The default knows nothing (empty); an error becomes a warning, never a refusal.
+    async fn machine_capacity(
+        &self,
+        _ctx: &RequestContext,
+        _req: &ValidateMachineClass,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        Ok(std::collections::BTreeMap::new())
+    }
+
     /// Splits `changed_paths` into those applied in place and those needing a replacement.
     async fn can_update_machine(&self, _ctx: &RequestContext, _req: CanUpdateMachine) -> Result<UpdatePlan> {
         Err(DriverError::unimplemented("CanUpdateMachine"))

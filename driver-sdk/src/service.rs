@@ -380,11 +380,16 @@ impl<D: Driver> pb::machines_server::Machines for DriverService<D> {
             let mut v = Check::default();
             let spec = self.spec(&mut v, "provider_spec", r.provider_spec.as_ref());
             v.finish()?;
-            let warnings = self
-                .driver()
-                .validate_machine_class(&ctx, ValidateMachineClass { provider_spec: spec, secrets: secrets.clone() })
-                .await?;
-            Ok(pb::ValidateMachineClassResponse { warnings })
+            let req = ValidateMachineClass { provider_spec: spec, secrets: secrets.clone() };
+            let mut warnings = self.driver().validate_machine_class(&ctx, req.clone()).await?;
+            let capacity = match self.driver().machine_capacity(&ctx, &req).await {
+                Ok(capacity) => capacity.into_iter().collect(),
+                Err(e) => {
+                    warnings.push(format!("the machine capacity is not known: {}", e.message()));
+                    Default::default()
+                }
+            };
+            Ok(pb::ValidateMachineClassResponse { warnings, capacity })
         })
     }
 

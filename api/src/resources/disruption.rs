@@ -25,7 +25,7 @@ pub enum DisruptionReason {
     Remediation,
     /// Machines move between failure domains (reserved).
     Rebalance,
-    /// The cluster-autoscaler removes a node (reserved).
+    /// The cluster-autoscaler removes a node it drained (`NodeGroupDeleteNodes`).
     Autoscaler,
     /// The cloud takes the machine (a spot interruption, maintenance; reserved). Never held.
     Interruption,

@@ -41,6 +41,10 @@ pub struct MachineClassStatus {
     /// Conditions (`Valid`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// What one machine of the class offers, as the driver reported it when it validated the
+    /// class (resource name → quantity); `spec.capacity`, when set, wins.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub capacity: std::collections::BTreeMap<String, String>,
 }
 
 /// A MachineClass: the driver, provider spec and credentials its machines are created with.

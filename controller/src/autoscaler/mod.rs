@@ -545,7 +545,12 @@ pub async fn serve(
         .map_err(|e| format!("reflection: {e}"))?;
     let router = builder.add_service(CloudProviderServer::new(server)).add_service(reflection);
     tracing::info!("cluster-autoscaler cloud provider (externalgrpc) on {local} ({scheme})");
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Calls come one after another on one connection: no Nagle delay on the answers.
+    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
+        conn.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    });
     Ok(tokio::spawn(async move {
         if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
             tracing::error!("the autoscaler server stopped: {e}");

@@ -31,13 +31,18 @@ pub fn node_bytes(g: &Group, class: Option<&MachineClass>) -> Result<Vec<u8>, St
     let class = class.ok_or_else(|| {
         Status::not_found(format!("MachineClass {}/{} of node group {} not found", g.key.namespace, g.class, g.id))
     })?;
-    let capacity = class.spec.capacity.as_ref().ok_or_else(|| {
-        Status::unimplemented(format!(
-            "MachineClass {} declares no spec.capacity: the autoscaler takes a live node of {} as the template \
-             (and cannot scale it from zero)",
-            g.class, g.id
-        ))
-    })?;
+    // The class's own word, else its driver's (reported when it validated the class).
+    let resources = match &class.spec.capacity {
+        Some(c) => c.resources(),
+        None if !class.status.capacity.is_empty() => class.status.capacity.clone(),
+        None => {
+            return Err(Status::unimplemented(format!(
+                "MachineClass {} has no spec.capacity and its driver reported none: the autoscaler takes a live \
+                 node of {} as the template (and cannot scale it from zero)",
+                g.class, g.id
+            )))
+        }
+    };
     let tspec = &g.template.spec;
     let node_template = tspec.node_template.clone().unwrap_or_default();
     let mut labels: BTreeMap<String, String> =
@@ -49,12 +54,15 @@ pub fn node_bytes(g: &Group, class: Option<&MachineClass>) -> Result<Vec<u8>, St
     if let Some(kind) = provider_field(t, c, &["machineType", "instanceType", "vmSize", "sku"]) {
         labels.insert("node.kubernetes.io/instance-type".into(), kind.into());
     }
-    if capacity.gpus.unwrap_or(0) > 0 {
+    let mut resources = resources;
+    // A node without a pod count would fit no pod: the kubelet's default.
+    resources.entry("pods".into()).or_insert_with(|| DEFAULT_MAX_PODS.into());
+    if resources.get(GPU_RESOURCE).is_some_and(|n| n != "0") {
         labels.insert(GPU_LABEL.into(), "true".into());
     }
     labels.extend(node_template.labels.clone());
     let resources: BTreeMap<String, Quantity> =
-        capacity.resources().into_iter().map(|(k, v)| (k, Quantity { string: Some(v) })).collect();
+        resources.into_iter().map(|(k, v)| (k, Quantity { string: Some(v) })).collect();
     let name = format!("template-node-for-{}", g.id.replace('/', "-").to_ascii_lowercase());
     let node = node::Node {
         metadata: Some(node::ObjectMeta { name: Some(name), labels, annotations: node_template.annotations.clone() }),
@@ -155,6 +163,9 @@ mod tests {
         let g = group(template());
         assert_eq!(node_bytes(&g, Some(&class)).unwrap_err().code(), tonic::Code::Unimplemented);
         assert_eq!(node_bytes(&g, None).unwrap_err().code(), tonic::Code::NotFound);
+        class.status.capacity = BTreeMap::from([("cpu".into(), "8".into()), ("memory".into(), "16Gi".into())]);
+        let reported = Node::decode_bytes(&node_bytes(&g, Some(&class)).unwrap()).unwrap();
+        assert_eq!(reported.status.unwrap().capacity["cpu"].string.as_deref(), Some("8"), "the driver's word");
         class.spec.capacity = Some(Capacity { cpu: "2".into(), memory: "4Gi".into(), ..Default::default() });
         let node = Node::decode_bytes(&node_bytes(&g, Some(&class)).unwrap()).unwrap();
         let meta = node.metadata.unwrap();

@@ -63,6 +63,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         match validation(answer) {
             Validation::Accepted(warnings) => {
                 set_condition(&mut c.status.conditions, ConditionType::Valid, true, Reason::Validated, &warnings);
+                if let Ok(reply) = &reply {
+                    c.status.capacity = reply.value.capacity.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                }
                 let msg = format!("the driver accepted the class {warnings}");
                 ctx.store.event(Kind::MachineClass, &c.metadata, EventReason::Validated, msg).await;
             }
@@ -80,6 +83,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
             }
         }
     } else {
+        c.status.capacity.clear();
         set_condition(
             &mut c.status.conditions,
             ConditionType::Valid,

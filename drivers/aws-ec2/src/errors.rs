@@ -36,6 +36,8 @@ pub enum Call {
     DescribeInstances,
     /// TerminateInstances.
     TerminateInstances,
+    /// DescribeInstanceTypes (a class's machine capacity).
+    DescribeInstanceTypes,
 }
 
 impl Call {
@@ -44,6 +46,7 @@ impl Call {
             Call::RunInstances => "RunInstances",
             Call::DescribeInstances => "DescribeInstances",
             Call::TerminateInstances => "TerminateInstances",
+            Call::DescribeInstanceTypes => "DescribeInstanceTypes",
         }
     }
 }

@@ -629,6 +629,37 @@ impl Driver for AwsEc2Driver {
         Ok(warnings)
     }
 
+    async fn machine_capacity(
+        &self,
+        ctx: &RequestContext,
+        req: &ValidateMachineClass,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        // EC2 says what an instance type has (DescribeInstanceTypes): vCPUs, memory, GPUs.
+        let spec = ProviderSpec::parse(&req.provider_spec)?;
+        let creds = ClassCredentials::from_secrets(&req.secrets)?;
+        let ec2 = self.ec2(spec.region.as_deref(), &creds).await;
+        let answer = ec2
+            .client
+            .describe_instance_types()
+            .instance_types(aws_sdk_ec2::types::InstanceType::from(spec.instance_type.as_str()))
+            .send()
+            .await
+            .map_err(|e| map_sdk_error(ctx, Call::DescribeInstanceTypes, ec2.source, e))?;
+        let mut out = std::collections::BTreeMap::new();
+        let Some(t) = answer.instance_types().first() else { return Ok(out) };
+        if let Some(n) = t.v_cpu_info().and_then(|v| v.default_v_cpus()) {
+            out.insert("cpu".to_string(), n.to_string());
+        }
+        if let Some(mib) = t.memory_info().and_then(|m| m.size_in_mib()) {
+            out.insert("memory".to_string(), format!("{mib}Mi"));
+        }
+        let gpus: i32 = t.gpu_info().map(|g| g.gpus().iter().filter_map(|g| g.count()).sum()).unwrap_or(0);
+        if gpus > 0 {
+            out.insert("nvidia.com/gpu".to_string(), gpus.to_string());
+        }
+        Ok(out)
+    }
+
     async fn get_operation(&self, ctx: &RequestContext, h: OperationHandle, secrets: Secrets) -> Result<Operation> {
         let st: OpState = h.state_as()?;
         let creds = ClassCredentials::from_secrets(&secrets)?;

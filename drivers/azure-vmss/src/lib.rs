@@ -523,6 +523,27 @@ impl Driver for AzureVmssDriver {
         Ok(warnings)
     }
 
+    async fn machine_capacity(
+        &self,
+        _ctx: &RequestContext,
+        req: &ValidateMachineClass,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        // The published sizes of the common VM families (the ARM emulator has no resource-SKU
+        // API to ask); an unknown size reports nothing, and the class's spec.capacity says it.
+        let spec = model::parse_spec(&req.provider_spec)?;
+        let Some((cpu, memory_gib, gpus)) = model::vm_size_capacity(&spec.vm_size) else {
+            return Ok(Default::default());
+        };
+        let mut out = std::collections::BTreeMap::from([
+            ("cpu".to_string(), cpu.to_string()),
+            ("memory".to_string(), format!("{memory_gib}Gi")),
+        ]);
+        if gpus > 0 {
+            out.insert("nvidia.com/gpu".to_string(), gpus.to_string());
+        }
+        Ok(out)
+    }
+
     async fn apply_pool(&self, ctx: &RequestContext, req: ApplyPool) -> Result<Operation> {
         let spec = model::parse_spec(&req.provider_spec)?;
         let hash = convert::spec_hash(&req.provider_spec);

@@ -480,3 +480,42 @@ mod tests {
         }
     }
 }
+
+/// vCPUs, memory (GiB) and GPUs of common Azure VM sizes, as Microsoft publishes them
+/// (case-insensitive names); `None` for a size not in the table.
+pub fn vm_size_capacity(vm_size: &str) -> Option<(u32, u32, u32)> {
+    const SIZES: &[(&str, u32, u32, u32)] = &[
+        ("Standard_B1s", 1, 1, 0),
+        ("Standard_B1ms", 1, 2, 0),
+        ("Standard_B2s", 2, 4, 0),
+        ("Standard_B2ms", 2, 8, 0),
+        ("Standard_B4ms", 4, 16, 0),
+        ("Standard_D2s_v3", 2, 8, 0),
+        ("Standard_D4s_v3", 4, 16, 0),
+        ("Standard_D8s_v3", 8, 32, 0),
+        ("Standard_D2s_v5", 2, 8, 0),
+        ("Standard_D4s_v5", 4, 16, 0),
+        ("Standard_D8s_v5", 8, 32, 0),
+        ("Standard_D2ds_v5", 2, 8, 0),
+        ("Standard_D4ds_v5", 4, 16, 0),
+        ("Standard_E2s_v5", 2, 16, 0),
+        ("Standard_E4s_v5", 4, 32, 0),
+        ("Standard_F2s_v2", 2, 4, 0),
+        ("Standard_F4s_v2", 4, 8, 0),
+        ("Standard_DS1_v2", 1, 3, 0),
+        ("Standard_DS2_v2", 2, 7, 0),
+        ("Standard_NC6s_v3", 6, 112, 1),
+        ("Standard_NC4as_T4_v3", 4, 28, 1),
+    ];
+    SIZES.iter().find(|(name, ..)| name.eq_ignore_ascii_case(vm_size)).map(|&(_, c, m, g)| (c, m, g))
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn known_sizes_have_their_published_capacity_and_unknown_ones_none() {
+        assert_eq!(super::vm_size_capacity("standard_d2s_v3"), Some((2, 8, 0)));
+        assert_eq!(super::vm_size_capacity("Standard_NC6s_v3"), Some((6, 112, 1)));
+        assert_eq!(super::vm_size_capacity("Standard_Unheard_of"), None);
+    }
+}

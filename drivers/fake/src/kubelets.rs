@@ -181,6 +181,9 @@ pub fn plan(
     }
 }
 
+/// The pod capacity a registered Node reports: the kubelet's default `--max-pods`.
+pub const MAX_PODS: &str = "110";
+
 /// CPUs and memory of a machine type.
 pub fn capacity(machine_type: &str) -> (&'static str, &'static str) {
     match machine_type {

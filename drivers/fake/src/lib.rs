@@ -783,6 +783,20 @@ impl Driver for FakeDriver {
         Ok(warnings)
     }
 
+    async fn machine_capacity(
+        &self,
+        _ctx: &RequestContext,
+        req: &driver_sdk::ValidateMachineClass,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        // What its kubelets register (kubelets::node): the machine type's CPUs and memory.
+        let machine_type = req.provider_spec.get("machineType").and_then(|t| t.as_str()).unwrap_or("small");
+        let (cpu, memory) = kubelets::capacity(machine_type);
+        Ok([("cpu", cpu), ("memory", memory), ("pods", kubelets::MAX_PODS)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
+    }
+
     async fn can_update_machine(&self, _ctx: &RequestContext, req: CanUpdateMachine) -> Result<UpdatePlan> {
         Ok(plan_update(&req.current, &req.desired, req.changed_paths))
     }

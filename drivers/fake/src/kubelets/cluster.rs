@@ -16,8 +16,8 @@ use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::{json, Value};
 
 use super::{
-    capacity, plan, KubeletMode, Vm, CLOUD_ANNOTATION, KWOK_ANNOTATION, PROVIDER_PREFIX, SETTLE, STOPPED_MESSAGE,
-    STOPPED_REASON, TICK,
+    capacity, plan, KubeletMode, Vm, CLOUD_ANNOTATION, KWOK_ANNOTATION, MAX_PODS, PROVIDER_PREFIX, SETTLE,
+    STOPPED_MESSAGE, STOPPED_REASON, TICK,
 };
 use crate::FakeDriver;
 
@@ -34,8 +34,6 @@ const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// Nodes per page when the Nodes registered before a restart are listed.
 const LIST_PAGE_SIZE: u32 = 500;
-/// The pod capacity a registered Node reports: the kubelet's default `--max-pods`.
-const MAX_PODS: &str = "110";
 /// The `User-Agent` of the kubelets' requests: an audit log tells their Node writes from the
 /// controller's, as it tells a real kubelet's (`kubelet/VERSION`).
 const USER_AGENT: &str = concat!("fake-driver-kubelet/", env!("CARGO_PKG_VERSION"));

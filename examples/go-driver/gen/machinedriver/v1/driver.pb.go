@@ -1152,7 +1152,13 @@ func (x *ValidateMachineClassRequest) GetSecrets() *Secrets {
 type ValidateMachineClassResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Non-fatal remarks, e.g. deprecated fields.
-	Warnings      []string `protobuf:"bytes,1,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	Warnings []string `protobuf:"bytes,1,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	// What one machine of the class offers the scheduler, as its Node's status.capacity will say
+	// it: resource name -> quantity ("cpu": "4", "memory": "16Gi", "pods": "110",
+	// "nvidia.com/gpu": "1"). Empty when the driver does not know the machine type. The controller
+	// keeps it in the class's status; the cluster-autoscaler builds the node a group would add
+	// from it (scale from zero).
+	Capacity      map[string]string `protobuf:"bytes,2,rep,name=capacity,proto3" json:"capacity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1190,6 +1196,13 @@ func (*ValidateMachineClassResponse) Descriptor() ([]byte, []int) {
 func (x *ValidateMachineClassResponse) GetWarnings() []string {
 	if x != nil {
 		return x.Warnings
+	}
+	return nil
+}
+
+func (x *ValidateMachineClassResponse) GetCapacity() map[string]string {
+	if x != nil {
+		return x.Capacity
 	}
 	return nil
 }
@@ -2772,9 +2785,13 @@ const file_machinedriver_v1_driver_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x96\x01\n" +
 	"\x1bValidateMachineClassRequest\x12<\n" +
 	"\rprovider_spec\x18\x01 \x01(\v2\x17.google.protobuf.StructR\fproviderSpec\x129\n" +
-	"\asecrets\x18\x02 \x01(\v2\x19.machinedriver.v1.SecretsB\x04\xe0\xed\x1c\x01R\asecrets\":\n" +
+	"\asecrets\x18\x02 \x01(\v2\x19.machinedriver.v1.SecretsB\x04\xe0\xed\x1c\x01R\asecrets\"\xd1\x01\n" +
 	"\x1cValidateMachineClassResponse\x12\x1a\n" +
-	"\bwarnings\x18\x01 \x03(\tR\bwarnings\"\x82\x02\n" +
+	"\bwarnings\x18\x01 \x03(\tR\bwarnings\x12X\n" +
+	"\bcapacity\x18\x02 \x03(\v2<.machinedriver.v1.ValidateMachineClassResponse.CapacityEntryR\bcapacity\x1a;\n" +
+	"\rCapacityEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x02\n" +
 	"\x17CanUpdateMachineRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12K\n" +
 	"\x15current_provider_spec\x18\x02 \x01(\v2\x17.google.protobuf.StructR\x13currentProviderSpec\x12K\n" +
@@ -2994,7 +3011,7 @@ func file_machinedriver_v1_driver_proto_rawDescGZIP() []byte {
 }
 
 var file_machinedriver_v1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_machinedriver_v1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_machinedriver_v1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_machinedriver_v1_driver_proto_goTypes = []any{
 	(Capability)(0),                      // 0: machinedriver.v1.Capability
 	(InPlaceDisruption)(0),               // 1: machinedriver.v1.InPlaceDisruption
@@ -3039,119 +3056,121 @@ var file_machinedriver_v1_driver_proto_goTypes = []any{
 	nil,                                  // 40: machinedriver.v1.Secrets.DataEntry
 	nil,                                  // 41: machinedriver.v1.CreateMachineRequest.LabelsEntry
 	nil,                                  // 42: machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
-	nil,                                  // 43: machinedriver.v1.Machine.LabelsEntry
-	nil,                                  // 44: machinedriver.v1.ApplyPoolRequest.LabelsEntry
-	nil,                                  // 45: machinedriver.v1.Pool.LabelsEntry
-	(*structpb.Struct)(nil),              // 46: google.protobuf.Struct
-	(*status.Status)(nil),                // 47: google.rpc.Status
-	(*timestamppb.Timestamp)(nil),        // 48: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 49: google.protobuf.Duration
-	(*descriptorpb.FieldOptions)(nil),    // 50: google.protobuf.FieldOptions
+	nil,                                  // 43: machinedriver.v1.ValidateMachineClassResponse.CapacityEntry
+	nil,                                  // 44: machinedriver.v1.Machine.LabelsEntry
+	nil,                                  // 45: machinedriver.v1.ApplyPoolRequest.LabelsEntry
+	nil,                                  // 46: machinedriver.v1.Pool.LabelsEntry
+	(*structpb.Struct)(nil),              // 47: google.protobuf.Struct
+	(*status.Status)(nil),                // 48: google.rpc.Status
+	(*timestamppb.Timestamp)(nil),        // 49: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 50: google.protobuf.Duration
+	(*descriptorpb.FieldOptions)(nil),    // 51: google.protobuf.FieldOptions
 }
 var file_machinedriver_v1_driver_proto_depIdxs = []int32{
-	46, // 0: machinedriver.v1.GetDriverInfoResponse.provider_spec_schema:type_name -> google.protobuf.Struct
+	47, // 0: machinedriver.v1.GetDriverInfoResponse.provider_spec_schema:type_name -> google.protobuf.Struct
 	0,  // 1: machinedriver.v1.GetCapabilitiesResponse.capabilities:type_name -> machinedriver.v1.Capability
 	40, // 2: machinedriver.v1.Secrets.data:type_name -> machinedriver.v1.Secrets.DataEntry
-	46, // 3: machinedriver.v1.CreateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	47, // 3: machinedriver.v1.CreateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
 	12, // 4: machinedriver.v1.CreateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
 	41, // 5: machinedriver.v1.CreateMachineRequest.labels:type_name -> machinedriver.v1.CreateMachineRequest.LabelsEntry
-	46, // 6: machinedriver.v1.DeleteMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	47, // 6: machinedriver.v1.DeleteMachineRequest.provider_spec:type_name -> google.protobuf.Struct
 	12, // 7: machinedriver.v1.DeleteMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	46, // 8: machinedriver.v1.GetMachineStatusRequest.provider_spec:type_name -> google.protobuf.Struct
+	47, // 8: machinedriver.v1.GetMachineStatusRequest.provider_spec:type_name -> google.protobuf.Struct
 	12, // 9: machinedriver.v1.GetMachineStatusRequest.secrets:type_name -> machinedriver.v1.Secrets
 	42, // 10: machinedriver.v1.ListMachinesRequest.label_selector:type_name -> machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
-	46, // 11: machinedriver.v1.ListMachinesRequest.provider_spec:type_name -> google.protobuf.Struct
+	47, // 11: machinedriver.v1.ListMachinesRequest.provider_spec:type_name -> google.protobuf.Struct
 	12, // 12: machinedriver.v1.ListMachinesRequest.secrets:type_name -> machinedriver.v1.Secrets
 	23, // 13: machinedriver.v1.ListMachinesResponse.machines:type_name -> machinedriver.v1.Machine
-	46, // 14: machinedriver.v1.ValidateMachineClassRequest.provider_spec:type_name -> google.protobuf.Struct
+	47, // 14: machinedriver.v1.ValidateMachineClassRequest.provider_spec:type_name -> google.protobuf.Struct
 	12, // 15: machinedriver.v1.ValidateMachineClassRequest.secrets:type_name -> machinedriver.v1.Secrets
-	46, // 16: machinedriver.v1.CanUpdateMachineRequest.current_provider_spec:type_name -> google.protobuf.Struct
-	46, // 17: machinedriver.v1.CanUpdateMachineRequest.desired_provider_spec:type_name -> google.protobuf.Struct
-	12, // 18: machinedriver.v1.CanUpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	1,  // 19: machinedriver.v1.CanUpdateMachineResponse.disruption:type_name -> machinedriver.v1.InPlaceDisruption
-	46, // 20: machinedriver.v1.UpdateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 21: machinedriver.v1.UpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	2,  // 22: machinedriver.v1.Machine.state:type_name -> machinedriver.v1.MachineState
-	24, // 23: machinedriver.v1.Machine.addresses:type_name -> machinedriver.v1.Address
-	43, // 24: machinedriver.v1.Machine.labels:type_name -> machinedriver.v1.Machine.LabelsEntry
-	25, // 25: machinedriver.v1.Machine.resources:type_name -> machinedriver.v1.ResourceStatus
-	47, // 26: machinedriver.v1.Machine.cloud_error:type_name -> google.rpc.Status
-	48, // 27: machinedriver.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
-	46, // 28: machinedriver.v1.ApplyPoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 29: machinedriver.v1.ApplyPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	44, // 30: machinedriver.v1.ApplyPoolRequest.labels:type_name -> machinedriver.v1.ApplyPoolRequest.LabelsEntry
-	46, // 31: machinedriver.v1.GetPoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 32: machinedriver.v1.GetPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	46, // 33: machinedriver.v1.DeletePoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 34: machinedriver.v1.DeletePoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	45, // 35: machinedriver.v1.Pool.labels:type_name -> machinedriver.v1.Pool.LabelsEntry
-	46, // 36: machinedriver.v1.ListPoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 37: machinedriver.v1.ListPoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	32, // 38: machinedriver.v1.ListPoolInstancesResponse.instances:type_name -> machinedriver.v1.PoolInstance
-	4,  // 39: machinedriver.v1.PoolInstance.power_state:type_name -> machinedriver.v1.PowerState
-	24, // 40: machinedriver.v1.PoolInstance.addresses:type_name -> machinedriver.v1.Address
-	48, // 41: machinedriver.v1.PoolInstance.create_time:type_name -> google.protobuf.Timestamp
-	3,  // 42: machinedriver.v1.PoolInstance.state:type_name -> machinedriver.v1.InstanceState
-	46, // 43: machinedriver.v1.DeletePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 44: machinedriver.v1.DeletePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	46, // 45: machinedriver.v1.UpgradePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 46: machinedriver.v1.UpgradePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	12, // 47: machinedriver.v1.GetOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	49, // 48: machinedriver.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
-	12, // 49: machinedriver.v1.WaitOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	12, // 50: machinedriver.v1.CancelOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	5,  // 51: machinedriver.v1.Operation.kind:type_name -> machinedriver.v1.OperationKind
-	47, // 52: machinedriver.v1.Operation.error:type_name -> google.rpc.Status
-	39, // 53: machinedriver.v1.Operation.response:type_name -> machinedriver.v1.OperationResult
-	49, // 54: machinedriver.v1.Operation.poll_after:type_name -> google.protobuf.Duration
-	48, // 55: machinedriver.v1.Operation.start_time:type_name -> google.protobuf.Timestamp
-	48, // 56: machinedriver.v1.Operation.end_time:type_name -> google.protobuf.Timestamp
-	23, // 57: machinedriver.v1.OperationResult.machine:type_name -> machinedriver.v1.Machine
-	29, // 58: machinedriver.v1.OperationResult.pool:type_name -> machinedriver.v1.Pool
-	50, // 59: machinedriver.v1.secret:extendee -> google.protobuf.FieldOptions
-	6,  // 60: machinedriver.v1.Identity.GetDriverInfo:input_type -> machinedriver.v1.GetDriverInfoRequest
-	8,  // 61: machinedriver.v1.Identity.GetCapabilities:input_type -> machinedriver.v1.GetCapabilitiesRequest
-	10, // 62: machinedriver.v1.Identity.Probe:input_type -> machinedriver.v1.ProbeRequest
-	13, // 63: machinedriver.v1.Machines.CreateMachine:input_type -> machinedriver.v1.CreateMachineRequest
-	14, // 64: machinedriver.v1.Machines.DeleteMachine:input_type -> machinedriver.v1.DeleteMachineRequest
-	15, // 65: machinedriver.v1.Machines.GetMachineStatus:input_type -> machinedriver.v1.GetMachineStatusRequest
-	16, // 66: machinedriver.v1.Machines.ListMachines:input_type -> machinedriver.v1.ListMachinesRequest
-	18, // 67: machinedriver.v1.Machines.ValidateMachineClass:input_type -> machinedriver.v1.ValidateMachineClassRequest
-	20, // 68: machinedriver.v1.Machines.CanUpdateMachine:input_type -> machinedriver.v1.CanUpdateMachineRequest
-	22, // 69: machinedriver.v1.Machines.UpdateMachine:input_type -> machinedriver.v1.UpdateMachineRequest
-	26, // 70: machinedriver.v1.Pools.ApplyPool:input_type -> machinedriver.v1.ApplyPoolRequest
-	27, // 71: machinedriver.v1.Pools.GetPool:input_type -> machinedriver.v1.GetPoolRequest
-	30, // 72: machinedriver.v1.Pools.ListPoolInstances:input_type -> machinedriver.v1.ListPoolInstancesRequest
-	33, // 73: machinedriver.v1.Pools.DeletePoolInstances:input_type -> machinedriver.v1.DeletePoolInstancesRequest
-	34, // 74: machinedriver.v1.Pools.UpgradePoolInstances:input_type -> machinedriver.v1.UpgradePoolInstancesRequest
-	28, // 75: machinedriver.v1.Pools.DeletePool:input_type -> machinedriver.v1.DeletePoolRequest
-	35, // 76: machinedriver.v1.Operations.GetOperation:input_type -> machinedriver.v1.GetOperationRequest
-	36, // 77: machinedriver.v1.Operations.WaitOperation:input_type -> machinedriver.v1.WaitOperationRequest
-	37, // 78: machinedriver.v1.Operations.CancelOperation:input_type -> machinedriver.v1.CancelOperationRequest
-	7,  // 79: machinedriver.v1.Identity.GetDriverInfo:output_type -> machinedriver.v1.GetDriverInfoResponse
-	9,  // 80: machinedriver.v1.Identity.GetCapabilities:output_type -> machinedriver.v1.GetCapabilitiesResponse
-	11, // 81: machinedriver.v1.Identity.Probe:output_type -> machinedriver.v1.ProbeResponse
-	38, // 82: machinedriver.v1.Machines.CreateMachine:output_type -> machinedriver.v1.Operation
-	38, // 83: machinedriver.v1.Machines.DeleteMachine:output_type -> machinedriver.v1.Operation
-	23, // 84: machinedriver.v1.Machines.GetMachineStatus:output_type -> machinedriver.v1.Machine
-	17, // 85: machinedriver.v1.Machines.ListMachines:output_type -> machinedriver.v1.ListMachinesResponse
-	19, // 86: machinedriver.v1.Machines.ValidateMachineClass:output_type -> machinedriver.v1.ValidateMachineClassResponse
-	21, // 87: machinedriver.v1.Machines.CanUpdateMachine:output_type -> machinedriver.v1.CanUpdateMachineResponse
-	38, // 88: machinedriver.v1.Machines.UpdateMachine:output_type -> machinedriver.v1.Operation
-	38, // 89: machinedriver.v1.Pools.ApplyPool:output_type -> machinedriver.v1.Operation
-	29, // 90: machinedriver.v1.Pools.GetPool:output_type -> machinedriver.v1.Pool
-	31, // 91: machinedriver.v1.Pools.ListPoolInstances:output_type -> machinedriver.v1.ListPoolInstancesResponse
-	38, // 92: machinedriver.v1.Pools.DeletePoolInstances:output_type -> machinedriver.v1.Operation
-	38, // 93: machinedriver.v1.Pools.UpgradePoolInstances:output_type -> machinedriver.v1.Operation
-	38, // 94: machinedriver.v1.Pools.DeletePool:output_type -> machinedriver.v1.Operation
-	38, // 95: machinedriver.v1.Operations.GetOperation:output_type -> machinedriver.v1.Operation
-	38, // 96: machinedriver.v1.Operations.WaitOperation:output_type -> machinedriver.v1.Operation
-	38, // 97: machinedriver.v1.Operations.CancelOperation:output_type -> machinedriver.v1.Operation
-	79, // [79:98] is the sub-list for method output_type
-	60, // [60:79] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	59, // [59:60] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	43, // 16: machinedriver.v1.ValidateMachineClassResponse.capacity:type_name -> machinedriver.v1.ValidateMachineClassResponse.CapacityEntry
+	47, // 17: machinedriver.v1.CanUpdateMachineRequest.current_provider_spec:type_name -> google.protobuf.Struct
+	47, // 18: machinedriver.v1.CanUpdateMachineRequest.desired_provider_spec:type_name -> google.protobuf.Struct
+	12, // 19: machinedriver.v1.CanUpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	1,  // 20: machinedriver.v1.CanUpdateMachineResponse.disruption:type_name -> machinedriver.v1.InPlaceDisruption
+	47, // 21: machinedriver.v1.UpdateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 22: machinedriver.v1.UpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	2,  // 23: machinedriver.v1.Machine.state:type_name -> machinedriver.v1.MachineState
+	24, // 24: machinedriver.v1.Machine.addresses:type_name -> machinedriver.v1.Address
+	44, // 25: machinedriver.v1.Machine.labels:type_name -> machinedriver.v1.Machine.LabelsEntry
+	25, // 26: machinedriver.v1.Machine.resources:type_name -> machinedriver.v1.ResourceStatus
+	48, // 27: machinedriver.v1.Machine.cloud_error:type_name -> google.rpc.Status
+	49, // 28: machinedriver.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
+	47, // 29: machinedriver.v1.ApplyPoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 30: machinedriver.v1.ApplyPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	45, // 31: machinedriver.v1.ApplyPoolRequest.labels:type_name -> machinedriver.v1.ApplyPoolRequest.LabelsEntry
+	47, // 32: machinedriver.v1.GetPoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 33: machinedriver.v1.GetPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	47, // 34: machinedriver.v1.DeletePoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 35: machinedriver.v1.DeletePoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	46, // 36: machinedriver.v1.Pool.labels:type_name -> machinedriver.v1.Pool.LabelsEntry
+	47, // 37: machinedriver.v1.ListPoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 38: machinedriver.v1.ListPoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	32, // 39: machinedriver.v1.ListPoolInstancesResponse.instances:type_name -> machinedriver.v1.PoolInstance
+	4,  // 40: machinedriver.v1.PoolInstance.power_state:type_name -> machinedriver.v1.PowerState
+	24, // 41: machinedriver.v1.PoolInstance.addresses:type_name -> machinedriver.v1.Address
+	49, // 42: machinedriver.v1.PoolInstance.create_time:type_name -> google.protobuf.Timestamp
+	3,  // 43: machinedriver.v1.PoolInstance.state:type_name -> machinedriver.v1.InstanceState
+	47, // 44: machinedriver.v1.DeletePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 45: machinedriver.v1.DeletePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	47, // 46: machinedriver.v1.UpgradePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	12, // 47: machinedriver.v1.UpgradePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	12, // 48: machinedriver.v1.GetOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	50, // 49: machinedriver.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
+	12, // 50: machinedriver.v1.WaitOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	12, // 51: machinedriver.v1.CancelOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	5,  // 52: machinedriver.v1.Operation.kind:type_name -> machinedriver.v1.OperationKind
+	48, // 53: machinedriver.v1.Operation.error:type_name -> google.rpc.Status
+	39, // 54: machinedriver.v1.Operation.response:type_name -> machinedriver.v1.OperationResult
+	50, // 55: machinedriver.v1.Operation.poll_after:type_name -> google.protobuf.Duration
+	49, // 56: machinedriver.v1.Operation.start_time:type_name -> google.protobuf.Timestamp
+	49, // 57: machinedriver.v1.Operation.end_time:type_name -> google.protobuf.Timestamp
+	23, // 58: machinedriver.v1.OperationResult.machine:type_name -> machinedriver.v1.Machine
+	29, // 59: machinedriver.v1.OperationResult.pool:type_name -> machinedriver.v1.Pool
+	51, // 60: machinedriver.v1.secret:extendee -> google.protobuf.FieldOptions
+	6,  // 61: machinedriver.v1.Identity.GetDriverInfo:input_type -> machinedriver.v1.GetDriverInfoRequest
+	8,  // 62: machinedriver.v1.Identity.GetCapabilities:input_type -> machinedriver.v1.GetCapabilitiesRequest
+	10, // 63: machinedriver.v1.Identity.Probe:input_type -> machinedriver.v1.ProbeRequest
+	13, // 64: machinedriver.v1.Machines.CreateMachine:input_type -> machinedriver.v1.CreateMachineRequest
+	14, // 65: machinedriver.v1.Machines.DeleteMachine:input_type -> machinedriver.v1.DeleteMachineRequest
+	15, // 66: machinedriver.v1.Machines.GetMachineStatus:input_type -> machinedriver.v1.GetMachineStatusRequest
+	16, // 67: machinedriver.v1.Machines.ListMachines:input_type -> machinedriver.v1.ListMachinesRequest
+	18, // 68: machinedriver.v1.Machines.ValidateMachineClass:input_type -> machinedriver.v1.ValidateMachineClassRequest
+	20, // 69: machinedriver.v1.Machines.CanUpdateMachine:input_type -> machinedriver.v1.CanUpdateMachineRequest
+	22, // 70: machinedriver.v1.Machines.UpdateMachine:input_type -> machinedriver.v1.UpdateMachineRequest
+	26, // 71: machinedriver.v1.Pools.ApplyPool:input_type -> machinedriver.v1.ApplyPoolRequest
+	27, // 72: machinedriver.v1.Pools.GetPool:input_type -> machinedriver.v1.GetPoolRequest
+	30, // 73: machinedriver.v1.Pools.ListPoolInstances:input_type -> machinedriver.v1.ListPoolInstancesRequest
+	33, // 74: machinedriver.v1.Pools.DeletePoolInstances:input_type -> machinedriver.v1.DeletePoolInstancesRequest
+	34, // 75: machinedriver.v1.Pools.UpgradePoolInstances:input_type -> machinedriver.v1.UpgradePoolInstancesRequest
+	28, // 76: machinedriver.v1.Pools.DeletePool:input_type -> machinedriver.v1.DeletePoolRequest
+	35, // 77: machinedriver.v1.Operations.GetOperation:input_type -> machinedriver.v1.GetOperationRequest
+	36, // 78: machinedriver.v1.Operations.WaitOperation:input_type -> machinedriver.v1.WaitOperationRequest
+	37, // 79: machinedriver.v1.Operations.CancelOperation:input_type -> machinedriver.v1.CancelOperationRequest
+	7,  // 80: machinedriver.v1.Identity.GetDriverInfo:output_type -> machinedriver.v1.GetDriverInfoResponse
+	9,  // 81: machinedriver.v1.Identity.GetCapabilities:output_type -> machinedriver.v1.GetCapabilitiesResponse
+	11, // 82: machinedriver.v1.Identity.Probe:output_type -> machinedriver.v1.ProbeResponse
+	38, // 83: machinedriver.v1.Machines.CreateMachine:output_type -> machinedriver.v1.Operation
+	38, // 84: machinedriver.v1.Machines.DeleteMachine:output_type -> machinedriver.v1.Operation
+	23, // 85: machinedriver.v1.Machines.GetMachineStatus:output_type -> machinedriver.v1.Machine
+	17, // 86: machinedriver.v1.Machines.ListMachines:output_type -> machinedriver.v1.ListMachinesResponse
+	19, // 87: machinedriver.v1.Machines.ValidateMachineClass:output_type -> machinedriver.v1.ValidateMachineClassResponse
+	21, // 88: machinedriver.v1.Machines.CanUpdateMachine:output_type -> machinedriver.v1.CanUpdateMachineResponse
+	38, // 89: machinedriver.v1.Machines.UpdateMachine:output_type -> machinedriver.v1.Operation
+	38, // 90: machinedriver.v1.Pools.ApplyPool:output_type -> machinedriver.v1.Operation
+	29, // 91: machinedriver.v1.Pools.GetPool:output_type -> machinedriver.v1.Pool
+	31, // 92: machinedriver.v1.Pools.ListPoolInstances:output_type -> machinedriver.v1.ListPoolInstancesResponse
+	38, // 93: machinedriver.v1.Pools.DeletePoolInstances:output_type -> machinedriver.v1.Operation
+	38, // 94: machinedriver.v1.Pools.UpgradePoolInstances:output_type -> machinedriver.v1.Operation
+	38, // 95: machinedriver.v1.Pools.DeletePool:output_type -> machinedriver.v1.Operation
+	38, // 96: machinedriver.v1.Operations.GetOperation:output_type -> machinedriver.v1.Operation
+	38, // 97: machinedriver.v1.Operations.WaitOperation:output_type -> machinedriver.v1.Operation
+	38, // 98: machinedriver.v1.Operations.CancelOperation:output_type -> machinedriver.v1.Operation
+	80, // [80:99] is the sub-list for method output_type
+	61, // [61:80] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	60, // [60:61] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_machinedriver_v1_driver_proto_init() }
@@ -3169,7 +3188,7 @@ func file_machinedriver_v1_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_machinedriver_v1_driver_proto_rawDesc), len(file_machinedriver_v1_driver_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 1,
 			NumServices:   4,
 		},
