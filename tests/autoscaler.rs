@@ -668,35 +668,20 @@ async fn only_the_leader_answers_and_a_follower_says_unavailable() {
 async fn plaintext_off_loopback_is_refused_unless_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store.db");
-    let bin = e2e_tests::bin("machine-controller");
-    let (code, _, err) = e2e_tests::run(
-        &bin,
-        &[
-            "--store",
-            store.to_str().unwrap(),
-            "run",
-            "--driver",
-            "fake=unix:///nonexistent.sock",
-            "--autoscaler-listen",
-            "0.0.0.0:0",
-        ],
-    )
-    .await;
+    // `machine-controller run` with `extra`: its exit code and stderr.
+    let run = |extra: &'static [&'static str]| {
+        let store = store.to_string_lossy().into_owned();
+        async move {
+            let mut args = vec!["--store", &store, "run", "--driver", "fake=unix:///nonexistent.sock"];
+            args.extend(extra);
+            let (code, _, err) = e2e_tests::run(&e2e_tests::bin("machine-controller"), &args).await;
+            (code, err)
+        }
+    };
+    let (code, err) = run(&["--autoscaler-listen", "0.0.0.0:0"]).await;
     assert_ne!(code, 0);
     assert!(err.contains("is not a loopback address") && err.contains("--autoscaler-allow-plaintext"), "{err}");
-    let (code, _, err) = e2e_tests::run(
-        &bin,
-        &[
-            "--store",
-            store.to_str().unwrap(),
-            "run",
-            "--driver",
-            "fake=unix:///x.sock",
-            "--autoscaler-tls-cert",
-            "c.pem",
-        ],
-    )
-    .await;
+    let (code, err) = run(&["--autoscaler-tls-cert", "c.pem"]).await;
     assert_ne!(code, 0);
     assert!(err.contains("--autoscaler-tls-key") && err.contains("--autoscaler-client-ca"), "{err}");
 }

@@ -12,12 +12,12 @@
 //!    index pays).
 //! 2. **Pending pod to Running on a new node**, with the real cluster-autoscaler (1.36.1,
 //!    `tests/tools/install-autoscaler.sh`; 2 s scan interval) on the test cluster, the fake
-//!    cloud (create latency 300 ms) and debug builds: split into the autoscaler's decision (pod
+//!    cloud (create latency 300 ms) and release builds: split into the autoscaler's decision (pod
 //!    created → `replicas` raised), our create (→ the VM runs: `status.provisioned`) and the join
 //!    (→ the Node Ready, the pod Running). 3 rounds, one pod each.
 //!
 //! ```text
-//! cargo build --workspace --bins
+//! cargo build --release -p machine-controller -p fake-driver --features fake-driver/join-cluster
 //! export KUBE_CLUSTER_DIR=$(bash tests/tools/install-kube-cluster.sh)
 //! export CLUSTER_AUTOSCALER_BIN=$(bash tests/tools/install-autoscaler.sh)
 //! cargo bench -p e2e-tests --bench autoscaler_loop             # both parts
