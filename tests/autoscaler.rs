@@ -479,6 +479,47 @@ async fn a_group_whose_creates_fail_for_quota_is_out_of_resources_and_the_autosc
     settled(&w, "cheap", 0).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_of_the_controller_after_the_autoscalers_increase_creates_each_machine_once() {
+    // The fake cloud creates slowly, so the kill lands between the size write and the machines.
+    let mut w =
+        World::on_full_cluster(&["--create-latency", "2s", "--delete-latency", "200ms"], "autoscale-kill").await;
+    // One address for both controllers: the autoscaler's cloud-config names it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let address = format!("127.0.0.1:{port}");
+    let first = w.start_controller(&["--autoscaler-listen", &address]);
+    server_address(&w, first).await;
+    class(&w).await;
+    autoscaled_md(&w, "web", 1, 1, 4, json!({})).await;
+    w.converged("web", 2 * MINUTE).await;
+    let ca = Autoscaler::start(&w, &address, "");
+    big_pods(&w, "big", 3, json!({})).await;
+    // The autoscaler's IncreaseSize is written: kill -9 before the machines are made.
+    w.wait_for("the autoscaler's IncreaseSize", 2 * MINUTE, || async {
+        (w.md("web").await.spec.replicas > 1).then_some(())
+    })
+    .await;
+    w.kill9_controller(first).await;
+    let second = w.start_controller(&["--autoscaler-listen", &address]);
+    server_address(&w, second).await;
+    w.wait_for("3 pods Running", 4 * MINUTE, || async { (w.ready_pods("big").await.len() == 3).then_some(()) }).await;
+    // The store and the cloud agree (a node the autoscaler asked for too many may be on its
+    // way out meanwhile), and no machine was created twice.
+    w.wait_for("the store and the cloud in agreement", 2 * MINUTE, || async {
+        let md = w.converged("web", 2 * MINUTE).await;
+        let cloud = w.inspect().await;
+        let vms: BTreeSet<String> = cloud.machines.iter().map(|m| m.name.clone()).collect();
+        let live = live_machines(&w, "web").await;
+        (live == vms && live.len() as i64 == md.spec.replicas).then_some(())
+    })
+    .await;
+    for m in &w.inspect().await.machines {
+        assert_eq!(m.times_created, 1, "{} was created {} times\n{}", m.name, m.times_created, scale_up_lines(&ca));
+    }
+    let c = w.inspect().await.counters.expect("counters");
+    assert_eq!(c.machines_created - c.machines_deleted, live_machines(&w, "web").await.len() as u64);
+}
+
 // ----- the calls, made as the autoscaler makes them, on the embedded store -----
 
 use autoscaler_proto::pb;

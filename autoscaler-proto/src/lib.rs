@@ -14,7 +14,14 @@ pub mod node;
 pub use prost_types;
 
 /// The generated types, server and client.
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    rustdoc::invalid_html_tags,
+    rustdoc::bare_urls,
+    rustdoc::broken_intra_doc_links
+)]
 pub mod pb {
     tonic::include_proto!("clusterautoscaler.cloudprovider.v1.externalgrpc");
 }
