@@ -299,8 +299,10 @@ async fn pending_pods_scale_a_deployment_up_and_idle_nodes_go_exactly_without_a_
     assert!(note.contains("IncreaseSize") || note.contains("DeleteNodes"), "last size change: {note:?}");
     let said = md_events(&w, "web").await;
     assert!(said.iter().any(|e| e.contains("IncreaseSize: replicas 1 -> 3")), "{said:?}");
+    // (An autoscaler loop that started before the pods ran may still add a fourth, idle node:
+    // it goes with the others below.)
     let before = live_machines(&w, "web").await;
-    assert_eq!(before.len(), 3, "{before:?}");
+    assert!(before.len() >= 3, "{before:?}");
 
     // The status ConfigMap shows the group, healthy.
     let configmaps: Api<ConfigMap> = Api::namespaced(w.cluster().client.clone(), w.ns());
@@ -317,16 +319,20 @@ async fn pending_pods_scale_a_deployment_up_and_idle_nodes_go_exactly_without_a_
     scale_pods(&w, "big", 1).await;
     // Every node the autoscaler tainted on the way (the taint goes with the Node).
     let tainted = std::sync::Mutex::new(BTreeSet::new());
+    let seen = std::sync::Mutex::new(before.clone());
     w.wait_for("the deployment back at 1 machine", 4 * MINUTE, || async {
-        let seen = tainted_nodes(&w).await;
-        tainted.lock().unwrap().extend(seen);
-        (live_machines(&w, "web").await.len() == 1 && w.md("web").await.spec.replicas == 1).then_some(())
+        let now_tainted = tainted_nodes(&w).await;
+        tainted.lock().unwrap().extend(now_tainted);
+        let live = live_machines(&w, "web").await;
+        let n = live.len();
+        seen.lock().unwrap().extend(live);
+        (n == 1 && w.md("web").await.spec.replicas == 1).then_some(())
     })
     .await;
-    let tainted = tainted.into_inner().unwrap();
+    let (tainted, seen) = (tainted.into_inner().unwrap(), seen.into_inner().unwrap());
     let after = live_machines(&w, "web").await;
-    let gone: BTreeSet<String> = before.difference(&after).cloned().collect();
-    assert_eq!(gone.len(), 2, "{before:?} -> {after:?}");
+    let gone: BTreeSet<String> = seen.difference(&after).cloned().collect();
+    assert_eq!(gone.len(), seen.len() - 1, "{seen:?} -> {after:?}");
     // Exactly the machines whose nodes the autoscaler tainted (the fake cloud names a machine's
     // node as the machine), and none drained a second time.
     let store = w.store();

@@ -18,6 +18,8 @@ const INT_OR_PERCENT: &str = "must be an integer of at least 0 or a percentage l
 const AT_MOST_100: &str = "must not be more than 100%";
 const NOT_BOTH_ZERO: &str = "must not be 0 when maxSurge is 0";
 const AT_LEAST_1: &str = "must be at least 1";
+const WITHIN_BOUNDS: &str =
+    "must lie within spec.autoscaling's [minReplicas, maxReplicas] (the cluster-autoscaler sizes it there)";
 
 fn table() -> Vec<Row> {
     const MD: &str = "MachineDeployment";
@@ -45,6 +47,39 @@ fn table() -> Vec<Row> {
         (MD, json!({"replicas": 100001}), Some(("spec.replicas", "must be at most 100000"))),
         (MP, json!({"replicas": -3}), Some(("spec.replicas", AT_LEAST_0))),
         (MP, json!({"replicas": 200000}), Some(("spec.replicas", "must be at most 100000"))),
+        // Autoscaling bounds: min ≤ max, and replicas within them (so `kubectl scale` stays there).
+        (
+            MD,
+            json!({"replicas": 3, "autoscaling": {"minReplicas": 1, "maxReplicas": 5,
+                   "scaleDown": {"utilizationThreshold": 0.4, "unneededTime": "5m"}}}),
+            None,
+        ),
+        (MP, json!({"replicas": 0, "autoscaling": {"minReplicas": 0, "maxReplicas": 3}}), None),
+        (
+            MD,
+            json!({"replicas": 3, "autoscaling": {"minReplicas": 4, "maxReplicas": 2}}),
+            Some(("spec.autoscaling.maxReplicas", "must be at least minReplicas")),
+        ),
+        (
+            MP,
+            json!({"replicas": 3, "autoscaling": {"minReplicas": 4, "maxReplicas": 2}}),
+            Some(("spec.autoscaling.maxReplicas", "must be at least minReplicas")),
+        ),
+        (
+            MD,
+            json!({"replicas": 9, "autoscaling": {"minReplicas": 1, "maxReplicas": 5}}),
+            Some(("spec.replicas", WITHIN_BOUNDS)),
+        ),
+        (
+            MP,
+            json!({"replicas": 0, "autoscaling": {"minReplicas": 1, "maxReplicas": 5}}),
+            Some(("spec.replicas", WITHIN_BOUNDS)),
+        ),
+        (
+            MD,
+            json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 5, "scaleDown": {"utilizationThreshold": 1.5}}}),
+            Some(("spec.autoscaling.scaleDown.utilizationThreshold", "should be less than or equal to 1")),
+        ),
         // Int-or-percent format and range.
         (MD, rolling(json!("lots"), json!(0)), Some((surge, INT_OR_PERCENT))),
         (MD, rolling(json!(-1), json!(1)), Some((surge, INT_OR_PERCENT))),

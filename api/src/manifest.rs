@@ -233,13 +233,21 @@ fn broken_rules(kind: Kind, json: &Value) -> Vec<(String, String)> {
 /// The (field, message) of every `minimum`/`maximum` of the CRD schema that `json` breaks, in the
 /// API server's words.
 fn bounds(kind: Kind, json: &Value) -> Vec<(String, String)> {
+    // A bound as the API server prints it (Go's `%v` of a float64: `1`, not `1.0`).
+    fn bound(b: f64) -> String {
+        if b.fract() == 0.0 && b.abs() < 1e15 {
+            format!("{}", b as i64)
+        } else {
+            format!("{b}")
+        }
+    }
     fn walk(schema: &Value, v: &Value, path: &str, out: &mut Vec<(String, String)>) {
         if let Some(n) = v.as_f64() {
-            if schema.get("minimum").and_then(Value::as_f64).is_some_and(|min| n < min) {
-                out.push((path.into(), format!("should be greater than or equal to {}", schema["minimum"])));
+            if let Some(min) = schema.get("minimum").and_then(Value::as_f64).filter(|min| n < *min) {
+                out.push((path.into(), format!("should be greater than or equal to {}", bound(min))));
             }
-            if schema.get("maximum").and_then(Value::as_f64).is_some_and(|max| n > max) {
-                out.push((path.into(), format!("should be less than or equal to {}", schema["maximum"])));
+            if let Some(max) = schema.get("maximum").and_then(Value::as_f64).filter(|max| n > *max) {
+                out.push((path.into(), format!("should be less than or equal to {}", bound(max))));
             }
         }
         match v {
