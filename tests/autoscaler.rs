@@ -590,7 +590,14 @@ async fn size_calls_refuse_what_they_must_with_a_reason_and_remove_exactly_the_n
         .await;
     w.apply(&md_yaml(3, "os-1", "")).await;
     w.converged("web", MINUTE).await;
-    let mut c = client(&server_address(&w, 0).await).await;
+    let address = server_address(&w, 0).await;
+    let mut c = client(&address).await;
+    // By hand, with grpcurl 1.8.6 through reflection (v1alpha), as the README shows.
+    let method = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupTargetSize";
+    let (code, out, err) =
+        e2e_tests::run(&e2e_tests::grpcurl(), &["-plaintext", "-d", r#"{"id":"default/web"}"#, &address, method]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(r#""targetSize": 3"#), "{out}");
     let groups = c.node_groups(pb::NodeGroupsRequest {}).await.unwrap().into_inner().node_groups;
     assert_eq!(groups.len(), 1);
     assert_eq!((groups[0].id.as_str(), groups[0].min_size, groups[0].max_size), ("default/web", 2, 5));

@@ -68,6 +68,15 @@ impl KindInfo for MachineClass {
     // A Secret changes the classes that use it, and so their objects.
     const WOKEN_BY: &'static [(Kind, Via)] = &[(Kind::Secret, Via::SecretRef)];
 
+    fn describe_tail(status: &Value) -> String {
+        let Some(capacity) = status.get("capacity").and_then(Value::as_object).filter(|c| !c.is_empty()) else {
+            return String::new();
+        };
+        let items: Vec<String> =
+            capacity.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect();
+        format!("Capacity:     {} (reported by the driver)\n", items.join(", "))
+    }
+
     fn validate(&self) -> Check {
         if self.spec.driver.is_empty() {
             return checks::fail("spec.driver", "is required (the name given to `run --driver NAME=ENDPOINT`)");

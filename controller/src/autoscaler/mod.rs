@@ -539,11 +539,14 @@ pub async fn serve(
     } else {
         "plaintext"
     };
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(autoscaler_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| format!("reflection: {e}"))?;
-    let router = builder.add_service(CloudProviderServer::new(server)).add_service(reflection);
+    // Reflection in both versions: grpcurl before 1.9 asks only v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(autoscaler_proto::FILE_DESCRIPTOR_SET)
+    };
+    let v1 = reflection().build_v1().map_err(|e| format!("reflection: {e}"))?;
+    let v1alpha = reflection().build_v1alpha().map_err(|e| format!("reflection: {e}"))?;
+    let router = builder.add_service(CloudProviderServer::new(server)).add_service(v1).add_service(v1alpha);
     tracing::info!("cluster-autoscaler cloud provider (externalgrpc) on {local} ({scheme})");
     // Calls come one after another on one connection: no Nagle delay on the answers.
     let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
