@@ -337,6 +337,18 @@ async fn pending_pods_scale_a_deployment_up_and_idle_nodes_go_exactly_without_a_
     // node as the machine), and none drained a second time.
     let store = w.store();
     let ns = w.ns().to_string();
+    // Events are written after the fact: wait until a removed machine's drain is told.
+    w.wait_for("a removed machine's Drained event", MINUTE, || async {
+        for name in &gone {
+            let key = machine_controller::store::Key::new(Kind::Machine, &ns, name);
+            let events = store.backend().events(&key, 50).await.unwrap_or_default();
+            if events.iter().any(|e| e.reason == "Drained") {
+                return Some(());
+            }
+        }
+        None
+    })
+    .await;
     let mut said = Vec::new();
     for name in &gone {
         let key = machine_controller::store::Key::new(Kind::Machine, &ns, name);
