@@ -86,8 +86,13 @@ pub struct OwnerStatus {
 impl Owner {
     /// Whether it is rolling out a new revision (a deployment) or model (a pool): the
     /// autoscaler's scale-down waits (autoscaler#8494).
-    pub fn rolling_out(&self) -> bool {
-        self.status.rollout.is_some() || self.status.updated_replicas < self.status.replicas
+    pub fn rolling_out(&self, kind: Kind) -> bool {
+        match kind {
+            // A deployment says so (`status.rollout`); its counts also move while a machine is
+            // merely being deleted.
+            Kind::MachineDeployment => self.status.rollout.is_some(),
+            _ => self.status.updated_replicas < self.status.replicas,
+        }
     }
 }
 

@@ -159,6 +159,27 @@ impl Server {
     ) -> Result<(), Status> {
         self.check_acting()?;
         let _one = self.writes.lock().await;
+        // Machines this call marked: unmarked again if it does not lower the size after all (a
+        // later attempt refused, the store failed), so no mark outlives a refusal.
+        let mut marked: Vec<(String, String)> = Vec::new();
+        let result = self.resize_attempts(id, call, &change, &mut marked).await;
+        if result.is_err() {
+            for (namespace, name) in &marked {
+                if let Err(e) = self.unmark(namespace, name).await {
+                    tracing::warn!("unmarking machine {namespace}/{name} after a refused {call}: {}", e.message());
+                }
+            }
+        }
+        result
+    }
+
+    async fn resize_attempts(
+        &self,
+        id: &str,
+        call: &str,
+        change: &impl Fn(&Owner, &Autoscaling) -> Result<Resize, Status>,
+        marked: &mut Vec<(String, String)>,
+    ) -> Result<(), Status> {
         for attempt in 0..WRITE_ATTEMPTS as u32 {
             let (key, mut value, owner, autoscaling) = self.owner(id).await?;
             let resize = match change(&owner, &autoscaling) {
@@ -169,8 +190,13 @@ impl Server {
                     return Err(status);
                 }
             };
+            if resize.replicas == owner.spec.replicas && resize.mark.is_empty() {
+                // Nothing to change (the named machines are on their way out already).
+                return Ok(());
+            }
             for machine in &resize.mark {
                 self.mark(&key.namespace, machine).await?;
+                marked.push((key.namespace.clone(), machine.clone()));
             }
             let from = owner.spec.replicas;
             let to = resize.replicas;
@@ -213,6 +239,29 @@ impl Server {
             }
             a.insert(ANNOTATION_DELETE.into(), "true".into());
             a.insert(ANNOTATION_DISRUPTION.into(), DisruptionReason::Autoscaler.as_str().into());
+            match self.store.update(&m).await {
+                Ok(_) => return Ok(()),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(store_status(e)),
+            }
+        }
+        Err(Status::aborted(format!("machine {namespace}/{name} kept changing; retry")))
+    }
+}
+
+impl Server {
+    /// Takes the autoscaler's marks off a machine again.
+    async fn unmark(&self, namespace: &str, name: &str) -> Result<(), Status> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let Some(mut m) = self.store.get::<Machine>(namespace, name).await.map_err(store_status)? else {
+                return Ok(());
+            };
+            let a = &mut m.metadata.annotations;
+            if a.get(ANNOTATION_DISRUPTION).map(String::as_str) != Some(DisruptionReason::Autoscaler.as_str()) {
+                return Ok(());
+            }
+            a.remove(ANNOTATION_DELETE);
+            a.remove(ANNOTATION_DISRUPTION);
             match self.store.update(&m).await {
                 Ok(_) => return Ok(()),
                 Err(StoreError::Conflict { .. }) => continue,
@@ -383,7 +432,7 @@ impl CloudProvider for Server {
             doomed.push(m.clone());
         }
         self.resize(&r.id, "DeleteNodes", |owner, a| {
-            if owner.rolling_out() {
+            if owner.rolling_out(key.kind) {
                 return Err(Status::failed_precondition(format!(
                     "{} is rolling out (updated {} of {}): no scale-down until it is done",
                     r.id, owner.status.updated_replicas, owner.status.replicas
@@ -473,7 +522,7 @@ struct MachineRef {
     name: String,
     /// The IDs it answers to, normalized: its provider ID (and its Node's) and its placeholder.
     ids: Vec<String>,
-    /// Being deleted, or marked for the autoscaler already.
+    /// Being deleted (its removal is counted in `replicas` already).
     going: bool,
     /// Running: removing it takes a machine that is up.
     up: bool,
@@ -497,12 +546,10 @@ impl Server {
                     ids.push(normalize(&n.provider_id));
                 }
                 ids.retain(|id| !id.is_empty());
-                let a = &m.metadata.annotations;
-                let marked = a.get(ANNOTATION_DISRUPTION).map(String::as_str)
-                    == Some(DisruptionReason::Autoscaler.as_str())
-                    && a.get(ANNOTATION_DELETE).is_some_and(|v| v != "false");
+                // A machine only marked is counted again: a mark whose size write never
+                // happened (a crash in between) must not make the retry a no-op.
                 MachineRef {
-                    going: m.metadata.deletion_timestamp.is_some() || marked,
+                    going: m.metadata.deletion_timestamp.is_some(),
                     up: m.status.phase == Phase::Running,
                     registered: !m.status.provider_id.is_empty(),
                     name: m.metadata.name,
