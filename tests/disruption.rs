@@ -299,7 +299,18 @@ async fn three_of_five_nodes_down_short_circuit_remediation_until_they_return() 
             m.metadata.name
         );
     }
-    // They return: healthy again, nothing was remediated.
+    // They return: healthy again, nothing was remediated. (The kubelets come back one after
+    // another: with two of five still down, 40% allows remediation, and the check would rightly
+    // take them. A longer timeout first makes the return count as one.)
+    w.health_check(600, json!("40%")).await;
+    w.wait_for("the check with its longer timeout finding none unhealthy", MINUTE, || {
+        let (store, ns) = (store.clone(), ns.clone());
+        async move {
+            let h = store.get::<MachineHealthCheck>(&ns, "web").await.ok().flatten()?;
+            h.status.unhealthy.is_empty().then_some(())
+        }
+    })
+    .await;
     for name in down {
         w.start_kubelet(name).await;
     }
