@@ -114,8 +114,7 @@ impl Server {
         self.check_acting()?;
         if !fresh {
             let held = self.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone();
-            if let Some((at, snap)) = held.filter(|(at, _)| at.elapsed() < MAX_SNAPSHOT_AGE) {
-                let _ = at;
+            if let Some((_, snap)) = held.filter(|(at, _)| at.elapsed() < MAX_SNAPSHOT_AGE) {
                 return Ok(snap);
             }
         }
