@@ -45,8 +45,15 @@ pub mod reason {
     pub const OPERATION_CANCELLED: &str = "OPERATION_CANCELLED";
     /// The cloud ran the operation and it failed.
     pub const CLOUD_OPERATION_FAILED: &str = "CLOUD_OPERATION_FAILED";
-    /// A capacity or quota limit was hit.
+    /// An account or regional quota was hit (RESOURCE_EXHAUSTED).
     pub const QUOTA_EXCEEDED: &str = "QUOTA_EXCEEDED";
+    /// The zone (or region) has no capacity for this machine type now (RESOURCE_EXHAUSTED): AWS
+    /// `InsufficientInstanceCapacity`, Azure `AllocationFailed` / `ZonalAllocationFailed`. An owner
+    /// with failure domains places the machine in another one.
+    pub const INSUFFICIENT_CAPACITY: &str = "INSUFFICIENT_CAPACITY";
+    /// The zone refuses requests (an outage, or the machine type is not offered there)
+    /// (UNAVAILABLE). An owner with failure domains places the machine in another one.
+    pub const ZONE_UNAVAILABLE: &str = "ZONE_UNAVAILABLE";
     /// The cloud throttled the call; come back after RetryInfo.retry_delay.
     pub const THROTTLED: &str = "THROTTLED";
     /// The cloud refused the credentials or the permission.
@@ -155,6 +162,16 @@ impl DriverError {
     /// RESOURCE_EXHAUSTED / QUOTA_EXCEEDED.
     pub fn quota_exceeded(message: impl Into<String>) -> Self {
         Self::new(Code::ResourceExhausted, reason::QUOTA_EXCEEDED, message)
+    }
+
+    /// RESOURCE_EXHAUSTED / INSUFFICIENT_CAPACITY: the zone has no capacity for the machine now.
+    pub fn insufficient_capacity(message: impl Into<String>) -> Self {
+        Self::new(Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY, message)
+    }
+
+    /// UNAVAILABLE / ZONE_UNAVAILABLE: the zone refuses requests.
+    pub fn zone_unavailable(message: impl Into<String>) -> Self {
+        Self::new(Code::Unavailable, reason::ZONE_UNAVAILABLE, message)
     }
 
     /// UNAVAILABLE / THROTTLED with the delay the cloud asked for.
