@@ -8,12 +8,13 @@
 //! label and annotation names), `template.rs` (machine templates, [`IntOrPercent`],
 //! [`NodeSettings`]) and `status.rs` (conditions, stored operations); the status vocabulary in
 //! `state.rs`; disruption budgets, remediation limits and what an owner reports of them in
-//! [`disruption`]; the facts of a kind in `kind.rs`; the checks of `apply` in [`checks`]. Every
+//! [`disruption`]; failure domains in [`failure_domain`]; the facts of a kind in `kind.rs`; the checks of `apply` in [`checks`]. Every
 //! item is re-exported here: `resources::Machine`, `resources::Condition`, ….
 
 mod autoscaling;
 pub mod checks;
 pub mod disruption;
+pub mod failure_domain;
 mod kind;
 mod machine;
 mod machine_class;
@@ -28,6 +29,7 @@ mod template;
 
 pub use autoscaling::*;
 pub use disruption::*;
+pub use failure_domain::*;
 pub use kind::*;
 pub use machine::*;
 pub use machine_class::*;

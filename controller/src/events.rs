@@ -70,6 +70,16 @@ event_reasons! {
     /// MachineDeployment, MachinePool: the canary of a revision (a pool's model) held through
     /// its pause; the rollout goes on.
     CanaryPassed: Normal,
+    /// MachineDeployment: a failure domain refused a create for capacity or availability, or its
+    /// machines are all unhealthy: it gets no new machines for a backoff.
+    FailureDomainUnavailable: Warning,
+    /// MachineDeployment: a failure domain's backoff is over: it takes machines again.
+    FailureDomainAvailable: Normal,
+    /// MachineDeployment: a machine moves to a domain below its share: its replacement is
+    /// created there first.
+    Rebalancing: Normal,
+    /// MachineDeployment: the machine a rebalance relieves goes (its replacement runs).
+    Rebalanced: Normal,
     /// MachinePool: a canary instance of a new model failed; the upgrade stops until the
     /// template changes again.
     CanaryFailed: Warning,

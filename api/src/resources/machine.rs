@@ -48,6 +48,9 @@ pub struct MachineSpec {
     /// Labels, annotations and taints kept on the Node (from the template).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_template: Option<NodeTemplate>,
+    /// The failure domain its owner put it in (one of the owner's `spec.failureDomains`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
 }
 
 wire_enum! {
@@ -319,6 +322,7 @@ impl KindInfo for Machine {
         Column::new("Node", ColumnType::String, ".status.nodeRef.name"),
         Column::new("Provider-ID", ColumnType::String, ".status.providerId"),
         Column::new("Class", ColumnType::String, ".spec.classRef.name").shown(Shown::TableWide),
+        Column::new("Domain", ColumnType::String, ".spec.failureDomain").shown(Shown::Wide),
         Column::computed("Revision", |v| {
             let revision = v.pointer("/metadata/labels").and_then(|l| l.get(LABEL_REVISION)?.as_str());
             revision.unwrap_or("-").to_string()

@@ -5,6 +5,9 @@ use serde_json::Value;
 
 use super::checks::{self, Check};
 use super::disruption::{self, DisruptionSpec, DisruptionStatus, RemediationSpec};
+use super::failure_domain::{
+    self, FailureDomain, FailureDomainBackoff, FailureDomainStatus, Rebalance, RebalanceStatus,
+};
 use super::kind::{Column, ColumnType, KindInfo, Shown, Via};
 use super::meta::{is_default, KindOf, Object, Time};
 use super::state::ConditionType;
@@ -129,6 +132,16 @@ pub struct MachineDeploymentSpec {
     /// Stop rolling out (scaling still happens).
     #[serde(default)]
     pub paused: bool,
+    /// Spread the machines over these domains (zones): new machines go to the least-populated
+    /// domain that takes machines (by weight), removals take from the most-populated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failure_domains: Vec<FailureDomain>,
+    /// Move machines back to a domain below its share, surge-first (with failure domains).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub rebalance: Rebalance,
+    /// How long a domain that refused a create gets no new machines.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub failure_domain_backoff: FailureDomainBackoff,
 }
 
 /// `progressDeadlineSeconds` by default: a Deployment's default.
@@ -330,7 +343,13 @@ pub struct MachineDeploymentStatus {
     /// What is down, what the disruption budgets allow and what they hold back.
     #[serde(default, skip_serializing_if = "is_default")]
     pub disruption: DisruptionStatus,
-    /// Conditions: Available, Progressing, DisruptionBlocked, Valid.
+    /// Each failure domain: its share, its machines, and whether it takes new ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failure_domains: Vec<FailureDomainStatus>,
+    /// A rebalance in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalance: Option<RebalanceStatus>,
+    /// Conditions: Available, Progressing, DisruptionBlocked, FailureDomainDegraded, Valid.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -357,6 +376,7 @@ impl KindInfo for MachineDeployment {
         Column::new("Revision", ColumnType::String, ".status.targetRevision").shown(Shown::Table),
         Column::age(),
         Column::new("Strategy", ColumnType::String, ".spec.strategy.type").shown(Shown::TableWide),
+        Column::computed("Domains", failure_domain::domains_column).shown(Shown::TableWide),
         Column::computed("Progressing", |v| condition_cell(v, ConditionType::Progressing)).shown(Shown::TableWide),
         Column::computed("Bad-Revisions", |v| {
             let bad = v.pointer("/status/badRevisions").and_then(Value::as_array);
@@ -382,6 +402,7 @@ impl KindInfo for MachineDeployment {
     fn validate(&self) -> Check {
         checks::template(&self.spec.template)?;
         super::autoscaling::check(self.spec.autoscaling.as_ref())?;
+        failure_domain::check_domains(&self.spec.failure_domains, &self.spec.failure_domain_backoff)?;
         checks::disruption(&self.spec.disruption)
     }
 
@@ -394,7 +415,12 @@ impl KindInfo for MachineDeployment {
             .as_object()
             .map(|o| {
                 o.iter()
-                    .filter(|(k, _)| !matches!(k.as_str(), "conditions" | "revisionHistory" | "disruption" | "canary"))
+                    .filter(|(k, _)| {
+                        !matches!(
+                            k.as_str(),
+                            "conditions" | "revisionHistory" | "disruption" | "canary" | "failureDomains" | "rebalance"
+                        )
+                    })
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect()
             })
@@ -402,7 +428,7 @@ impl KindInfo for MachineDeployment {
         let yaml = serde_saphyr::to_string(&Value::Object(other)).unwrap_or_default();
         let mut out = String::from("Status:\n");
         out.extend(yaml.lines().map(|l| format!("  {l}\n")));
-        out + &disruption::describe(status)
+        out + &failure_domain::describe_domains(status) + &disruption::describe(status)
     }
 }
 

@@ -145,6 +145,10 @@ wire_enum! {
         /// MachineDeployment, MachinePool: a disruption budget (or a health check's short
         /// circuit) holds disruptions back.
         DisruptionBlocked,
+        /// MachineDeployment: every machine of a failure domain is unhealthy while other domains
+        /// are healthy (a zone outage): nothing new goes there, and its machines do not count
+        /// toward a health check's `maxUnhealthy`.
+        FailureDomainDegraded,
     }
 }
 
@@ -399,6 +403,10 @@ reasons! {
     BudgetInvalid,
     /// Owner: no disruption is held by a budget or a short circuit.
     NothingHeld,
+    /// Owner: every machine of a failure domain is unhealthy while others are healthy.
+    DomainOutage,
+    /// Owner: no failure domain is down as a whole.
+    DomainsHealthy,
 }
 
 impl Reason {

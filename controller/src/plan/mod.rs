@@ -8,6 +8,7 @@
 //!   disruption budgets and the remediation limits, asked by every path that takes a machine;
 //! - [`rollout`]: MachineDeployment rolling updates, scale up/down, remediation of failed and
 //!   unhealthy machines, failure budget and rollback, deletion priority;
+//! - [`domains`]: failure domains: placement, removal order, fail-over, outages, rebalancing;
 //! - [`health`]: MachineHealthCheck: which machines are unhealthy, the maxUnhealthy short circuit
 //!   (it marks; owners remediate);
 //! - [`in_place`]: the InPlace strategy's per-machine decisions;
@@ -16,6 +17,7 @@
 use crate::resources::{IntOrPercent, RollingUpdate};
 
 pub mod disruption;
+pub mod domains;
 pub mod health;
 pub mod in_place;
 pub mod pool;

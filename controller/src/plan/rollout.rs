@@ -37,6 +37,7 @@ use std::cmp::Reverse;
 use std::time::Duration;
 
 use super::disruption::{self, Candidate, Census, Hold, Planner, Report, Verdict};
+use super::domains::{self, Spread};
 use super::Limits;
 use crate::events::EventReason;
 use crate::policy::{self, ENVIRONMENT_CONDITIONS};
@@ -108,6 +109,22 @@ pub struct Member {
     /// machine that is merely being created carries none: 10,000 of them would hold 10,000
     /// copies of the same message in every plan.
     pub waiting: Option<Box<Waiting>>,
+    /// The failure domain it was put in (`spec.failureDomain`).
+    pub domain: Option<String>,
+    /// It was created to rebalance: the [`ANNOTATION_REBALANCE`] value (`from/replicas`).
+    pub rebalance: Option<String>,
+    /// Its create was refused for capacity or availability (RESOURCE_EXHAUSTED, or UNAVAILABLE
+    /// with `ZONE_UNAVAILABLE`) and it never ran: its domain, not its revision, is to blame.
+    pub refusal: Option<Box<Refusal>>,
+}
+
+/// A create refused for capacity or availability: the driver's reason (UpperCamel) and message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    /// `InsufficientCapacity`, `ZoneUnavailable`, `QuotaExceeded`, ….
+    pub reason: String,
+    /// What the driver said.
+    pub message: String,
 }
 
 /// Why a machine is to be remediated.
@@ -175,7 +192,16 @@ pub struct StoredMember<'a> {
     #[serde(borrow)]
     metadata: ViewMeta<'a>,
     #[serde(default, borrow)]
+    spec: ViewSpec<'a>,
+    #[serde(default, borrow)]
     status: ViewStatus<'a>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ViewSpec<'a> {
+    #[serde(default, borrow)]
+    failure_domain: Option<Cow<'a, str>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -230,6 +256,8 @@ struct ViewAnnotations<'a> {
     node_template: Option<Cow<'a, str>>,
     #[serde(rename = "machine.driver.dev/in-place-disruption", default)]
     in_place: Option<serde::de::IgnoredAny>,
+    #[serde(rename = "machine.driver.dev/rebalance", default, borrow)]
+    rebalance: Option<Cow<'a, str>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -308,6 +336,7 @@ impl StoredMember<'_> {
             ),
             _ => None,
         };
+        let refusal = refusal(&st);
         let waiting = if st.phase != Phase::Running || deleting || node_not_ready {
             let operation_reason = st.last_operation.map(|o| o.reason.into_owned()).unwrap_or_default();
             // A Running machine waits for its Node; any other for itself.
@@ -359,7 +388,40 @@ impl StoredMember<'_> {
             ready_since,
             node_not_ready,
             waiting,
+            domain: self.spec.failure_domain.map(Cow::into_owned),
+            rebalance: a.rebalance.map(Cow::into_owned),
+            refusal: refusal.map(Box::new),
         })
+    }
+}
+
+/// Whether a machine's create was refused for capacity or availability and it never ran: still
+/// being created and waiting on `QuotaExceeded` (any RESOURCE_EXHAUSTED) or on `ZONE_UNAVAILABLE`,
+/// or failed with one of those.
+fn refusal(st: &ViewStatus<'_>) -> Option<Refusal> {
+    let capacity = |code: &str, reason: &str| {
+        code == "ResourceExhausted" || (code == "Unavailable" && reason == driver_sdk::reason::ZONE_UNAVAILABLE)
+    };
+    match st.phase {
+        Phase::Pending | Phase::Creating => {
+            let ready = st.conditions.iter().find(|c| c.condition_type == ConditionType::Ready)?;
+            let reason = st.last_operation.as_ref().map(|o| o.reason.as_ref()).unwrap_or_default();
+            let refused = ready.reason == Reason::QuotaExceeded
+                || (ready.reason == Reason::CloudUnavailable && reason == driver_sdk::reason::ZONE_UNAVAILABLE);
+            refused.then(|| Refusal {
+                reason: if reason.is_empty() {
+                    ready.reason.to_string()
+                } else {
+                    Reason::from_driver(reason).to_string()
+                },
+                message: ready.message.to_string(),
+            })
+        }
+        Phase::Failed => {
+            let f = st.failure.as_ref().filter(|f| capacity(&f.code, &f.reason))?;
+            Some(Refusal { reason: Reason::from_driver(&f.reason).to_string(), message: f.message.clone() })
+        }
+        _ => None,
     }
 }
 
@@ -476,6 +538,10 @@ pub struct Plan {
     pub remediate: Vec<String>,
     /// Machines of the target revision to create.
     pub create: usize,
+    /// With failure domains: the domain of each machine to create, in order.
+    pub placements: Vec<String>,
+    /// The created machines rebalance: their [`ANNOTATION_REBALANCE`] value.
+    pub rebalance: Option<String>,
     /// InPlace: old machines to try to update in place (in order), and how many may start;
     /// `None` when there is nothing to convert.
     pub in_place: Option<InPlaceWork>,
@@ -606,6 +672,29 @@ pub enum Note {
         /// The revision.
         revision: String,
     },
+    /// Fewer machines are created than wanted: no failure domain takes machines now.
+    NoDomainOpen {
+        /// Machines wanted.
+        wanted: usize,
+    },
+    /// Machines whose create a failure domain refused are withdrawn (their replacements go
+    /// elsewhere).
+    Withdrawn {
+        /// Their names.
+        machines: Vec<String>,
+    },
+    /// A machine moves between failure domains: its replacement is created first.
+    Rebalancing {
+        /// The crowded domain (`-`: machines in no listed domain).
+        from: String,
+        /// The domain it moves to.
+        to: String,
+    },
+    /// A rebalance waits for its new machine to be available before one goes.
+    RebalanceWaiting {
+        /// The new machine.
+        machine: String,
+    },
     /// Every machine is on `revision` and available.
     Complete {
         /// The target revision.
@@ -623,6 +712,8 @@ impl Note {
                 | Note::Paused
                 | Note::AwaitingReplacement { .. }
                 | Note::Canary { .. }
+                | Note::NoDomainOpen { .. }
+                | Note::RebalanceWaiting { .. }
         )
     }
 }
@@ -662,6 +753,14 @@ impl std::fmt::Display for Note {
                 }
             }
             Note::CanaryPassed { revision } => write!(f, "the canary of revision {revision} passed"),
+            Note::NoDomainOpen { wanted } => {
+                write!(f, "{wanted} machine(s) wanted, and no failure domain takes machines now")
+            }
+            Note::Withdrawn { machines } => {
+                write!(f, "withdrawn after their domain refused the create: {}", machines.join(", "))
+            }
+            Note::Rebalancing { from, to } => write!(f, "moving a machine from {from} to {to}"),
+            Note::RebalanceWaiting { machine } => write!(f, "the rebalance waits for {machine} to be available"),
             Note::Complete { revision } => write!(f, "revision {revision} is rolled out"),
         }
     }
@@ -743,8 +842,14 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
     if let Some(failures) = budget_spent(md, &c, &d, canary.is_some()) {
         return abort(md, c, d, failures);
     }
+    let zones = failure_domains(md, &c, &mut d);
     let mut planner = Planner::new(c.census(), limits(&o, &c));
-    let (mark, targets) = remediation(&o, &c, &mut planner, &mut d);
+    let (mark, targets) = remediation(&o, &c, &zones.withdraw, &mut planner, &mut d);
+    // Machines on their way out: taken for remediation, or withdrawn from a domain that refused
+    // them. They do not count as the deployment's machines, so replacements are made.
+    let leaving: Vec<&Member> = targets.iter().chain(&zones.withdraw).copied().collect();
+    let staying = c.live.iter().copied().filter(|m| !leaving.iter().any(|t| t.name == m.name));
+    let mut spread = Spread::new(&md.spec.failure_domains, staying, zones.open);
     let (mut create, mut in_place, mut delete) = (0, None, Vec::new());
     // A canary not passed yet: no more machines of the revision than it wants.
     let canary_room = canary.map(|wanted| {
@@ -754,17 +859,20 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
     if md.spec.paused {
         d.notes.push(Note::Paused);
     } else {
-        create = scale_up(&c, &targets, canary_room, &mut d);
+        create = scale_up(&c, &leaving, canary_room, &mut d);
     }
+    let mut placements = place(&mut spread, &mut create, &mut d);
     let remediate = remediated_now(&c, &targets, create, &mut d);
     if !md.spec.paused {
-        delete = scale_down_old(md, &c, &targets, canary_removals(&c, &targets, canary), &mut planner);
-        in_place = in_place_work(&c, &targets, &delete, &mut planner, &mut d);
+        let removals = canary_removals(&c, &leaving, canary);
+        delete = scale_down_old(md, &c, &leaving, &spread, removals, &mut planner);
+        in_place = in_place_work(&c, &leaving, &delete, &mut planner, &mut d);
         if let (Some(work), Some(room)) = (in_place.as_mut(), canary_room) {
             work.allowed = work.allowed.min(room.saturating_sub(create));
         }
     }
-    delete.extend(scale_down_excess(md, &c, &targets, &mut planner, &mut d));
+    delete.extend(scale_down_excess(md, &c, &leaving, &spread, &mut planner, &mut d));
+    delete.extend(zones.withdraw.iter().map(|m| m.name.clone()));
     let report = planner.report();
     d.notes.extend(report.held.iter().map(|h| Note::Held {
         reason: h.reason,
@@ -777,22 +885,33 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
         .iter()
         .filter(|m| m.remediation.is_some() || (halted && m.marked_unhealthy))
         .filter(|m| !m.remediating && !mark.iter().any(|(n, _)| *n == m.name))
+        .filter(|m| !zones.withdraw.iter().any(|w| w.name == m.name))
         .map(|m| m.name.clone())
         .collect();
+    let quiet = create == 0
+        && delete.is_empty()
+        && targets.is_empty()
+        && waiting.is_empty()
+        && in_place.as_ref().is_none_or(|w| w.allowed == 0);
+    let rebalance = if quiet { rebalance(md, &c, &spread, &mut d) } else { None };
+    if let Some((_, to)) = &rebalance {
+        create = 1;
+        placements = vec![to.clone()];
+    }
     let complete = write_status(md, &c, &report, &mark, waiting.clone(), &mut d);
-    let recheck_at = match (report.recheck_at, pause_until(&d.status, canary)) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    domain_status(&c, &spread, &mut d.status);
+    let recheck_at = [report.recheck_at, pause_until(&d.status, canary), zones.reopens].into_iter().flatten().min();
     let remediation_left = !waiting.is_empty() || c.live.iter().any(|m| m.remediating);
     Plan {
-        settled: complete && c.failed.is_empty() && !remediation_left,
+        settled: complete && c.failed.is_empty() && !remediation_left && rebalance.is_none(),
         target_revision: c.target_rev,
         target: c.target,
         aborted: false,
         mark,
         remediate,
         create,
+        placements,
+        rebalance: rebalance.map(|(value, _)| value),
         in_place,
         delete,
         status: d.status,
@@ -801,6 +920,175 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
         disruption: Some(report),
         notes: d.notes,
     }
+}
+
+/// What the failure-domain step found: which domains take machines, the machines withdrawn from
+/// a domain that refused them, and when the next closed domain opens again.
+struct Zones<'a> {
+    open: Vec<bool>,
+    withdraw: Vec<&'a Member>,
+    reopens: Option<Time>,
+}
+
+/// Failure domains ([`super::domains`]): a backoff that ended opens its domain again; a refused
+/// create closes its domain for a backoff and withdraws the machine (when another domain can take
+/// its replacement); a domain whose machines are all unhealthy while others are fine is degraded
+/// (closed, and the `FailureDomainDegraded` condition says so).
+fn failure_domains<'a>(md: &MachineDeployment, c: &Classes<'a>, d: &mut Draft) -> Zones<'a> {
+    let domains = &md.spec.failure_domains;
+    let (now, backoff) = (c.now, &md.spec.failure_domain_backoff);
+    if domains.is_empty() {
+        d.status.failure_domains.clear();
+        d.status.rebalance = None;
+        remove_condition(&mut d.status.conditions, ConditionType::FailureDomainDegraded);
+        return Zones { open: Vec::new(), withdraw: Vec::new(), reopens: None };
+    }
+    let mut next: Vec<FailureDomainStatus> = domains
+        .iter()
+        .map(|fd| {
+            let old = d.status.failure_domains.iter().find(|s| s.name == fd.name).cloned();
+            old.unwrap_or_else(|| FailureDomainStatus { name: fd.name.clone(), ..Default::default() })
+        })
+        .collect();
+    let event = |d: &mut Draft, reason, message| d.events.push(PlannedEvent { reason, message });
+    for s in &mut next {
+        if !s.reason.is_empty() && !s.unavailable_at(now) {
+            let message = format!("{} takes machines again ({} for {}s is over)", s.name, s.reason, s.backoff_seconds);
+            event(d, EventReason::FailureDomainAvailable, message);
+            (s.reason, s.message) = (String::new(), String::new());
+        }
+        // A machine created there since the backoff ended runs: the next refusal starts over.
+        if s.backoff_seconds > 0 && !s.unavailable_at(now) {
+            let since = s.unavailable_until;
+            let ran = c
+                .live
+                .iter()
+                .any(|m| m.domain.as_deref() == Some(s.name.as_str()) && c.is_available(m) && m.created > since);
+            if ran {
+                (s.backoff_seconds, s.unavailable_until) = (0, None);
+            }
+        }
+    }
+    let mut withdraw = Vec::new();
+    for m in &c.live {
+        let (Some(r), Some(i)) = (&m.refusal, domains::index(domains, m.domain.as_deref())) else { continue };
+        let s = &mut next[i];
+        if !s.unavailable_at(now) {
+            let seconds = domains::mark(s, backoff, now, &r.reason, &r.message);
+            let message = format!(
+                "{} refused the create of {} ({}: {}): no new machines there for {seconds}s",
+                s.name, m.name, r.reason, r.message
+            );
+            event(d, EventReason::FailureDomainUnavailable, message);
+        }
+        withdraw.push(*m);
+    }
+    let degraded = domains::degraded(domains, &c.live, |m| c.is_available(m));
+    let mut outages = Vec::new();
+    for &(i, bad) in &degraded {
+        let s = &mut next[i];
+        let was = s.reason == domains::DEGRADED && s.unavailable_at(now);
+        let message = format!("all {bad} machine(s) unhealthy while other domains are healthy");
+        s.unavailable_until =
+            Some(now + chrono::Duration::seconds(i64::try_from(backoff.initial_seconds).unwrap_or(i64::MAX / 2)));
+        (s.reason, s.message) = (domains::DEGRADED.to_string(), message);
+        if !was {
+            let message = format!(
+                "{}: all {bad} machine(s) unhealthy while other domains are healthy: no new machines go \
+                 there, and they do not count toward a health check's maxUnhealthy",
+                s.name
+            );
+            event(d, EventReason::FailureDomainUnavailable, message);
+        }
+        outages.push(format!("{}: {bad} machine(s) unhealthy", s.name));
+    }
+    let conditions = &mut d.status.conditions;
+    if !outages.is_empty() {
+        let message = format!("{}; no new machines go there", outages.join(", "));
+        set_condition(conditions, ConditionType::FailureDomainDegraded, true, Reason::DomainOutage, &message);
+    } else if condition(conditions, ConditionType::FailureDomainDegraded).is_some() {
+        set_condition(conditions, ConditionType::FailureDomainDegraded, false, Reason::DomainsHealthy, "");
+    }
+    let open: Vec<bool> = next.iter().map(|s| !s.unavailable_at(now)).collect();
+    // With no domain to take their replacements, refused machines keep trying where they are.
+    if !open.contains(&true) {
+        withdraw.clear();
+    }
+    if !withdraw.is_empty() {
+        d.notes.push(Note::Withdrawn { machines: withdraw.iter().map(|m| m.name.clone()).collect() });
+    }
+    let reopens = next.iter().filter_map(|s| s.unavailable_until.filter(|t| now < *t)).min();
+    d.status.failure_domains = next;
+    Zones { open, withdraw, reopens }
+}
+
+/// The domain of each machine to create; fewer are created when no domain takes machines.
+fn place(spread: &mut Spread<'_>, create: &mut usize, d: &mut Draft) -> Vec<String> {
+    if !spread.active() {
+        return Vec::new();
+    }
+    let placements: Vec<String> = (0..*create).map_while(|_| spread.place().map(|fd| fd.name.clone())).collect();
+    if placements.len() < *create {
+        d.notes.push(Note::NoDomainOpen { wanted: *create });
+        *create = placements.len();
+    }
+    placements
+}
+
+/// Whether a machine goes before the spread is considered: marked for deletion, failed, unknown
+/// to the cloud or its Node not Ready.
+fn broken(m: &Member) -> bool {
+    m.marked_for_deletion
+        || matches!(m.phase, Phase::Failed | Phase::Unknown)
+        || (m.phase == Phase::Running && m.node_not_ready)
+}
+
+/// A rebalance, when everything is settled and the spread is off by more than `maxSkew`: the
+/// created machine's annotation value and its domain.
+fn rebalance(md: &MachineDeployment, c: &Classes<'_>, spread: &Spread<'_>, d: &mut Draft) -> Option<(String, String)> {
+    let settled = c.old.is_empty()
+        && d.status.rollout.is_none()
+        && c.live.len() as i64 == c.desired
+        && c.available == c.desired
+        && !c.live.iter().any(|m| m.remediation.is_some() || m.refusal.is_some());
+    if !spread.active() || !md.spec.rebalance.enabled || md.spec.paused || !settled || c.target.is_none() {
+        return None;
+    }
+    // Surge-first: the new machine needs room above `replicas`.
+    if c.all.len() as i64 >= c.desired + c.limits.max_surge {
+        return None;
+    }
+    let unlisted =
+        c.live.iter().filter(|m| domains::index(&md.spec.failure_domains, m.domain.as_deref()).is_none()).count();
+    let (from, to) = spread.imbalance(unlisted as i64, md.spec.rebalance.max_skew)?;
+    let from_name = from.map_or("machines in no listed domain".to_string(), |f| f.name.clone());
+    d.notes.push(Note::Rebalancing { from: from_name.clone(), to: to.name.clone() });
+    let message = format!("moving a machine from {from_name} to {}: its replacement is created there first", to.name);
+    d.events.push(PlannedEvent { reason: EventReason::Rebalancing, message });
+    Some((domains::rebalance_value(from, c.desired), to.name.clone()))
+}
+
+/// Each domain's share, machines and available machines, and the rebalance in progress.
+fn domain_status(c: &Classes<'_>, spread: &Spread<'_>, st: &mut MachineDeploymentStatus) {
+    if !spread.active() {
+        return;
+    }
+    let shares = spread.shares(c.desired);
+    for (i, s) in st.failure_domains.iter_mut().enumerate() {
+        let here: Vec<&&Member> = c.live.iter().filter(|m| m.domain.as_deref() == Some(s.name.as_str())).collect();
+        s.desired = shares.get(i).copied().unwrap_or(0);
+        s.current = here.len() as i64;
+        s.available = here.iter().filter(|m| c.is_available(m)).count() as i64;
+    }
+    st.rebalance = if c.live.len() as i64 > c.desired {
+        c.live.iter().find_map(|m| {
+            let from = domains::rebalance_from(m, c.desired)?;
+            let to = m.domain.clone().unwrap_or_default();
+            Some(RebalanceStatus { from: from.to_string(), to, machine: m.name.clone() })
+        })
+    } else {
+        None
+    };
 }
 
 /// The disruption planner's limits for this deployment.
@@ -1047,6 +1335,8 @@ fn abort(md: &MachineDeployment, c: Classes<'_>, mut d: Draft, failures: u32) ->
         mark: Vec::new(),
         remediate: Vec::new(),
         create: 0,
+        placements: Vec::new(),
+        rebalance: None,
         in_place: None,
         delete: Vec::new(),
         status: d.status,
@@ -1066,6 +1356,7 @@ fn abort(md: &MachineDeployment, c: Classes<'_>, mut d: Draft, failures: u32) ->
 fn remediation<'a>(
     o: &Observed<'_>,
     c: &Classes<'a>,
+    withdrawn: &[&Member],
     planner: &mut Planner,
     d: &mut Draft,
 ) -> (Vec<(String, Remediation)>, Vec<&'a Member>) {
@@ -1073,8 +1364,11 @@ fn remediation<'a>(
     // While a health check's short circuit halts remediation, the machines it marked unhealthy
     // are what waits (it asks for none of them): the planner holds them, and says so.
     let halted = o.remediation_halted.is_some();
+    // A machine withdrawn from a domain that refused it goes without a remediation.
     let wants = |m: &Member| {
-        m.remediation.or((halted && m.marked_unhealthy).then_some(Remediation::Unhealthy)).filter(|_| !m.remediating)
+        m.remediation
+            .or((halted && m.marked_unhealthy).then_some(Remediation::Unhealthy))
+            .filter(|_| !m.remediating && !withdrawn.iter().any(|w| w.name == m.name))
     };
     let mut wanting: Vec<(&Member, Remediation)> = c.live.iter().filter_map(|m| Some((*m, wants(m)?))).collect();
     wanting.sort_by(|(a, x), (b, y)| (x, a.created, &a.name).cmp(&(y, b.created, &b.name)));
@@ -1149,11 +1443,13 @@ fn scale_down_old(
     md: &MachineDeployment,
     c: &Classes<'_>,
     targets: &[&Member],
+    spread: &Spread<'_>,
     limit: Option<usize>,
     planner: &mut Planner,
 ) -> Vec<String> {
     let mut order: Vec<&Member> = c.old.iter().copied().filter(|m| !targets.iter().any(|t| t.name == m.name)).collect();
     deletion_order(&mut order, md.spec.delete_policy);
+    let order = spread.order(order, broken);
     if c.in_place {
         let excess = (c.live.len() as i64 - targets.len() as i64 - c.desired).max(0) as usize;
         return order
@@ -1199,11 +1495,14 @@ fn in_place_work(
 }
 
 /// Scales down the target revision when there are too many (a scale-down, or leftover surge),
-/// each asked of the disruption planner as a `ScaleDown`.
+/// each asked of the disruption planner as a `ScaleDown` (the autoscaler's as `Autoscaler`). A
+/// rebalance's excess goes once its new machine is available, as a `Rebalance`, and only while
+/// more machines than `replicas` are available (surge-first).
 fn scale_down_excess(
     md: &MachineDeployment,
     c: &Classes<'_>,
     targets: &[&Member],
+    spread: &Spread<'_>,
     planner: &mut Planner,
     d: &mut Draft,
 ) -> Vec<String> {
@@ -1213,9 +1512,36 @@ fn scale_down_excess(
         return Vec::new();
     }
     d.notes.push(Note::AboveReplicas { machines: kept.len() as i64, replicas: c.desired });
-    let mut order = kept;
+    let mover = spread.active().then(|| kept.iter().copied().find(|m| domains::rebalance_from(m, c.desired).is_some()));
+    let mut order: Vec<&Member> =
+        kept.iter().copied().filter(|m| mover.flatten().is_none_or(|n| n.name != m.name)).collect();
     deletion_order(&mut order, md.spec.delete_policy);
+    let order = spread.order(order, broken);
     let mut delete = Vec::new();
+    if let Some(new) = mover.flatten() {
+        if !c.is_available(new) {
+            d.notes.push(Note::RebalanceWaiting { machine: new.name.clone() });
+            return delete;
+        }
+        let mut available = c.available;
+        for m in order {
+            if delete.len() as i64 >= excess {
+                break;
+            }
+            let cand = c.candidate(m);
+            if cand.available && available <= c.desired {
+                continue;
+            }
+            if planner.ask(DisruptionReason::Rebalance, cand).allowed() {
+                available -= i64::from(cand.available);
+                let (from, to) = (m.domain.as_deref().unwrap_or("-"), new.domain.as_deref().unwrap_or("-"));
+                let message = format!("{} leaves {from}: {} runs in {to}", m.name, new.name);
+                d.events.push(PlannedEvent { reason: EventReason::Rebalanced, message });
+                delete.push(m.name.clone());
+            }
+        }
+        return delete;
+    }
     for m in order {
         if delete.len() as i64 >= excess {
             break;

@@ -86,7 +86,17 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         super::remediation::remove(ctx, &Key::new(Kind::Machine, &key.namespace, name)).await?;
     }
     if let Some(template) = &plan.target {
-        slow_start(0..plan.create, |_| create(ctx, &md, template, &plan.target_revision)).await?;
+        let placed =
+            |i: usize| plan.placements.get(i).and_then(|n| md.spec.failure_domains.iter().find(|d| d.name == *n));
+        let made = slow_start(0..plan.create, |i| {
+            create(ctx, &md, template, &plan.target_revision, placed(i), plan.rebalance.as_deref())
+        })
+        .await?;
+        if let (Some(value), Some(name)) = (&plan.rebalance, made.into_iter().flatten().next()) {
+            let to = plan.placements.first().map_or("-", String::as_str);
+            let from = value.rsplit_once('/').map_or("-", |(f, _)| f);
+            next.status.rebalance = Some(RebalanceStatus { from: from.into(), to: to.into(), machine: name });
+        }
         if let Some(work) = &plan.in_place {
             in_place(ctx, &md, template, &plan.target_revision, work, &by_name, &mut next.status).await?;
         }
@@ -135,20 +145,51 @@ const NAME_ATTEMPTS: usize = 5;
 /// like Kubernetes' `generateName`): a name that is taken (about 50 collisions among 10,000
 /// machines) is generated again rather than counted as created, so the deployment is not left
 /// short until its next reconcile.
-async fn create(ctx: &Ctx, md: &MachineDeployment, t: &MachineTemplate, rev: &str) -> Result<()> {
+/// With failure domains, the machine goes to `domain`; a rebalance's carries
+/// [`ANNOTATION_REBALANCE`]. Returns the name it got.
+async fn create(
+    ctx: &Ctx,
+    md: &MachineDeployment,
+    t: &MachineTemplate,
+    rev: &str,
+    domain: Option<&FailureDomain>,
+    rebalance: Option<&str>,
+) -> Result<Option<String>> {
     let mut last = None;
     for _ in 0..NAME_ATTEMPTS {
         let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..5].to_string();
         let name = format!("{}-{}-{suffix}", md.metadata.name, &rev[..rev.len().min(5)]);
-        match ctx.store.create(&new_machine(md, t, rev, &name)).await {
-            Ok(_) => return Ok(()),
+        let mut m = new_machine(md, t, rev, &name);
+        if let Some(fd) = domain {
+            m.spec.provider_spec = in_domain(t.spec.provider_spec.as_ref(), Some(fd));
+            m.spec.failure_domain = Some(fd.name.clone());
+        }
+        if let Some(value) = rebalance {
+            m.metadata.annotations.insert(ANNOTATION_REBALANCE.into(), value.into());
+        }
+        match ctx.store.create(&m).await {
+            Ok(_) => return Ok(Some(name)),
             Err(StoreError::AlreadyExists(key)) => last = Some(key),
             Err(e) => return Err(e.into()),
         }
     }
     // Taken every time: the plan runs again and tries new names.
     tracing::warn!("no free machine name after {NAME_ATTEMPTS} attempts (the last: {last:?})");
-    Ok(())
+    Ok(None)
+}
+
+/// A template's provider spec with a failure domain's fields merged over it.
+fn in_domain(spec: Option<&serde_json::Value>, domain: Option<&FailureDomain>) -> Option<serde_json::Value> {
+    match (spec, domain.and_then(|d| d.provider_spec.as_ref())) {
+        (base, Some(fields)) => Some(merge(base.unwrap_or(&serde_json::Value::Null), fields)),
+        (base, None) => base.cloned(),
+    }
+}
+
+/// The failure domain a machine is in, as the deployment lists it now.
+fn domain_of<'a>(md: &'a MachineDeployment, m: &Machine) -> Option<&'a FailureDomain> {
+    let name = m.spec.failure_domain.as_deref()?;
+    md.spec.failure_domains.iter().find(|d| d.name == name)
 }
 
 /// A machine of the template, owned by the deployment.
@@ -164,6 +205,7 @@ fn new_machine(md: &MachineDeployment, t: &MachineTemplate, rev: &str, name: &st
             health_timeout_seconds: Some(md.spec.health_timeout_seconds),
             node: None,
             node_template: None,
+            failure_domain: None,
         },
     );
     let (node_template, node_settings, node_hash) = node_spec(md);
@@ -229,11 +271,12 @@ async fn in_place(
         // Changed since listed: the patch would conflict; the change runs this again.
         let Some(m) = machine_if_unchanged(ctx, md, member).await? else { continue };
         let m = &m;
-        match budget.step(name, can_update(ctx, m, template).await?) {
+        match budget.step(name, can_update(ctx, m, template, domain_of(md, m)).await?) {
             in_place::Step::Patch(disruption) => {
                 let mut patched = (*m).clone();
                 patched.spec.class_ref = template.spec.class_ref.clone();
-                patched.spec.provider_spec = template.spec.provider_spec.clone();
+                // The machine stays in its failure domain.
+                patched.spec.provider_spec = in_domain(template.spec.provider_spec.as_ref(), domain_of(md, m));
                 patched.metadata.labels.insert(LABEL_REVISION.into(), rev.into());
                 // What the driver said the update does, for the Machine's reconciler (drain or
                 // not) and for the planner (it counts as updating from now on).
@@ -262,13 +305,18 @@ async fn in_place(
 }
 
 /// Asks the driver whether `m` can move to `template` in place.
-async fn can_update(ctx: &Ctx, m: &Machine, template: &MachineTemplate) -> Result<Verdict> {
+async fn can_update(
+    ctx: &Ctx,
+    m: &Machine,
+    template: &MachineTemplate,
+    domain: Option<&FailureDomain>,
+) -> Result<Verdict> {
     let ns = &m.metadata.namespace;
     let Ok(current) = resolve(ctx, ns, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await? else {
         return Ok(Verdict::Unknown);
     };
-    let Ok(desired) = resolve(ctx, ns, &template.spec.class_ref.name, template.spec.provider_spec.as_ref()).await?
-    else {
+    let spec = in_domain(template.spec.provider_spec.as_ref(), domain);
+    let Ok(desired) = resolve(ctx, ns, &template.spec.class_ref.name, spec.as_ref()).await? else {
         return Ok(Verdict::Unknown);
     };
     let replace_all = || Verdict::NeedsReplacement(vec!["(driver or class)".into()]);

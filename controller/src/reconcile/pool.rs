@@ -553,6 +553,7 @@ async fn mirror(ctx: &Ctx, pool: &MachinePool, list: &[pb::PoolInstance], machin
                         health_timeout_seconds: None,
                         node: Some(pool.spec.node_settings()),
                         node_template: pool.spec.template.spec.node_template.clone(),
+                        failure_domain: None,
                     },
                 );
                 m.metadata.labels.insert(LABEL_POOL.into(), pool.metadata.name.clone());
@@ -729,6 +730,7 @@ mod tests {
                 health_timeout_seconds: None,
                 node: None,
                 node_template: None,
+                failure_domain: None,
             },
         );
         if deleting {

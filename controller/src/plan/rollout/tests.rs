@@ -49,6 +49,9 @@ fn deployment(replicas: i64) -> MachineDeployment {
         drain_timeout_seconds: 3600,
         volume_detach_timeout_seconds: 600,
         paused: false,
+        failure_domains: Vec::new(),
+        rebalance: Rebalance::default(),
+        failure_domain_backoff: FailureDomainBackoff::default(),
     };
     let mut md = MachineDeployment {
         api_version: API_VERSION.into(),
@@ -1347,3 +1350,5 @@ fn a_machine_counts_as_available_only_with_its_node_ready_and_after_min_ready_se
     assert!(p.delete.is_empty(), "Provisioned (the Node has not joined): not available");
     assert_eq!(p.create, 0, "and it counts toward maxSurge");
 }
+
+mod domains;

@@ -1,0 +1,231 @@
+//! Failure domains of a MachineDeployment (`spec.failureDomains`): where new machines go, which
+//! go first, which domains take no machines now and why, and when a rebalance moves one.
+//!
+//! - **Placement**: a new machine goes to the domain that takes machines with the fewest machines
+//!   per unit of weight (ties: the first listed). Machines being remediated or withdrawn do not
+//!   count: they are going.
+//! - **Removal order** ([`Spread::order`]): machines that are broken (marked for deletion,
+//!   failed, unknown, Node not Ready) go first, as everywhere; then the spread decides — a machine
+//!   in no listed domain, then one in the most-populated domain — and the deletion policy only
+//!   among equals. A rollout's old machines go in that order too, so the spread holds during it.
+//! - **Fail-over**: a create refused for capacity or availability marks its domain unavailable
+//!   for a backoff (the first `initialSeconds`, doubled at each refusal after the domain was
+//!   tried again, up to `maxSeconds`; 0 again once a machine created there since runs). The
+//!   refused machine never ran: it is withdrawn, and its replacement placed elsewhere.
+//! - **Outage**: a domain whose machines (those past creation) are all unhealthy while another
+//!   domain has available machines is degraded: it takes no machines while that lasts and for a
+//!   backoff after, and the owner says so (`FailureDomainDegraded`).
+//! - **Rebalance**: when everything is settled and two domains that take machines differ by more
+//!   than `maxSkew` machines per unit of weight (weights scaled so the smallest is 1), one machine
+//!   is created in the least-populated domain, annotated
+//!   [`ANNOTATION_REBALANCE`](crate::resources::ANNOTATION_REBALANCE); once it is
+//!   available (and more machines are available than `replicas`) one in the crowded domain goes,
+//!   asked of the disruption planner as `Rebalance`.
+
+use std::collections::BTreeMap;
+
+use super::rollout::Member;
+use crate::resources::{FailureDomain, FailureDomainBackoff, FailureDomainStatus, Phase, Time};
+
+/// The reason a degraded domain is marked with.
+pub const DEGRADED: &str = "Degraded";
+
+/// The machines per domain, as placement and removal count them.
+#[derive(Debug, Clone)]
+pub struct Spread<'a> {
+    domains: &'a [FailureDomain],
+    /// Machines per listed domain (same order as `domains`).
+    count: Vec<i64>,
+    /// Whether each listed domain takes new machines now.
+    open: Vec<bool>,
+}
+
+impl<'a> Spread<'a> {
+    /// Counts `machines` (those that stay) into `domains`; `open[i]` says whether domain `i`
+    /// takes machines.
+    pub fn new<'m>(domains: &'a [FailureDomain], machines: impl Iterator<Item = &'m Member>, open: Vec<bool>) -> Self {
+        let mut count = vec![0; domains.len()];
+        for m in machines {
+            if let Some(i) = index(domains, m.domain.as_deref()) {
+                count[i] += 1;
+            }
+        }
+        Self { domains, count, open }
+    }
+
+    /// Whether the owner has failure domains at all.
+    pub fn active(&self) -> bool {
+        !self.domains.is_empty()
+    }
+
+    /// Machines in domain `i` per unit of weight, weights scaled so the smallest is 1.
+    fn score(&self, i: usize, count: i64) -> f64 {
+        let min = self.domains.iter().map(|d| d.weight.max(1)).min().unwrap_or(1);
+        count as f64 * f64::from(min) / f64::from(self.domains[i].weight.max(1))
+    }
+
+    /// The domain a new machine goes to (and counts it there): `None` when no domain takes
+    /// machines now.
+    pub fn place(&mut self) -> Option<&'a FailureDomain> {
+        let i = (0..self.domains.len())
+            .filter(|&i| self.open[i])
+            .min_by(|&a, &b| self.score(a, self.count[a] + 1).total_cmp(&self.score(b, self.count[b] + 1)))?;
+        self.count[i] += 1;
+        Some(&self.domains[i])
+    }
+
+    /// `candidates` (in the deletion policy's order) in the order they go: broken ones first
+    /// (`broken`), then by the spread — no listed domain first, then the most-populated domain —
+    /// and the policy's order among equals. Each pick counts as gone.
+    pub fn order<'m>(&self, candidates: Vec<&'m Member>, broken: impl Fn(&Member) -> bool) -> Vec<&'m Member> {
+        if !self.active() {
+            return candidates;
+        }
+        let mut count = self.count.clone();
+        let mut left = candidates;
+        let mut out = Vec::with_capacity(left.len());
+        while !left.is_empty() {
+            let tier = |m: &Member| u8::from(!broken(m));
+            let best_tier = left.iter().map(|m| tier(m)).min().unwrap_or(0);
+            let score = |m: &Member| match index(self.domains, m.domain.as_deref()) {
+                None => f64::INFINITY,
+                Some(i) => self.score(i, count[i]),
+            };
+            let pick = left
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| tier(m) == best_tier)
+                // The first of the highest score: max_by keeps the last of equals, so compare
+                // reversed positions.
+                .max_by(|(a, x), (b, y)| score(x).total_cmp(&score(y)).then(b.cmp(a)))
+                .map_or(0, |(i, _)| i);
+            let m = left.remove(pick);
+            if let Some(i) = index(self.domains, m.domain.as_deref()) {
+                count[i] -= 1;
+            }
+            out.push(m);
+        }
+        out
+    }
+
+    /// A move that would even the spread out, if one is due: from the most-populated domain (or
+    /// machines in no listed domain, `None`) to the least-populated domain that takes machines,
+    /// when they differ by more than `max_skew` per unit of weight and the move does not
+    /// overshoot.
+    pub fn imbalance(&self, unlisted: i64, max_skew: u32) -> Option<(Option<&'a FailureDomain>, &'a FailureDomain)> {
+        let to = (0..self.domains.len())
+            .filter(|&i| self.open[i])
+            .min_by(|&a, &b| self.score(a, self.count[a]).total_cmp(&self.score(b, self.count[b])))?;
+        if unlisted > 0 {
+            return Some((None, &self.domains[to]));
+        }
+        let from = (0..self.domains.len())
+            .filter(|&i| i != to && self.open[i])
+            .max_by(|&a, &b| self.score(a, self.count[a]).total_cmp(&self.score(b, self.count[b])))?;
+        let skew = self.score(from, self.count[from]) - self.score(to, self.count[to]);
+        let after = self.score(from, self.count[from] - 1) - self.score(to, self.count[to] + 1);
+        (skew > f64::from(max_skew) && after >= -1e-9).then(|| (Some(&self.domains[from]), &self.domains[to]))
+    }
+
+    /// The number of machines each domain should hold of `replicas`, by weight over the domains
+    /// that take machines (largest remainder; those that do not get 0).
+    pub fn shares(&self, replicas: i64) -> Vec<i64> {
+        let total: i64 =
+            (0..self.domains.len()).filter(|&i| self.open[i]).map(|i| i64::from(self.domains[i].weight)).sum();
+        if total == 0 {
+            return vec![0; self.domains.len()];
+        }
+        let mut share: Vec<i64> = (0..self.domains.len())
+            .map(|i| if self.open[i] { replicas * i64::from(self.domains[i].weight) / total } else { 0 })
+            .collect();
+        let mut rest = replicas - share.iter().sum::<i64>();
+        let mut by_remainder: Vec<usize> = (0..self.domains.len()).filter(|&i| self.open[i]).collect();
+        by_remainder.sort_by_key(|&i| std::cmp::Reverse(replicas * i64::from(self.domains[i].weight) % total));
+        for i in by_remainder.into_iter().cycle() {
+            if rest <= 0 {
+                break;
+            }
+            share[i] += 1;
+            rest -= 1;
+        }
+        share
+    }
+}
+
+/// The position of `name` among the listed domains.
+pub fn index(domains: &[FailureDomain], name: Option<&str>) -> Option<usize> {
+    let name = name?;
+    domains.iter().position(|d| d.name == name)
+}
+
+/// The [`ANNOTATION_REBALANCE`](crate::resources::ANNOTATION_REBALANCE) value of a machine created to relieve `from` (`-` for machines in
+/// no listed domain) for `replicas`.
+pub fn rebalance_value(from: Option<&FailureDomain>, replicas: i64) -> String {
+    format!("{}/{replicas}", from.map_or("-", |d| d.name.as_str()))
+}
+
+/// The domain a rebalance machine relieves, if it was created for `replicas` (a scale-down since
+/// then makes it an ordinary machine).
+pub fn rebalance_from(m: &Member, replicas: i64) -> Option<&str> {
+    let (from, n) = m.rebalance.as_deref()?.rsplit_once('/')?;
+    (n.parse::<i64>().ok()? == replicas).then_some(from)
+}
+
+/// Whether a machine is past its creation: its health says something about its domain.
+fn established(m: &Member) -> bool {
+    !m.deleting && !matches!(m.phase, Phase::Pending | Phase::Creating | Phase::Provisioned)
+}
+
+/// Whether an established machine is unhealthy: Node not Ready, marked by a health check,
+/// unknown to the cloud or failed.
+fn unhealthy(m: &Member) -> bool {
+    m.node_not_ready || m.marked_unhealthy || matches!(m.phase, Phase::Unknown | Phase::Failed)
+}
+
+/// The degraded domains: each `(index, unhealthy machines)` whose established machines are all
+/// unhealthy while another domain has an available machine.
+pub fn degraded(
+    domains: &[FailureDomain],
+    machines: &[&Member],
+    available: impl Fn(&Member) -> bool,
+) -> Vec<(usize, i64)> {
+    let mut per: BTreeMap<usize, (i64, i64, i64)> = BTreeMap::new(); // established, unhealthy, available
+    for m in machines {
+        let Some(i) = index(domains, m.domain.as_deref()) else { continue };
+        let e = per.entry(i).or_default();
+        if established(m) {
+            e.0 += 1;
+            e.1 += i64::from(unhealthy(m));
+        }
+        e.2 += i64::from(available(m));
+    }
+    let out: Vec<(usize, i64)> =
+        per.iter().filter(|(_, (est, bad, _))| *est > 0 && bad == est).map(|(i, (_, bad, _))| (*i, *bad)).collect();
+    let healthy_elsewhere = |i: usize| per.iter().any(|(j, (_, _, avail))| *j != i && *avail > 0);
+    out.into_iter().filter(|(i, _)| healthy_elsewhere(*i)).collect()
+}
+
+/// Marks a domain unavailable at `now` for `reason`: the backoff doubles when the domain had one
+/// before (a refusal after it was tried again), up to the maximum. Returns the backoff.
+pub fn mark(
+    d: &mut FailureDomainStatus,
+    backoff: &FailureDomainBackoff,
+    now: Time,
+    reason: &str,
+    message: &str,
+) -> u64 {
+    let seconds = if d.backoff_seconds == 0 {
+        backoff.initial_seconds
+    } else {
+        d.backoff_seconds.saturating_mul(2).min(backoff.max_seconds)
+    }
+    .max(1);
+    d.backoff_seconds = seconds;
+    d.unavailable_until = Some(now + chrono::Duration::seconds(i64::try_from(seconds).unwrap_or(i64::MAX / 2)));
+    d.reason = reason.to_string();
+    d.message = message.to_string();
+    seconds
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,245 @@
+//! Failure domains in the deployment planner: placement, the spread through a rolling update
+//! and a scale-down, fail-over from a domain that refuses creates, surge-first rebalancing and
+//! a domain outage.
+
+use super::*;
+
+/// A deployment of `replicas` on the spec's revision (rolled out) over zones a, b and c.
+fn zoned(replicas: i64) -> MachineDeployment {
+    let mut md = deployment(replicas);
+    md.status.current_revision = new_rev();
+    md.spec.failure_domains = ["a", "b", "c"]
+        .map(|z| FailureDomain {
+            name: z.into(),
+            provider_spec: Some(serde_json::json!({ "zone": format!("zone-{z}") })),
+            weight: 1,
+        })
+        .to_vec();
+    md
+}
+
+impl Fx {
+    fn domain(mut self, d: &str) -> Self {
+        self.0.spec.failure_domain = Some(d.into());
+        self
+    }
+    /// Its create is refused for capacity (still being created, waiting on QuotaExceeded).
+    fn refused(mut self) -> Self {
+        self.0.status.phase = Phase::Creating;
+        set_condition(
+            &mut self.0.status.conditions,
+            ConditionType::Ready,
+            false,
+            Reason::QuotaExceeded,
+            "no capacity for small in zone-c",
+        );
+        self.0.status.last_operation = Some(LastOperation {
+            op_type: OperationType::Create,
+            state: OperationState::Failed,
+            code: "ResourceExhausted".into(),
+            reason: "INSUFFICIENT_CAPACITY".into(),
+            message: "no capacity for small in zone-c".into(),
+            request_id: "r".into(),
+            time: t0(),
+        });
+        self
+    }
+    fn rebalancing(mut self, value: &str) -> Self {
+        self.0.metadata.annotations.insert(ANNOTATION_REBALANCE.into(), value.into());
+        self
+    }
+}
+
+/// `n` Running machines named `{d}{i}` in domain `d`.
+fn zone(d: &str, n: usize) -> Vec<Fx> {
+    (0..n).map(|i| Fx::new(&format!("{d}{i}")).at(i as i64).domain(d)).collect()
+}
+
+fn per_domain(p: &Plan) -> Vec<(String, i64, i64, i64)> {
+    p.status.failure_domains.iter().map(|d| (d.name.clone(), d.desired, d.current, d.available)).collect()
+}
+
+#[test]
+fn nine_replicas_spread_three_per_zone_from_nothing() {
+    let mut md = zoned(9);
+    md.status.current_revision = String::new();
+    let p = run(&md, vec![], true);
+    assert_eq!(p.create, 9);
+    assert_eq!(names(&p.placements), ["a", "b", "c", "a", "b", "c", "a", "b", "c"]);
+    assert_eq!(per_domain(&p).iter().map(|d| d.1).collect::<Vec<_>>(), [3, 3, 3], "each domain's share");
+}
+
+#[test]
+fn weights_share_the_machines() {
+    let mut md = zoned(8);
+    md.status.current_revision = String::new();
+    md.spec.failure_domains[0].weight = 2;
+    let p = run(&md, vec![], true);
+    let count = |z: &str| p.placements.iter().filter(|d| *d == z).count();
+    assert_eq!((count("a"), count("b"), count("c")), (4, 2, 2));
+}
+
+#[test]
+fn a_rolling_update_keeps_the_spread_surge_in_one_zone_and_the_old_machine_from_it() {
+    let md = zoned(9);
+    let old: Vec<Fx> = ["a", "b", "c"].iter().flat_map(|z| zone(z, 3)).map(Fx::old).collect();
+    // The surge machine goes to the first least-populated zone.
+    let p = run(&md, old, true);
+    assert_eq!((p.create, names(&p.placements)), (1, vec!["a"]));
+    assert!(p.delete.is_empty(), "maxUnavailable 0: nothing goes before the new machine runs");
+    // Once it runs, the old machine that goes is from the zone it crowds.
+    let mut machines: Vec<Fx> = ["a", "b", "c"].iter().flat_map(|z| zone(z, 3)).map(Fx::old).collect();
+    machines.push(Fx::new("new-a").domain("a").at(100));
+    let p = run(&md, machines, true);
+    assert_eq!(names(&p.delete), ["a0"], "the oldest in the most-populated zone");
+    // It is gone (3/3/3 again, counting the new one): the next surge machine goes to the first
+    // of the equals again, and the next old machine from there.
+    let mut machines: Vec<Fx> = ["a", "b", "c"].iter().flat_map(|z| zone(z, 3)).map(Fx::old).collect();
+    machines.remove(0);
+    machines.push(Fx::new("new-a").domain("a").at(100));
+    let p = run(&md, machines, true);
+    assert_eq!(names(&p.placements), ["a"]);
+}
+
+#[test]
+fn a_scale_down_takes_from_the_most_populated_zones_first() {
+    let md = zoned(6);
+    let mut machines: Vec<Fx> = zone("a", 4);
+    machines.extend(zone("b", 3));
+    machines.extend(zone("c", 2));
+    let p = run(&md, machines, true);
+    let mut gone: Vec<&str> = names(&p.delete);
+    gone.sort();
+    assert_eq!(gone, ["a0", "a1", "b0"], "4/3/2 → 2/2/2");
+}
+
+#[test]
+fn broken_machines_go_before_the_spread_is_considered() {
+    let md = zoned(5);
+    let mut machines: Vec<Fx> = zone("a", 3);
+    machines.extend(zone("b", 2));
+    machines.push(Fx::new("c0").domain("c").marked_for_deletion());
+    let p = run(&md, machines, true);
+    assert_eq!(names(&p.delete), ["c0"]);
+}
+
+#[test]
+fn a_zone_that_refuses_creates_is_closed_and_its_machines_go_elsewhere_without_touching_the_budget() {
+    let mut md = zoned(9);
+    md.status.rollout = Some(RolloutState { revision: new_rev(), started: t0(), last_progress: t0(), failures: 0 });
+    let mut machines: Vec<Fx> = zone("a", 3);
+    machines.extend(zone("b", 3));
+    machines.extend((0..3).map(|i| Fx::new(&format!("c{i}")).domain("c").refused()));
+    let p = run(&md, machines, true);
+    let c = &p.status.failure_domains[2];
+    assert_eq!((c.reason.as_str(), c.backoff_seconds), ("InsufficientCapacity", 60));
+    assert_eq!(c.unavailable_until, Some(now() + chrono::Duration::seconds(60)));
+    assert!(p.events.iter().any(|e| e.reason == EventReason::FailureDomainUnavailable && e.message.contains("c0")));
+    let mut gone = names(&p.delete);
+    gone.sort();
+    assert_eq!(gone, ["c0", "c1", "c2"], "withdrawn");
+    assert!(p.mark.is_empty(), "a withdrawal is no remediation");
+    assert_eq!(names(&p.placements), ["a"], "the surge room allows one now; never zone c");
+    assert_eq!(p.status.rollout.as_ref().map(|r| r.failures), Some(0), "the failure budget is untouched");
+    assert_eq!(p.recheck_at, Some(now() + chrono::Duration::seconds(60)), "planned again when it opens");
+}
+
+#[test]
+fn a_refusal_after_the_backoff_doubles_it_up_to_the_maximum() {
+    let mut md = zoned(3);
+    md.spec.failure_domain_backoff = FailureDomainBackoff { initial_seconds: 60, max_seconds: 100 };
+    md.status.failure_domains =
+        ["a", "b", "c"].map(|z| FailureDomainStatus { name: z.into(), ..Default::default() }).to_vec();
+    md.status.failure_domains[2].backoff_seconds = 60;
+    md.status.failure_domains[2].unavailable_until = Some(now() - chrono::Duration::seconds(1));
+    md.status.failure_domains[2].reason = "InsufficientCapacity".into();
+    let machines = vec![Fx::new("a0").domain("a"), Fx::new("b0").domain("b"), Fx::new("c9").domain("c").refused()];
+    let p = run(&md, machines, true);
+    assert!(p.events.iter().any(|e| e.reason == EventReason::FailureDomainAvailable), "{:?}", p.events);
+    assert_eq!(p.status.failure_domains[2].backoff_seconds, 100, "60 doubled, capped at 100");
+}
+
+#[test]
+fn no_open_zone_keeps_the_refused_machines_trying_where_they_are() {
+    let mut md = zoned(2);
+    md.spec.failure_domains.truncate(1);
+    let machines = vec![Fx::new("a0").domain("a").refused(), Fx::new("a1").domain("a").refused()];
+    let p = run(&md, machines, true);
+    assert!(p.delete.is_empty());
+    assert_eq!(p.create, 0);
+}
+
+#[test]
+fn a_recovered_zone_is_rebalanced_surge_first_one_machine_at_a_time() {
+    let md = zoned(9);
+    let mut machines: Vec<Fx> = zone("a", 5);
+    machines.extend(zone("b", 4));
+    let p = run(&md, machines, true);
+    assert_eq!((p.create, names(&p.placements), p.rebalance.as_deref()), (1, vec!["c"], Some("a/9")));
+    assert!(p.delete.is_empty(), "nothing goes before its replacement runs");
+    assert!(!p.settled);
+    // The new machine is on its way: nothing goes.
+    let mut machines: Vec<Fx> = zone("a", 5);
+    machines.extend(zone("b", 4));
+    machines.push(Fx::new("c-new").domain("c").phase(Phase::Creating).rebalancing("a/9"));
+    let p = run(&md, machines, true);
+    assert!(p.delete.is_empty() && p.create == 0, "{:?}", p.notes);
+    assert!(p.notes.contains(&Note::RebalanceWaiting { machine: "c-new".into() }));
+    let r = p.status.rebalance.as_ref().map(|r| (r.from.as_str(), r.to.as_str(), r.machine.as_str()));
+    assert_eq!(r, Some(("a", "c", "c-new")));
+    // It runs: one in the crowded zone goes, as a Rebalance.
+    let mut machines: Vec<Fx> = zone("a", 5);
+    machines.extend(zone("b", 4));
+    machines.push(Fx::new("c-new").domain("c").rebalancing("a/9"));
+    let p = run(&md, machines, true);
+    assert_eq!(names(&p.delete), ["a0"]);
+    assert!(p.events.iter().any(|e| e.reason == EventReason::Rebalanced));
+    let asked = p.disruption.as_ref().map(|r| r.allowed.get(&DisruptionReason::Rebalance).copied());
+    assert!(asked.flatten().is_some(), "asked as a Rebalance: {:?}", p.disruption);
+}
+
+#[test]
+fn a_rebalance_within_skew_or_disabled_does_nothing() {
+    let md = zoned(8);
+    let mut machines: Vec<Fx> = zone("a", 3);
+    machines.extend(zone("b", 3));
+    machines.extend(zone("c", 2));
+    let p = run(&md, machines, true);
+    assert_eq!((p.create, p.rebalance.clone()), (0, None), "3/3/2 is within skew 1");
+    let mut md = zoned(9);
+    md.spec.rebalance.enabled = false;
+    let mut machines: Vec<Fx> = zone("a", 5);
+    machines.extend(zone("b", 4));
+    let p = run(&md, machines, true);
+    assert_eq!((p.create, p.rebalance), (0, None));
+}
+
+#[test]
+fn a_zone_whose_nodes_are_all_not_ready_is_degraded_and_gets_no_replacements() {
+    let md = zoned(9);
+    let mut machines: Vec<Fx> = zone("a", 3);
+    machines.extend(zone("b", 3));
+    machines.extend(zone("c", 3).into_iter().map(Fx::node_not_ready));
+    // A health check asks for one of them to be remediated.
+    machines[6] = Fx::new("c0").domain("c").node_not_ready().unhealthy();
+    let p = run(&md, machines, true);
+    assert_eq!(condition(&p, "FailureDomainDegraded"), ("True", "DomainOutage"));
+    assert_eq!(p.status.failure_domains[2].reason, "Degraded");
+    assert_eq!(p.mark.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["c0"]);
+    assert_eq!(names(&p.placements), ["a"], "its replacement goes to a healthy zone");
+    // One node down in a zone is a node outage, not a zone outage.
+    let mut machines: Vec<Fx> = zone("a", 3);
+    machines.extend(zone("b", 3));
+    machines.extend(zone("c", 3));
+    machines[6] = Fx::new("c0").domain("c").node_not_ready();
+    let p = run(&md, machines, true);
+    assert_eq!(condition(&p, "FailureDomainDegraded"), ("", ""));
+}
+
+#[test]
+fn machines_in_no_listed_domain_move_into_the_domains() {
+    let md = zoned(3);
+    let machines = vec![Fx::new("x0"), Fx::new("x1"), Fx::new("x2")];
+    let p = run(&md, machines, true);
+    assert_eq!((p.create, names(&p.placements), p.rebalance.as_deref()), (1, vec!["a"], Some("-/3")));
+}
