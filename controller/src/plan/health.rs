@@ -57,6 +57,13 @@ pub struct Assessment {
     pub recovered: Vec<String>,
     /// When a healthy Machine's unhealthy condition times out, if one is running.
     pub recheck_after: Option<Duration>,
+    /// Failure domains down as a whole (`owner/domain: N machine(s)`): an owner's domain whose
+    /// checked machines are all unhealthy while another of its domains has a healthy one. A zone
+    /// outage is not a node outage: its machines count toward `maxUnhealthy` neither as unhealthy
+    /// nor as expected.
+    pub domain_outages: Vec<String>,
+    /// The machines of those domains.
+    pub outside: i64,
 }
 
 /// Assesses `machines` (the selector's, in the health check's namespace) at `now`; conditions
@@ -77,6 +84,7 @@ pub fn assess(
     let mut unhealthy = Vec::new();
     let mut recovered = Vec::new();
     let mut pending = 0;
+    let mut pending_names = Vec::new();
     let mut recheck_after: Option<Duration> = None;
     for m in &checked {
         let verdict = if on(m, ANNOTATION_REMEDIATE) {
@@ -91,6 +99,7 @@ pub fn assess(
             Health::Healthy { recheck } => {
                 if recheck.is_some() {
                     pending += 1;
+                    pending_names.push(m.metadata.name.as_str());
                 }
                 recheck_after = match (recheck_after, recheck) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -111,8 +120,14 @@ pub fn assess(
         }
     }
     let expected = checked.len() as i64;
-    let max_unhealthy = spec.max_unhealthy.resolve(expected, false).map_err(|why| format!("maxUnhealthy {why}"))?;
-    let count = unhealthy.len() as i64 + pending;
+    let bad = |m: &Machine| {
+        let name = m.metadata.name.as_str();
+        unhealthy.iter().any(|u| u.name == name) || pending_names.contains(&name)
+    };
+    let (domain_outages, outside) = domain_outages(&checked, bad);
+    let judged = expected - outside;
+    let max_unhealthy = spec.max_unhealthy.resolve(judged, false).map_err(|why| format!("maxUnhealthy {why}"))?;
+    let count = unhealthy.len() as i64 + pending - outside;
     let short_circuited = count > max_unhealthy;
     if short_circuited || spec.mode == HealthCheckMode::Observe {
         for u in &mut unhealthy {
@@ -129,7 +144,35 @@ pub fn assess(
         short_circuited,
         recovered,
         recheck_after,
+        domain_outages,
+        outside,
     })
+}
+
+/// The failure domains down as a whole among the checked machines (grouped by owner and
+/// `spec.failureDomain`): those whose machines are all `bad` while the same owner has another
+/// domain with a machine that is not. Returns them in words and how many machines they hold.
+fn domain_outages(checked: &[&Machine], bad: impl Fn(&Machine) -> bool) -> (Vec<String>, i64) {
+    use std::collections::BTreeMap;
+    // (owner, domain) → (machines, bad ones)
+    let mut groups: BTreeMap<(&str, &str), (i64, i64)> = BTreeMap::new();
+    for m in checked {
+        let (Some((_, owner)), Some(domain)) = (m.owner(), m.spec.failure_domain.as_deref()) else { continue };
+        let g = groups.entry((owner, domain)).or_default();
+        g.0 += 1;
+        g.1 += i64::from(bad(m));
+    }
+    let healthy_elsewhere = |owner: &str, domain: &str| {
+        groups.iter().any(|((o, d), (n, b))| *o == owner && *d != domain && b < n)
+    };
+    let mut out = (Vec::new(), 0);
+    for ((owner, domain), (n, b)) in &groups {
+        if n == b && healthy_elsewhere(owner, domain) {
+            out.0.push(format!("{owner}/{domain}: {n} machine(s)"));
+            out.1 += n;
+        }
+    }
+    out
 }
 
 enum Health {
@@ -455,5 +498,34 @@ mod tests {
     fn a_bad_max_unhealthy_is_an_error_not_a_panic() {
         let e = assess(&spec(Some(IntOrPercent::Str("lots".into()))), &[machine("a", MD)], now(), None).unwrap_err();
         assert!(e.starts_with("maxUnhealthy "), "{e}");
+    }
+
+    #[test]
+    fn a_failure_domain_down_as_a_whole_does_not_count_toward_max_unhealthy() {
+        let zoned = |name: &str, zone: &str| {
+            let mut m = machine(name, MD);
+            m.spec.failure_domain = Some(zone.into());
+            m
+        };
+        let mut machines: Vec<Machine> =
+            ["a", "b", "c"].iter().flat_map(|z| (0..3).map(move |i| zoned(&format!("{z}{i}"), z))).collect();
+        for m in &mut machines[6..] {
+            *m = node_ready(m.clone(), ConditionStatus::Unknown, 700);
+        }
+        let a = assess(&spec(Some(IntOrPercent::Int(1))), &machines, now(), None).unwrap();
+        assert!(!a.short_circuited, "{a:?}");
+        assert_eq!((a.domain_outages.clone(), a.outside), (vec!["web/c: 3 machine(s)".to_string()], 3));
+        assert!(a.unhealthy.iter().all(|u| u.remediate), "the owner may replace them elsewhere");
+        // One more down in another zone: a node outage on top, within maxUnhealthy 1.
+        machines[0] = node_ready(machines[0].clone(), ConditionStatus::Unknown, 700);
+        let a = assess(&spec(Some(IntOrPercent::Int(1))), &machines, now(), None).unwrap();
+        assert!(!a.short_circuited);
+        // Without failure domains the same machines trip the short circuit.
+        for m in &mut machines {
+            m.spec.failure_domain = None;
+        }
+        let a = assess(&spec(Some(IntOrPercent::Int(1))), &machines, now(), None).unwrap();
+        assert!(a.short_circuited);
+        assert!(a.domain_outages.is_empty());
     }
 }

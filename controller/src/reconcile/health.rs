@@ -78,7 +78,12 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         let message = "mode Observe: unhealthy machines are marked, never remediated";
         set_condition(conditions, ConditionType::RemediationAllowed, false, Reason::Observing, message);
     } else {
-        set_condition(conditions, ConditionType::RemediationAllowed, true, Reason::WithinMaxUnhealthy, "");
+        let message = if a.domain_outages.is_empty() {
+            String::new()
+        } else {
+            format!("failure domains down as a whole, not counted: {}", a.domain_outages.join(", "))
+        };
+        set_condition(conditions, ConditionType::RemediationAllowed, true, Reason::WithinMaxUnhealthy, &message);
     }
     let by_name: BTreeMap<&str, &Machine> = machines.iter().map(|m| (m.metadata.name.as_str(), m)).collect();
     let mut retry = false;
@@ -104,11 +109,19 @@ fn short_circuit_message(a: &Assessment) -> String {
     let count = a.unhealthy.len() as i64 + a.pending;
     let pending =
         if a.pending > 0 { format!(" ({} of them not yet past their timeout)", a.pending) } else { String::new() };
+    let domains = if a.outside > 0 {
+        format!(" (not counting failure domains down as a whole: {})", a.domain_outages.join(", "))
+    } else {
+        String::new()
+    };
     format!(
-        "{count} of {} machines are unhealthy{pending}, more than maxUnhealthy allows ({}): none is remediated",
-        a.expected, a.max_unhealthy
+        "{} of {} machines are unhealthy{pending}, more than maxUnhealthy allows ({}){domains}: none is remediated",
+        count - a.outside,
+        a.expected - a.outside,
+        a.max_unhealthy
     )
 }
+
 
 /// Marks an unhealthy Machine: `HealthCheckSucceeded=False`, and `OwnerRemediated=False` when its
 /// owner is to remediate it (removed again while remediation is held, unless the owner took it
