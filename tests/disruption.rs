@@ -4,20 +4,14 @@
 //! Node's kubelet away and bring it back, a MachineHealthCheck marks, the owner remediates, and
 //! budgets with schedules hold rollouts. Each test runs in its own cluster and namespace.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use e2e_tests::eventually;
 use e2e_tests::kube_cluster::Cluster;
+use e2e_tests::watch::Most;
 use e2e_tests::world::{Driver, World};
 use fake_driver::pb as fake;
-use futures::StreamExt;
-use kube::api::{Api, DynamicObject};
-use kube::core::{ApiResource, GroupVersionKind};
-use kube::runtime::watcher;
 use machine_controller::resources::*;
-use machine_controller::store::kubernetes::trimmed;
 use serde_json::{json, Value};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -90,81 +84,6 @@ impl Disruptions for World {
     }
 }
 
-fn ar(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("machine.driver.dev", "v1alpha1", kind), plural)
-}
-
-/// Whether a Machine serves: Running, its Node Ready, not being deleted.
-fn available(m: &Machine) -> bool {
-    m.status.phase == Phase::Running
-        && !m.is_deleting()
-        && condition(&m.status.conditions, ConditionType::NodeReady).is_some_and(|c| c.status == ConditionStatus::True)
-}
-
-/// Watches the namespace's Machines and keeps the most machines ever unavailable at once:
-/// `replicas − available`, computed after every event.
-struct Unavailability {
-    most: Arc<Mutex<i64>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Unavailability {
-    fn watch(w: &World, replicas: i64) -> Self {
-        let api = Api::<DynamicObject>::namespaced_with(w.cluster().client.clone(), w.ns(), &ar("Machine", "machines"));
-        let most = Arc::new(Mutex::new(0));
-        let seen = most.clone();
-        let task = tokio::spawn(async move {
-            let mut machines: BTreeMap<String, Machine> = BTreeMap::new();
-            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
-            while let Some(event) = events.next().await {
-                let parse = |o: DynamicObject| {
-                    let v = trimmed(Kind::Machine, serde_json::to_value(o).ok()?)?;
-                    serde_json::from_value::<Machine>(v).ok()
-                };
-                match event {
-                    Ok(watcher::Event::Init) => {
-                        machines.clear();
-                        continue;
-                    }
-                    // A (re)list: counted once it is whole.
-                    Ok(watcher::Event::InitApply(o)) => {
-                        if let Some(m) = parse(o) {
-                            machines.insert(m.metadata.name.clone(), m);
-                        }
-                        continue;
-                    }
-                    Ok(watcher::Event::InitDone) => {}
-                    Ok(watcher::Event::Apply(o)) => {
-                        if let Some(m) = parse(o) {
-                            machines.insert(m.metadata.name.clone(), m);
-                        }
-                    }
-                    Ok(watcher::Event::Delete(o)) => {
-                        if let Some(m) = parse(o) {
-                            machines.remove(&m.metadata.name);
-                        }
-                    }
-                    Err(_) => continue,
-                }
-                let up = machines.values().filter(|m| available(m)).count() as i64;
-                let mut most = seen.lock().unwrap();
-                *most = (*most).max(replicas - up);
-            }
-        });
-        Unavailability { most, task }
-    }
-
-    fn most(&self) -> i64 {
-        *self.most.lock().unwrap()
-    }
-}
-
-impl Drop for Unavailability {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// The deployment once `f` holds for it.
 async fn md_until(
     w: &World,
@@ -199,7 +118,7 @@ async fn a_rollout_during_a_remediation_stays_within_max_unavailable_and_replace
     w.apply_md("web", json!({"replicas": 4})).await;
     let before = w.converged("web", 2 * MINUTE).await;
     w.health_check(10, json!("100%")).await;
-    let watch = Unavailability::watch(&w, 4);
+    let watch = Most::unavailable(&w, 4);
     let created = w.created().await;
     assert_eq!(created, 4);
 

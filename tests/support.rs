@@ -16,6 +16,8 @@ use driver_sdk::DriverClient;
 
 #[path = "kube_cluster.rs"]
 pub mod kube_cluster;
+#[path = "support/watch.rs"]
+pub mod watch;
 #[path = "support/world.rs"]
 pub mod world;
 use tokio::process::{Child, Command};

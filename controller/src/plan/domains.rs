@@ -36,21 +36,29 @@ pub struct Spread<'a> {
     domains: &'a [FailureDomain],
     /// Machines per listed domain (same order as `domains`).
     count: Vec<i64>,
+    /// Of those, machines of an older revision (a rollout replaces them).
+    old: Vec<i64>,
     /// Whether each listed domain takes new machines now.
     open: Vec<bool>,
 }
 
 impl<'a> Spread<'a> {
-    /// Counts `machines` (those that stay) into `domains`; `open[i]` says whether domain `i`
-    /// takes machines.
-    pub fn new<'m>(domains: &'a [FailureDomain], machines: impl Iterator<Item = &'m Member>, open: Vec<bool>) -> Self {
-        let mut count = vec![0; domains.len()];
+    /// Counts `machines` (those that stay) into `domains`, those not of `revision` as old;
+    /// `open[i]` says whether domain `i` takes machines.
+    pub fn new<'m>(
+        domains: &'a [FailureDomain],
+        machines: impl Iterator<Item = &'m Member>,
+        revision: &str,
+        open: Vec<bool>,
+    ) -> Self {
+        let (mut count, mut old) = (vec![0; domains.len()], vec![0; domains.len()]);
         for m in machines {
             if let Some(i) = index(domains, m.domain.as_deref()) {
                 count[i] += 1;
+                old[i] += i64::from(m.revision != revision);
             }
         }
-        Self { domains, count, open }
+        Self { domains, count, old, open }
     }
 
     /// Whether the owner has failure domains at all.
@@ -65,11 +73,13 @@ impl<'a> Spread<'a> {
     }
 
     /// The domain a new machine goes to (and counts it there): `None` when no domain takes
-    /// machines now.
+    /// machines now. Among equals, the one with the most old machines: in a rollout the old
+    /// machine that makes room for it leaves the same domain, so the spread holds.
     pub fn place(&mut self) -> Option<&'a FailureDomain> {
-        let i = (0..self.domains.len())
-            .filter(|&i| self.open[i])
-            .min_by(|&a, &b| self.score(a, self.count[a] + 1).total_cmp(&self.score(b, self.count[b] + 1)))?;
+        let i = (0..self.domains.len()).filter(|&i| self.open[i]).min_by(|&a, &b| {
+            let (x, y) = (self.score(a, self.count[a] + 1), self.score(b, self.count[b] + 1));
+            x.total_cmp(&y).then(self.old[b].cmp(&self.old[a]))
+        })?;
         self.count[i] += 1;
         Some(&self.domains[i])
     }

@@ -162,9 +162,8 @@ fn domain_outages(checked: &[&Machine], bad: impl Fn(&Machine) -> bool) -> (Vec<
         g.0 += 1;
         g.1 += i64::from(bad(m));
     }
-    let healthy_elsewhere = |owner: &str, domain: &str| {
-        groups.iter().any(|((o, d), (n, b))| *o == owner && *d != domain && b < n)
-    };
+    let healthy_elsewhere =
+        |owner: &str, domain: &str| groups.iter().any(|((o, d), (n, b))| *o == owner && *d != domain && b < n);
     let mut out = (Vec::new(), 0);
     for ((owner, domain), (n, b)) in &groups {
         if n == b && healthy_elsewhere(owner, domain) {

@@ -849,7 +849,7 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
     // them. They do not count as the deployment's machines, so replacements are made.
     let leaving: Vec<&Member> = targets.iter().chain(&zones.withdraw).copied().collect();
     let staying = c.live.iter().copied().filter(|m| !leaving.iter().any(|t| t.name == m.name));
-    let mut spread = Spread::new(&md.spec.failure_domains, staying, zones.open);
+    let mut spread = Spread::new(&md.spec.failure_domains, staying, &c.target_rev, zones.open);
     let (mut create, mut in_place, mut delete) = (0, None, Vec::new());
     // A canary not passed yet: no more machines of the revision than it wants.
     let canary_room = canary.map(|wanted| {

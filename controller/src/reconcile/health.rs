@@ -122,7 +122,6 @@ fn short_circuit_message(a: &Assessment) -> String {
     )
 }
 
-
 /// Marks an unhealthy Machine: `HealthCheckSucceeded=False`, and `OwnerRemediated=False` when its
 /// owner is to remediate it (removed again while remediation is held, unless the owner took it
 /// already). `false` when another write came first.

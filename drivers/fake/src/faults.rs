@@ -55,6 +55,10 @@ pub struct FaultRule {
     /// How often it fired.
     #[serde(default)]
     pub fired: u32,
+    /// Only calls that place something in this zone (the provider spec's `zone` of a
+    /// CreateMachine or ApplyPool); `None`: any call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 fn star() -> String {
@@ -109,9 +113,10 @@ impl FaultRule {
         Ok(())
     }
 
-    pub(crate) fn matches(&self, rpc: &str, target: &str) -> bool {
+    pub(crate) fn matches(&self, rpc: &str, target: &str, zone: Option<&str>) -> bool {
         (self.rpc == "*" || self.rpc == rpc)
             && glob(&self.target, target)
+            && self.zone.as_deref().is_none_or(|z| Some(z) == zone)
             && (self.times == 0 || self.fired < self.times)
     }
 
@@ -151,6 +156,7 @@ impl FaultRule {
             latency_ms: r.latency_ms,
             times: r.times,
             fired: 0,
+            zone: Some(r.zone).filter(|z| !z.is_empty()),
         };
         rule.validate()?;
         Ok(rule)
@@ -171,6 +177,7 @@ impl FaultRule {
             latency_ms: self.latency_ms,
             times: self.times,
             fired: self.fired,
+            zone: self.zone.clone().unwrap_or_default(),
         }
     }
 }
@@ -219,8 +226,8 @@ mod tests {
         )
         .unwrap();
         assert!(rules[0].validate().is_ok());
-        assert!(rules[0].matches("CreateMachine", "web-1"));
-        assert!(!rules[0].matches("DeleteMachine", "web-1"));
+        assert!(rules[0].matches("CreateMachine", "web-1", None));
+        assert!(!rules[0].matches("DeleteMachine", "web-1", None));
         let bad: FaultRule = serde_json::from_str(r#"{"action":"error","code":"NOPE"}"#).unwrap();
         assert!(bad.validate().unwrap_err().starts_with("code:"));
         assert!(serde_json::from_str::<FaultRule>(r#"{"action":"error","typo":1}"#).is_err());

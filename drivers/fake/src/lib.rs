@@ -230,6 +230,17 @@ impl FakeDriver {
     /// Admission of one cloud API call: auth, rate limit, fault rules. Returns a failure to
     /// attach to the operation (action `fail_operation`).
     async fn admit(&self, ctx: &RequestContext, secrets: &Secrets, target: &str) -> Result<Option<CloudError>> {
+        self.admit_in(ctx, secrets, target, None).await
+    }
+
+    /// [`Self::admit`] for a call that places something in `zone` (fault rules may name one).
+    async fn admit_in(
+        &self,
+        ctx: &RequestContext,
+        secrets: &Secrets,
+        target: &str,
+        zone: Option<&str>,
+    ) -> Result<Option<CloudError>> {
         let rpc = ctx.method().to_string();
         lock(&self.state).counters.api_calls += 1;
         if let Some(key) = &self.config.api_key {
@@ -255,7 +266,7 @@ impl FakeDriver {
         }
         let rule = {
             let mut rules = lock(&self.faults);
-            rules.iter_mut().find(|r| r.matches(&rpc, target)).map(|r| {
+            rules.iter_mut().find(|r| r.matches(&rpc, target, zone)).map(|r| {
                 r.fired += 1;
                 r.clone()
             })
@@ -631,7 +642,8 @@ impl Driver for FakeDriver {
     }
 
     async fn create_machine(&self, ctx: &RequestContext, req: CreateMachine) -> Result<Operation> {
-        let fail = self.admit(ctx, &req.secrets, &req.name).await?;
+        let zone = req.provider_spec.get("zone").and_then(Value::as_str);
+        let fail = self.admit_in(ctx, &req.secrets, &req.name, Some(zone.unwrap_or("zone-a"))).await?;
         let hash = convert::spec_hash(&req.provider_spec);
         let now = now_ms();
         let mut st = self.cloud();
@@ -802,7 +814,8 @@ impl Driver for FakeDriver {
     }
 
     async fn update_machine(&self, ctx: &RequestContext, req: UpdateMachine) -> Result<Operation> {
-        let fail = self.admit(ctx, &req.secrets, &req.name).await?;
+        let zone = req.provider_spec.get("zone").and_then(Value::as_str);
+        let fail = self.admit_in(ctx, &req.secrets, &req.name, Some(zone.unwrap_or("zone-a"))).await?;
         let hash = convert::spec_hash(&req.provider_spec);
         let now = now_ms();
         let mut st = self.cloud();
@@ -847,7 +860,8 @@ impl Driver for FakeDriver {
     }
 
     async fn apply_pool(&self, ctx: &RequestContext, req: ApplyPool) -> Result<Operation> {
-        let fail = self.admit(ctx, &req.secrets, &req.name).await?;
+        let zone = req.provider_spec.get("zone").and_then(Value::as_str);
+        let fail = self.admit_in(ctx, &req.secrets, &req.name, Some(zone.unwrap_or("zone-a"))).await?;
         let hash = convert::spec_hash(&req.provider_spec);
         let now = now_ms();
         let mut st = self.cloud();

@@ -92,13 +92,18 @@ fn a_rolling_update_keeps_the_spread_surge_in_one_zone_and_the_old_machine_from_
     machines.push(Fx::new("new-a").domain("a").at(100));
     let p = run(&md, machines, true);
     assert_eq!(names(&p.delete), ["a0"], "the oldest in the most-populated zone");
-    // It is gone (3/3/3 again, counting the new one): the next surge machine goes to the first
-    // of the equals again, and the next old machine from there.
+    // It is gone (3/3/3 again, counting the new one): the next surge machine goes to a zone
+    // with the most old machines, where the next old machine leaves.
     let mut machines: Vec<Fx> = ["a", "b", "c"].iter().flat_map(|z| zone(z, 3)).map(Fx::old).collect();
     machines.remove(0);
     machines.push(Fx::new("new-a").domain("a").at(100));
     let p = run(&md, machines, true);
-    assert_eq!(names(&p.placements), ["a"]);
+    assert_eq!(names(&p.placements), ["b"]);
+    // Zone a is all new: the last old machines go from b and c, never leaving a zone short.
+    let mut machines: Vec<Fx> = ["b", "c"].iter().flat_map(|z| zone(z, 3)).map(Fx::old).collect();
+    machines.extend((0..3).map(|i| Fx::new(&format!("new-a{i}")).domain("a").at(100)));
+    let p = run(&md, machines, true);
+    assert_eq!(names(&p.placements), ["b"]);
 }
 
 #[test]
