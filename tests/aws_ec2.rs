@@ -156,6 +156,45 @@ async fn a_launch_template_spec_launches_on_moto() {
     assert_eq!(e.report.violations[0].field, "provider_spec.imageId");
 }
 
+/// What a failure domain sets: `availabilityZone` places the instance in that zone (moto's
+/// default would be the region's first zone), as the provider ID, the status and moto say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_lands_in_the_availability_zone_of_its_spec_on_moto() {
+    let region = "eu-north-1";
+    let moto = Moto::shared().await;
+    let driver = start_driver(&moto.url(), region, &[]).await;
+    let c = driver.client().await;
+    let zones = [("zone-b", "eu-north-1b"), ("zone-c", "eu-north-1c")];
+    for (name, zone) in zones {
+        let spec = json!({"imageId": MOTO_AMI, "instanceType": "t3.micro", "availabilityZone": zone});
+        let op = wait_done(&c, c.create_machine(create_req(name, spec)).await.unwrap().value).await;
+        let m = op.machine().cloned().unwrap_or_else(|| panic!("{name}: {:?}", op.error_report()));
+        assert!(m.provider_id.starts_with(&format!("aws:///{zone}/i-")), "{name}: {}", m.provider_id);
+        let st = c
+            .get_machine_status(pb::GetMachineStatusRequest { name: name.into(), ..Default::default() })
+            .await
+            .unwrap()
+            .value;
+        assert_eq!(st.provider_id, m.provider_id);
+    }
+    // RunInstances carried the zone as Placement.AvailabilityZone, and moto put them there.
+    let placements: Vec<String> = moto
+        .signed_calls_in("ec2", region)
+        .into_iter()
+        .filter(|call| call.action == "RunInstances")
+        .filter_map(|call| call.params.get("Placement.AvailabilityZone").cloned())
+        .collect();
+    assert_eq!(placements, ["eu-north-1b", "eu-north-1c"]);
+    let placed = moto
+        .boto3(
+            region,
+            "print(json.dumps({t['Value']: i['Placement']['AvailabilityZone'] for r in ec2.describe_instances()['Reservations'] \
+             for i in r['Instances'] for t in i.get('Tags', []) if t['Key'] == 'machinedriver.dev/name'}))",
+        )
+        .await;
+    assert_eq!(placed, json!({"zone-b": "eu-north-1b", "zone-c": "eu-north-1c"}));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_without_a_region_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -572,9 +611,15 @@ async fn aws_errors_map_to_typed_errors_with_the_aws_code_and_request_id() {
     // (status, AWS code, gRPC code, reason, RetryInfo?, violation field)
     type Case = (u16, &'static str, Code, &'static str, bool, Option<&'static str>);
     let cases: &[Case] = &[
-        (500, "InsufficientInstanceCapacity", Code::ResourceExhausted, reason::QUOTA_EXCEEDED, false, None),
+        // The zone has no room for the type now: another zone may have.
+        (500, "InsufficientInstanceCapacity", Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY, false, None),
+        (500, "InsufficientHostCapacity", Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY, false, None),
+        // The zone does not offer the type.
+        (400, "Unsupported", Code::Unavailable, reason::ZONE_UNAVAILABLE, false, None),
+        // Account limits.
         (400, "InstanceLimitExceeded", Code::ResourceExhausted, reason::QUOTA_EXCEEDED, false, None),
         (400, "VcpuLimitExceeded", Code::ResourceExhausted, reason::QUOTA_EXCEEDED, false, None),
+        (400, "MaxSpotInstanceCountExceeded", Code::ResourceExhausted, reason::QUOTA_EXCEEDED, false, None),
         (503, "RequestLimitExceeded", Code::Unavailable, reason::THROTTLED, true, None),
         (400, "Throttling", Code::Unavailable, reason::THROTTLED, true, None),
         (500, "InternalError", Code::Unavailable, reason::CLOUD_UNAVAILABLE, true, None),

@@ -43,6 +43,12 @@ impl Arm {
         assert_eq!(status, 200, "{body}");
     }
 
+    /// Sets the zones that refuse new VMs (`PUT /_emulator/zones`).
+    async fn zones(&self, rules: Value) {
+        let (status, body) = http(self.port, "PUT", "/_emulator/zones", Some(rules)).await.expect("set zones");
+        assert_eq!(status, 200, "{body}");
+    }
+
     async fn scale_sets(&self) -> Vec<Value> {
         let (_, body) = http(self.port, "GET", "/_emulator/scalesets", None).await.expect("scalesets");
         serde_json::from_str(&body).expect("scalesets JSON")
@@ -1041,4 +1047,93 @@ async fn bad_machine_requests_name_the_field_and_create_nothing() {
         .unwrap_err();
     assert_eq!((err.code(), err.reason()), (tonic::Code::NotFound, reason::MACHINE_NOT_FOUND), "{err}");
     assert!(err.report.message.contains("never"), "{err}");
+}
+
+/// Zones, as a failure domain uses them: a machine whose spec's `zones` is `["1"]` or `["3"]`
+/// gets a VM in that zone; while zone 2 has no capacity, a create there ends
+/// RESOURCE_EXHAUSTED / INSUFFICIENT_CAPACITY with ARM's `ZonalAllocationFailed` and zone 1 still
+/// takes machines; the failed VM, deleted, is created again in zone 1 under the same name; a
+/// zone that does not offer the size refuses at once with UNAVAILABLE / ZONE_UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_land_in_their_zone_and_a_zone_without_capacity_refuses_them() {
+    let arm = Arm::start(&["--operation-duration", "300ms", "--delete-duration", "200ms"]).await;
+    let driver = arm.driver().await;
+    let c = driver.client().await;
+    let create = |name: &str, zone: &str| {
+        let spec = json!({
+            "location": "westeurope", "vmSize": "Standard_D2s_v5", "subnetId": SUBNET, "zones": [zone],
+            "image": {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server"},
+        });
+        c.create_machine(pb::CreateMachineRequest {
+            name: name.into(),
+            provider_spec: Some(convert::json_to_struct(&spec)),
+            ..Default::default()
+        })
+    };
+    let zone_of = |vms: &std::collections::BTreeMap<String, Value>, name: &str| {
+        let suffix = format!("/virtualmachines/{name}");
+        vms.iter()
+            .find(|(id, _)| id.ends_with(&suffix))
+            .map(|(_, v)| (v["zones"].clone(), v["provisioningState"].clone()))
+    };
+
+    for (name, zone) in [("in-1", "1"), ("in-3", "3")] {
+        let done = wait_done(&c, create(name, zone).await.expect("CreateMachine").value).await;
+        assert!(done.error_report().is_none(), "{name}: {:?}", done.error_report());
+    }
+    let vms = cloud_vms(&arm).await;
+    assert_eq!(zone_of(&vms, "in-1"), Some((json!(["1"]), json!("Succeeded"))), "{vms:?}");
+    assert_eq!(zone_of(&vms, "in-3"), Some((json!(["3"]), json!("Succeeded"))), "{vms:?}");
+
+    // Zone 2 has no room: ARM accepts the PUT, then its operation fails.
+    arm.zones(json!([{"zone": "2", "refuse": "capacity"}])).await;
+    let done = wait_done(&c, create("in-2", "2").await.expect("CreateMachine").value).await;
+    let e = done.error_report().expect("the create failed");
+    assert_eq!((e.code, e.reason.as_str()), (tonic::Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY), "{e}");
+    assert_eq!(e.metadata.get("armErrorCode").map(String::as_str), Some("ZonalAllocationFailed"), "{e}");
+    assert!(!e.cloud_request_ids.is_empty(), "no ARM request ID: {e}");
+    // The VM stays, Failed, and its status says why.
+    assert_eq!(zone_of(&cloud_vms(&arm).await, "in-2"), Some((json!(["2"]), json!("Failed"))));
+    let m = c
+        .get_machine_status(pb::GetMachineStatusRequest { name: "in-2".into(), ..Default::default() })
+        .await
+        .expect("GetMachineStatus")
+        .value;
+    assert_eq!(m.state, pb::MachineState::Failed as i32);
+    assert_eq!(m.cloud_error.map(|s| s.code), Some(tonic::Code::ResourceExhausted as i32));
+    // Zone 1 still takes machines.
+    let done = wait_done(&c, create("in-1b", "1").await.expect("CreateMachine").value).await;
+    assert!(done.error_report().is_none(), "{:?}", done.error_report());
+    assert_eq!(zone_of(&cloud_vms(&arm).await, "in-1b"), Some((json!(["1"]), json!("Succeeded"))));
+    // Placing the refused machine elsewhere: ARM cannot move a VM between zones (the same name
+    // with another zone is another spec), so the failed VM goes first, then the machine is
+    // created again in zone 1.
+    let e = create("in-2", "1").await.unwrap_err();
+    assert_eq!((e.code(), e.reason()), (tonic::Code::AlreadyExists, reason::MACHINE_SPEC_CONFLICT), "{e}");
+    let del = c.delete_machine(pb::DeleteMachineRequest { name: "in-2".into(), ..Default::default() }).await;
+    let done = wait_done(&c, del.expect("DeleteMachine").value).await;
+    assert!(done.error_report().is_none(), "{:?}", done.error_report());
+    let done = wait_done(&c, create("in-2", "1").await.expect("CreateMachine").value).await;
+    assert!(done.error_report().is_none(), "{:?}", done.error_report());
+    assert_eq!(zone_of(&cloud_vms(&arm).await, "in-2"), Some((json!(["1"]), json!("Succeeded"))));
+
+    // A zone that does not offer the size refuses at once: nothing is created there.
+    arm.zones(json!([{"zone": "3", "refuse": "sku"}])).await;
+    let e = create("in-3b", "3").await.unwrap_err();
+    assert_eq!((e.code(), e.reason()), (tonic::Code::Unavailable, reason::ZONE_UNAVAILABLE), "{e}");
+    assert_eq!(e.report.metadata.get("armErrorCode").map(String::as_str), Some("SkuNotAvailable"));
+    assert_eq!(zone_of(&cloud_vms(&arm).await, "in-3b"), None);
+    // Every VM PUT carried the spec's one zone.
+    let reqs = arm.requests().await;
+    let zones: Vec<String> = reqs
+        .iter()
+        .filter(|r| is(r, "PUT", "/virtualMachines/"))
+        .map(|r| {
+            format!("{}:{}", r["path"].as_str().unwrap_or("").rsplit('/').next().unwrap_or(""), r["body"]["zones"])
+        })
+        .collect();
+    assert_eq!(
+        zones,
+        ["in-1:[\"1\"]", "in-3:[\"3\"]", "in-2:[\"2\"]", "in-1b:[\"1\"]", "in-2:[\"1\"]", "in-3b:[\"3\"]"]
+    );
 }

@@ -1,6 +1,18 @@
 //! AWS errors → [`DriverError`]: a table from the EC2 error code (and HTTP status) to the gRPC
 //! code and stable reason. Every mapped error keeps the SDK error as its cause, the AWS error
 //! code in ErrorInfo metadata (`awsErrorCode`) and the AWS request ID as a cloud request ID.
+//!
+//! | EC2 | gRPC code / reason |
+//! |---|---|
+//! | `InsufficientInstanceCapacity`, `InsufficientCapacity`, `InsufficientCapacityOnHost`, `InsufficientHostCapacity`, `InsufficientReservedInstanceCapacity`, `UnfulfillableCapacity` (the zone has no room for the type now) | RESOURCE_EXHAUSTED / INSUFFICIENT_CAPACITY |
+//! | `*LimitExceeded` (`InstanceLimitExceeded`, `VcpuLimitExceeded`, …), `MaxSpotInstanceCountExceeded`, exhausted addresses (`InsufficientAddressCapacity`, `InsufficientFreeAddressesInSubnet`) | RESOURCE_EXHAUSTED / QUOTA_EXCEEDED |
+//! | `Unsupported` (the type or configuration is not offered in the zone) | UNAVAILABLE / ZONE_UNAVAILABLE |
+//! | `RequestLimitExceeded`, `Throttling`, …, HTTP 429 | UNAVAILABLE / THROTTLED + RetryInfo |
+//! | `InternalError`, `Unavailable`, any 5xx, timeouts, transport failures | UNAVAILABLE / CLOUD_UNAVAILABLE + RetryInfo |
+//! | `UnauthorizedOperation`, `AuthFailure`, …, no credentials | PERMISSION_DENIED / CLOUD_AUTH_FAILED |
+//! | `IdempotentParameterMismatch` | ALREADY_EXISTS / MACHINE_SPEC_CONFLICT |
+//! | `InvalidInstanceID.*` | NOT_FOUND / MACHINE_NOT_FOUND |
+//! | `Invalid*`, `InvalidParameterValue`, `UnsupportedOperation`, … (on RunInstances) | INVALID_ARGUMENT / INVALID_PROVIDER_SPEC naming the spec field (FIELD_INVALID elsewhere) |
 
 use std::error::Error as StdError;
 use std::time::Duration;
@@ -51,17 +63,26 @@ impl Call {
     }
 }
 
-/// Capacity codes: the region or zone has no room right now.
+/// Capacity codes: the zone (or region) has no room for the instance type right now; another
+/// zone may have.
 const CAPACITY: &[&str] = &[
     "InsufficientInstanceCapacity",
+    "InsufficientCapacity",
+    "InsufficientCapacityOnHost",
     "InsufficientHostCapacity",
     "InsufficientReservedInstanceCapacity",
-    "InsufficientCapacity",
+    "UnfulfillableCapacity",
+];
+/// Quota codes besides every `*LimitExceeded`: account limits, and exhausted addresses.
+const QUOTA: &[&str] = &[
+    "MaxSpotInstanceCountExceeded",
     "InsufficientAddressCapacity",
     "InsufficientFreeAddressesInSubnet",
-    "InsufficientCapacityOnHost",
     "InsufficientDBInstanceCapacity",
 ];
+/// The zone does not offer the instance type or configuration (e.g. "Your requested instance
+/// type is not supported in your requested Availability Zone").
+const ZONE_UNAVAILABLE: &[&str] = &["Unsupported"];
 /// Throttling codes (EC2 and the generic AWS ones).
 const THROTTLING: &[&str] = &[
     "RequestLimitExceeded",
@@ -102,7 +123,6 @@ const BAD_PARAMETER: &[&str] = &[
     "InvalidParameter",
     "MissingParameter",
     "UnknownParameter",
-    "Unsupported",
     "UnsupportedOperation",
     "ValidationError",
     "InvalidInput",
@@ -111,8 +131,13 @@ const BAD_PARAMETER: &[&str] = &[
 /// What a service error is, from its code and HTTP status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
-    /// Capacity or account limits: RESOURCE_EXHAUSTED / QUOTA_EXCEEDED.
+    /// The zone has no capacity for the instance type now: RESOURCE_EXHAUSTED /
+    /// INSUFFICIENT_CAPACITY.
+    Capacity,
+    /// Account or regional limits: RESOURCE_EXHAUSTED / QUOTA_EXCEEDED.
     Quota,
+    /// The zone does not offer what was asked: UNAVAILABLE / ZONE_UNAVAILABLE.
+    ZoneUnavailable,
     /// Throttled: UNAVAILABLE / THROTTLED + RetryInfo.
     Throttled,
     /// Server error: UNAVAILABLE / CLOUD_UNAVAILABLE + RetryInfo.
@@ -132,8 +157,12 @@ pub enum Class {
 /// Classifies an AWS error code (with the HTTP status as a fallback).
 pub fn classify(code: &str, status: Option<u16>) -> Class {
     let limit = code.ends_with("LimitExceeded") && !THROTTLING.contains(&code);
-    if CAPACITY.contains(&code) || limit {
+    if CAPACITY.contains(&code) {
+        Class::Capacity
+    } else if QUOTA.contains(&code) || limit {
         Class::Quota
+    } else if ZONE_UNAVAILABLE.contains(&code) {
+        Class::ZoneUnavailable
     } else if THROTTLING.contains(&code) || status == Some(429) {
         Class::Throttled
     } else if AUTH.contains(&code) || (code.is_empty() && matches!(status, Some(401 | 403))) {
@@ -238,7 +267,9 @@ where
 fn from_code(call: Call, code: &str, message: &str, status: Option<u16>) -> DriverError {
     let what = format!("{} failed: {code}: {message}", call.name());
     match classify(code, status) {
+        Class::Capacity => DriverError::insufficient_capacity(what),
         Class::Quota => DriverError::quota_exceeded(what),
+        Class::ZoneUnavailable => DriverError::zone_unavailable(what),
         Class::Throttled => DriverError::throttled(what, THROTTLE_RETRY_AFTER),
         Class::Server => {
             DriverError::unavailable(reason::CLOUD_UNAVAILABLE, what).with_retry_after(UNAVAILABLE_RETRY_AFTER)
@@ -297,9 +328,17 @@ mod tests {
     #[test]
     fn codes_map_per_the_table() {
         let cases = [
-            ("InsufficientInstanceCapacity", 500, Code::ResourceExhausted, reason::QUOTA_EXCEEDED),
+            ("InsufficientInstanceCapacity", 500, Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY),
+            ("InsufficientCapacity", 500, Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY),
+            ("InsufficientCapacityOnHost", 500, Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY),
+            ("InsufficientHostCapacity", 500, Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY),
+            ("InsufficientReservedInstanceCapacity", 500, Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY),
             ("InstanceLimitExceeded", 400, Code::ResourceExhausted, reason::QUOTA_EXCEEDED),
             ("VcpuLimitExceeded", 400, Code::ResourceExhausted, reason::QUOTA_EXCEEDED),
+            ("MaxSpotInstanceCountExceeded", 400, Code::ResourceExhausted, reason::QUOTA_EXCEEDED),
+            ("InsufficientFreeAddressesInSubnet", 400, Code::ResourceExhausted, reason::QUOTA_EXCEEDED),
+            ("Unsupported", 400, Code::Unavailable, reason::ZONE_UNAVAILABLE),
+            ("UnsupportedOperation", 400, Code::InvalidArgument, reason::INVALID_PROVIDER_SPEC),
             ("RequestLimitExceeded", 503, Code::Unavailable, reason::THROTTLED),
             ("Throttling", 400, Code::Unavailable, reason::THROTTLED),
             ("InternalError", 500, Code::Unavailable, reason::CLOUD_UNAVAILABLE),

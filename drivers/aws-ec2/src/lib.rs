@@ -16,10 +16,15 @@
 //!   client token, and each `GetOperation` is exactly one `DescribeInstances` call (no waiters).
 //!   `InvalidInstanceID.NotFound` right after a launch means "not visible yet"; for a delete it
 //!   means done.
-//! - **Errors** map per [`errors`]: capacity/limits → RESOURCE_EXHAUSTED, throttling and 5xx →
-//!   UNAVAILABLE with RetryInfo, auth → PERMISSION_DENIED, bad parameters → INVALID_ARGUMENT
-//!   naming the provider-spec field; the AWS error code is in ErrorInfo metadata
-//!   (`awsErrorCode`) and the AWS request ID is a cloud request ID.
+//! - **Zones**: the spec's `availabilityZone` is the launch's `Placement.AvailabilityZone` (the
+//!   field a failure domain sets); without it the subnet's zone, else EC2's choice. The provider
+//!   ID names the zone the instance is in: `aws:///<az>/<instance-id>`.
+//! - **Errors** map per [`errors`]: no capacity in the zone → RESOURCE_EXHAUSTED /
+//!   INSUFFICIENT_CAPACITY, limits → RESOURCE_EXHAUSTED / QUOTA_EXCEEDED, a type the zone does
+//!   not offer → UNAVAILABLE / ZONE_UNAVAILABLE, throttling and 5xx → UNAVAILABLE with
+//!   RetryInfo, auth → PERMISSION_DENIED, bad parameters → INVALID_ARGUMENT naming the
+//!   provider-spec field; the AWS error code is in ErrorInfo metadata (`awsErrorCode`) and the
+//!   AWS request ID is a cloud request ID.
 //!
 //! - **Credentials** come from the request's `secrets` when they hold any (per MachineClass: static
 //!   keys, or a role assumed with STS; see [`credentials`]), else from the standard AWS chain
@@ -722,10 +727,12 @@ fn launch_failed(i: &Instance) -> DriverError {
     let code = i.state_reason().and_then(|r| r.code()).unwrap_or_default();
     let message = i.state_reason().and_then(|r| r.message()).unwrap_or("terminated before it ran");
     let what = format!("instance {} was terminated during launch: {message}", i.instance_id().unwrap_or_default());
-    let err = if code.contains("InsufficientInstanceCapacity") || code.contains("LimitExceeded") {
-        DriverError::quota_exceeded(what)
-    } else {
-        DriverError::new(driver_sdk::tonic::Code::Internal, reason::CLOUD_OPERATION_FAILED, what)
+    // State reason codes are `Server.<code>` / `Client.<code>`.
+    let bare = code.strip_prefix("Server.").or_else(|| code.strip_prefix("Client.")).unwrap_or(code);
+    let err = match errors::classify(bare, None) {
+        errors::Class::Capacity => DriverError::insufficient_capacity(what),
+        errors::Class::Quota => DriverError::quota_exceeded(what),
+        _ => DriverError::new(driver_sdk::tonic::Code::Internal, reason::CLOUD_OPERATION_FAILED, what),
     };
     if code.is_empty() {
         err
@@ -781,6 +788,26 @@ mod tests {
         };
         let err = d.can_update_machine(&ctx, req).await.unwrap_err();
         assert_eq!(err.code(), driver_sdk::tonic::Code::Unimplemented, "{err}");
+    }
+
+    #[test]
+    fn a_launch_ended_by_ec2_says_why() {
+        use aws_sdk_ec2::types::StateReason;
+        let ended = |code: &str| {
+            let i = Instance::builder()
+                .instance_id("i-0123456789abcdef0")
+                .state_reason(StateReason::builder().code(code).message("m").build())
+                .build();
+            let e = launch_failed(&i);
+            (e.code(), e.reason().to_string())
+        };
+        let exhausted = driver_sdk::tonic::Code::ResourceExhausted;
+        assert_eq!(ended("Server.InsufficientInstanceCapacity"), (exhausted, reason::INSUFFICIENT_CAPACITY.into()));
+        assert_eq!(ended("Client.VolumeLimitExceeded"), (exhausted, reason::QUOTA_EXCEEDED.into()));
+        assert_eq!(
+            ended("Server.InternalError"),
+            (driver_sdk::tonic::Code::Internal, reason::CLOUD_OPERATION_FAILED.into())
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder;
 use aws_sdk_ec2::types::{
     BlockDeviceMapping, EbsBlockDevice, IamInstanceProfileSpecification, InstanceType, LaunchTemplateSpecification,
-    ResourceType, Tag, TagSpecification, VolumeType,
+    Placement, ResourceType, Tag, TagSpecification, VolumeType,
 };
 use base64::Engine;
 use driver_sdk::{DriverError, Violation};
@@ -24,7 +24,11 @@ pub struct ProviderSpec {
     pub image_id: Option<String>,
     /// Instance type, e.g. `t3.micro`.
     pub instance_type: String,
-    /// `subnet-…`; none: the launch template's, else EC2 picks the default VPC's subnet.
+    /// Availability zone (`Placement.AvailabilityZone`), e.g. `eu-west-1a`: what a failure
+    /// domain sets. None: the subnet's zone, else the launch template's, else EC2 picks one.
+    pub availability_zone: Option<String>,
+    /// `subnet-…`; none: the launch template's, else EC2 picks the default VPC's subnet (in
+    /// `availabilityZone` when given). A subnet lives in one zone: with both, they must agree.
     pub subnet_id: Option<String>,
     /// `sg-…` IDs; none: the launch template's, else the VPC's default group.
     #[serde(default)]
@@ -100,6 +104,8 @@ pub fn schema() -> Value {
                        "description": "AWS region; default: the sidecar's --region / AWS_REGION / profile"},
             "imageId": id("ami"),
             "instanceType": {"type": "string", "pattern": "^[a-z0-9-]+\\.[a-z0-9-]+$"},
+            "availabilityZone": {"type": "string", "pattern": "^[a-z]{2}(-[a-z0-9]+)+$", "maxLength": 64,
+                                 "description": "availability zone of the instance (Placement.AvailabilityZone), e.g. eu-west-1a: the field a failure domain sets; default: the subnet's zone, else EC2 picks one. With subnetId, the subnet must be in this zone"},
             "subnetId": id("subnet"),
             "securityGroupIds": {"type": "array", "maxItems": 16, "items": id("sg")},
             "keyName": {"type": "string", "minLength": 1, "maxLength": 255},
@@ -160,6 +166,14 @@ impl ProviderSpec {
             }
             _ => {}
         }
+        if let (Some(az), Some(region)) = (&parsed.availability_zone, &parsed.region) {
+            if !az.starts_with(region.as_str()) {
+                violations.push(Violation::new(
+                    "provider_spec.availabilityZone",
+                    format!("{az} is not a zone of region {region}"),
+                ));
+            }
+        }
         for (k, _) in parsed.tags.iter().filter(|(k, _)| k.starts_with("aws:") || k.starts_with("machinedriver.dev/")) {
             violations.push(Violation::new(
                 format!("provider_spec.tags.{k}"),
@@ -182,6 +196,9 @@ impl ProviderSpec {
         req = req.min_count(1).max_count(1).instance_type(InstanceType::from(self.instance_type.as_str()));
         if let Some(v) = &self.image_id {
             req = req.image_id(v);
+        }
+        if let Some(v) = &self.availability_zone {
+            req = req.placement(Placement::builder().availability_zone(v).build());
         }
         if let Some(v) = &self.subnet_id {
             req = req.subnet_id(v);
@@ -234,6 +251,7 @@ pub fn field_for_code(code: &str, message: &str) -> &'static str {
     let by_code = [
         ("InvalidAMIID", "imageId"),
         ("InvalidSubnet", "subnetId"),
+        ("InvalidAvailabilityZone", "availabilityZone"),
         ("InvalidGroup", "securityGroupIds"),
         ("InvalidSecurityGroup", "securityGroupIds"),
         ("InvalidKeyPair", "keyName"),
@@ -257,6 +275,8 @@ pub fn field_for_code(code: &str, message: &str) -> &'static str {
         ("imageid", "imageId"),
         ("ami-", "imageId"),
         ("image", "imageId"),
+        ("availabilityzone", "availabilityZone"),
+        ("availability zone", "availabilityZone"),
         ("subnet", "subnetId"),
         ("securitygroup", "securityGroupIds"),
         ("security group", "securityGroupIds"),
@@ -305,6 +325,26 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.violations()[0].field, "provider_spec.tags.aws:x");
+        let err = ProviderSpec::parse(&json!({"instanceType": "t3.micro", "imageId": "ami-12345678",
+            "region": "eu-west-1", "availabilityZone": "us-east-1a"}))
+        .unwrap_err();
+        assert_eq!(err.violations()[0].field, "provider_spec.availabilityZone");
+    }
+
+    #[test]
+    fn the_zone_is_the_placement_of_the_launch() {
+        let schema = schema();
+        let spec = json!({"instanceType": "t3.micro", "imageId": "ami-12345678", "region": "eu-west-1",
+            "availabilityZone": "eu-west-1b"});
+        assert!(driver_sdk::schema::validate(&schema, &spec, "provider_spec").is_empty());
+        for zone in ["us-west-2-lax-1a", "us-east-1-wl1-bos-wlz-1"] {
+            let local = json!({"instanceType": "t3.micro", "imageId": "ami-12345678", "availabilityZone": zone});
+            assert!(driver_sdk::schema::validate(&schema, &local, "provider_spec").is_empty(), "{zone}");
+        }
+        let bad = json!({"instanceType": "t3.micro", "imageId": "ami-12345678", "availabilityZone": "EU West"});
+        assert!(!driver_sdk::schema::validate(&schema, &bad, "provider_spec").is_empty());
+        let parsed = ProviderSpec::parse(&spec).unwrap();
+        assert_eq!(parsed.availability_zone.as_deref(), Some("eu-west-1b"));
     }
 
     #[test]
@@ -316,5 +356,12 @@ mod tests {
             "instanceType"
         );
         assert_eq!(field_for_code("InvalidParameterValue", "something else"), "");
+        assert_eq!(
+            field_for_code(
+                "InvalidParameterValue",
+                "Value (eu-west-1b) for parameter availabilityZone is invalid. Subnet 'subnet-1' is in eu-west-1a."
+            ),
+            "availabilityZone"
+        );
     }
 }

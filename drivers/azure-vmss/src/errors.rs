@@ -3,7 +3,9 @@
 //! | ARM | gRPC code / reason |
 //! |---|---|
 //! | 429 | UNAVAILABLE / THROTTLED, RetryInfo from `Retry-After` (10 s when absent) |
-//! | quota and capacity codes (`QuotaExceeded`, `OperationNotAllowed` about quota, `SkuNotAvailable`, `AllocationFailed`, …) | RESOURCE_EXHAUSTED / QUOTA_EXCEEDED |
+//! | capacity codes (`ZonalAllocationFailed`, `AllocationFailed`, `OverconstrainedAllocationRequest`, `OverconstrainedZonalAllocationRequest`): the zone (or region) has no room for the size now | RESOURCE_EXHAUSTED / INSUFFICIENT_CAPACITY |
+//! | `SkuNotAvailable`: the size is not offered in the location or zone | UNAVAILABLE / ZONE_UNAVAILABLE |
+//! | quota codes (`QuotaExceeded`, `ResourceQuotaExceeded`, `OperationNotAllowed` about quota, …) | RESOURCE_EXHAUSTED / QUOTA_EXCEEDED |
 //! | 409 (other) | ABORTED / OPERATION_PENDING |
 //! | 401 | UNAUTHENTICATED / CLOUD_AUTH_FAILED |
 //! | 403 | PERMISSION_DENIED / CLOUD_AUTH_FAILED |
@@ -12,7 +14,7 @@
 //! | 5xx, transport errors, timeouts | UNAVAILABLE / CLOUD_UNAVAILABLE (RetryInfo when `Retry-After` came) |
 //! | no access token: Microsoft Entra ID refused the credential, or the default credential found none | PERMISSION_DENIED / CLOUD_AUTH_FAILED (as the AWS driver for refused credentials), naming the credential kind; Entra's `error` / `AADSTS…` code in ErrorInfo metadata `aadError` / `aadErrorCode`, its `trace_id` as the cloud request ID |
 //! | no access token: Entra unreachable, throttling or failing (a MachineClass credential) | UNAVAILABLE / CLOUD_UNAVAILABLE |
-//! | a failed async operation | its ARM code in ErrorInfo metadata `armErrorCode`; RESOURCE_EXHAUSTED for quota codes, else INTERNAL / CLOUD_OPERATION_FAILED; `Canceled` → CANCELLED / OPERATION_CANCELLED |
+//! | a failed async operation | its ARM code in ErrorInfo metadata `armErrorCode`; capacity, `SkuNotAvailable` and quota codes as above (ARM reports a zonal VM's `ZonalAllocationFailed` this way), else INTERNAL / CLOUD_OPERATION_FAILED; `Canceled` → CANCELLED / OPERATION_CANCELLED |
 //!
 //! Every error carries ARM's `x-ms-request-id` as a cloud request ID, and `armErrorCode`,
 //! `httpStatus` and `correlationRequestId` as ErrorInfo metadata. Token failures carry
@@ -30,17 +32,19 @@ use crate::class_credential::{ClassTokenError, EntraAnswer, Source};
 /// Throttling delay assumed when a 429 carries no `Retry-After`.
 pub const DEFAULT_THROTTLE_DELAY: Duration = Duration::from_secs(10);
 
-/// ARM error codes that mean quota or capacity.
-const QUOTA_CODES: &[&str] = &[
-    "QuotaExceeded",
-    "ResourceQuotaExceeded",
-    "SkuNotAvailable",
-    "AllocationFailed",
+/// ARM error codes that mean the zone (or region) has no capacity for the size now.
+const CAPACITY_CODES: &[&str] = &[
     "ZonalAllocationFailed",
+    "AllocationFailed",
     "OverconstrainedAllocationRequest",
     "OverconstrainedZonalAllocationRequest",
-    "ResourceCountExceedsLimitDueToTemplate",
 ];
+
+/// ARM error codes that mean the location or zone does not offer the size.
+const ZONE_UNAVAILABLE_CODES: &[&str] = &["SkuNotAvailable"];
+
+/// ARM error codes that mean an account or regional quota.
+const QUOTA_CODES: &[&str] = &["QuotaExceeded", "ResourceQuotaExceeded", "ResourceCountExceedsLimitDueToTemplate"];
 
 /// ARM error codes about the request's content (the provider spec).
 const SPEC_CODES: &[&str] = &[
@@ -57,10 +61,34 @@ const SPEC_CODES: &[&str] = &[
     "BadRequest",
 ];
 
-/// Whether an ARM error (code + message) is about quota or capacity.
+/// Whether an ARM error code says the zone (or region) has no capacity for the size now.
+pub fn is_capacity(code: &str) -> bool {
+    CAPACITY_CODES.iter().any(|c| c.eq_ignore_ascii_case(code))
+}
+
+/// Whether an ARM error code says the location or zone does not offer the size.
+pub fn is_zone_unavailable(code: &str) -> bool {
+    ZONE_UNAVAILABLE_CODES.iter().any(|c| c.eq_ignore_ascii_case(code))
+}
+
+/// Whether an ARM error (code + message) is about an account or regional quota.
 pub fn is_quota(code: &str, message: &str) -> bool {
     QUOTA_CODES.iter().any(|c| c.eq_ignore_ascii_case(code))
         || (code.eq_ignore_ascii_case("OperationNotAllowed") && message.to_ascii_lowercase().contains("quota"))
+}
+
+/// The error of a refusal for capacity, zone or quota (`code` + `message` from ARM), with the
+/// text `msg`; `None` for any other code.
+fn refused(code: &str, message: &str, msg: String) -> Option<DriverError> {
+    if is_capacity(code) {
+        Some(DriverError::insufficient_capacity(msg))
+    } else if is_zone_unavailable(code) {
+        Some(DriverError::zone_unavailable(msg))
+    } else if is_quota(code, message) {
+        Some(DriverError::quota_exceeded(msg))
+    } else {
+        None
+    }
 }
 
 /// Maps an ARM `error.target` to the request field it came from.
@@ -117,13 +145,14 @@ pub fn to_driver_error(err: ArmError, not_found: &str) -> DriverError {
     match err {
         ArmError::Status(e) => {
             let msg = if e.code.is_empty() { e.message.clone() } else { format!("{}: {}", e.code, e.message) };
+            let refusal = if e.status == 429 { None } else { refused(&e.code, &e.message, msg.clone()) };
             let mapped = if e.status == 429 {
                 DriverError::throttled(
                     format!("ARM throttled the call: {msg}"),
                     e.retry_after.unwrap_or(DEFAULT_THROTTLE_DELAY),
                 )
-            } else if is_quota(&e.code, &e.message) {
-                DriverError::quota_exceeded(msg)
+            } else if let Some(d) = refusal {
+                d
             } else if e.status == 401 {
                 DriverError::new(Code::Unauthenticated, reason::CLOUD_AUTH_FAILED, msg)
             } else if e.status == 403 {
@@ -226,10 +255,9 @@ pub fn operation_failed(status: &str, code: &str, message: &str, request_id: Opt
     };
     let mut err = if status.eq_ignore_ascii_case("Canceled") {
         DriverError::new(Code::Cancelled, reason::OPERATION_CANCELLED, msg)
-    } else if is_quota(code, message) {
-        DriverError::quota_exceeded(msg)
     } else {
-        DriverError::new(Code::Internal, reason::CLOUD_OPERATION_FAILED, msg)
+        refused(code, message, msg.clone())
+            .unwrap_or_else(|| DriverError::new(Code::Internal, reason::CLOUD_OPERATION_FAILED, msg))
     };
     if !code.is_empty() {
         err = err.with_metadata("armErrorCode", code);
@@ -265,7 +293,24 @@ mod tests {
                 Code::ResourceExhausted,
                 reason::QUOTA_EXCEEDED,
             ),
-            (status(409, "SkuNotAvailable", "no capacity", None), Code::ResourceExhausted, reason::QUOTA_EXCEEDED),
+            (status(409, "QuotaExceeded", "no cores", None), Code::ResourceExhausted, reason::QUOTA_EXCEEDED),
+            (status(409, "SkuNotAvailable", "not in zone 2", None), Code::Unavailable, reason::ZONE_UNAVAILABLE),
+            (
+                status(409, "ZonalAllocationFailed", "no room", None),
+                Code::ResourceExhausted,
+                reason::INSUFFICIENT_CAPACITY,
+            ),
+            (status(409, "AllocationFailed", "no room", None), Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY),
+            (
+                status(409, "OverconstrainedAllocationRequest", "too narrow", None),
+                Code::ResourceExhausted,
+                reason::INSUFFICIENT_CAPACITY,
+            ),
+            (
+                status(409, "OverconstrainedZonalAllocationRequest", "too narrow", None),
+                Code::ResourceExhausted,
+                reason::INSUFFICIENT_CAPACITY,
+            ),
             (status(409, "Conflict", "another operation", None), Code::Aborted, reason::OPERATION_PENDING),
             (status(401, "AuthenticationFailed", "no", None), Code::Unauthenticated, reason::CLOUD_AUTH_FAILED),
             (status(403, "AuthorizationFailed", "no", None), Code::PermissionDenied, reason::CLOUD_AUTH_FAILED),
@@ -301,6 +346,20 @@ mod tests {
             (d.code(), d.metadata().get("armErrorCode").map(String::as_str)),
             (Code::ResourceExhausted, Some("AllocationFailed"))
         );
+        let cases = [
+            ("ZonalAllocationFailed", Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY),
+            ("AllocationFailed", Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY),
+            ("OverconstrainedAllocationRequest", Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY),
+            ("OverconstrainedZonalAllocationRequest", Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY),
+            ("SkuNotAvailable", Code::Unavailable, reason::ZONE_UNAVAILABLE),
+            ("QuotaExceeded", Code::ResourceExhausted, reason::QUOTA_EXCEEDED),
+        ];
+        for (code, want, why) in cases {
+            let d = operation_failed("Failed", code, "m", Some("r"));
+            assert_eq!((d.code(), d.reason()), (want, why), "{code}");
+            assert_eq!(d.metadata().get("armErrorCode").map(String::as_str), Some(code));
+            assert_eq!(d.cloud_request_ids(), ["r"]);
+        }
         let d = operation_failed("Failed", "InternalOperationError", "boom", None);
         assert_eq!((d.code(), d.reason()), (Code::Internal, reason::CLOUD_OPERATION_FAILED));
         let d = operation_failed("Canceled", "OperationCanceled", "stop", None);

@@ -373,12 +373,13 @@ impl AzureVmssDriver {
                 let m = self.machine_with_ips(arm, ctx, &v).await;
                 Ok(op.finish(Ok(OperationOutput::Machine(m))))
             }
-            s @ ("Failed" | "Canceled") => Ok(op.finish(Err(operation_failed(
-                s,
-                "ProvisioningStateFailed",
-                &format!("VM {}'s provisioning state is {s}", st.resource.name),
-                resp.request_id(),
-            )))),
+            s @ ("Failed" | "Canceled") => {
+                // ARM names the failure in the instance view (e.g. ZonalAllocationFailed).
+                let (code, message) = vm::failure(&v).unwrap_or_else(|| {
+                    ("ProvisioningStateFailed".into(), format!("VM {}'s provisioning state is {s}", st.resource.name))
+                });
+                Ok(op.finish(Err(operation_failed(s, &code, &message, resp.request_id()))))
+            }
             _ => Ok(op.with_poll_after(self.poll_after(&resp))),
         }
     }

@@ -52,7 +52,8 @@ pub struct ProviderSpec {
     /// Subnet resource ID for the NIC.
     #[serde(default)]
     pub subnet_id: Option<String>,
-    /// Availability zones.
+    /// Availability zones: a machine's VM goes to one of them ([`crate::vm::zone_for`]; a failure
+    /// domain sets its one zone), a pool's scale set spreads over all of them.
     #[serde(default)]
     pub zones: Vec<String>,
     /// `Regular` or `Spot`.
@@ -151,7 +152,8 @@ pub fn schema() -> Value {
             "osDiskSizeGB": {"type": "integer", "minimum": 30, "maximum": 4095},
             "osDiskType": {"type": "string", "enum": ["Standard_LRS", "StandardSSD_LRS", "Premium_LRS", "PremiumV2_LRS"]},
             "subnetId": {"type": "string", "pattern": "^/subscriptions/"},
-            "zones": {"type": "array", "items": {"type": "string", "enum": ["1", "2", "3"]}, "maxItems": 3},
+            "zones": {"type": "array", "items": {"type": "string", "enum": ["1", "2", "3"]}, "maxItems": 3,
+                      "description": "availability zones: a machine's VM goes to one of them, chosen by the machine name (a failure domain sets its one zone, e.g. [\"2\"]); a pool's scale set spreads its instances over all of them; none: ARM places the VMs"},
             "priority": {"type": "string", "enum": ["Regular", "Spot"]},
             "tags": {"type": "object", "additionalProperties": {"type": "string"}},
         },

@@ -15,10 +15,7 @@ use std::time::SystemTime;
 
 use azure_mgmt_compute::package_2024_07_01::models::VirtualMachine;
 use base64::Engine;
-use driver_sdk::tonic::Code;
-use driver_sdk::{
-    reason, Address, DriverError, InPlaceDisruption, Labels, Machine, MachineState, ResourceStatus, UpdatePlan,
-};
+use driver_sdk::{Address, DriverError, InPlaceDisruption, Labels, Machine, MachineState, ResourceStatus, UpdatePlan};
 use serde_json::{json, Map, Value};
 
 use crate::model::{label_name, tag_name, vm_template, ProviderSpec, VmTemplate, SPEC_HASH_TAG};
@@ -202,6 +199,16 @@ fn status_code(vm: &Value, prefix: &str) -> Option<String> {
         .map(str::to_ascii_lowercase)
 }
 
+/// The ARM error code and message of a failed VM, from its instance view
+/// (`ProvisioningState/failed/{code}`, e.g. `ZonalAllocationFailed`), when ARM names one.
+pub fn failure(vm: &Value) -> Option<(String, String)> {
+    let status = vm["properties"]["instanceView"]["statuses"].as_array()?.iter().find(|s| {
+        s["code"].as_str().is_some_and(|c| c.to_ascii_lowercase().starts_with("provisioningstate/failed/"))
+    })?;
+    let code = status["code"].as_str()?.splitn(3, '/').nth(2).filter(|c| !c.is_empty())?;
+    Some((code.to_string(), status["message"].as_str().unwrap_or_default().to_string()))
+}
+
 /// Provisioning + power state → the protocol state.
 pub fn state_of(provisioning: &str, power: Option<&str>) -> MachineState {
     match provisioning.to_ascii_lowercase().as_str() {
@@ -276,7 +283,10 @@ pub fn machine_of(vm: &Value, internal_ips: &[String]) -> Machine {
             .and_then(|s| s["message"].as_str().or(s["displayStatus"].as_str()))
             .unwrap_or("the VM's provisioning state is Failed")
             .to_string();
-        (Code::Internal, reason::CLOUD_OPERATION_FAILED.to_string(), message)
+        // A VM that failed for want of capacity in its zone says so (INSUFFICIENT_CAPACITY, …).
+        let e =
+            crate::errors::operation_failed("Failed", &failure(vm).map(|(c, _)| c).unwrap_or_default(), &message, None);
+        (e.code(), e.reason().to_string(), message)
     });
     let internal = [NAME_TAG, SPEC_HASH_TAG, SPEC_TAGS_TAG];
     Machine {
@@ -329,6 +339,8 @@ pub fn plan_update(changed_paths: &[String]) -> UpdatePlan {
 mod tests {
     use super::*;
     use crate::model::{parse_spec, schema};
+    use driver_sdk::reason;
+    use driver_sdk::tonic::Code;
 
     fn vm_ref(name: &str) -> ResourceId {
         ResourceId { subscription: "sub".into(), resource_group: "rg".into(), name: name.into() }
@@ -435,6 +447,31 @@ mod tests {
         assert_eq!(state_of("Succeeded", Some("deallocated")), MachineState::Stopped);
         assert_eq!(state_of("Creating", Some("starting")), MachineState::Creating);
         assert_eq!(state_of("Failed", None), MachineState::Failed);
+    }
+
+    #[test]
+    fn a_vm_failed_for_want_of_zonal_capacity_says_so() {
+        let failed = |code: &str| {
+            json!({
+                "id": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/web-0",
+                "name": "web-0", "zones": ["2"],
+                "properties": {"provisioningState": "Failed", "instanceView": {"statuses": [
+                    {"code": code, "level": "Error", "displayStatus": "Provisioning failed", "message": "no room in zone 2"},
+                    {"code": "PowerState/stopped"},
+                ]}},
+            })
+        };
+        let vm = failed("ProvisioningState/failed/ZonalAllocationFailed");
+        assert_eq!(failure(&vm), Some(("ZonalAllocationFailed".to_string(), "no room in zone 2".to_string())));
+        let m = machine_of(&vm, &[]);
+        assert_eq!(m.state, MachineState::Failed);
+        assert_eq!(
+            m.cloud_error,
+            Some((Code::ResourceExhausted, reason::INSUFFICIENT_CAPACITY.to_string(), "no room in zone 2".to_string()))
+        );
+        let vm = failed("ProvisioningState/failed");
+        assert_eq!(failure(&vm), None);
+        assert_eq!(machine_of(&vm, &[]).cloud_error.map(|e| e.0), Some(Code::Internal));
     }
 
     #[test]

@@ -66,7 +66,20 @@
 //! states, NICs and OS disk), `GET tokens` (every token issued: tenant, client ID, grant type,
 //! credential kind, scope, issue and expiry time, whether expired — never a token or a secret),
 //! `GET principals` (who is registered, without secrets) and `PUT principals` (replace them: a
-//! JSON list of `{tenantId, clientId, clientSecret?, federatedToken?}`).
+//! JSON list of `{tenantId, clientId, clientSecret?, federatedToken?}`), and `GET|PUT zones`
+//! (zones that refuse new VMs, a JSON list of [`ZoneRule`]s, also [`Config::zones`]).
+//!
+//! **Zones.** A zone refuses new VMs — a VM whose `zones` names it, or the instances a Uniform
+//! scale set adds there (instance `n` of a scale set with zones `z` is in `z[n % len]`) — the way
+//! ARM does:
+//!
+//! - `capacity`: the create is accepted (201, `Creating`) and its operation ends `Failed` with
+//!   `ZonalAllocationFailed` ("Allocation failed. We do not have sufficient capacity for the
+//!   requested VM size in this zone. …"); the VM stays, `Failed`, its instance view saying
+//!   `ProvisioningState/failed/ZonalAllocationFailed`, and a `PUT` of it again fails the same way
+//!   while the zone refuses. A scale set's instances in the zone end `Failed`, the others run.
+//! - `sku`: 409 `SkuNotAvailable` at once ("The requested size for resource '…' is currently not
+//!   available in location '…' zones '…' …"); nothing is created.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -129,6 +142,8 @@ pub struct Config {
     pub principals: Vec<Principal>,
     /// Lifetime of the access tokens it issues (`expires_in`, in whole seconds).
     pub token_lifetime: Duration,
+    /// Zones that refuse new VMs from the start.
+    pub zones: Vec<ZoneRule>,
 }
 
 impl Default for Config {
@@ -143,6 +158,7 @@ impl Default for Config {
             faults: Vec::new(),
             principals: Vec::new(),
             token_lifetime: DEFAULT_TOKEN_LIFETIME,
+            zones: Vec::new(),
         }
     }
 }
@@ -204,6 +220,77 @@ pub struct Fault {
     pub fired: u32,
 }
 
+/// How a zone refuses new VMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ZoneRefusal {
+    /// No capacity: the create is accepted and its operation ends `Failed` with
+    /// `ZonalAllocationFailed`; the VM stays, `Failed`.
+    Capacity,
+    /// The size is not offered in the zone: 409 `SkuNotAvailable` at once, nothing is created.
+    Sku,
+}
+
+/// A zone that refuses new VMs (`PUT /_emulator/zones`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ZoneRule {
+    /// The zone, e.g. `"2"`.
+    pub zone: String,
+    /// How it refuses.
+    pub refuse: ZoneRefusal,
+    /// Only VMs of this size, compared case-insensitively (any size when absent).
+    #[serde(default)]
+    pub vm_size: Option<String>,
+}
+
+/// ARM's error code of a zonal VM that found no capacity.
+const ZONAL_ALLOCATION_FAILED: &str = "ZonalAllocationFailed";
+
+/// The rule by which one of `zones` refuses a new VM of `size`, if any.
+fn zone_refusal(cloud: &Cloud, zones: &[String], size: &str) -> Option<ZoneRule> {
+    cloud
+        .zones
+        .iter()
+        .find(|r| zones.contains(&r.zone) && r.vm_size.as_deref().is_none_or(|s| s.eq_ignore_ascii_case(size)))
+        .cloned()
+}
+
+/// The zones a resource body names (`zones`).
+fn zones_of(body: &Value) -> Vec<String> {
+    body["zones"]
+        .as_array()
+        .map(|z| z.iter().filter_map(|z| z.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+/// ARM's answer to a size the zone does not offer.
+fn sku_not_available(id: &str, location: &str, zone: &str, subscription: &str) -> Answer {
+    Answer::error(
+        StatusCode::CONFLICT,
+        "SkuNotAvailable",
+        format!(
+            "The requested size for resource '{id}' is currently not available in location '{location}' zones \
+             '{zone}' for subscription '{subscription}'. Please try another size or deploy to a different location \
+             or zones. See https://aka.ms/azureskunotavailable for details."
+        ),
+    )
+}
+
+/// Makes a just-started operation end `Failed` with `ZonalAllocationFailed`, unless a fault rule
+/// already decided how it ends; returns whether it did.
+fn refuse_allocation(cloud: &mut Cloud, op_id: &str) -> bool {
+    let Some(op) = cloud.ops.get_mut(op_id).filter(|o| o.outcome == Outcome::Succeed) else { return false };
+    op.outcome = Outcome::Fail;
+    op.error = (
+        ZONAL_ALLOCATION_FAILED.into(),
+        "Allocation failed. We do not have sufficient capacity for the requested VM size in this zone. Read more \
+         about improving likelihood of allocation success at http://aka.ms/allocation-guidance"
+            .into(),
+    );
+    true
+}
+
 /// One ARM request as the emulator received it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -245,6 +332,9 @@ enum OpKind {
     Apply {
         created: Vec<u64>,
         removed: Vec<u64>,
+        /// Created instances whose zone found no capacity: when the operation fails for them,
+        /// only they end `Failed`.
+        refused: Vec<u64>,
     },
     DeleteScaleSet,
     DeleteInstances(Vec<u64>),
@@ -320,6 +410,8 @@ struct Cloud {
     requests: Vec<RecordedRequest>,
     /// The Entra token endpoint's principals and the tokens it issued.
     tokens: entra::Tokens,
+    /// Zones that refuse new VMs.
+    zones: Vec<ZoneRule>,
 }
 
 /// The emulator: shared state behind the router.
@@ -352,6 +444,7 @@ impl Emulator {
         let cloud = Cloud {
             faults: config.faults.clone(),
             tokens: entra::Tokens::new(config.principals.clone()),
+            zones: config.zones.clone(),
             ..Cloud::default()
         };
         Self { config: Arc::new(config), cloud: Arc::new(Mutex::new(cloud)) }
@@ -622,6 +715,14 @@ fn admin(emu: &Emulator, call: &Call) -> Response {
             ok(json!(sets))
         }
         ("GET", "/_emulator/vms") => ok(vms::inventory(&cloud)),
+        ("GET", "/_emulator/zones") => ok(serde_json::to_value(&cloud.zones).unwrap_or_default()),
+        ("PUT", "/_emulator/zones") => match serde_json::from_value::<Vec<ZoneRule>>(call.body.clone()) {
+            Ok(rules) => {
+                cloud.zones = rules;
+                ok(json!({}))
+            }
+            Err(e) => status(StatusCode::BAD_REQUEST, &format!("bad zone rules: {e}")),
+        },
         ("GET", "/_emulator/tokens") => ok(cloud.tokens.issuances()),
         ("GET", "/_emulator/principals") => ok(cloud.tokens.principals_view()),
         ("PUT", "/_emulator/principals") => match cloud.tokens.set_principals(&call.body) {
@@ -667,11 +768,13 @@ fn finish(cloud: &mut Cloud, id: &str) {
         }
         let ok = op.outcome == Outcome::Succeed;
         match &op.kind {
-            OpKind::Apply { created, removed } => {
+            OpKind::Apply { created, removed, refused } => {
                 for i in created {
+                    // A failure for want of zonal capacity fails only the instances in that zone.
+                    let up = ok || (!refused.is_empty() && !refused.contains(i));
                     if let Some(vm) = s.vms.get_mut(i) {
-                        vm.provisioning_state = if ok { "Succeeded" } else { "Failed" }.into();
-                        vm.power_state = if ok { "running" } else { "stopped" }.into();
+                        vm.provisioning_state = if up { "Succeeded" } else { "Failed" }.into();
+                        vm.power_state = if up { "running" } else { "stopped" }.into();
                     }
                 }
                 for i in removed {
@@ -1280,6 +1383,19 @@ fn put_scale_set(
         }
     }
     s.capacity = capacity;
+    // Zones that refuse the new instances: a size not offered refuses the whole PUT, no capacity
+    // fails the instances placed there.
+    let zones = zones_of(&s.body);
+    let size = s.body["sku"]["name"].as_str().unwrap_or_default().to_string();
+    let mut refused = Vec::new();
+    for i in &created {
+        let Some(zone) = (!zones.is_empty()).then(|| zones[(*i as usize) % zones.len()].clone()) else { continue };
+        match zone_refusal(cloud, std::slice::from_ref(&zone), &size).map(|r| r.refuse) {
+            Some(ZoneRefusal::Sku) => return sku_not_available(id, &location, &zone, sub),
+            Some(ZoneRefusal::Capacity) => refused.push(*i),
+            None => {}
+        }
+    }
     let op_id = start_op(
         emu,
         cloud,
@@ -1287,9 +1403,14 @@ fn put_scale_set(
         sub,
         &location,
         key,
-        OpKind::Apply { created, removed },
+        OpKind::Apply { created, removed, refused: Vec::new() },
         emu.config.operation_duration,
     );
+    if !refused.is_empty() && refuse_allocation(cloud, &op_id) {
+        if let Some(OpKind::Apply { refused: r, .. }) = cloud.ops.get_mut(&op_id).map(|o| &mut o.kind) {
+            *r = refused;
+        }
+    }
     s.op = Some(op_id.clone());
     let body = view(cloud, &s);
     cloud.scale_sets.insert(key.to_string(), s);

@@ -97,6 +97,7 @@ async fn main() -> ExitCode {
         faults,
         principals: cli.principals.into_iter().chain(cli.federated_principals).collect(),
         token_lifetime: cli.token_lifetime,
+        zones: Vec::new(),
     });
     let (addr, server) = match emu.bind(cli.listen).await {
         Ok(x) => x,

@@ -36,6 +36,12 @@
 //!   look for leaks. Deleting them is synchronous (200; 204 when missing); an attached NIC → 400
 //!   `NicInUse`, an attached disk → 409 `OperationNotAllowed`.
 //!
+//! - A zone that refuses new VMs (`PUT /_emulator/zones`, see the crate docs): a VM in it is
+//!   created `Failed` by an operation that ends `ZonalAllocationFailed` (and a `PUT` of that VM
+//!   again fails the same way while the zone refuses), or refused at once with 409
+//!   `SkuNotAvailable`. A failed operation's code shows in the instance view as
+//!   `ProvisioningState/failed/{code}`, with its message.
+//!
 //! Creates and updates take `Config::operation_duration`, deletes `Config::delete_duration`; the
 //! fault rules, request log, throttling and bearer-token check are the ones every ARM path goes
 //! through.
@@ -47,7 +53,8 @@ use serde_json::{json, Value};
 
 use super::{
     accepted, check_body, eq, finish as finish_op, instance_view_of, merge, method_not_allowed, op_urls,
-    required_location, rfc3339, start_op, Answer, Call, Cloud, Emulator, OpKind, API_VERSION,
+    refuse_allocation, required_location, rfc3339, sku_not_available, start_op, zone_refusal, zones_of, Answer, Call,
+    Cloud, Emulator, OpKind, ZoneRefusal, API_VERSION,
 };
 
 /// Api-version of the managed-disk endpoints in the 2024-07-01 compute package.
@@ -82,6 +89,8 @@ pub(crate) struct VirtualMachine {
     nics: Vec<Attachment>,
     os_disk: Option<Attachment>,
     op: Option<String>,
+    /// Code and message of the last operation that failed it (cleared when one succeeds).
+    error: Option<(String, String)>,
 }
 
 /// A network interface.
@@ -489,9 +498,17 @@ fn update(
             Some(&path),
         );
     }
-    let unchanged = desired == vm.body;
+    // A VM whose create failed has no place yet: applying it again allocates it, in its zone.
+    let unallocated = vm.provisioning_state == "Failed" && vm.power_state != "running";
+    let size = desired["properties"]["hardwareProfile"]["vmSize"].as_str().unwrap_or_default();
+    let no_capacity = unallocated
+        && zone_refusal(cloud, &zones_of(&desired), size).is_some_and(|r| r.refuse == ZoneRefusal::Capacity);
+    let unchanged = desired == vm.body && !no_capacity;
     let duration = if unchanged { Duration::ZERO } else { emu.config.operation_duration };
     let op_id = start_op(emu, cloud, call, &vm.subscription, &vm.location, &key, OpKind::UpdateVm, duration);
+    if no_capacity {
+        refuse_allocation(cloud, &op_id);
+    }
     if let Some(v) = cloud.vms.get_mut(&key) {
         v.body = desired;
         v.provisioning_state = "Updating".into();
@@ -648,6 +665,11 @@ fn create(emu: &Emulator, cloud: &mut Cloud, call: &Call, at: &Names, desired: V
             );
         }
     }
+    let size = desired["properties"]["hardwareProfile"]["vmSize"].as_str().unwrap_or_default();
+    let refusal = zone_refusal(cloud, &zones_of(&desired), size);
+    if let Some(r) = refusal.as_ref().filter(|r| r.refuse == ZoneRefusal::Sku) {
+        return sku_not_available(&at.id(), &location, &r.zone, &at.sub);
+    }
     let plan = match plan(cloud, at, &desired, &location) {
         Ok(p) => p,
         Err(a) => return a,
@@ -666,6 +688,10 @@ fn create(emu: &Emulator, cloud: &mut Cloud, call: &Call, at: &Names, desired: V
     let disk_key = plan.disk.id.to_ascii_lowercase();
     cloud.disks.insert(disk_key.clone(), plan.disk);
     let op_id = start_op(emu, cloud, call, &at.sub, &location, &key, OpKind::CreateVm, emu.config.operation_duration);
+    if refusal.is_some() {
+        // The only other refusal, Sku, answered above.
+        refuse_allocation(cloud, &op_id);
+    }
     cloud.vms.insert(
         key.clone(),
         VirtualMachine {
@@ -682,6 +708,7 @@ fn create(emu: &Emulator, cloud: &mut Cloud, call: &Call, at: &Names, desired: V
             nics: plan.nics,
             os_disk: Some(Attachment { key: disk_key, delete: plan.disk_delete, primary: true }),
             op: Some(op_id.clone()),
+            error: None,
         },
     );
     started(emu, call, cloud, StatusCode::CREATED, &key, &op_id)
@@ -782,6 +809,11 @@ fn list(emu: &Emulator, cloud: &Cloud, call: &Call, prefix: &str) -> Answer {
 
 fn instance_view(vm: &VirtualMachine) -> Value {
     let mut iv = instance_view_of(&vm.provisioning_state, &vm.power_state);
+    if let (Some((code, message)), "Failed") = (&vm.error, vm.provisioning_state.as_str()) {
+        // ARM names the failure in the provisioning status: `ProvisioningState/failed/{code}`.
+        iv["statuses"][0]["code"] = json!(format!("ProvisioningState/failed/{code}"));
+        iv["statuses"][0]["message"] = json!(message);
+    }
     if let Some(name) = vm.body["properties"]["osProfile"]["computerName"].as_str() {
         iv["computerName"] = json!(name);
     }
@@ -899,6 +931,7 @@ pub(super) fn finish(cloud: &mut Cloud, op: &super::Op, ok: bool) {
         vm.op = None;
     }
     vm.provisioning_state = if ok { "Succeeded" } else { "Failed" }.into();
+    vm.error = (!ok).then(|| op.error.clone());
     match (&op.kind, ok) {
         (_, true) => vm.power_state = "running".into(),
         (OpKind::CreateVm, false) => vm.power_state = "stopped".into(),
@@ -955,6 +988,7 @@ pub(super) fn inventory(cloud: &Cloud) -> Value {
         .map(|vm| {
             json!({
                 "id": vm.id,
+                "zones": vm.body.get("zones"),
                 "scaleSet": vm.scale_set,
                 "provisioningState": vm.provisioning_state,
                 "powerState": vm.power_state,

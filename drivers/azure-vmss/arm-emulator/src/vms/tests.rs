@@ -361,7 +361,7 @@ async fn fault_rules_throttling_and_auth_apply_to_vm_calls() {
         (Some("Failed"), Some("AllocationFailed"))
     );
     let iv = send(&router, "GET", &format!("{}/instanceView", vm_uri("f")), None).await;
-    assert_eq!(iv.statuses(), ["ProvisioningState/failed", "PowerState/stopped"]);
+    assert_eq!(iv.statuses(), ["ProvisioningState/failed/AllocationFailed", "PowerState/stopped"]);
     let faults = send(&router, "GET", "/_emulator/faults", None).await;
     assert!(faults.body.as_array().unwrap().iter().all(|f| f["fired"] == 1));
 
@@ -387,4 +387,101 @@ async fn deleting_a_flexible_scale_set_takes_its_vms() {
     assert_eq!(emu.lock().nics.len(), 1);
     let inventory = send(&router, "GET", "/_emulator/vms", None).await;
     assert_eq!(inventory.body.as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_zone_without_capacity_fails_its_vms_and_one_without_the_size_refuses_them() {
+    let (emu, router) = emulator(Duration::ZERO);
+    let zoned = |zone: &str| {
+        let mut b = vm_body(None, Some("Delete"));
+        b["zones"] = json!([zone]);
+        b
+    };
+    let rules =
+        json!([{"zone": "2", "refuse": "capacity"}, {"zone": "3", "refuse": "sku", "vmSize": "standard_d2s_v5"}]);
+    assert_eq!(send(&router, "PUT", "/_emulator/zones", Some(rules.clone())).await.status, StatusCode::OK);
+    assert_eq!(send(&router, "GET", "/_emulator/zones", None).await.body[0]["refuse"], "capacity");
+
+    // Zone 2: accepted, then the operation fails with ARM's code; the VM stays, Failed.
+    let created = send(&router, "PUT", &vm_uri("z2"), Some(zoned("2"))).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let op = send(&router, "GET", created.header("azure-asyncoperation").unwrap(), None).await;
+    assert_eq!(
+        (op.body["status"].as_str(), op.body["error"]["code"].as_str()),
+        (Some("Failed"), Some("ZonalAllocationFailed"))
+    );
+    assert!(op.body["error"]["message"].as_str().unwrap().contains("sufficient capacity"), "{}", op.body);
+    let monitor = send(&router, "GET", created.header("location").unwrap(), None).await;
+    assert_eq!(monitor.body["error"]["code"], "ZonalAllocationFailed");
+    let iv = send(&router, "GET", &format!("{}/instanceView", vm_uri("z2")), None).await;
+    assert_eq!(iv.statuses(), ["ProvisioningState/failed/ZonalAllocationFailed", "PowerState/stopped"]);
+    // Applying it again tries the zone again: it still has no room.
+    let again = send(&router, "PUT", &vm_uri("z2"), Some(zoned("2"))).await;
+    assert_eq!(again.status, StatusCode::OK);
+    let op = send(&router, "GET", again.header("azure-asyncoperation").unwrap(), None).await;
+    assert_eq!(op.body["error"]["code"], "ZonalAllocationFailed");
+    // Zone 3 does not offer the size: 409 at once, nothing created; another size is fine.
+    let refused = send(&router, "PUT", &vm_uri("z3"), Some(zoned("3"))).await;
+    assert_eq!(
+        (refused.status, refused.body["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("SkuNotAvailable"))
+    );
+    assert!(refused.body["error"]["message"].as_str().unwrap().contains("zones '3'"), "{}", refused.body);
+    assert!(emu.lock().vms.keys().all(|k| !k.ends_with("/z3")));
+    let mut other = zoned("3");
+    other["properties"]["hardwareProfile"]["vmSize"] = json!("Standard_D4s_v5");
+    assert_eq!(send(&router, "PUT", &vm_uri("z3"), Some(other)).await.status, StatusCode::CREATED);
+    // Zone 1 takes it; the inventory shows the zones.
+    let created = send(&router, "PUT", &vm_uri("z1"), Some(zoned("1"))).await;
+    let op = send(&router, "GET", created.header("azure-asyncoperation").unwrap(), None).await;
+    assert_eq!(op.body["status"], "Succeeded");
+    let inventory = send(&router, "GET", "/_emulator/vms", None).await;
+    let zone_of = |name: &str| {
+        let vms = inventory.body.as_array().unwrap();
+        let vm = vms.iter().find(|v| v["id"].as_str().unwrap().ends_with(&format!("/{name}"))).unwrap();
+        (vm["zones"].clone(), vm["provisioningState"].as_str().unwrap().to_string())
+    };
+    assert_eq!(zone_of("z1"), (json!(["1"]), "Succeeded".to_string()));
+    assert_eq!(zone_of("z2"), (json!(["2"]), "Failed".to_string()));
+    // Once zone 2 has room again, the failed VM is created by the same PUT.
+    assert_eq!(send(&router, "PUT", "/_emulator/zones", Some(json!([]))).await.status, StatusCode::OK);
+    let again = send(&router, "PUT", &vm_uri("z2"), Some(zoned("2"))).await;
+    let op = send(&router, "GET", again.header("azure-asyncoperation").unwrap(), None).await;
+    assert_eq!(op.body["status"], "Succeeded");
+    let bad = send(&router, "PUT", "/_emulator/zones", Some(json!([{"zone": "1", "refuse": "everything"}]))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_zone_without_capacity_fails_only_the_scale_set_instances_placed_in_it() {
+    let (emu, router) = emulator(Duration::ZERO);
+    let rules = json!([{"zone": "2", "refuse": "capacity"}]);
+    assert_eq!(send(&router, "PUT", "/_emulator/zones", Some(rules)).await.status, StatusCode::OK);
+    let uri = format!("{RG}/Microsoft.Compute/virtualMachineScaleSets/pool");
+    let body = json!({"location": "westeurope", "zones": ["1", "2"], "sku": {"name": "Standard_D2s_v5", "capacity": 4},
+        "properties": {"virtualMachineProfile": {"storageProfile": {"imageReference": {"publisher": "x"}}}}});
+    let put = send(&router, "PUT", &uri, Some(body)).await;
+    assert_eq!(put.status, StatusCode::CREATED);
+    let op = send(&router, "GET", put.header("azure-asyncoperation").unwrap(), None).await;
+    assert_eq!(op.body["error"]["code"], "ZonalAllocationFailed");
+    let list = send(&router, "GET", &format!("{uri}/virtualMachines?$skiptoken=0"), None).await;
+    let mut states: Vec<(String, String)> = Vec::new();
+    for page in [list.body.clone(), send(&router, "GET", list.body["nextLink"].as_str().unwrap(), None).await.body] {
+        for vm in page["value"].as_array().unwrap() {
+            states.push((
+                vm["zones"][0].as_str().unwrap().into(),
+                vm["properties"]["provisioningState"].as_str().unwrap().into(),
+            ));
+        }
+    }
+    let want = [("1", "Succeeded"), ("2", "Failed"), ("1", "Succeeded"), ("2", "Failed")];
+    assert_eq!(states, want.map(|(z, s)| (z.to_string(), s.to_string())));
+    // A size the zone does not offer refuses the scale-out at once.
+    let rules = json!([{"zone": "2", "refuse": "sku"}]);
+    assert_eq!(send(&router, "PUT", "/_emulator/zones", Some(rules)).await.status, StatusCode::OK);
+    let body = json!({"location": "westeurope", "zones": ["1", "2"], "sku": {"name": "Standard_D2s_v5", "capacity": 6},
+        "properties": {"virtualMachineProfile": {"storageProfile": {"imageReference": {"publisher": "x"}}}}});
+    let put = send(&router, "PUT", &uri, Some(body)).await;
+    assert_eq!((put.status, put.body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("SkuNotAvailable")));
+    assert_eq!(emu.lock().scale_sets.values().next().map(|s| s.vms.len()), Some(4));
 }
