@@ -185,19 +185,18 @@ async fn a_zone_out_of_capacity_fails_over_then_rebalances_surge_first_through_a
         .events(&machine_controller::store::Key::new(Kind::MachineDeployment, w.ns(), "web"), 200)
         .await
         .unwrap();
-    let mut said: Vec<String> = events.iter().map(|e| format!("{}: {}", e.reason, e.message)).collect();
-    let cloud = w.inspect().await;
-    said.extend(cloud.machines.iter().map(|m| format!("cloud {} created {}", m.name, m.times_created)));
-    said.push(format!("{:?}", cloud.counters));
-    assert_eq!(created(&w).await, base + 3, "three moves, each machine created once:\n{}", said.join("\n"));
-    assert!(unavailable.most() <= 0, "{} machines were unavailable at once during the rebalance", unavailable.most());
     let events = w
         .store()
         .backend()
         .events(&machine_controller::store::Key::new(Kind::MachineDeployment, w.ns(), "web"), 200)
         .await
         .unwrap();
-    assert_eq!(events.iter().filter(|e| e.reason == "Rebalanced").count(), 3, "{events:?}");
+    let said: Vec<String> = events.iter().map(|e| format!("{}: {}", e.reason, e.message)).collect();
+    assert_eq!(created(&w).await, base + 3, "three moves, each machine created once:\n{}", said.join("\n"));
+    assert!(unavailable.most() <= 0, "{} machines were unavailable at once during the rebalance", unavailable.most());
+    // (Events of one reason are aggregated by the API server's client, so their number is not
+    // the moves'.)
+    assert!(said.iter().any(|e| e.starts_with("Rebalanced: ") && e.contains(" leaves ")), "{said:?}");
     w.assert_consistent(9).await;
     w.kill9_controller(c).await;
 }

@@ -1080,15 +1080,17 @@ fn domain_status(c: &Classes<'_>, spread: &Spread<'_>, st: &mut MachineDeploymen
         s.current = here.len() as i64;
         s.available = here.iter().filter(|m| c.is_available(m)).count() as i64;
     }
-    st.rebalance = if c.live.len() as i64 > c.desired {
-        c.live.iter().find_map(|m| {
-            let from = domains::rebalance_from(m, c.desired)?;
-            let to = m.domain.clone().unwrap_or_default();
-            Some(RebalanceStatus { from: from.to_string(), to, machine: m.name.clone() })
-        })
-    } else {
-        None
-    };
+    // The move under way: the newest machine created to rebalance, while there is an excess.
+    let mover = c
+        .live
+        .iter()
+        .filter(|m| domains::rebalance_from(m, c.desired).is_some())
+        .max_by_key(|m| (m.created, &m.name))
+        .filter(|_| c.live.len() as i64 > c.desired);
+    st.rebalance = mover.and_then(|m| {
+        let from = domains::rebalance_from(m, c.desired)?.to_string();
+        Some(RebalanceStatus { from, to: m.domain.clone().unwrap_or_default(), machine: m.name.clone() })
+    });
 }
 
 /// The disruption planner's limits for this deployment.
@@ -1512,15 +1514,20 @@ fn scale_down_excess(
         return Vec::new();
     }
     d.notes.push(Note::AboveReplicas { machines: kept.len() as i64, replicas: c.desired });
-    let mover = spread.active().then(|| kept.iter().copied().find(|m| domains::rebalance_from(m, c.desired).is_some()));
-    let mut order: Vec<&Member> =
-        kept.iter().copied().filter(|m| mover.flatten().is_none_or(|n| n.name != m.name)).collect();
+    // Machines created to rebalance (for these replicas): until each is available nothing goes;
+    // then the excess leaves the crowded domains, surge-first.
+    let movers: Vec<&Member> = if spread.active() {
+        kept.iter().copied().filter(|m| domains::rebalance_from(m, c.desired).is_some()).collect()
+    } else {
+        Vec::new()
+    };
+    let mut order: Vec<&Member> = kept.iter().copied().filter(|m| !movers.iter().any(|n| n.name == m.name)).collect();
     deletion_order(&mut order, md.spec.delete_policy);
     let order = spread.order(order, broken);
     let mut delete = Vec::new();
-    if let Some(new) = mover.flatten() {
-        if !c.is_available(new) {
-            d.notes.push(Note::RebalanceWaiting { machine: new.name.clone() });
+    if let Some(new) = movers.iter().max_by_key(|m| (m.created, &m.name)) {
+        if let Some(waiting) = movers.iter().find(|m| !c.is_available(m)) {
+            d.notes.push(Note::RebalanceWaiting { machine: waiting.name.clone() });
             return delete;
         }
         let mut available = c.available;
@@ -1529,16 +1536,18 @@ fn scale_down_excess(
                 break;
             }
             let cand = c.candidate(m);
+            // Surge-first: never fewer than `replicas` available.
             if cand.available && available <= c.desired {
-                continue;
+                break;
             }
-            if planner.ask(DisruptionReason::Rebalance, cand).allowed() {
-                available -= i64::from(cand.available);
-                let (from, to) = (m.domain.as_deref().unwrap_or("-"), new.domain.as_deref().unwrap_or("-"));
-                let message = format!("{} leaves {from}: {} runs in {to}", m.name, new.name);
-                d.events.push(PlannedEvent { reason: EventReason::Rebalanced, message });
-                delete.push(m.name.clone());
+            if !planner.ask(DisruptionReason::Rebalance, cand).allowed() {
+                break;
             }
+            available -= i64::from(cand.available);
+            let (from, to) = (m.domain.as_deref().unwrap_or("-"), new.domain.as_deref().unwrap_or("-"));
+            let message = format!("{} leaves {from}: {} runs in {to}", m.name, new.name);
+            d.events.push(PlannedEvent { reason: EventReason::Rebalanced, message });
+            delete.push(m.name.clone());
         }
         return delete;
     }

@@ -204,6 +204,20 @@ fn a_recovered_zone_is_rebalanced_surge_first_one_machine_at_a_time() {
 }
 
 #[test]
+fn the_next_move_waits_for_its_own_machine_not_the_last_ones() {
+    let md = zoned(9);
+    // The first move is done (its machine still annotated); the second one's is on its way.
+    let mut machines: Vec<Fx> = zone("a", 4);
+    machines.extend(zone("b", 4));
+    machines.push(Fx::new("c-first").domain("c").rebalancing("a/9").at(50));
+    machines.push(Fx::new("c-second").domain("c").phase(Phase::Creating).rebalancing("b/9").at(90));
+    let p = run(&md, machines, true);
+    assert!(p.delete.is_empty(), "nothing goes before c-second runs: {:?}", p.delete);
+    assert!(p.notes.contains(&Note::RebalanceWaiting { machine: "c-second".into() }));
+    assert_eq!(p.status.rebalance.as_ref().map(|r| r.machine.as_str()), Some("c-second"));
+}
+
+#[test]
 fn a_rebalance_within_skew_or_disabled_does_nothing() {
     let md = zoned(8);
     let mut machines: Vec<Fx> = zone("a", 3);
