@@ -248,6 +248,10 @@ spec:
   template:
     spec:
       classRef: {{name: aws-small}}
+  failureDomains:
+  - {{name: a, providerSpec: {{availabilityZone: us-west-2a}}}}
+  - {{name: b, providerSpec: {{availabilityZone: us-west-2b}}}}
+  - {{name: c, providerSpec: {{availabilityZone: us-west-2c}}}}
 "
     );
     w.apply(&manifest).await;
@@ -266,8 +270,13 @@ spec:
     assert_eq!(machines.len(), 3, "log:\n{}", controller_log());
     for m in &machines {
         assert_eq!(m.status.phase, Phase::Running, "{}: {:?}", m.metadata.name, m.status);
-        assert!(m.status.provider_id.starts_with("aws:///us-west-2"), "{}", m.status.provider_id);
+        // One per failure domain, each in its domain's availability zone.
+        let zone = format!("us-west-2{}", m.spec.failure_domain.as_deref().unwrap_or("?"));
+        assert!(m.status.provider_id.starts_with(&format!("aws:///{zone}/")), "{}", m.status.provider_id);
     }
+    let mut domains: Vec<_> = machines.iter().filter_map(|m| m.spec.failure_domain.clone()).collect();
+    domains.sort();
+    assert_eq!(domains, ["a", "b", "c"]);
 
     // moto, read with boto3, is the ground truth: 3 running instances with the owner tags.
     let instances = moto.instances(region).await;

@@ -1137,3 +1137,43 @@ async fn machines_land_in_their_zone_and_a_zone_without_capacity_refuses_them() 
         ["in-1:[\"1\"]", "in-3:[\"3\"]", "in-2:[\"2\"]", "in-1b:[\"1\"]", "in-2:[\"1\"]", "in-3b:[\"3\"]"]
     );
 }
+
+/// A MachineDeployment over the failure domains zones 1, 2 and 3 of Azure (each sets the
+/// provider spec's `zones` to its one zone) while zone 2 refuses new VMs for capacity, as ARM
+/// does (`ZonalAllocationFailed` on the create's operation): the machine refused there is
+/// withdrawn (its Failed VM deleted), the zone marked `InsufficientCapacity`, and the machines
+/// run in zones 1 and 3 — with no VM left in zone 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_domains_place_vms_in_their_zones_and_fail_over_from_a_zone_without_capacity() {
+    let arm = Arm::start(&["--operation-duration", "300ms", "--delete-duration", "200ms"]).await;
+    arm.flexible_scale_set("workers-flex").await;
+    arm.zones(json!([{"zone": "2", "refuse": "capacity"}])).await;
+    let c = controller_with(&arm, &vm_class(None), &[], &[]).await;
+    let domains = "\n  failureDomains:\n  - {name: z1, providerSpec: {zones: ['1']}}\n  - {name: z2, providerSpec: {zones: ['2']}}\n  - {name: z3, providerSpec: {zones: ['3']}}\n  failureDomainBackoff: {initialSeconds: 600}\n";
+    c.apply_web(&(web(4, "1.0.0", "Standard_D2s_v5", ROLLING).trim_end().to_string() + domains)).await;
+    let machines = tokio::time::timeout(
+        3 * MINUTE,
+        eventually(3 * MINUTE, "4 machines Running in zones 1 and 3", || async {
+            let ms = c.web_rolled_out().await?;
+            ms.iter().all(|m| matches!(m.spec.failure_domain.as_deref(), Some("z1" | "z3"))).then_some(ms)
+        }),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("controller log:\n{}\nsidecar log:\n{}", c.controller_log(0), c.sidecar().log_text()));
+    let vms = cloud_vms(&arm).await;
+    for m in &machines {
+        let id = m.status.provider_id.strip_prefix("azure://").expect("an azure:// provider ID").to_ascii_lowercase();
+        let zone = m.spec.failure_domain.as_deref().and_then(|d| d.strip_prefix('z')).expect("a domain");
+        assert_eq!(vms[&id]["zones"], json!([zone]), "{} runs in its domain's zone", m.metadata.name);
+    }
+    let md = c.store().get::<MachineDeployment>("default", "web").await.unwrap().expect("web");
+    let z2 = md.status.failure_domains.iter().find(|d| d.name == "z2").expect("z2's status");
+    assert_eq!(z2.reason, "InsufficientCapacity", "{z2:?}");
+    assert!(!z2.message.is_empty(), "{z2:?}");
+    assert!(md.status.bad_revisions.is_empty(), "the zone, not the revision, is to blame");
+    eventually(MINUTE, "no VM left in zone 2", || async {
+        let vms = cloud_vms(&arm).await;
+        (vms.len() == 4 && vms.values().all(|v| v["zones"] != json!(["2"]))).then_some(())
+    })
+    .await;
+}
