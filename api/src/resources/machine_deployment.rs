@@ -348,7 +348,7 @@ pub struct MachineDeploymentStatus {
     pub failure_domains: Vec<FailureDomainStatus>,
     /// A rebalance in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rebalance: Option<RebalanceStatus>,
+    pub rebalance: Option<Box<RebalanceStatus>>,
     /// Conditions: Available, Progressing, DisruptionBlocked, FailureDomainDegraded, Valid.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

@@ -1089,7 +1089,7 @@ fn domain_status(c: &Classes<'_>, spread: &Spread<'_>, st: &mut MachineDeploymen
         .filter(|_| c.live.len() as i64 > c.desired);
     st.rebalance = mover.and_then(|m| {
         let from = domains::rebalance_from(m, c.desired)?.to_string();
-        Some(RebalanceStatus { from, to: m.domain.clone().unwrap_or_default(), machine: m.name.clone() })
+        Some(Box::new(RebalanceStatus { from, to: m.domain.clone().unwrap_or_default(), machine: m.name.clone() }))
     });
 }
 

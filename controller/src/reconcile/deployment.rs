@@ -95,7 +95,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         if let (Some(value), Some(name)) = (&plan.rebalance, made.into_iter().flatten().next()) {
             let to = plan.placements.first().map_or("-", String::as_str);
             let from = value.rsplit_once('/').map_or("-", |(f, _)| f);
-            next.status.rebalance = Some(RebalanceStatus { from: from.into(), to: to.into(), machine: name });
+            next.status.rebalance = Some(Box::new(RebalanceStatus { from: from.into(), to: to.into(), machine: name }));
         }
         if let Some(work) = &plan.in_place {
             in_place(ctx, &md, template, &plan.target_revision, work, &by_name, &mut next.status).await?;
