@@ -145,23 +145,39 @@ async fn a_zone_out_of_capacity_fails_over_then_rebalances_surge_first_through_a
     .await;
     let mut c = w.start_controller(&[]);
     let extra = json!({
-        "failureDomainBackoff": {"initialSeconds": 5, "maxSeconds": 20},
+        "failureDomainBackoff": {"initialSeconds": 15, "maxSeconds": 15},
         "disruption": {"budgets": [{"machines": 1}]},
         "failureBudget": 1,
     });
     deploy(&w, 9, extra.clone()).await;
     w.converged("web", 3 * MINUTE).await;
     spread(&w, [5, 4, 0], MINUTE).await;
-    let md = w.md("web").await;
+    // While the fault lasts the zone is closed, and tried again (and closed again) each time its
+    // backoff ends: read it while it is closed.
+    let md = eventually(MINUTE, "zone c closed", || async {
+        let md = w.md("web").await;
+        let closed = domain_status(&md, "c").is_some_and(|c| c.reason == "InsufficientCapacity");
+        closed.then_some(md)
+    })
+    .await;
     let zone_c = domain_status(&md, "c").expect("zone c's status");
-    assert_eq!(zone_c.reason, "InsufficientCapacity", "{zone_c:?}");
-    assert!(zone_c.backoff_seconds >= 5, "{zone_c:?}");
+    assert!(zone_c.backoff_seconds >= 15 && zone_c.unavailable_until.is_some(), "{zone_c:?}");
+    assert!(zone_c.message.contains("no capacity for small in zone-c"), "{zone_c:?}");
     assert!(md.status.bad_revisions.is_empty(), "the zone, not the revision, is to blame: {:?}", md.status);
-    let (code, out, _) = w.cluster().kubectl(&["describe", "machinedeployment", "web", "-n", w.ns()]).await;
-    assert_eq!(code, 0);
-    assert!(out.contains("Failure Domains") && out.contains("InsufficientCapacity"), "{out}");
-    let (_, table, _) = w.cli(&["describe", "md", "web", "-n", w.ns()]).await;
-    assert!(table.contains("Failure Domains:") && table.contains("InsufficientCapacity"), "{table}");
+    eventually(MINUTE, "kubectl describe showing zone c closed", || async {
+        let (code, out, _) = w.cluster().kubectl(&["describe", "machinedeployment", "web", "-n", w.ns()]).await;
+        let shown = out.contains("Failure Domains")
+            && out.contains("InsufficientCapacity")
+            && out.contains("Unavailable Until");
+        (code == 0 && shown).then_some(())
+    })
+    .await;
+    eventually(MINUTE, "describe showing zone c closed", || async {
+        let (_, table, _) = w.cli(&["describe", "md", "web", "-n", w.ns()]).await;
+        (table.contains("Failure Domains:") && table.contains("until") && table.contains("InsufficientCapacity"))
+            .then_some(())
+    })
+    .await;
     let said = events(&w).await;
     assert!(said.iter().any(|e| e.starts_with("FailureDomainUnavailable: c refused")), "{said:?}");
 

@@ -91,29 +91,37 @@ impl<'a> Spread<'a> {
         if !self.active() {
             return candidates;
         }
+        // One queue per (tier, domain) in the policy's order, the last domain slot for machines
+        // in no listed domain: each pick is the front of a queue (O(machines × domains)).
+        let slots = self.domains.len() + 1;
+        let mut queues: Vec<std::collections::VecDeque<&'m Member>> = vec![Default::default(); 2 * slots];
+        for m in candidates {
+            let tier = usize::from(!broken(m));
+            let slot = index(self.domains, m.domain.as_deref()).unwrap_or(self.domains.len());
+            queues[tier * slots + slot].push_back(m);
+        }
         let mut count = self.count.clone();
-        let mut left = candidates;
-        let mut out = Vec::with_capacity(left.len());
-        while !left.is_empty() {
-            let tier = |m: &Member| u8::from(!broken(m));
-            let best_tier = left.iter().map(|m| tier(m)).min().unwrap_or(0);
-            let score = |m: &Member| match index(self.domains, m.domain.as_deref()) {
-                None => f64::INFINITY,
-                Some(i) => self.score(i, count[i]),
-            };
-            let pick = left
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| tier(m) == best_tier)
-                // The first of the highest score: max_by keeps the last of equals, so compare
-                // reversed positions.
-                .max_by(|(a, x), (b, y)| score(x).total_cmp(&score(y)).then(b.cmp(a)))
-                .map_or(0, |(i, _)| i);
-            let m = left.remove(pick);
-            if let Some(i) = index(self.domains, m.domain.as_deref()) {
-                count[i] -= 1;
+        let mut out = Vec::with_capacity(queues.iter().map(|q| q.len()).sum());
+        for tier in 0..2 {
+            let queues = &mut queues[tier * slots..(tier + 1) * slots];
+            loop {
+                let score = |i: usize| if i == self.domains.len() { f64::INFINITY } else { self.score(i, count[i]) };
+                // The highest score; the first listed among equals.
+                let Some(i) =
+                    (0..slots).filter(|&i| !queues[i].is_empty()).fold(None, |best: Option<usize>, i| match best {
+                        Some(b) if score(b) >= score(i) => Some(b),
+                        _ => Some(i),
+                    })
+                else {
+                    break;
+                };
+                if let Some(m) = queues[i].pop_front() {
+                    if i < self.domains.len() {
+                        count[i] -= 1;
+                    }
+                    out.push(m);
+                }
             }
-            out.push(m);
         }
         out
     }
