@@ -80,6 +80,38 @@ fn table() -> Vec<Row> {
             json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 5, "scaleDown": {"utilizationThreshold": 1.5}}}),
             Some(("spec.autoscaling.scaleDown.utilizationThreshold", "should be less than or equal to 1")),
         ),
+        // Failure domains: unique names, a backoff within its maximum, weights and skew of at least 1.
+        (
+            MD,
+            json!({"failureDomains": [{"name": "a", "providerSpec": {"zone": "zone-a"}}, {"name": "b", "weight": 2}],
+                   "rebalance": {"maxSkew": 2}, "failureDomainBackoff": {"initialSeconds": 10, "maxSeconds": 20}}),
+            None,
+        ),
+        (
+            MD,
+            json!({"failureDomains": [{"name": "a"}, {"name": "b"}, {"name": "a"}]}),
+            Some(("spec.failureDomains", "every failure domain needs a name of its own")),
+        ),
+        (
+            MD,
+            json!({"failureDomainBackoff": {"initialSeconds": 100, "maxSeconds": 10}}),
+            Some(("spec.failureDomainBackoff.initialSeconds", "must not be greater than maxSeconds")),
+        ),
+        (
+            MD,
+            json!({"failureDomainBackoff": {"initialSeconds": 3600}}),
+            Some(("spec.failureDomainBackoff.initialSeconds", "must not be greater than maxSeconds")),
+        ),
+        (
+            MD,
+            json!({"rebalance": {"maxSkew": 0}}),
+            Some(("spec.rebalance.maxSkew", "should be greater than or equal to 1")),
+        ),
+        (
+            MD,
+            json!({"failureDomains": [{"name": "a", "weight": 0}]}),
+            Some(("spec.failureDomains[0].weight", "should be greater than or equal to 1")),
+        ),
         // Int-or-percent format and range.
         (MD, rolling(json!("lots"), json!(0)), Some((surge, INT_OR_PERCENT))),
         (MD, rolling(json!(-1), json!(1)), Some((surge, INT_OR_PERCENT))),

@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use super::disruption::DisruptionSpec;
+use super::failure_domain::{DEFAULT_BACKOFF_INITIAL_SECONDS, DEFAULT_BACKOFF_MAX_SECONDS};
 use super::meta::ObjectMeta;
 use super::template::{MachineTemplate, NodeTemplate};
 use crate::registry::Kind;
@@ -361,8 +362,44 @@ pub(crate) fn deployment_rules() -> Vec<Rule> {
         "must be greater than minReadySeconds",
         deadline_after_min_ready,
     ));
+    out.push(rule(
+        Md,
+        "spec.failureDomains",
+        "self.all(d, self.exists_one(e, e.name == d.name))".into(),
+        "",
+        DOMAIN_NAMES_UNIQUE,
+        |v| {
+            let names: Vec<&str> = v.as_array().into_iter().flatten().filter_map(|d| d["name"].as_str()).collect();
+            names.iter().enumerate().all(|(i, n)| !names[..i].contains(n))
+        },
+    ));
+    out.push(rule(
+        Md,
+        "spec.failureDomainBackoff",
+        format!(
+            "(has(self.initialSeconds) ? self.initialSeconds : {DEFAULT_BACKOFF_INITIAL_SECONDS}) <= \
+             (has(self.maxSeconds) ? self.maxSeconds : {DEFAULT_BACKOFF_MAX_SECONDS})"
+        ),
+        "initialSeconds",
+        BACKOFF_WITHIN_MAX,
+        |v| {
+            let field = |k: &str, default: u64| v.get(k).map_or(Some(default), Value::as_u64);
+            match (
+                field("initialSeconds", DEFAULT_BACKOFF_INITIAL_SECONDS),
+                field("maxSeconds", DEFAULT_BACKOFF_MAX_SECONDS),
+            ) {
+                (Some(initial), Some(max)) => initial <= max,
+                _ => true,
+            }
+        },
+    ));
     out
 }
+
+/// Message of the failure domains' unique-names rule.
+pub(crate) const DOMAIN_NAMES_UNIQUE: &str = "every failure domain needs a name of its own";
+/// Message of the failure-domain backoff rule.
+pub(crate) const BACKOFF_WITHIN_MAX: &str = "must not be greater than maxSeconds";
 
 /// Message of the budgets' schedule/duration rule.
 pub(crate) const BUDGET_SCHEDULE: &str = "is required with a schedule, and needs one";

@@ -13,6 +13,7 @@ use super::meta::Time;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FailureDomain {
     /// The domain's name (recorded on each machine as `spec.failureDomain`).
+    #[schemars(length(min = 1, max = 63))]
     pub name: String,
     /// Provider-spec fields that put a machine in this domain, merged over the template's (a
     /// JSON merge patch): `{zone: zone-a}` for the fake cloud, `{availabilityZone: eu-west-1a}`
@@ -144,19 +145,11 @@ pub struct RebalanceStatus {
 pub const ANNOTATION_REBALANCE: &str = "machine.driver.dev/rebalance";
 
 /// Checks `spec.failureDomains`, `spec.rebalance` and `spec.failureDomainBackoff`.
-pub(crate) fn check_domains(domains: &[FailureDomain], backoff: &FailureDomainBackoff) -> Check {
+/// (Unique names and the backoff's bounds are [`checks::deployment_rules`], CEL on the API server.)
+pub(crate) fn check_domains(domains: &[FailureDomain]) -> Check {
     for (i, d) in domains.iter().enumerate() {
         checks::name(&format!("spec.failureDomains[{i}].name"), &d.name)?;
-        if domains[..i].iter().any(|o| o.name == d.name) {
-            return checks::fail(&format!("spec.failureDomains[{i}].name"), format!("{:?} is listed twice", d.name));
-        }
         checks::object_or_absent(&format!("spec.failureDomains[{i}].providerSpec"), d.provider_spec.as_ref())?;
-        if d.weight == 0 {
-            return checks::fail(&format!("spec.failureDomains[{i}].weight"), "must be at least 1");
-        }
-    }
-    if backoff.initial_seconds > backoff.max_seconds {
-        return checks::fail("spec.failureDomainBackoff.initialSeconds", "must not be greater than maxSeconds");
     }
     Ok(())
 }

@@ -135,6 +135,7 @@ pub struct MachineDeploymentSpec {
     /// Spread the machines over these domains (zones): new machines go to the least-populated
     /// domain that takes machines (by weight), removals take from the most-populated.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
     pub failure_domains: Vec<FailureDomain>,
     /// Move machines back to a domain below its share, surge-first (with failure domains).
     #[serde(default, skip_serializing_if = "is_default")]
@@ -402,7 +403,7 @@ impl KindInfo for MachineDeployment {
     fn validate(&self) -> Check {
         checks::template(&self.spec.template)?;
         super::autoscaling::check(self.spec.autoscaling.as_ref())?;
-        failure_domain::check_domains(&self.spec.failure_domains, &self.spec.failure_domain_backoff)?;
+        failure_domain::check_domains(&self.spec.failure_domains)?;
         checks::disruption(&self.spec.disruption)
     }
 
