@@ -690,6 +690,9 @@ pub enum Note {
         /// The domain it moves to.
         to: String,
     },
+    /// The spread is off, but a rebalance needs room for one machine above `replicas`
+    /// (`maxSurge` is 0).
+    RebalanceNeedsSurge,
     /// A rebalance waits for its new machine to be available before one goes.
     RebalanceWaiting {
         /// The new machine.
@@ -714,6 +717,7 @@ impl Note {
                 | Note::Canary { .. }
                 | Note::NoDomainOpen { .. }
                 | Note::RebalanceWaiting { .. }
+                | Note::RebalanceNeedsSurge
         )
     }
 }
@@ -761,6 +765,9 @@ impl std::fmt::Display for Note {
             }
             Note::Rebalancing { from, to } => write!(f, "moving a machine from {from} to {to}"),
             Note::RebalanceWaiting { machine } => write!(f, "the rebalance waits for {machine} to be available"),
+            Note::RebalanceNeedsSurge => {
+                write!(f, "the failure domains are uneven, and rebalancing needs maxSurge of at least 1")
+            }
             Note::Complete { revision } => write!(f, "revision {revision} is rolled out"),
         }
     }
@@ -1054,13 +1061,17 @@ fn rebalance(md: &MachineDeployment, c: &Classes<'_>, spread: &Spread<'_>, d: &m
     if !spread.active() || !md.spec.rebalance.enabled || md.spec.paused || !settled || c.target.is_none() {
         return None;
     }
-    // Surge-first: the new machine needs room above `replicas`.
-    if c.all.len() as i64 >= c.desired + c.limits.max_surge {
-        return None;
-    }
     let unlisted =
         c.live.iter().filter(|m| domains::index(&md.spec.failure_domains, m.domain.as_deref()).is_none()).count();
     let (from, to) = spread.imbalance(unlisted as i64, md.spec.rebalance.max_skew)?;
+    // Surge-first: the new machine needs room above `replicas`.
+    if c.limits.max_surge < 1 {
+        d.notes.push(Note::RebalanceNeedsSurge);
+        return None;
+    }
+    if c.all.len() as i64 >= c.desired + c.limits.max_surge {
+        return None;
+    }
     let from_name = from.map_or("machines in no listed domain".to_string(), |f| f.name.clone());
     d.notes.push(Note::Rebalancing { from: from_name.clone(), to: to.name.clone() });
     let message = format!("moving a machine from {from_name} to {}: its replacement is created there first", to.name);

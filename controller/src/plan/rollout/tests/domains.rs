@@ -231,6 +231,13 @@ fn a_rebalance_within_skew_or_disabled_does_nothing() {
     machines.extend(zone("b", 4));
     let p = run(&md, machines, true);
     assert_eq!((p.create, p.rebalance), (0, None));
+    // No surge room at all: the plan says why nothing moves.
+    let md = surge(zoned(9), int(0), int(1));
+    let mut machines: Vec<Fx> = zone("a", 5);
+    machines.extend(zone("b", 4));
+    let p = run(&md, machines, true);
+    assert_eq!((p.create, p.rebalance.clone()), (0, None));
+    assert!(p.notes.contains(&Note::RebalanceNeedsSurge), "{:?}", p.notes);
 }
 
 #[test]
