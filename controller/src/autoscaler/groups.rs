@@ -63,6 +63,9 @@ pub struct OwnerSpec {
     /// Disruption budgets.
     #[serde(default)]
     pub disruption: DisruptionSpec,
+    /// A deployment's failure domains.
+    #[serde(default)]
+    pub failure_domains: Vec<FailureDomain>,
 }
 
 /// See [`Owner`].
@@ -81,9 +84,34 @@ pub struct OwnerStatus {
     /// Machines down, as the last reconcile counted them.
     #[serde(default)]
     pub disruption: DisruptionStatus,
+    /// A deployment's failure domains, as the last reconcile counted them.
+    #[serde(default)]
+    pub failure_domains: Vec<FailureDomainStatus>,
 }
 
 impl Owner {
+    /// The template a new machine gets: with failure domains, in the domain the next one goes to
+    /// (the open domain with the fewest machines per unit of weight, the first listed among
+    /// equals), so the template node carries that domain's zone.
+    pub fn next_template(&self) -> MachineTemplate {
+        let mut t = self.spec.template.clone();
+        let now = chrono::Utc::now();
+        let load = |d: &FailureDomain| {
+            let st = self.status.failure_domains.iter().find(|s| s.name == d.name);
+            let open = st.is_none_or(|s| !s.unavailable_at(now));
+            (!open, st.map_or(0, |s| s.current) as f64 / f64::from(d.weight.max(1)))
+        };
+        let next = self.spec.failure_domains.iter().fold(None, |best: Option<&FailureDomain>, d| match best {
+            Some(b) if load(b) <= load(d) => Some(b),
+            _ => Some(d),
+        });
+        if let Some(fields) = next.and_then(|d| d.provider_spec.as_ref()) {
+            t.spec.provider_spec =
+                Some(merge(t.spec.provider_spec.as_ref().unwrap_or(&serde_json::Value::Null), fields));
+        }
+        t
+    }
+
     /// Whether it is rolling out a new revision (a deployment) or model (a pool): the
     /// autoscaler's scale-down waits (autoscaler#8494).
     pub fn rolling_out(&self, kind: Kind) -> bool {
@@ -287,7 +315,8 @@ impl Snapshot {
                 let (namespace, name) = (o.metadata.namespace.clone(), o.metadata.name.clone());
                 let id = group_id(kind, &namespace, &name);
                 member_of.insert((label, namespace.clone(), name.clone()), id.clone());
-                let Some(autoscaling) = o.spec.autoscaling else { continue };
+                let Some(autoscaling) = o.spec.autoscaling.clone() else { continue };
+                let template = o.next_template();
                 snap.groups.insert(
                     id.clone(),
                     Group {
@@ -296,7 +325,7 @@ impl Snapshot {
                         autoscaling,
                         replicas: o.spec.replicas,
                         class: o.spec.template.spec.class_ref.name.clone(),
-                        template: o.spec.template,
+                        template,
                         instances: Vec::new(),
                     },
                 );
@@ -346,6 +375,34 @@ pub type Shared = Arc<Snapshot>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_template_of_a_spread_group_is_in_the_zone_the_next_machine_goes_to() {
+        let owner = |status: serde_json::Value| -> Owner {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"replicas": 3, "template": {"spec": {"classRef": {"name": "small"}, "providerSpec": {"image": "os-1"}}},
+                         "failureDomains": [{"name": "a", "providerSpec": {"zone": "zone-a"}},
+                                            {"name": "b", "providerSpec": {"zone": "zone-b"}}]},
+                "status": status,
+            }))
+            .expect("an owner")
+        };
+        let zone = |o: &Owner| {
+            let t = o.next_template();
+            let spec = t.spec.provider_spec.expect("a provider spec");
+            (spec["zone"].as_str().unwrap_or("").to_string(), spec["image"].as_str().unwrap_or("").to_string())
+        };
+        let fresh = owner(serde_json::json!({}));
+        assert_eq!(zone(&fresh), ("zone-a".to_string(), "os-1".to_string()), "the first listed among equals");
+        let a_fuller =
+            owner(serde_json::json!({"failureDomains": [{"name": "a", "current": 2}, {"name": "b", "current": 1}]}));
+        assert_eq!(zone(&a_fuller).0, "zone-b");
+        let until = (chrono::Utc::now() + chrono::Duration::minutes(5)).to_rfc3339();
+        let b_closed = owner(serde_json::json!({"failureDomains": [
+            {"name": "a", "current": 2}, {"name": "b", "current": 1, "unavailableUntil": until, "reason": "InsufficientCapacity"}]}));
+        assert_eq!(zone(&b_closed).0, "zone-a", "not a domain that takes no machines now");
+    }
 
     #[test]
     fn group_ids_name_their_owner_and_nothing_else_reads_as_one() {
