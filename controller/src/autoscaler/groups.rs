@@ -94,21 +94,15 @@ impl Owner {
     /// (the open domain with the fewest machines per unit of weight, the first listed among
     /// equals), so the template node carries that domain's zone.
     pub fn next_template(&self) -> MachineTemplate {
-        let mut t = self.spec.template.clone();
+        let domains = &self.spec.failure_domains;
         let now = chrono::Utc::now();
-        let load = |d: &FailureDomain| {
-            let st = self.status.failure_domains.iter().find(|s| s.name == d.name);
-            let open = st.is_none_or(|s| !s.unavailable_at(now));
-            (!open, st.map_or(0, |s| s.current) as f64 / f64::from(d.weight.max(1)))
-        };
-        let next = self.spec.failure_domains.iter().fold(None, |best: Option<&FailureDomain>, d| match best {
-            Some(b) if load(b) <= load(d) => Some(b),
-            _ => Some(d),
-        });
-        if let Some(fields) = next.and_then(|d| d.provider_spec.as_ref()) {
-            t.spec.provider_spec =
-                Some(merge(t.spec.provider_spec.as_ref().unwrap_or(&serde_json::Value::Null), fields));
-        }
+        let status = |d: &FailureDomain| self.status.failure_domains.iter().find(|s| s.name == d.name);
+        let count = domains.iter().map(|d| status(d).map_or(0, |s| s.current)).collect();
+        let open = domains.iter().map(|d| status(d).is_none_or(|s| !s.unavailable_at(now))).collect();
+        // Where the deployment's planner would put it.
+        let next = crate::plan::domains::Spread::from_counts(domains, count, open).place();
+        let mut t = self.spec.template.clone();
+        t.spec.provider_spec = crate::plan::domains::provider_spec(t.spec.provider_spec.as_ref(), next);
         t
     }
 

@@ -25,7 +25,9 @@
 use std::collections::BTreeMap;
 
 use super::rollout::Member;
-use crate::resources::{FailureDomain, FailureDomainBackoff, FailureDomainStatus, Phase, Time};
+use serde_json::Value;
+
+use crate::resources::{merge, FailureDomain, FailureDomainBackoff, FailureDomainStatus, Phase, Time};
 
 /// The reason a degraded domain is marked with.
 pub const DEGRADED: &str = "Degraded";
@@ -58,6 +60,12 @@ impl<'a> Spread<'a> {
                 old[i] += i64::from(m.revision != revision);
             }
         }
+        Self { domains, count, old, open }
+    }
+
+    /// A spread from counts already made (`count[i]` machines in domain `i`, none of them old).
+    pub fn from_counts(domains: &'a [FailureDomain], count: Vec<i64>, open: Vec<bool>) -> Self {
+        let old = vec![0; domains.len()];
         Self { domains, count, old, open }
     }
 
@@ -201,26 +209,59 @@ fn unhealthy(m: &Member) -> bool {
 }
 
 /// The degraded domains: each `(index, unhealthy machines)` whose established machines are all
-/// unhealthy while another domain has an available machine.
+/// unhealthy while another domain has an available machine ([`down_as_a_whole`]).
 pub fn degraded(
     domains: &[FailureDomain],
     machines: &[&Member],
     available: impl Fn(&Member) -> bool,
 ) -> Vec<(usize, i64)> {
-    let mut per: BTreeMap<usize, (i64, i64, i64)> = BTreeMap::new(); // established, unhealthy, available
-    for m in machines {
-        let Some(i) = index(domains, m.domain.as_deref()) else { continue };
-        let e = per.entry(i).or_default();
-        if established(m) {
-            e.0 += 1;
-            e.1 += i64::from(unhealthy(m));
-        }
-        e.2 += i64::from(available(m));
+    let seen = machines.iter().filter_map(|m| {
+        let i = index(domains, m.domain.as_deref())?;
+        Some(((), i, Seen { counted: established(m), bad: established(m) && unhealthy(m), serving: available(m) }))
+    });
+    down_as_a_whole(seen).into_iter().map(|((), i, n)| (i, n)).collect()
+}
+
+/// What a rule about whole domains sees of one machine.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    /// Its health says something about its domain (it is past its creation).
+    pub counted: bool,
+    /// Counted, and unhealthy.
+    pub bad: bool,
+    /// It serves (available, or healthy).
+    pub serving: bool,
+}
+
+/// Zone outages are not node outages: among machines grouped by owner and domain, the domains
+/// whose counted machines (at least one) are all bad while another domain of the same owner has
+/// a machine that serves. Returns each with its bad machines. The owner's planner and the
+/// MachineHealthCheck (over several owners) apply the same rule.
+pub fn down_as_a_whole<O: Ord + Clone, D: Ord + Clone>(
+    machines: impl IntoIterator<Item = (O, D, Seen)>,
+) -> Vec<(O, D, i64)> {
+    // (owner, domain) → (counted, bad, serving)
+    let mut per: BTreeMap<(O, D), (i64, i64, i64)> = BTreeMap::new();
+    for (owner, domain, seen) in machines {
+        let e = per.entry((owner, domain)).or_default();
+        e.0 += i64::from(seen.counted);
+        e.1 += i64::from(seen.bad);
+        e.2 += i64::from(seen.serving);
     }
-    let out: Vec<(usize, i64)> =
-        per.iter().filter(|(_, (est, bad, _))| *est > 0 && bad == est).map(|(i, (_, bad, _))| (*i, *bad)).collect();
-    let healthy_elsewhere = |i: usize| per.iter().any(|(j, (_, _, avail))| *j != i && *avail > 0);
-    out.into_iter().filter(|(i, _)| healthy_elsewhere(*i)).collect()
+    let serving_elsewhere =
+        |o: &O, d: &D| per.iter().any(|((owner, domain), (_, _, serving))| owner == o && domain != d && *serving > 0);
+    per.iter()
+        .filter(|((o, d), (counted, bad, _))| *counted > 0 && bad == counted && serving_elsewhere(o, d))
+        .map(|((o, d), (_, bad, _))| (o.clone(), d.clone(), *bad))
+        .collect()
+}
+
+/// A template's provider spec with a failure domain's fields merged over it (a JSON merge patch).
+pub fn provider_spec(template: Option<&Value>, domain: Option<&FailureDomain>) -> Option<Value> {
+    match (template, domain.and_then(|d| d.provider_spec.as_ref())) {
+        (base, Some(fields)) => Some(merge(base.unwrap_or(&Value::Null), fields)),
+        (base, None) => base.cloned(),
+    }
 }
 
 /// Marks a domain unavailable at `now` for `reason`: the backoff doubles when the domain had one

@@ -150,28 +150,18 @@ pub fn assess(
 }
 
 /// The failure domains down as a whole among the checked machines (grouped by owner and
-/// `spec.failureDomain`): those whose machines are all `bad` while the same owner has another
-/// domain with a machine that is not. Returns them in words and how many machines they hold.
+/// `spec.failureDomain`; [`super::domains::down_as_a_whole`], `bad` machines against the others),
+/// in words, and how many machines they hold.
 fn domain_outages(checked: &[&Machine], bad: impl Fn(&Machine) -> bool) -> (Vec<String>, i64) {
-    use std::collections::BTreeMap;
-    // (owner, domain) → (machines, bad ones)
-    let mut groups: BTreeMap<(&str, &str), (i64, i64)> = BTreeMap::new();
-    for m in checked {
-        let (Some((_, owner)), Some(domain)) = (m.owner(), m.spec.failure_domain.as_deref()) else { continue };
-        let g = groups.entry((owner, domain)).or_default();
-        g.0 += 1;
-        g.1 += i64::from(bad(m));
-    }
-    let healthy_elsewhere =
-        |owner: &str, domain: &str| groups.iter().any(|((o, d), (n, b))| *o == owner && *d != domain && b < n);
-    let mut out = (Vec::new(), 0);
-    for ((owner, domain), (n, b)) in &groups {
-        if n == b && healthy_elsewhere(owner, domain) {
-            out.0.push(format!("{owner}/{domain}: {n} machine(s)"));
-            out.1 += n;
-        }
-    }
-    out
+    let seen = checked.iter().filter_map(|m| {
+        let (_, owner) = m.owner()?;
+        let domain = m.spec.failure_domain.as_deref()?;
+        let bad = bad(m);
+        Some((owner, domain, super::domains::Seen { counted: true, bad, serving: !bad }))
+    });
+    let down = super::domains::down_as_a_whole(seen);
+    let words = down.iter().map(|(owner, domain, n)| format!("{owner}/{domain}: {n} machine(s)")).collect();
+    (words, down.iter().map(|(_, _, n)| n).sum())
 }
 
 enum Health {

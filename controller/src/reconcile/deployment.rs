@@ -14,6 +14,7 @@ use super::write::{self, Finalizer};
 use super::{resolve, slow_start};
 use crate::app::Ctx;
 use crate::events::EventReason;
+use crate::plan::domains;
 use crate::plan::in_place::{self, Verdict};
 use crate::plan::rollout::{self, InPlaceWork, Member, Observed, StoredMember};
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
@@ -88,15 +89,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if let Some(template) = &plan.target {
         let placed =
             |i: usize| plan.placements.get(i).and_then(|n| md.spec.failure_domains.iter().find(|d| d.name == *n));
-        let made = slow_start(0..plan.create, |i| {
+        // (`status.rebalance` names a move's machine from the next plan on, which its creation wakes.)
+        slow_start(0..plan.create, |i| {
             create(ctx, &md, template, &plan.target_revision, placed(i), plan.rebalance.as_deref())
         })
         .await?;
-        if let (Some(value), Some(name)) = (&plan.rebalance, made.into_iter().flatten().next()) {
-            let to = plan.placements.first().map_or("-", String::as_str);
-            let from = value.rsplit_once('/').map_or("-", |(f, _)| f);
-            next.status.rebalance = Some(Box::new(RebalanceStatus { from: from.into(), to: to.into(), machine: name }));
-        }
         if let Some(work) = &plan.in_place {
             in_place(ctx, &md, template, &plan.target_revision, work, &by_name, &mut next.status).await?;
         }
@@ -146,7 +143,7 @@ const NAME_ATTEMPTS: usize = 5;
 /// machines) is generated again rather than counted as created, so the deployment is not left
 /// short until its next reconcile.
 /// With failure domains, the machine goes to `domain`; a rebalance's carries
-/// [`ANNOTATION_REBALANCE`]. Returns the name it got.
+/// [`ANNOTATION_REBALANCE`].
 async fn create(
     ctx: &Ctx,
     md: &MachineDeployment,
@@ -154,36 +151,28 @@ async fn create(
     rev: &str,
     domain: Option<&FailureDomain>,
     rebalance: Option<&str>,
-) -> Result<Option<String>> {
+) -> Result<()> {
     let mut last = None;
     for _ in 0..NAME_ATTEMPTS {
         let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..5].to_string();
         let name = format!("{}-{}-{suffix}", md.metadata.name, &rev[..rev.len().min(5)]);
         let mut m = new_machine(md, t, rev, &name);
         if let Some(fd) = domain {
-            m.spec.provider_spec = in_domain(t.spec.provider_spec.as_ref(), Some(fd));
+            m.spec.provider_spec = domains::provider_spec(t.spec.provider_spec.as_ref(), Some(fd));
             m.spec.failure_domain = Some(fd.name.clone());
         }
         if let Some(value) = rebalance {
             m.metadata.annotations.insert(ANNOTATION_REBALANCE.into(), value.into());
         }
         match ctx.store.create(&m).await {
-            Ok(_) => return Ok(Some(name)),
+            Ok(_) => return Ok(()),
             Err(StoreError::AlreadyExists(key)) => last = Some(key),
             Err(e) => return Err(e.into()),
         }
     }
     // Taken every time: the plan runs again and tries new names.
     tracing::warn!("no free machine name after {NAME_ATTEMPTS} attempts (the last: {last:?})");
-    Ok(None)
-}
-
-/// A template's provider spec with a failure domain's fields merged over it.
-fn in_domain(spec: Option<&serde_json::Value>, domain: Option<&FailureDomain>) -> Option<serde_json::Value> {
-    match (spec, domain.and_then(|d| d.provider_spec.as_ref())) {
-        (base, Some(fields)) => Some(merge(base.unwrap_or(&serde_json::Value::Null), fields)),
-        (base, None) => base.cloned(),
-    }
+    Ok(())
 }
 
 /// The failure domain a machine is in, as the deployment lists it now.
@@ -276,7 +265,8 @@ async fn in_place(
                 let mut patched = (*m).clone();
                 patched.spec.class_ref = template.spec.class_ref.clone();
                 // The machine stays in its failure domain.
-                patched.spec.provider_spec = in_domain(template.spec.provider_spec.as_ref(), domain_of(md, m));
+                patched.spec.provider_spec =
+                    domains::provider_spec(template.spec.provider_spec.as_ref(), domain_of(md, m));
                 patched.metadata.labels.insert(LABEL_REVISION.into(), rev.into());
                 // What the driver said the update does, for the Machine's reconciler (drain or
                 // not) and for the planner (it counts as updating from now on).
@@ -315,7 +305,7 @@ async fn can_update(
     let Ok(current) = resolve(ctx, ns, &m.spec.class_ref.name, m.spec.provider_spec.as_ref()).await? else {
         return Ok(Verdict::Unknown);
     };
-    let spec = in_domain(template.spec.provider_spec.as_ref(), domain);
+    let spec = domains::provider_spec(template.spec.provider_spec.as_ref(), domain);
     let Ok(desired) = resolve(ctx, ns, &template.spec.class_ref.name, spec.as_ref()).await? else {
         return Ok(Verdict::Unknown);
     };

@@ -118,23 +118,20 @@ const DELETION_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
 /// while an object every create refuses fails once, not thousands of times).
 ///
 /// # Errors
-/// The first error of the first batch that had one (otherwise what each call returned, in order).
-pub(crate) async fn slow_start<I, F, Fut, T, E>(items: impl IntoIterator<Item = I>, f: F) -> Result<Vec<T>, E>
+/// The first error of the first batch that had one.
+pub(crate) async fn slow_start<I, F, Fut, E>(items: impl IntoIterator<Item = I>, f: F) -> Result<(), E>
 where
     F: Fn(I) -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
+    Fut: std::future::Future<Output = Result<(), E>>,
 {
     let mut items = items.into_iter().peekable();
     let mut size = 1;
-    let mut out = Vec::new();
     while items.peek().is_some() {
         let batch: Vec<Fut> = items.by_ref().take(size).map(&f).collect();
-        for r in futures::future::join_all(batch).await {
-            out.push(r?);
-        }
+        futures::future::join_all(batch).await.into_iter().collect::<Result<(), E>>()?;
         size = (size * 2).min(SLOW_START_MAX);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The controller's reconcilers, as the runtime runs them ([`crate::runtime::run`]): the
