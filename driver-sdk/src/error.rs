@@ -70,22 +70,7 @@ pub mod reason {
     pub const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
 }
 
-/// One invalid field: which (a request field path or a JSON pointer into the provider spec) and
-/// why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Violation {
-    /// Path of the field, e.g. `name` or `provider_spec.instanceType`.
-    pub field: String,
-    /// What is wrong with it.
-    pub description: String,
-}
-
-impl Violation {
-    /// A violation of `field`.
-    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
-        Self { field: field.into(), description: description.into() }
-    }
-}
+pub use driver_sdk_core::Violation;
 
 /// An error a driver returns: a gRPC code, a stable reason, a message and the cause chain.
 ///

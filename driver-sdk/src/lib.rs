@@ -30,7 +30,10 @@
 //!   [`proto`], [`endpoint`]s and [`reason`]s — and compiles no server code nor its
 //!   dependencies (`tonic-health`, `tonic-reflection`, `hmac`, `jsonschema`, `h2-authority`).
 //!   That is how `machine-controller` uses it.
-//! - `fuzzing`: the hidden checks behind the fuzz targets in `fuzz/` (implies `server`).
+//!
+//! The operation-token codec and the provider-spec schemas, the code that reads untrusted bytes,
+//! live in the small `driver-sdk-core` crate (no gRPC), where the fuzz targets build them; the
+//! `server` feature turns them on and they appear here as [`token`] and [`schema`].
 //!
 //! The process helpers that are not gRPC — [`error_chain`], [`parse_duration`], [`telemetry`]
 //! setup and the [`metrics`] HTTP endpoint — live in the small `machine-driver-util` crate,
@@ -83,14 +86,11 @@ pub mod convert;
 mod driver;
 pub mod endpoint;
 pub mod error;
-#[cfg(all(feature = "server", any(test, feature = "fuzzing")))]
-#[doc(hidden)]
-pub mod fuzzing;
 #[cfg(feature = "server")]
 pub mod layer;
 pub mod metrics;
 #[cfg(feature = "server")]
-pub mod schema;
+pub use driver_sdk_core::schema;
 mod secrets;
 #[cfg(feature = "server")]
 mod server;

@@ -394,18 +394,7 @@ pub struct PoolInstance {
     pub create_time: Option<SystemTime>,
 }
 
-/// What an operation does: the RPC that started it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[allow(missing_docs)]
-pub enum OperationKind {
-    CreateMachine,
-    DeleteMachine,
-    UpdateMachine,
-    ApplyPool,
-    DeletePoolInstances,
-    UpgradePoolInstances,
-    DeletePool,
-}
+pub use driver_sdk_core::OperationKind;
 
 /// What a finished operation produced.
 #[derive(Debug, Clone, PartialEq)]

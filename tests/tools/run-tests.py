@@ -42,7 +42,8 @@ class Job:
 
 def build_messages(executables):
     """Cargo's JSON messages of the test build: read from `executables` if given (the output
-    of `cargo test --workspace --no-run --message-format=json-render-diagnostics`), else built now."""
+    of `cargo build --workspace --bins --examples --tests --message-format=json-render-diagnostics`,
+    as tests/run.sh builds, or of `cargo test --workspace --no-run` with that format), else built now."""
     if executables:
         with open(executables) as f:
             return f.read()

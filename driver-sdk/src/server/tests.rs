@@ -54,3 +54,56 @@ fn the_book_states_the_cli_defaults() {
     }
     assert_eq!(checked, 7, "flags with a default");
 }
+
+// ------------------------------------------------------- refusal of a provider-spec schema
+
+/// A driver whose only fault is its provider-spec schema.
+struct BadSchemaDriver;
+
+#[async_trait::async_trait]
+impl crate::Driver for BadSchemaDriver {
+    fn info(&self) -> crate::DriverInfo {
+        crate::DriverInfo {
+            name: "bad-schema.machinedriver.dev".into(),
+            vendor_version: "0".into(),
+            provider_spec_schema: serde_json::json!({
+                "type": "object",
+                "properties": {"size": {"type": "string", "maxLenght": 8}}
+            }),
+        }
+    }
+
+    fn capabilities(&self) -> Vec<crate::Capability> {
+        vec![crate::Capability::Machines]
+    }
+
+    async fn get_operation(
+        &self,
+        _ctx: &crate::RequestContext,
+        _handle: crate::OperationHandle,
+        _secrets: crate::Secrets,
+    ) -> crate::Result<crate::Operation> {
+        Err(crate::DriverError::unimplemented("GetOperation"))
+    }
+}
+
+#[tokio::test]
+async fn a_driver_with_a_refused_schema_does_not_start() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let socket = dir.path().join("driver.sock");
+    let args = crate::ServeArgs { endpoint: format!("unix://{}", socket.display()), ..Default::default() };
+    let serve = crate::DriverServer::new(BadSchemaDriver).with_token_key(crate::TokenKey::dev()).serve(&args);
+    let result = tokio::time::timeout(std::time::Duration::from_secs(10), serve).await.expect("serve returns at once");
+    let err = result.expect_err("the server refuses to start");
+    assert!(
+        matches!(err, crate::ServeError::ProviderSpecSchema(crate::schema::SchemaError::UnknownKeyword { .. })),
+        "{err:?}"
+    );
+    // What the driver binaries print before exiting with a failure code.
+    assert_eq!(
+        crate::error_chain(&err),
+        "the driver's provider_spec_schema is refused: unknown keyword \"maxLenght\" at #/properties/size: \
+         JSON Schema draft 2020-12 does not define it, so it would be silently ignored (did you mean \"maxLength\"?)"
+    );
+    assert!(!socket.exists(), "nothing listened");
+}

@@ -1,6 +1,6 @@
 //! Provider-spec schemas: JSON Schema draft 2020-12, enforced as written.
 //!
-//! A driver's [`DriverInfo::provider_spec_schema`](crate::DriverInfo::provider_spec_schema) is
+//! A driver's `DriverInfo::provider_spec_schema` (in `driver-sdk`) is
 //! compiled once, when the server starts, into a [`ProviderSchema`]; every provider spec a call
 //! carries is checked against it by the [`jsonschema`] crate before the driver sees it.
 //! Violations name the field as `provider_spec.a.b[2]`.
@@ -49,7 +49,7 @@ use jsonschema::error::{TypeKind, ValidationErrorKind};
 use jsonschema::{PatternOptions, ValidationError, Validator};
 use serde_json::Value;
 
-use crate::error::Violation;
+use crate::Violation;
 
 /// The `$schema` of the one dialect provider-spec schemas are written in (draft 2020-12).
 pub const DIALECT: &str = "https://json-schema.org/draft/2020-12/schema";

@@ -7,12 +7,12 @@
 //! (`fuzz/corpus/<target>/`, `fuzz/regressions/<target>/`) under plain `cargo test`, so a fixed
 //! crash stays fixed and the fuzz targets and the regression tests cannot drift apart.
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::token::{TokenCodec, TokenKey};
-use crate::types::{Operation, OperationKind};
+use crate::token::{Sealed, TokenCodec, TokenKey};
+use crate::OperationKind;
 
 #[cfg(test)]
 mod tests;
@@ -90,13 +90,40 @@ pub fn token_codec() -> TokenCodec {
 }
 
 /// The operation the `token_open` target builds from its input's bytes.
-pub fn token_operation(data: &[u8]) -> Operation {
+#[derive(Debug)]
+pub struct TokenOperation {
+    /// Its name.
+    pub name: String,
+    /// Its kind.
+    pub kind: OperationKind,
+    /// Its target.
+    pub target: String,
+    /// Its start time (any: before the epoch, to the nanosecond, far ahead).
+    pub start_time: Option<SystemTime>,
+    /// Its resume state, nested up to 100 levels.
+    pub state: Value,
+}
+
+impl TokenOperation {
+    /// What the codec seals of it.
+    pub fn sealed(&self) -> Sealed<'_> {
+        Sealed {
+            name: &self.name,
+            kind: self.kind,
+            target: &self.target,
+            start_time: self.start_time,
+            state: &self.state,
+        }
+    }
+}
+
+/// The operation the `token_open` target builds from its input's bytes.
+pub fn token_operation(data: &[u8]) -> TokenOperation {
     let mut r = Reader(data);
     let kind = KINDS[usize::from(r.byte()) % KINDS.len()];
     let name = r.string();
     let target = r.string();
-    let mut op = Operation::running(kind, target, Value::Null).named(name);
-    op.start_time = match r.byte() % 4 {
+    let start_time = match r.byte() % 4 {
         0 => None,
         1 => UNIX_EPOCH.checked_add(Duration::from_millis(r.u64() % (1 << 45))),
         2 => UNIX_EPOCH.checked_add(Duration::new(r.u64(), (r.u64() % 1_000_000_000) as u32)),
@@ -105,8 +132,8 @@ pub fn token_operation(data: &[u8]) -> Operation {
     // Up to 100 levels: a state nested past 126 seals into a token that does not open (see
     // TokenCodec::seal).
     let depth = usize::from(r.byte()) % 100;
-    op.state = r.json(depth);
-    op
+    let state = r.json(depth);
+    TokenOperation { name, kind, target, start_time, state }
 }
 
 /// The `token_open` target. Arbitrary bytes never panic and open only if they are exactly a
@@ -115,23 +142,30 @@ pub fn token_operation(data: &[u8]) -> Operation {
 /// changed, cut short or lengthened, as the input says) never opens.
 pub fn check_token_open(data: &[u8]) {
     let codec = token_codec();
-    if let Ok(handle) = codec.open(data) {
-        assert_eq!(codec.seal(&handle.resume()), data, "bytes opened that the codec would not seal so");
+    if let Ok(opened) = codec.open(data) {
+        let again = Sealed {
+            name: &opened.name,
+            kind: opened.kind,
+            target: &opened.target,
+            start_time: opened.start_time,
+            state: &opened.state,
+        };
+        assert_eq!(codec.seal(again), data, "bytes opened that the codec would not seal so");
     }
 
     let op = token_operation(data);
-    let token = codec.seal(&op);
-    let handle = match codec.open(&token) {
-        Ok(handle) => handle,
+    let token = codec.seal(op.sealed());
+    let opened = match codec.open(&token) {
+        Ok(opened) => opened,
         Err(e) => panic!("a sealed token does not open: {e}; {op:?}"),
     };
     let start =
         op.start_time.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).and_then(|d| u64::try_from(d.as_millis()).ok());
-    assert_eq!(handle.name, op.name);
-    assert_eq!(handle.kind, op.kind);
-    assert_eq!(handle.target, op.target);
-    assert_eq!(handle.state, op.state);
-    assert_eq!(handle.start_time, start.map(|ms| UNIX_EPOCH + Duration::from_millis(ms)), "start time of {op:?}");
+    assert_eq!(opened.name, op.name);
+    assert_eq!(opened.kind, op.kind);
+    assert_eq!(opened.target, op.target);
+    assert_eq!(opened.state, op.state);
+    assert_eq!(opened.start_time, start.map(|ms| UNIX_EPOCH + Duration::from_millis(ms)), "start time of {op:?}");
 
     let mut r = Reader(data.get(data.len().saturating_sub(4)..).unwrap_or_default());
     let (how, at, with) = (r.byte() % 3, usize::from(u16::from_le_bytes([r.byte(), r.byte()])) % token.len(), r.byte());
@@ -141,8 +175,8 @@ pub fn check_token_open(data: &[u8]) {
         1 => altered.truncate(at),
         _ => altered.extend(std::iter::repeat_n(with, 1 + at % 40)),
     }
-    if let Ok(h) = codec.open(&altered) {
-        panic!("an altered token opened (change {how} at {at} with {with:#x}): {h:?}");
+    if let Ok(o) = codec.open(&altered) {
+        panic!("an altered token opened (change {how} at {at} with {with:#x}): {o:?}");
     }
 }
 

@@ -1,0 +1,57 @@
+//! # driver-sdk-core
+//!
+//! The parts of the driver SDK (`driver-sdk`) that take untrusted bytes and do no I/O beyond
+//! reading a key file: they depend on serde, HMAC and JSON Schema, never on gRPC, tokio or a
+//! network stack. `driver-sdk` re-exports all of it under its usual paths (`driver_sdk::token`,
+//! `driver_sdk::schema`, `driver_sdk::Violation`, `driver_sdk::OperationKind`); a driver author
+//! does not need this crate directly.
+//!
+//! It is its own crate so that the fuzz targets in `fuzz/` (`token_open`,
+//! `provider_spec_validate`) build it under AddressSanitizer without the SDK's transport,
+//! TLS and telemetry.
+//!
+//! # Features
+//!
+//! - `token` (default): the operation-token codec ([`token`]): HMAC-SHA256-sealed, versioned, bound to one
+//!   driver.
+//! - `schema` (default): provider-spec schemas ([`schema`]): JSON Schema draft 2020-12, refused at start
+//!   when a keyword would be silently ignored.
+//! - `fuzzing`: the hidden checks behind the two fuzz targets (turns both on).
+
+#[cfg(all(feature = "token", feature = "schema", any(test, feature = "fuzzing")))]
+#[doc(hidden)]
+pub mod fuzzing;
+#[cfg(feature = "schema")]
+pub mod schema;
+#[cfg(feature = "token")]
+pub mod token;
+
+/// One invalid field: which (a request field path or a JSON pointer into the provider spec) and
+/// why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Path of the field, e.g. `name` or `provider_spec.instanceType`.
+    pub field: String,
+    /// What is wrong with it.
+    pub description: String,
+}
+
+impl Violation {
+    /// A violation of `field`.
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self { field: field.into(), description: description.into() }
+    }
+}
+
+/// What an operation does: the RPC that started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[allow(missing_docs)]
+pub enum OperationKind {
+    CreateMachine,
+    DeleteMachine,
+    UpdateMachine,
+    ApplyPool,
+    DeletePoolInstances,
+    UpgradePoolInstances,
+    DeletePool,
+}
