@@ -188,6 +188,6 @@ PY
 
 exclude=()
 for p in ${DOCS_EXCLUDE:-}; do exclude+=(--exclude "$p"); done
-say "cargo doc --no-deps --workspace ${exclude[*]} --lib --bin driver-conformance --examples (RUSTDOCFLAGS=\"-D warnings\")"
+say "cargo doc --no-deps --workspace ${exclude[*]:+${exclude[*]} }--lib --bin driver-conformance --examples (RUSTDOCFLAGS=\"-D warnings\")"
 (cd "$root" && RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace "${exclude[@]}" --lib --bin driver-conformance --examples --quiet) ||
   die "cargo doc failed or warned (above)"

