@@ -143,14 +143,7 @@ pub fn token_operation(data: &[u8]) -> TokenOperation {
 pub fn check_token_open(data: &[u8]) {
     let codec = token_codec();
     if let Ok(opened) = codec.open(data) {
-        let again = Sealed {
-            name: &opened.name,
-            kind: opened.kind,
-            target: &opened.target,
-            start_time: opened.start_time,
-            state: &opened.state,
-        };
-        assert_eq!(codec.seal(again), data, "bytes opened that the codec would not seal so");
+        assert_eq!(codec.seal(opened.sealed()), data, "bytes opened that the codec would not seal so");
     }
 
     let op = token_operation(data);

@@ -217,6 +217,19 @@ pub struct Opened {
     pub state: Value,
 }
 
+impl Opened {
+    /// What to seal to get the same token again.
+    pub fn sealed(&self) -> Sealed<'_> {
+        Sealed {
+            name: &self.name,
+            kind: self.kind,
+            target: &self.target,
+            start_time: self.start_time,
+            state: &self.state,
+        }
+    }
+}
+
 /// Why a token does not open. Nothing in an unverified token is ever acted on.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
