@@ -14,16 +14,16 @@
 #   - the interop clients (tests/interop: Python grpcio from PyPI, Node grpc-js from npm, grpc-go
 #     from the Go module proxy; tests/tools/install-interop.sh) and the Go driver example
 #     (examples/go-driver; tests/tools/build-go-driver.sh), both cached outside the clone
-#   - every binary, example and test executable, in one build (the end-to-end tests start the
-#     binaries as real processes)
+#   - every binary, example, test executable and bench, in one build (the end-to-end tests start
+#     the binaries as real processes)
 # and runs the checks before the tests, each installing its own tool into a version-keyed cache:
 #   tests/supply-chain.sh (cargo-deny, cargo-machete), tests/proto-compat.sh (buf lint and
-#   breaking), tests/docs.sh (mdbook, link check, cargo doc), cargo clippy -D warnings (the AWS
-#   driver is linted and documented in the build instead: tests/tools/lint-in-build.sh), and the
-#   fuzz build (tests/fuzz.sh, cargo-fuzz on nightly; in the background from the start, at the
-#   lowest priority), the feature-off checks (tests/tools/feature-off.sh: fake-driver without
-#   join-cluster, the controller and driver-sdk without the SDK's `server` feature); then the
-#   tests, their executables side by side (tests/tools/run-tests.py); then the fuzz targets,
+#   breaking), tests/docs.sh (mdbook, link check; clippy -D warnings and rustdoc -D warnings run on
+#   every workspace crate inside the build: tests/tools/lint-in-build.sh), and the fuzz build
+#   (tests/fuzz.sh, cargo-fuzz on nightly; in the background from the start, at the lowest
+#   priority); after the build, the feature-off builds (tests/tools/feature-off.sh: fake-driver
+#   without join-cluster, the controller and driver-sdk without the SDK's `server` feature); then
+#   the tests, their executables side by side (tests/tools/run-tests.py); then the fuzz targets,
 #   30 s each, one per core at a time. At the end: each step's wall time and the machine's CPU
 #   in it (the testing guide's "Time from nothing" table).
 # Usage: bash tests/run.sh [extra cargo test args, given to every test executable's run]
@@ -136,31 +136,28 @@ step "tests/supply-chain.sh"
 bash tests/supply-chain.sh
 step "tests/proto-compat.sh"
 bash tests/proto-compat.sh
-# aws-sdk-ec2 is compiled once, not twice: cargo doc and clippy (which compile every dependency
-# in check mode, then the build compiles it again) leave out its one user, the AWS driver, which
-# the build lints with clippy and documents with rustdoc instead (tests/tools/lint-in-build.sh;
-# checked alone, aws-sdk-ec2 took 4-5 minutes of one core from nothing).
-build_linted=aws-ec2-driver
-step "tests/docs.sh (mdbook, cargo doc)"
-DOCS_EXCLUDE="$build_linted" bash tests/docs.sh
-step "cargo clippy --workspace --all-targets"
-cargo clippy --workspace --exclude "$build_linted" --all-targets -- -D warnings
-# fake-driver without join-cluster, the controller and the SDK without its server side: the
-# builds users make that the workspace build (every feature unified) never compiles. (Run beside
-# the tests in the background instead, they made the run longer: the machine is busy throughout.)
-step "the feature-off checks (tests/tools/feature-off.sh)"
-bash tests/tools/feature-off.sh
-# Every binary and example (the end-to-end tests start them) and every test executable, in one
-# build: what `cargo build --workspace --bins --examples` and `cargo test --workspace --no-run`
-# build, with the same features, but without the wait between them where one large crate
-# (aws-sdk-ec2) compiled alone on one core. (--timings: each crate's time, in
-# $CARGO_TARGET_DIR/cargo-timings/, for the testing guide's "Time from nothing".)
-# The wrapper is exported: the doc tests' `cargo test --doc` (tests/tools/run-tests.py) then finds
-# the libraries built as they are, not changed.
-export RUSTC_WORKSPACE_WRAPPER="$PWD/tests/tools/lint-in-build.sh" LINT_IN_BUILD="${build_linted//-/_}"
-step "cargo build --workspace --bins --examples --tests (clippy and rustdoc on $build_linted)"
+# Every dependency is compiled once: `cargo clippy` and `cargo doc` would compile each of them
+# again in check mode (about 500 crates, aws-sdk-ec2 among them: 4-5 minutes of one core alone).
+# Instead the build lints every workspace crate with clippy and documents it with rustdoc as it
+# compiles it, warnings denied (tests/tools/lint-in-build.sh), so the book's step below checks
+# only the book and its links.
+step "tests/docs.sh (mdbook, links; the code docs are built in the build)"
+DOCS_IN_BUILD=1 bash tests/docs.sh
+# Every target (binaries and examples: the end-to-end tests start them; test executables; benches,
+# for their lints; in the dev profile), in one build, with clippy and rustdoc on the workspace's
+# crates. (--timings: each crate's time, in $CARGO_TARGET_DIR/cargo-timings/, for the testing
+# guide's "Time from nothing".)
+# The wrapper is exported: the doc tests' `cargo test --doc` (tests/tools/run-tests.py) and the
+# feature-off builds then find the libraries built as they are, not changed.
+export RUSTC_WORKSPACE_WRAPPER="$PWD/tests/tools/lint-in-build.sh"
+step "cargo build --workspace --all-targets (clippy and rustdoc on the workspace's crates)"
 executables="$(mktemp)"
-cargo build --workspace --bins --examples --tests --timings --message-format=json-render-diagnostics >"$executables"
+cargo build --workspace --all-targets --timings --message-format=json-render-diagnostics >"$executables"
+# fake-driver without join-cluster, the controller and the SDK without its server side: the
+# builds users make that the workspace build (every feature unified) never compiles. After the
+# build, in the build's mode: only the crates whose features differ compile again.
+step "the feature-off builds (tests/tools/feature-off.sh)"
+bash tests/tools/feature-off.sh
 
 step "PyPI tools and interop clients, installed in the background: waiting for them"
 tools_rc=0

@@ -1,31 +1,45 @@
 #!/usr/bin/env bash
-# A RUSTC_WORKSPACE_WRAPPER for tests/run.sh's build: the workspace crates named in
-# $LINT_IN_BUILD (crate names, space-separated) are compiled by clippy-driver with `-D warnings`,
-# and their libraries documented by rustdoc with `-D warnings`, as part of the build; every other
-# crate goes to rustc unchanged.
+# A RUSTC_WORKSPACE_WRAPPER for tests/run.sh's build: every workspace crate is compiled by
+# clippy-driver with `-D warnings`, and documented by rustdoc with `-D warnings`, as part of the
+# build (cargo calls a workspace wrapper for the workspace's own crates only; their dependencies
+# go to rustc unchanged).
 #
-# Why: `cargo clippy` and `cargo doc` compile every dependency in check mode, and the build
-# compiles it again. For aws-sdk-ec2 (88 MB of generated source; its only user is the AWS driver)
-# that second compile cost 4-5 minutes of one core from nothing. Linted and documented here, the
-# AWS driver needs aws-sdk-ec2 built once; tests/run.sh's clippy and tests/docs.sh's cargo doc
-# leave it out (--exclude aws-ec2-driver). The checks are the same: clippy on every target of the
-# crate (library, binary, tests), rustdoc on its library, warnings denied.
-# Usage (cargo calls it): RUSTC_WORKSPACE_WRAPPER=tests/tools/lint-in-build.sh LINT_IN_BUILD=... cargo build ...
+# Why: `cargo clippy` and `cargo doc` compile every dependency a second time, in check mode (about
+# 500 crates; aws-sdk-ec2, 88 MB of generated source, took 4-5 minutes of one core alone), and the
+# build compiles them all again. Linted and documented here, the dependencies are compiled once.
+# The checks are the same as `cargo clippy --all-targets -- -D warnings` (clippy on every target
+# the build compiles: libraries, binaries, examples, tests, benches, build scripts) and
+# `RUSTDOCFLAGS="-D warnings" cargo doc --lib --bins --examples` (rustdoc on every library,
+# binary and example, the binaries and examples with their private items, as cargo doc
+# documents them), into
+# $CARGO_TARGET_DIR/doc-in-build/<crate>.<lib|bin>/ (a package's library and binary share a
+# crate name).
+# LINT_IN_BUILD: the crate names to check (space-separated), or * (the default) for all.
+# LINT_IN_BUILD_DOCS=0: clippy only (tests/tools/feature-off.sh: docs are read with the default
+# features, and a link to a module a feature leaves out is not broken there).
+# Usage (cargo calls it): RUSTC_WORKSPACE_WRAPPER=tests/tools/lint-in-build.sh cargo build ...
 set -euo pipefail
 rustc="$1"
 shift
 
-crate="" lib=false test=false prev=""
+crate="" kind="" test=false probe=false prev=""
 for arg in "$@"; do
   case "$prev" in
     --crate-name) crate="$arg" ;;
-    --crate-type) [ "$arg" = lib ] && lib=true ;;
+    --crate-type) kind="$arg" ;;
   esac
-  [ "$arg" = --test ] && test=true
+  # Test harnesses (--test) and benches (built as tests are: --cfg test).
+  [ "$prev $arg" = "--cfg test" ] && test=true
+  case "$arg" in
+    --test) test=true ;;
+    # cargo asking the compiler what it can do (`-vV`, `--print=cfg`, ...): rustc answers.
+    -vV | --print | --print=*) probe=true ;;
+  esac
   prev="$arg"
 done
-case " ${LINT_IN_BUILD:-} " in
-  *" $crate "*) ;;
+if $probe || [ -z "$crate" ]; then exec "$rustc" "$@"; fi
+case " ${LINT_IN_BUILD:-*} " in
+  " * " | *" $crate "*) ;;
   *) exec "$rustc" "$@" ;;
 esac
 
@@ -34,18 +48,20 @@ clippy_driver="$(dirname "$rustc")/clippy-driver"
 [ -x "$clippy_driver" ] || clippy_driver="$(rustup which clippy-driver)"
 "$clippy_driver" "$rustc" "$@" -D warnings
 
-# The library's docs, from the same arguments minus what only the compiler takes (outputs,
-# codegen options, the JSON diagnostics cargo reads from rustc), against the dependencies this
-# build just compiled.
-if $lib && ! $test; then
-  args=() skip=false
-  for arg in "$@"; do
-    if $skip; then skip=false; continue; fi
-    case "$arg" in
-      --out-dir | -C | --error-format | --json | --emit) skip=true ;;
-      --out-dir=* | -C* | --error-format=* | --json=* | --emit=*) ;;
-      *) args+=("$arg") ;;
-    esac
-  done
-  "$(dirname "$rustc")/rustdoc" "${args[@]}" -o "${CARGO_TARGET_DIR:-target}/doc-in-build" -D warnings
-fi
+# The docs, from the same arguments minus what only the compiler takes (outputs, codegen options,
+# the JSON diagnostics cargo reads from rustc), against the dependencies this build just compiled.
+# Not for tests, benches or build scripts, which cargo doc does not document either.
+$test && exit 0
+[ "$crate" != build_script_build ] || exit 0
+[ "${LINT_IN_BUILD_DOCS:-1}" != 0 ] || exit 0
+args=() skip=false
+for arg in "$@"; do
+  if $skip; then skip=false; continue; fi
+  case "$arg" in
+    --out-dir | -C | --error-format | --json | --emit) skip=true ;;
+    --out-dir=* | -C* | --error-format=* | --json=* | --emit=*) ;;
+    *) args+=("$arg") ;;
+  esac
+done
+[ "$kind" != bin ] || args+=(--document-private-items)
+"$(dirname "$rustc")/rustdoc" "${args[@]}" -o "${CARGO_TARGET_DIR:-target}/doc-in-build/$crate.$kind" -D warnings

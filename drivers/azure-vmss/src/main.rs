@@ -26,7 +26,7 @@ struct Cli {
     /// wins; neither: standalone VMs).
     #[arg(long, env = "AZURE_VMSS_SCALE_SET")]
     scale_set: Option<String>,
-    /// ARM endpoint (sovereign clouds: e.g. https://management.usgovcloudapi.net; tests: the emulator).
+    /// ARM endpoint (sovereign clouds: e.g. <https://management.usgovcloudapi.net>; tests: the emulator).
     #[arg(long, env = "AZURE_ARM_ENDPOINT", default_value = arm::DEFAULT_ENDPOINT)]
     arm_endpoint: String,
     /// Token scopes (comma-separated; default `{arm-endpoint}/.default`).
@@ -35,7 +35,7 @@ struct Cli {
     /// Which credential to use.
     #[arg(long, env = "AZURE_VMSS_CREDENTIAL", value_enum, default_value = "default")]
     credential: CredentialKind,
-    /// Microsoft Entra authority host (sovereign clouds), e.g. https://login.microsoftonline.us.
+    /// Microsoft Entra authority host (sovereign clouds), e.g. <https://login.microsoftonline.us>.
     #[arg(long, env = "AZURE_AUTHORITY_HOST")]
     authority_host: Option<String>,
     /// TEST ONLY: the bearer token of `--credential static-token`.
