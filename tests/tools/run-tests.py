@@ -51,7 +51,7 @@ class Job:
 
 def build_messages(executables):
     """Cargo's JSON messages of the test build: read from `executables` if given (the output
-    of `cargo build --workspace --bins --examples --tests --message-format=json-render-diagnostics`,
+    of `cargo build --workspace --all-targets --message-format=json-render-diagnostics`,
     as tests/run.sh builds, or of `cargo test --workspace --no-run` with that format), else built now."""
     if executables:
         with open(executables) as f:
@@ -73,6 +73,9 @@ def test_jobs(packages, messages, harness_args):
     for line in messages.splitlines():
         msg = json.loads(line)
         if msg.get("reason") != "compiler-artifact" or not msg["profile"]["test"] or not msg.get("executable"):
+            continue
+        # Benches are built as tests are (for their lints) but, as in `cargo test`, not run.
+        if "bench" in msg["target"]["kind"]:
             continue
         package = packages[msg["manifest_path"]]
         kind, name = msg["target"]["kind"][0], msg["target"]["name"]
