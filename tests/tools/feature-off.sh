@@ -12,6 +12,8 @@
 #   - machine-controller and driver-sdk without the SDK's `server` feature: the drivers turn it
 #     on; the controller (a client only) builds driver-sdk without it, and so compiles none of
 #     its server side or dependencies.
+# The binaries it builds replace the workspace build's in the target folder (target/debug/fake-driver
+# without join-cluster): tests/run.sh builds the workspace again afterwards (nothing compiles).
 # Usage: bash tests/tools/feature-off.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
