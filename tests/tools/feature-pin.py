@@ -42,6 +42,9 @@ publish = false
 path = "src/lib.rs"
 test = false
 doctest = false
+
+[lints]
+workspace = true
 """
 
 
@@ -121,8 +124,9 @@ def render(pins):
 def main():
     check = "--check" in sys.argv[1:]
     current = open(pin_toml).read() if os.path.exists(pin_toml) else ""
-    if not check and "[package]" not in current:
-        open(pin_toml, "w").write(render({}))  # a crate to resolve the workspace with
+    if not check:
+        # From no pin at all, so that a pin no longer needed goes.
+        open(pin_toml, "w").write(render({}))
     ws = unit_graph(WORKSPACE)
     ws_keys = {key(u) for u in ws}
     ws_libs = libs_by_side(ws)
@@ -157,8 +161,9 @@ def main():
         sys.exit("feature-pin: the pins did not settle in 6 rounds")
     if check:
         print("feature-pin: the feature-off builds reuse every dependency of the workspace build")
-    elif open(pin_toml).read() != current:
-        print(f"feature-pin: wrote {os.path.relpath(pin_toml, root)} ({len(pins)} pins)")
+    else:
+        changed = "changed" if open(pin_toml).read() != current else "unchanged"
+        print(f"feature-pin: wrote {os.path.relpath(pin_toml, root)} ({len(pins)} pins, {changed})")
 
 
 main()
