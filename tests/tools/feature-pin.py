@@ -151,7 +151,7 @@ def main():
             break
         if check:
             for (pkg_id, side), want in sorted(missing.items()):
-                print(f"feature-pin: {name_version(pkg_id)} ({side}) would compile again: "
+                print(f"feature-pin: {' '.join(name_version(pkg_id))} ({side}) would compile again: "
                       f"pin it to {sorted(want)}", file=sys.stderr)
             sys.exit("feature-pin: tests/feature-pin/Cargo.toml is out of date: "
                      "run python3 tests/tools/feature-pin.py")
