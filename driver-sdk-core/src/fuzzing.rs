@@ -7,11 +7,11 @@
 //! (`fuzz/corpus/<target>/`, `fuzz/regressions/<target>/`) under plain `cargo test`, so a fixed
 //! crash stays fixed and the fuzz targets and the regression tests cannot drift apart.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::token::{Sealed, TokenCodec, TokenKey};
+use crate::token::{Opened, TokenCodec, TokenKey};
 use crate::OperationKind;
 
 #[cfg(test)]
@@ -89,36 +89,10 @@ pub fn token_codec() -> TokenCodec {
     }
 }
 
-/// The operation the `token_open` target builds from its input's bytes.
-#[derive(Debug)]
-pub struct TokenOperation {
-    /// Its name.
-    pub name: String,
-    /// Its kind.
-    pub kind: OperationKind,
-    /// Its target.
-    pub target: String,
-    /// Its start time (any: before the epoch, to the nanosecond, far ahead).
-    pub start_time: Option<SystemTime>,
-    /// Its resume state, nested up to 100 levels.
-    pub state: Value,
-}
-
-impl TokenOperation {
-    /// What the codec seals of it.
-    pub fn sealed(&self) -> Sealed<'_> {
-        Sealed {
-            name: &self.name,
-            kind: self.kind,
-            target: &self.target,
-            start_time: self.start_time,
-            state: &self.state,
-        }
-    }
-}
-
-/// The operation the `token_open` target builds from its input's bytes.
-pub fn token_operation(data: &[u8]) -> TokenOperation {
+/// The operation the `token_open` target builds from its input's bytes, to seal (its
+/// [`Opened::sealed`]): any start time (before the epoch, to the nanosecond, far ahead), a state
+/// nested up to 100 levels.
+pub fn token_operation(data: &[u8]) -> Opened {
     let mut r = Reader(data);
     let kind = KINDS[usize::from(r.byte()) % KINDS.len()];
     let name = r.string();
@@ -133,7 +107,7 @@ pub fn token_operation(data: &[u8]) -> TokenOperation {
     // TokenCodec::seal).
     let depth = usize::from(r.byte()) % 100;
     let state = r.json(depth);
-    TokenOperation { name, kind, target, start_time, state }
+    Opened { name, kind, target, start_time, state }
 }
 
 /// The `token_open` target. Arbitrary bytes never panic and open only if they are exactly a

@@ -55,3 +55,26 @@ pub enum OperationKind {
     UpgradePoolInstances,
     DeletePool,
 }
+
+/// Checks the name rules of machines and pools: DNS-subdomain style, 1..=253 characters of
+/// `[a-z0-9.-]`, starting and ending with an alphanumeric character.
+///
+/// Ungated (no feature): the SDK checks the names a driver is sent with it, and the controller's
+/// API crate (`machine-api`) the names of its objects, so both refuse the same names with the
+/// same words.
+pub fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("is required");
+    }
+    if name.len() > 253 {
+        return Err("must be at most 253 characters");
+    }
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !name.chars().all(ok_char) || !alnum(name.chars().next()) || !alnum(name.chars().last()) {
+        return Err(
+            "must consist of lower-case letters, digits, '-' and '.', and start and end with a letter or digit",
+        );
+    }
+    Ok(())
+}

@@ -567,27 +567,9 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-/// Checks the name rules of machines and pools: DNS-subdomain style, 1..=253 characters of
-/// `[a-z0-9.-]`, starting and ending with an alphanumeric character.
-///
-/// The controller's API crate (`machine-api`) checks object names by the same rules with its own
-/// copy, so that neither crate depends on the other: a change here is made there too.
-pub fn check_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        return Err("is required");
-    }
-    if name.len() > 253 {
-        return Err("must be at most 253 characters");
-    }
-    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
-    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    if !name.chars().all(ok_char) || !alnum(name.chars().next()) || !alnum(name.chars().last()) {
-        return Err(
-            "must consist of lower-case letters, digits, '-' and '.', and start and end with a letter or digit",
-        );
-    }
-    Ok(())
-}
+/// Checks the name rules of machines and pools (the crate root's [`check_name`], here where the
+/// SDK's request checks have always found it).
+pub use crate::check_name;
 
 #[cfg(test)]
 mod tests;

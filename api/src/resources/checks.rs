@@ -17,34 +17,12 @@ pub(crate) fn fail(field: &str, message: impl Into<String>) -> Check {
     Err((field.to_string(), message.into()))
 }
 
+/// The name rules of objects: the SDK's (DNS-subdomain style, `[a-z0-9.-]`, alphanumeric at
+/// both ends, with the SDK's words), at most 63 characters.
 pub(crate) fn name(field: &str, value: &str) -> Check {
-    dns_name(value).or_else(|why| fail(field, why))?;
+    driver_sdk_core::check_name(value).or_else(|why| fail(field, why))?;
     if value.len() > 63 {
         return fail(field, "must be at most 63 characters");
-    }
-    Ok(())
-}
-
-/// The name rules of objects: DNS-subdomain style, 1..=253 characters of `[a-z0-9.-]`, starting
-/// and ending with an alphanumeric character.
-///
-/// The same rules as `driver_sdk::schema::check_name`, which the SDK applies to the names a
-/// driver is sent, with the same messages. Each crate keeps its own copy (and its own test) so
-/// that neither depends on the other: this crate stays free of the SDK's gRPC stack, and the
-/// SDK of the controller's API.
-fn dns_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        return Err("is required");
-    }
-    if name.len() > 253 {
-        return Err("must be at most 253 characters");
-    }
-    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
-    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    if !name.chars().all(ok_char) || !alnum(name.chars().next()) || !alnum(name.chars().last()) {
-        return Err(
-            "must consist of lower-case letters, digits, '-' and '.', and start and end with a letter or digit",
-        );
     }
     Ok(())
 }
@@ -460,9 +438,9 @@ mod tests {
 
     #[test]
     fn names_follow_dns_rules() {
-        assert!(dns_name("web-0.a").is_ok());
-        for bad in ["", "-a", "a-", "Web", "a_b", &"a".repeat(254)] {
-            assert!(dns_name(bad).is_err(), "{bad}");
+        assert!(name("metadata.name", "web-0.a").is_ok());
+        for bad in ["", "-a", "a-", "Web", "a_b"] {
+            assert!(name("metadata.name", bad).is_err(), "{bad}");
         }
         assert_eq!(name("metadata.name", &"a".repeat(64)), fail("metadata.name", "must be at most 63 characters"));
         assert_eq!(name("spec.classRef.name", ""), fail("spec.classRef.name", "is required"));
