@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use e2e_tests::eventually;
 use e2e_tests::world::{Builder, Driver, World};
+use e2e_tests::{eventually, eventually_seen};
 use fake_driver::pb as fake;
 use machine_controller::resources::*;
 
@@ -410,20 +410,29 @@ spec:
         move || {
             let store = store.clone();
             async move {
-                let p = store.get::<MachinePool>("default", "workers").await.ok()??;
-                let ms = store.list::<Machine>().await.ok()?;
+                let p = store.get::<MachinePool>("default", "workers").await.map_err(|e| e.to_string())?;
+                let p = p.ok_or("no pool")?;
+                let ms = store.list::<Machine>().await.map_err(|e| e.to_string())?;
                 let live = ms.iter().filter(|m| !m.is_deleting() && m.status.phase == Phase::Running).count();
-                (p.status.ready_replicas == n as i64
-                    && p.status.updated_replicas == n as i64
-                    && p.status.replicas == n as i64
-                    && live == n)
-                    .then_some(())
+                let s = &p.status;
+                if s.ready_replicas == n as i64 && s.updated_replicas == n as i64 && s.replicas == n as i64 && live == n
+                {
+                    return Ok(());
+                }
+                let machines: Vec<String> = ms
+                    .iter()
+                    .map(|m| format!("{} {:?} deleting={}", m.metadata.name, m.status.phase, m.is_deleting()))
+                    .collect();
+                Err(format!(
+                    "pool replicas {} ready {} updated {} (conditions {:?}, operations {:?}); machines {machines:?}",
+                    s.replicas, s.ready_replicas, s.updated_replicas, s.conditions, s.operations
+                ))
             }
         }
     };
-    eventually(MINUTE, "pool scaled out to 3", ready(3)).await;
+    eventually_seen(MINUTE, "pool scaled out to 3", ready(3)).await;
     w.apply(&pool("large", 3)).await;
-    eventually(MINUTE, "pool rolled to the new model", ready(3)).await;
+    eventually_seen(MINUTE, "pool rolled to the new model", ready(3)).await;
     let cloud = w.inspect().await;
     let p = &cloud.pools[0];
     assert_eq!(p.instances.len(), 3);
@@ -445,7 +454,7 @@ spec:
         }
     })
     .await;
-    eventually(MINUTE, "pool ready again", ready(3)).await;
+    eventually_seen(MINUTE, "pool ready again", ready(3)).await;
 }
 
 /// A pool of 3 with a canary of 1 and a short pause: the new model reaches one instance first,

@@ -351,6 +351,25 @@ where
     }
 }
 
+/// Polls `f` until it returns `Ok`, or panics after `within` with the last `Err`: what was seen
+/// instead, for a failure message that says where things stood.
+pub async fn eventually_seen<T, F, Fut>(within: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(seen) => {
+                assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}; saw {seen}")
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// Polls GetOperation (sending `secrets` with each poll) until the operation is done, or panics
 /// after `within`. Between polls it waits the operation's own `poll_after` (the protocol's
 /// polling rule), at most `max_interval`, so a test does not outwait a fast fake.

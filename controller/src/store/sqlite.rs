@@ -141,8 +141,15 @@ impl SqliteBackend {
     }
 
     fn from_connection(path: &Path, conn: Connection) -> Result<Self> {
-        let (cache, synced) = rows::load(&conn)?;
-        let synced_rv: i64 = conn.query_row("SELECT rv FROM counter WHERE id = 0", [], |r| r.get(0)).db()?;
+        // One snapshot for both reads: another process's commit between them would count as
+        // synced without being in the cache, and the poller, which looks above that version,
+        // would never find it.
+        let (cache, synced, synced_rv) = {
+            let snapshot = conn.unchecked_transaction().db()?;
+            let (cache, synced) = rows::load(&snapshot)?;
+            let counter: i64 = snapshot.query_row("SELECT rv FROM counter WHERE id = 0", [], |r| r.get(0)).db()?;
+            (cache, synced, counter)
+        };
         let (tx, _) = broadcast::channel(CHANGES_BUFFERED);
         let backend = Self {
             writer: Arc::new(Mutex::new(Writer::new(conn))),

@@ -88,7 +88,7 @@ impl SqliteBackend {
                     continue;
                 }
                 last_version = version;
-                match sync_from(&conn, &cache, &tx, synced) {
+                match sync_from(&conn, &cache, &tx, synced, || {}) {
                     Ok(rv) => synced = rv,
                     Err(e) => tracing::warn!("store poller: {}", machine_driver_util::error_chain(&e)),
                 }
@@ -97,7 +97,22 @@ impl SqliteBackend {
     }
 }
 
-fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Change>, synced: u64) -> Result<u64> {
+/// Folds the rows and tombstones committed after version `synced` into the cache, announcing
+/// each, and returns the version synced up to. `between` runs between the reads of rows and of
+/// tombstones (a test commits there, as another process may).
+fn sync_from(
+    conn: &Connection,
+    cache: &RwLock<Cache>,
+    tx: &broadcast::Sender<Change>,
+    synced: u64,
+    between: impl FnOnce(),
+) -> Result<u64> {
+    // One read transaction, so every read sees one snapshot and `max` covers exactly the commits
+    // read. Two statements on their own could straddle a commit: a group holding a row at
+    // version N and a tombstone at N+1 landing between them put N+1 into `max` while the row was
+    // never read, and the next look (`rv > N+1`) would never find it.
+    let snapshot = conn.unchecked_transaction().db()?;
+    let conn: &Connection = &snapshot;
     let mut max = synced;
     // Versions first: most rows found are this process's own writes, already cached, and their
     // text need not be copied out again.
@@ -117,7 +132,7 @@ fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Ch
         if cached {
             continue;
         }
-        // Read again with its version: the row may have moved on since the first query.
+        // Its text (the snapshot's version of the row).
         let Some((rv, body)) = conn
             .prepare_cached("SELECT rv, body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")
             .db()?
@@ -127,8 +142,6 @@ fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Ch
         else {
             continue;
         };
-        // `max` stays at the first query's versions: a newer row read here is found again next
-        // time, and then skipped as cached.
         let rv = rv as u64;
         let key = Key::new(kind, &ns, &name);
         let fresh = {
@@ -147,6 +160,7 @@ fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Ch
             let _ = tx.send(Change { key, owner, deleted: false, status_only: false });
         }
     }
+    between();
     let mut stmt = conn.prepare_cached("SELECT kind, namespace, name, rv, owner FROM tombstones WHERE rv > ?1").db()?;
     let gone: Vec<(String, String, String, i64, Option<String>)> = stmt
         .query_map([synced as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
@@ -176,4 +190,60 @@ fn sync_from(conn: &Connection, cache: &RwLock<Cache>, tx: &broadcast::Sender<Ch
         }
     }
     Ok(max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::*;
+    use crate::store::Store;
+
+    fn class(name: &str) -> MachineClass {
+        let spec = MachineClassSpec {
+            driver: "fake".into(),
+            provider_spec: serde_json::json!({"machineType": "small"}),
+            secret_ref: None,
+            capacity: None,
+        };
+        MachineClass::new("default", name, spec)
+    }
+
+    fn names(cache: &RwLock<Cache>) -> Vec<String> {
+        let c = cache.read().unwrap();
+        c.get(&Kind::MachineClass).map(|m| m.keys().map(|(_, n)| n.clone()).collect()).unwrap_or_default()
+    }
+
+    /// Another process commits between the poller's read of rows and its read of tombstones: it
+    /// creates one class, then deletes another, so the tombstone's version is above the new
+    /// row's. That look sees neither; the next sees both. (Read outside one snapshot, the first
+    /// look took the tombstone's version as synced, and the new class was never seen.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_between_the_reads_of_rows_and_tombstones_is_found_by_the_next_look() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let other = Store::open(&path).unwrap();
+        other.create(&class("old")).await.unwrap();
+        let conn = Connection::open(&path).unwrap();
+        let (cache, synced) = super::super::rows::load(&conn).unwrap();
+        let cache = RwLock::new(cache);
+        let (tx, mut rx) = broadcast::channel(16);
+        let commit = || {
+            tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(async {
+                    other.create(&class("new")).await.unwrap();
+                    other.delete(&Key::new(Kind::MachineClass, "default", "old")).await.unwrap();
+                })
+            });
+        };
+        let synced = sync_from(&conn, &cache, &tx, synced, commit).unwrap();
+        assert_eq!(names(&cache), ["old"], "the look saw its snapshot only");
+        assert!(rx.try_recv().is_err(), "nothing announced from outside the snapshot");
+
+        sync_from(&conn, &cache, &tx, synced, || {}).unwrap();
+        assert_eq!(names(&cache), ["new"]);
+        let mut changes: Vec<(String, bool)> =
+            std::iter::from_fn(|| rx.try_recv().ok()).map(|c| (c.key.name, c.deleted)).collect();
+        changes.sort();
+        assert_eq!(changes, [("new".to_string(), false), ("old".to_string(), true)]);
+    }
 }
