@@ -3,14 +3,11 @@
 //! stub for what moto cannot emulate (ClientToken dedupe, pending → running, eventual
 //! consistency, capacity / throttling / auth / parameter-mismatch errors, lost responses).
 
-#[path = "aws_support.rs"]
-mod aws_support;
-
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use aws_support::{start_driver, Ec2Stub, Fault, Moto};
+use crate::aws_support::{start_driver, Ec2Stub, Fault, Moto};
 use driver_sdk::convert::json_to_struct;
 use driver_sdk::proto as pb;
 use driver_sdk::{reason, DriverClient, OperationExt};
@@ -228,7 +225,7 @@ async fn controller_runs_a_deployment_through_aws_ec2_driver_on_moto() {
     let region = "us-west-2";
     let moto = Moto::shared().await;
     let w = World::builder()
-        .driver(aws_support::driver(&moto.url(), region, &[]))
+        .driver(crate::aws_support::driver(&moto.url(), region, &[]))
         .controller_args(&["--controller-id", "e2e-aws"])
         .start()
         .await;
@@ -476,7 +473,7 @@ async fn controller_drives_aws_with_each_class_secret_on_moto() {
     let region = "ap-southeast-2";
     let moto = Moto::shared().await;
     let w = World::builder()
-        .driver(aws_support::driver(&moto.url(), region, &[]))
+        .driver(crate::aws_support::driver(&moto.url(), region, &[]))
         .controller_args(&["--controller-id", "e2e-aws-creds", "--orphan-interval", "1s"])
         .start()
         .await;
@@ -739,7 +736,7 @@ async fn aws_errors_map_to_typed_errors_with_the_aws_code_and_request_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_credentials_are_permission_denied_without_calling_ec2() {
     let stub = Ec2Stub::start().await;
-    let mut env = aws_support::aws_env(&stub.url(), "us-stub-1");
+    let mut env = crate::aws_support::aws_env(&stub.url(), "us-stub-1");
     env.retain(|(k, _)| k != "AWS_ACCESS_KEY_ID" && k != "AWS_SECRET_ACCESS_KEY");
     // Empty keys count as none; the profile files do not exist and instance metadata is off.
     env.push(("AWS_ACCESS_KEY_ID".into(), String::new()));

@@ -11,9 +11,6 @@
 //! (client, sidecar), so a failure names both; every transport runs before a test fails, and the
 //! failure lists each one that failed.
 
-#[path = "aws_support.rs"]
-mod aws_support;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -52,7 +49,7 @@ impl Client {
             Client::Grpcurl => unreachable!("grpcurl is driven from here"),
         };
         let how = "run `bash tests/run.sh`, or `export INTEROP_DIR=\"$(bash tests/tools/install-interop.sh)\"` \
-                   before `cargo test -p e2e-tests --test interop`";
+                   before `cargo test -p e2e-tests --test e2e interop::`";
         let dir = std::env::var_os("INTEROP_DIR").unwrap_or_else(|| panic!("INTEROP_DIR is not set: {how}"));
         let p = Path::new(&dir).join(file);
         assert!(p.exists(), "{} is missing from INTEROP_DIR: {how}", p.display());
@@ -314,8 +311,8 @@ async fn against_fake(client: Client) {
     assert_created(&sidecars, &created).await;
 }
 
-async fn aws_sidecars() -> (std::sync::Arc<aws_support::Moto>, Sidecars) {
-    let moto = aws_support::Moto::shared().await;
+async fn aws_sidecars() -> (std::sync::Arc<crate::aws_support::Moto>, Sidecars) {
+    let moto = crate::aws_support::Moto::shared().await;
     // Nothing here reaches EC2 (health, driver info, a request the SDK refuses): any region does.
     let driver = Driver::binary("aws-ec2-driver").args(["--dev"]).env(moto.env("sa-east-1"));
     let sidecars = Sidecars { unix: driver.start().await, tcp: driver.start_tcp().await };

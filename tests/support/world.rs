@@ -194,7 +194,7 @@ impl Driver {
 /// The Go driver binary. Never skipped: a missing binary fails with the command that builds it.
 pub fn go_driver() -> String {
     let how = "build it and pass its path: \
-               GO_DRIVER_BIN=\"$(bash tests/tools/build-go-driver.sh)\" cargo test -p e2e-tests --test go_driver \
+               GO_DRIVER_BIN=\"$(bash tests/tools/build-go-driver.sh)\" cargo test -p e2e-tests --test e2e go_driver:: \
                (tests/run.sh does this)";
     let path = std::env::var("GO_DRIVER_BIN").unwrap_or_default();
     assert!(!path.is_empty(), "GO_DRIVER_BIN is not set: {how}");

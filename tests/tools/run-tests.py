@@ -6,7 +6,8 @@ pause): with cargo's one executable at a time the machine was 80-90% idle throug
 step. This builds every test executable once (`cargo test --workspace --no-run`, so with the
 workspace's features: a `cargo test -p PACKAGE` would resolve them per package and build
 again), then runs the executables as cargo would (from their package's folder, with cargo's
-CARGO_* variables), JOBS at a time, longest first (by the times of the last run, kept in the
+CARGO_* variables), the end-to-end executable as one job per suite (its top-level modules: a
+process each, as when every suite was an executable of its own), JOBS at a time, longest first (by the times of the last run, kept in the
 target folder, else those committed in tests/tools/test-durations.json); the doc tests (`cargo test --workspace --doc`) are one more job. Each job's
 output is printed whole when it ends, so logs never interleave; a table of the jobs' times and
 the failures close the run.
@@ -47,6 +48,45 @@ def read_durations(path):
 class Job:
     def __init__(self, label, cmd, cwd=None, env=None):
         self.label, self.cmd, self.cwd, self.env = label, cmd, cwd, env
+
+
+# Executables whose top-level modules are suites, run as one job each (package, target).
+SPLIT_BY_MODULE = {("e2e-tests", "e2e")}
+
+
+# libtest's options that take a value (as `--option VALUE` or `--option=VALUE`).
+VALUE_OPTIONS = {"--test-threads", "--skip", "--format", "--color", "--logfile", "--shuffle-seed", "-Z"}
+
+
+def harness_options(harness_args):
+    """The options among `harness_args` (their values too), without the filters and `--exact`."""
+    options, take_value = [], False
+    for a in harness_args:
+        if take_value:
+            options.append(a)
+            take_value = False
+        elif a.startswith("-") and a != "--exact":
+            options.append(a)
+            take_value = a in VALUE_OPTIONS
+    return options
+
+
+def suites(executable, cwd, env, harness_args):
+    """The tests of `executable` that `harness_args` select, by top-level module, in order."""
+    listed = subprocess.run(
+        [executable, "--list", "--format", "terse", *harness_args],
+        cwd=cwd,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    by_module = {}
+    for line in listed.splitlines():
+        if line.endswith(": test"):
+            name = line[: -len(": test")]
+            by_module.setdefault(name.split("::")[0], []).append(name)
+    return by_module
 
 
 def build_messages(executables):
@@ -90,7 +130,14 @@ def test_jobs(packages, messages, harness_args):
             CARGO_PKG_VERSION=package["version"],
             CARGO_CRATE_NAME=name.replace("-", "_"),
         )
-        jobs.append(Job(label, [msg["executable"], *harness_args], os.path.dirname(msg["manifest_path"]), env))
+        cwd = os.path.dirname(msg["manifest_path"])
+        if (package["name"], name) in SPLIT_BY_MODULE:
+            # The names exactly (the filters were applied by the listing), with the other options.
+            options = harness_options(harness_args)
+            for module, names in suites(msg["executable"], cwd, env, harness_args).items():
+                jobs.append(Job(f"{label} {module}::", [msg["executable"], "--exact", *names, *options], cwd, env))
+            continue
+        jobs.append(Job(label, [msg["executable"], *harness_args], cwd, env))
     doc = ["cargo", "test", "--workspace", "--doc"]
     jobs.append(Job("--doc", doc + (["--", *harness_args] if harness_args else [])))
     return jobs

@@ -1,0 +1,24 @@
+//! The end-to-end suites, one module each, in one test executable: linked once, where one
+//! executable per suite linked the same dependencies 18 times. `tests/tools/run-tests.py` runs
+//! each suite as a job of its own (a process, as before); by hand:
+//! `cargo test -p e2e-tests --test e2e nodes::`.
+
+mod autoscaler;
+mod aws_ec2;
+/// Shared by the AWS suites (`aws_ec2`, `interop`): moto and the loopback EC2 stub.
+mod aws_support;
+mod azure;
+mod controller;
+mod disruption;
+mod failure_domains;
+mod fake_driver;
+mod go_driver;
+mod health_check;
+mod hpack_interop;
+mod interop;
+mod kubernetes;
+mod nodes;
+mod store_conformance;
+mod telemetry;
+mod test_cluster;
+mod validation_rules;
