@@ -918,13 +918,16 @@ async fn a_pool_canary_whose_node_never_joins_stops_the_upgrade_until_the_templa
     let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
+    // Nodes that join get a minute (a loaded machine can take more than 2 s to make one Ready,
+    // and a canary failed that way stops the upgrade for good); those that never join, 2 s.
     let pool = |machine_type: &str, kubelet: &str| {
+        let startup = if kubelet == "NeverJoins" { 2 } else { 60 };
         json!({"metadata": {"name": "workers"}, "spec": {
             "replicas": 2,
             "template": {"spec": {"classRef": {"name": "small"},
                                   "providerSpec": {"machineType": machine_type, "kubelet": kubelet}}},
             "strategy": {"maxSurge": 1, "maxUnavailable": 0, "canary": {"machines": 1, "pauseSeconds": 1}},
-            "nodeStartupTimeoutSeconds": 2,
+            "nodeStartupTimeoutSeconds": startup,
         }})
     };
     let get = || async { w.store().get::<MachinePool>(w.ns(), "workers").await.ok().flatten() };
@@ -972,13 +975,18 @@ async fn a_pool_canary_whose_node_never_joins_stops_the_upgrade_until_the_templa
 
     // A fixed template: a new model, a new canary, and the upgrade goes on to the end.
     w.apply_object("MachinePool", "machinepools", pool("large", "Joins")).await;
-    let done = eventually(3 * MINUTE, "the upgrade finished", || async {
-        get().await.filter(|p| {
-            settled(p)
-                && p.status.canary.as_ref().is_some_and(|c| c.phase == CanaryPhase::Passed && c.revision != k.revision)
+    let done = w
+        .wait_seen("the upgrade finished", 3 * MINUTE, || async {
+            let p = get().await.ok_or("no pool")?;
+            let passed =
+                p.status.canary.as_ref().is_some_and(|c| c.phase == CanaryPhase::Passed && c.revision != k.revision);
+            if settled(&p) && passed {
+                Ok(p)
+            } else {
+                Err(format!("the pool's status {:?}", p.status))
+            }
         })
-    })
-    .await;
+        .await;
     let passed = done.status.canary.unwrap();
     assert_eq!(passed.wanted, 1);
     let left = pool_machines(&w, "workers").await;

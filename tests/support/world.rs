@@ -796,6 +796,31 @@ impl World {
         }
     }
 
+    /// As [`World::wait_for`], with `f` saying what it saw instead (`Err`): a timeout names the
+    /// last of it, then the logs.
+    pub async fn wait_seen<T, F, Fut>(&self, what: &str, within: Duration, mut f: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, String>>,
+    {
+        let deadline = Instant::now() + within;
+        let mut seen = String::from("nothing (every look ran past the deadline)");
+        loop {
+            match tokio::time::timeout_at(deadline.into(), f()).await {
+                Ok(Ok(v)) => return v,
+                Ok(Err(s)) => seen = s,
+                Err(_) => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {within:?} waiting for {what}; last saw {seen}\n{}",
+                self.logs()
+            );
+            // Deliberate: the interval between polls of a condition with a deadline.
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// Waits until deployment `name` has all its replicas available, of its target revision,
     /// and no others.
     pub async fn converged(&self, name: &str, within: Duration) -> MachineDeployment {
