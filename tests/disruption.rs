@@ -518,7 +518,12 @@ async fn a_canary_whose_node_never_joins_aborts_the_rollout_touching_only_it() {
     let mut w = World::on_full_cluster(FAST, "disruption").await;
     w.start_controller(&[]);
     w.class().await;
-    let spec = |template: Value| json!({"replicas": 3, "strategy": canary_strategy(5), "nodeStartupTimeoutSeconds": 3, "template": template});
+    // Nodes that join get a minute (a loaded machine can take more than 3 s to make one Ready);
+    // those that never join, 3 s. A Machine keeps what it was created with.
+    let spec = |template: Value| {
+        let startup = if template.to_string().contains("NeverJoins") { 3 } else { 60 };
+        json!({"replicas": 3, "strategy": canary_strategy(5), "nodeStartupTimeoutSeconds": startup, "template": template})
+    };
     w.apply_md("web", spec(image("os-1", None))).await;
     let good = w.converged("web", 2 * MINUTE).await;
     let before = names_of(&w.machines().await);

@@ -462,11 +462,13 @@ async fn nodes_that_never_join_fail_their_machines_and_the_revision_is_rolled_ba
     let mut w = World::on_full_cluster(FAST, "nodes").await;
     w.start_controller(&[]);
     w.class().await;
-    let settings = json!({"nodeStartupTimeoutSeconds": 3, "failureBudget": 2});
-    w.apply_md("web", 2, json!({"machineType": "small", "image": "os-1"}), settings.clone()).await;
+    // The first revision's Nodes get a minute (a loaded machine can take more than 3 s to make one
+    // Ready); the one whose Nodes never join, 3 s. A Machine keeps what it was created with.
+    let settings = |startup: i64| json!({"nodeStartupTimeoutSeconds": startup, "failureBudget": 2});
+    w.apply_md("web", 2, json!({"machineType": "small", "image": "os-1"}), settings(60)).await;
     let good = w.rolled_out("web", 2 * MINUTE).await;
     // A new revision whose VMs run but whose Nodes never join.
-    w.apply_md("web", 2, json!({"machineType": "small", "image": "os-2", "kubelet": "NeverJoins"}), settings).await;
+    w.apply_md("web", 2, json!({"machineType": "small", "image": "os-2", "kubelet": "NeverJoins"}), settings(3)).await;
     let md = eventually(3 * MINUTE, "the revision aborted and rolled back", || async {
         let md = w.store().get::<MachineDeployment>(w.ns(), "web").await.ok().flatten()?;
         (!md.status.bad_revisions.is_empty() && e2e_tests::rolled_out(&md)).then_some(md)
