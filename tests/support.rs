@@ -341,14 +341,11 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually_seen(within, what, || {
+        let look = f();
+        async move { look.await.ok_or_else(|| "nothing yet".to_string()) }
+    })
+    .await
 }
 
 /// Polls `f` until it returns `Ok`, or panics after `within` with the last `Err`: what was seen
@@ -366,6 +363,7 @@ where
                 assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}; saw {seen}")
             }
         }
+        // Deliberate: the interval between polls of a condition with a deadline.
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }

@@ -785,15 +785,11 @@ impl World {
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(v) = tokio::time::timeout_at(deadline.into(), f()).await.ok().flatten() {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}\n{}", self.logs());
-            // Deliberate: the interval between polls of a condition with a deadline.
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        self.wait_seen(what, within, || {
+            let look = f();
+            async move { look.await.ok_or_else(|| "nothing yet".to_string()) }
+        })
+        .await
     }
 
     /// As [`World::wait_for`], with `f` saying what it saw instead (`Err`): a timeout names the

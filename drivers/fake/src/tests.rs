@@ -37,9 +37,13 @@ fn spec() -> Value {
     json!({"machineType": "small"})
 }
 
+/// The fake cloud's ID of the operation `op` stands for (none when it was done at once).
+fn op_id(op: &Operation) -> Option<String> {
+    serde_json::from_value::<TokenState>(op.state.clone()).unwrap().op
+}
+
 async fn settle(d: &FakeDriver, op: Operation) -> Operation {
-    let t: TokenState = serde_json::from_value(op.state.clone()).unwrap();
-    let Some(id) = t.op else { return op };
+    let Some(id) = op_id(&op) else { return op };
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let view = FakeDriver::op_view(&d.cloud(), &id);
@@ -732,10 +736,8 @@ async fn an_in_place_update_that_reboots_changes_the_boot_id_and_others_do_not()
     let d = FakeDriver::new(cfg.clone()).unwrap();
     running(&d, "m1", spec()).await;
     let boot = |d: &FakeDriver| d.kubelet_view().1[0].boot_id.clone();
-    let running_op = |d: &FakeDriver, op: &Operation| {
-        let t: TokenState = serde_json::from_value(op.state.clone()).unwrap();
-        t.op.is_some_and(|id| !FakeDriver::op_view(&d.cloud(), &id).is_done())
-    };
+    let running_op =
+        |d: &FakeDriver, op: &Operation| op_id(op).is_some_and(|id| !FakeDriver::op_view(&d.cloud(), &id).is_done());
     let first = boot(&d);
     assert!(!first.is_empty());
     let update = |knob: &str, machine_type: &str| UpdateMachine {
