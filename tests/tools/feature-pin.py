@@ -116,7 +116,7 @@ def render(pins):
                          f'default-features = false, features = [{feats}] }}')
         lines.append("")
     lines.append("# Nothing here is used: each dependency is there for its features.")
-    lines.append("[package.metadata.cargo-machete]")
+    lines.append("[package.metadata.cargo-shear]")
     lines.append("ignored = [" + ", ".join(f'"{n}"' for n in sorted(set(names))) + "]")
     return "\n".join(lines) + "\n"
 
