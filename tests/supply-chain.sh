@@ -29,9 +29,7 @@ pypi_tool() {
   [ "$("$dir/bin/$name" --version 2>/dev/null)" != "$says" ] || return 0
   say "installing $name $version (PyPI astral-dev-toolchain-$name) into $dir"
   rm -rf "$dir"
-  python3 -m venv "$dir" || die "python3 -m venv failed (Debian: python3-venv)"
-  "$dir/bin/pip" install --quiet --disable-pip-version-check --no-input \
-    "astral-dev-toolchain-$name==$version" >&2 || die "pip install $name failed"
+  bash "$root/tests/tools/venv.sh" "$dir" "astral-dev-toolchain-$name==$version" || die "installing $name failed"
   [ "$("$dir/bin/$name" --version 2>/dev/null)" = "$says" ] || die "$name $version did not install"
 }
 

@@ -39,8 +39,7 @@ req_hash=$(hash_of tests/interop/python/requirements.txt)
 if [ "$(cat "$py/.installed" 2>/dev/null)" != "$req_hash" ]; then
   say "installing the Python client's stack (PyPI, pinned) into $py"
   rm -rf "$py"
-  python3 -m venv "$py"
-  "$py/bin/pip" install --quiet --disable-pip-version-check --no-input -r "$interop/python/requirements.txt" >&2 \
+  bash "$root/tests/tools/venv.sh" "$py" -r "$interop/python/requirements.txt" \
     || die "pip install -r tests/interop/python/requirements.txt failed"
   echo "$req_hash" >"$py/.installed"
 fi
