@@ -22,7 +22,7 @@ set -euo pipefail
 rustc="$1"
 shift
 
-crate="" kind="" test=false probe=false prev=""
+crate="" kind="" test=false probe=false bench=false prev=""
 for arg in "$@"; do
   case "$prev" in
     --crate-name) crate="$arg" ;;
@@ -34,6 +34,8 @@ for arg in "$@"; do
     --test) test=true ;;
     # cargo asking the compiler what it can do (`-vV`, `--print=cfg`, ...): rustc answers.
     -vV | --print | --print=*) probe=true ;;
+    # A bench's source (cargo's layout: benches/NAME.rs).
+    benches/*.rs | */benches/*.rs) bench=true ;;
   esac
   prev="$arg"
 done
@@ -46,6 +48,21 @@ esac
 # clippy-driver takes the rustc path first, as `cargo clippy` calls it; it compiles as rustc would.
 clippy_driver="$(dirname "$rustc")/clippy-driver"
 [ -x "$clippy_driver" ] || clippy_driver="$(rustup which clippy-driver)"
+# Benches are only checked, as `cargo clippy --all-targets` checks every target: nothing runs them
+# here (`cargo bench` builds its own, optimized), and code generation and linking were two thirds of
+# their 56 CPU-s (six executables) in every run from nothing.
+if $bench; then
+  check=() skip=false
+  for arg in "$@"; do
+    if $skip; then skip=false; continue; fi
+    case "$arg" in
+      --emit) skip=true ;;
+      --emit=*) ;;
+      *) check+=("$arg") ;;
+    esac
+  done
+  exec "$clippy_driver" "$rustc" "${check[@]}" --emit=dep-info,metadata -D warnings
+fi
 "$clippy_driver" "$rustc" "$@" -D warnings
 
 # The docs, from the same arguments minus what only the compiler takes (outputs, codegen options,
