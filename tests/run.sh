@@ -95,7 +95,9 @@ install_tools() {
   fi
   if [ ! -x "$moto/bin/moto_server" ]; then
     echo "==> installing moto[server] 5.2.5 (PyPI) into $moto"
-    bash tests/tools/venv.sh "$moto" "moto[server]==5.2.5"
+    # --no-compile: of botocore's and moto's thousands of modules, a server imports a few hundred
+    # (and compiles them once, on its first start); compiling all at install was 17 CPU-s.
+    bash tests/tools/venv.sh "$moto" --no-compile "moto[server]==5.2.5"
   fi
   echo "==> interop clients (grpcio, grpc-js, grpc-go)"
   bash tests/tools/install-interop.sh >"$interop_dir_file"
@@ -142,8 +144,8 @@ bash tests/proto-compat.sh
 step "tests/docs.sh (mdbook, links; the code docs are built in the build)"
 DOCS_IN_BUILD=1 bash tests/docs.sh
 # Every target (binaries and examples: the end-to-end tests start them; test executables; benches,
-# only checked, for their lints; in the dev profile), in one build, with clippy and rustdoc on the workspace's
-# crates. (--timings: each crate's time, in $CARGO_TARGET_DIR/cargo-timings/, for the testing
+# only checked, for their lints; in the dev profile), in one build, with clippy and rustdoc on the
+# workspace's crates. (--timings: each crate's time, in $CARGO_TARGET_DIR/cargo-timings/, for the testing
 # guide's "Time from nothing".)
 # The wrapper is exported: the doc tests' `cargo test --doc` (tests/tools/run-tests.py) and the
 # feature-off builds then find the libraries built as they are, not changed.
