@@ -158,9 +158,6 @@ cargo build --workspace --all-targets --timings --message-format=json-render-dia
 # build, in the build's mode: only the crates whose features differ compile again.
 step "the feature-off builds (tests/tools/feature-off.sh)"
 bash tests/tools/feature-off.sh
-# They put their own fake-driver and machine-controller binaries in the target folder: the same
-# build again (nothing compiles) puts the workspace build's back, which the end-to-end tests start.
-cargo build --workspace --all-targets --quiet
 
 step "PyPI tools and interop clients, installed in the background: waiting for them"
 tools_rc=0

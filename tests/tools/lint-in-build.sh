@@ -15,6 +15,7 @@
 # $CARGO_TARGET_DIR/doc-in-build/<crate>.<lib|bin>/ (a package's library and binary share a
 # crate name).
 # LINT_IN_BUILD: the crate names to check (space-separated), or * (the default) for all.
+# LINT_IN_BUILD_CHECK=leaves: executables (binaries, examples, tests) checked, not built (below).
 # LINT_IN_BUILD_DOCS=0: clippy only (tests/tools/feature-off.sh: docs are read with the default
 # features, and a link to a module a feature leaves out is not broken there).
 # Usage (cargo calls it): RUSTC_WORKSPACE_WRAPPER=tests/tools/lint-in-build.sh cargo build ...
@@ -49,9 +50,15 @@ esac
 clippy_driver="$(dirname "$rustc")/clippy-driver"
 [ -x "$clippy_driver" ] || clippy_driver="$(rustup which clippy-driver)"
 # Benches are only checked, as `cargo clippy --all-targets` checks every target: nothing runs them
-# here (`cargo bench` builds its own, optimized), and code generation and linking were two thirds of
-# their 56 CPU-s (six executables) in every run from nothing.
-if $bench; then
+# here (`cargo bench` builds its own, optimized), and code generation and linking were 51 of their
+# 55 CPU-s (six executables) in every run from nothing. With LINT_IN_BUILD_CHECK=leaves
+# (tests/tools/feature-off.sh), so are all executables (binaries, examples, tests; not build
+# scripts, which run): `cargo hack --feature-powerset check` checks feature sets so too. Cargo
+# leaves an output that is not there where it is (it copies binaries up to target/debug/ only if
+# they exist), so the workspace build's binaries stay in place.
+leaf=false
+if [ "$kind" = bin ] || { $test && [ "$kind" != lib ]; }; then leaf=true; fi
+if $bench || { [ "${LINT_IN_BUILD_CHECK:-}" = leaves ] && $leaf && [ "$crate" != build_script_build ]; }; then
   check=() skip=false
   for arg in "$@"; do
     if $skip; then skip=false; continue; fi
