@@ -279,8 +279,7 @@ current-context: test
     /// Stops kube-apiserver, then etcd, with SIGTERM (as an operator would: etcd closes its
     /// database), and waits for both.
     async fn stop(&mut self) {
-        for child in [self.apiserver.take(), self.etcd.take()].into_iter().flatten() {
-            let mut child = child;
+        for mut child in [self.apiserver.take(), self.etcd.take()].into_iter().flatten() {
             if let Some(pid) = child.id() {
                 let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
             }
