@@ -640,6 +640,8 @@ async fn etcd_template() -> Option<PathBuf> {
                 let staging = root.join(format!("{key}.tmp"));
                 let _ = std::fs::remove_dir_all(&staging);
                 copy_dir(&cluster.dir.path().join("etcd"), &staging);
+                // A template without its `member` folder (cut short by hand) is replaced.
+                let _ = std::fs::remove_dir_all(&path);
                 std::fs::rename(&staging, &path).expect("move the etcd template in place");
                 let day_ago = std::time::SystemTime::now() - Duration::from_secs(24 * 3600);
                 for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
