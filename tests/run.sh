@@ -145,8 +145,8 @@ step "tests/docs.sh (mdbook, links; the code docs are built in the build)"
 DOCS_IN_BUILD=1 bash tests/docs.sh
 # Every target (binaries and examples: the end-to-end tests start them; test executables; benches,
 # only checked, for their lints; in the dev profile), in one build, with clippy and rustdoc on the
-# workspace's crates. (--timings: each crate's time, in $CARGO_TARGET_DIR/cargo-timings/, for the testing
-# guide's "Time from nothing".)
+# workspace's crates. (--timings: each crate's time, in $CARGO_TARGET_DIR/cargo-timings/, for the
+# testing guide's "Time from nothing".)
 # The wrapper is exported: the doc tests' `cargo test --doc` (tests/tools/run-tests.py) and the
 # feature-off builds then find the libraries built as they are, not changed.
 export RUSTC_WORKSPACE_WRAPPER="$PWD/tests/tools/lint-in-build.sh"

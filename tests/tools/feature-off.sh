@@ -26,8 +26,8 @@ export RUSTC_WORKSPACE_WRAPPER="$PWD/tests/tools/lint-in-build.sh" LINT_IN_BUILD
 python3 tests/tools/feature-pin.py --check
 
 echo "==> fake-driver without the join-cluster feature (clippy)"
-# Every target, tests included, not run again: the feature only adds code (src/kubelets/ and the tests
-# of it), so these tests are a subset of the workspace run's, on the same code paths.
+# Every target, tests included, not run again: the feature only adds code (src/kubelets/ and
+# the tests of it), so these tests are a subset of the workspace run's, on the same code paths.
 cargo build -p fake-driver --all-targets
 
 echo "==> machine-controller and driver-sdk without the SDK's server feature (clippy)"

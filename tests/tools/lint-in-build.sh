@@ -54,8 +54,8 @@ clippy_driver="$(dirname "$rustc")/clippy-driver"
 # 55 CPU-s (six executables) in every run from nothing. With LINT_IN_BUILD_CHECK=leaves
 # (tests/tools/feature-off.sh), so are all executables (binaries, examples, tests; not build
 # scripts, which run): `cargo hack --feature-powerset check` checks feature sets so too. Cargo
-# leaves an output that is not there where it is (it copies binaries up to target/debug/ only if
-# they exist), so the workspace build's binaries stay in place.
+# copies a binary up to target/debug/ only if it was written, so the workspace build's binaries
+# stay in place.
 leaf=false
 if [ "$kind" = bin ] || { $test && [ "$kind" != lib ]; }; then leaf=true; fi
 if $bench || { [ "${LINT_IN_BUILD_CHECK:-}" = leaves ] && $leaf && [ "$crate" != build_script_build ]; }; then
