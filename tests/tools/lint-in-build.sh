@@ -23,7 +23,7 @@ set -euo pipefail
 rustc="$1"
 shift
 
-crate="" kind="" test=false probe=false bench=false prev=""
+crate="" kind="" test=false probe=false unrun=false prev=""
 for arg in "$@"; do
   case "$prev" in
     --crate-name) crate="$arg" ;;
@@ -35,8 +35,9 @@ for arg in "$@"; do
     --test) test=true ;;
     # cargo asking the compiler what it can do (`-vV`, `--print=cfg`, ...): rustc answers.
     -vV | --print | --print=*) probe=true ;;
-    # A bench's source (cargo's layout: benches/NAME.rs).
-    benches/*.rs | */benches/*.rs) bench=true ;;
+    # Executables nothing in the run starts: benches (cargo's layout: benches/NAME.rs) and the
+    # end-to-end crate's examples (tests/examples/: tools for a developer, like dev_cluster).
+    benches/*.rs | */benches/*.rs | tests/examples/*.rs) unrun=true ;;
   esac
   prev="$arg"
 done
@@ -51,14 +52,15 @@ clippy_driver="$(dirname "$rustc")/clippy-driver"
 [ -x "$clippy_driver" ] || clippy_driver="$(rustup which clippy-driver)"
 # Benches are only checked, as `cargo clippy --all-targets` checks every target: nothing runs them
 # here (`cargo bench` builds its own, optimized), and code generation and linking were 51 of their
-# 55 CPU-s (six executables) in every run from nothing. With LINT_IN_BUILD_CHECK=leaves
-# (tests/tools/feature-off.sh), so are all executables (binaries, examples, tests; not build
-# scripts, which run): `cargo hack --feature-powerset check` checks feature sets so too. Cargo
-# copies a binary up to target/debug/ only if it was written, so the workspace build's binaries
-# stay in place.
+# 55 CPU-s (six executables) in every run from nothing. So is dev_cluster (about 9 CPU-s built;
+# `cargo run --example dev_cluster` builds it when a developer wants it; it is still documented).
+# With LINT_IN_BUILD_CHECK=leaves (tests/tools/feature-off.sh), so are all executables (binaries,
+# examples, tests; not build scripts, which run): `cargo hack --feature-powerset check` checks
+# feature sets so too. Cargo copies a binary up to target/debug/ only if it was written, so the
+# workspace build's binaries stay in place.
 leaf=false
 if [ "$kind" = bin ] || { $test && [ "$kind" != lib ]; }; then leaf=true; fi
-if $bench || { [ "${LINT_IN_BUILD_CHECK:-}" = leaves ] && $leaf && [ "$crate" != build_script_build ]; }; then
+if $unrun || { [ "${LINT_IN_BUILD_CHECK:-}" = leaves ] && $leaf && [ "$crate" != build_script_build ]; }; then
   check=() skip=false
   for arg in "$@"; do
     if $skip; then skip=false; continue; fi
@@ -68,9 +70,10 @@ if $bench || { [ "${LINT_IN_BUILD_CHECK:-}" = leaves ] && $leaf && [ "$crate" !=
       *) check+=("$arg") ;;
     esac
   done
-  exec "$clippy_driver" "$rustc" "${check[@]}" --emit=dep-info,metadata -D warnings
+  "$clippy_driver" "$rustc" "${check[@]}" --emit=dep-info,metadata -D warnings
+else
+  "$clippy_driver" "$rustc" "$@" -D warnings
 fi
-"$clippy_driver" "$rustc" "$@" -D warnings
 
 # The docs, from the same arguments minus what only the compiler takes (outputs, codegen options,
 # the JSON diagnostics cargo reads from rustc), against the dependencies this build just compiled.
