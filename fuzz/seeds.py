@@ -1,6 +1,6 @@
 """Writes the generated seed corpora of the fuzz targets (see fuzz/README.md).
 
-Usage: .tools/venv/bin/python fuzz/seeds.py   (needs Python hpack 4.1.0, which tests/run.sh
+Usage: .tools/venv/bin/python fuzz/seeds.py   (needs Python hpack 4.1.0, which `cargo xtask install`
 installs into .tools/venv)
 
 hpack_decode       header blocks as gRPC clients and servers send them (tonic, grpc-go, grpcurl,

@@ -24,7 +24,7 @@ use tokio::process::{Child, Command};
 const MINUTE: Duration = Duration::from_secs(60);
 const FAST: &[&str] = &["--create-latency", "300ms", "--delete-latency", "200ms", "--update-latency", "200ms"];
 
-/// The cluster-autoscaler binary: `$CLUSTER_AUTOSCALER_BIN` (`tests/run.sh` sets it), else what
+/// The cluster-autoscaler binary: `$CLUSTER_AUTOSCALER_BIN` (`cargo xtask install` sets it), else what
 /// `tests/tools/install-autoscaler.sh` prints (it builds once into a cache outside the clone). A
 /// missing one fails the test.
 fn autoscaler_bin() -> PathBuf {
@@ -33,7 +33,7 @@ fn autoscaler_bin() -> PathBuf {
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/install-autoscaler.sh");
     let out = std::process::Command::new("bash").arg(script).stderr(Stdio::inherit()).output().expect("bash");
-    assert!(out.status.success(), "{script} failed: set CLUSTER_AUTOSCALER_BIN or run `bash tests/run.sh`");
+    assert!(out.status.success(), "{script} failed: set CLUSTER_AUTOSCALER_BIN or run `cargo xtask e2e`");
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 

@@ -15,7 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 // ------------------------------------------------------------------------------------------ moto
 
-/// `moto_server`: `$MOTO_SERVER`, else the one `tests/run.sh` installs in `.tools/moto`. A
+/// `moto_server`: `$MOTO_SERVER`, else the one `cargo xtask install` installs in `.tools/moto`. A
 /// missing moto fails the test; it is never skipped.
 pub fn moto_server() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
@@ -23,7 +23,7 @@ pub fn moto_server() -> PathBuf {
         std::env::var_os("MOTO_SERVER").map(PathBuf::from).unwrap_or_else(|| root.join(".tools/moto/bin/moto_server"));
     assert!(
         p.exists(),
-        "moto_server not found at {} (from $MOTO_SERVER, else .tools/moto): run `bash tests/run.sh`, which \
+        "moto_server not found at {} (from $MOTO_SERVER, else .tools/moto): run `cargo xtask install`, which \
          installs moto[server]==5.2.5 from PyPI into .tools/moto",
         p.display()
     );

@@ -909,3 +909,172 @@ async fn rotating_the_token_key_mid_rollout_loses_no_operation() {
     }
     assert!(!w.sidecar().log_text().contains(old) && !w.sidecar().log_text().contains(new), "a key was logged");
 }
+
+/// A store layer that loses the first remediation mark written to a Machine, as a concurrent
+/// writer would make it lose (a conflict), and records what the controller wrote to Machines:
+/// `create NAME`, `mark lost NAME`, `mark NAME`, `delete NAME`.
+struct LoseFirstMark {
+    inner: Arc<dyn machine_controller::store::Backend>,
+    lost: std::sync::atomic::AtomicBool,
+    writes: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+mod lose_first_mark {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use machine_controller::registry::Kind;
+    use machine_controller::resources::ANNOTATION_DISRUPTION;
+    use machine_controller::store::{Backend, Change, Error, Event, Key, Result};
+    use serde_json::Value;
+    use tokio::sync::broadcast;
+
+    use super::LoseFirstMark;
+
+    impl LoseFirstMark {
+        fn note(&self, what: String) {
+            self.writes.lock().unwrap_or_else(|p| p.into_inner()).push(what);
+        }
+    }
+
+    fn name(obj: &Value) -> String {
+        obj["metadata"]["name"].as_str().unwrap_or_default().to_string()
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for LoseFirstMark {
+        async fn get(&self, key: &Key) -> Result<Option<Arc<str>>> {
+            self.inner.get(key).await
+        }
+        async fn list(&self, kind: Kind) -> Result<Vec<Arc<str>>> {
+            self.inner.list(kind).await
+        }
+        async fn scan_with(
+            &self,
+            kind: Kind,
+            visit: &mut (dyn for<'t> FnMut(&'t str) -> Result<()> + Send),
+            unreadable: &mut (dyn FnMut(Key, serde_json::Error) -> Result<()> + Send),
+        ) -> Result<()> {
+            self.inner.scan_with(kind, visit, unreadable).await
+        }
+        async fn count(&self, kind: Kind) -> Option<usize> {
+            self.inner.count(kind).await
+        }
+        async fn keys(&self, kind: Kind) -> Result<Vec<Key>> {
+            self.inner.keys(kind).await
+        }
+        async fn create(&self, kind: Kind, obj: Value) -> Result<Arc<str>> {
+            let n = name(&obj);
+            let created = self.inner.create(kind, obj).await?;
+            if kind == Kind::Machine {
+                self.note(format!("create {n}"));
+            }
+            Ok(created)
+        }
+        async fn update(&self, kind: Kind, obj: Value) -> Result<Option<Arc<str>>> {
+            let n = name(&obj);
+            let marks = obj["metadata"]["annotations"][ANNOTATION_DISRUPTION] == "Remediation";
+            let key = Key::new(kind, obj["metadata"]["namespace"].as_str().unwrap_or("default"), &n);
+            let stored = self.inner.get(&key).await?;
+            let marked = stored.as_deref().is_some_and(|s| s.contains("\"machine.driver.dev/disruption-reason\""));
+            if kind == Kind::Machine && marks && !marked {
+                if !self.lost.swap(true, Ordering::SeqCst) {
+                    self.note(format!("mark lost {n}"));
+                    let expected = obj["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string();
+                    return Err(Error::Conflict { key, expected, actual: "written by someone else".into() });
+                }
+                let written = self.inner.update(kind, obj).await?;
+                self.note(format!("mark {n}"));
+                return Ok(written);
+            }
+            self.inner.update(kind, obj).await
+        }
+        async fn replace_status(&self, kind: Kind, json: String) -> Result<Option<Arc<str>>> {
+            self.inner.replace_status(kind, json).await
+        }
+        async fn delete(&self, key: &Key) -> Result<Option<Arc<str>>> {
+            if key.kind == Kind::Machine {
+                self.note(format!("delete {}", key.name));
+            }
+            self.inner.delete(key).await
+        }
+        fn subscribe(&self) -> broadcast::Receiver<Change> {
+            self.inner.subscribe()
+        }
+        async fn record_event(&self, event: Event) -> Result<()> {
+            self.inner.record_event(event).await
+        }
+        async fn events(&self, key: &Key, limit: usize) -> Result<Vec<Event>> {
+            self.inner.events(key, limit).await
+        }
+    }
+}
+
+/// A remediation mark lost to a conflicting write leaves nothing behind: the plan that marks
+/// does nothing else, so no replacement is created for the lost mark and no machine removed in
+/// its place; the next plan marks again, and only then the replacement comes and the machine goes
+/// — as a remediation (its event), not as a scale-down of one machine too many. The conflict is
+/// injected at the store's trait (the controller's one seam for it): the first write of the mark
+/// answers Conflict, as a concurrent writer would make it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remediation_mark_lost_to_a_conflict_creates_and_removes_nothing_until_it_lands() {
+    let writes = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = writes.clone();
+    let w = world(FAST)
+        .in_process()
+        .store_layer(move |inner| {
+            Arc::new(LoseFirstMark { inner, lost: Default::default(), writes: log.clone() })
+                as Arc<dyn machine_controller::store::Backend>
+        })
+        .start()
+        .await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 3, "os-1", "1", "0", "")).await;
+    w.converged("web", MINUTE).await;
+    let created = w.inspect().await.counters.unwrap().machines_created;
+    let machines = w.machines().await;
+    let victim = machines[0].metadata.name.clone();
+    writes.lock().unwrap().clear();
+
+    // Ask for the victim's remediation (as `kubectl annotate` would).
+    let store = w.store();
+    w.wait_for("the remediate annotation written", MINUTE, || {
+        let (store, ns, victim) = (store.clone(), w.ns().to_string(), victim.clone());
+        async move {
+            let mut m = store.get::<Machine>(&ns, &victim).await.ok().flatten()?;
+            m.metadata.annotations.insert(ANNOTATION_REMEDIATE.into(), "true".into());
+            store.update(&m).await.ok()
+        }
+    })
+    .await;
+    let md = w
+        .wait_for("the victim remediated", MINUTE, || async {
+            let machines = w.machines().await;
+            let md = w.md("web").await;
+            let done = machines.len() == 3 && machines.iter().all(|m| m.metadata.name != victim);
+            (done && e2e_tests::rolled_out(&md)).then_some(md)
+        })
+        .await;
+    let seen = writes.lock().unwrap().clone();
+    eprintln!("writes to Machines: {seen:?}");
+    let at = |what: &str| seen.iter().position(|s| s == what).unwrap_or_else(|| panic!("no {what:?} in {seen:?}"));
+    let (lost, marked, deleted) =
+        (at(&format!("mark lost {victim}")), at(&format!("mark {victim}")), at(&format!("delete {victim}")));
+    assert!(lost < marked && marked < deleted, "{seen:?}");
+    assert!(
+        seen[..marked].iter().all(|s| !s.starts_with("create ") && !s.starts_with("delete ")),
+        "nothing was created or removed before the mark landed: {seen:?}"
+    );
+    let creates: Vec<&String> = seen.iter().filter(|s| s.starts_with("create ")).collect();
+    assert_eq!(creates.len(), 1, "one replacement: {seen:?}");
+    assert!(seen.iter().filter(|s| s.starts_with("delete ")).all(|s| *s == format!("delete {victim}")), "{seen:?}");
+    assert_eq!(w.inspect().await.counters.unwrap().machines_created, created + 1);
+    assert_eq!(md.status.disruption.remediation.in_flight, 0);
+    let events = w
+        .store()
+        .backend()
+        .events(&machine_controller::store::Key::new(Kind::Machine, w.ns(), &victim), 20)
+        .await
+        .unwrap();
+    assert!(events.iter().any(|e| e.reason == "Remediating"), "{events:?}");
+}

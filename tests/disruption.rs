@@ -557,6 +557,88 @@ async fn a_canary_whose_node_never_joins_aborts_the_rollout_touching_only_it() {
     w.kill9().await;
 }
 
+/// The MachineHealthCheck events of deployment `web`'s check.
+async fn health_check_events(w: &World) -> Vec<machine_controller::store::Event> {
+    let key = machine_controller::store::Key::new(Kind::MachineHealthCheck, w.ns(), "web");
+    w.store().backend().events(&key, 100).await.unwrap()
+}
+
+/// A revision whose Nodes never join, under a MachineHealthCheck whose Ready timeout (2 s) is far
+/// shorter than the node-startup timeout (8 s): a machine without a Node is not unhealthy — it
+/// has not joined, and its own clock judges it — so the check marks none of them, each fails
+/// NODE_NOT_JOINED (its revision's failure), and the failure budget (2) aborts the rollout: two
+/// machines of the bad revision, no churn, then the rollback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_never_join_spend_the_failure_budget_under_a_faster_health_check() {
+    let mut w = World::on_full_cluster(FAST, "disruption").await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.health_check(2, json!("100%")).await;
+    let spec = |template: Value| {
+        let startup = if template.to_string().contains("NeverJoins") { 8 } else { 60 };
+        json!({"replicas": 3, "failureBudget": 2, "nodeStartupTimeoutSeconds": startup, "template": template})
+    };
+    w.apply_md("web", spec(image("os-1", None))).await;
+    let good = w.converged("web", 2 * MINUTE).await;
+    let created = w.created().await;
+
+    w.apply_md("web", spec(image("os-2", Some("NeverJoins")))).await;
+    let aborted = md_until(&w, "the rollout aborted", 3 * MINUTE, |md| !md.status.bad_revisions.is_empty()).await;
+    let bad = &aborted.status.bad_revisions[0];
+    assert!(bad.reason.starts_with("2 machines of revision"), "{bad:?}");
+    md_until(&w, "rolled back", 3 * MINUTE, |md| {
+        e2e_tests::rolled_out(md) && md.status.target_revision == good.status.target_revision
+    })
+    .await;
+    assert_eq!(w.created().await, created + 2 + 1, "two machines of the bad revision and one to roll back");
+    let events = health_check_events(&w).await;
+    let by_node =
+        |e: &&machine_controller::store::Event| e.reason == "MachineUnhealthy" && e.message.contains("Node's Ready");
+    assert!(!events.iter().any(|e| by_node(&e)), "a machine without a Node was marked by its Node: {events:?}");
+    w.kill9().await;
+}
+
+/// The same with a canary: the canary machine fails NODE_NOT_JOINED under the faster health
+/// check, and the rollout is aborted at once — one machine of the bad revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_whose_node_never_joins_is_aborted_at_once_under_a_faster_health_check() {
+    let mut w = World::on_full_cluster(FAST, "disruption").await;
+    w.start_controller(&[]);
+    w.class().await;
+    w.health_check(2, json!("100%")).await;
+    let spec = |template: Value| {
+        let startup = if template.to_string().contains("NeverJoins") { 8 } else { 60 };
+        json!({"replicas": 3, "strategy": canary_strategy(5), "nodeStartupTimeoutSeconds": startup, "template": template})
+    };
+    w.apply_md("web", spec(image("os-1", None))).await;
+    w.converged("web", 2 * MINUTE).await;
+    let before = names_of(&w.machines().await);
+    let created = w.created().await;
+
+    w.apply_md("web", spec(image("os-2", Some("NeverJoins")))).await;
+    let aborted = md_until(&w, "the canary failed and the rollout aborted", 3 * MINUTE, |md| {
+        canary_phase(md) == Some(CanaryPhase::Failed) && !md.status.bad_revisions.is_empty()
+    })
+    .await;
+    let canary = aborted.status.canary.clone().unwrap();
+    assert!(canary.message.contains("NODE_NOT_JOINED"), "{canary:?}");
+    assert_eq!(w.created().await, created + 1, "only the canary machine was made");
+    assert!(names_of(&w.machines().await).is_superset(&before), "no old machine went");
+    let events = health_check_events(&w).await;
+    let by_node =
+        |e: &&machine_controller::store::Event| e.reason == "MachineUnhealthy" && e.message.contains("Node's Ready");
+    assert!(!events.iter().any(|e| by_node(&e)), "a machine without a Node was marked by its Node: {events:?}");
+    // `rollout status` says aborted, watching or not, before and after the rollback.
+    let (code, out, err) = w.cli(&["rollout", "status", "web", "-n", w.ns(), "--no-watch"]).await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("aborted"), "{err}");
+    w.converged("web", 2 * MINUTE).await;
+    let (code, out, err) = w.cli(&["rollout", "status", "web", "-n", w.ns(), "--no-watch"]).await;
+    assert_eq!(code, 1, "after the rollback too: {out}{err}");
+    assert!(err.contains("aborted") && err.contains("failed"), "{err}");
+    w.kill9().await;
+}
+
 /// A healthy canary: one machine of the new revision, then a pause of `pauseSeconds` during which
 /// no old machine goes (and which survives a kill -9 of the controller); `rollout pause` holds the
 /// rollout after the canary passed, `rollout resume` lets it finish.

@@ -11,15 +11,8 @@
 #     built; for any other Markdown file, GitHub's heading slug; #L12 on a source file is a line;
 #   - every chapter under docs/src/ is listed in SUMMARY.md;
 #   - http(s) links are listed, never fetched (no network).
-# Then the code docs: `cargo doc --no-deps --workspace --lib --bin driver-conformance --examples`
-# with RUSTDOCFLAGS="-D warnings", so a broken, redundant or private intra-doc link, or a missing
-# doc where a crate warns of them, fails the run (warm target: 6-20 s; a cold one first checks
-# every dependency).
-# tests/run.sh sets DOCS_IN_BUILD=1 and leaves this step out: its build runs rustdoc -D warnings on
-# every workspace crate as it compiles it (tests/tools/lint-in-build.sh), against the
-# dependencies it compiled anyway, where cargo doc would check every dependency once more.
-# Usage: bash tests/docs.sh      Env: MACHINE_DRIVER_CACHE (default ~/.cache/machine-driver),
-#   DOCS_IN_BUILD=1: book and links only
+# The code docs (rustdoc -D warnings) are `cargo xtask lint`'s own step, beside clippy.
+# Usage: bash tests/docs.sh      Env: MACHINE_DRIVER_CACHE (default ~/.cache/machine-driver)
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -184,10 +177,3 @@ for e in errors:
 sys.exit(1 if errors else 0)
 PY
 
-if [ "${DOCS_IN_BUILD:-0}" = 1 ]; then
-  say "code docs: rustdoc -D warnings on every crate in tests/run.sh's build (tests/tools/lint-in-build.sh)"
-  exit 0
-fi
-say "cargo doc --no-deps --workspace --lib --bin driver-conformance --examples (RUSTDOCFLAGS=\"-D warnings\")"
-(cd "$root" && RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --lib --bin driver-conformance --examples --quiet) ||
-  die "cargo doc failed or warned (above)"

@@ -1,7 +1,6 @@
 //! The end-to-end suites, one module each, in one test executable: linked once, where one
-//! executable per suite linked the same dependencies 18 times. `tests/tools/run-tests.py` runs
-//! each suite as a job of its own (a process, as before); by hand:
-//! `cargo test -p e2e-tests --test e2e nodes::`.
+//! executable per suite linked the same dependencies 18 times. `cargo xtask e2e` runs it with
+//! cargo-nextest, a process per test (`.config/nextest.toml`); one suite: `cargo xtask e2e nodes::`.
 
 mod autoscaler;
 mod aws_ec2;

@@ -11,14 +11,13 @@
 # only find memory errors in dependencies' unsafe code, and it cost most of the fuzzing: the build
 # took 10.7 CPU-min with it against 6.9 without (alone, from nothing: 10.9 against 3.6 min), and
 # the targets ran 2-11x fewer inputs per second (manifest_parse 4.1k against 45.6k in 10 s;
-# docs/src/developer/testing.md, "Time from nothing"). FUZZ_SANITIZER=address runs them under
+# docs/src/reference/benchmarks-history.md, "Time from nothing"). FUZZ_SANITIZER=address runs them under
 # ASan (and LeakSanitizer), e.g. for a long run of one target.
 # Any crash, panic, timeout or out-of-memory (and, under ASan, a memory error or a leak) fails
 # the run (after every target has run):
 # the input is copied to fuzz/regressions/<target>/, where `cargo test` replays it from then on,
 # and printed. A missing tool fails, never skips.
-# Usage: bash tests/fuzz.sh [SECONDS] [build|run]   (default: build, then run; tests/run.sh builds
-#        first and runs the targets beside the tests, which leave the machine mostly idle)
+# Usage: bash tests/fuzz.sh [SECONDS]   (`cargo xtask fuzz` and `cargo xtask ci` run it with 30)
 # Env:   MACHINE_DRIVER_CACHE (default ~/.cache/machine-driver), FUZZ_TARGETS (default: all),
 #        FUZZ_SANITIZER (none, the default; address, leak, memory or thread: cargo fuzz --sanitizer)
 set -euo pipefail
@@ -26,8 +25,6 @@ cd "$(dirname "$0")/.."
 
 seconds="${1:-30}"
 case "$seconds" in '' | *[!0-9]*) echo "fuzz.sh: SECONDS must be a whole number, not '$seconds'" >&2; exit 2 ;; esac
-only="${2:-}"
-case "$only" in '' | build | run) ;; *) echo "fuzz.sh: the second argument is build or run, not '$only'" >&2; exit 2 ;; esac
 cargo_fuzz_version=0.13.2
 cache="${MACHINE_DRIVER_CACHE:-$HOME/.cache/machine-driver}"
 cargo_fuzz_root="$cache/cargo-fuzz-$cargo_fuzz_version"
@@ -51,7 +48,7 @@ cargo fuzz --version
 # The fuzz crate is its own workspace: give it the main workspace's versions of everything.
 cp Cargo.lock fuzz/Cargo.lock
 # 16 codegen units (cargo-fuzz's default is 1): the build takes much less time on a small
-# machine, at the cost of somewhat fewer executions per second (docs/src/developer/testing.md).
+# machine, at the cost of somewhat fewer executions per second (docs/src/reference/benchmarks-history.md).
 # libFuzzer's C++ (libfuzzer-sys's build script, through the cc crate) without debug info: 21 CPU-s
 # against 25 with it, and nobody steps through libFuzzer (a failure prints the Rust panic).
 export CXXFLAGS="${CXXFLAGS:-} -g0"
@@ -59,12 +56,9 @@ fuzz() {
   cargo +nightly fuzz "$1" --fuzz-dir fuzz --target-dir "$target_dir" --sanitizer "$sanitizer" --debug-assertions \
     --codegen-units 16 "${@:2}"
 }
-if [ "$only" != run ]; then
-  echo "==> building the fuzz targets (nightly, sanitizer: $sanitizer, into $target_dir)"
-  fuzz build
-  echo "==> built in $((SECONDS - start)) s"
-fi
-[ "$only" != build ] || exit 0
+echo "==> building the fuzz targets (nightly, sanitizer: $sanitizer, into $target_dir)"
+fuzz build
+echo "==> built in $((SECONDS - start)) s"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

@@ -3,7 +3,7 @@
 //! MachineDeployment on it, and the Rust `DriverClient` reads its request IDs and error details.
 //! That is the proof that the protocol, not `driver-sdk`, is the contract.
 //!
-//! The binary comes from `tests/tools/build-go-driver.sh` through `GO_DRIVER_BIN` (`tests/run.sh`
+//! The binary comes from `tests/tools/build-go-driver.sh` through `GO_DRIVER_BIN` (`cargo xtask install`
 //! sets it); without it these tests fail with the command to run, they never skip.
 
 use std::collections::{BTreeMap, HashMap, HashSet};

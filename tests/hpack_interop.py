@@ -1,4 +1,4 @@
-"""The independent side of tests/hpack_interop.rs: Python hpack (PyPI, pinned in tests/run.sh).
+"""The independent side of tests/hpack_interop.rs: Python hpack (PyPI, pinned in xtask/src/main.rs).
 
 Reads one JSON request on stdin, writes one JSON answer on stdout. Bytes travel as hex.
   {"op": "encode", "connections": [[{"table_sizes": [N...], "huffman": B,

@@ -1,4 +1,4 @@
-//! h2-authority's HPACK code (the SDK's Unix-socket `:authority` filter) against an independent implementation, Python hpack 4.1.0 (PyPI; tests/run.sh
+//! h2-authority's HPACK code (the SDK's Unix-socket `:authority` filter) against an independent implementation, Python hpack 4.1.0 (PyPI; `cargo xtask install`
 //! installs it and sets `$PYTHON_HPACK_PY` to its Python). Never skipped: without that Python the
 //! tests fail.
 //!
@@ -132,7 +132,7 @@ fn random_connections(seed: u64, count: usize) -> Vec<Vec<BlockSpec>> {
 async fn python(request: Value) -> Vec<Vec<Value>> {
     let python = std::env::var_os("PYTHON_HPACK_PY").map(PathBuf::from).unwrap_or_else(|| {
         panic!(
-            "PYTHON_HPACK_PY is not set: it names a Python with hpack==4.1.0 (tests/run.sh installs one \
+            "PYTHON_HPACK_PY is not set: it names a Python with hpack==4.1.0 (`cargo xtask install` installs one \
              into .tools/venv and sets it)"
         )
     });

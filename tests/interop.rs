@@ -1,7 +1,7 @@
 //! Client stacks nobody here wrote, against our sidecars over the Unix socket and over TCP:
 //! Python `grpcio`, Node `@grpc/grpc-js`, grpc-go (a `unix:///` target and the kubelet/CSI
 //! `Dial(path)` + unix dialer) and grpcurl. `tests/tools/install-interop.sh` installs the first
-//! three from their registries (pinned) and `tests/run.sh` exports `INTEROP_DIR`; the clients
+//! three from their registries (pinned) and `cargo xtask install` exports `INTEROP_DIR`; the clients
 //! live in `tests/interop/` and share one command-line contract (see any of them).
 //!
 //! Each client, on each transport: health → SERVING, `GetDriverInfo` → the driver's name,
@@ -48,7 +48,7 @@ impl Client {
             Client::Go => "go-client",
             Client::Grpcurl => unreachable!("grpcurl is driven from here"),
         };
-        let how = "run `bash tests/run.sh`, or `export INTEROP_DIR=\"$(bash tests/tools/install-interop.sh)\"` \
+        let how = "run `cargo xtask e2e`, or `export INTEROP_DIR=\"$(bash tests/tools/install-interop.sh)\"` \
                    before `cargo test -p e2e-tests --test e2e interop::`";
         let dir = std::env::var_os("INTEROP_DIR").unwrap_or_else(|| panic!("INTEROP_DIR is not set: {how}"));
         let p = Path::new(&dir).join(file);

@@ -1,5 +1,5 @@
 //! A real Kubernetes control plane for tests: etcd and kube-apiserver, built from the Go module
-//! proxy by `tests/tools/install-kube-cluster.sh` (which `tests/run.sh` runs), started in a
+//! proxy by `tests/tools/install-kube-cluster.sh` (which `cargo xtask e2e` runs), started in a
 //! temporary folder, with the machine-driver CRDs installed. Stopped (apiserver first, then etcd)
 //! when dropped.
 //!
@@ -25,8 +25,20 @@ use kube::core::GroupVersionKind;
 use kube::discovery::Scope;
 use tokio::process::{Child, Command};
 
-/// At most this many control planes run at once in one test binary (2 cores).
-static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+/// How many clusters run at once is cargo-nextest's `kube-cluster` test group
+/// (`.config/nextest.toml`), which names the suites that start them: each test runs in a process
+/// of its own, so no limit inside one could hold. Under nextest, a test outside the group fails
+/// here, before it starts a cluster, until its suite is added to the group's filter.
+fn check_test_group() {
+    if std::env::var_os("NEXTEST").is_some() {
+        let group = std::env::var("NEXTEST_TEST_GROUP").unwrap_or_default();
+        assert_eq!(
+            group, "kube-cluster",
+            "this test starts a test cluster but is not in the kube-cluster test group: add its suite \
+             to that group's filter in .config/nextest.toml"
+        );
+    }
+}
 
 /// The kwok stages [`Cluster::start_full`] gives kwok, relative to `kwok-stages/` in the install
 /// folder (kwok's own `kustomize/stage/`). `node-not-ready` only acts on Nodes labelled
@@ -69,7 +81,7 @@ rules:
 const FULL_BINARIES: [&str; 4] = ["kube-controller-manager", "kube-scheduler", "kwok", "kubectl"];
 
 /// The folder `tests/tools/install-kube-cluster.sh` filled: `$KUBE_CLUSTER_DIR`, else
-/// `$KUBE_APISERVER_DIR` (its older name; `tests/run.sh` sets both). Never skipped: a missing
+/// `$KUBE_APISERVER_DIR` (its older name). Never skipped: a missing
 /// install fails the test with what to run.
 fn cluster_dir() -> PathBuf {
     std::env::var_os("KUBE_CLUSTER_DIR")
@@ -77,7 +89,7 @@ fn cluster_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             panic!(
-                "KUBE_CLUSTER_DIR (or KUBE_APISERVER_DIR) is not set: run `bash tests/run.sh`, or \
+                "KUBE_CLUSTER_DIR (or KUBE_APISERVER_DIR) is not set: run `cargo xtask e2e`, or \
                  `export KUBE_CLUSTER_DIR=$(bash tests/tools/install-kube-cluster.sh)` before `cargo test`"
             )
         })
@@ -138,7 +150,6 @@ pub struct Cluster {
     pub client: kube::Client,
     /// The apiserver's port, held for it ([`reserve_port`]).
     _api_port: tokio::net::TcpSocket,
-    _slot: tokio::sync::SemaphorePermit<'static>,
 }
 
 /// A loopback port bound with `SO_REUSEPORT` and never listened on: no other process can bind it
@@ -168,7 +179,7 @@ impl Cluster {
     /// With them, etcd starts from a copy of the data of a cluster that started once and got the
     /// CRDs (`etcd_template` below): kube-apiserver then finds its bootstrap objects (namespaces, RBAC
     /// roles, priority classes) and the CRDs in place instead of writing them, a quarter less CPU
-    /// per start (docs/src/developer/testing.md, "Time from nothing").
+    /// per start (docs/src/reference/benchmarks-history.md, "Time from nothing").
     pub async fn start_with(crds: bool) -> Cluster {
         let template = if crds { etcd_template().await } else { None };
         let cluster = Self::launch(template.as_deref()).await;
@@ -184,7 +195,7 @@ impl Cluster {
     /// Starts etcd (on a copy of `etcd_data`, if given) and kube-apiserver, and waits until the
     /// apiserver is ready.
     async fn launch(etcd_data: Option<&Path>) -> Cluster {
-        let slot = SLOTS.acquire().await.expect("semaphore");
+        check_test_group();
         let bins = install_dir();
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
@@ -270,7 +281,6 @@ current-context: test
             kubeconfig,
             client,
             _api_port: api_port_socket,
-            _slot: slot,
         };
         cluster.wait_ready().await;
         cluster

@@ -395,6 +395,56 @@ async fn a_budget_that_forbids_every_eviction_holds_the_drain_until_its_deadline
     w.kill9().await;
 }
 
+/// The cluster-autoscaler's taint proves nothing about a drain: it goes on before the autoscaler
+/// evicts, and anyone who may patch Nodes can set it. A machine removed by a scale-down while its
+/// Node carries `ToBeDeletedByClusterAutoscaler` is drained as always — held by its pods'
+/// PodDisruptionBudget, its VM kept — and goes only once the budget lets the pods go. (A removal
+/// the real autoscaler asked for, and drained itself, is not drained twice:
+/// `autoscaler::pending_pods_scale_a_deployment_up_and_idle_nodes_go_exactly_without_a_second_drain`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_autoscalers_taint_on_a_node_skips_no_drain_the_autoscaler_did_not_ask_for() {
+    let mut w = World::on_full_cluster(FAST, "nodes").await;
+    w.start_controller(&[]);
+    w.class().await;
+    let spec = json!({"drainTimeoutSeconds": 600});
+    w.apply_md("web", 1, json!({"machineType": "small"}), spec.clone()).await;
+    w.rolled_out("web", 2 * MINUTE).await;
+    let m = w.machines().await.remove(0);
+    let name = m.metadata.name.clone();
+    let node = m.status.node_ref.clone().unwrap().name;
+    // Both pods on the one node, and a budget that allows no eviction while they run.
+    w.workload("db", 2, Some(json!({"minAvailable": 2}))).await;
+    let taint = json!({"spec": {"taints": [{"key": TAINT_AUTOSCALER_DELETING, "value": "1767225600", "effect": "NoSchedule"}]}});
+    Api::<Node>::all(w.cluster().client.clone())
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&taint))
+        .await
+        .expect("tainting the node");
+    // A scale-down (no autoscaler asked for it) removes the machine.
+    w.apply_md("web", 0, json!({"machineType": "small"}), spec).await;
+    let held = eventually(MINUTE, "the drain held by the budget despite the taint", || async {
+        let m = w.machine(&name).await?;
+        let c = condition(&m.status.conditions, ConditionType::Deleting)?;
+        (c.reason == Reason::DisruptionBudgetUnsatisfiable).then_some(m)
+    })
+    .await;
+    let d = held.status.deletion.clone().unwrap();
+    assert_eq!(d.phase, DeletionPhase::Draining, "{d:?}");
+    assert!(d.blocked_by.contains(&format!("{}/db-budget", w.ns())), "{}", d.blocked_by);
+    assert_eq!(d.pods_left, 2);
+    assert_eq!(w.inspect().await.machines.len(), 1, "the VM is kept while its pods are protected");
+    let events = w.events(&name).await;
+    assert!(!events.iter().any(|e| e.message.contains("drained by the cluster-autoscaler")), "{events:?}");
+    // The budget goes: the pods are evicted, then the VM and the Node.
+    w.cluster().kubectl(&["delete", "pdb", "db-budget", "-n", w.ns()]).await;
+    eventually(2 * MINUTE, "the machine gone once its pods could go", || async {
+        w.machine(&name).await.is_none().then_some(())
+    })
+    .await;
+    let events = w.events(&name).await;
+    assert!(events.iter().any(|e| e.reason == "Drained" && e.message.contains("every pod evicted")), "{events:?}");
+    w.kill9().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hooks_hold_the_deletion_and_daemon_set_pods_are_not_evicted() {
     let mut w = World::on_full_cluster(FAST, "nodes").await;

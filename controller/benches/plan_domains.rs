@@ -6,7 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use machine_controller::plan::rollout::{plan_deployment, revision, Member, Observed};
+use machine_controller::plan::deployment::{plan_deployment, revision, Observed};
+use machine_controller::plan::member::Member;
 use machine_controller::resources::*;
 
 const MACHINES: usize = 10_000;
@@ -46,9 +47,8 @@ fn machines(domains: bool) -> Vec<Member> {
             revision: if i % 2 == 0 { old.clone() } else { new.clone() },
             created: Some(t0 + chrono::Duration::seconds(i as i64)),
             deleting: false,
-            remediating: false,
+            taken: None,
             marked_for_deletion: false,
-            by_autoscaler: false,
             remediation: None,
             marked_unhealthy: false,
             phase: Phase::Running,

@@ -826,13 +826,21 @@ async fn rollout_status(
             bars.suspend(|| lines.iter().for_each(|l| println!("{l}")));
         }
         shown = key;
-        if observed && progressing.is_some_and(|c| matches!(c.reason, Reason::RolloutAborted | Reason::NoGoodRevision))
-        {
+        // The spec's revision failed (the rollout was aborted, and rolled back if it could): the
+        // same answer whenever it is asked, watching or not, and however far the rollback got.
+        let spec_rev = crate::plan::deployment::revision(&md.spec.template);
+        let failed = md.status.bad_revisions.iter().rev().find(|b| b.revision == spec_rev);
+        let aborted = progressing.is_some_and(|c| matches!(c.reason, Reason::RolloutAborted | Reason::NoGoodRevision));
+        if observed && (aborted || failed.is_some()) {
             bars.clear().ok();
             if !watch {
                 lines.iter().for_each(|l| println!("{l}"));
             }
-            return Err(Exit { message: format!("rollout of {name} aborted: {msg}"), code: 1 });
+            let why = match failed {
+                Some(b) if !msg.contains(&b.reason) => format!("revision {spec_rev} failed ({}); {msg}", b.reason),
+                _ => msg,
+            };
+            return Err(Exit { message: format!("rollout of {name} aborted: {why}"), code: 1 });
         }
         let done = observed
             && md.status.available_replicas == md.spec.replicas

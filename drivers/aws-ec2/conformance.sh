@@ -5,7 +5,7 @@
 # driver-conformance against it, tears both down (also on failure or Ctrl-C) and exits with the
 # suite's status.
 #
-# Assumes the README's test command has run (`bash tests/run.sh`): the binaries are in
+# Assumes the README's test command has run (`cargo xtask ci`, or `cargo xtask e2e`): the binaries are in
 # target/debug and moto is in .tools/moto. Override with MOTO_SERVER, TARGET_DIR, AWS_REGION.
 # Extra arguments go to driver-conformance (e.g. --repeat 5).
 set -euo pipefail
@@ -15,9 +15,9 @@ target=${TARGET_DIR:-target/debug}
 moto_server=${MOTO_SERVER:-.tools/moto/bin/moto_server}
 region=${AWS_REGION:-us-east-1}
 for f in "$target/aws-ec2-driver" "$target/driver-conformance"; do
-  [ -x "$f" ] || { echo "conformance.sh: $f is missing: run \`bash tests/run.sh\` (or cargo build -p aws-ec2-driver -p driver-sdk --bins)" >&2; exit 2; }
+  [ -x "$f" ] || { echo "conformance.sh: $f is missing: run \`cargo xtask e2e\` (or cargo build -p aws-ec2-driver -p driver-sdk --bins)" >&2; exit 2; }
 done
-[ -x "$moto_server" ] || { echo "conformance.sh: $moto_server is missing: run \`bash tests/run.sh\` (it installs moto[server]==5.2.5 into .tools/moto)" >&2; exit 2; }
+[ -x "$moto_server" ] || { echo "conformance.sh: $moto_server is missing: run \`cargo xtask install\` (it installs moto[server]==5.2.5 into .tools/moto)" >&2; exit 2; }
 
 work=$(mktemp -d)
 moto_pid=""

@@ -2,7 +2,7 @@
 # Runs the driver-conformance suite against azure-vmss-driver on arm-emulator, both real
 # processes on a temporary port and socket, tears them down, and exits with the suite's status.
 #
-# Needs the binaries in target/debug (the README's test command, `bash tests/run.sh`, builds them;
+# Needs the binaries in target/debug (the README's test command, `cargo xtask ci`, builds them;
 # or `cargo build -p arm-emulator -p azure-vmss-driver -p driver-sdk --bins`). BIN_DIR overrides.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"

@@ -45,7 +45,8 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use machine_controller::resources::{Machine, MachineDeployment};
 use machine_controller::store::kubernetes::KubernetesBackend;
-use machine_controller::store::Store;
+use machine_controller::store::sqlite::SqliteBackend;
+use machine_controller::store::{Backend, Store};
 use tokio::process::{Child, Command};
 
 use crate::kube_cluster::Cluster;
@@ -195,7 +196,7 @@ impl Driver {
 pub fn go_driver() -> String {
     let how = "build it and pass its path: \
                GO_DRIVER_BIN=\"$(bash tests/tools/build-go-driver.sh)\" cargo test -p e2e-tests --test e2e go_driver:: \
-               (tests/run.sh does this)";
+               (cargo xtask e2e does this)";
     let path = std::env::var("GO_DRIVER_BIN").unwrap_or_default();
     assert!(!path.is_empty(), "GO_DRIVER_BIN is not set: {how}");
     assert!(Path::new(&path).is_absolute(), "GO_DRIVER_BIN={path} must be an absolute path: {how}");
@@ -221,7 +222,11 @@ pub struct Builder {
     metrics: bool,
     in_process: bool,
     manifest: Option<String>,
+    store_layer: Option<StoreLayer>,
 }
+
+/// What an in-process world's controller puts between itself and the embedded backend.
+type StoreLayer = Arc<dyn Fn(Arc<dyn Backend>) -> Arc<dyn Backend> + Send + Sync>;
 
 impl Default for Builder {
     fn default() -> Self {
@@ -236,6 +241,7 @@ impl Default for Builder {
             metrics: false,
             in_process: false,
             manifest: None,
+            store_layer: None,
         }
     }
 }
@@ -323,6 +329,15 @@ impl Builder {
         self
     }
 
+    /// An in-process world's controller reads and writes its store through `layer` over the
+    /// embedded backend: a test's own [`Backend`] in between (to inject a conflicting write, say,
+    /// at the one seam the controller has for it). The test's own handles
+    /// ([`World::store`]) go straight to the file.
+    pub fn store_layer(mut self, layer: impl Fn(Arc<dyn Backend>) -> Arc<dyn Backend> + Send + Sync + 'static) -> Self {
+        self.store_layer = Some(Arc::new(layer));
+        self
+    }
+
     /// Starts the driver, then (unless [`Builder::without_controller`]) a controller.
     ///
     /// # Panics
@@ -349,8 +364,16 @@ impl Builder {
         } else {
             DriverSlot::Process(Some(Box::new(self.driver.start().await)))
         };
+        assert!(self.store_layer.is_none() || self.in_process, "a store layer needs an in-process world");
         let in_process_store = match (&store, self.in_process) {
-            (WorldStore::Sqlite(path), true) => Some(Store::open(path).expect("opening the embedded store")),
+            (WorldStore::Sqlite(path), true) => {
+                let backend: Arc<dyn Backend> =
+                    Arc::new(SqliteBackend::open(path).expect("opening the embedded store"));
+                Some(Store::new(match &self.store_layer {
+                    Some(layer) => layer(backend),
+                    None => backend,
+                }))
+            }
             _ => None,
         };
         let mut w = World {

@@ -5,55 +5,39 @@
 //! (`machine_controller::plan::disruption`) decides; this module holds the types and reads a
 //! budget's schedule.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
+use super::state::wire_enum;
 use super::{is_default, IntOrPercent, Time};
 
-/// Why a machine is taken away or disrupted: every path that does so names its reason when it
-/// asks the controller's disruption planner (`machine_controller::plan::disruption`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
-pub enum DisruptionReason {
-    /// A rolling update replaces a machine of an older revision.
-    Rollout,
-    /// A machine is updated in place (it is unavailable while it updates).
-    InPlaceUpdate,
-    /// `replicas` went down: the owner removes machines.
-    ScaleDown,
-    /// A failed or unhealthy machine is replaced.
-    Remediation,
-    /// Machines move between failure domains (reserved).
-    Rebalance,
-    /// The cluster-autoscaler removes a node it drained (`NodeGroupDeleteNodes`).
-    Autoscaler,
-    /// The cloud takes the machine (a spot interruption, maintenance; reserved). Never held.
-    Interruption,
+wire_enum! {
+    /// Why a machine is taken away or disrupted: every path that does so names its reason when it
+    /// asks the controller's disruption planner (`machine_controller::plan::disruption`). On a
+    /// Machine the owner took, its [`ANNOTATION_DISRUPTION`](super::ANNOTATION_DISRUPTION) holds
+    /// it ([`Machine::disruption`](super::Machine::disruption)).
+    #[derive(PartialOrd, Ord)]
+    pub enum DisruptionReason {
+        /// A rolling update replaces a machine of an older revision.
+        Rollout,
+        /// A machine is updated in place (it is unavailable while it updates).
+        InPlaceUpdate,
+        /// `replicas` went down: the owner removes machines.
+        ScaleDown,
+        /// A failed or unhealthy machine is replaced.
+        Remediation,
+        /// Machines move between failure domains.
+        Rebalance,
+        /// The cluster-autoscaler removes a node it drained (`NodeGroupDeleteNodes`).
+        Autoscaler,
+        /// The cloud takes the machine (a spot interruption, maintenance; reserved). Never held.
+        Interruption,
+    }
 }
 
 impl DisruptionReason {
-    /// Every reason.
-    pub const ALL: [DisruptionReason; 7] = [
-        DisruptionReason::Rollout,
-        DisruptionReason::InPlaceUpdate,
-        DisruptionReason::ScaleDown,
-        DisruptionReason::Remediation,
-        DisruptionReason::Rebalance,
-        DisruptionReason::Autoscaler,
-        DisruptionReason::Interruption,
-    ];
-
-    /// The wire string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DisruptionReason::Rollout => "Rollout",
-            DisruptionReason::InPlaceUpdate => "InPlaceUpdate",
-            DisruptionReason::ScaleDown => "ScaleDown",
-            DisruptionReason::Remediation => "Remediation",
-            DisruptionReason::Rebalance => "Rebalance",
-            DisruptionReason::Autoscaler => "Autoscaler",
-            DisruptionReason::Interruption => "Interruption",
-        }
+    /// Its place in [`DisruptionReason::ALL`]: an index for per-reason tables.
+    pub fn index(self) -> usize {
+        self as usize
     }
 
     /// Whether a budget without `reasons` limits it: the voluntary disruptions the controller
@@ -79,12 +63,6 @@ impl DisruptionReason {
     /// Whether anything can hold it: an interruption happens whatever the controller says.
     pub fn can_be_held(self) -> bool {
         self != DisruptionReason::Interruption
-    }
-}
-
-impl fmt::Display for DisruptionReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -139,7 +117,7 @@ impl DisruptionBudget {
 
     /// The reasons it limits, in order.
     pub fn limited(&self) -> Vec<DisruptionReason> {
-        DisruptionReason::ALL.into_iter().filter(|r| self.limits(*r)).collect()
+        DisruptionReason::ALL.iter().copied().filter(|r| self.limits(*r)).collect()
     }
 
     /// Checks what a CRD schema cannot: the schedule, duration and time zone read, and the

@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::checks::{self, Check};
+use super::disruption::DisruptionReason;
 use super::kind::{Column, ColumnType, KindInfo, Shown, Via};
-use super::meta::{is_default, KindOf, Object, Time, LABEL_REVISION};
+use super::meta::{is_default, KindOf, Object, Time, ANNOTATION_DISRUPTION, LABEL_REVISION};
 use super::state::{wire_enum, Reason};
 use super::status::{Condition, LastOperation, StoredOperation};
 use super::template::{NameRef, NodeSettings, NodeTemplate};
@@ -426,5 +427,26 @@ impl Machine {
     /// Whether a delete was asked for.
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
+    }
+
+    /// The disruption its owner (or the cluster-autoscaler) took it for: its
+    /// [`ANNOTATION_DISRUPTION`]. A value this version does not know reads as none.
+    pub fn disruption(&self) -> Option<DisruptionReason> {
+        self.metadata.annotations.get(ANNOTATION_DISRUPTION)?.parse().ok()
+    }
+
+    /// Marks it as taken for `reason` ([`ANNOTATION_DISRUPTION`]). Returns whether that changed
+    /// anything (it may carry the mark already).
+    pub fn mark_disruption(&mut self, reason: DisruptionReason) -> bool {
+        if self.disruption() == Some(reason) {
+            return false;
+        }
+        self.metadata.annotations.insert(ANNOTATION_DISRUPTION.into(), reason.as_str().into());
+        true
+    }
+
+    /// Takes the mark off again. Returns whether it carried one.
+    pub fn clear_disruption(&mut self) -> bool {
+        self.metadata.annotations.remove(ANNOTATION_DISRUPTION).is_some()
     }
 }

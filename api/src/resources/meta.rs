@@ -52,8 +52,10 @@ pub const PRE_DRAIN_HOOK_PREFIX: &str = "pre-drain.delete.hook.machine.driver.de
 /// Annotations starting with this hold a Machine's deletion after its node is drained and
 /// before its VM is deleted, until they are removed.
 pub const PRE_TERMINATE_HOOK_PREFIX: &str = "pre-terminate.delete.hook.machine.driver.dev";
-/// The taint the cluster-autoscaler puts on a node it has drained to remove it (value: a unix
-/// time): the Machine's deletion does not drain it again.
+/// The taint the cluster-autoscaler puts on a node it is about to drain and remove (value: a
+/// unix time). A Machine whose removal the autoscaler asked for (`DeleteNodes`: disruption
+/// `Autoscaler`) is not drained again once nothing is left to evict; any other removal drains as
+/// always, taint or not.
 pub const TAINT_AUTOSCALER_DELETING: &str = "ToBeDeletedByClusterAutoscaler";
 /// The `NoSchedule` taint a draining node carries (besides `spec.unschedulable`).
 pub const TAINT_DRAINING: &str = "machine.driver.dev/draining";

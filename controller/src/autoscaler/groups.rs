@@ -12,6 +12,10 @@ use autoscaler_proto::{ERROR_CLASS_OTHER, ERROR_CLASS_OUT_OF_RESOURCES};
 use serde::Deserialize;
 
 use crate::nodes::provider_id::normalize;
+use crate::plan::disruption::{self, Hold, Planner};
+use crate::plan::member::Member;
+use crate::plan::owner::{census, Unit};
+use crate::plan::steps::scale_down;
 use crate::resources::*;
 use crate::store::{Key, Store};
 
@@ -37,63 +41,61 @@ pub fn parse_group_id(id: &str) -> Option<Key> {
     (!namespace.is_empty() && !name.is_empty() && !name.contains('/')).then(|| Key::new(kind, namespace, name))
 }
 
-/// An autoscaled MachineDeployment's or MachinePool's spec and status, as both kinds spell them.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Owner {
-    /// Metadata.
-    pub metadata: ObjectMeta,
-    /// The parts of the spec a group needs.
-    pub spec: OwnerSpec,
-    /// The parts of the status a group needs.
-    #[serde(default)]
-    pub status: OwnerStatus,
-}
-
-/// See [`Owner`].
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OwnerSpec {
-    /// `replicas`.
-    pub replicas: i64,
-    /// `autoscaling`.
-    #[serde(default)]
-    pub autoscaling: Option<Autoscaling>,
+/// An owner the cluster-autoscaler sizes, typed: a MachineDeployment or a MachinePool with
+/// `spec.autoscaling` (the shape of the autoscaler's Cluster API `scalableResource`: its size,
+/// bounds and template; its machines are marked and unmarked through [`Machine::mark_disruption`]
+/// and the delete-machine annotation).
+pub trait NodeGroupOwner: Resource {
+    /// The label its Machines carry with its name.
+    const MACHINE_LABEL: &'static str;
+    /// `spec.replicas`: the target size.
+    fn replicas(&self) -> i64;
+    /// Sets `spec.replicas`.
+    fn set_replicas(&mut self, replicas: i64);
+    /// `spec.autoscaling`: the bounds and options.
+    fn autoscaling(&self) -> Option<&Autoscaling>;
     /// The machine template.
-    pub template: MachineTemplate,
-    /// Disruption budgets.
-    #[serde(default)]
-    pub disruption: DisruptionSpec,
-    /// A deployment's failure domains.
-    #[serde(default)]
-    pub failure_domains: Vec<FailureDomain>,
+    fn template(&self) -> &MachineTemplate;
+    /// The template a new machine gets (a deployment's next failure domain's zone in it).
+    fn next_template(&self) -> MachineTemplate {
+        self.template().clone()
+    }
+    /// It is rolling out a new revision (model): the autoscaler's scale-down waits
+    /// (autoscaler#8494). `Some((updated, machines))` says how far it got.
+    fn rolling_out(&self) -> Option<(i64, i64)>;
+    /// The revision its machines move to (they are its new ones).
+    fn target_revision(&self) -> String;
+    /// How long a machine is Ready before it counts as available.
+    fn min_ready(&self) -> chrono::Duration {
+        chrono::Duration::zero()
+    }
+    /// The disruption planner's limits at `now`, as its own plan asks with them.
+    fn disruption_limits(&self, now: Time) -> disruption::Limits<'_>;
 }
 
-/// See [`Owner`].
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OwnerStatus {
-    /// Machines (instances) it has.
-    #[serde(default)]
-    pub replicas: i64,
-    /// Machines of its target revision (model).
-    #[serde(default)]
-    pub updated_replicas: i64,
-    /// A deployment's rollout in progress.
-    #[serde(default)]
-    pub rollout: Option<serde_json::Value>,
-    /// Machines down, as the last reconcile counted them.
-    #[serde(default)]
-    pub disruption: DisruptionStatus,
-    /// A deployment's failure domains, as the last reconcile counted them.
-    #[serde(default)]
-    pub failure_domains: Vec<FailureDomainStatus>,
-}
+impl NodeGroupOwner for MachineDeployment {
+    const MACHINE_LABEL: &'static str = LABEL_DEPLOYMENT;
 
-impl Owner {
-    /// The template a new machine gets: with failure domains, in the domain the next one goes to
-    /// (the open domain with the fewest machines per unit of weight, the first listed among
-    /// equals), so the template node carries that domain's zone.
-    pub fn next_template(&self) -> MachineTemplate {
+    fn replicas(&self) -> i64 {
+        self.spec.replicas
+    }
+
+    fn set_replicas(&mut self, replicas: i64) {
+        self.spec.replicas = replicas;
+    }
+
+    fn autoscaling(&self) -> Option<&Autoscaling> {
+        self.spec.autoscaling.as_ref()
+    }
+
+    fn template(&self) -> &MachineTemplate {
+        &self.spec.template
+    }
+
+    /// With failure domains, in the domain the next one goes to (the open domain with the
+    /// fewest machines per unit of weight, the first listed among equals), so the template node
+    /// carries that domain's zone.
+    fn next_template(&self) -> MachineTemplate {
         let domains = &self.spec.failure_domains;
         let now = chrono::Utc::now();
         let status = |d: &FailureDomain| self.status.failure_domains.iter().find(|s| s.name == d.name);
@@ -106,16 +108,77 @@ impl Owner {
         t
     }
 
-    /// Whether it is rolling out a new revision (a deployment) or model (a pool): the
-    /// autoscaler's scale-down waits (autoscaler#8494).
-    pub fn rolling_out(&self, kind: Kind) -> bool {
-        match kind {
-            // A deployment says so (`status.rollout`); its counts also move while a machine is
-            // merely being deleted.
-            Kind::MachineDeployment => self.status.rollout.is_some(),
-            _ => self.status.updated_replicas < self.status.replicas,
+    /// It says so (`status.rollout`); its counts also move while a machine is merely being
+    /// deleted.
+    fn rolling_out(&self) -> Option<(i64, i64)> {
+        self.status.rollout.is_some().then_some((self.status.updated_replicas, self.status.replicas))
+    }
+
+    fn target_revision(&self) -> String {
+        if self.status.target_revision.is_empty() {
+            crate::plan::deployment::revision(&self.spec.template)
+        } else {
+            self.status.target_revision.clone()
         }
     }
+
+    fn min_ready(&self) -> chrono::Duration {
+        chrono::Duration::seconds(i64::try_from(self.spec.min_ready_seconds).unwrap_or(i64::MAX / 2))
+    }
+
+    fn disruption_limits(&self, now: Time) -> disruption::Limits<'_> {
+        crate::plan::deployment::disruption_limits(self, None, now)
+    }
+}
+
+impl NodeGroupOwner for MachinePool {
+    const MACHINE_LABEL: &'static str = LABEL_POOL;
+
+    fn replicas(&self) -> i64 {
+        self.spec.replicas
+    }
+
+    fn set_replicas(&mut self, replicas: i64) {
+        self.spec.replicas = replicas;
+    }
+
+    fn autoscaling(&self) -> Option<&Autoscaling> {
+        self.spec.autoscaling.as_ref()
+    }
+
+    fn template(&self) -> &MachineTemplate {
+        &self.spec.template
+    }
+
+    fn rolling_out(&self) -> Option<(i64, i64)> {
+        let st = &self.status;
+        (st.updated_replicas < st.replicas).then_some((st.updated_replicas, st.replicas))
+    }
+
+    /// Pool Machines carry no revision: all are its own (the model is the cloud's to say).
+    fn target_revision(&self) -> String {
+        String::new()
+    }
+
+    fn disruption_limits(&self, now: Time) -> disruption::Limits<'_> {
+        crate::plan::pool::disruption_limits(self, None, now)
+    }
+}
+
+/// Whether the cluster-autoscaler may remove the machines `named` (by name) of `owner` now: each
+/// asked of the disruption planner as an `Autoscaler` removal, over the owner's `machines` (all of
+/// them, terminating ones included) as its own plan counts them — so the same budget holds the
+/// same removal here and in the owner's plan. `Err` is the planner's hold.
+pub fn delete_nodes_verdict<O: NodeGroupOwner>(
+    owner: &O,
+    machines: &[Member],
+    named: &[&str],
+    now: Time,
+) -> Result<(), Hold> {
+    let (rev, min_ready) = (owner.target_revision(), owner.min_ready());
+    let units: Vec<Unit<'_, Member>> = machines.iter().map(|m| m.unit(&rev, now, min_ready)).collect();
+    let mut planner = Planner::new(census(owner.replicas(), &units), owner.disruption_limits(now));
+    scale_down::autoscaler(&units, named, &mut planner)
 }
 
 /// One node group.
@@ -273,22 +336,38 @@ pub fn placeholder(namespace: &str, name: &str) -> String {
     format!("{PLACEHOLDER_PREFIX}{namespace}/{name}")
 }
 
-/// The autoscaled owners of one kind.
-async fn owners(store: &Store, kind: Kind) -> crate::store::Result<Vec<Owner>> {
-    let mut out = Vec::new();
-    store
-        .backend()
-        .scan(kind, &mut |json| {
-            // An owner that does not read is its reconciler's to report (Unreadable); not a group.
-            if let Ok(o) = serde_json::from_str::<Owner>(json) {
-                if o.spec.autoscaling.is_some() && o.metadata.deletion_timestamp.is_none() {
-                    out.push(o);
-                }
-            }
-            Ok(())
-        })
-        .await?;
-    Ok(out)
+/// The autoscaled owners of one kind, not being deleted (one that does not read is its
+/// reconciler's to report: not a group).
+async fn owners<O: NodeGroupOwner>(store: &Store) -> crate::store::Result<Vec<O>> {
+    let all = store.list::<O>().await?;
+    Ok(all.into_iter().filter(|o| o.autoscaling().is_some() && o.meta().deletion_timestamp.is_none()).collect())
+}
+
+/// Adds `owners`' groups to `snap`, and to `member_of` the (label, namespace, owner) of their
+/// machines.
+fn add_groups<O: NodeGroupOwner>(
+    snap: &mut Snapshot,
+    member_of: &mut HashMap<(&'static str, String, String), String>,
+    owners: Vec<O>,
+) {
+    for o in owners {
+        let Some(autoscaling) = o.autoscaling().cloned() else { continue };
+        let (namespace, name) = (o.meta().namespace.clone(), o.meta().name.clone());
+        let id = group_id(O::KIND, &namespace, &name);
+        member_of.insert((O::MACHINE_LABEL, namespace.clone(), name.clone()), id.clone());
+        snap.groups.insert(
+            id.clone(),
+            Group {
+                id,
+                key: Key::new(O::KIND, &namespace, &name),
+                autoscaling,
+                replicas: o.replicas(),
+                class: o.template().spec.class_ref.name.clone(),
+                template: o.next_template(),
+                instances: Vec::new(),
+            },
+        );
+    }
 }
 
 impl Snapshot {
@@ -304,27 +383,8 @@ impl Snapshot {
         let mut snap = Snapshot::default();
         // (label, namespace, owner name) → group ID.
         let mut member_of: HashMap<(&'static str, String, String), String> = HashMap::new();
-        for (kind, label) in [(Kind::MachineDeployment, LABEL_DEPLOYMENT), (Kind::MachinePool, LABEL_POOL)] {
-            for o in owners(store, kind).await? {
-                let (namespace, name) = (o.metadata.namespace.clone(), o.metadata.name.clone());
-                let id = group_id(kind, &namespace, &name);
-                member_of.insert((label, namespace.clone(), name.clone()), id.clone());
-                let Some(autoscaling) = o.spec.autoscaling.clone() else { continue };
-                let template = o.next_template();
-                snap.groups.insert(
-                    id.clone(),
-                    Group {
-                        id,
-                        key: Key::new(kind, &namespace, &name),
-                        autoscaling,
-                        replicas: o.spec.replicas,
-                        class: o.spec.template.spec.class_ref.name.clone(),
-                        template,
-                        instances: Vec::new(),
-                    },
-                );
-            }
-        }
+        add_groups(&mut snap, &mut member_of, owners::<MachineDeployment>(store).await?);
+        add_groups(&mut snap, &mut member_of, owners::<MachinePool>(store).await?);
         if snap.groups.is_empty() {
             return Ok(snap);
         }
@@ -372,17 +432,18 @@ mod tests {
 
     #[test]
     fn the_template_of_a_spread_group_is_in_the_zone_the_next_machine_goes_to() {
-        let owner = |status: serde_json::Value| -> Owner {
+        let owner = |status: serde_json::Value| -> MachineDeployment {
             serde_json::from_value(serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "MachineDeployment",
                 "metadata": {"name": "web", "namespace": "default"},
                 "spec": {"replicas": 3, "template": {"spec": {"classRef": {"name": "small"}, "providerSpec": {"image": "os-1"}}},
                          "failureDomains": [{"name": "a", "providerSpec": {"zone": "zone-a"}},
                                             {"name": "b", "providerSpec": {"zone": "zone-b"}}]},
                 "status": status,
             }))
-            .expect("an owner")
+            .expect("a deployment")
         };
-        let zone = |o: &Owner| {
+        let zone = |o: &MachineDeployment| {
             let t = o.next_template();
             let spec = t.spec.provider_spec.expect("a provider spec");
             (spec["zone"].as_str().unwrap_or("").to_string(), spec["image"].as_str().unwrap_or("").to_string())
@@ -454,5 +515,129 @@ mod tests {
             "status": {"phase": "Running", "providerId": "fake:///zone-a/m3"}
         }));
         assert_eq!(state(&instance(&deleting, &none)), InstanceDeleting as i32);
+    }
+
+    /// The owners a budget test uses: `replicas`, one budget limiting `Autoscaler` removals.
+    fn budgeted(machines: IntOrPercent) -> Vec<DisruptionBudget> {
+        vec![DisruptionBudget {
+            machines,
+            schedule: None,
+            duration: None,
+            time_zone: None,
+            reasons: vec![DisruptionReason::Autoscaler],
+        }]
+    }
+
+    /// A Running, Ready machine `name` of `owner` (a deployment's of `revision`, or a pool's),
+    /// marked by the autoscaler's DeleteNodes when `marked`.
+    fn machine(owner: &OwnerReference, name: &str, revision: &str, marked: bool) -> Machine {
+        let mut m = Machine::new("default", name, MachineSpec::default());
+        m.metadata.uid = format!("uid-{name}");
+        m.metadata.owner_references = vec![owner.clone()];
+        m.metadata.creation_timestamp = Some(chrono::Utc::now() - chrono::Duration::hours(1));
+        if !revision.is_empty() {
+            m.metadata.labels.insert(LABEL_REVISION.into(), revision.into());
+        }
+        m.status.phase = Phase::Running;
+        set_condition(&mut m.status.conditions, ConditionType::Ready, true, Reason::Running, "");
+        if marked {
+            m.metadata.annotations.insert(ANNOTATION_DELETE.into(), "true".into());
+            m.mark_disruption(DisruptionReason::Autoscaler);
+        }
+        m
+    }
+
+    /// One budget, three answers: the same `Autoscaler` removal held by the same budget in a
+    /// deployment's plan, in a pool's plan and through DeleteNodes for either; and a budget that
+    /// does not read holds all of them too (it must not fail open).
+    #[test]
+    fn one_budget_holds_the_autoscalers_removal_on_both_kinds_and_through_delete_nodes() {
+        use crate::plan::{deployment, pool};
+        let now = chrono::Utc::now();
+        let pace = (std::time::Duration::from_secs(1), std::time::Duration::from_secs(300));
+        for (limit, invalid) in [(IntOrPercent::Int(0), false), (IntOrPercent::Str("many".into()), true)] {
+            let budgets = budgeted(limit);
+            // A settled deployment of 3; the autoscaler asks for web-c's removal.
+            let mut md: MachineDeployment = serde_json::from_value(serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "MachineDeployment",
+                "metadata": {"name": "web", "namespace": "default", "uid": "web-uid"},
+                "spec": {"replicas": 3, "template": {"spec": {"classRef": {"name": "small"}}},
+                         "autoscaling": {"minReplicas": 1, "maxReplicas": 5}},
+            }))
+            .expect("a deployment");
+            md.spec.disruption.budgets = budgets.clone();
+            let rev = deployment::revision(&md.spec.template);
+            md.status.current_revision = rev.clone();
+            let owner = OwnerReference::controller_of(Kind::MachineDeployment, "web", "web-uid");
+            let ms = [("web-a", false), ("web-b", false), ("web-c", true)]
+                .map(|(n, marked)| machine(&owner, n, &rev, marked));
+            let members: Vec<Member> = ms.iter().map(|m| Member::read(m).expect("a member")).collect();
+            let delete_nodes = delete_nodes_verdict(&md, &members, &["web-c"], now).expect_err("held");
+            // The deployment's own plan once the autoscaler's size is written.
+            let mut lowered = md.clone();
+            lowered.spec.replicas = 2;
+            let plan = deployment::plan_deployment(deployment::Observed {
+                deployment: &lowered,
+                machines: &members,
+                remediation_halted: None,
+                pace,
+                now,
+            });
+            let report = plan.disruption.expect("a report");
+            let by_deployment = report.held.iter().find(|h| h.reason == DisruptionReason::Autoscaler);
+            assert_eq!(by_deployment.map(|h| &h.hold), Some(&delete_nodes), "{:?}", report.held);
+            assert!(!plan.delete.iter().any(|n| n == "web-c"), "{:?}", plan.delete);
+            // A pool of 3 with its Nodes managed; the autoscaler asks for instance 2's removal.
+            let mut mp: MachinePool = serde_json::from_value(serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "MachinePool",
+                "metadata": {"name": "p", "namespace": "default", "uid": "p-uid"},
+                "spec": {"replicas": 3, "template": {"spec": {"classRef": {"name": "small"}}},
+                         "autoscaling": {"minReplicas": 1, "maxReplicas": 5}},
+            }))
+            .expect("a pool");
+            mp.spec.disruption.budgets = budgets.clone();
+            let owner = OwnerReference::controller_of(Kind::MachinePool, "p", "p-uid");
+            let ms = [("p-0", false), ("p-1", false), ("p-2", true)].map(|(n, marked)| machine(&owner, n, "", marked));
+            let members: Vec<Member> = ms.iter().map(|m| Member::read(m).expect("a member")).collect();
+            assert_eq!(delete_nodes_verdict(&mp, &members, &["p-2"], now), Err(delete_nodes.clone()));
+            let instances: Vec<pool::Instance> = (0..3)
+                .map(|i| pool::Instance {
+                    taken: (i == 2).then_some(DisruptionReason::Autoscaler),
+                    ..pool::Instance::new(&i.to_string(), pool::InstanceState::Running)
+                })
+                .collect();
+            let annotated = std::collections::HashSet::from(["2".to_string()]);
+            let plan = pool::plan_pool(pool::Observed {
+                replicas: 2,
+                strategy: &mp.spec.strategy,
+                revision: "rev",
+                applied_revision: "rev",
+                applied_capacity: 3,
+                instances: &instances,
+                deleting: &Default::default(),
+                annotated: &annotated,
+                nodes_managed: true,
+                budgets: &budgets,
+                max_in_flight: 1,
+                remediation: &Default::default(),
+                pace,
+                remediation_halted: None,
+                pool: "p",
+                canary: None,
+                now,
+            });
+            let by_pool = plan.disruption.held.iter().find(|h| h.reason == DisruptionReason::Autoscaler);
+            assert_eq!(by_pool.map(|h| &h.hold), Some(&delete_nodes), "{:?}", plan.disruption.held);
+            assert!(
+                !matches!(&plan.step, pool::Step::DeleteMachines(ids) if ids.iter().any(|i| i == "2")),
+                "{:?}",
+                plan.step
+            );
+            match (&delete_nodes, invalid) {
+                (Hold::BudgetInvalid { index: 0, field: "machines", .. }, true) => {}
+                (Hold::Budget { index: 0, machines: 0, disrupted: 0, planned: 0, until: None }, false) => {}
+                (other, _) => panic!("held by {other:?}"),
+            }
+        }
     }
 }

@@ -25,13 +25,13 @@ use std::time::{Duration, Instant};
 use autoscaler_proto::pb;
 use autoscaler_proto::pb::cloud_provider_server::{CloudProvider, CloudProviderServer};
 use chrono::Utc;
-use serde_json::Value;
 use tonic::{Request, Response, Status};
 
-use self::groups::{parse_group_id, Group, Owner, Shared, Snapshot};
+use self::groups::{delete_nodes_verdict, parse_group_id, Group, NodeGroupOwner, Shared, Snapshot};
 use crate::events::EventReason;
 use crate::nodes::provider_id::normalize;
 use crate::nodes::Target;
+use crate::plan::member::Member;
 use crate::resources::*;
 use crate::store::{Error as StoreError, Key, Store};
 
@@ -134,34 +134,32 @@ impl Server {
         snap.groups.get(id).cloned().ok_or_else(|| unknown_group(id))
     }
 
-    /// Reads the owner of group `id` fresh (its JSON, to write back whole, and its typed view).
-    async fn owner(&self, id: &str) -> Result<(Key, Value, Owner, Autoscaling), Status> {
-        let key = parse_group_id(id).ok_or_else(|| unknown_group(id))?;
-        let json = self.store.backend().get(&key).await.map_err(store_status)?.ok_or_else(|| unknown_group(id))?;
-        let value: Value = serde_json::from_str(&json).map_err(|e| Status::internal(format!("{key}: {e}")))?;
-        let owner: Owner =
-            serde_json::from_value(value.clone()).map_err(|e| Status::failed_precondition(format!("{key}: {e}")))?;
-        let autoscaling = owner.spec.autoscaling.clone().ok_or_else(|| {
+    /// Reads the owner of group `id` fresh, with its `spec.autoscaling`.
+    async fn owner<O: NodeGroupOwner>(&self, key: &Key, id: &str) -> Result<(O, Autoscaling), Status> {
+        let owner = self.store.get::<O>(&key.namespace, &key.name).await.map_err(store_status)?;
+        let owner = owner.ok_or_else(|| unknown_group(id))?;
+        let autoscaling = owner.autoscaling().cloned().ok_or_else(|| {
             Status::not_found(format!("{} {} has no spec.autoscaling: it is not a node group", key.kind, key.name))
         })?;
-        Ok((key, value, owner, autoscaling))
+        Ok((owner, autoscaling))
     }
 
     /// Writes `replicas` (and marks `doomed` machines) in the owner's one write, retrying when its
     /// reconciler wrote in between. `change` gets the fresh owner and returns the new size and
     /// the machines to mark, or the refusal.
-    async fn resize(
+    async fn resize<O: NodeGroupOwner>(
         &self,
+        key: &Key,
         id: &str,
         call: &str,
-        change: impl Fn(&Owner, &Autoscaling) -> Result<Resize, Status>,
+        change: impl Fn(&O, &Autoscaling) -> Result<Resize, Status>,
     ) -> Result<(), Status> {
         self.check_acting()?;
         let _one = self.writes.lock().await;
         // Machines this call marked: unmarked again if it does not lower the size after all (a
         // later attempt refused, the store failed), so no mark outlives a refusal.
         let mut marked: Vec<(String, String)> = Vec::new();
-        let result = self.resize_attempts(id, call, &change, &mut marked).await;
+        let result = self.resize_attempts(key, id, call, &change, &mut marked).await;
         if result.is_err() {
             for (namespace, name) in &marked {
                 if let Err(e) = self.unmark(namespace, name).await {
@@ -172,24 +170,25 @@ impl Server {
         result
     }
 
-    async fn resize_attempts(
+    async fn resize_attempts<O: NodeGroupOwner>(
         &self,
+        key: &Key,
         id: &str,
         call: &str,
-        change: &impl Fn(&Owner, &Autoscaling) -> Result<Resize, Status>,
+        change: &impl Fn(&O, &Autoscaling) -> Result<Resize, Status>,
         marked: &mut Vec<(String, String)>,
     ) -> Result<(), Status> {
         for attempt in 0..WRITE_ATTEMPTS as u32 {
-            let (key, mut value, owner, autoscaling) = self.owner(id).await?;
+            let (owner, autoscaling) = self.owner::<O>(key, id).await?;
             let resize = match change(&owner, &autoscaling) {
                 Ok(r) => r,
                 Err(status) => {
                     let message = format!("refused {call} from the cluster-autoscaler: {}", status.message());
-                    self.store.event(key.kind, &owner.metadata, EventReason::AutoscalerRefused, message).await;
+                    self.store.event(key.kind, owner.meta(), EventReason::AutoscalerRefused, message).await;
                     return Err(status);
                 }
             };
-            if resize.replicas == owner.spec.replicas && resize.mark.is_empty() {
+            if resize.replicas == owner.replicas() && resize.mark.is_empty() {
                 // Nothing to change (the named machines are on their way out already).
                 return Ok(());
             }
@@ -197,19 +196,16 @@ impl Server {
                 self.mark(&key.namespace, machine).await?;
                 marked.push((key.namespace.clone(), machine.clone()));
             }
-            let from = owner.spec.replicas;
-            let to = resize.replicas;
+            let (from, to) = (owner.replicas(), resize.replicas);
             let note = format!("{} {call} {from} -> {to}{}", Utc::now().format("%Y-%m-%dT%H:%M:%SZ"), resize.detail);
-            value["spec"]["replicas"] = Value::from(to);
-            if !value["metadata"]["annotations"].is_object() {
-                value["metadata"]["annotations"] = Value::Object(Default::default());
-            }
-            value["metadata"]["annotations"][ANNOTATION_AUTOSCALER_LAST_CHANGE] = Value::from(note);
-            match self.store.backend().update(key.kind, value).await {
+            let mut next = owner.clone();
+            next.set_replicas(to);
+            next.meta_mut().annotations.insert(ANNOTATION_AUTOSCALER_LAST_CHANGE.into(), note);
+            match self.store.update(&next).await {
                 Ok(_) => {
                     self.invalidate();
                     let message = format!("the cluster-autoscaler's {call}: replicas {from} -> {to}{}", resize.detail);
-                    self.store.event(key.kind, &owner.metadata, EventReason::AutoscalerResized, message).await;
+                    self.store.event(key.kind, owner.meta(), EventReason::AutoscalerResized, message).await;
                     return Ok(());
                 }
                 // The reconciler wrote it in between (or this process's view is behind another
@@ -230,14 +226,11 @@ impl Server {
             let Some(mut m) = self.store.get::<Machine>(namespace, name).await.map_err(store_status)? else {
                 return Err(Status::not_found(format!("machine {namespace}/{name} is gone")));
             };
-            let a = &mut m.metadata.annotations;
-            if a.get(ANNOTATION_DELETE).map(String::as_str) == Some("true")
-                && a.get(ANNOTATION_DISRUPTION).map(String::as_str) == Some(DisruptionReason::Autoscaler.as_str())
-            {
+            let deleted_first = m.metadata.annotations.insert(ANNOTATION_DELETE.into(), "true".into());
+            let newly = m.mark_disruption(DisruptionReason::Autoscaler);
+            if !newly && deleted_first.as_deref() == Some("true") {
                 return Ok(());
             }
-            a.insert(ANNOTATION_DELETE.into(), "true".into());
-            a.insert(ANNOTATION_DISRUPTION.into(), DisruptionReason::Autoscaler.as_str().into());
             match self.store.update(&m).await {
                 Ok(_) => return Ok(()),
                 Err(StoreError::Conflict { .. }) => continue,
@@ -255,12 +248,11 @@ impl Server {
             let Some(mut m) = self.store.get::<Machine>(namespace, name).await.map_err(store_status)? else {
                 return Ok(());
             };
-            let a = &mut m.metadata.annotations;
-            if a.get(ANNOTATION_DISRUPTION).map(String::as_str) != Some(DisruptionReason::Autoscaler.as_str()) {
+            if m.disruption() != Some(DisruptionReason::Autoscaler) {
                 return Ok(());
             }
-            a.remove(ANNOTATION_DELETE);
-            a.remove(ANNOTATION_DISRUPTION);
+            m.metadata.annotations.remove(ANNOTATION_DELETE);
+            m.clear_disruption();
             match self.store.update(&m).await {
                 Ok(_) => return Ok(()),
                 Err(StoreError::Conflict { .. }) => continue,
@@ -292,32 +284,9 @@ fn store_status(e: StoreError) -> Status {
         StoreError::Unavailable { .. } => Status::unavailable(machine_driver_util::error_chain(&e)),
         StoreError::NotFound(_) => Status::not_found(e.to_string()),
         StoreError::Conflict { .. } => Status::aborted(e.to_string()),
+        StoreError::Unreadable { .. } => Status::failed_precondition(machine_driver_util::error_chain(&e)),
         e => Status::internal(machine_driver_util::error_chain(&e)),
     }
-}
-
-/// A disruption budget that refuses `n` more `Autoscaler` removals now: its index and why.
-fn budget_refuses(owner: &Owner, n: i64) -> Option<String> {
-    let now = Utc::now();
-    let down = owner.status.disruption.disrupted;
-    for (index, b) in owner.spec.disruption.budgets.iter().enumerate() {
-        if !b.limits(DisruptionReason::Autoscaler) {
-            continue;
-        }
-        match b.window(now) {
-            Err((field, why)) => return Some(format!("disruption budget {index} cannot be read ({field}: {why})")),
-            Ok(w) if !w.active => continue,
-            Ok(_) => {}
-        }
-        let Ok(machines) = b.machines.resolve(owner.spec.replicas, true) else { continue };
-        if down + n > machines {
-            return Some(format!(
-                "disruption budget {index} allows {machines} machine(s) down and {down} are: no room for {n} more \
-                 (reason Autoscaler)"
-            ));
-        }
-    }
-    None
 }
 
 #[tonic::async_trait]
@@ -388,21 +357,11 @@ impl CloudProvider for Server {
         request: Request<pb::NodeGroupIncreaseSizeRequest>,
     ) -> Result<Response<pb::NodeGroupIncreaseSizeResponse>, Status> {
         let r = request.into_inner();
-        let delta = i64::from(r.delta);
-        self.resize(&r.id, "IncreaseSize", |owner, a| {
-            if delta <= 0 {
-                return Err(Status::invalid_argument(format!("delta must be positive, got {delta}")));
-            }
-            let to = owner.spec.replicas + delta;
-            if to > a.max_replicas {
-                return Err(Status::failed_precondition(format!(
-                    "size increase too large: {} + {delta} is above maxReplicas {}",
-                    owner.spec.replicas, a.max_replicas
-                )));
-            }
-            Ok(Resize { replicas: to, mark: Vec::new(), detail: String::new() })
-        })
-        .await?;
+        let key = parse_group_id(&r.id).ok_or_else(|| unknown_group(&r.id))?;
+        match key.kind {
+            Kind::MachinePool => self.increase_size::<MachinePool>(&key, &r).await?,
+            _ => self.increase_size::<MachineDeployment>(&key, &r).await?,
+        }
         Ok(Response::new(pb::NodeGroupIncreaseSizeResponse {}))
     }
 
@@ -415,45 +374,10 @@ impl CloudProvider for Server {
             return Err(Status::invalid_argument("nodes is empty"));
         }
         let key = parse_group_id(&r.id).ok_or_else(|| unknown_group(&r.id))?;
-        // The machines of the nodes, read fresh: (machine name, already marked or being deleted).
-        let wanted: Vec<(String, String)> =
-            r.nodes.iter().map(|n| (normalize(&n.provider_id), n.name.clone())).collect();
-        let machines = self.machines_of(&key).await?;
-        let mut doomed = Vec::new();
-        for (pid, node) in &wanted {
-            let found = machines.iter().find(|m| !pid.is_empty() && m.ids.iter().any(|id| id == pid));
-            let Some(m) = found else {
-                return Err(Status::invalid_argument(format!(
-                    "node {node:?} (provider ID {pid:?}) is not a machine of node group {}",
-                    r.id
-                )));
-            };
-            doomed.push(m.clone());
+        match key.kind {
+            Kind::MachinePool => self.delete_nodes::<MachinePool>(&key, &r).await?,
+            _ => self.delete_nodes::<MachineDeployment>(&key, &r).await?,
         }
-        self.resize(&r.id, "DeleteNodes", |owner, a| {
-            if owner.rolling_out(key.kind) {
-                return Err(Status::failed_precondition(format!(
-                    "{} is rolling out (updated {} of {}): no scale-down until it is done",
-                    r.id, owner.status.updated_replicas, owner.status.replicas
-                )));
-            }
-            // Machines already on their way out lower nothing again.
-            let new: Vec<&MachineRef> = doomed.iter().filter(|m| !m.going).collect();
-            let n = new.len() as i64;
-            let to = owner.spec.replicas - n;
-            if to < a.min_replicas {
-                return Err(Status::failed_precondition(format!(
-                    "removing {n} node(s) would leave {to}, below minReplicas {}",
-                    a.min_replicas
-                )));
-            }
-            if let Some(why) = budget_refuses(owner, new.iter().filter(|m| m.up).count() as i64) {
-                return Err(Status::failed_precondition(why));
-            }
-            let names: Vec<String> = new.iter().map(|m| m.name.clone()).collect();
-            Ok(Resize { replicas: to, detail: format!(": removing {}", names.join(", ")), mark: names })
-        })
-        .await?;
         Ok(Response::new(pb::NodeGroupDeleteNodesResponse {}))
     }
 
@@ -463,26 +387,10 @@ impl CloudProvider for Server {
     ) -> Result<Response<pb::NodeGroupDecreaseTargetSizeResponse>, Status> {
         let r = request.into_inner();
         let key = parse_group_id(&r.id).ok_or_else(|| unknown_group(&r.id))?;
-        let delta = i64::from(r.delta);
-        let machines = self.machines_of(&key).await?;
-        // Machines that have a Node (or at least a provider ID) are fulfilled requests: only
-        // DeleteNodes removes them.
-        let fulfilled = machines.iter().filter(|m| !m.going && m.registered).count() as i64;
-        self.resize(&r.id, "DecreaseTargetSize", |owner, _| {
-            if delta >= 0 {
-                return Err(Status::invalid_argument(format!("delta must be negative, got {delta}")));
-            }
-            let to = owner.spec.replicas + delta;
-            if to < fulfilled {
-                return Err(Status::failed_precondition(format!(
-                    "attempt to delete existing nodes: {} + {delta} is below the {fulfilled} machine(s) that have \
-                     joined; remove those with DeleteNodes",
-                    owner.spec.replicas
-                )));
-            }
-            Ok(Resize { replicas: to, mark: Vec::new(), detail: String::new() })
-        })
-        .await?;
+        match key.kind {
+            Kind::MachinePool => self.decrease_target_size::<MachinePool>(&key, &r).await?,
+            _ => self.decrease_target_size::<MachineDeployment>(&key, &r).await?,
+        }
         Ok(Response::new(pb::NodeGroupDecreaseTargetSizeResponse {}))
     }
 
@@ -523,20 +431,23 @@ struct MachineRef {
     ids: Vec<String>,
     /// Being deleted (its removal is counted in `replicas` already).
     going: bool,
-    /// Running: removing it takes a machine that is up.
-    up: bool,
     /// It has a provider ID: the cloud has it.
     registered: bool,
 }
 
 impl Server {
-    /// The owner's machines, read fresh.
-    async fn machines_of(&self, key: &Key) -> Result<Vec<MachineRef>, Status> {
+    /// The owner's machines, read fresh: as the size calls match them, and as its planner reads
+    /// them.
+    async fn machines_of(&self, key: &Key) -> Result<(Vec<MachineRef>, Vec<Member>), Status> {
         let label = if key.kind == Kind::MachinePool { LABEL_POOL } else { LABEL_DEPLOYMENT };
         let params = crate::store::ListParams::namespaced(&key.namespace).label(label, &key.name);
         let machines = self.store.list_with::<Machine>(&params).await.map_err(store_status)?;
+        let members = machines
+            .iter()
+            .map(|m| Member::read(m).map_err(|e| Status::internal(format!("machine {}: {e}", m.metadata.name))))
+            .collect::<Result<Vec<Member>, Status>>()?;
         let cache = self.target.as_ref().map(|t| t.cache.clone());
-        Ok(machines
+        let refs = machines
             .into_iter()
             .map(|m| {
                 let mut ids =
@@ -549,13 +460,119 @@ impl Server {
                 // happened (a crash in between) must not make the retry a no-op.
                 MachineRef {
                     going: m.metadata.deletion_timestamp.is_some(),
-                    up: m.status.phase == Phase::Running,
                     registered: !m.status.provider_id.is_empty(),
                     name: m.metadata.name,
                     ids,
                 }
             })
-            .collect())
+            .collect();
+        Ok((refs, members))
+    }
+
+    /// `NodeGroupIncreaseSize`: `replicas` up by `delta`, within `maxReplicas`.
+    async fn increase_size<O: NodeGroupOwner>(
+        &self,
+        key: &Key,
+        r: &pb::NodeGroupIncreaseSizeRequest,
+    ) -> Result<(), Status> {
+        let delta = i64::from(r.delta);
+        self.resize::<O>(key, &r.id, "IncreaseSize", |owner, a| {
+            if delta <= 0 {
+                return Err(Status::invalid_argument(format!("delta must be positive, got {delta}")));
+            }
+            let to = owner.replicas() + delta;
+            if to > a.max_replicas {
+                return Err(Status::failed_precondition(format!(
+                    "size increase too large: {} + {delta} is above maxReplicas {}",
+                    owner.replicas(),
+                    a.max_replicas
+                )));
+            }
+            Ok(Resize { replicas: to, mark: Vec::new(), detail: String::new() })
+        })
+        .await
+    }
+
+    /// `NodeGroupDeleteNodes`: the machines of exactly these nodes marked and `replicas` lowered
+    /// by as many, in one pass — unless the owner is rolling out, it would go below
+    /// `minReplicas`, or the disruption planner holds their removal (an `Autoscaler` disruption:
+    /// the hold's words are the refusal's).
+    async fn delete_nodes<O: NodeGroupOwner>(
+        &self,
+        key: &Key,
+        r: &pb::NodeGroupDeleteNodesRequest,
+    ) -> Result<(), Status> {
+        // The machines of the nodes, read fresh.
+        let wanted: Vec<(String, String)> =
+            r.nodes.iter().map(|n| (normalize(&n.provider_id), n.name.clone())).collect();
+        let (machines, members) = self.machines_of(key).await?;
+        let mut doomed = Vec::new();
+        for (pid, node) in &wanted {
+            let found = machines.iter().find(|m| !pid.is_empty() && m.ids.iter().any(|id| id == pid));
+            let Some(m) = found else {
+                return Err(Status::invalid_argument(format!(
+                    "node {node:?} (provider ID {pid:?}) is not a machine of node group {}",
+                    r.id
+                )));
+            };
+            doomed.push(m.clone());
+        }
+        self.resize::<O>(key, &r.id, "DeleteNodes", |owner, a| {
+            if let Some((updated, machines)) = owner.rolling_out() {
+                return Err(Status::failed_precondition(format!(
+                    "{} is rolling out (updated {updated} of {machines}): no scale-down until it is done",
+                    r.id
+                )));
+            }
+            // Machines already on their way out lower nothing again.
+            let names: Vec<&str> = doomed.iter().filter(|m| !m.going).map(|m| m.name.as_str()).collect();
+            let n = names.len() as i64;
+            let to = owner.replicas() - n;
+            if to < a.min_replicas {
+                return Err(Status::failed_precondition(format!(
+                    "removing {n} node(s) would leave {to}, below minReplicas {}",
+                    a.min_replicas
+                )));
+            }
+            if let Err(hold) = delete_nodes_verdict(owner, &members, &names, Utc::now()) {
+                return Err(Status::failed_precondition(format!(
+                    "the removal of {} (reason Autoscaler) is held: {hold}",
+                    names.join(", ")
+                )));
+            }
+            let mark: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+            Ok(Resize { replicas: to, detail: format!(": removing {}", names.join(", ")), mark })
+        })
+        .await
+    }
+
+    /// `NodeGroupDecreaseTargetSize`: `replicas` down by `delta` without removing a machine
+    /// that has joined (only `DeleteNodes` removes those).
+    async fn decrease_target_size<O: NodeGroupOwner>(
+        &self,
+        key: &Key,
+        r: &pb::NodeGroupDecreaseTargetSizeRequest,
+    ) -> Result<(), Status> {
+        let delta = i64::from(r.delta);
+        let (machines, _) = self.machines_of(key).await?;
+        // Machines that have a Node (or at least a provider ID) are fulfilled requests: only
+        // DeleteNodes removes them.
+        let fulfilled = machines.iter().filter(|m| !m.going && m.registered).count() as i64;
+        self.resize::<O>(key, &r.id, "DecreaseTargetSize", |owner, _| {
+            if delta >= 0 {
+                return Err(Status::invalid_argument(format!("delta must be negative, got {delta}")));
+            }
+            let to = owner.replicas() + delta;
+            if to < fulfilled {
+                return Err(Status::failed_precondition(format!(
+                    "attempt to delete existing nodes: {} + {delta} is below the {fulfilled} machine(s) that have \
+                     joined; remove those with DeleteNodes",
+                    owner.replicas()
+                )));
+            }
+            Ok(Resize { replicas: to, mark: Vec::new(), detail: String::new() })
+        })
+        .await
     }
 }
 

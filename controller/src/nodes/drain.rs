@@ -124,6 +124,12 @@ pub fn step(pod: &Pod, now: DateTime<Utc>, deadline: DateTime<Utc>, dead_node: b
     }
 }
 
+/// Whether nothing on the node holds a drain: every pod is one the drain leaves alone (mirror,
+/// DaemonSet, terminal; one stuck terminating past the deadline).
+pub fn nothing_to_evict(pods: &[Pod], now: DateTime<Utc>, deadline: DateTime<Utc>) -> bool {
+    pods.iter().all(|p| !step(p, now, deadline, false).holds_drain())
+}
+
 /// When the next pod of `pods` comes due for a forced deletion (to requeue no later).
 pub fn next_forced(pods: &[Pod], deadline: DateTime<Utc>) -> Option<DateTime<Utc>> {
     pods.iter()

@@ -106,14 +106,17 @@ pub enum Hold {
         /// New machines not available yet.
         new_unavailable: i64,
     },
-    /// A disruption budget has no room: `disrupted` machines are down, it allows `machines`.
+    /// A disruption budget has no room left: it allows `machines` down, `disrupted` are, and
+    /// `planned` more go in this plan.
     Budget {
         /// Its index in `spec.disruption.budgets`.
         index: usize,
-        /// Its `machines`, resolved.
+        /// Its `machines`, resolved: at most this many down.
         machines: i64,
-        /// Machines down.
+        /// Machines down when the plan began.
         disrupted: i64,
+        /// Machines this plan takes already (counted against it).
+        planned: i64,
         /// When its window closes (a scheduled budget).
         until: Option<Time>,
     },
@@ -161,8 +164,12 @@ impl fmt::Display for Hold {
                 f,
                 "maxUnavailable: {available} available, {min_available} required, {new_unavailable} new not available yet"
             ),
-            Hold::Budget { index, machines, disrupted, until } => {
-                write!(f, "disruption budget {index}: {disrupted} machine(s) down, {machines} allowed")?;
+            Hold::Budget { index, machines, disrupted, planned, until } => {
+                write!(f, "disruption budget {index} allows {machines} machine(s) down and {disrupted} are")?;
+                if *planned > 0 {
+                    write!(f, ", {planned} more going now")?;
+                }
+                write!(f, ": none left")?;
                 match until {
                     Some(t) => write!(f, " until {}", t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
                     None => Ok(()),
@@ -323,8 +330,8 @@ impl Planner {
             .enumerate()
             .map(|(index, spec)| {
                 let mut limits = [false; DisruptionReason::ALL.len()];
-                for (i, r) in DisruptionReason::ALL.into_iter().enumerate() {
-                    limits[i] = spec.limits(r);
+                for r in DisruptionReason::ALL {
+                    limits[r.index()] = spec.limits(*r);
                 }
                 let checked = spec
                     .check()
@@ -424,7 +431,7 @@ impl Planner {
                 });
             }
         }
-        let i = reason_index(reason);
+        let i = reason.index();
         let limiting = self.budgets.iter().filter(|b| b.limits[i] && b.report.active);
         if let Some(b) = limiting.clone().find(|b| b.report.invalid.is_some()) {
             let (field, message) = b.report.invalid.clone().unwrap_or(("", String::new()));
@@ -439,6 +446,7 @@ impl Planner {
             index: tightest.report.index,
             machines: tightest.report.machines,
             disrupted: self.census.disrupted,
+            planned: (tightest.report.allowed - tightest.left).max(0),
             until: tightest.report.closes,
         })
     }
@@ -479,10 +487,6 @@ impl Planner {
             recheck_at,
         }
     }
-}
-
-fn reason_index(reason: DisruptionReason) -> usize {
-    DisruptionReason::ALL.iter().position(|r| *r == reason).unwrap_or(0)
 }
 
 /// `remediation.maxInFlight` resolved against `replicas`: percentages round up, at least 1;

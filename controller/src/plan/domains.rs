@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use super::rollout::Member;
+use super::member::Member;
 use serde_json::Value;
 
 use crate::resources::{merge, FailureDomain, FailureDomainBackoff, FailureDomainStatus, Phase, Time};
@@ -95,17 +95,23 @@ impl<'a> Spread<'a> {
     /// `candidates` (in the deletion policy's order) in the order they go: broken ones first
     /// (`broken`), then by the spread — no listed domain first, then the most-populated domain —
     /// and the policy's order among equals. Each pick counts as gone.
-    pub fn order<'m>(&self, candidates: Vec<&'m Member>, broken: impl Fn(&Member) -> bool) -> Vec<&'m Member> {
+    /// `domain` says which domain a candidate is in.
+    pub fn order<'m, T>(
+        &self,
+        candidates: Vec<&'m T>,
+        domain: impl Fn(&T) -> Option<&str>,
+        broken: impl Fn(&T) -> bool,
+    ) -> Vec<&'m T> {
         if !self.active() {
             return candidates;
         }
         // One queue per (tier, domain) in the policy's order, the last domain slot for machines
         // in no listed domain: each pick is the front of a queue (O(machines × domains)).
         let slots = self.domains.len() + 1;
-        let mut queues: Vec<std::collections::VecDeque<&'m Member>> = vec![Default::default(); 2 * slots];
+        let mut queues: Vec<std::collections::VecDeque<&'m T>> = vec![Default::default(); 2 * slots];
         for m in candidates {
             let tier = usize::from(!broken(m));
-            let slot = index(self.domains, m.domain.as_deref()).unwrap_or(self.domains.len());
+            let slot = index(self.domains, domain(m)).unwrap_or(self.domains.len());
             queues[tier * slots + slot].push_back(m);
         }
         let mut count = self.count.clone();

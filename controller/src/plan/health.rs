@@ -3,7 +3,10 @@
 //!
 //! A Machine is unhealthy when its phase is `Failed`, when its Node's `Ready` condition (the
 //! Machine's `NodeReady` condition) has had an `unhealthyConditions` status for at least its
-//! timeout, or when it carries `machine.driver.dev/remediate`. The health check only **marks**:
+//! timeout, or when it carries `machine.driver.dev/remediate`. A Machine whose Node has not
+//! joined yet (`NodeReady` False, `WaitingForNode`) is not judged by the Node's conditions: the
+//! owner's `nodeStartupTimeoutSeconds` judges it, failing it `NODE_NOT_JOINED` (a failure of its
+//! revision). The health check only **marks**:
 //! `HealthCheckSucceeded=False` on every unhealthy Machine, and `OwnerRemediated=False` on those
 //! an owner (MachineDeployment, MachinePool) is to remediate — unless the check only observes,
 //! the Machine carries `machine.driver.dev/skip-remediation`, or more Machines are unhealthy than
@@ -190,6 +193,14 @@ fn health(spec: &MachineHealthCheckSpec, m: &Machine, now: Time, timers_since: O
     let Some(ready) = condition(&m.status.conditions, ConditionType::NodeReady) else {
         return Health::Healthy { recheck };
     };
+    if ready.reason == Reason::WaitingForNode {
+        // Its Node has not joined: not unhealthy. Its own clock judges it, the owner's
+        // `nodeStartupTimeoutSeconds` from the moment its VM came up: past it the machine fails
+        // (NODE_NOT_JOINED), which counts against its revision — so a revision whose Nodes
+        // never join is aborted, not churned (Cluster API judges it by the node-startup timeout
+        // only).
+        return Health::Healthy { recheck };
+    }
     for u in spec.unhealthy_conditions.iter().filter(|u| u.condition_type == "Ready") {
         if ready.status != u.status {
             continue;
@@ -319,7 +330,24 @@ mod tests {
     fn decisions_over_situations() {
         use IntOrPercent::{Int, Str};
         let observe = MachineHealthCheckSpec { mode: HealthCheckMode::Observe, ..spec(None) };
+        let not_joined = |name: &str| {
+            let mut m = node_ready(machine(name, MD), ConditionStatus::False, 9999);
+            m.status.conditions[0].reason = Reason::WaitingForNode;
+            m.status.phase = Phase::Provisioned;
+            m
+        };
         let rows = vec![
+            Row {
+                unhealthy: &["b"],
+                remediate: &["b"],
+                allowed: 0,
+                ..row(
+                    "a Node that never joined is not unhealthy however long it waits (the node-startup timeout \
+                     judges it, failing it NODE_NOT_JOINED); once failed it is",
+                    spec(Some(Int(1))),
+                    vec![not_joined("a"), failed(not_joined("b"))],
+                )
+            },
             Row {
                 allowed: 2,
                 ..row(

@@ -6,22 +6,27 @@
 //!
 //! - [`disruption`]: how many of an owner's machines may be down: `maxUnavailable`, the
 //!   disruption budgets and the remediation limits, asked by every path that takes a machine;
-//! - [`rollout`]: MachineDeployment rolling updates, scale up/down, remediation of failed and
-//!   unhealthy machines, failure budget and rollback, deletion priority;
+//! - [`owner`]: the one view of an owner's machines under both kinds ([`owner::Unit`]), with
+//!   what the steps share;
+//! - [`steps`]: each disruption step once, over units — remediation, canary, scale-down,
+//!   rollout, in place, rebalance;
+//! - [`deployment`]: a MachineDeployment's plan: revisions, failure budget and rollback, the
+//!   steps in its order, status; [`member`]: its Machines as it reads them;
+//! - [`pool`]: a MachinePool's plan: capacity, the steps in its order, with or without nodes;
 //! - [`domains`]: failure domains: placement, removal order, fail-over, outages, rebalancing;
 //! - [`health`]: MachineHealthCheck: which machines are unhealthy, the maxUnhealthy short circuit
-//!   (it marks; owners remediate);
-//! - [`in_place`]: the InPlace strategy's per-machine decisions;
-//! - [`pool`]: MachinePool capacity, surge upgrades by deletion and maxSurge-0 upgrades.
+//!   (it marks; owners remediate).
 
 use crate::resources::{IntOrPercent, RollingUpdate};
 
+pub mod deployment;
 pub mod disruption;
 pub mod domains;
 pub mod health;
-pub mod in_place;
+pub mod member;
+pub mod owner;
 pub mod pool;
-pub mod rollout;
+pub mod steps;
 
 /// How far a rollout may leave `replicas`, resolved to machine counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,9 +10,10 @@
 //! - the planner chooses the instances to remove and names their Machines
 //!   ([`Step::DeleteMachines`]); each Machine's deletion runs the recorded sequence (hooks,
 //!   cordon, drain, volumes, then DeletePoolInstances of exactly that instance, then its Node);
-//! - a scale-down deletes `live − capacity` Machines, in the order failed, annotated
-//!   (`machine.driver.dev/delete-machine`), unready, old model, then the highest instance ID;
-//!   it is not bounded by maxUnavailable (fewer replicas is what was asked);
+//! - a scale-down deletes `live − capacity` Machines in the deletion order shared with deployments
+//!   ([`owner::deletion_order`]: annotated (`machine.driver.dev/delete-machine`), failed, down,
+//!   coming up, updating, running; old model first; then the highest instance ID); it is not
+//!   bounded by maxUnavailable (fewer replicas is what was asked);
 //! - surge upgrades delete the same old instances they would delete without nodes, as Machines;
 //! - maxSurge = 0 upgrades are **delete and replace** rather than in-place reimages (a reimage
 //!   disrupts the Node's pods without a drain): old instances are deleted as Machines in CAPZ's
@@ -23,13 +24,17 @@
 //!   capacity would let the cloud pick another instance. A higher one (a scale-up, a template
 //!   change's surge) goes ahead: it removes nothing.
 //!
-//! Every instance the pool takes away or disrupts is asked of the disruption planner
-//! ([`super::disruption`]) with its reason: `Rollout` (an upgrade by deletion), `InPlaceUpdate`
-//! (a reimage, maxSurge 0 without nodes), `ScaleDown` (fewer replicas) and `Remediation` (a
-//! failed instance, or one whose Machine a MachineHealthCheck marked or that is annotated
-//! `machine.driver.dev/remediate`). A remediated instance is replaced first where maxSurge allows
-//! (the capacity grows by one for it, as for an upgrade), and its Machine is marked and deleted
-//! once no replacement is still coming (the usual deletion: drain, then exactly that instance).
+//! The instances are units of the owner view ([`super::owner`]) and the disruption steps are the
+//! ones deployments run ([`super::steps`]): every instance the pool takes away or disrupts is
+//! asked of the disruption planner ([`super::disruption`]) with its reason: `Rollout` (an upgrade
+//! by deletion), `InPlaceUpdate` (a reimage, maxSurge 0 without nodes), `ScaleDown` (fewer
+//! replicas), `Autoscaler` (an instance whose removal the cluster-autoscaler asked for) and
+//! `Remediation` (a failed instance, or one whose Machine a MachineHealthCheck marked or that is
+//! annotated `machine.driver.dev/remediate`). A remediated instance's Machine is marked by a plan
+//! that makes no call; then it is replaced first where maxSurge allows (the capacity grows by one
+//! for it, as for an upgrade), and its Machine deleted once no replacement is still coming (the
+//! usual deletion: drain, then exactly that instance). The remediation pace is the plan's
+//! ([`Plan::disruption_status`]).
 //!
 //! **Canary** (`strategy.canary`): when a new template upgrades a pool's instances (not its first
 //! apply), at most `canary.machines` instances reach the new model first: a surge upgrade grows
@@ -44,18 +49,21 @@
 //! is removed from the strategy. Remediation goes on: the failed instance is replaced (by the
 //! cloud, on the latest model).
 //!
-//! [`plan_pool`] classifies the instances, asks for remediation, chooses the step ([`Step`]) with or
-//! without nodes, and the Ready condition to set; [`Plan::notes`] say why ([`Note`]). With nodes
+//! [`plan_pool`] projects the instances, runs the remediation and canary steps, chooses the one
+//! call ([`Step`]) with or without nodes (the scale-down, rollout and in-place steps inside), and
+//! the Ready condition and `status.disruption` to set; [`Plan::notes`] say why ([`Note`]). With nodes
 //! managed an instance is ready only once its Node is ([`Observed::ready`]).
 
 use std::collections::HashSet;
+use std::time::Duration;
 
-use super::disruption::{self, Candidate, Census, Planner, Report};
-use super::rollout::{PlannedEvent, Remediation};
+use super::disruption::{self, Candidate, Planner, Report};
+use super::owner::{self, holds, PlannedEvent, Remediation, Standing, Unit};
+use super::steps::{canary, in_place, remediation, rollout, scale_down};
 use super::Limits;
-use crate::events::EventReason;
 use crate::resources::{
-    CanaryPhase, CanaryStatus, DisruptionBudget, DisruptionReason, Phase, Reason, RollingUpdate, Time,
+    CanaryPhase, CanaryStatus, DeletePolicy, DisruptionBudget, DisruptionReason, DisruptionStatus, MachinePool, Phase,
+    Reason, RemediationStatus, RollingUpdate, Time,
 };
 
 /// An instance's lifecycle state: the protocol's, as the SDK types it.
@@ -106,8 +114,12 @@ pub struct Instance {
     /// Why its Machine is to be remediated, if it is (a failed instance is, whatever its
     /// Machine says).
     pub remediation: Option<Remediation>,
-    /// Its Machine was taken for remediation before (marked): in flight until it is gone.
-    pub remediating: bool,
+    /// A MachineHealthCheck marked its Machine unhealthy (`HealthCheckSucceeded=False`), asking
+    /// for its remediation or not.
+    pub marked_unhealthy: bool,
+    /// The disruption its Machine was taken for (its mark): `Remediation` is in flight until it
+    /// is gone; `Autoscaler` makes its removal the cluster-autoscaler's.
+    pub taken: Option<DisruptionReason>,
     /// Why its Machine failed (`reason: message`), if the controller or the driver said.
     pub failure: Option<String>,
 }
@@ -123,7 +135,8 @@ impl Instance {
             latest_model: true,
             node_ready: true,
             remediation: None,
-            remediating: false,
+            marked_unhealthy: false,
+            taken: None,
             failure: None,
         }
     }
@@ -165,8 +178,11 @@ pub struct Observed<'a> {
     pub budgets: &'a [DisruptionBudget],
     /// `remediation.maxInFlight`, resolved.
     pub max_in_flight: i64,
-    /// No remediation starts before this (the pace in `status.disruption.remediation`).
-    pub remediation_not_before: Option<Time>,
+    /// `status.disruption.remediation`: the pace of remediations in a row (none starts before
+    /// its `notBefore`).
+    pub remediation: &'a RemediationStatus,
+    /// The pace of remediations in a row: the first delay and the longest.
+    pub pace: (Duration, Duration),
     /// What halts remediation now (a MachineHealthCheck's short circuit), if anything.
     pub remediation_halted: Option<&'a str>,
     /// The pool's name (its Machines are named after it and their instances).
@@ -193,9 +209,31 @@ impl Observed<'_> {
         }
     }
 
-    /// How the disruption planner weighs an instance.
-    fn candidate(&self, i: &Instance) -> Candidate {
-        Candidate { available: self.ready(i), disrupted: self.disrupted(i) }
+    /// An instance as a unit: of the latest model of the current template or not.
+    fn unit<'a>(&self, i: &'a Instance, template_changed: bool) -> Unit<'a, Instance> {
+        let ready = self.ready(i);
+        let standing = match i.state {
+            InstanceState::Failed => Standing::Failed,
+            InstanceState::Creating => Standing::Coming,
+            InstanceState::Updating => Standing::Updating,
+            InstanceState::Running if !ready => Standing::Down,
+            InstanceState::Running | InstanceState::Deleting => Standing::Running,
+        };
+        Unit {
+            item: i,
+            key: &i.id,
+            uid: &i.id,
+            age: number(i),
+            going: i.state == InstanceState::Deleting || self.deleting.contains(&i.id),
+            new: i.latest_model && !template_changed,
+            available: ready,
+            disrupted: self.disrupted(i),
+            standing,
+            taken: i.taken,
+            marked_for_deletion: self.annotated.contains(&i.id),
+            remediation: i.wants_remediation(),
+            marked_unhealthy: i.marked_unhealthy,
+        }
     }
 }
 
@@ -374,8 +412,9 @@ pub struct Ready {
 pub struct Plan {
     /// The call to make.
     pub step: Step,
-    /// Instances whose Machines are taken for remediation now: marked before the step (they
-    /// count as in flight from then on).
+    /// Instances whose Machines are taken for remediation now (they count as in flight from
+    /// then on). A plan that marks makes no call ([`Step::Wait`]): the marks are written, and the
+    /// next plan acts on what is stored.
     pub mark: Vec<(String, Remediation)>,
     /// Instances not being deleted.
     pub replicas: i64,
@@ -390,6 +429,8 @@ pub struct Plan {
     pub ready: Option<Ready>,
     /// What the disruption planner decided.
     pub disruption: Report,
+    /// `status.disruption` to write: the report, the remediation pace and what waits for it.
+    pub disruption_status: DisruptionStatus,
     /// Instances that want remediation and are not taken (held).
     pub waiting: Vec<String>,
     /// `status.canary` to write.
@@ -400,15 +441,26 @@ pub struct Plan {
     pub notes: Vec<Note>,
 }
 
+/// An instance of the pool as the steps weigh it.
+type U<'a> = Unit<'a, Instance>;
+
+/// How a pool's canary events speak.
+const WORDS: canary::Words = canary::Words {
+    revision: "model",
+    unit: "instance",
+    then: "upgrading the rest",
+    stops: "the upgrade stops until the template changes",
+};
+
 /// The instances sorted by what the steps decide on, and the numbers they share.
-struct Classes<'a> {
+struct Classes<'u, 'a> {
     template_changed: bool,
     /// Not being deleted.
-    live: Vec<&'a Instance>,
-    /// Live, not on the latest model of the current template.
-    old: Vec<&'a Instance>,
+    live: Vec<&'u U<'a>>,
+    /// Live, not on the latest model of the current template, not being remediated.
+    old: Vec<&'u U<'a>>,
     /// Live and being remediated (marked before, or allowed now), in remediation order.
-    targets: Vec<&'a Instance>,
+    targets: Vec<&'u U<'a>>,
     /// maxSurge, at most one per old instance or remediated one that waits for its replacement.
     surge: i64,
     /// The capacity wanted: `replicas`, plus the surge while old or remediated instances
@@ -420,42 +472,32 @@ struct Classes<'a> {
     updated: i64,
 }
 
-impl Classes<'_> {
-    fn is_target(&self, i: &Instance) -> bool {
-        self.targets.iter().any(|t| t.id == i.id)
-    }
-}
-
-/// Where an instance goes in a deletion order: failed, annotated, unready, old model, the rest.
-fn rank(o: &Observed<'_>, i: &Instance, old: bool) -> u8 {
-    if i.state == InstanceState::Failed {
-        0
-    } else if o.annotated.contains(&i.id) {
-        1
-    } else if !o.ready(i) {
-        2
-    } else if old {
-        3
-    } else {
-        4
+impl Classes<'_, '_> {
+    fn is_target(&self, u: &U<'_>) -> bool {
+        holds(&self.targets, u.key)
     }
 }
 
 /// An instance ID as a number, so that "9" comes before "10" (IDs that are not numbers last).
-fn number(i: &Instance) -> u64 {
-    i.id.parse::<u64>().unwrap_or(u64::MAX)
+fn number(i: &Instance) -> i64 {
+    i.id.parse::<i64>().unwrap_or(i64::MAX)
 }
 
-/// Plans one reconcile of a pool: classify, remediation, choose the one step (with or without
-/// nodes), then the Ready condition.
+/// Plans one reconcile of a pool: the instances as units, remediation, the canary, the one step
+/// (with or without nodes), then the Ready condition and `status.disruption`.
 pub fn plan_pool(o: Observed<'_>) -> Plan {
     let mut notes = Vec::new();
-    let live: Vec<&Instance> =
-        o.instances.iter().filter(|i| i.state != InstanceState::Deleting && !o.deleting.contains(&i.id)).collect();
+    let template_changed = o.applied_revision != o.revision;
+    let units: Vec<U<'_>> = o.instances.iter().map(|i| o.unit(i, template_changed)).collect();
     let limits = Limits::resolve(o.replicas, o.strategy);
-    let mut planner = Planner::new(census(&o, &live), limits_of(&o, &limits));
-    let (mark, targets) = remediation(&o, &live, &mut planner, &mut notes);
-    let mut c = classify(&o, live, targets, limits);
+    let mut planner = Planner::new(owner::census(o.replicas, &units), limits_of(&o, &limits));
+    let halted = o.remediation_halted.is_some();
+    let chosen = remediation::choose(&units, halted, |_| false, &mut planner);
+    let mark = chosen.marks();
+    if !mark.is_empty() {
+        notes.push(Note::Remediating { instances: mark.iter().map(|(id, _)| id.clone()).collect() });
+    }
+    let mut c = classify(&o, &units, chosen.targets(), limits);
     let mut events = Vec::new();
     let (canary_status, hold) = canary(&o, &c, &mut notes, &mut events);
     if let Some(h) = hold {
@@ -463,20 +505,29 @@ pub fn plan_pool(o: Observed<'_>) -> Plan {
         c.surge = c.surge.min(h.wanted);
         c.capacity = o.replicas + c.surge;
     }
-    let go = remediated_now(&o, &c, &mut notes);
+    let coming = remediation::coming(&units, &c.targets, |u| u.new) as i64;
+    let to_create = (c.capacity - c.live.len() as i64).max(0);
+    let (go, waiting) = remediation::go_now(&c.targets, (coming + to_create) as usize);
+    if waiting > 0 {
+        notes.push(Note::AwaitingReplacement { instances: waiting });
+    }
     // Only the remediated instances that wait for a replacement keep room for one.
-    let waiting = c.targets.len() - go.len();
     c.surge = limits.max_surge.min((c.old.len() + waiting) as i64);
     if let Some(h) = hold {
         c.surge = c.surge.min(h.wanted);
     }
     c.capacity = o.replicas + c.surge;
     let room = hold.map(|h| canary_room(&c, h));
-    let step = if o.nodes_managed {
+    let mut step = if o.nodes_managed {
         step_with_nodes(&o, &c, &go, room, &mut planner, &mut notes)
     } else {
         step_without_nodes(&o, &c, &go, room, &mut planner, &mut notes)
     };
+    if !mark.is_empty() {
+        // A plan that marks makes no call: the marks are written first, and the next plan acts on
+        // what is stored (a mark that did not land leaves nothing behind).
+        step = Step::Wait;
+    }
     let done = c.old.is_empty() && c.targets.is_empty() && c.live.len() as i64 == o.replicas && c.ready == o.replicas;
     let report = planner.report();
     notes.extend(report.held.iter().map(|h| Note::Held {
@@ -487,8 +538,16 @@ pub fn plan_pool(o: Observed<'_>) -> Plan {
     if done {
         notes.push(Note::Done);
     }
-    let waiting =
-        c.live.iter().filter(|i| i.wants_remediation().is_some() && !c.is_target(i)).map(|i| i.id.clone()).collect();
+    let waiting: Vec<String> = c
+        .live
+        .iter()
+        .filter(|u| remediation::wants(u, halted).is_some() && !c.is_target(u))
+        .map(|u| u.key.to_string())
+        .collect();
+    let (consecutive, not_before) = remediation::pace(o.remediation, &units, mark.len(), halted, o.now, o.pace);
+    let mut disruption_status =
+        report.status(RemediationStatus { waiting: waiting.clone(), consecutive, not_before, ..Default::default() });
+    disruption_status.remediation.in_flight += mark.len() as i64;
     let mut ready = ready_condition(&o, &c, &step, done, &notes);
     // A failed canary holds old instances back: the pool is not ready on the latest model.
     let stopped = canary_status.as_ref().filter(|_| hold.is_some_and(|h| h.stopped));
@@ -507,6 +566,7 @@ pub fn plan_pool(o: Observed<'_>) -> Plan {
         updated_replicas: c.updated,
         done,
         disruption: report,
+        disruption_status,
         waiting,
         canary: canary_status,
         events,
@@ -522,122 +582,66 @@ struct CanaryHold {
     stopped: bool,
 }
 
-/// Whether a live instance runs the latest model of the current template.
-fn is_new(c: &Classes<'_>, i: &Instance) -> bool {
-    i.latest_model && !c.template_changed
-}
-
-/// The canary step: `status.canary` to write, and the hold on the upgrade (`None`: no canary, or
-/// it passed). A canary starts when a template (a model) with `strategy.canary` upgrades
-/// instances of an earlier one; it is kept across reconciles (and restarts) by its revision,
-/// the template's hash.
+/// The canary step ([`canary::step`]): `status.canary` to write, and the hold on the upgrade
+/// (`None`: no canary, or it passed). A canary starts when a template (a model) with
+/// `strategy.canary` upgrades instances of an earlier one (not the pool's first apply); it is
+/// kept across reconciles (and restarts) by its revision, the template's hash. A new-model
+/// instance that fails (its Machine Failed) while it is under way fails it.
 fn canary(
     o: &Observed<'_>,
-    c: &Classes<'_>,
+    c: &Classes<'_, '_>,
     notes: &mut Vec<Note>,
     events: &mut Vec<PlannedEvent>,
 ) -> (Option<CanaryStatus>, Option<CanaryHold>) {
-    let under_way = |k: &CanaryStatus| matches!(k.phase, CanaryPhase::Progressing | CanaryPhase::Pausing);
-    let prev = o.canary.cloned();
-    let Some(spec) = o.strategy.canary.as_ref() else {
-        // No canary asked (any more): one under way is dropped; one that passed or failed stays.
-        return (prev.filter(|k| !under_way(k)), None);
+    let mut new: Vec<&U<'_>> = c.live.iter().copied().filter(|u| u.new).collect();
+    new.sort_by_key(|u| (u.age, u.key));
+    let failed =
+        new.iter().find(|u| u.item.state == InstanceState::Failed || u.item.remediation == Some(Remediation::Failed));
+    let failed = failed.map(|u| {
+        let why = u.item.failure.clone().unwrap_or_else(|| format!("the cloud reports it {:?}", u.item.state));
+        (u.key.to_string(), why)
+    });
+    let input = canary::Input {
+        spec: o.strategy.canary.as_ref(),
+        revision: o.revision,
+        replicas: o.replicas,
+        starts: !o.applied_revision.is_empty() && !c.old.is_empty(),
+        recorded: o.canary.cloned(),
+        failed,
+        now: o.now,
+        words: WORDS,
     };
-    let wanted = spec.machines_of(o.replicas);
-    let mut k = match prev {
-        Some(k) if k.revision == o.revision => k,
-        other => {
-            // Not a pool's first apply, and instances of an earlier model to upgrade.
-            let upgrading = !o.applied_revision.is_empty() && !c.old.is_empty();
-            if !upgrading || wanted == 0 {
-                return (other.filter(|k| !under_way(k)), None);
-            }
-            CanaryStatus {
-                revision: o.revision.to_string(),
-                phase: CanaryPhase::Progressing,
-                wanted,
-                machines: Vec::new(),
-                ready_since: None,
-                pause_until: None,
-                message: String::new(),
-            }
+    let decision = canary::step(input, &new, |u| machine_name(o.pool, u.key));
+    events.extend(decision.events);
+    let Some(k) = decision.status.as_ref() else { return (None, None) };
+    if decision.passed {
+        notes.push(Note::CanaryPassed { revision: k.revision.clone() });
+    }
+    let hold = match decision.outcome {
+        canary::Outcome::Free => None,
+        canary::Outcome::Holds { wanted } => {
+            notes.push(Note::Canary { revision: k.revision.clone(), phase: k.phase, ready: decision.ready, wanted });
+            Some(CanaryHold { wanted, stopped: false })
         }
-    };
-    match k.phase {
-        CanaryPhase::Passed => return (Some(k), None),
-        CanaryPhase::Failed => {
+        canary::Outcome::Failed { wanted } => {
             notes.push(Note::CanaryFailed { revision: k.revision.clone(), message: k.message.clone() });
-            let hold = CanaryHold { wanted: k.wanted.max(1), stopped: true };
-            return (Some(k), Some(hold));
+            Some(CanaryHold { wanted, stopped: true })
         }
-        CanaryPhase::Progressing | CanaryPhase::Pausing => {}
-    }
-    let mut new: Vec<&Instance> = c.live.iter().copied().filter(|i| is_new(c, i)).collect();
-    new.sort_by_key(|i| (number(i), i.id.clone()));
-    // Any new-model instance failing while the canary is under way fails it.
-    let failed = new.iter().find(|i| i.state == InstanceState::Failed || i.remediation == Some(Remediation::Failed));
-    if let Some(i) = failed {
-        let why = i.failure.clone().unwrap_or_else(|| format!("the cloud reports it {:?}", i.state));
-        k.phase = CanaryPhase::Failed;
-        let wanted_n = usize::try_from(wanted).unwrap_or(usize::MAX);
-        k.machines = new.iter().take(wanted_n).map(|i| machine_name(o.pool, &i.id)).collect();
-        (k.ready_since, k.pause_until) = (None, None);
-        k.message = format!(
-            "canary instance {} of model {} failed ({why}): the upgrade stops until the template changes",
-            i.id, k.revision
-        );
-        events.push(PlannedEvent { reason: EventReason::CanaryFailed, message: k.message.clone() });
-        notes.push(Note::CanaryFailed { revision: k.revision.clone(), message: k.message.clone() });
-        return (Some(k), Some(CanaryHold { wanted, stopped: true }));
-    }
-    new.truncate(usize::try_from(wanted).unwrap_or(usize::MAX));
-    k.wanted = wanted;
-    k.machines = new.iter().map(|i| machine_name(o.pool, &i.id)).collect();
-    let ready = new.iter().filter(|i| o.ready(i) && i.wants_remediation().is_none() && !i.remediating).count();
-    if ready as i64 >= wanted {
-        if k.pause(o.now, spec.pause_seconds) {
-            let message = format!(
-                "the canary of model {} ({}) held {}s: upgrading the rest",
-                k.revision,
-                k.machines.join(", "),
-                spec.pause_seconds
-            );
-            events.push(PlannedEvent { reason: EventReason::CanaryPassed, message });
-            notes.push(Note::CanaryPassed { revision: k.revision.clone() });
-            return (Some(k), None);
-        }
-    } else {
-        k.not_ready();
-    }
-    notes.push(Note::Canary { revision: k.revision.clone(), phase: k.phase, ready, wanted });
-    (Some(k), Some(CanaryHold { wanted, stopped: false }))
+    };
+    (decision.status, hold)
 }
 
 /// How many old instances a canary lets go now: none once it failed; else as many as keep the
 /// new-model instances (live, being reimaged, and those the cloud is still to create) within
 /// what it wants.
-fn canary_room(c: &Classes<'_>, h: CanaryHold) -> usize {
+fn canary_room(c: &Classes<'_, '_>, h: CanaryHold) -> usize {
     if h.stopped {
         return 0;
     }
-    let new = c.live.iter().filter(|i| is_new(c, i)).count() as i64;
-    let reimaging = c.old.iter().filter(|i| i.state == InstanceState::Updating).count() as i64;
+    let new = c.live.iter().filter(|u| u.new).count() as i64;
+    let reimaging = c.old.iter().filter(|u| u.item.state == InstanceState::Updating).count() as i64;
     let coming = (c.capacity - c.live.len() as i64).max(0);
     (h.wanted - new - reimaging - coming).max(0) as usize
-}
-
-/// The instances as the disruption planner counts them.
-fn census(o: &Observed<'_>, live: &[&Instance]) -> Census {
-    let new_unavailable =
-        live.iter().filter(|i| i.latest_model && o.applied_revision == o.revision && !o.ready(i)).count();
-    Census {
-        replicas: o.replicas,
-        live: live.len() as i64,
-        available: live.iter().filter(|i| o.ready(i)).count() as i64,
-        disrupted: o.instances.iter().filter(|i| o.disrupted(i)).count() as i64,
-        new_unavailable: new_unavailable as i64,
-        remediating: o.instances.iter().filter(|i| i.remediating).count() as i64,
-    }
 }
 
 fn limits_of<'a>(o: &Observed<'a>, limits: &Limits) -> disruption::Limits<'a> {
@@ -645,76 +649,47 @@ fn limits_of<'a>(o: &Observed<'a>, limits: &Limits) -> disruption::Limits<'a> {
         max_unavailable: limits.max_unavailable,
         budgets: o.budgets,
         max_in_flight: o.max_in_flight,
-        remediation_not_before: o.remediation_not_before,
+        remediation_not_before: o.remediation.not_before,
         remediation_halted: o.remediation_halted,
         now: o.now,
     }
 }
 
-/// Remediation: instances already taken go on; each other live instance that wants it is asked
-/// of the disruption planner (failed first, then unhealthy, then requested; lowest ID first),
-/// and those allowed are marked.
-fn remediation<'a>(
-    o: &Observed<'_>,
-    live: &[&'a Instance],
-    planner: &mut Planner,
-    notes: &mut Vec<Note>,
-) -> (Vec<(String, Remediation)>, Vec<&'a Instance>) {
-    let mut targets: Vec<&Instance> = live.iter().copied().filter(|i| i.remediating).collect();
-    let mut wanting: Vec<(&Instance, Remediation)> =
-        live.iter().filter(|i| !i.remediating).filter_map(|i| Some((*i, i.wants_remediation()?))).collect();
-    wanting.sort_by_key(|(i, why)| (*why, number(i), i.id.clone()));
-    let mut mark = Vec::new();
-    for (i, why) in wanting {
-        if planner.ask(DisruptionReason::Remediation, o.candidate(i)).allowed() {
-            mark.push((i.id.clone(), why));
-            targets.push(i);
-        }
+/// The disruption planner's limits for `pool` at `now`, remediation halted by `halted`: what its
+/// plan asks with ([`Observed`] carries the same), and what the cluster-autoscaler's removals are
+/// asked with.
+pub fn disruption_limits<'a>(pool: &'a MachinePool, halted: Option<&'a str>, now: Time) -> disruption::Limits<'a> {
+    disruption::Limits {
+        max_unavailable: Limits::resolve(pool.spec.replicas, &pool.spec.strategy).max_unavailable,
+        budgets: &pool.spec.disruption.budgets,
+        max_in_flight: max_in_flight(pool),
+        remediation_not_before: pool.status.disruption.remediation.not_before,
+        remediation_halted: halted,
+        now,
     }
-    if !mark.is_empty() {
-        notes.push(Note::Remediating { instances: mark.iter().map(|(id, _)| id.clone()).collect() });
-    }
-    (mark, targets)
 }
 
-/// Sorts the live instances into old and resolves the capacity: room for the surge while old or
+/// `remediation.maxInFlight` of `pool`, resolved.
+pub fn max_in_flight(pool: &MachinePool) -> i64 {
+    disruption::max_in_flight(pool.spec.remediation.max_in_flight.as_ref(), pool.spec.replicas)
+}
+
+/// Sorts the live units into old and resolves the capacity: room for the surge while old or
 /// remediated instances remain.
-fn classify<'a>(o: &Observed<'a>, live: Vec<&'a Instance>, targets: Vec<&'a Instance>, limits: Limits) -> Classes<'a> {
+fn classify<'u, 'a>(o: &Observed<'_>, units: &'u [U<'a>], targets: Vec<&'u U<'a>>, limits: Limits) -> Classes<'u, 'a> {
     let template_changed = o.applied_revision != o.revision;
-    let old: Vec<&Instance> = live
-        .iter()
-        .copied()
-        .filter(|i| (!i.latest_model || template_changed) && !targets.iter().any(|t| t.id == i.id))
-        .collect();
+    let live: Vec<&U<'a>> = units.iter().filter(|u| u.live()).collect();
+    let old: Vec<&U<'a>> = live.iter().copied().filter(|u| !u.new && !holds(&targets, u.key)).collect();
     let surge = limits.max_surge.min((old.len() + targets.len()) as i64);
     let capacity = o.replicas + surge;
-    let ready = live.iter().filter(|i| o.ready(i)).count() as i64;
-    let updated = live.iter().filter(|i| i.latest_model && !template_changed).count() as i64;
+    let ready = live.iter().filter(|u| u.available).count() as i64;
+    let updated = live.iter().filter(|u| u.new).count() as i64;
     Classes { template_changed, live, old, targets, surge, capacity, ready, updated }
-}
-
-/// The instances being remediated that go now: as many wait as replacements are coming (live
-/// instances on the latest model not ready yet, not down, not being remediated; and, while the
-/// capacity has room for them, the ones the cloud is still to create); the others go, the first
-/// in remediation order.
-fn remediated_now(o: &Observed<'_>, c: &Classes<'_>, notes: &mut Vec<Note>) -> Vec<String> {
-    if c.targets.is_empty() {
-        return Vec::new();
-    }
-    let coming =
-        c.live.iter().filter(|i| i.latest_model && !o.ready(i) && !o.disrupted(i) && !c.is_target(i)).count() as i64;
-    let to_create = (c.capacity - c.live.len() as i64).max(0);
-    let waiting = (coming + to_create).min(c.targets.len() as i64) as usize;
-    let go = c.targets.len() - waiting;
-    if waiting > 0 {
-        notes.push(Note::AwaitingReplacement { instances: waiting });
-    }
-    c.targets[..go].iter().map(|i| i.id.clone()).collect()
 }
 
 /// Whether ApplyPool is due: a new template, another capacity, or instances missing (unless
 /// Machines are being deleted: then the cloud refills once they are gone).
-fn wants_apply(o: &Observed<'_>, c: &Classes<'_>, capacity: i64, notes: &mut Vec<Note>) -> bool {
+fn wants_apply(o: &Observed<'_>, c: &Classes<'_, '_>, capacity: i64, notes: &mut Vec<Note>) -> bool {
     let live = c.live.len() as i64;
     if c.template_changed {
         notes.push(Note::TemplateChanged { capacity });
@@ -751,7 +726,7 @@ fn apply(o: &Observed<'_>, capacity: i64, notes: &mut Vec<Note>) -> Step {
 /// without.
 fn step_without_nodes(
     o: &Observed<'_>,
-    c: &Classes<'_>,
+    c: &Classes<'_, '_>,
     go: &[String],
     room: Option<usize>,
     planner: &mut Planner,
@@ -761,8 +736,9 @@ fn step_without_nodes(
     let mut capacity = c.capacity;
     let above = o.applied_capacity.min(live) - capacity;
     if above > 0 {
-        // A lower capacity lets the cloud pick which instances go: each is asked of the planner
-        // as a scale-down, and the capacity comes down only as far as it allows.
+        // A lower capacity lets the cloud pick which instances go (a pool-only step): each is
+        // asked of the planner as a scale-down of an instance that is up, and the capacity comes
+        // down only as far as it allows.
         notes.push(Note::AboveCapacity { live, capacity });
         let any = Candidate { available: true, disrupted: false };
         let allowed = (0..above).filter(|_| planner.ask(DisruptionReason::ScaleDown, any).allowed()).count() as i64;
@@ -779,29 +755,23 @@ fn step_without_nodes(
     }
     if c.surge > 0 {
         // CAPZ: delete old-model instances.
-        return upgrade_by_deletion(o, c, room, planner, notes).map_or(Step::Wait, Step::Delete);
+        return upgrade_by_deletion(c, room, planner, notes).map_or(Step::Wait, Step::Delete);
     }
-    let mut ids = Vec::new();
-    for i in c.old.iter().filter(|i| o.ready(i)) {
-        if room.is_some_and(|r| ids.len() >= r)
-            || !planner.ask(DisruptionReason::InPlaceUpdate, o.candidate(i)).allowed()
-        {
-            break;
-        }
-        ids.push(i.id.clone());
-    }
-    if ids.is_empty() {
+    // maxSurge 0: reimage old instances in place, through the in-place step.
+    let candidates: Vec<&U<'_>> = c.old.iter().copied().filter(|u| u.available).collect();
+    let allowed = in_place::allowed(&candidates, room, planner);
+    if allowed == 0 {
         return Step::Wait;
     }
-    notes.push(Note::Upgrading { old: c.old.len(), taken: ids.len() });
-    Step::Upgrade(ids)
+    notes.push(Note::Upgrading { old: c.old.len(), taken: allowed });
+    Step::Upgrade(candidates[..allowed].iter().map(|u| u.key.to_string()).collect())
 }
 
 /// Nodes managed: the pool chooses what goes, and it goes as Machines (drained first); ApplyPool
 /// never lets the cloud pick an instance.
 fn step_with_nodes(
     o: &Observed<'_>,
-    c: &Classes<'_>,
+    c: &Classes<'_, '_>,
     go: &[String],
     room: Option<usize>,
     planner: &mut Planner,
@@ -813,7 +783,10 @@ fn step_with_nodes(
     if live > capacity {
         notes.push(Note::AboveCapacity { live, capacity });
         let excess = (live - capacity - go.len() as i64).max(0) as usize;
-        ids.extend(scale_down_victims(o, c, excess, planner));
+        // The scale-down step, newest first (the highest instance ID).
+        let mut order: Vec<&U<'_>> = c.live.iter().copied().filter(|u| !c.is_target(u)).collect();
+        owner::deletion_order(&mut order, DeletePolicy::Newest);
+        ids.extend(scale_down::scale_down(order, excess, planner).iter().map(|u| u.key.to_string()));
         if !ids.is_empty() {
             return Step::DeleteMachines(ids);
         }
@@ -823,7 +796,7 @@ fn step_with_nodes(
     }
     if !c.old.is_empty() {
         // Upgrades by deletion, with or without surge.
-        ids.extend(upgrade_by_deletion(o, c, room, planner, notes).unwrap_or_default());
+        ids.extend(upgrade_by_deletion(c, room, planner, notes).unwrap_or_default());
     }
     if ids.is_empty() {
         Step::Wait
@@ -832,47 +805,18 @@ fn step_with_nodes(
     }
 }
 
-/// A scale-down with nodes managed: `count` instances in the order failed, annotated, unready,
-/// old model, then the highest ID (the newest), each asked of the planner as a `ScaleDown`.
-fn scale_down_victims(o: &Observed<'_>, c: &Classes<'_>, count: usize, planner: &mut Planner) -> Vec<String> {
-    let mut order: Vec<&Instance> = c.live.iter().copied().filter(|i| !c.is_target(i)).collect();
-    order.sort_by_key(|i| {
-        let is_old = c.old.iter().any(|x| x.id == i.id);
-        (rank(o, i, is_old), std::cmp::Reverse(number(i)), std::cmp::Reverse(i.id.clone()))
-    });
-    let mut victims = Vec::new();
-    for i in order {
-        if victims.len() >= count {
-            break;
-        }
-        if planner.ask(DisruptionReason::ScaleDown, o.candidate(i)).allowed() {
-            victims.push(i.id.clone());
-        }
-    }
-    victims
-}
-
-/// CAPZ's upgrade by deletion: old instances in order (failed, annotated, unready, ready; lowest
-/// ID first), each asked of the planner as a `Rollout` (unready ones cost no availability, ready
-/// ones go only within `maxUnavailable`); at most `room` of them while a canary holds.
+/// CAPZ's upgrade by deletion, through the rollout step: old instances in the deletion order,
+/// oldest (the lowest ID) first, each a `Rollout` (unready ones cost no availability, ready ones
+/// go only within `maxUnavailable`); at most `room` of them while a canary holds.
 fn upgrade_by_deletion(
-    o: &Observed<'_>,
-    c: &Classes<'_>,
+    c: &Classes<'_, '_>,
     room: Option<usize>,
     planner: &mut Planner,
     notes: &mut Vec<Note>,
 ) -> Option<Vec<String>> {
-    let mut order: Vec<&Instance> = c.old.clone();
-    order.sort_by_key(|i| (rank(o, i, true), number(i)));
-    let mut victims: Vec<String> = Vec::new();
-    for i in order {
-        if room.is_some_and(|r| victims.len() >= r) {
-            break;
-        }
-        if planner.ask(DisruptionReason::Rollout, o.candidate(i)).allowed() {
-            victims.push(i.id.clone());
-        }
-    }
+    let mut order: Vec<&U<'_>> = c.old.clone();
+    owner::deletion_order(&mut order, DeletePolicy::Oldest);
+    let victims: Vec<String> = rollout::replace_old(order, room, planner).iter().map(|u| u.key.to_string()).collect();
     if victims.is_empty() {
         return None;
     }
@@ -882,7 +826,7 @@ fn upgrade_by_deletion(
 
 /// The Ready condition after [`Step::DeleteMachines`] (rolling, naming the Nodes drained) or
 /// [`Step::Wait`] (ready once done; what holds the pool back follows the message).
-fn ready_condition(o: &Observed<'_>, c: &Classes<'_>, step: &Step, done: bool, notes: &[Note]) -> Option<Ready> {
+fn ready_condition(o: &Observed<'_>, c: &Classes<'_, '_>, step: &Step, done: bool, notes: &[Note]) -> Option<Ready> {
     let (ready, replicas) = (c.ready, o.replicas);
     match step {
         Step::DeleteMachines(ids) => Some(Ready {

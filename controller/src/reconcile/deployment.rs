@@ -1,8 +1,10 @@
 //! MachineDeployment: keeps `replicas` machines of the target template revision. The decisions
-//! are [`plan::rollout`](crate::plan::rollout)'s (rolling updates, remediation, failure budget
-//! and rollback, deletion order; every disruption asked of
-//! [`plan::disruption`](crate::plan::disruption)) and [`plan::in_place`](crate::plan::in_place)'s;
-//! this reconciler observes, plans, acts and writes status once.
+//! are [`plan::deployment`](crate::plan::deployment)'s (rolling updates, remediation, failure
+//! budget and rollback, deletion order; every disruption asked of
+//! [`plan::disruption`](crate::plan::disruption)) and
+//! [`steps::in_place`](crate::plan::steps::in_place)'s; this reconciler observes, plans, acts and
+//! writes status once. A plan that marks machines for remediation acts on nothing else: the marks
+//! are written, and only when every one of them is stored does the status follow.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -14,9 +16,10 @@ use super::write::{self, Finalizer};
 use super::{resolve, slow_start};
 use crate::app::Ctx;
 use crate::events::EventReason;
+use crate::plan::deployment::{self, InPlaceWork, Observed};
 use crate::plan::domains;
-use crate::plan::in_place::{self, Verdict};
-use crate::plan::rollout::{self, InPlaceWork, Member, Observed, StoredMember};
+use crate::plan::member::{Member, StoredMember};
+use crate::plan::steps::in_place::{self, Verdict};
 use crate::policy::{self, Decision, Permanent, Rpc, Source};
 use crate::resources::*;
 use crate::runtime::{Action, ReconcileError};
@@ -44,11 +47,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let machines = observe(ctx, &md).await?;
     let mut labels = md.spec.template.metadata.labels.clone();
     labels.insert(LABEL_DEPLOYMENT.into(), md.metadata.name.clone());
-    labels.insert(LABEL_REVISION.into(), rollout::revision(&md.spec.template));
+    labels.insert(LABEL_REVISION.into(), deployment::revision(&md.spec.template));
     let halted = super::health::halted(ctx, &key.namespace, &labels).await?;
 
     let now = Utc::now();
-    let plan = rollout::plan_deployment(Observed {
+    let plan = deployment::plan_deployment(Observed {
         deployment: &md,
         machines: &machines,
         remediation_halted: halted.as_deref(),
@@ -58,6 +61,21 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     if !plan.notes.is_empty() {
         let notes: Vec<String> = plan.notes.iter().map(ToString::to_string).collect();
         tracing::debug!("plan.notes" = %notes.join("; "), "planned deployment");
+    }
+    let by_name: HashMap<&str, &Member> = machines.iter().map(|m| (m.name.as_str(), m)).collect();
+    // The marks first, and alone: what depends on them runs from the next plan on, on what is
+    // stored. A mark lost to a concurrent change leaves nothing of this plan done.
+    let mut marked = true;
+    for (name, why) in &plan.mark {
+        let m = match by_name.get(name.as_str()) {
+            Some(m) => machine_if_unchanged(ctx, &md, m).await?,
+            None => None,
+        };
+        marked &= super::remediation::mark(ctx, m, *why).await?;
+    }
+    if !marked {
+        tracing::debug!("a remediation mark did not land; planning again");
+        return Ok(Action::requeue_now());
     }
     for e in &plan.events {
         ctx.store.event(Kind::MachineDeployment, &md.metadata, e.reason, e.message.clone()).await;
@@ -72,16 +90,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         &next.status.conditions,
     )
     .await;
-    if plan.aborted {
+    if plan.aborted || !plan.mark.is_empty() {
         write::status(ctx, &md, &next).await?;
         return Ok(Action::requeue_now());
-    }
-
-    let by_name: HashMap<&str, &Member> = machines.iter().map(|m| (m.name.as_str(), m)).collect();
-    for (name, why) in &plan.mark {
-        if let Some(m) = by_name.get(name.as_str()) {
-            super::remediation::mark(ctx, &machine_if_unchanged(ctx, &md, m).await?, *why).await?;
-        }
     }
     for name in &plan.remediate {
         super::remediation::remove(ctx, &Key::new(Kind::Machine, &key.namespace, name)).await?;

@@ -137,8 +137,7 @@ async fn mark(
     let newly = condition(&m.status.conditions, ConditionType::HealthCheckSucceeded)
         .is_none_or(|c| c.status == ConditionStatus::True);
     set_condition(&mut next.status.conditions, ConditionType::HealthCheckSucceeded, false, u.reason.clone(), &message);
-    let taken = m.metadata.annotations.get(ANNOTATION_DISRUPTION).map(String::as_str)
-        == Some(DisruptionReason::Remediation.as_str());
+    let taken = m.disruption() == Some(DisruptionReason::Remediation);
     if u.remediate {
         let asks = format!("MachineHealthCheck {check} asks its owner to remediate it");
         set_condition(
@@ -184,8 +183,7 @@ async fn recover(ctx: &Ctx, check: &str, m: &Machine) -> Result<bool, ReconcileE
         Reason::HealthCheckPassed,
         &format!("MachineHealthCheck {check}: healthy again"),
     );
-    let taken = m.metadata.annotations.get(ANNOTATION_DISRUPTION).map(String::as_str)
-        == Some(DisruptionReason::Remediation.as_str());
+    let taken = m.disruption() == Some(DisruptionReason::Remediation);
     if !taken {
         remove_condition(&mut next.status.conditions, ConditionType::OwnerRemediated);
     }

@@ -332,13 +332,22 @@ async fn drain(
     if deletion(m).drain_deadline.is_none() {
         advance(m, DeletionPhase::Draining);
     }
-    if node.taints.iter().any(|t| t.key == TAINT_AUTOSCALER_DELETING) {
-        // The cluster-autoscaler cordoned and drained it before it asked for the removal (it
-        // waited for the pods to go, honouring their budgets): a second drain would only wait.
-        let message = format!("node {} drained by the cluster-autoscaler ({TAINT_AUTOSCALER_DELETING})", node.name);
-        ctx.store.event(Kind::Machine, &m.metadata, EventReason::Drained, message).await;
-        advance(m, DeletionPhase::VolumesDetaching);
-        return Ok(Action::requeue_now());
+    if m.disruption() == Some(DisruptionReason::Autoscaler)
+        && node.taints.iter().any(|t| t.key == TAINT_AUTOSCALER_DELETING)
+    {
+        // A removal the cluster-autoscaler asked for (DeleteNodes marked the machine): it
+        // cordons and drains before it asks, honouring the pods' budgets, so once nothing this
+        // drain would evict is left, it is not drained twice. The taint alone proves nothing (it
+        // goes on before the autoscaler evicts, and anyone who may patch Nodes can set it): any
+        // other removal, or pods still there, drain as always (an eviction the autoscaler also
+        // makes is harmless).
+        let deadline = deletion(m).drain_deadline.unwrap_or_else(Utc::now);
+        if drain::nothing_to_evict(&target.pods_on(&node.name).await?, Utc::now(), deadline) {
+            let message = format!("node {} drained by the cluster-autoscaler ({TAINT_AUTOSCALER_DELETING})", node.name);
+            ctx.store.event(Kind::Machine, &m.metadata, EventReason::Drained, message).await;
+            advance(m, DeletionPhase::VolumesDetaching);
+            return Ok(Action::requeue_now());
+        }
     }
     let dead = match prepare(ctx, target, m, node, probe).await? {
         Prepared::Cordoned => false,

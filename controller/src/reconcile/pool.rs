@@ -25,10 +25,10 @@ use super::write::{self, Finalizer};
 use super::{poll_stored, pool_instances as instances, resolve, Polled, Resolved};
 use crate::app::Ctx;
 use crate::events::EventReason;
+use crate::plan::owner::{disruption_conditions, Remediation};
 use crate::plan::pool::{
     instance_phase, legacy_instance_state, machine_name, plan_pool, Instance, InstanceState, Observed, Plan, Step,
 };
-use crate::plan::rollout::{disruption_conditions, Remediation};
 use crate::policy::{self, Decision, Rpc, Source, ENVIRONMENT_CONDITIONS};
 use crate::resources::*;
 use crate::runtime::{Action, ReconcileError};
@@ -108,11 +108,12 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         return delete_pool(ctx, &pool, &r).await;
     }
     let halted = super::health::halted(ctx, &key.namespace, &pool_labels(&pool)).await?;
-    let seen = match observe(ctx, &pool, &r, halted.is_some()).await? {
+    let seen = match observe(ctx, &pool, &r).await? {
         Ok(seen) => seen,
         Err(e) => return failed(ctx, &pool, OperationType::ListPoolInstances, Rpc::Read, &e).await,
     };
-    let plan = plan_pool(seen.input(&pool, halted.as_deref()));
+    let pace = (ctx.config.backoff_base, ctx.config.backoff_max);
+    let plan = plan_pool(seen.input(&pool, halted.as_deref(), pace));
     if !plan.notes.is_empty() {
         let notes: Vec<String> = plan.notes.iter().map(ToString::to_string).collect();
         tracing::debug!("plan.notes" = %notes.join("; "), "planned pool");
@@ -216,8 +217,7 @@ struct Observation {
 
 impl Observation {
     /// The planner's input.
-    fn input<'a>(&'a self, pool: &'a MachinePool, halted: Option<&'a str>) -> Observed<'a> {
-        let max = pool.spec.remediation.max_in_flight.as_ref();
+    fn input<'a>(&'a self, pool: &'a MachinePool, halted: Option<&'a str>, pace: (Duration, Duration)) -> Observed<'a> {
         Observed {
             replicas: pool.spec.replicas,
             strategy: &pool.spec.strategy,
@@ -229,8 +229,9 @@ impl Observation {
             annotated: &self.annotated,
             nodes_managed: self.nodes_managed,
             budgets: &pool.spec.disruption.budgets,
-            max_in_flight: crate::plan::disruption::max_in_flight(max, pool.spec.replicas),
-            remediation_not_before: pool.status.disruption.remediation.not_before,
+            max_in_flight: crate::plan::pool::max_in_flight(pool),
+            remediation: &pool.status.disruption.remediation,
+            pace,
             remediation_halted: halted,
             pool: &pool.metadata.name,
             canary: pool.status.canary.as_ref(),
@@ -245,10 +246,10 @@ fn pool_labels(pool: &MachinePool) -> std::collections::BTreeMap<String, String>
 }
 
 /// Why a pool Machine is to be remediated, if it is: failed (its instance, or its Node never
-/// joined), marked by a MachineHealthCheck, or annotated; never with skip-remediation. While a
-/// short circuit halts remediation (`halted`), the machines the check marked unhealthy are what
-/// waits, and the planner holds them.
-fn remediation_of(m: &Machine, halted: bool) -> Option<Remediation> {
+/// joined), marked by a MachineHealthCheck for its owner, or annotated; never with
+/// skip-remediation. (While a short circuit halts remediation, the machines the check marked
+/// unhealthy are what waits: the planner holds them.)
+fn remediation_of(m: &Machine) -> Option<Remediation> {
     let on = |key: &str| m.metadata.annotations.get(key).is_some_and(|v| v != "false");
     if m.is_deleting() || on(ANNOTATION_SKIP_REMEDIATION) {
         return None;
@@ -256,18 +257,15 @@ fn remediation_of(m: &Machine, halted: bool) -> Option<Remediation> {
     if m.status.phase == Phase::Failed {
         return Some(Remediation::Failed);
     }
-    let is_false =
-        |t: ConditionType| condition(&m.status.conditions, t).is_some_and(|c| c.status == ConditionStatus::False);
-    if is_false(ConditionType::OwnerRemediated) || (halted && is_false(ConditionType::HealthCheckSucceeded)) {
+    if is_false(m, ConditionType::OwnerRemediated) {
         return Some(Remediation::Unhealthy);
     }
     on(ANNOTATION_REMEDIATE).then_some(Remediation::Requested)
 }
 
-/// Whether the owner took a Machine for remediation (marked it).
-fn remediating(m: &Machine) -> bool {
-    m.metadata.annotations.get(ANNOTATION_DISRUPTION).map(String::as_str)
-        == Some(DisruptionReason::Remediation.as_str())
+/// Whether a Machine's condition `t` is False.
+fn is_false(m: &Machine, t: ConditionType) -> bool {
+    condition(&m.status.conditions, t).is_some_and(|c| c.status == ConditionStatus::False)
 }
 
 /// Lists the instances and the pool's Machines. A listing of several pages is no snapshot: when
@@ -281,7 +279,6 @@ async fn observe(
     ctx: &Ctx,
     pool: &MachinePool,
     r: &Resolved<'_>,
-    halted: bool,
 ) -> Result<std::result::Result<Observation, driver_sdk::CallError>> {
     let mut list = match instances(ctx, r, &pool.metadata.name).await {
         Ok(l) => l,
@@ -309,8 +306,10 @@ async fn observe(
             let m = by_instance.get(i.instance_id.as_str());
             Instance {
                 node_ready: m.is_some_and(|m| node_ready(m)),
-                remediation: m.and_then(|m| remediation_of(m, halted)),
-                remediating: m.is_some_and(|m| remediating(m)),
+                remediation: m.and_then(|m| remediation_of(m)),
+                marked_unhealthy: m
+                    .is_some_and(|m| !m.is_deleting() && is_false(m, ConditionType::HealthCheckSucceeded)),
+                taken: m.and_then(|m| m.disruption()),
                 failure: m.and_then(|m| m.status.failure.as_ref()).map(|f| format!("{}: {}", f.reason, f.message)),
                 ..instance(i)
             }
@@ -328,31 +327,27 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
     mirror(ctx, pool, &seen.list, &seen.machines).await?;
     let by_instance: HashMap<&str, &Machine> =
         seen.machines.iter().filter_map(|m| Some((m.spec.pool_ref.as_ref()?.instance_id.as_str(), m))).collect();
+    // The marks first, and alone (the plan's step is Wait): what depends on them runs from the
+    // next plan on, on what is stored. A mark lost to a concurrent change leaves nothing done.
+    let mut marked = true;
     for (id, why) in &plan.mark {
-        if let Some(m) = by_instance.get(id.as_str()) {
-            let fresh = ctx.store.get::<Machine>(&m.metadata.namespace, &m.metadata.name).await?;
-            let unchanged = fresh.filter(|f| f.metadata.resource_version == m.metadata.resource_version);
-            super::remediation::mark(ctx, &unchanged, *why).await?;
-        }
+        let Some(m) = by_instance.get(id.as_str()) else {
+            marked = false;
+            continue;
+        };
+        let fresh = ctx.store.get::<Machine>(&m.metadata.namespace, &m.metadata.name).await?;
+        let unchanged = fresh.filter(|f| f.metadata.resource_version == m.metadata.resource_version);
+        marked &= super::remediation::mark(ctx, unchanged, *why).await?;
+    }
+    if !marked {
+        tracing::debug!("a remediation mark did not land; planning again");
+        return Ok(Action::requeue_now());
     }
     let mut next = pool.clone();
     next.status.replicas = plan.replicas;
     next.status.ready_replicas = plan.ready_replicas;
     next.status.updated_replicas = plan.updated_replicas;
-    let (config, prev) = (&ctx.config, &pool.status.disruption.remediation);
-    let idle = plan.waiting.is_empty() && !seen.instances.iter().any(|i| i.remediating) && plan.mark.is_empty();
-    let (consecutive, not_before) = crate::plan::disruption::next_pace(
-        prev,
-        plan.mark.len(),
-        idle,
-        seen.now,
-        config.backoff_base,
-        config.backoff_max,
-    );
-    let remediation =
-        RemediationStatus { waiting: plan.waiting.clone(), consecutive, not_before, ..Default::default() };
-    next.status.disruption = plan.disruption.status(remediation);
-    next.status.disruption.remediation.in_flight += plan.mark.len() as i64;
+    next.status.disruption = plan.disruption_status.clone();
     disruption_conditions(&mut next.status.conditions, &plan.disruption);
     super::remediation::blocked_event(
         ctx,
@@ -393,6 +388,10 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
             // The driver answered: whatever the environment refused before is over.
             next.status.conditions.retain(|c| !ENVIRONMENT_CONDITIONS.contains(&c.condition_type));
             write::status(ctx, pool, &next).await?;
+            if !plan.mark.is_empty() {
+                // The marks are stored: the next plan acts on them.
+                return Ok(Action::requeue_now());
+            }
             let mut after = if plan.done { SETTLED_RECHECK } else { PROGRESS_RECHECK };
             // A budget's window opens or closes, or the remediation pace allows the next.
             if let Some(at) = plan.disruption.recheck_at {

@@ -1,35 +1,35 @@
 //! The owner's side of remediation, shared by deployments and pools (the MachineHealthCheck
 //! only marks, [`super::health`]): a machine the owner's plan takes for remediation is marked
 //! first ([`ANNOTATION_DISRUPTION`] `Remediation`: it counts as in flight from then on, across
-//! restarts), then deleted when the plan says it goes — its replacement is up, or the surge
-//! leaves no room to wait. The deletion is the usual one (drain, VM, Node).
+//! restarts) by a plan that does nothing else; from the next plan on its replacement is created
+//! and it is deleted when the plan says it goes — its replacement is up, or the surge leaves no
+//! room to wait. The deletion is the usual one (drain, VM, Node).
 
 use crate::app::Ctx;
 use crate::events::EventReason;
-use crate::plan::rollout::Remediation;
+use crate::plan::owner::Remediation;
 use crate::resources::*;
 use crate::runtime::ReconcileError;
 use crate::store::{Error as StoreError, Key};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
 
-/// Marks `m` as taken for remediation, with an event saying why. `None` (the machine changed
-/// since it was listed) and a conflicting write do nothing: the next plan decides again.
+/// Marks `m` as taken for remediation, with an event saying why. Returns whether the mark is
+/// stored: `false` when the machine changed since it was listed (`None`), went, or the write lost
+/// to a concurrent one — then nothing that depends on the mark may run (the next plan decides
+/// again).
 ///
 /// # Errors
 /// Store failures.
-pub(crate) async fn mark(ctx: &Ctx, m: &Option<Machine>, why: Remediation) -> Result<()> {
-    let Some(m) = m else { return Ok(()) };
-    if m.metadata.annotations.get(ANNOTATION_DISRUPTION).map(String::as_str)
-        == Some(DisruptionReason::Remediation.as_str())
-    {
-        return Ok(());
-    }
+pub(crate) async fn mark(ctx: &Ctx, m: Option<Machine>, why: Remediation) -> Result<bool> {
+    let Some(m) = m else { return Ok(false) };
     let mut marked = m.clone();
-    marked.metadata.annotations.insert(ANNOTATION_DISRUPTION.into(), DisruptionReason::Remediation.as_str().into());
+    if !marked.mark_disruption(DisruptionReason::Remediation) {
+        return Ok(true);
+    }
     match ctx.store.update(&marked).await {
         Ok(_) => {}
-        Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => return Ok(()),
+        Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound(_)) => return Ok(false),
         Err(e) => return Err(e.into()),
     }
     let detail = match (why, &m.status.failure) {
@@ -45,7 +45,7 @@ pub(crate) async fn mark(ctx: &Ctx, m: &Option<Machine>, why: Remediation) -> Re
     let message = format!("{} is {detail}; its owner replaces it", m.metadata.name);
     tracing::info!(machine = %m.metadata.name, "{message}");
     ctx.store.event(Kind::Machine, &m.metadata, EventReason::Remediating, message).await;
-    Ok(())
+    Ok(true)
 }
 
 /// Deletes a machine taken for remediation (gone already is done).

@@ -188,7 +188,9 @@ fn allowed_disruptions_are_counted_across_reasons() {
     assert_eq!((status.available, status.disrupted, status.min_available), (6, 0, 3));
     assert_eq!(status.held.len(), 1);
     assert!(
-        status.held[0].by.starts_with("disruption budget 0: 0 machine(s) down, 2 allowed"),
+        status.held[0]
+            .by
+            .starts_with("disruption budget 0 allows 2 machine(s) down and 0 are, 2 more going now: none left"),
         "{}",
         status.held[0].by
     );

@@ -1,10 +1,24 @@
-//! The InPlace strategy's per-machine decisions. The driver's `CanUpdateMachine` answer is I/O,
-//! asked machine by machine while there is room; this planner turns each answer into a step and
-//! keeps the budget, so the reconciler's loop is "ask, then do what the planner says".
+//! In-place updates, for both kinds (a deployment's InPlace strategy, a pool's maxSurge-0
+//! reimages without nodes): [`allowed`] says how many units of an older revision may start
+//! updating now, each asked of the disruption planner as an `InPlaceUpdate` until one is held.
+//!
+//! Then a deployment's per-machine decisions: the driver's `CanUpdateMachine` answer is I/O,
+//! asked machine by machine while there is room; [`Budget`] turns each answer into a [`Step`]
+//! and keeps count, so the reconciler's loop is "ask, then do what the planner says".
 
 use std::collections::BTreeMap;
 
-use crate::resources::{set_condition, Condition, ConditionType, InPlaceDisruption, Reason};
+use super::scale_down::take;
+use crate::plan::disruption::Planner;
+use crate::plan::owner::Unit;
+use crate::resources::{set_condition, Condition, ConditionType, DisruptionReason, InPlaceDisruption, Reason};
+
+/// How many of `candidates` (in order) may start an in-place update now: asked as
+/// `InPlaceUpdate` one after another until one is held, at most `room` of them.
+pub fn allowed<T>(candidates: &[&Unit<'_, T>], room: Option<usize>, planner: &mut Planner) -> usize {
+    let limit = room.unwrap_or(usize::MAX);
+    take(candidates.iter().copied(), limit, true, |_| DisruptionReason::InPlaceUpdate, planner).len()
+}
 
 /// What is known about updating one machine in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +47,7 @@ pub enum Step {
 }
 
 /// The in-place budget of one reconcile: how many machines may start updating (or be replaced),
-/// as the disruption planner allowed ([`super::disruption`]: `maxUnavailable`, the budgets).
+/// as the disruption planner allowed ([`crate::plan::disruption`]: `maxUnavailable`, the budgets).
 #[derive(Debug, Clone)]
 pub struct Budget {
     left: i64,

@@ -7,6 +7,7 @@ use chrono::TimeZone;
 
 use super::*;
 use crate::plan::literals::{int, pct};
+use crate::plan::member::{StoredMember, ANNOTATION_REPLACING};
 use crate::policy::{REASON_CREATION_TIMEOUT, REASON_RETRIES_EXHAUSTED};
 
 fn t0() -> Time {
@@ -638,16 +639,77 @@ fn the_planner_decides_creates_deletes_and_replacements() {
         .because(vec![Note::NoGoodRevision { revision: new_rev() }, started(), above(2, 1)]),
     ];
     for r in rows {
-        let p =
-            if r.halted { run_halted(&r.md, r.machines, Some(HALTED)) } else { run(&r.md, r.machines, r.may_replace) };
+        let plan = |md: &MachineDeployment, machines: Vec<Fx>| {
+            if r.halted {
+                run_halted(md, machines, Some(HALTED))
+            } else {
+                run(md, machines, r.may_replace)
+            }
+        };
+        let stored: Vec<Fx> = r
+            .machines
+            .iter()
+            .map(|f| {
+                if r.mark.contains(&f.0.metadata.name.as_str()) {
+                    Fx(f.0.clone()).remediating()
+                } else {
+                    Fx(f.0.clone())
+                }
+            })
+            .collect();
+        let p = plan(&r.md, r.machines);
         assert!(!p.aborted, "{}", r.name);
-        assert_eq!(p.create, r.create, "{}: creates", r.name);
-        assert_eq!(names(&p.delete), r.delete, "{}: deletes", r.name);
-        assert_eq!(names(&p.remediate), r.replace, "{}: replacements", r.name);
         let marked: Vec<&str> = p.mark.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(marked, r.mark, "{}: marked for remediation", r.name);
         assert_eq!(p.notes, r.notes, "{}: notes", r.name);
+        // A plan that marks does nothing else; the next one, on the stored marks, acts.
+        let acted = if p.mark.is_empty() {
+            p
+        } else {
+            let acts = (p.create, p.delete.len(), p.remediate.len(), p.in_place.is_some());
+            assert_eq!(acts, (0, 0, 0, false), "{}: a plan that marks does nothing else", r.name);
+            let mut md = r.md.clone();
+            md.status = p.status;
+            let next = plan(&md, stored);
+            assert!(next.mark.is_empty(), "{}: marked once: {:?}", r.name, next.mark);
+            next
+        };
+        assert_eq!(acted.create, r.create, "{}: creates", r.name);
+        assert_eq!(names(&acted.delete), r.delete, "{}: deletes", r.name);
+        assert_eq!(names(&acted.remediate), r.replace, "{}: replacements", r.name);
     }
+}
+
+/// The escape of a mark lost to a conflicting write: a plan that marks does nothing else, so a
+/// mark that does not land leaves no replacement behind (and no machine one too many for the
+/// next plan to remove as a scale-down). The next plan over the same machines decides again; once
+/// the mark is stored, the replacement comes, and the machine goes as a remediation.
+#[test]
+fn a_plan_that_marks_does_nothing_else_so_a_lost_mark_leaves_nothing_behind() {
+    let md = settled(surge(deployment(3), int(1), int(0)));
+    let machines = || vec![Fx::new("a").at(1), Fx::new("b").at(2), Fx::new("f").failed("Internal", "X").at(3)];
+    let p = run(&md, machines(), true);
+    assert_eq!(p.mark, [("f".to_string(), Remediation::Failed)]);
+    assert_eq!((p.create, p.delete.len(), p.remediate.len()), (0, 0, 0));
+    assert!(!p.settled);
+    assert_eq!(p.status.disruption.remediation.in_flight, 1, "counted in flight from the mark on");
+    // The mark lost (nothing of that plan written): the same machines, the same decision.
+    let again = run(&md, machines(), true);
+    assert_eq!((again.mark, again.create, again.delete), (p.mark.clone(), 0, Vec::new()));
+    // The mark stored: its replacement is created, nothing removed yet (replace before remove).
+    let mut md = md;
+    md.status = p.status;
+    let marked =
+        || vec![Fx::new("a").at(1), Fx::new("b").at(2), Fx::new("f").failed("Internal", "X").at(3).remediating()];
+    let p = run(&md, marked(), true);
+    assert!(p.mark.is_empty());
+    assert_eq!((p.create, p.delete.len(), p.remediate.len()), (1, 0, 0));
+    // Its replacement up: the machine goes, as the remediation it is.
+    md.status = p.status;
+    let mut with_replacement = marked();
+    with_replacement.push(Fx::new("r").at(4));
+    let p = run(&md, with_replacement, true);
+    assert_eq!((names(&p.remediate), p.create, p.delete.len()), (vec!["f"], 0, 0));
 }
 
 #[test]
@@ -680,10 +742,10 @@ fn attributable_failures_spend_the_budget_and_abort_with_a_rollback() {
     // First failure: taken for remediation and counted.
     let p = run(&md, machines(), true);
     assert_eq!(p.mark, [("n1".to_string(), Remediation::Failed)]);
-    assert_eq!(names(&p.remediate), ["n1"]);
+    assert!(p.remediate.is_empty(), "the mark first, alone");
     assert_eq!(p.status.rollout.as_ref().map(|r| r.failures), Some(1));
     assert_eq!(p.events.first().map(|e| e.reason), Some(EventReason::RolloutStarted));
-    // Still there, marked: counted once, not again.
+    // Still there, marked: counted once, not again; it goes (no room to replace it first).
     md.status = p.status;
     let marked = || {
         let mut m = machines();
@@ -692,6 +754,7 @@ fn attributable_failures_spend_the_budget_and_abort_with_a_rollback() {
     };
     let p = run(&md, marked(), true);
     assert!(!p.aborted);
+    assert_eq!(names(&p.remediate), ["n1"]);
     assert_eq!(p.status.rollout.as_ref().map(|r| r.failures), Some(1));
     // The second reaches the budget: aborted, the revision remembered as bad, nothing else done.
     md.status = p.status;
@@ -982,9 +1045,16 @@ fn a_failed_canary_machine_aborts_at_once_touching_only_the_canary() {
     assert!(k.message.contains("canary machine n1") && k.message.contains("NODE_NOT_JOINED"), "{}", k.message);
     assert_eq!(condition(&p, "Progressing"), ("False", "RolloutAborted"));
     assert_eq!(p.notes.last(), Some(&Note::RevisionAborted { revision: new_rev(), failures: 1, budget: 1 }));
-    // The rollback: only the canary machine goes; the old ones stay, nothing is made.
+    // The rollback: only the canary machine goes (marked first); the old ones stay, nothing is
+    // made.
     md.status = p.status;
     let p = run(&md, failed(), true);
+    assert_eq!(p.target_revision, old_rev());
+    assert_eq!(p.mark, [("n1".to_string(), Remediation::Failed)]);
+    md.status = p.status;
+    let mut marked = olds(3);
+    marked.push(Fx::new("n1").at(10).failed("FailedPrecondition", crate::policy::REASON_NODE_NOT_JOINED).remediating());
+    let p = run(&md, marked, true);
     assert_eq!(p.target_revision, old_rev());
     assert_eq!(p.create, 0);
     let touched: Vec<&str> = p.delete.iter().chain(&p.remediate).map(String::as_str).collect();
@@ -998,6 +1068,13 @@ fn a_failed_canary_machine_aborts_at_once_touching_only_the_canary() {
     };
     let mut quota = olds(3);
     quota.push(Fx::new("n1").at(10).failed("ResourceExhausted", "QUOTA_EXCEEDED"));
+    let p = run(&md, quota, true);
+    assert!(!p.aborted);
+    assert_eq!(p.mark, [("n1".to_string(), Remediation::Failed)]);
+    let mut md = md;
+    md.status = p.status;
+    let mut quota = olds(3);
+    quota.push(Fx::new("n1").at(10).failed("ResourceExhausted", "QUOTA_EXCEEDED").remediating());
     let p = run(&md, quota, true);
     assert!(!p.aborted);
     assert_eq!(names(&p.remediate), ["n1"]);
@@ -1236,7 +1313,7 @@ fn a_member_keeps_what_the_planner_decides_on_and_why_a_machine_waits() {
     let m = Member::from(&waiting);
     assert_eq!((m.name.as_str(), m.uid.as_str(), m.resource_version.as_str()), ("m1", "uid-m1", "7"));
     assert_eq!((m.revision, m.created, m.phase), (new_rev(), Some(t0()), Phase::Creating));
-    assert!(m.marked_for_deletion && !m.deleting && !m.remediating && m.failure.is_none());
+    assert!(m.marked_for_deletion && !m.deleting && m.taken.is_none() && m.failure.is_none());
     let w = m.waiting.expect("a creating machine says why it waits");
     assert_eq!(
         (w.reason, w.message.as_str(), w.operation_reason.as_str()),
@@ -1248,7 +1325,7 @@ fn a_member_keeps_what_the_planner_decides_on_and_why_a_machine_waits() {
     assert!(Member::from(&creating).waiting.is_none(), "a machine being created waits for nothing to report");
 
     let failed = Member::from(&Fx::new("m2").failed("Internal", "X").replacing().0);
-    assert!(failed.deleting && failed.remediating);
+    assert!(failed.deleting && failed.remediating());
     assert_eq!(failed.failure.map(|f| (f.code, f.reason)), Some(("Internal".into(), "X".into())));
 
     let mut running = Fx::new("m3").0;
@@ -1273,7 +1350,16 @@ fn the_member_view_reads_the_label_and_annotations_by_their_constants() {
     .to_string();
     let m = serde_json::from_str::<StoredMember<'_>>(&text).and_then(StoredMember::into_member).unwrap();
     assert_eq!((m.revision.as_str(), m.node_template.as_str()), ("r1", "h"));
-    assert!(m.remediating && m.marked_for_deletion);
+    assert!(m.remediating() && m.marked_for_deletion);
+    // The reason is typed: the autoscaler's mark reads as its own, an unknown one as none.
+    let taken = |value: &str| {
+        let text = serde_json::json!({"metadata": {"name": "m", "annotations": {ANNOTATION_DISRUPTION: value}}});
+        let text = text.to_string();
+        serde_json::from_str::<StoredMember<'_>>(&text).and_then(StoredMember::into_member).unwrap().taken
+    };
+    assert_eq!(taken("Autoscaler"), Some(DisruptionReason::Autoscaler));
+    assert_eq!(taken("Remediation"), Some(DisruptionReason::Remediation));
+    assert_eq!(taken("SomethingNewer"), None);
 }
 
 #[test]

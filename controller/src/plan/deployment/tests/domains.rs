@@ -248,17 +248,25 @@ fn a_zone_whose_nodes_are_all_not_ready_is_degraded_and_gets_no_replacements() {
     machines.extend(zone("c", 3).into_iter().map(Fx::node_not_ready));
     // A health check asks for one of them to be remediated.
     machines[6] = Fx::new("c0").domain("c").node_not_ready().unhealthy();
+    let stored: Vec<Fx> = machines
+        .iter()
+        .map(|f| if f.0.metadata.name == "c0" { Fx(f.0.clone()).remediating() } else { Fx(f.0.clone()) })
+        .collect();
     let p = run(&md, machines, true);
     assert_eq!(condition(&p, "FailureDomainDegraded"), ("True", "DomainOutage"));
     assert_eq!(p.status.failure_domains[2].reason, "Degraded");
     assert_eq!(p.mark.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["c0"]);
+    // Once the mark is stored: its replacement goes to a healthy zone.
+    let mut md = md;
+    md.status = p.status;
+    let p = run(&md, stored, true);
     assert_eq!(names(&p.placements), ["a"], "its replacement goes to a healthy zone");
     // One node down in a zone is a node outage, not a zone outage.
     let mut machines: Vec<Fx> = zone("a", 3);
     machines.extend(zone("b", 3));
     machines.extend(zone("c", 3));
     machines[6] = Fx::new("c0").domain("c").node_not_ready();
-    let p = run(&md, machines, true);
+    let p = run(&zoned(9), machines, true);
     assert_eq!(condition(&p, "FailureDomainDegraded"), ("", ""));
 }
 
