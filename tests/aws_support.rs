@@ -217,11 +217,24 @@ pub fn aws_env(endpoint: &str, region: &str) -> Vec<(String, String)> {
     .collect()
 }
 
-/// `aws-ec2-driver` (dev token key) against `endpoint` in `region`, polling every 200 ms unless
-/// `extra` says otherwise, named `aws` (the classes' `spec.driver`).
+/// `aws-ec2-driver` (dev token key) against `endpoint` in `region`, polling every 200 ms and
+/// bounding an EC2 call at 60 s unless `extra` says otherwise, named `aws` (the classes'
+/// `spec.driver`).
+///
+/// Why 60 s and not the 10 s default: moto builds a region's backend (AMIs, instance types,
+/// offerings) on the first call into it, and each test process starts its own moto; on a loaded
+/// 2-core machine that first DescribeInstances took more than 10 s, and the driver's own bound,
+/// right for real EC2, failed the test.
 pub fn driver(endpoint: &str, region: &str, extra: &[&str]) -> Driver {
     let poll: &[&str] = if extra.contains(&"--poll-interval") { &[] } else { &["--poll-interval", "200ms"] };
-    Driver::binary("aws-ec2-driver").named("aws").args(["--dev"]).args(poll).args(extra).env(aws_env(endpoint, region))
+    let timeout: &[&str] = if extra.contains(&"--call-timeout") { &[] } else { &["--call-timeout", "60s"] };
+    Driver::binary("aws-ec2-driver")
+        .named("aws")
+        .args(["--dev"])
+        .args(poll)
+        .args(timeout)
+        .args(extra)
+        .env(aws_env(endpoint, region))
 }
 
 /// Starts [`driver`].
