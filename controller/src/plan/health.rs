@@ -11,7 +11,7 @@
 //! an owner (MachineDeployment, MachinePool) is to remediate — unless the check only observes,
 //! the Machine carries `machine.driver.dev/skip-remediation`, or more Machines are unhealthy than
 //! `maxUnhealthy` allows (a short circuit: a zone outage must not take the whole fleet). The
-//! owners remediate ([`super::rollout`], [`super::pool`]) within their disruption planner's
+//! owners remediate ([`super::deployment`], [`super::pool`]) within their disruption planner's
 //! allowance.
 //!
 //! Timers start over after an outage: a condition's time counts from the later of its
