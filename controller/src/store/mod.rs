@@ -7,6 +7,7 @@
 //! custom resources on an API server; reconcilers never know which runs. [`StoreSpec`] is the
 //! `--store` choice between them.
 
+use machine_driver_util::lock;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -15,7 +16,9 @@ use tokio::sync::broadcast;
 use crate::events::{EventReason, EventType};
 use crate::resources::{Kind, ObjectMeta, Resource, Time};
 
-#[doc(hidden)]
+/// The contract's cases, for a backend's own tests: only with the `test-util` feature (and in
+/// this crate's tests), so the controller binary carries none of it.
+#[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 pub mod kubernetes;
 mod packed;
@@ -380,7 +383,7 @@ struct Unreadables(std::sync::Mutex<std::collections::BTreeMap<Key, String>>);
 
 impl Unreadables {
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<Key, String>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.0)
     }
 
     /// Records `found` (`whole`: every unreadable object of `kind`, so the others of `kind`
