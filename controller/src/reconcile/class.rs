@@ -1,10 +1,9 @@
 //! MachineClass: validated with its driver once per generation (ValidateMachineClass); the
 //! `Valid` condition says what the driver thought.
 
-use std::time::Duration;
-
 use driver_sdk::proto as pb;
 
+use super::timing::CLASS_UNRESOLVED_RECHECK;
 use super::{resolve, write};
 use crate::app::Ctx;
 use crate::events::EventReason;
@@ -12,10 +11,6 @@ use crate::policy::{self, Decision, Rpc, Source};
 use crate::resources::*;
 use crate::runtime::{Action, ReconcileError};
 use crate::store::Key;
-
-/// How soon a class that does not resolve (its driver is not registered, its Secret is missing)
-/// is tried again; a change of the class or its Secret wakes it sooner.
-const UNRESOLVED_RECHECK: Duration = Duration::from_secs(30);
 
 /// Validates a class with its driver once per generation (ValidateMachineClass).
 ///
@@ -37,7 +32,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         Ok(r) => r,
         Err(why) => {
             return why
-                .record_and_recheck(ctx, &before, |s| &mut s.conditions, ConditionType::Valid, UNRESOLVED_RECHECK)
+                .record_and_recheck(ctx, &before, |s| &mut s.conditions, ConditionType::Valid, CLASS_UNRESOLVED_RECHECK)
                 .await;
         }
     };

@@ -12,13 +12,12 @@
 //! way, and asked the same question when its Node is not Ready — is the VM gone or stopped (then
 //! the Node is taken out of service instead of drained).
 
-use std::time::Duration;
-
 use driver_sdk::proto as pb;
 use driver_sdk::OperationExt;
 
 use super::node::{self, NodeSeen};
 use super::record::{remember, LastOperationExt, StoredOperationExt};
+use super::timing::{DELETE_UNRESOLVED_RECHECK, NOT_SYNCED_RETRY};
 use super::write::{self, Written};
 use super::{poll_stored, Polled, Resolved, Unresolved};
 use crate::app::Ctx;
@@ -29,10 +28,6 @@ use crate::runtime::{Action, ReconcileError};
 use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
-
-/// How soon a deletion whose class does not resolve (so its driver cannot be called) tries
-/// again; a change of the class wakes it sooner.
-const DELETE_UNRESOLVED_RECHECK: Duration = Duration::from_secs(30);
 
 /// What a Machine's cloud side is: a VM of its own, or an instance of a pool.
 pub(crate) enum Instance<'a> {
@@ -216,7 +211,7 @@ pub(crate) async fn run(ctx: &Ctx, key: &Key, before: Machine, instance: Instanc
     };
     match next(&before, instance.may_exist(&before), instance.kind(), seen) {
         Next::Release => release(ctx, key, before).await,
-        Next::WaitForNodes => Ok(Action::requeue(node::NOT_SYNCED_RETRY)),
+        Next::WaitForNodes => Ok(Action::requeue(NOT_SYNCED_RETRY)),
         Next::Node(phase) => node::deletion_step(ctx, key, before, phase, &instance).await,
         Next::NodeGone => {
             let mut m = before.clone();

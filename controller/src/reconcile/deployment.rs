@@ -7,11 +7,11 @@
 //! are written, and only when every one of them is stored does the status follow.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use chrono::Utc;
 use driver_sdk::proto as pb;
 
+use super::timing::DEPLOYMENT_PROGRESS_RECHECK;
 use super::write::{self, Finalizer};
 use super::{resolve, slow_start};
 use crate::app::Ctx;
@@ -26,10 +26,6 @@ use crate::runtime::{Action, ReconcileError};
 use crate::store::{Error as StoreError, Key};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
-
-/// How often a deployment whose rollout or remediations are under way looks again without being
-/// woken (its machines' changes wake it: a safety net).
-const PROGRESS_RECHECK: Duration = Duration::from_secs(5);
 
 /// Reconciles one MachineDeployment.
 ///
@@ -123,7 +119,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     Ok(match (plan.settled, due) {
         (true, None) => Action::await_change(),
         (true, Some(due)) => Action::requeue(due),
-        (false, due) => Action::requeue(due.map_or(PROGRESS_RECHECK, |d| d.min(PROGRESS_RECHECK))),
+        (false, due) => {
+            Action::requeue(due.map_or(DEPLOYMENT_PROGRESS_RECHECK, |d| d.min(DEPLOYMENT_PROGRESS_RECHECK)))
+        }
     })
 }
 

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::timing::HEALTH_UNREACHABLE_RECHECK;
 use super::write;
 use crate::app::Ctx;
 use crate::events::EventReason;
@@ -17,9 +18,6 @@ use crate::plan::health::{self, Assessment, Unhealthy};
 use crate::resources::*;
 use crate::runtime::{Action, ReconcileError};
 use crate::store::{Key, ListParams};
-
-/// How soon a health check looks again while the target cluster cannot be reached.
-const UNREACHABLE_RECHECK: Duration = Duration::from_secs(5);
 
 /// Checks the Machines of one MachineHealthCheck and marks the unhealthy ones.
 ///
@@ -49,7 +47,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         let conditions = &mut after.status.conditions;
         set_condition(conditions, ConditionType::RemediationAllowed, false, Reason::TargetUnreachable, &message);
         write::status(ctx, &before, &after).await?;
-        return Ok(Action::requeue(UNREACHABLE_RECHECK));
+        return Ok(Action::requeue(HEALTH_UNREACHABLE_RECHECK));
     }
     let now = chrono::Utc::now();
     let shortest = before.spec.unhealthy_conditions.iter().map(|c| c.timeout_seconds).min().unwrap_or(u64::MAX);

@@ -23,6 +23,7 @@ use chrono::Utc;
 
 use super::node::{self, DrainState};
 use super::record::fail;
+use super::timing::{IN_PLACE_NODE_RECHECK, NODE_CONFLICT_RETRY, NOT_SYNCED_RETRY};
 use super::write;
 use super::Resolved;
 use crate::app::Ctx;
@@ -34,12 +35,6 @@ use crate::runtime::{Action, ReconcileError};
 use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
-
-/// How often a machine waiting for its Node after an update looks again without being woken (the
-/// Node's changes wake it).
-const NODE_RECHECK: Duration = Duration::from_secs(30);
-/// How soon a cordon or uncordon that found the Node changed since it was seen looks again.
-const NODE_CONFLICT_RETRY: Duration = Duration::from_secs(1);
 
 /// What the machine's pending in-place update does, as its owner recorded the driver's answer;
 /// `Reboot` when nobody said (a spec edited by hand, an unknown value).
@@ -75,7 +70,7 @@ pub(crate) async fn begin(
     disruption: InPlaceDisruption,
 ) -> Result<Option<Action>> {
     let node = match node::lookup(target, key, &before) {
-        Lookup::NotSynced => return Ok(Some(Action::requeue(node::NOT_SYNCED_RETRY))),
+        Lookup::NotSynced => return Ok(Some(Action::requeue(NOT_SYNCED_RETRY))),
         Lookup::Missing => return Ok(None),
         Lookup::Found(node) => node,
     };
@@ -106,23 +101,25 @@ pub(crate) async fn begin(
     Ok(Some(Action::requeue_now()))
 }
 
-/// One step of the update in progress: drain, update, or wait for the Node.
+/// One step of the update in progress: drain, or wait for the Node; `None` once the drain is
+/// done and the UpdateMachine call is due, which the machine reconciler makes as for any update
+/// (so this module needs nothing of it).
 ///
 /// # Errors
 /// Store failures and the target cluster's refusals (retried).
-pub(crate) async fn step(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
-    let Some(progress) = before.status.in_place.clone() else { return Ok(Action::requeue_now()) };
+pub(crate) async fn step(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Option<Action>> {
+    let Some(progress) = before.status.in_place.clone() else { return Ok(Some(Action::requeue_now())) };
     let Some(target) = ctx.app.target.clone() else {
         // The controller runs without its target cluster now: nothing to drain or wait for.
         let mut m = before.clone();
         m.status.in_place = None;
         write::status(ctx, &before, &m).await?;
-        return Ok(Action::requeue_now());
+        return Ok(Some(Action::requeue_now()));
     };
     match progress.phase {
-        InPlacePhase::Draining => drain(ctx, &target, key, before, progress).await,
-        InPlacePhase::Updating => super::machine::update(ctx, key, before, r).await,
-        InPlacePhase::WaitingForNode => wait_for_node(ctx, &target, key, before, progress, r).await,
+        InPlacePhase::Draining => drain(ctx, &target, key, before, progress).await.map(Some),
+        InPlacePhase::Updating => Ok(None),
+        InPlacePhase::WaitingForNode => wait_for_node(ctx, &target, key, before, progress, r).await.map(Some),
     }
 }
 
@@ -153,7 +150,7 @@ pub(crate) fn updated(m: &mut Machine) -> bool {
 async fn drain(ctx: &Ctx, target: &Target, key: &Key, before: Machine, p: InPlaceProgress) -> Result<Action> {
     let mut m = before.clone();
     let node = match node::lookup(target, key, &m) {
-        Lookup::NotSynced => return Ok(Action::requeue(node::NOT_SYNCED_RETRY)),
+        Lookup::NotSynced => return Ok(Action::requeue(NOT_SYNCED_RETRY)),
         Lookup::Found(node) => node,
         Lookup::Missing => {
             // Nothing left to drain.
@@ -199,7 +196,7 @@ async fn wait_for_node(
 ) -> Result<Action> {
     let mut m = before.clone();
     let node = match node::lookup(target, key, &m) {
-        Lookup::NotSynced => return Ok(Action::requeue(node::NOT_SYNCED_RETRY)),
+        Lookup::NotSynced => return Ok(Action::requeue(NOT_SYNCED_RETRY)),
         Lookup::Found(node) => Some(node),
         Lookup::Missing => None,
     };
@@ -248,8 +245,8 @@ async fn wait_for_node(
         return Ok(Action::await_change());
     }
     write::status(ctx, &before, &m).await?;
-    let left = if timeout.is_zero() { NODE_RECHECK } else { timeout.saturating_sub(waited) };
-    Ok(Action::requeue(left.min(NODE_RECHECK).max(super::MIN_REQUEUE)))
+    let left = if timeout.is_zero() { IN_PLACE_NODE_RECHECK } else { timeout.saturating_sub(waited) };
+    Ok(Action::requeue(left.min(IN_PLACE_NODE_RECHECK).max(super::MIN_REQUEUE)))
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use driver_sdk::{CallError, OperationExt};
 use super::deletion::{self, Instance};
 use super::in_place;
 use super::record::{fail, remember, LastOperationExt, StoredOperationExt};
+use super::timing::PROGRESS_SHOWN_AFTER;
 use super::write::{self, Finalizer};
 use super::{poll_stored, resolve, Polled, Resolved};
 use crate::app::Ctx;
@@ -22,10 +23,6 @@ use crate::runtime::{Action, ReconcileError};
 use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
-
-/// An operation's progress reaches status only once it has run this long: most creates finish
-/// sooner, and each progress step would be one more write through the API server.
-const PROGRESS_SHOWN_AFTER: Duration = Duration::from_secs(30);
 
 /// Reconciles one Machine.
 ///
@@ -81,7 +78,10 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             }
             update(ctx, key, m, &r).await
         }
-        Step::InPlace => in_place::step(ctx, key, m, &r).await,
+        Step::InPlace => match in_place::step(ctx, key, m.clone(), &r).await? {
+            Some(action) => Ok(action),
+            None => update(ctx, key, m, &r).await,
+        },
         Step::Health => health(ctx, key, m, &r).await,
         Step::Create => create(ctx, key, m, &r).await,
         // Without a target cluster a Provisioned machine (the controller ran with one before)
@@ -512,7 +512,7 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
 
 /// Asks the driver to apply the machine's spec in place (its operation stored before anything
 /// else).
-pub(super) async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
+async fn update(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Action> {
     let mut m = before.clone();
     let req = pb::UpdateMachineRequest {
         name: m.metadata.name.clone(),

@@ -22,6 +22,7 @@ pub mod pool;
 pub(crate) mod record;
 pub mod relations;
 pub(crate) mod remediation;
+pub(crate) mod timing;
 pub(crate) mod write;
 
 /// What polling a stored operation found.

@@ -19,6 +19,7 @@ use chrono::Utc;
 
 use super::write;
 
+use super::timing::{HOOK_RECHECK, JOIN_RECHECK, NODE_CONFLICT_RETRY, NOT_SYNCED_RETRY, VOLUME_RECHECK};
 use crate::app::Ctx;
 use crate::events::EventReason;
 use crate::nodes::{drain, Lookup, NodeView, NodeWrite, Readiness, Target};
@@ -28,20 +29,6 @@ use crate::runtime::{Action, ReconcileError};
 use crate::store::Key;
 
 type Result<T> = std::result::Result<T, ReconcileError>;
-
-/// How soon a lookup is tried again while the first list of Nodes has not arrived.
-pub(crate) const NOT_SYNCED_RETRY: Duration = Duration::from_secs(1);
-/// How often a machine waiting for its Node looks again without being woken (a safety net: the
-/// Node's changes wake it).
-const JOIN_RECHECK: Duration = Duration::from_secs(30);
-/// How often a deletion held by hook annotations looks again (their removal wakes it too).
-const HOOK_RECHECK: Duration = Duration::from_secs(30);
-/// How often a deletion waiting for its node's VolumeAttachments to go looks again.
-const VOLUME_RECHECK: Duration = Duration::from_secs(2);
-/// How soon a drain looks again after its cordon found the Node changed since it was seen (409):
-/// the Node watch has the newer version by then, and a watch that lags costs one patch a second,
-/// never a loop.
-const NODE_CONFLICT_RETRY: Duration = Duration::from_secs(1);
 
 /// The name the Node of `m` registers under when the driver says so: its `Hostname` address.
 pub(crate) fn reported_node_name(m: &Machine) -> &str {

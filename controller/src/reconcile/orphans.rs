@@ -1,6 +1,7 @@
 //! Orphan collection: cloud machines tagged as this controller's but with no Machine object are
 //! deleted after a grace period, with an event and a metric.
 
+use machine_driver_util::lock;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -100,7 +101,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
         for cm in cloud {
             let k = (r.driver.name().to_string(), cm.name.clone());
             still.insert(k.clone());
-            let first = *ctx.app.orphans.lock().unwrap_or_else(|p| p.into_inner()).entry(k.clone()).or_insert(now);
+            let first = *lock(&ctx.app.orphans).entry(k.clone()).or_insert(now);
             if now.duration_since(first) < ctx.app.settings.orphan_grace {
                 continue;
             }
@@ -114,7 +115,7 @@ pub async fn collect(ctx: &Ctx) -> Result<usize, crate::runtime::ReconcileError>
                 Ok(reply) => {
                     deleted += 1;
                     ctx.app.metrics.orphans_deleted.inc();
-                    ctx.app.orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                    lock(&ctx.app.orphans).remove(&k);
                     ctx.store
                         .event(
                             Kind::MachineClass,

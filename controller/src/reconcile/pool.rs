@@ -21,6 +21,7 @@ use driver_sdk::OperationExt;
 
 use super::deletion;
 use super::record::{LastOperationExt, StoredOperationExt};
+use super::timing::{POOL_DONE_RECHECK, POOL_PROGRESS_RECHECK, POOL_SETTLED_RECHECK};
 use super::write::{self, Finalizer};
 use super::{poll_stored, pool_instances as instances, resolve, Polled, Resolved};
 use crate::app::Ctx;
@@ -35,15 +36,6 @@ use crate::runtime::{Action, ReconcileError};
 use crate::store::{Error as StoreError, Key, ListParams};
 
 type Result<T> = std::result::Result<T, ReconcileError>;
-
-/// How often a pool whose instances are all ready and up to date looks at them again without
-/// being woken.
-const SETTLED_RECHECK: Duration = Duration::from_secs(30);
-/// How often a pool waiting for its instances (to become ready, or up to date) looks again.
-const PROGRESS_RECHECK: Duration = Duration::from_secs(1);
-/// How soon a pool looks again after a pool call the driver finished at once: its next step
-/// follows shortly.
-const DONE_RECHECK: Duration = Duration::from_millis(200);
 
 /// An instance's state: the protocol's `InstanceState`, or, from a driver older than it
 /// (`UNSPECIFIED`), the deprecated provisioning string.
@@ -392,7 +384,7 @@ async fn act(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, seen: &Observation
                 // The marks are stored: the next plan acts on them.
                 return Ok(Action::requeue_now());
             }
-            let mut after = if plan.done { SETTLED_RECHECK } else { PROGRESS_RECHECK };
+            let mut after = if plan.done { POOL_SETTLED_RECHECK } else { POOL_PROGRESS_RECHECK };
             // A budget's window opens or closes, or the remediation pace allows the next.
             if let Some(at) = plan.disruption.recheck_at {
                 after = after.min((at - seen.now).to_std().unwrap_or_default().max(super::MIN_REQUEUE));
@@ -436,7 +428,7 @@ async fn apply(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, next: &MachinePo
         return Ok(Action::await_change());
     };
     match ctx.call(r.driver, "ApplyPool", |c| async move { c.apply_pool(req).await }).await {
-        Ok(reply) if reply.value.done => Ok(Action::requeue(DONE_RECHECK)),
+        Ok(reply) if reply.value.done => Ok(Action::requeue(POOL_DONE_RECHECK)),
         Ok(reply) => start(ctx, &fresh, OperationKind::ApplyPool, reply).await,
         Err(e) => failed(ctx, &fresh, OperationType::ApplyPool, Rpc::Mutate, &e).await,
     }
@@ -486,7 +478,7 @@ async fn pool_instances_call(
         (Rpc::Mutate, ctx.call(r.driver, method, |c| async move { c.upgrade_pool_instances(req).await }).await)
     };
     match result {
-        Ok(reply) if reply.value.done => Ok(Action::requeue(DONE_RECHECK)),
+        Ok(reply) if reply.value.done => Ok(Action::requeue(POOL_DONE_RECHECK)),
         Ok(reply) => start(ctx, pool, kind, reply).await,
         Err(e) => failed(ctx, pool, kind.into(), rpc, &e).await,
     }
