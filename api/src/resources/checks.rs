@@ -5,7 +5,6 @@
 use serde_json::Value;
 
 use super::disruption::DisruptionSpec;
-use super::failure_domain::{DEFAULT_BACKOFF_INITIAL_SECONDS, DEFAULT_BACKOFF_MAX_SECONDS};
 use super::meta::ObjectMeta;
 use super::template::{MachineTemplate, NodeTemplate};
 use crate::registry::Kind;
@@ -340,44 +339,8 @@ pub(crate) fn deployment_rules() -> Vec<Rule> {
         "must be greater than minReadySeconds",
         deadline_after_min_ready,
     ));
-    out.push(rule(
-        Md,
-        "spec.failureDomains",
-        "self.all(d, self.exists_one(e, e.name == d.name))".into(),
-        "",
-        DOMAIN_NAMES_UNIQUE,
-        |v| {
-            let names: Vec<&str> = v.as_array().into_iter().flatten().filter_map(|d| d["name"].as_str()).collect();
-            names.iter().enumerate().all(|(i, n)| !names[..i].contains(n))
-        },
-    ));
-    out.push(rule(
-        Md,
-        "spec.failureDomainBackoff",
-        format!(
-            "(has(self.initialSeconds) ? self.initialSeconds : {DEFAULT_BACKOFF_INITIAL_SECONDS}) <= \
-             (has(self.maxSeconds) ? self.maxSeconds : {DEFAULT_BACKOFF_MAX_SECONDS})"
-        ),
-        "initialSeconds",
-        BACKOFF_WITHIN_MAX,
-        |v| {
-            let field = |k: &str, default: u64| v.get(k).map_or(Some(default), Value::as_u64);
-            match (
-                field("initialSeconds", DEFAULT_BACKOFF_INITIAL_SECONDS),
-                field("maxSeconds", DEFAULT_BACKOFF_MAX_SECONDS),
-            ) {
-                (Some(initial), Some(max)) => initial <= max,
-                _ => true,
-            }
-        },
-    ));
     out
 }
-
-/// Message of the failure domains' unique-names rule.
-pub(crate) const DOMAIN_NAMES_UNIQUE: &str = "every failure domain needs a name of its own";
-/// Message of the failure-domain backoff rule.
-pub(crate) const BACKOFF_WITHIN_MAX: &str = "must not be greater than maxSeconds";
 
 /// Message of the budgets' schedule/duration rule.
 pub(crate) const BUDGET_SCHEDULE: &str = "is required with a schedule, and needs one";
@@ -402,7 +365,7 @@ fn budget_rules(kind: Kind) -> Vec<Rule> {
         Rule::new(
             kind,
             "spec.disruption.budgets[].duration",
-            "self != '' && self.matches('^([0-9]+h)?([0-9]+m)?([0-9]+s)?$')".into(),
+            "self != '' && self.matches('^([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?$')".into(),
             "",
             BUDGET_DURATION,
             |d| d.as_str().is_none_or(duration_shape),
@@ -410,13 +373,17 @@ fn budget_rules(kind: Kind) -> Vec<Rule> {
     ]
 }
 
-/// `^([0-9]+h)?([0-9]+m)?([0-9]+s)?$`, not empty: the CEL rule's shape of a duration.
+/// `^([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?$`, not empty: the CEL rule's shape of the one
+/// duration grammar (`driver_sdk_core::duration`), whose values the controller checks.
 fn duration_shape(d: &str) -> bool {
     let mut rest = d;
-    for unit in ['h', 'm', 's'] {
+    for unit in ["h", "m", "s", "ms"] {
         let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if digits > 0 && rest[digits..].starts_with(unit) {
-            rest = &rest[digits + 1..];
+        let after = &rest[digits..];
+        // `5ms` is not `5m` followed by something.
+        let other_unit = unit == "m" && after.starts_with("ms");
+        if digits > 0 && after.starts_with(unit) && !other_unit {
+            rest = &after[unit.len()..];
         }
     }
     !d.is_empty() && rest.is_empty()

@@ -5,8 +5,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::checks::{self, Check};
+use super::checks::{self, Check, Rule};
 use super::meta::Time;
+use crate::registry::Kind;
 
 /// One failure domain: a zone (or any place that fails on its own) machines can be put in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -145,7 +146,7 @@ pub struct RebalanceStatus {
 pub const ANNOTATION_REBALANCE: &str = "machine.driver.dev/rebalance";
 
 /// Checks `spec.failureDomains`, `spec.rebalance` and `spec.failureDomainBackoff`.
-/// (Unique names and the backoff's bounds are [`checks::deployment_rules`], CEL on the API server.)
+/// (Unique names and the backoff's bounds are [`rules`], CEL on the API server.)
 pub(crate) fn check_domains(domains: &[FailureDomain]) -> Check {
     for (i, d) in domains.iter().enumerate() {
         checks::name(&format!("spec.failureDomains[{i}].name"), &d.name)?;
@@ -200,3 +201,46 @@ pub(crate) fn domains_column(v: &Value) -> String {
         cells.join(" ")
     }
 }
+
+/// The rules of a MachineDeployment's failure domains that the CRD checks (CEL on the API
+/// server, the same function in `apply`): unique names, and a backoff within its bounds.
+pub(crate) fn rules() -> Vec<Rule> {
+    let mut out = Vec::new();
+    out.push(Rule::new(
+        Kind::MachineDeployment,
+        "spec.failureDomains",
+        "self.all(d, self.exists_one(e, e.name == d.name))".into(),
+        "",
+        DOMAIN_NAMES_UNIQUE,
+        |v| {
+            let names: Vec<&str> = v.as_array().into_iter().flatten().filter_map(|d| d["name"].as_str()).collect();
+            names.iter().enumerate().all(|(i, n)| !names[..i].contains(n))
+        },
+    ));
+    out.push(Rule::new(
+        Kind::MachineDeployment,
+        "spec.failureDomainBackoff",
+        format!(
+            "(has(self.initialSeconds) ? self.initialSeconds : {DEFAULT_BACKOFF_INITIAL_SECONDS}) <= \
+             (has(self.maxSeconds) ? self.maxSeconds : {DEFAULT_BACKOFF_MAX_SECONDS})"
+        ),
+        "initialSeconds",
+        BACKOFF_WITHIN_MAX,
+        |v| {
+            let field = |k: &str, default: u64| v.get(k).map_or(Some(default), Value::as_u64);
+            match (
+                field("initialSeconds", DEFAULT_BACKOFF_INITIAL_SECONDS),
+                field("maxSeconds", DEFAULT_BACKOFF_MAX_SECONDS),
+            ) {
+                (Some(initial), Some(max)) => initial <= max,
+                _ => true,
+            }
+        },
+    ));
+    out
+}
+
+/// Message of the failure domains' unique-names rule.
+pub(crate) const DOMAIN_NAMES_UNIQUE: &str = "every failure domain needs a name of its own";
+/// Message of the failure-domain backoff rule.
+pub(crate) const BACKOFF_WITHIN_MAX: &str = "must not be greater than maxSeconds";

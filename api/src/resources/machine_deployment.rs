@@ -397,6 +397,7 @@ impl KindInfo for MachineDeployment {
     fn rules() -> Vec<checks::Rule> {
         let mut out = checks::replicated_rules(Kind::MachineDeployment);
         out.extend(checks::deployment_rules());
+        out.extend(super::failure_domain::rules());
         out
     }
 
