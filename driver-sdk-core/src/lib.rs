@@ -18,6 +18,7 @@
 //!   when a keyword would be silently ignored.
 //! - `fuzzing`: the hidden checks behind the two fuzz targets (turns both on).
 
+pub mod duration;
 #[cfg(all(feature = "token", feature = "schema", any(test, feature = "fuzzing")))]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -1,25 +1,13 @@
-//! Human-written durations, as flags and environment variables take them.
+//! Human-written durations, as flags and environment variables take them: the project's one
+//! grammar ([`driver_sdk_core::duration`]).
 
-/// Parses a duration such as `250ms`, `2s`, `1.5s`, `5m`, `1h` (a bare number means seconds).
+/// Parses a duration such as `250ms`, `2s`, `5m`, `1h30m` or `0`: whole numbers with units,
+/// the largest first (the grammar a budget's `duration` uses too).
 ///
 /// # Errors
-/// A message naming the accepted forms.
+/// A message that quotes the input and names the accepted forms.
 pub fn parse_duration(s: &str) -> std::result::Result<std::time::Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}: expected e.g. 250ms, 2s, 5m, 1h"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration {s:?}: unit must be ms, s, m or h")),
-    };
-    if !secs.is_finite() || !(0.0..=1.0e9).contains(&secs) {
-        return Err(format!("invalid duration {s:?}: out of range"));
-    }
-    Ok(std::time::Duration::from_secs_f64(secs))
+    driver_sdk_core::duration::parse(s.trim())
 }
 
 #[cfg(test)]
@@ -31,8 +19,9 @@ mod tests {
     fn parses_durations() {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("1.5").is_err());
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("").is_err());
     }

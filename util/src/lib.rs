@@ -4,7 +4,9 @@
 //! `driver-sdk`, which re-exports all of them under their old paths) share, and that need no gRPC:
 //!
 //! - [`error_chain`]: an error and its whole cause chain on one line;
-//! - [`parse_duration`]: `250ms`, `2s`, `5m`, `1h`, as flags and environment variables take them;
+//! - [`parse_duration`]: `250ms`, `2s`, `5m`, `1h30m`, as flags and environment variables take them
+//!   (the one grammar, budgets' too: `driver_sdk_core::duration`);
+//! - [`lock`]: a mutex's guard, whether or not a panic poisoned it;
 //! - [`telemetry`]: the `tracing` subscriber (text or JSON to stderr, credential-leaking targets
 //!   fenced) and OTLP trace export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set;
 //! - [`metrics`]: Prometheus text encoding and the small HTTP server of `/metrics`, `/healthz`
@@ -20,6 +22,14 @@ pub mod metrics;
 pub mod telemetry;
 
 pub use duration::parse_duration;
+
+/// Locks `m`, taking its value even when a thread panicked while it held it. Every mutex of
+/// these crates guards state its critical sections leave whole (caches, queues, counters): a
+/// panic in one caller must not make every later lock panic too. The one way to lock here
+/// (`clippy::unwrap_used` warns about the others).
+pub fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Prints an error and its whole cause chain: `outer: inner: innermost`.
 pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {

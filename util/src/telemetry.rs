@@ -116,7 +116,7 @@ mod tests {
 
     impl std::io::Write for Captured {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+            crate::lock(&self.0).extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -142,7 +142,7 @@ mod tests {
             tracing::debug!(target: "azure_core_like::x", "a crate that only shares the prefix");
             tracing::debug!(target: "azure_vmss_driver::arm", "GET virtualMachines/web-1");
         });
-        let text = String::from_utf8(out.0.lock().unwrap_or_else(|e| e.into_inner()).clone()).unwrap_or_default();
+        let text = String::from_utf8(crate::lock(&out.0).clone()).unwrap_or_default();
         assert!(!text.contains("eyJ0eXAi"), "a credential reached the log:\n{text}");
         for kept in ["retrying after 429", "shares the prefix", "GET virtualMachines/web-1"] {
             assert!(text.contains(kept), "{kept:?} missing from:\n{text}");

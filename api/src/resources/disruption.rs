@@ -13,8 +13,7 @@ use super::{is_default, IntOrPercent, Time};
 wire_enum! {
     /// Why a machine is taken away or disrupted: every path that does so names its reason when it
     /// asks the controller's disruption planner (`machine_controller::plan::disruption`). On a
-    /// Machine the owner took, its [`ANNOTATION_DISRUPTION`](super::ANNOTATION_DISRUPTION) holds
-    /// it ([`Machine::disruption`](super::Machine::disruption)).
+    /// Machine the owner took, its annotation `machine.driver.dev/disruption-reason` holds it.
     #[derive(PartialOrd, Ord)]
     pub enum DisruptionReason {
         /// A rolling update replaces a machine of an older revision.
@@ -249,46 +248,20 @@ pub fn parse_cron(expr: &str) -> Result<croner::Cron, String> {
     croner::Cron::from_str(expr).map_err(|e| format!("{expr:?} is not a cron expression: {e}"))
 }
 
-/// Reads a budget's duration: hours, minutes and seconds (`1h`, `30m`, `1h30m`, `90s`), more
-/// than zero, at most a year.
+/// Reads a budget's duration in the project's one grammar (`1h`, `30m`, `1h30m`, `90s`:
+/// [`driver_sdk_core::duration`], the flags' too), more than zero, at most a year.
 ///
 /// # Errors
 /// Why it does not read.
 pub fn parse_duration(s: &str) -> Result<chrono::Duration, String> {
-    let bad = || format!("{s:?} is not a duration like 1h, 30m, 1h30m or 90s");
-    let mut rest = s.trim();
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    let mut seconds: i64 = 0;
-    let mut last_unit = 0;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-        if digits == 0 {
-            return Err(bad());
-        }
-        let n: i64 = rest[..digits].parse().map_err(|_| bad())?;
-        let (unit, rank) = match rest[digits..].chars().next() {
-            Some('h') => (3600, 3),
-            Some('m') => (60, 2),
-            Some('s') => (1, 1),
-            _ => return Err(bad()),
-        };
-        // Each unit once, largest first.
-        if last_unit != 0 && rank >= last_unit {
-            return Err(bad());
-        }
-        last_unit = rank;
-        seconds = n.checked_mul(unit).and_then(|v| seconds.checked_add(v)).ok_or_else(bad)?;
-        rest = &rest[digits + 1..];
-    }
-    if seconds == 0 {
+    let d = driver_sdk_core::duration::parse(s)?;
+    if d.is_zero() {
         return Err(format!("{s:?} must be more than zero"));
     }
-    if seconds > 366 * 24 * 3600 {
+    if d > std::time::Duration::from_secs(366 * 24 * 3600) {
         return Err(format!("{s:?} must be at most a year"));
     }
-    Ok(chrono::Duration::seconds(seconds))
+    chrono::Duration::from_std(d).map_err(|_| format!("{s:?} must be at most a year"))
 }
 
 /// `spec.remediation`: how the owner replaces failed and unhealthy machines.

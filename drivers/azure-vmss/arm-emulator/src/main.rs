@@ -23,13 +23,13 @@ struct Cli {
     addr_file: Option<PathBuf>,
     /// How long a scale-set create or update takes.
     // The test `cli_defaults_are_the_constants` pins the duration strings to the constants.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = driver_sdk_core::duration::parse)]
     operation_duration: Duration,
     /// How long deleting a scale set or instances takes.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = driver_sdk_core::duration::parse)]
     delete_duration: Duration,
     /// How long a manual upgrade of instances takes.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = driver_sdk_core::duration::parse)]
     upgrade_duration: Duration,
     /// Retry-After (seconds) on accepted operations and in-progress polls.
     #[arg(long, default_value_t = arm_emulator::DEFAULT_RETRY_AFTER_SECS)]
@@ -52,22 +52,8 @@ struct Cli {
     #[arg(long = "federated-principal", value_name = "TENANT:CLIENT_ID:TOKEN", value_parser = |s: &str| Principal::parse(s, true))]
     federated_principals: Vec<Principal>,
     /// Lifetime of the access tokens the Entra token endpoint issues (whole seconds count).
-    #[arg(long, default_value = "3600s", value_parser = parse_duration)]
+    #[arg(long, default_value = "3600s", value_parser = driver_sdk_core::duration::parse)]
     token_lifetime: Duration,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        _ => return Err(format!("invalid duration {s:?}: unit must be ms, s or m")),
-    };
-    Ok(Duration::from_secs_f64(secs))
 }
 
 #[tokio::main]
@@ -138,7 +124,7 @@ mod tests {
         let cmd = Cli::command();
         let duration = |long: &str| {
             let arg = cmd.get_arguments().find(|a| a.get_long() == Some(long)).unwrap();
-            parse_duration(&arg.get_default_values()[0].to_string_lossy()).unwrap()
+            driver_sdk_core::duration::parse(&arg.get_default_values()[0].to_string_lossy()).unwrap()
         };
         assert_eq!(duration("operation-duration"), arm_emulator::DEFAULT_OPERATION_DURATION);
         assert_eq!(duration("delete-duration"), arm_emulator::DEFAULT_DELETE_DURATION);
