@@ -2,6 +2,9 @@
 //! executable per suite linked the same dependencies 18 times. `cargo xtask e2e` runs it with
 //! cargo-nextest, a process per test (`.config/nextest.toml`); one suite: `cargo xtask e2e nodes::`.
 
+// Test code: a setup that fails is a failed test (the workspace warns of `unwrap` in what ships).
+#![allow(clippy::unwrap_used)]
+
 mod autoscaler;
 mod aws_ec2;
 /// Shared by the AWS suites (`aws_ec2`, `interop`): moto and the loopback EC2 stub.

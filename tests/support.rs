@@ -7,6 +7,9 @@
 //! address it bound is read back from its log ([`addr_after`], [`Sidecar::metrics_addr`],
 //! [`Emulator`]).
 
+// Test code: a setup that fails is a failed test (the workspace warns of `unwrap` in what ships).
+#![allow(clippy::unwrap_used)]
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};

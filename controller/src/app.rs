@@ -2,6 +2,7 @@
 //! part ([`crate::runtime::Ctx`]): the drivers, the target cluster, the orphans seen, the
 //! safety checks, and what a class's users were last woken for. The runtime never reads it.
 
+use machine_driver_util::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -215,14 +216,14 @@ impl App {
     /// the first time a generation is seen (a new spec), `false` for the same one again (the
     /// object's own status writes).
     pub fn dependents_due(&self, key: &Key, generation: i64) -> bool {
-        let mut woken = self.dependents_woken_at.lock().unwrap_or_else(|p| p.into_inner());
+        let mut woken = lock(&self.dependents_woken_at);
         woken.insert(key.clone(), generation) != Some(generation)
     }
 
     /// Forgets what is kept for `key` (it was deleted; an object re-created under its name
     /// starts afresh).
     pub fn forget(&self, key: &Key) {
-        let mut woken = self.dependents_woken_at.lock().unwrap_or_else(|p| p.into_inner());
+        let mut woken = lock(&self.dependents_woken_at);
         if woken.remove(key).is_some() {
             woken.give_back_room();
         }

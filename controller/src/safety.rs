@@ -7,6 +7,7 @@
 //! count as a Node being down, or every machine would be remediated at once when the control
 //! plane returns.
 
+use machine_driver_util::lock;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -36,7 +37,7 @@ impl Safety {
     /// Records a probe of `what` at `now`: `ok` or not. Returns how long the outage that just
     /// ended lasted, if one did.
     pub fn probed(&self, what: &'static str, ok: bool, now: Time) -> Option<Duration> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = lock(&self.state);
         let at = s.down.iter().position(|(w, _)| *w == what);
         match (ok, at) {
             (false, None) => {
@@ -55,7 +56,7 @@ impl Safety {
 
     /// What cannot be reached now (for at least one probe interval), in words.
     pub fn unreachable(&self) -> Option<String> {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let s = lock(&self.state);
         s.down.first().map(|(what, since)| {
             format!("{what} unreachable since {}", since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
         })
@@ -64,7 +65,7 @@ impl Safety {
     /// Health timers of a check whose shortest timeout is `timeout` count from here at the
     /// earliest: the end of the last outage, if it lasted as long as that timeout or [`OUTAGE`].
     pub fn timers_since(&self, timeout: Duration) -> Option<Time> {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let s = lock(&self.state);
         s.last.filter(|(_, lasted)| *lasted >= timeout.min(OUTAGE)).map(|(end, _)| end)
     }
 }

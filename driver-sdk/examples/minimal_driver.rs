@@ -6,6 +6,7 @@
 //! cargo run -p driver-sdk --bin driver-conformance -- --endpoint unix:///tmp/minimal.sock
 //! ```
 
+use driver_sdk::lock;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Mutex;
@@ -28,7 +29,7 @@ struct MinimalDriver {
 impl MinimalDriver {
     fn machines(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Machine>> {
         // A poisoned lock only means another call panicked; the map itself is still consistent.
-        self.machines.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.machines)
     }
 }
 

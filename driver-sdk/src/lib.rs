@@ -113,7 +113,7 @@ pub use driver::Driver;
 pub use error::{reason, DriverError, ErrorReport, Result, Violation};
 pub use machine_driver_proto::v1 as proto;
 // Shared with the controller, which takes them from machine-driver-util itself.
-pub use machine_driver_util::{error_chain, parse_duration};
+pub use machine_driver_util::{error_chain, lock, parse_duration};
 #[cfg(feature = "server")]
 pub use server::{DriverServer, ServeArgs, ServeError, DEFAULT_ENDPOINT};
 #[cfg(feature = "server")]

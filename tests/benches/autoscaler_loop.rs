@@ -25,6 +25,9 @@
 //! ```
 //! Set BENCH_OUT=path to also write the markdown table there.
 
+// Test code: a setup that fails is a failed test (the workspace warns of `unwrap` in what ships).
+#![allow(clippy::unwrap_used)]
+
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -28,6 +28,9 @@
 //! both builds in the same run (A/B), alternating which goes first, BENCH_ROUNDS times each
 //! (default 2 at 10,000, 1 at 100,000), with the ratios this build ÷ that one.
 
+// Test code: a setup that fails is a failed test (the workspace warns of `unwrap` in what ships).
+#![allow(clippy::unwrap_used)]
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

@@ -19,6 +19,9 @@
 //! Set BENCH_OUT=path to also write the markdown table there, and BENCH_COMPARE=<another
 //! machine-controller binary> to run every step with both builds in the same run (A/B).
 
+// Test code: a setup that fails is a failed test (the workspace warns of `unwrap` in what ships).
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

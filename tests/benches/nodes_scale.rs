@@ -34,6 +34,9 @@
 //! ```
 //! Set BENCH_OUT=path to also write the markdown table there.
 
+// Test code: a setup that fails is a failed test (the workspace warns of `unwrap` in what ships).
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

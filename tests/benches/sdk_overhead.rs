@@ -26,6 +26,9 @@
 //! grpc-go server binary instead of building it. For quick checks: `BENCH_WARMUP_S`,
 //! `BENCH_MEASURE_S`, `BENCH_ROUNDS`, `BENCH_CONCURRENCY`, `BENCH_CONNECTIONS`.
 
+// Test code: a setup that fails is a failed test (the workspace warns of `unwrap` in what ships).
+#![allow(clippy::unwrap_used)]
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};

@@ -13,6 +13,9 @@
 //! $KUBE_CLUSTER_DIR/kubectl get machines,nodes
 //! ```
 
+// Test code: a setup that fails is a failed test (the workspace warns of `unwrap` in what ships).
+#![allow(clippy::unwrap_used)]
+
 use e2e_tests::kube_cluster::Cluster;
 
 #[tokio::main]

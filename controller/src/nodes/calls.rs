@@ -18,6 +18,7 @@
 //! a disruption budget's refusal) are answers the caller acts on: they are logged at debug level
 //! here, and by the caller as it sees fit.
 
+use machine_driver_util::lock;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -136,7 +137,7 @@ impl Calls {
 
     /// How long until the next request may go: what is left of a 429's `Retry-After`.
     pub fn hold_left(&self) -> Duration {
-        let at = *self.not_before.lock().unwrap_or_else(|p| p.into_inner());
+        let at = *lock(&self.not_before);
         at.map(|at| at.saturating_duration_since(Instant::now())).unwrap_or_default()
     }
 
@@ -144,7 +145,7 @@ impl Calls {
     /// stays.
     fn hold(&self, d: Duration) {
         let until = Instant::now() + d.min(MAX_RETRY_AFTER);
-        let mut at = self.not_before.lock().unwrap_or_else(|p| p.into_inner());
+        let mut at = lock(&self.not_before);
         if at.is_none_or(|at| at < until) {
             *at = Some(until);
         }

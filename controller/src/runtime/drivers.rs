@@ -1,6 +1,7 @@
 //! Driver calls: one [`DriverHandle`] per driver sidecar, its [`TokenBucket`] rate limit, and
 //! [`Ctx::call`], the one way a reconciler calls a driver (rate-limited, measured, logged).
 
+use machine_driver_util::lock;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -29,7 +30,7 @@ impl TokenBucket {
     pub async fn acquire(&self) {
         loop {
             let wait = {
-                let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                let mut s = lock(&self.state);
                 let now = Instant::now();
                 s.0 = (s.0 + now.duration_since(s.1).as_secs_f64() * self.rate).min(self.burst);
                 s.1 = now;

@@ -2,6 +2,7 @@
 //! of it) and the error policy built on it: backoff with jitter, holds on driver calls, the
 //! owner wake-up delay.
 
+use machine_driver_util::lock;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -85,7 +86,7 @@ impl<A> Ctx<A> {
 
     /// Reads what is kept for `key` (the default when nothing is).
     fn read_key<R>(&self, key: &Key, f: impl FnOnce(&KeyState) -> R) -> R {
-        let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let keys = lock(&self.keys);
         match keys.get(key) {
             Some(s) => f(s),
             None => f(&KeyState::default()),
@@ -94,7 +95,7 @@ impl<A> Ctx<A> {
 
     /// Changes what is kept for `key`; an entry left empty goes.
     fn with_key<R>(&self, key: &Key, f: impl FnOnce(&mut KeyState) -> R) -> R {
-        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys = lock(&self.keys);
         let state = keys.entry(key.clone()).or_default();
         let out = f(state);
         if state.is_empty() {
@@ -188,7 +189,7 @@ impl<A> Ctx<A> {
     /// Forgets everything kept for `key` (it was deleted; an object re-created under its name
     /// starts afresh).
     pub fn forget(&self, key: &Key) {
-        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys = lock(&self.keys);
         keys.remove(key);
         keys.give_back_room();
     }

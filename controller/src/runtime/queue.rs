@@ -3,6 +3,7 @@
 //! keeps the [`Trigger`] it runs for: the first that queued it, or for a delayed one, the one
 //! due soonest.
 
+use machine_driver_util::lock;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -115,7 +116,7 @@ pub struct WorkQueue {
 
 impl WorkQueue {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Queues `key` now, to run for `why`.

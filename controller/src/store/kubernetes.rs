@@ -16,6 +16,7 @@
 //!   waits for one), repeats aggregated into event series as client-go does (`kubernetes/events.rs`), and
 //!   read back for `describe`.
 
+use machine_driver_util::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -307,7 +308,7 @@ impl KubernetesBackend {
                     None => Api::all_with(self.client.clone(), &api_resource(kind)),
                 };
                 let task = tokio::spawn(watch_kind(api, kind, cache.clone(), self.tx.clone()));
-                self.watches.lock().unwrap_or_else(|p| p.into_inner()).push(task.abort_handle());
+                lock(&self.watches).push(task.abort_handle());
             })
             .await;
         let (mut synced, mut refused) = (cache.synced.subscribe(), cache.refused.subscribe());

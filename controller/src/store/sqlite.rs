@@ -22,6 +22,7 @@
 //! (`sqlite/rows.rs`), and events (`sqlite/events.rs`). This file holds the backend, its cache
 //! and the [`Backend`] methods.
 
+use machine_driver_util::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
@@ -75,10 +76,6 @@ pub struct SqliteBackend {
     tx: broadcast::Sender<Change>,
     events_written: Mutex<u64>,
     series: Arc<Series>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A SQLite error as a store error: a busy or locked database is [`Error::Unavailable`] (another

@@ -34,6 +34,7 @@
 
 #![warn(missing_docs)]
 
+use driver_sdk::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -266,7 +267,7 @@ impl AwsEc2Driver {
         let region = region.filter(|r| !r.is_empty()).unwrap_or(&self.default_region).to_string();
         let key = (region.clone(), creds.fingerprint());
         let source = creds.source();
-        let cached = self.clients.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+        let cached = lock(&self.clients).get(&key).cloned();
         if let Some(client) = cached {
             return Ec2 { client, region, source };
         }
@@ -279,7 +280,7 @@ impl AwsEc2Driver {
             region = %region, "credentials.kind" = source.kind(), "credentials.fingerprint" = %key.1,
             "new EC2 client"
         );
-        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let mut clients = lock(&self.clients);
         if clients.len() >= MAX_CACHED_CLIENTS && !clients.contains_key(&key) {
             // Rotated secrets leave stale entries behind: start over rather than grow forever.
             clients.clear();

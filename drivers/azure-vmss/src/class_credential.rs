@@ -33,6 +33,7 @@
 //! PERMISSION_DENIED / CLOUD_AUTH_FAILED (Entra refused) or UNAVAILABLE / CLOUD_UNAVAILABLE
 //! (Entra unreachable or failing) naming the kind that failed.
 
+use driver_sdk::lock;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
@@ -410,7 +411,7 @@ impl ClassCredentials {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.entries)
     }
 
     fn credential_at(&self, class: &ClassCredential, now: Instant) -> Arc<dyn TokenCredential> {
@@ -554,11 +555,11 @@ impl EntraRecorder {
     }
 
     fn set(&self, answer: Option<EntraAnswer>) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = answer;
+        *lock(&self.last) = answer;
     }
 
     fn take(&self) -> Option<EntraAnswer> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).take()
+        lock(&self.last).take()
     }
 }
 

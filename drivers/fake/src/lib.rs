@@ -26,6 +26,7 @@
 //!   Kubernetes client exists and nothing of this runs; without the cargo feature `join-cluster`
 //!   (off by default, on in the test suite) none is even compiled in, and the option is refused.
 
+use driver_sdk::lock;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -163,11 +164,6 @@ fn machine_not_found(name: &str) -> DriverError {
 
 fn pool_not_found(name: &str) -> DriverError {
     DriverError::not_found(reason::POOL_NOT_FOUND, format!("pool {name} does not exist"))
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The guarded data stays consistent even if a holder panicked.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Parses a page token issued as "the last key of the previous page".

@@ -81,6 +81,7 @@
 //! - `sku`: 409 `SkuNotAvailable` at once ("The requested size for resource '…' is currently not
 //!   available in location '…' zones '…' …"); nothing is created.
 
+use machine_driver_util::lock;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -472,7 +473,7 @@ impl Emulator {
 
     fn lock(&self) -> MutexGuard<'_, Cloud> {
         // A panic while holding the lock would be a bug in the emulator; keep serving anyway.
-        self.cloud.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.cloud)
     }
 }
 
