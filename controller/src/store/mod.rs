@@ -16,8 +16,8 @@ use tokio::sync::broadcast;
 use crate::events::{EventReason, EventType};
 use crate::resources::{Kind, ObjectMeta, Resource, Time};
 
-/// The contract's cases, for a backend's own tests: only with the `test-util` feature (and in
-/// this crate's tests), so the controller binary carries none of it.
+// The contract's cases, for a backend's own tests: only with the `test-util` feature (and in
+// this crate's tests), so the controller binary carries none of it.
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 pub mod kubernetes;
