@@ -44,6 +44,8 @@ async fn conformance_passes_against_the_fake_driver() {
         "in_place.update_machine",
         "in_place.disruption",
         "machines.validate_machine_class",
+        "events.keepalive_on_an_idle_stream_and_resume_after_cancel",
+        "events.unknown_ack_reported_twice_alike",
     ] {
         assert!(out.contains(&format!("PASS  {check}")), "{check} did not pass:\n{out}");
     }
@@ -120,6 +122,7 @@ async fn grpcurl_lists_describes_and_drives_an_operation() {
         "machinedriver.v1.Identity",
         "machinedriver.v1.Machines",
         "machinedriver.v1.Pools",
+        "machinedriver.v1.Events",
         "machinedriver.v1.Operations",
         "grpc.health.v1.Health",
     ] {
@@ -540,4 +543,126 @@ async fn every_rpc_stops_at_the_callers_deadline_with_details() {
     // Nothing was created behind the caller's back.
     let inspect = fc.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
     assert!(inspect.machines.is_empty(), "{inspect:?}");
+}
+
+/// The next event on a stream (keepalives passed over), within 20 s.
+async fn next_event(stream: &mut tonic::Streaming<pb::WatchEventsResponse>) -> pb::MachineEvent {
+    let read = async {
+        loop {
+            match stream.message().await.expect("the stream failed").expect("the stream ended") {
+                pb::WatchEventsResponse { item: Some(pb::watch_events_response::Item::Event(e)) } => return e,
+                _ => continue,
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read).await.expect("an event within 20 s")
+}
+
+fn watch(resume_token: &str, ack_deadline: Duration) -> pb::WatchEventsRequest {
+    pb::WatchEventsRequest {
+        resume_token: resume_token.into(),
+        keepalive_interval: Some(driver_sdk::convert::duration(Duration::from_secs(1))),
+        ack_deadline: Some(driver_sdk::convert::duration(ack_deadline)),
+    }
+}
+
+#[tokio::test]
+async fn an_event_is_redelivered_until_acked_and_replayed_after_a_kill_9_of_the_sidecar() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("cloud.json");
+    let state_arg = state.to_str().unwrap().to_string();
+    let args = ["--create-latency", "50ms", "--state-file", state_arg.as_str()];
+    let sidecar = Sidecar::start_in(dir, "fake-driver", &args).await;
+    let client = sidecar.client().await;
+    let caps = client.get_capabilities(pb::GetCapabilitiesRequest {}).await.unwrap().value;
+    assert!(caps.capabilities.contains(&(pb::Capability::Events as i32)), "{caps:?}");
+    let mut spot = create("spot-0");
+    spot.provider_spec = spec(json!({"machineType": "small", "zone": "zone-b", "capacityType": "spot"}));
+    let op = client.create_machine(spot).await.unwrap().value;
+    let machine = wait_done(&client, op).await.machine().cloned().expect("a machine");
+
+    let mut stream = client.watch_events(watch("", Duration::from_secs(1))).await.unwrap().value;
+    let notice = driver_sdk::prost_types::Duration { seconds: 20, nanos: 0 };
+    let injected = fake_client(&sidecar)
+        .await
+        .inject_event(fake::InjectEventRequest {
+            machine: "spot-0".into(),
+            kind: "SPOT_INTERRUPTION".into(),
+            notice: Some(notice),
+            message: "capacity reclaimed".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .event_id;
+    let first = next_event(&mut stream).await;
+    assert_eq!(first.event_id, injected);
+    assert_eq!((first.machine_name.as_str(), first.provider_id.as_str()), ("spot-0", machine.provider_id.as_str()));
+    assert_eq!(first.kind, pb::MachineEventKind::SpotInterruption as i32);
+    assert_eq!(first.action, pb::CloudAction::Terminate as i32);
+    assert_eq!(first.delivery_attempt, 1);
+    let offering = first.offering.clone().unwrap();
+    assert_eq!(
+        (offering.zone.as_str(), offering.machine_type.as_str(), offering.capacity_type),
+        ("zone-b", "small", pb::CapacityType::Spot as i32)
+    );
+    let (not_before, observed) = (first.not_before.unwrap(), first.observed_at.unwrap());
+    assert!((19..=21).contains(&(not_before.seconds - observed.seconds)), "{first:?}");
+
+    // Not acknowledged: the same event again after the ack deadline (1 s).
+    let again = next_event(&mut stream).await;
+    assert_eq!((again.event_id.as_str(), again.delivery_attempt), (injected.as_str(), 2));
+
+    // kill -9 before the ack: the restarted sidecar streams it again, from its state file.
+    drop(stream);
+    let dir = sidecar.kill9().await;
+    let sidecar = Sidecar::start_in(dir, "fake-driver", &args).await;
+    let client = sidecar.client().await;
+    // The old process's resume token means nothing to the new one: everything pending comes.
+    let mut stream = client.watch_events(watch(&again.resume_token, Duration::from_secs(60))).await.unwrap().value;
+    let replayed = next_event(&mut stream).await;
+    assert_eq!((replayed.event_id.as_str(), replayed.delivery_attempt), (injected.as_str(), 1));
+
+    // Acknowledged: gone from the cloud, and a second ack reports it unknown.
+    let acked = client.ack_events(pb::AckEventsRequest { event_ids: vec![injected.clone()] }).await.unwrap().value;
+    assert_eq!(acked.acked_event_ids, std::slice::from_ref(&injected));
+    let twice = client.ack_events(pb::AckEventsRequest { event_ids: vec![injected.clone()] }).await.unwrap().value;
+    assert_eq!((twice.acked_event_ids.len(), twice.unknown_event_ids), (0, vec![injected.clone()]));
+    let saved: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    assert_eq!(saved["events"], json!({}), "the acknowledged event is still in the cloud: {saved}");
+
+    // A second event on the same stream comes next: the acknowledged one never again.
+    let second = fake_client(&sidecar)
+        .await
+        .inject_event(fake::InjectEventRequest {
+            machine: "spot-0".into(),
+            kind: "MACHINE_EVENT_KIND_TERMINATED".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .event_id;
+    let next = next_event(&mut stream).await;
+    assert_eq!(next.event_id, second);
+    assert_eq!(next.not_before, None, "an event without notice has no deadline");
+
+    // Bad input is named.
+    let err = fake_client(&sidecar)
+        .await
+        .inject_event(fake::InjectEventRequest {
+            machine: "spot-0".into(),
+            kind: "EVICTED".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("EVICTED") && err.message().contains("SPOT_INTERRUPTION"), "{err:?}");
+    let err = fake_client(&sidecar)
+        .await
+        .inject_event(fake::InjectEventRequest { machine: "nope".into(), kind: "STOPPED".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
 }

@@ -117,6 +117,7 @@ pub struct DriverClient {
     identity: pb::identity_client::IdentityClient<Channel>,
     machines: pb::machines_client::MachinesClient<Channel>,
     pools: pb::pools_client::PoolsClient<Channel>,
+    events: pb::events_client::EventsClient<Channel>,
     operations: pb::operations_client::OperationsClient<Channel>,
     call_timeout: Duration,
     endpoint: String,
@@ -192,6 +193,7 @@ impl DriverClient {
             identity: pb::identity_client::IdentityClient::new(channel.clone()),
             machines: pb::machines_client::MachinesClient::new(channel.clone()),
             pools: pb::pools_client::PoolsClient::new(channel.clone()),
+            events: pb::events_client::EventsClient::new(channel.clone()),
             operations: pb::operations_client::OperationsClient::new(channel.clone()),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             endpoint: endpoint.to_string(),
@@ -302,6 +304,8 @@ rpcs! {
     upgrade_pool_instances, pools, "UpgradePoolInstances", pb::UpgradePoolInstancesRequest => pb::Operation;
     /// DeletePool.
     delete_pool, pools, "DeletePool", pb::DeletePoolRequest => pb::Operation;
+    /// AckEvents.
+    ack_events, events, "AckEvents", pb::AckEventsRequest => pb::AckEventsResponse;
     /// GetOperation.
     get_operation, operations, "GetOperation", pb::GetOperationRequest => pb::Operation;
     /// WaitOperation (use a client whose call timeout exceeds the wait).
@@ -311,6 +315,40 @@ rpcs! {
 }
 
 impl DriverClient {
+    /// WatchEvents: the stream of the driver's events. The call timeout bounds opening the
+    /// stream (its response headers), not the stream, which lasts until it is dropped or the
+    /// driver drains; the driver's keepalives say it is alive.
+    ///
+    /// # Errors
+    /// The driver's error, decoded ([`CallError`]), when the stream cannot be opened.
+    pub async fn watch_events(
+        &self,
+        req: pb::WatchEventsRequest,
+    ) -> CallResult<tonic::Streaming<pb::WatchEventsResponse>> {
+        let request_id = uuid::Uuid::new_v4().to_string();
+        let mut r = Request::new(req);
+        if let Ok(v) = request_id.parse() {
+            r.metadata_mut().insert(REQUEST_ID_HEADER, v);
+        }
+        let cx = tracing::Span::current().context();
+        opentelemetry::global::get_text_map_propagator(|p| {
+            p.inject_context(&cx, &mut MetadataInjector(r.metadata_mut()))
+        });
+        let mut c = self.events.clone();
+        match tokio::time::timeout(self.call_timeout + CLIENT_DEADLINE_SLACK, c.watch_events(r)).await {
+            Ok(Ok(resp)) => {
+                let echoed = resp.metadata().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+                Ok(Reply { value: resp.into_inner(), request_id: echoed.unwrap_or(request_id) })
+            }
+            Ok(Err(status)) => Err(CallError::new("WatchEvents", &status, &request_id)),
+            Err(_) => Err(CallError::new(
+                "WatchEvents",
+                &Status::deadline_exceeded("the driver did not open the event stream in time"),
+                &request_id,
+            )),
+        }
+    }
+
     /// Every machine matching `labels`, following pagination, each page sent with `secrets` (the
     /// credentials of the class whose machines are listed).
     ///

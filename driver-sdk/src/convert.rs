@@ -7,8 +7,8 @@ use prost_types::value::Kind;
 use serde_json::{Map, Number, Value};
 
 use crate::types::{
-    Address, Capability, InstanceState, Machine, MachineState, OperationKind, OperationOutput, Pool, PoolInstance,
-    PowerState, ResourceStatus, Secrets,
+    Address, Capability, CapacityType, CloudAction, EventKind, InstanceState, Machine, MachineEvent, MachineState,
+    Offering, OperationKind, OperationOutput, Pool, PoolInstance, PowerState, ResourceStatus, Secrets,
 };
 
 // ------------------------------------------------------------------------------------------ JSON
@@ -147,6 +147,7 @@ pub fn capability(c: Capability) -> pb::Capability {
         Capability::InPlaceUpdate => pb::Capability::InPlaceUpdate,
         Capability::Pools => pb::Capability::Pools,
         Capability::CancelOperation => pb::Capability::CancelOperation,
+        Capability::Events => pb::Capability::Events,
     }
 }
 
@@ -158,6 +159,7 @@ pub fn capability_from_proto(c: pb::Capability) -> Option<Capability> {
         pb::Capability::InPlaceUpdate => Capability::InPlaceUpdate,
         pb::Capability::Pools => Capability::Pools,
         pb::Capability::CancelOperation => Capability::CancelOperation,
+        pb::Capability::Events => Capability::Events,
         pb::Capability::Unspecified => return None,
     })
 }
@@ -281,6 +283,121 @@ pub fn operation_output(o: &OperationOutput) -> pb::OperationResult {
     }
 }
 
+// ------------------------------------------------------------------------------------ events
+
+/// Event kind to wire.
+pub fn event_kind(k: EventKind) -> pb::MachineEventKind {
+    match k {
+        EventKind::Unspecified => pb::MachineEventKind::Unspecified,
+        EventKind::SpotInterruption => pb::MachineEventKind::SpotInterruption,
+        EventKind::RebalanceRecommendation => pb::MachineEventKind::RebalanceRecommendation,
+        EventKind::ScheduledMaintenance => pb::MachineEventKind::ScheduledMaintenance,
+        EventKind::Stopping => pb::MachineEventKind::Stopping,
+        EventKind::Stopped => pb::MachineEventKind::Stopped,
+        EventKind::Terminated => pb::MachineEventKind::Terminated,
+        EventKind::Impaired => pb::MachineEventKind::Impaired,
+        EventKind::CapacityReservationInterruption => pb::MachineEventKind::CapacityReservationInterruption,
+    }
+}
+
+/// Wire event kind to SDK; a number this side does not know is [`EventKind::Unspecified`].
+pub fn event_kind_from_proto(k: i32) -> EventKind {
+    match pb::MachineEventKind::try_from(k).unwrap_or(pb::MachineEventKind::Unspecified) {
+        pb::MachineEventKind::Unspecified => EventKind::Unspecified,
+        pb::MachineEventKind::SpotInterruption => EventKind::SpotInterruption,
+        pb::MachineEventKind::RebalanceRecommendation => EventKind::RebalanceRecommendation,
+        pb::MachineEventKind::ScheduledMaintenance => EventKind::ScheduledMaintenance,
+        pb::MachineEventKind::Stopping => EventKind::Stopping,
+        pb::MachineEventKind::Stopped => EventKind::Stopped,
+        pb::MachineEventKind::Terminated => EventKind::Terminated,
+        pb::MachineEventKind::Impaired => EventKind::Impaired,
+        pb::MachineEventKind::CapacityReservationInterruption => EventKind::CapacityReservationInterruption,
+    }
+}
+
+fn cloud_action(a: CloudAction) -> pb::CloudAction {
+    match a {
+        CloudAction::Unspecified => pb::CloudAction::Unspecified,
+        CloudAction::Terminate => pb::CloudAction::Terminate,
+        CloudAction::Stop => pb::CloudAction::Stop,
+        CloudAction::Hibernate => pb::CloudAction::Hibernate,
+        CloudAction::Reboot => pb::CloudAction::Reboot,
+    }
+}
+
+fn cloud_action_from_proto(a: i32) -> CloudAction {
+    match pb::CloudAction::try_from(a).unwrap_or(pb::CloudAction::Unspecified) {
+        pb::CloudAction::Unspecified => CloudAction::Unspecified,
+        pb::CloudAction::Terminate => CloudAction::Terminate,
+        pb::CloudAction::Stop => CloudAction::Stop,
+        pb::CloudAction::Hibernate => CloudAction::Hibernate,
+        pb::CloudAction::Reboot => CloudAction::Reboot,
+    }
+}
+
+fn capacity_type(c: CapacityType) -> pb::CapacityType {
+    match c {
+        CapacityType::Unspecified => pb::CapacityType::Unspecified,
+        CapacityType::OnDemand => pb::CapacityType::OnDemand,
+        CapacityType::Spot => pb::CapacityType::Spot,
+        CapacityType::Reserved => pb::CapacityType::Reserved,
+    }
+}
+
+fn capacity_type_from_proto(c: i32) -> CapacityType {
+    match pb::CapacityType::try_from(c).unwrap_or(pb::CapacityType::Unspecified) {
+        pb::CapacityType::Unspecified => CapacityType::Unspecified,
+        pb::CapacityType::OnDemand => CapacityType::OnDemand,
+        pb::CapacityType::Spot => CapacityType::Spot,
+        pb::CapacityType::Reserved => CapacityType::Reserved,
+    }
+}
+
+/// An event as sent on a stream: `resume_token` says where the stream stands after it, and
+/// `delivery_attempt` counts from 1.
+pub fn machine_event(e: &MachineEvent, resume_token: String, delivery_attempt: u32) -> pb::MachineEvent {
+    pb::MachineEvent {
+        event_id: e.event_id.clone(),
+        machine_name: e.machine_name.clone(),
+        provider_id: e.provider_id.clone(),
+        pool_name: e.pool_name.clone(),
+        kind: event_kind(e.kind) as i32,
+        not_before: e.not_before.map(timestamp),
+        observed_at: Some(timestamp(e.observed_at)),
+        action: cloud_action(e.action) as i32,
+        offering: Some(pb::Offering {
+            zone: e.offering.zone.clone(),
+            machine_type: e.offering.machine_type.clone(),
+            capacity_type: capacity_type(e.offering.capacity_type) as i32,
+        }),
+        resume_token,
+        message: e.message.clone(),
+        delivery_attempt,
+    }
+}
+
+/// A streamed event as the SDK's type (what a caller records); unknown enum numbers become
+/// `Unspecified`, a missing `observed_at` the epoch.
+pub fn machine_event_from_proto(e: &pb::MachineEvent) -> MachineEvent {
+    let offering = e.offering.clone().unwrap_or_default();
+    MachineEvent {
+        event_id: e.event_id.clone(),
+        machine_name: e.machine_name.clone(),
+        provider_id: e.provider_id.clone(),
+        pool_name: e.pool_name.clone(),
+        kind: event_kind_from_proto(e.kind),
+        not_before: e.not_before.as_ref().map(from_timestamp),
+        observed_at: e.observed_at.as_ref().map_or(UNIX_EPOCH, from_timestamp),
+        action: cloud_action_from_proto(e.action),
+        offering: Offering {
+            zone: offering.zone,
+            machine_type: offering.machine_type,
+            capacity_type: capacity_type_from_proto(offering.capacity_type),
+        },
+        message: e.message.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,5 +421,31 @@ mod tests {
     fn spec_hash_is_order_independent() {
         assert_eq!(spec_hash(&json!({"a": 1, "b": 2})), spec_hash(&json!({"b": 2, "a": 1})));
         assert_ne!(spec_hash(&json!({"a": 1})), spec_hash(&json!({"a": 2})));
+    }
+
+    #[test]
+    fn an_event_survives_the_wire_and_an_unknown_kind_reads_as_unspecified() {
+        use crate::types::{CapacityType, CloudAction, EventKind, MachineEvent, Offering};
+        let e = MachineEvent {
+            event_id: "e-1".into(),
+            machine_name: "m".into(),
+            provider_id: "fake:///zone-a/1".into(),
+            pool_name: String::new(),
+            kind: EventKind::SpotInterruption,
+            not_before: Some(UNIX_EPOCH + Duration::from_secs(120)),
+            observed_at: UNIX_EPOCH + Duration::from_secs(1),
+            action: CloudAction::Terminate,
+            offering: Offering {
+                zone: "zone-a".into(),
+                machine_type: "small".into(),
+                capacity_type: CapacityType::Spot,
+            },
+            message: "reclaimed".into(),
+        };
+        let mut wire = machine_event(&e, "t.1".into(), 2);
+        assert_eq!((wire.resume_token.as_str(), wire.delivery_attempt), ("t.1", 2));
+        assert_eq!(machine_event_from_proto(&wire), e);
+        wire.kind = 99;
+        assert_eq!(machine_event_from_proto(&wire).kind, EventKind::Unspecified);
     }
 }

@@ -106,6 +106,29 @@ pub trait Driver: Send + Sync + 'static {
         Err(DriverError::unimplemented("DeletePool"))
     }
 
+    /// The cloud's own moves (the `Events` capability): spot interruptions, maintenances, VMs
+    /// stopped, terminated or impaired behind the controller's back. Called when the first
+    /// caller watches, and again after a pause whenever the returned stream ends; yield each
+    /// event as the cloud reports it (an `Err` item is logged and reading goes on).
+    ///
+    /// The SDK owns delivery ([`crate::events`]): it keeps every event until a caller
+    /// acknowledges it, sends it again when unacknowledged, stops reading while
+    /// [`EVENT_BUFFER`](crate::events::EVENT_BUFFER) events wait (backpressure), drops an event
+    /// whose ID it holds or saw acknowledged lately, and calls [`Driver::ack_event`] on the
+    /// acknowledgement. What it holds lives in this process only: after a restart, yield again
+    /// what the cloud has not had acknowledged (a queue message not deleted, a state still seen),
+    /// with the same `event_id`.
+    async fn watch_events(&self, _ctx: &RequestContext) -> Result<crate::events::EventStream> {
+        Err(DriverError::unimplemented("WatchEvents"))
+    }
+
+    /// A caller acknowledged `event`: let its source go (for example, delete the queue message).
+    /// An error keeps the event pending and fails the AckEvents call, which its caller retries.
+    /// The default does nothing.
+    async fn ack_event(&self, _ctx: &RequestContext, _event: &MachineEvent) -> Result<()> {
+        Ok(())
+    }
+
     /// One poll of an operation, resumed from its verified handle. Must work after a restart.
     async fn get_operation(&self, ctx: &RequestContext, handle: OperationHandle, secrets: Secrets)
         -> Result<Operation>;

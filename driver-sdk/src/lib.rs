@@ -17,6 +17,8 @@
 //!   resumes an operation from its token alone;
 //! - telemetry ([`telemetry`]): one span per RPC, W3C trace context, OTLP export when
 //!   `OTEL_EXPORTER_OTLP_ENDPOINT` is set, Prometheus metrics;
+//! - at-least-once delivery of the cloud's own events ([`events`]): a driver yields them from
+//!   [`Driver::watch_events`]; the SDK streams them, redelivers until acknowledged and dedupes;
 //! - [`DriverClient`] for callers, and a [`conformance`] suite (also the `driver-conformance`
 //!   binary) that proves a live driver keeps the protocol's promises.
 //!
@@ -87,6 +89,8 @@ mod driver;
 pub mod endpoint;
 pub mod error;
 #[cfg(feature = "server")]
+pub mod events;
+#[cfg(feature = "server")]
 pub mod layer;
 pub mod metrics;
 #[cfg(feature = "server")]
@@ -111,6 +115,8 @@ pub use context::RequestContext;
 #[cfg(feature = "server")]
 pub use driver::Driver;
 pub use error::{reason, DriverError, ErrorReport, Result, Violation};
+#[cfg(feature = "server")]
+pub use events::EventStream;
 pub use machine_driver_proto::v1 as proto;
 // Shared with the controller, which takes them from machine-driver-util itself.
 pub use machine_driver_util::{error_chain, lock, parse_duration};

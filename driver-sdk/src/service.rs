@@ -33,6 +33,8 @@ pub(crate) struct Shared<D> {
     /// `info.provider_spec_schema`, compiled once.
     spec_schema: ProviderSchema,
     pub(crate) codec: TokenCodec,
+    /// What WatchEvents streams and AckEvents acknowledges.
+    pub(crate) events: Arc<crate::events::EventHub>,
 }
 
 /// Implements the four `machinedriver.v1` services for one driver.
@@ -57,7 +59,8 @@ impl<D: Driver> DriverService<D> {
         let capabilities = driver.capabilities();
         let codec = TokenCodec::new(codec_key, info.name.clone());
         let capability_set = capabilities.iter().copied().collect();
-        Ok(Self { shared: Arc::new(Shared { driver, info, capabilities, capability_set, spec_schema, codec }) })
+        let events = crate::events::EventHub::new();
+        Ok(Self { shared: Arc::new(Shared { driver, info, capabilities, capability_set, spec_schema, codec, events }) })
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared<D>> {
@@ -588,6 +591,65 @@ fn pool_instances(
     }
     v.finish()?;
     Ok(PoolInstances { pool: pool_ref(pool_name, spec, secrets.clone()), instance_ids })
+}
+
+// -------------------------------------------------------------------------------------- Events
+
+#[tonic::async_trait]
+impl<D: Driver> pb::events_server::Events for DriverService<D> {
+    type WatchEventsStream =
+        tokio_stream::wrappers::ReceiverStream<std::result::Result<pb::WatchEventsResponse, Status>>;
+
+    async fn watch_events(
+        &self,
+        req: Request<pb::WatchEventsRequest>,
+    ) -> std::result::Result<Response<Self::WatchEventsStream>, Status> {
+        rpc!(self, req, |ctx| {
+            self.require(Capability::Events, "WatchEvents")?;
+            let settings = self.shared.events.settings(req.get_ref())?;
+            self.shared.events.ensure_pump(self.shared.driver.clone());
+            tracing::info!(
+                keepalive = ?settings.keepalive,
+                ack_deadline = ?settings.ack_deadline,
+                resumed = settings.resume_after.is_some(),
+                "event stream opened"
+            );
+            Ok(tokio_stream::wrappers::ReceiverStream::new(self.shared.events.stream(settings)))
+        })
+    }
+
+    async fn ack_events(
+        &self,
+        req: Request<pb::AckEventsRequest>,
+    ) -> std::result::Result<Response<pb::AckEventsResponse>, Status> {
+        rpc!(self, req, |ctx| {
+            self.require(Capability::Events, "AckEvents")?;
+            let r = req.get_ref();
+            let mut v = Check::default();
+            if r.event_ids.is_empty() {
+                v.missing("event_ids");
+            }
+            for (i, id) in r.event_ids.iter().enumerate() {
+                if id.is_empty() {
+                    v.invalid(&format!("event_ids[{i}]"), "must not be empty");
+                }
+            }
+            v.finish()?;
+            let mut out = pb::AckEventsResponse::default();
+            for id in &r.event_ids {
+                match self.shared.events.pending(id) {
+                    Some(event) => {
+                        // The source first: an event whose source still holds it stays pending.
+                        self.driver().ack_event(&ctx, &event).await?;
+                        self.shared.events.forget(id);
+                        out.acked_event_ids.push(id.clone());
+                    }
+                    None => out.unknown_event_ids.push(id.clone()),
+                }
+            }
+            Ok(out)
+        })
+    }
 }
 
 // ---------------------------------------------------------------------------------- Operations

@@ -38,6 +38,8 @@ pub enum Capability {
     Pools,
     /// CancelOperation really cancels.
     CancelOperation,
+    /// WatchEvents, AckEvents: the driver reports the cloud's own moves ([`crate::Driver::watch_events`]).
+    Events,
 }
 
 /// What `Probe` reports.
@@ -591,4 +593,100 @@ mod tests {
         assert_eq!(D::from_pb(Pb::Unspecified as i32), D::Reboot);
         assert_eq!(D::from_pb(99), D::Reboot, "a value newer than this SDK");
     }
+}
+
+// ------------------------------------------------------------------------------------ events
+
+/// Something the cloud did, or will do, to one machine on its own: what
+/// [`crate::Driver::watch_events`] yields and `WatchEvents` streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineEvent {
+    /// Unique per event and stable across deliveries: the cloud's own ID where it has one. The
+    /// SDK delivers each ID once until it is acknowledged, and not again for a while after.
+    pub event_id: String,
+    /// The machine's name (as in CreateMachine), or the pool instance's name.
+    pub machine_name: String,
+    /// The machine's provider ID.
+    pub provider_id: String,
+    /// The pool, for an instance of a pool; empty for a machine.
+    pub pool_name: String,
+    /// What happened.
+    pub kind: EventKind,
+    /// When the cloud will act; `None` when it gives no deadline or has acted already.
+    pub not_before: Option<SystemTime>,
+    /// When the driver or the cloud first saw it.
+    pub observed_at: SystemTime,
+    /// What the cloud will do at `not_before`.
+    pub action: CloudAction,
+    /// Where the machine runs.
+    pub offering: Offering,
+    /// Human-readable detail. Never a secret.
+    pub message: String,
+}
+
+/// What a [`MachineEvent`] says happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum EventKind {
+    /// A kind this side does not know (a newer peer's): recorded, acted on as nothing.
+    Unspecified,
+    /// Spot capacity is reclaimed at `not_before`.
+    SpotInterruption,
+    /// A higher risk of a spot interruption; no deadline.
+    RebalanceRecommendation,
+    /// A maintenance is scheduled for `not_before`.
+    ScheduledMaintenance,
+    /// Stopping, not asked by the caller.
+    Stopping,
+    /// Stopped or deallocated, not asked by the caller.
+    Stopped,
+    /// Gone, not deleted by the caller.
+    Terminated,
+    /// Hardware or reachability impaired.
+    Impaired,
+    /// The capacity reservation ends at `not_before`.
+    CapacityReservationInterruption,
+}
+
+/// What the cloud will do to the machine at an event's `not_before`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum CloudAction {
+    /// Not said.
+    #[default]
+    Unspecified,
+    /// The VM is deleted.
+    Terminate,
+    /// The VM is stopped (or deallocated).
+    Stop,
+    /// The VM is hibernated.
+    Hibernate,
+    /// The VM is rebooted.
+    Reboot,
+}
+
+/// Where a machine runs: zone, machine type and capacity type.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Offering {
+    /// e.g. `us-east-1a`, `westeurope-1`.
+    pub zone: String,
+    /// e.g. `m5.large`, `Standard_D2s_v5`.
+    pub machine_type: String,
+    /// On-demand, spot or reserved.
+    pub capacity_type: CapacityType,
+}
+
+/// How a machine's capacity is bought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum CapacityType {
+    /// Not said.
+    #[default]
+    Unspecified,
+    /// Regular, on-demand capacity.
+    OnDemand,
+    /// Spot (AWS) or Spot priority (Azure): cheaper, reclaimed with a short notice.
+    Spot,
+    /// A capacity reservation.
+    Reserved,
 }

@@ -27,8 +27,13 @@ pub mod v1 {
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/machinedriver_descriptor.bin"));
 
 /// The full names of the protocol's gRPC services.
-pub const SERVICE_NAMES: [&str; 4] =
-    ["machinedriver.v1.Identity", "machinedriver.v1.Machines", "machinedriver.v1.Pools", "machinedriver.v1.Operations"];
+pub const SERVICE_NAMES: [&str; 5] = [
+    "machinedriver.v1.Identity",
+    "machinedriver.v1.Machines",
+    "machinedriver.v1.Pools",
+    "machinedriver.v1.Events",
+    "machinedriver.v1.Operations",
+];
 
 #[cfg(test)]
 mod tests {

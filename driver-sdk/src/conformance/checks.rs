@@ -28,6 +28,12 @@ const WAIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// deadline, bounds the call.
 const WAIT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The service of the EVENTS capability.
+const EVENTS_SERVICE: &str = "machinedriver.v1.Events";
+/// The keepalive interval the event checks ask for, and how long they wait for one.
+const EVENT_KEEPALIVE: Duration = Duration::from_secs(1);
+const KEEPALIVE_WITHIN: Duration = Duration::from_secs(10);
+
 fn skip(why: &str) -> Verdict {
     Err(NotPassed::Skip(why.to_string()))
 }
@@ -120,6 +126,10 @@ pub(super) async fn transport(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) 
         };
         let names: HashSet<String> = list.service.into_iter().map(|s| s.name).collect();
         for want in machine_driver_proto::SERVICE_NAMES.iter().chain(&["grpc.health.v1.Health"]) {
+            // A driver of an older protocol revision, or one without events, serves no Events.
+            if *want == EVENTS_SERVICE && !s.has(pb::Capability::Events) {
+                continue;
+            }
             ensure!(names.contains(*want), "reflection does not list {want} (got {names:?})");
         }
         Ok(())
@@ -732,6 +742,75 @@ pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     });
 }
 
+/// Reads a stream until a keepalive arrives (events before it are passed over), within
+/// [`KEEPALIVE_WITHIN`]; returns its resume token.
+async fn next_keepalive(stream: &mut tonic::Streaming<pb::WatchEventsResponse>) -> Result<String, NotPassed> {
+    let read = async {
+        loop {
+            match stream.message().await {
+                Ok(Some(pb::WatchEventsResponse { item: Some(pb::watch_events_response::Item::Keepalive(k)) })) => {
+                    return Ok(k.resume_token);
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => return Err(NotPassed::Fail("the event stream ended".into())),
+                Err(status) => return Err(NotPassed::Fail(format!("the event stream failed: {status}"))),
+            }
+        }
+    };
+    tokio::time::timeout(KEEPALIVE_WITHIN, read).await.map_err(|_| {
+        NotPassed::Fail(format!(
+            "no keepalive within {KEEPALIVE_WITHIN:?} on a stream that asked for one every {EVENT_KEEPALIVE:?}"
+        ))
+    })?
+}
+
+fn watch_request(resume_token: String) -> pb::WatchEventsRequest {
+    pb::WatchEventsRequest {
+        resume_token,
+        keepalive_interval: Some(crate::convert::duration(EVENT_KEEPALIVE)),
+        ack_deadline: None,
+    }
+}
+
+pub(super) async fn events(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
+    let on: On<'_> = on;
+    if !s.has(pb::Capability::Events) {
+        return;
+    }
+    check!(s, on, "events.keepalive_on_an_idle_stream_and_resume_after_cancel", |s| {
+        let mut first = s.client.watch_events(watch_request(String::new())).await.map_err(|e| e.to_string())?.value;
+        let token = next_keepalive(&mut first).await?;
+        ensure!(!token.is_empty(), "the keepalive carries no resume_token");
+        // Cancelling a stream (dropping it) leaves the driver serving the next one, resumed.
+        drop(first);
+        let mut second = s.client.watch_events(watch_request(token)).await.map_err(|e| e.to_string())?.value;
+        next_keepalive(&mut second).await?;
+        Ok(())
+    });
+    check!(s, on, "events.malformed_resume_token_refused", |s| {
+        let r = s.client.watch_events(watch_request("not a resume token".into())).await;
+        expect_error(r, Code::InvalidArgument, Some(reason::FIELD_INVALID))?;
+        Ok(())
+    });
+    check!(s, on, "events.ack_without_ids_refused", |s| {
+        let r = s.client.ack_events(pb::AckEventsRequest { event_ids: vec![] }).await;
+        expect_error(r, Code::InvalidArgument, Some(reason::FIELD_REQUIRED))?;
+        let r = s.client.ack_events(pb::AckEventsRequest { event_ids: vec![String::new()] }).await;
+        expect_error(r, Code::InvalidArgument, Some(reason::FIELD_INVALID))?;
+        Ok(())
+    });
+    check!(s, on, "events.unknown_ack_reported_twice_alike", |s| {
+        let id = format!("conformance-unknown-{}", uuid::Uuid::new_v4());
+        for _ in 0..s.config.repeat.max(2) {
+            let r = s.client.ack_events(pb::AckEventsRequest { event_ids: vec![id.clone()] }).await;
+            let r = r.map_err(|e| format!("acknowledging an unknown ID must succeed: {e}"))?.value;
+            ensure!(r.unknown_event_ids == [id.clone()], "want {id} in unknown_event_ids, got {r:?}");
+            ensure!(r.acked_event_ids.is_empty(), "an unknown ID was reported acknowledged: {r:?}");
+        }
+        Ok(())
+    });
+}
+
 pub(super) async fn unadvertised(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     let on: On<'_> = on;
     check!(s, on, "capabilities.unadvertised_are_unimplemented", |s| {
@@ -746,6 +825,19 @@ pub(super) async fn unadvertised(s: &mut Suite, on: &mut impl FnMut(&CheckResult
         if !s.has(pb::Capability::Machines) {
             let r = s.client.list_machines(pb::ListMachinesRequest::default()).await;
             expect_error(r, Code::Unimplemented, None)?;
+        }
+        if !s.has(pb::Capability::Events) {
+            // A driver of an older revision serves no Events service at all: its gRPC stack
+            // answers UNIMPLEMENTED without the protocol's error details, which is enough.
+            let r = s.client.ack_events(pb::AckEventsRequest { event_ids: vec!["e".into()] }).await;
+            match r {
+                Err(e) if e.code() == Code::Unimplemented => {}
+                other => {
+                    return Err(NotPassed::Fail(format!(
+                        "AckEvents without the EVENTS capability: want UNIMPLEMENTED, got {other:?}"
+                    )))
+                }
+            }
         }
         Ok(())
     });

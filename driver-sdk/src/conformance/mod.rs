@@ -352,6 +352,7 @@ impl Suite {
         checks::machines(self, on).await;
         checks::in_place(self, on).await;
         checks::pools(self, on).await;
+        checks::events(self, on).await;
         checks::unadvertised(self, on).await;
         checks::cleanup(self, on).await;
     }

@@ -273,6 +273,14 @@ impl<D: Driver> DriverServer<D> {
 
         // Shutdown: a signal or the caller's future; then drain, bounded.
         let (signal, stopped) = shutdown::signal(self.shutdown, health.clone());
+        // Event streams never end by themselves: end them when the drain starts, so the drain
+        // waits for calls, not for watchers.
+        let events = service.shared().events.clone();
+        let closer = stopped.clone();
+        tokio::spawn(async move {
+            closer.wait().await;
+            events.close();
+        });
 
         let metrics_task = match args.metrics_addr {
             Some(addr) => {

@@ -64,6 +64,7 @@ pub(super) async fn build<D: Driver>(
         .add_service(pb::identity_server::IdentityServer::new(service.clone()).max_decoding_message_size(limit))
         .add_service(pb::machines_server::MachinesServer::new(service.clone()).max_decoding_message_size(limit))
         .add_service(pb::pools_server::PoolsServer::new(service.clone()).max_decoding_message_size(limit))
+        .add_service(pb::events_server::EventsServer::new(service.clone()).max_decoding_message_size(limit))
         .add_service(pb::operations_server::OperationsServer::new(service.clone()).max_decoding_message_size(limit))
         .add_service(health_service)
         .add_service(reflection_v1)

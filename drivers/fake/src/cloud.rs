@@ -165,6 +165,9 @@ pub(crate) struct State {
     /// kubelets register carry it, so after a restart they are recognised as this cloud's.
     #[serde(default)]
     pub(crate) cloud_id: String,
+    /// The cloud's events not acknowledged yet, by ID: streamed again after a restart.
+    #[serde(default)]
+    pub(crate) events: BTreeMap<String, crate::events::FEvent>,
 }
 
 /// Finished operations are kept this long so their tokens still resolve.

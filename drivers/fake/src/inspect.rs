@@ -68,4 +68,20 @@ impl pb::fake_cloud_server::FakeCloud for FakeCloudService {
         self.driver.remove_machine(&req.into_inner().machine)?;
         Ok(Response::new(pb::RemoveMachineResponse {}))
     }
+
+    async fn inject_event(
+        &self,
+        req: Request<pb::InjectEventRequest>,
+    ) -> Result<Response<pb::InjectEventResponse>, Status> {
+        let r = req.into_inner();
+        let notice = match r.notice {
+            None => None,
+            Some(d) if d.seconds < 0 || d.nanos < 0 => {
+                return Err(Status::invalid_argument("notice: must not be negative"))
+            }
+            Some(d) => Some(std::time::Duration::new(d.seconds as u64, d.nanos as u32)),
+        };
+        let event_id = self.driver.inject_event(&r.machine, &r.kind, notice, r.message)?;
+        Ok(Response::new(pb::InjectEventResponse { event_id }))
+    }
 }

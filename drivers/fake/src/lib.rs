@@ -41,6 +41,7 @@ use serde_json::{json, Value};
 
 mod cloud;
 pub mod connections;
+mod events;
 pub mod faults;
 mod inspect;
 pub mod kubelets;
@@ -78,6 +79,8 @@ pub const DEFAULT_POOL_LATENCY: Duration = Duration::from_secs(2);
 pub const DEFAULT_BURST: u32 = 50;
 /// The `poll_after` of a running operation is the time it has left, within these bounds
 /// (`docs/src/reference/protocol.md`, Operation): never a busy poll, never a long sleep past the end.
+/// New events in flight to a stream before it falls behind (and starts over).
+const EVENT_CHANNEL: usize = 1024;
 const POLL_AFTER_MIN: Duration = Duration::from_millis(50);
 /// See [`POLL_AFTER_MIN`].
 const POLL_AFTER_MAX: Duration = Duration::from_secs(5);
@@ -137,6 +140,8 @@ pub struct FakeDriver {
     file: Option<StateFile>,
     faults: Mutex<Vec<FaultRule>>,
     bucket: Mutex<Bucket>,
+    /// New events, to the streams of [`Driver::watch_events`].
+    event_tx: tokio::sync::broadcast::Sender<driver_sdk::MachineEvent>,
 }
 
 /// What a fake operation token holds: the cloud's operation ID, or none when the call found
@@ -206,6 +211,7 @@ impl FakeDriver {
             config,
             state: Mutex::new(state),
             file,
+            event_tx: tokio::sync::broadcast::channel(EVENT_CHANNEL).0,
         })
     }
 
@@ -429,6 +435,8 @@ impl FakeDriver {
                 "diskGiB": {"type": "integer", "minimum": 10, "maximum": 4096, "description": "disk size; grown in place"},
                 "tags": {"type": "object", "additionalProperties": {"type": "string"}, "description": "cloud tags; changed in place"},
                 "userData": {"type": "string", "description": "boot script; changing it replaces the machine"},
+                "capacityType": {"type": "string", "enum": ["on-demand", "spot"],
+                                 "description": "how the capacity is bought (on-demand when absent); a spot machine's events say so; changing it replaces the machine"},
                 "simulateFailure": {"type": "string", "enum": ["", "provisioning", "unhealthy"],
                                      "description": "test aid: creates fail (provisioning) or machines turn Failed after boot (unhealthy)"},
                 "kubelet": {"type": "string", "enum": ["Joins", "NeverJoins", "JoinsNotReady"],
@@ -542,6 +550,37 @@ impl FakeDriver {
         Ok(())
     }
 
+    /// `InjectEvent`: the cloud reports an event on the machine; kept until acknowledged.
+    pub(crate) fn inject_event(
+        &self,
+        name: &str,
+        kind: &str,
+        notice: Option<Duration>,
+        message: String,
+    ) -> std::result::Result<String, tonic::Status> {
+        let kind = events::parse_kind(kind).map_err(tonic::Status::invalid_argument)?;
+        let mut st = self.cloud();
+        let m = st.machines.get(name).ok_or_else(|| inspect_not_found(name))?;
+        let event = events::FEvent::new(m, machine_provider_id(m), kind, notice, message, now_ms());
+        let id = event.id.clone();
+        let streamed = event.to_event();
+        st.events.insert(id.clone(), event);
+        self.save(&st).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        drop(st);
+        // No stream open yet is fine: a stream starts with every event not acknowledged.
+        let _ = self.event_tx.send(streamed);
+        tracing::info!(machine = %name, event.id = %id, event.kind = kind, "event injected (test aid)");
+        Ok(id)
+    }
+
+    /// The events not acknowledged yet, oldest first.
+    fn pending_events(&self) -> Vec<driver_sdk::MachineEvent> {
+        let st = lock(&self.state);
+        let mut events: Vec<&events::FEvent> = st.events.values().collect();
+        events.sort_by_key(|e| (e.observed_ms, e.id.clone()));
+        events.into_iter().map(events::FEvent::to_event).collect()
+    }
+
     /// `RemoveMachine`: the machine vanishes from the cloud, with no `DeleteMachine`.
     pub(crate) fn remove_machine(&self, name: &str) -> std::result::Result<(), tonic::Status> {
         let mut st = self.cloud();
@@ -634,7 +673,39 @@ impl Driver for FakeDriver {
             Capability::InPlaceUpdate,
             Capability::Pools,
             Capability::CancelOperation,
+            Capability::Events,
         ]
+    }
+
+    async fn watch_events(&self, _ctx: &RequestContext) -> Result<driver_sdk::EventStream> {
+        // Subscribed before the pending ones are read: an event injected in between comes
+        // twice, which the SDK drops, rather than never.
+        let mut new = self.event_tx.subscribe();
+        let pending = self.pending_events();
+        let (tx, rx) = tokio::sync::mpsc::channel(EVENT_CHANNEL);
+        tokio::spawn(async move {
+            for e in pending {
+                if tx.send(Ok(e)).await.is_err() {
+                    return;
+                }
+            }
+            // Until this stream fell behind (then it ends, and the SDK's next call starts with
+            // everything pending again) or the caller went away.
+            while let Ok(e) = new.recv().await {
+                if tx.send(Ok(e)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })))
+    }
+
+    async fn ack_event(&self, _ctx: &RequestContext, event: &driver_sdk::MachineEvent) -> Result<()> {
+        let mut st = lock(&self.state);
+        if st.events.remove(&event.event_id).is_some() {
+            self.save(&st)?;
+        }
+        Ok(())
     }
 
     async fn create_machine(&self, ctx: &RequestContext, req: CreateMachine) -> Result<Operation> {
@@ -1128,7 +1199,7 @@ fn machine_vm(m: &FMachine) -> kubelets::Vm {
 }
 
 /// The provider spec's machine type (`small` when absent).
-fn machine_type(spec: &Value) -> String {
+pub(crate) fn machine_type(spec: &Value) -> String {
     spec.get("machineType").and_then(Value::as_str).unwrap_or("small").to_string()
 }
 

@@ -52,6 +52,9 @@ const (
 	// CancelOperation really stops operations (without it, CancelOperation reports the operation
 	// unchanged).
 	Capability_CAPABILITY_CANCEL_OPERATION Capability = 5
+	// WatchEvents, AckEvents: the driver streams what the cloud does on its own (spot
+	// interruptions, maintenance, machines stopped or terminated out of band).
+	Capability_CAPABILITY_EVENTS Capability = 6
 )
 
 // Enum value maps for Capability.
@@ -63,6 +66,7 @@ var (
 		3: "CAPABILITY_IN_PLACE_UPDATE",
 		4: "CAPABILITY_POOLS",
 		5: "CAPABILITY_CANCEL_OPERATION",
+		6: "CAPABILITY_EVENTS",
 	}
 	Capability_value = map[string]int32{
 		"CAPABILITY_UNSPECIFIED":            0,
@@ -71,6 +75,7 @@ var (
 		"CAPABILITY_IN_PLACE_UPDATE":        3,
 		"CAPABILITY_POOLS":                  4,
 		"CAPABILITY_CANCEL_OPERATION":       5,
+		"CAPABILITY_EVENTS":                 6,
 	}
 )
 
@@ -354,6 +359,188 @@ func (PowerState) EnumDescriptor() ([]byte, []int) {
 	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{4}
 }
 
+type MachineEventKind int32
+
+const (
+	MachineEventKind_MACHINE_EVENT_KIND_UNSPECIFIED MachineEventKind = 0
+	// The cloud reclaims spot capacity at `not_before` (AWS: two minutes' notice; Azure: 30 s).
+	MachineEventKind_MACHINE_EVENT_KIND_SPOT_INTERRUPTION MachineEventKind = 1
+	// The machine is at higher risk of a spot interruption; no deadline.
+	MachineEventKind_MACHINE_EVENT_KIND_REBALANCE_RECOMMENDATION MachineEventKind = 2
+	// A maintenance (reboot, retirement, host move) is scheduled for `not_before`.
+	MachineEventKind_MACHINE_EVENT_KIND_SCHEDULED_MAINTENANCE MachineEventKind = 3
+	// The machine is stopping, not asked by the caller.
+	MachineEventKind_MACHINE_EVENT_KIND_STOPPING MachineEventKind = 4
+	// The machine stopped (or was deallocated), not asked by the caller.
+	MachineEventKind_MACHINE_EVENT_KIND_STOPPED MachineEventKind = 5
+	// The machine is gone, not deleted by the caller.
+	MachineEventKind_MACHINE_EVENT_KIND_TERMINATED MachineEventKind = 6
+	// The cloud reports the machine's hardware or its reachability impaired.
+	MachineEventKind_MACHINE_EVENT_KIND_IMPAIRED MachineEventKind = 7
+	// A capacity reservation the machine runs in ends at `not_before`.
+	MachineEventKind_MACHINE_EVENT_KIND_CAPACITY_RESERVATION_INTERRUPTION MachineEventKind = 8
+)
+
+// Enum value maps for MachineEventKind.
+var (
+	MachineEventKind_name = map[int32]string{
+		0: "MACHINE_EVENT_KIND_UNSPECIFIED",
+		1: "MACHINE_EVENT_KIND_SPOT_INTERRUPTION",
+		2: "MACHINE_EVENT_KIND_REBALANCE_RECOMMENDATION",
+		3: "MACHINE_EVENT_KIND_SCHEDULED_MAINTENANCE",
+		4: "MACHINE_EVENT_KIND_STOPPING",
+		5: "MACHINE_EVENT_KIND_STOPPED",
+		6: "MACHINE_EVENT_KIND_TERMINATED",
+		7: "MACHINE_EVENT_KIND_IMPAIRED",
+		8: "MACHINE_EVENT_KIND_CAPACITY_RESERVATION_INTERRUPTION",
+	}
+	MachineEventKind_value = map[string]int32{
+		"MACHINE_EVENT_KIND_UNSPECIFIED":                       0,
+		"MACHINE_EVENT_KIND_SPOT_INTERRUPTION":                 1,
+		"MACHINE_EVENT_KIND_REBALANCE_RECOMMENDATION":          2,
+		"MACHINE_EVENT_KIND_SCHEDULED_MAINTENANCE":             3,
+		"MACHINE_EVENT_KIND_STOPPING":                          4,
+		"MACHINE_EVENT_KIND_STOPPED":                           5,
+		"MACHINE_EVENT_KIND_TERMINATED":                        6,
+		"MACHINE_EVENT_KIND_IMPAIRED":                          7,
+		"MACHINE_EVENT_KIND_CAPACITY_RESERVATION_INTERRUPTION": 8,
+	}
+)
+
+func (x MachineEventKind) Enum() *MachineEventKind {
+	p := new(MachineEventKind)
+	*p = x
+	return p
+}
+
+func (x MachineEventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MachineEventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_machinedriver_v1_driver_proto_enumTypes[5].Descriptor()
+}
+
+func (MachineEventKind) Type() protoreflect.EnumType {
+	return &file_machinedriver_v1_driver_proto_enumTypes[5]
+}
+
+func (x MachineEventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MachineEventKind.Descriptor instead.
+func (MachineEventKind) EnumDescriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{5}
+}
+
+type CloudAction int32
+
+const (
+	CloudAction_CLOUD_ACTION_UNSPECIFIED CloudAction = 0
+	CloudAction_CLOUD_ACTION_TERMINATE   CloudAction = 1
+	CloudAction_CLOUD_ACTION_STOP        CloudAction = 2
+	CloudAction_CLOUD_ACTION_HIBERNATE   CloudAction = 3
+	CloudAction_CLOUD_ACTION_REBOOT      CloudAction = 4
+)
+
+// Enum value maps for CloudAction.
+var (
+	CloudAction_name = map[int32]string{
+		0: "CLOUD_ACTION_UNSPECIFIED",
+		1: "CLOUD_ACTION_TERMINATE",
+		2: "CLOUD_ACTION_STOP",
+		3: "CLOUD_ACTION_HIBERNATE",
+		4: "CLOUD_ACTION_REBOOT",
+	}
+	CloudAction_value = map[string]int32{
+		"CLOUD_ACTION_UNSPECIFIED": 0,
+		"CLOUD_ACTION_TERMINATE":   1,
+		"CLOUD_ACTION_STOP":        2,
+		"CLOUD_ACTION_HIBERNATE":   3,
+		"CLOUD_ACTION_REBOOT":      4,
+	}
+)
+
+func (x CloudAction) Enum() *CloudAction {
+	p := new(CloudAction)
+	*p = x
+	return p
+}
+
+func (x CloudAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CloudAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_machinedriver_v1_driver_proto_enumTypes[6].Descriptor()
+}
+
+func (CloudAction) Type() protoreflect.EnumType {
+	return &file_machinedriver_v1_driver_proto_enumTypes[6]
+}
+
+func (x CloudAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CloudAction.Descriptor instead.
+func (CloudAction) EnumDescriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{6}
+}
+
+type CapacityType int32
+
+const (
+	CapacityType_CAPACITY_TYPE_UNSPECIFIED CapacityType = 0
+	CapacityType_CAPACITY_TYPE_ON_DEMAND   CapacityType = 1
+	CapacityType_CAPACITY_TYPE_SPOT        CapacityType = 2
+	CapacityType_CAPACITY_TYPE_RESERVED    CapacityType = 3
+)
+
+// Enum value maps for CapacityType.
+var (
+	CapacityType_name = map[int32]string{
+		0: "CAPACITY_TYPE_UNSPECIFIED",
+		1: "CAPACITY_TYPE_ON_DEMAND",
+		2: "CAPACITY_TYPE_SPOT",
+		3: "CAPACITY_TYPE_RESERVED",
+	}
+	CapacityType_value = map[string]int32{
+		"CAPACITY_TYPE_UNSPECIFIED": 0,
+		"CAPACITY_TYPE_ON_DEMAND":   1,
+		"CAPACITY_TYPE_SPOT":        2,
+		"CAPACITY_TYPE_RESERVED":    3,
+	}
+)
+
+func (x CapacityType) Enum() *CapacityType {
+	p := new(CapacityType)
+	*p = x
+	return p
+}
+
+func (x CapacityType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CapacityType) Descriptor() protoreflect.EnumDescriptor {
+	return file_machinedriver_v1_driver_proto_enumTypes[7].Descriptor()
+}
+
+func (CapacityType) Type() protoreflect.EnumType {
+	return &file_machinedriver_v1_driver_proto_enumTypes[7]
+}
+
+func (x CapacityType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CapacityType.Descriptor instead.
+func (CapacityType) EnumDescriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{7}
+}
+
 type OperationKind int32
 
 const (
@@ -402,11 +589,11 @@ func (x OperationKind) String() string {
 }
 
 func (OperationKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_machinedriver_v1_driver_proto_enumTypes[5].Descriptor()
+	return file_machinedriver_v1_driver_proto_enumTypes[8].Descriptor()
 }
 
 func (OperationKind) Type() protoreflect.EnumType {
-	return &file_machinedriver_v1_driver_proto_enumTypes[5]
+	return &file_machinedriver_v1_driver_proto_enumTypes[8]
 }
 
 func (x OperationKind) Number() protoreflect.EnumNumber {
@@ -415,7 +602,7 @@ func (x OperationKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OperationKind.Descriptor instead.
 func (OperationKind) EnumDescriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{5}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{8}
 }
 
 type GetDriverInfoRequest struct {
@@ -2315,6 +2502,515 @@ func (x *UpgradePoolInstancesRequest) GetSecrets() *Secrets {
 	return nil
 }
 
+type WatchEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The `resume_token` of the last event or keepalive received on an earlier stream; empty on
+	// the first. A token from before the driver restarted is ignored (everything pending is sent).
+	ResumeToken string `protobuf:"bytes,1,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	// How often to send a keepalive on an idle stream. Unset: 15 s; at least 1 s, at most 5 min.
+	KeepaliveInterval *durationpb.Duration `protobuf:"bytes,2,opt,name=keepalive_interval,json=keepaliveInterval,proto3" json:"keepalive_interval,omitempty"`
+	// How long after sending an event the driver waits for its acknowledgement before sending it
+	// again. Unset: 30 s; at least 1 s, at most 1 h.
+	AckDeadline   *durationpb.Duration `protobuf:"bytes,3,opt,name=ack_deadline,json=ackDeadline,proto3" json:"ack_deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEventsRequest) Reset() {
+	*x = WatchEventsRequest{}
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEventsRequest) ProtoMessage() {}
+
+func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
+func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *WatchEventsRequest) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
+}
+
+func (x *WatchEventsRequest) GetKeepaliveInterval() *durationpb.Duration {
+	if x != nil {
+		return x.KeepaliveInterval
+	}
+	return nil
+}
+
+func (x *WatchEventsRequest) GetAckDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.AckDeadline
+	}
+	return nil
+}
+
+type WatchEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Item:
+	//
+	//	*WatchEventsResponse_Event
+	//	*WatchEventsResponse_Keepalive
+	Item          isWatchEventsResponse_Item `protobuf_oneof:"item"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEventsResponse) Reset() {
+	*x = WatchEventsResponse{}
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEventsResponse) ProtoMessage() {}
+
+func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEventsResponse.ProtoReflect.Descriptor instead.
+func (*WatchEventsResponse) Descriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *WatchEventsResponse) GetItem() isWatchEventsResponse_Item {
+	if x != nil {
+		return x.Item
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetEvent() *MachineEvent {
+	if x != nil {
+		if x, ok := x.Item.(*WatchEventsResponse_Event); ok {
+			return x.Event
+		}
+	}
+	return nil
+}
+
+func (x *WatchEventsResponse) GetKeepalive() *Keepalive {
+	if x != nil {
+		if x, ok := x.Item.(*WatchEventsResponse_Keepalive); ok {
+			return x.Keepalive
+		}
+	}
+	return nil
+}
+
+type isWatchEventsResponse_Item interface {
+	isWatchEventsResponse_Item()
+}
+
+type WatchEventsResponse_Event struct {
+	Event *MachineEvent `protobuf:"bytes,1,opt,name=event,proto3,oneof"`
+}
+
+type WatchEventsResponse_Keepalive struct {
+	Keepalive *Keepalive `protobuf:"bytes,2,opt,name=keepalive,proto3,oneof"`
+}
+
+func (*WatchEventsResponse_Event) isWatchEventsResponse_Item() {}
+
+func (*WatchEventsResponse_Keepalive) isWatchEventsResponse_Item() {}
+
+// Sent on an idle stream, so that both sides notice a dead peer.
+type Keepalive struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// Where this stream stands; pass it to the next WatchEvents.
+	ResumeToken   string `protobuf:"bytes,2,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Keepalive) Reset() {
+	*x = Keepalive{}
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Keepalive) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Keepalive) ProtoMessage() {}
+
+func (x *Keepalive) ProtoReflect() protoreflect.Message {
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Keepalive.ProtoReflect.Descriptor instead.
+func (*Keepalive) Descriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *Keepalive) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *Keepalive) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
+}
+
+// Something the cloud did, or will do, to one machine.
+type MachineEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique per event and stable across deliveries: the cloud's own ID where it has one (an
+	// EventBridge event ID, a scheduled-event ID). The dedupe key; what AckEvents takes.
+	EventId string `protobuf:"bytes,1,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	// The machine's name (as in CreateMachine), or the pool instance's name.
+	MachineName string `protobuf:"bytes,2,opt,name=machine_name,json=machineName,proto3" json:"machine_name,omitempty"`
+	// The machine's provider ID, as in Machine.provider_id.
+	ProviderId string `protobuf:"bytes,3,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	// The pool, for an instance of a pool; empty for a machine.
+	PoolName string `protobuf:"bytes,4,opt,name=pool_name,json=poolName,proto3" json:"pool_name,omitempty"`
+	// What happened. A value this caller does not know is read as UNSPECIFIED: record it, act on
+	// nothing.
+	Kind MachineEventKind `protobuf:"varint,5,opt,name=kind,proto3,enum=machinedriver.v1.MachineEventKind" json:"kind,omitempty"`
+	// When the cloud will act (the end of a spot notice, the start of a maintenance); unset when
+	// the cloud gives no deadline or has acted already.
+	NotBefore *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
+	// When the driver or the cloud first saw the event.
+	ObservedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
+	// What the cloud will do to the machine at `not_before`.
+	Action CloudAction `protobuf:"varint,8,opt,name=action,proto3,enum=machinedriver.v1.CloudAction" json:"action,omitempty"`
+	// The offering the machine runs on, so a caller can avoid one that is being reclaimed.
+	Offering *Offering `protobuf:"bytes,9,opt,name=offering,proto3" json:"offering,omitempty"`
+	// Where the stream stands after this event; pass it to the next WatchEvents.
+	ResumeToken string `protobuf:"bytes,10,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	// Human-readable detail from the cloud. Never a secret.
+	Message string `protobuf:"bytes,11,opt,name=message,proto3" json:"message,omitempty"`
+	// 1 on the first delivery, 2 on the next, ...
+	DeliveryAttempt uint32 `protobuf:"varint,12,opt,name=delivery_attempt,json=deliveryAttempt,proto3" json:"delivery_attempt,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *MachineEvent) Reset() {
+	*x = MachineEvent{}
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MachineEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MachineEvent) ProtoMessage() {}
+
+func (x *MachineEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MachineEvent.ProtoReflect.Descriptor instead.
+func (*MachineEvent) Descriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *MachineEvent) GetEventId() string {
+	if x != nil {
+		return x.EventId
+	}
+	return ""
+}
+
+func (x *MachineEvent) GetMachineName() string {
+	if x != nil {
+		return x.MachineName
+	}
+	return ""
+}
+
+func (x *MachineEvent) GetProviderId() string {
+	if x != nil {
+		return x.ProviderId
+	}
+	return ""
+}
+
+func (x *MachineEvent) GetPoolName() string {
+	if x != nil {
+		return x.PoolName
+	}
+	return ""
+}
+
+func (x *MachineEvent) GetKind() MachineEventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return MachineEventKind_MACHINE_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *MachineEvent) GetNotBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotBefore
+	}
+	return nil
+}
+
+func (x *MachineEvent) GetObservedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ObservedAt
+	}
+	return nil
+}
+
+func (x *MachineEvent) GetAction() CloudAction {
+	if x != nil {
+		return x.Action
+	}
+	return CloudAction_CLOUD_ACTION_UNSPECIFIED
+}
+
+func (x *MachineEvent) GetOffering() *Offering {
+	if x != nil {
+		return x.Offering
+	}
+	return nil
+}
+
+func (x *MachineEvent) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
+}
+
+func (x *MachineEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *MachineEvent) GetDeliveryAttempt() uint32 {
+	if x != nil {
+		return x.DeliveryAttempt
+	}
+	return 0
+}
+
+// Where a machine runs: what a caller avoids for a while after the cloud reclaimed it.
+type Offering struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Zone          string                 `protobuf:"bytes,1,opt,name=zone,proto3" json:"zone,omitempty"`
+	MachineType   string                 `protobuf:"bytes,2,opt,name=machine_type,json=machineType,proto3" json:"machine_type,omitempty"`
+	CapacityType  CapacityType           `protobuf:"varint,3,opt,name=capacity_type,json=capacityType,proto3,enum=machinedriver.v1.CapacityType" json:"capacity_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Offering) Reset() {
+	*x = Offering{}
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Offering) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Offering) ProtoMessage() {}
+
+func (x *Offering) ProtoReflect() protoreflect.Message {
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Offering.ProtoReflect.Descriptor instead.
+func (*Offering) Descriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *Offering) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *Offering) GetMachineType() string {
+	if x != nil {
+		return x.MachineType
+	}
+	return ""
+}
+
+func (x *Offering) GetCapacityType() CapacityType {
+	if x != nil {
+		return x.CapacityType
+	}
+	return CapacityType_CAPACITY_TYPE_UNSPECIFIED
+}
+
+type AckEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required: at least one, none empty.
+	EventIds      []string `protobuf:"bytes,1,rep,name=event_ids,json=eventIds,proto3" json:"event_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AckEventsRequest) Reset() {
+	*x = AckEventsRequest{}
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AckEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AckEventsRequest) ProtoMessage() {}
+
+func (x *AckEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AckEventsRequest.ProtoReflect.Descriptor instead.
+func (*AckEventsRequest) Descriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *AckEventsRequest) GetEventIds() []string {
+	if x != nil {
+		return x.EventIds
+	}
+	return nil
+}
+
+type AckEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The IDs acknowledged by this call.
+	AckedEventIds []string `protobuf:"bytes,1,rep,name=acked_event_ids,json=ackedEventIds,proto3" json:"acked_event_ids,omitempty"`
+	// The IDs the driver does not know: acknowledged before, or from before a restart.
+	UnknownEventIds []string `protobuf:"bytes,2,rep,name=unknown_event_ids,json=unknownEventIds,proto3" json:"unknown_event_ids,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *AckEventsResponse) Reset() {
+	*x = AckEventsResponse{}
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AckEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AckEventsResponse) ProtoMessage() {}
+
+func (x *AckEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AckEventsResponse.ProtoReflect.Descriptor instead.
+func (*AckEventsResponse) Descriptor() ([]byte, []int) {
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *AckEventsResponse) GetAckedEventIds() []string {
+	if x != nil {
+		return x.AckedEventIds
+	}
+	return nil
+}
+
+func (x *AckEventsResponse) GetUnknownEventIds() []string {
+	if x != nil {
+		return x.UnknownEventIds
+	}
+	return nil
+}
+
 type GetOperationRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required. The token of an Operation this driver returned.
@@ -2326,7 +3022,7 @@ type GetOperationRequest struct {
 
 func (x *GetOperationRequest) Reset() {
 	*x = GetOperationRequest{}
-	mi := &file_machinedriver_v1_driver_proto_msgTypes[29]
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +3034,7 @@ func (x *GetOperationRequest) String() string {
 func (*GetOperationRequest) ProtoMessage() {}
 
 func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinedriver_v1_driver_proto_msgTypes[29]
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +3047,7 @@ func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOperationRequest.ProtoReflect.Descriptor instead.
 func (*GetOperationRequest) Descriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{29}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetOperationRequest) GetToken() []byte {
@@ -2381,7 +3077,7 @@ type WaitOperationRequest struct {
 
 func (x *WaitOperationRequest) Reset() {
 	*x = WaitOperationRequest{}
-	mi := &file_machinedriver_v1_driver_proto_msgTypes[30]
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2393,7 +3089,7 @@ func (x *WaitOperationRequest) String() string {
 func (*WaitOperationRequest) ProtoMessage() {}
 
 func (x *WaitOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinedriver_v1_driver_proto_msgTypes[30]
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2406,7 +3102,7 @@ func (x *WaitOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitOperationRequest.ProtoReflect.Descriptor instead.
 func (*WaitOperationRequest) Descriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{30}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WaitOperationRequest) GetToken() []byte {
@@ -2441,7 +3137,7 @@ type CancelOperationRequest struct {
 
 func (x *CancelOperationRequest) Reset() {
 	*x = CancelOperationRequest{}
-	mi := &file_machinedriver_v1_driver_proto_msgTypes[31]
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2453,7 +3149,7 @@ func (x *CancelOperationRequest) String() string {
 func (*CancelOperationRequest) ProtoMessage() {}
 
 func (x *CancelOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinedriver_v1_driver_proto_msgTypes[31]
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2466,7 +3162,7 @@ func (x *CancelOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelOperationRequest.ProtoReflect.Descriptor instead.
 func (*CancelOperationRequest) Descriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{31}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CancelOperationRequest) GetToken() []byte {
@@ -2514,7 +3210,7 @@ type Operation struct {
 
 func (x *Operation) Reset() {
 	*x = Operation{}
-	mi := &file_machinedriver_v1_driver_proto_msgTypes[32]
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +3222,7 @@ func (x *Operation) String() string {
 func (*Operation) ProtoMessage() {}
 
 func (x *Operation) ProtoReflect() protoreflect.Message {
-	mi := &file_machinedriver_v1_driver_proto_msgTypes[32]
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +3235,7 @@ func (x *Operation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operation.ProtoReflect.Descriptor instead.
 func (*Operation) Descriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{32}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Operation) GetName() string {
@@ -2665,7 +3361,7 @@ type OperationResult struct {
 
 func (x *OperationResult) Reset() {
 	*x = OperationResult{}
-	mi := &file_machinedriver_v1_driver_proto_msgTypes[33]
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2677,7 +3373,7 @@ func (x *OperationResult) String() string {
 func (*OperationResult) ProtoMessage() {}
 
 func (x *OperationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_machinedriver_v1_driver_proto_msgTypes[33]
+	mi := &file_machinedriver_v1_driver_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2690,7 +3386,7 @@ func (x *OperationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationResult.ProtoReflect.Descriptor instead.
 func (*OperationResult) Descriptor() ([]byte, []int) {
-	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{33}
+	return file_machinedriver_v1_driver_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *OperationResult) GetMachine() *Machine {
@@ -2892,7 +3588,44 @@ const file_machinedriver_v1_driver_proto_rawDesc = "" +
 	"\tpool_name\x18\x01 \x01(\tR\bpoolName\x12!\n" +
 	"\finstance_ids\x18\x02 \x03(\tR\vinstanceIds\x12<\n" +
 	"\rprovider_spec\x18\x03 \x01(\v2\x17.google.protobuf.StructR\fproviderSpec\x129\n" +
-	"\asecrets\x18\x04 \x01(\v2\x19.machinedriver.v1.SecretsB\x04\xe0\xed\x1c\x01R\asecrets\"f\n" +
+	"\asecrets\x18\x04 \x01(\v2\x19.machinedriver.v1.SecretsB\x04\xe0\xed\x1c\x01R\asecrets\"\xbf\x01\n" +
+	"\x12WatchEventsRequest\x12!\n" +
+	"\fresume_token\x18\x01 \x01(\tR\vresumeToken\x12H\n" +
+	"\x12keepalive_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11keepaliveInterval\x12<\n" +
+	"\fack_deadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vackDeadline\"\x92\x01\n" +
+	"\x13WatchEventsResponse\x126\n" +
+	"\x05event\x18\x01 \x01(\v2\x1e.machinedriver.v1.MachineEventH\x00R\x05event\x12;\n" +
+	"\tkeepalive\x18\x02 \x01(\v2\x1b.machinedriver.v1.KeepaliveH\x00R\tkeepaliveB\x06\n" +
+	"\x04item\"^\n" +
+	"\tKeepalive\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12!\n" +
+	"\fresume_token\x18\x02 \x01(\tR\vresumeToken\"\x91\x04\n" +
+	"\fMachineEvent\x12\x19\n" +
+	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12!\n" +
+	"\fmachine_name\x18\x02 \x01(\tR\vmachineName\x12\x1f\n" +
+	"\vprovider_id\x18\x03 \x01(\tR\n" +
+	"providerId\x12\x1b\n" +
+	"\tpool_name\x18\x04 \x01(\tR\bpoolName\x126\n" +
+	"\x04kind\x18\x05 \x01(\x0e2\".machinedriver.v1.MachineEventKindR\x04kind\x129\n" +
+	"\n" +
+	"not_before\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tnotBefore\x12;\n" +
+	"\vobserved_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"observedAt\x125\n" +
+	"\x06action\x18\b \x01(\x0e2\x1d.machinedriver.v1.CloudActionR\x06action\x126\n" +
+	"\boffering\x18\t \x01(\v2\x1a.machinedriver.v1.OfferingR\boffering\x12!\n" +
+	"\fresume_token\x18\n" +
+	" \x01(\tR\vresumeToken\x12\x18\n" +
+	"\amessage\x18\v \x01(\tR\amessage\x12)\n" +
+	"\x10delivery_attempt\x18\f \x01(\rR\x0fdeliveryAttempt\"\x86\x01\n" +
+	"\bOffering\x12\x12\n" +
+	"\x04zone\x18\x01 \x01(\tR\x04zone\x12!\n" +
+	"\fmachine_type\x18\x02 \x01(\tR\vmachineType\x12C\n" +
+	"\rcapacity_type\x18\x03 \x01(\x0e2\x1e.machinedriver.v1.CapacityTypeR\fcapacityType\"/\n" +
+	"\x10AckEventsRequest\x12\x1b\n" +
+	"\tevent_ids\x18\x01 \x03(\tR\beventIds\"g\n" +
+	"\x11AckEventsResponse\x12&\n" +
+	"\x0facked_event_ids\x18\x01 \x03(\tR\rackedEventIds\x12*\n" +
+	"\x11unknown_event_ids\x18\x02 \x03(\tR\x0funknownEventIds\"f\n" +
 	"\x13GetOperationRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\fR\x05token\x129\n" +
 	"\asecrets\x18\x02 \x01(\v2\x19.machinedriver.v1.SecretsB\x04\xe0\xed\x1c\x01R\asecrets\"\x9c\x01\n" +
@@ -2922,7 +3655,7 @@ const file_machinedriver_v1_driver_proto_rawDesc = "" +
 	"\x06result\"r\n" +
 	"\x0fOperationResult\x123\n" +
 	"\amachine\x18\x01 \x01(\v2\x19.machinedriver.v1.MachineR\amachine\x12*\n" +
-	"\x04pool\x18\x02 \x01(\v2\x16.machinedriver.v1.PoolR\x04pool*\xbf\x01\n" +
+	"\x04pool\x18\x02 \x01(\v2\x16.machinedriver.v1.PoolR\x04pool*\xd6\x01\n" +
 	"\n" +
 	"Capability\x12\x1a\n" +
 	"\x16CAPABILITY_UNSPECIFIED\x10\x00\x12\x17\n" +
@@ -2930,7 +3663,8 @@ const file_machinedriver_v1_driver_proto_rawDesc = "" +
 	"!CAPABILITY_VALIDATE_MACHINE_CLASS\x10\x02\x12\x1e\n" +
 	"\x1aCAPABILITY_IN_PLACE_UPDATE\x10\x03\x12\x14\n" +
 	"\x10CAPABILITY_POOLS\x10\x04\x12\x1f\n" +
-	"\x1bCAPABILITY_CANCEL_OPERATION\x10\x05*\x95\x01\n" +
+	"\x1bCAPABILITY_CANCEL_OPERATION\x10\x05\x12\x15\n" +
+	"\x11CAPABILITY_EVENTS\x10\x06*\x95\x01\n" +
 	"\x11InPlaceDisruption\x12#\n" +
 	"\x1fIN_PLACE_DISRUPTION_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18IN_PLACE_DISRUPTION_NONE\x10\x01\x12\x1d\n" +
@@ -2961,7 +3695,28 @@ const file_machinedriver_v1_driver_proto_rawDesc = "" +
 	"\x14POWER_STATE_STOPPING\x10\x03\x12\x17\n" +
 	"\x13POWER_STATE_STOPPED\x10\x04\x12\x1c\n" +
 	"\x18POWER_STATE_DEALLOCATING\x10\x05\x12\x1b\n" +
-	"\x17POWER_STATE_DEALLOCATED\x10\x06*\xac\x02\n" +
+	"\x17POWER_STATE_DEALLOCATED\x10\x06*\xfe\x02\n" +
+	"\x10MachineEventKind\x12\"\n" +
+	"\x1eMACHINE_EVENT_KIND_UNSPECIFIED\x10\x00\x12(\n" +
+	"$MACHINE_EVENT_KIND_SPOT_INTERRUPTION\x10\x01\x12/\n" +
+	"+MACHINE_EVENT_KIND_REBALANCE_RECOMMENDATION\x10\x02\x12,\n" +
+	"(MACHINE_EVENT_KIND_SCHEDULED_MAINTENANCE\x10\x03\x12\x1f\n" +
+	"\x1bMACHINE_EVENT_KIND_STOPPING\x10\x04\x12\x1e\n" +
+	"\x1aMACHINE_EVENT_KIND_STOPPED\x10\x05\x12!\n" +
+	"\x1dMACHINE_EVENT_KIND_TERMINATED\x10\x06\x12\x1f\n" +
+	"\x1bMACHINE_EVENT_KIND_IMPAIRED\x10\a\x128\n" +
+	"4MACHINE_EVENT_KIND_CAPACITY_RESERVATION_INTERRUPTION\x10\b*\x93\x01\n" +
+	"\vCloudAction\x12\x1c\n" +
+	"\x18CLOUD_ACTION_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16CLOUD_ACTION_TERMINATE\x10\x01\x12\x15\n" +
+	"\x11CLOUD_ACTION_STOP\x10\x02\x12\x1a\n" +
+	"\x16CLOUD_ACTION_HIBERNATE\x10\x03\x12\x17\n" +
+	"\x13CLOUD_ACTION_REBOOT\x10\x04*~\n" +
+	"\fCapacityType\x12\x1d\n" +
+	"\x19CAPACITY_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17CAPACITY_TYPE_ON_DEMAND\x10\x01\x12\x16\n" +
+	"\x12CAPACITY_TYPE_SPOT\x10\x02\x12\x1a\n" +
+	"\x16CAPACITY_TYPE_RESERVED\x10\x03*\xac\x02\n" +
 	"\rOperationKind\x12\x1e\n" +
 	"\x1aOPERATION_KIND_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dOPERATION_KIND_CREATE_MACHINE\x10\x01\x12!\n" +
@@ -2990,7 +3745,10 @@ const file_machinedriver_v1_driver_proto_rawDesc = "" +
 	"\x13DeletePoolInstances\x12,.machinedriver.v1.DeletePoolInstancesRequest\x1a\x1b.machinedriver.v1.Operation\x12b\n" +
 	"\x14UpgradePoolInstances\x12-.machinedriver.v1.UpgradePoolInstancesRequest\x1a\x1b.machinedriver.v1.Operation\x12N\n" +
 	"\n" +
-	"DeletePool\x12#.machinedriver.v1.DeletePoolRequest\x1a\x1b.machinedriver.v1.Operation2\x90\x02\n" +
+	"DeletePool\x12#.machinedriver.v1.DeletePoolRequest\x1a\x1b.machinedriver.v1.Operation2\xbc\x01\n" +
+	"\x06Events\x12\\\n" +
+	"\vWatchEvents\x12$.machinedriver.v1.WatchEventsRequest\x1a%.machinedriver.v1.WatchEventsResponse0\x01\x12T\n" +
+	"\tAckEvents\x12\".machinedriver.v1.AckEventsRequest\x1a#.machinedriver.v1.AckEventsResponse2\x90\x02\n" +
 	"\n" +
 	"Operations\x12R\n" +
 	"\fGetOperation\x12%.machinedriver.v1.GetOperationRequest\x1a\x1b.machinedriver.v1.Operation\x12T\n" +
@@ -3010,167 +3768,192 @@ func file_machinedriver_v1_driver_proto_rawDescGZIP() []byte {
 	return file_machinedriver_v1_driver_proto_rawDescData
 }
 
-var file_machinedriver_v1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_machinedriver_v1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_machinedriver_v1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_machinedriver_v1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_machinedriver_v1_driver_proto_goTypes = []any{
 	(Capability)(0),                      // 0: machinedriver.v1.Capability
 	(InPlaceDisruption)(0),               // 1: machinedriver.v1.InPlaceDisruption
 	(MachineState)(0),                    // 2: machinedriver.v1.MachineState
 	(InstanceState)(0),                   // 3: machinedriver.v1.InstanceState
 	(PowerState)(0),                      // 4: machinedriver.v1.PowerState
-	(OperationKind)(0),                   // 5: machinedriver.v1.OperationKind
-	(*GetDriverInfoRequest)(nil),         // 6: machinedriver.v1.GetDriverInfoRequest
-	(*GetDriverInfoResponse)(nil),        // 7: machinedriver.v1.GetDriverInfoResponse
-	(*GetCapabilitiesRequest)(nil),       // 8: machinedriver.v1.GetCapabilitiesRequest
-	(*GetCapabilitiesResponse)(nil),      // 9: machinedriver.v1.GetCapabilitiesResponse
-	(*ProbeRequest)(nil),                 // 10: machinedriver.v1.ProbeRequest
-	(*ProbeResponse)(nil),                // 11: machinedriver.v1.ProbeResponse
-	(*Secrets)(nil),                      // 12: machinedriver.v1.Secrets
-	(*CreateMachineRequest)(nil),         // 13: machinedriver.v1.CreateMachineRequest
-	(*DeleteMachineRequest)(nil),         // 14: machinedriver.v1.DeleteMachineRequest
-	(*GetMachineStatusRequest)(nil),      // 15: machinedriver.v1.GetMachineStatusRequest
-	(*ListMachinesRequest)(nil),          // 16: machinedriver.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),         // 17: machinedriver.v1.ListMachinesResponse
-	(*ValidateMachineClassRequest)(nil),  // 18: machinedriver.v1.ValidateMachineClassRequest
-	(*ValidateMachineClassResponse)(nil), // 19: machinedriver.v1.ValidateMachineClassResponse
-	(*CanUpdateMachineRequest)(nil),      // 20: machinedriver.v1.CanUpdateMachineRequest
-	(*CanUpdateMachineResponse)(nil),     // 21: machinedriver.v1.CanUpdateMachineResponse
-	(*UpdateMachineRequest)(nil),         // 22: machinedriver.v1.UpdateMachineRequest
-	(*Machine)(nil),                      // 23: machinedriver.v1.Machine
-	(*Address)(nil),                      // 24: machinedriver.v1.Address
-	(*ResourceStatus)(nil),               // 25: machinedriver.v1.ResourceStatus
-	(*ApplyPoolRequest)(nil),             // 26: machinedriver.v1.ApplyPoolRequest
-	(*GetPoolRequest)(nil),               // 27: machinedriver.v1.GetPoolRequest
-	(*DeletePoolRequest)(nil),            // 28: machinedriver.v1.DeletePoolRequest
-	(*Pool)(nil),                         // 29: machinedriver.v1.Pool
-	(*ListPoolInstancesRequest)(nil),     // 30: machinedriver.v1.ListPoolInstancesRequest
-	(*ListPoolInstancesResponse)(nil),    // 31: machinedriver.v1.ListPoolInstancesResponse
-	(*PoolInstance)(nil),                 // 32: machinedriver.v1.PoolInstance
-	(*DeletePoolInstancesRequest)(nil),   // 33: machinedriver.v1.DeletePoolInstancesRequest
-	(*UpgradePoolInstancesRequest)(nil),  // 34: machinedriver.v1.UpgradePoolInstancesRequest
-	(*GetOperationRequest)(nil),          // 35: machinedriver.v1.GetOperationRequest
-	(*WaitOperationRequest)(nil),         // 36: machinedriver.v1.WaitOperationRequest
-	(*CancelOperationRequest)(nil),       // 37: machinedriver.v1.CancelOperationRequest
-	(*Operation)(nil),                    // 38: machinedriver.v1.Operation
-	(*OperationResult)(nil),              // 39: machinedriver.v1.OperationResult
-	nil,                                  // 40: machinedriver.v1.Secrets.DataEntry
-	nil,                                  // 41: machinedriver.v1.CreateMachineRequest.LabelsEntry
-	nil,                                  // 42: machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
-	nil,                                  // 43: machinedriver.v1.ValidateMachineClassResponse.CapacityEntry
-	nil,                                  // 44: machinedriver.v1.Machine.LabelsEntry
-	nil,                                  // 45: machinedriver.v1.ApplyPoolRequest.LabelsEntry
-	nil,                                  // 46: machinedriver.v1.Pool.LabelsEntry
-	(*structpb.Struct)(nil),              // 47: google.protobuf.Struct
-	(*status.Status)(nil),                // 48: google.rpc.Status
-	(*timestamppb.Timestamp)(nil),        // 49: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 50: google.protobuf.Duration
-	(*descriptorpb.FieldOptions)(nil),    // 51: google.protobuf.FieldOptions
+	(MachineEventKind)(0),                // 5: machinedriver.v1.MachineEventKind
+	(CloudAction)(0),                     // 6: machinedriver.v1.CloudAction
+	(CapacityType)(0),                    // 7: machinedriver.v1.CapacityType
+	(OperationKind)(0),                   // 8: machinedriver.v1.OperationKind
+	(*GetDriverInfoRequest)(nil),         // 9: machinedriver.v1.GetDriverInfoRequest
+	(*GetDriverInfoResponse)(nil),        // 10: machinedriver.v1.GetDriverInfoResponse
+	(*GetCapabilitiesRequest)(nil),       // 11: machinedriver.v1.GetCapabilitiesRequest
+	(*GetCapabilitiesResponse)(nil),      // 12: machinedriver.v1.GetCapabilitiesResponse
+	(*ProbeRequest)(nil),                 // 13: machinedriver.v1.ProbeRequest
+	(*ProbeResponse)(nil),                // 14: machinedriver.v1.ProbeResponse
+	(*Secrets)(nil),                      // 15: machinedriver.v1.Secrets
+	(*CreateMachineRequest)(nil),         // 16: machinedriver.v1.CreateMachineRequest
+	(*DeleteMachineRequest)(nil),         // 17: machinedriver.v1.DeleteMachineRequest
+	(*GetMachineStatusRequest)(nil),      // 18: machinedriver.v1.GetMachineStatusRequest
+	(*ListMachinesRequest)(nil),          // 19: machinedriver.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),         // 20: machinedriver.v1.ListMachinesResponse
+	(*ValidateMachineClassRequest)(nil),  // 21: machinedriver.v1.ValidateMachineClassRequest
+	(*ValidateMachineClassResponse)(nil), // 22: machinedriver.v1.ValidateMachineClassResponse
+	(*CanUpdateMachineRequest)(nil),      // 23: machinedriver.v1.CanUpdateMachineRequest
+	(*CanUpdateMachineResponse)(nil),     // 24: machinedriver.v1.CanUpdateMachineResponse
+	(*UpdateMachineRequest)(nil),         // 25: machinedriver.v1.UpdateMachineRequest
+	(*Machine)(nil),                      // 26: machinedriver.v1.Machine
+	(*Address)(nil),                      // 27: machinedriver.v1.Address
+	(*ResourceStatus)(nil),               // 28: machinedriver.v1.ResourceStatus
+	(*ApplyPoolRequest)(nil),             // 29: machinedriver.v1.ApplyPoolRequest
+	(*GetPoolRequest)(nil),               // 30: machinedriver.v1.GetPoolRequest
+	(*DeletePoolRequest)(nil),            // 31: machinedriver.v1.DeletePoolRequest
+	(*Pool)(nil),                         // 32: machinedriver.v1.Pool
+	(*ListPoolInstancesRequest)(nil),     // 33: machinedriver.v1.ListPoolInstancesRequest
+	(*ListPoolInstancesResponse)(nil),    // 34: machinedriver.v1.ListPoolInstancesResponse
+	(*PoolInstance)(nil),                 // 35: machinedriver.v1.PoolInstance
+	(*DeletePoolInstancesRequest)(nil),   // 36: machinedriver.v1.DeletePoolInstancesRequest
+	(*UpgradePoolInstancesRequest)(nil),  // 37: machinedriver.v1.UpgradePoolInstancesRequest
+	(*WatchEventsRequest)(nil),           // 38: machinedriver.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),          // 39: machinedriver.v1.WatchEventsResponse
+	(*Keepalive)(nil),                    // 40: machinedriver.v1.Keepalive
+	(*MachineEvent)(nil),                 // 41: machinedriver.v1.MachineEvent
+	(*Offering)(nil),                     // 42: machinedriver.v1.Offering
+	(*AckEventsRequest)(nil),             // 43: machinedriver.v1.AckEventsRequest
+	(*AckEventsResponse)(nil),            // 44: machinedriver.v1.AckEventsResponse
+	(*GetOperationRequest)(nil),          // 45: machinedriver.v1.GetOperationRequest
+	(*WaitOperationRequest)(nil),         // 46: machinedriver.v1.WaitOperationRequest
+	(*CancelOperationRequest)(nil),       // 47: machinedriver.v1.CancelOperationRequest
+	(*Operation)(nil),                    // 48: machinedriver.v1.Operation
+	(*OperationResult)(nil),              // 49: machinedriver.v1.OperationResult
+	nil,                                  // 50: machinedriver.v1.Secrets.DataEntry
+	nil,                                  // 51: machinedriver.v1.CreateMachineRequest.LabelsEntry
+	nil,                                  // 52: machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
+	nil,                                  // 53: machinedriver.v1.ValidateMachineClassResponse.CapacityEntry
+	nil,                                  // 54: machinedriver.v1.Machine.LabelsEntry
+	nil,                                  // 55: machinedriver.v1.ApplyPoolRequest.LabelsEntry
+	nil,                                  // 56: machinedriver.v1.Pool.LabelsEntry
+	(*structpb.Struct)(nil),              // 57: google.protobuf.Struct
+	(*status.Status)(nil),                // 58: google.rpc.Status
+	(*timestamppb.Timestamp)(nil),        // 59: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 60: google.protobuf.Duration
+	(*descriptorpb.FieldOptions)(nil),    // 61: google.protobuf.FieldOptions
 }
 var file_machinedriver_v1_driver_proto_depIdxs = []int32{
-	47, // 0: machinedriver.v1.GetDriverInfoResponse.provider_spec_schema:type_name -> google.protobuf.Struct
+	57, // 0: machinedriver.v1.GetDriverInfoResponse.provider_spec_schema:type_name -> google.protobuf.Struct
 	0,  // 1: machinedriver.v1.GetCapabilitiesResponse.capabilities:type_name -> machinedriver.v1.Capability
-	40, // 2: machinedriver.v1.Secrets.data:type_name -> machinedriver.v1.Secrets.DataEntry
-	47, // 3: machinedriver.v1.CreateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 4: machinedriver.v1.CreateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	41, // 5: machinedriver.v1.CreateMachineRequest.labels:type_name -> machinedriver.v1.CreateMachineRequest.LabelsEntry
-	47, // 6: machinedriver.v1.DeleteMachineRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 7: machinedriver.v1.DeleteMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
-	47, // 8: machinedriver.v1.GetMachineStatusRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 9: machinedriver.v1.GetMachineStatusRequest.secrets:type_name -> machinedriver.v1.Secrets
-	42, // 10: machinedriver.v1.ListMachinesRequest.label_selector:type_name -> machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
-	47, // 11: machinedriver.v1.ListMachinesRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 12: machinedriver.v1.ListMachinesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	23, // 13: machinedriver.v1.ListMachinesResponse.machines:type_name -> machinedriver.v1.Machine
-	47, // 14: machinedriver.v1.ValidateMachineClassRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 15: machinedriver.v1.ValidateMachineClassRequest.secrets:type_name -> machinedriver.v1.Secrets
-	43, // 16: machinedriver.v1.ValidateMachineClassResponse.capacity:type_name -> machinedriver.v1.ValidateMachineClassResponse.CapacityEntry
-	47, // 17: machinedriver.v1.CanUpdateMachineRequest.current_provider_spec:type_name -> google.protobuf.Struct
-	47, // 18: machinedriver.v1.CanUpdateMachineRequest.desired_provider_spec:type_name -> google.protobuf.Struct
-	12, // 19: machinedriver.v1.CanUpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	50, // 2: machinedriver.v1.Secrets.data:type_name -> machinedriver.v1.Secrets.DataEntry
+	57, // 3: machinedriver.v1.CreateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 4: machinedriver.v1.CreateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	51, // 5: machinedriver.v1.CreateMachineRequest.labels:type_name -> machinedriver.v1.CreateMachineRequest.LabelsEntry
+	57, // 6: machinedriver.v1.DeleteMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 7: machinedriver.v1.DeleteMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	57, // 8: machinedriver.v1.GetMachineStatusRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 9: machinedriver.v1.GetMachineStatusRequest.secrets:type_name -> machinedriver.v1.Secrets
+	52, // 10: machinedriver.v1.ListMachinesRequest.label_selector:type_name -> machinedriver.v1.ListMachinesRequest.LabelSelectorEntry
+	57, // 11: machinedriver.v1.ListMachinesRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 12: machinedriver.v1.ListMachinesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	26, // 13: machinedriver.v1.ListMachinesResponse.machines:type_name -> machinedriver.v1.Machine
+	57, // 14: machinedriver.v1.ValidateMachineClassRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 15: machinedriver.v1.ValidateMachineClassRequest.secrets:type_name -> machinedriver.v1.Secrets
+	53, // 16: machinedriver.v1.ValidateMachineClassResponse.capacity:type_name -> machinedriver.v1.ValidateMachineClassResponse.CapacityEntry
+	57, // 17: machinedriver.v1.CanUpdateMachineRequest.current_provider_spec:type_name -> google.protobuf.Struct
+	57, // 18: machinedriver.v1.CanUpdateMachineRequest.desired_provider_spec:type_name -> google.protobuf.Struct
+	15, // 19: machinedriver.v1.CanUpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
 	1,  // 20: machinedriver.v1.CanUpdateMachineResponse.disruption:type_name -> machinedriver.v1.InPlaceDisruption
-	47, // 21: machinedriver.v1.UpdateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 22: machinedriver.v1.UpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
+	57, // 21: machinedriver.v1.UpdateMachineRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 22: machinedriver.v1.UpdateMachineRequest.secrets:type_name -> machinedriver.v1.Secrets
 	2,  // 23: machinedriver.v1.Machine.state:type_name -> machinedriver.v1.MachineState
-	24, // 24: machinedriver.v1.Machine.addresses:type_name -> machinedriver.v1.Address
-	44, // 25: machinedriver.v1.Machine.labels:type_name -> machinedriver.v1.Machine.LabelsEntry
-	25, // 26: machinedriver.v1.Machine.resources:type_name -> machinedriver.v1.ResourceStatus
-	48, // 27: machinedriver.v1.Machine.cloud_error:type_name -> google.rpc.Status
-	49, // 28: machinedriver.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
-	47, // 29: machinedriver.v1.ApplyPoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 30: machinedriver.v1.ApplyPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	45, // 31: machinedriver.v1.ApplyPoolRequest.labels:type_name -> machinedriver.v1.ApplyPoolRequest.LabelsEntry
-	47, // 32: machinedriver.v1.GetPoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 33: machinedriver.v1.GetPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	47, // 34: machinedriver.v1.DeletePoolRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 35: machinedriver.v1.DeletePoolRequest.secrets:type_name -> machinedriver.v1.Secrets
-	46, // 36: machinedriver.v1.Pool.labels:type_name -> machinedriver.v1.Pool.LabelsEntry
-	47, // 37: machinedriver.v1.ListPoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 38: machinedriver.v1.ListPoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	32, // 39: machinedriver.v1.ListPoolInstancesResponse.instances:type_name -> machinedriver.v1.PoolInstance
+	27, // 24: machinedriver.v1.Machine.addresses:type_name -> machinedriver.v1.Address
+	54, // 25: machinedriver.v1.Machine.labels:type_name -> machinedriver.v1.Machine.LabelsEntry
+	28, // 26: machinedriver.v1.Machine.resources:type_name -> machinedriver.v1.ResourceStatus
+	58, // 27: machinedriver.v1.Machine.cloud_error:type_name -> google.rpc.Status
+	59, // 28: machinedriver.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
+	57, // 29: machinedriver.v1.ApplyPoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 30: machinedriver.v1.ApplyPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	55, // 31: machinedriver.v1.ApplyPoolRequest.labels:type_name -> machinedriver.v1.ApplyPoolRequest.LabelsEntry
+	57, // 32: machinedriver.v1.GetPoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 33: machinedriver.v1.GetPoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	57, // 34: machinedriver.v1.DeletePoolRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 35: machinedriver.v1.DeletePoolRequest.secrets:type_name -> machinedriver.v1.Secrets
+	56, // 36: machinedriver.v1.Pool.labels:type_name -> machinedriver.v1.Pool.LabelsEntry
+	57, // 37: machinedriver.v1.ListPoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 38: machinedriver.v1.ListPoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	35, // 39: machinedriver.v1.ListPoolInstancesResponse.instances:type_name -> machinedriver.v1.PoolInstance
 	4,  // 40: machinedriver.v1.PoolInstance.power_state:type_name -> machinedriver.v1.PowerState
-	24, // 41: machinedriver.v1.PoolInstance.addresses:type_name -> machinedriver.v1.Address
-	49, // 42: machinedriver.v1.PoolInstance.create_time:type_name -> google.protobuf.Timestamp
+	27, // 41: machinedriver.v1.PoolInstance.addresses:type_name -> machinedriver.v1.Address
+	59, // 42: machinedriver.v1.PoolInstance.create_time:type_name -> google.protobuf.Timestamp
 	3,  // 43: machinedriver.v1.PoolInstance.state:type_name -> machinedriver.v1.InstanceState
-	47, // 44: machinedriver.v1.DeletePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 45: machinedriver.v1.DeletePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	47, // 46: machinedriver.v1.UpgradePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
-	12, // 47: machinedriver.v1.UpgradePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
-	12, // 48: machinedriver.v1.GetOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	50, // 49: machinedriver.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
-	12, // 50: machinedriver.v1.WaitOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	12, // 51: machinedriver.v1.CancelOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
-	5,  // 52: machinedriver.v1.Operation.kind:type_name -> machinedriver.v1.OperationKind
-	48, // 53: machinedriver.v1.Operation.error:type_name -> google.rpc.Status
-	39, // 54: machinedriver.v1.Operation.response:type_name -> machinedriver.v1.OperationResult
-	50, // 55: machinedriver.v1.Operation.poll_after:type_name -> google.protobuf.Duration
-	49, // 56: machinedriver.v1.Operation.start_time:type_name -> google.protobuf.Timestamp
-	49, // 57: machinedriver.v1.Operation.end_time:type_name -> google.protobuf.Timestamp
-	23, // 58: machinedriver.v1.OperationResult.machine:type_name -> machinedriver.v1.Machine
-	29, // 59: machinedriver.v1.OperationResult.pool:type_name -> machinedriver.v1.Pool
-	51, // 60: machinedriver.v1.secret:extendee -> google.protobuf.FieldOptions
-	6,  // 61: machinedriver.v1.Identity.GetDriverInfo:input_type -> machinedriver.v1.GetDriverInfoRequest
-	8,  // 62: machinedriver.v1.Identity.GetCapabilities:input_type -> machinedriver.v1.GetCapabilitiesRequest
-	10, // 63: machinedriver.v1.Identity.Probe:input_type -> machinedriver.v1.ProbeRequest
-	13, // 64: machinedriver.v1.Machines.CreateMachine:input_type -> machinedriver.v1.CreateMachineRequest
-	14, // 65: machinedriver.v1.Machines.DeleteMachine:input_type -> machinedriver.v1.DeleteMachineRequest
-	15, // 66: machinedriver.v1.Machines.GetMachineStatus:input_type -> machinedriver.v1.GetMachineStatusRequest
-	16, // 67: machinedriver.v1.Machines.ListMachines:input_type -> machinedriver.v1.ListMachinesRequest
-	18, // 68: machinedriver.v1.Machines.ValidateMachineClass:input_type -> machinedriver.v1.ValidateMachineClassRequest
-	20, // 69: machinedriver.v1.Machines.CanUpdateMachine:input_type -> machinedriver.v1.CanUpdateMachineRequest
-	22, // 70: machinedriver.v1.Machines.UpdateMachine:input_type -> machinedriver.v1.UpdateMachineRequest
-	26, // 71: machinedriver.v1.Pools.ApplyPool:input_type -> machinedriver.v1.ApplyPoolRequest
-	27, // 72: machinedriver.v1.Pools.GetPool:input_type -> machinedriver.v1.GetPoolRequest
-	30, // 73: machinedriver.v1.Pools.ListPoolInstances:input_type -> machinedriver.v1.ListPoolInstancesRequest
-	33, // 74: machinedriver.v1.Pools.DeletePoolInstances:input_type -> machinedriver.v1.DeletePoolInstancesRequest
-	34, // 75: machinedriver.v1.Pools.UpgradePoolInstances:input_type -> machinedriver.v1.UpgradePoolInstancesRequest
-	28, // 76: machinedriver.v1.Pools.DeletePool:input_type -> machinedriver.v1.DeletePoolRequest
-	35, // 77: machinedriver.v1.Operations.GetOperation:input_type -> machinedriver.v1.GetOperationRequest
-	36, // 78: machinedriver.v1.Operations.WaitOperation:input_type -> machinedriver.v1.WaitOperationRequest
-	37, // 79: machinedriver.v1.Operations.CancelOperation:input_type -> machinedriver.v1.CancelOperationRequest
-	7,  // 80: machinedriver.v1.Identity.GetDriverInfo:output_type -> machinedriver.v1.GetDriverInfoResponse
-	9,  // 81: machinedriver.v1.Identity.GetCapabilities:output_type -> machinedriver.v1.GetCapabilitiesResponse
-	11, // 82: machinedriver.v1.Identity.Probe:output_type -> machinedriver.v1.ProbeResponse
-	38, // 83: machinedriver.v1.Machines.CreateMachine:output_type -> machinedriver.v1.Operation
-	38, // 84: machinedriver.v1.Machines.DeleteMachine:output_type -> machinedriver.v1.Operation
-	23, // 85: machinedriver.v1.Machines.GetMachineStatus:output_type -> machinedriver.v1.Machine
-	17, // 86: machinedriver.v1.Machines.ListMachines:output_type -> machinedriver.v1.ListMachinesResponse
-	19, // 87: machinedriver.v1.Machines.ValidateMachineClass:output_type -> machinedriver.v1.ValidateMachineClassResponse
-	21, // 88: machinedriver.v1.Machines.CanUpdateMachine:output_type -> machinedriver.v1.CanUpdateMachineResponse
-	38, // 89: machinedriver.v1.Machines.UpdateMachine:output_type -> machinedriver.v1.Operation
-	38, // 90: machinedriver.v1.Pools.ApplyPool:output_type -> machinedriver.v1.Operation
-	29, // 91: machinedriver.v1.Pools.GetPool:output_type -> machinedriver.v1.Pool
-	31, // 92: machinedriver.v1.Pools.ListPoolInstances:output_type -> machinedriver.v1.ListPoolInstancesResponse
-	38, // 93: machinedriver.v1.Pools.DeletePoolInstances:output_type -> machinedriver.v1.Operation
-	38, // 94: machinedriver.v1.Pools.UpgradePoolInstances:output_type -> machinedriver.v1.Operation
-	38, // 95: machinedriver.v1.Pools.DeletePool:output_type -> machinedriver.v1.Operation
-	38, // 96: machinedriver.v1.Operations.GetOperation:output_type -> machinedriver.v1.Operation
-	38, // 97: machinedriver.v1.Operations.WaitOperation:output_type -> machinedriver.v1.Operation
-	38, // 98: machinedriver.v1.Operations.CancelOperation:output_type -> machinedriver.v1.Operation
-	80, // [80:99] is the sub-list for method output_type
-	61, // [61:80] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	60, // [60:61] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	57, // 44: machinedriver.v1.DeletePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 45: machinedriver.v1.DeletePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	57, // 46: machinedriver.v1.UpgradePoolInstancesRequest.provider_spec:type_name -> google.protobuf.Struct
+	15, // 47: machinedriver.v1.UpgradePoolInstancesRequest.secrets:type_name -> machinedriver.v1.Secrets
+	60, // 48: machinedriver.v1.WatchEventsRequest.keepalive_interval:type_name -> google.protobuf.Duration
+	60, // 49: machinedriver.v1.WatchEventsRequest.ack_deadline:type_name -> google.protobuf.Duration
+	41, // 50: machinedriver.v1.WatchEventsResponse.event:type_name -> machinedriver.v1.MachineEvent
+	40, // 51: machinedriver.v1.WatchEventsResponse.keepalive:type_name -> machinedriver.v1.Keepalive
+	59, // 52: machinedriver.v1.Keepalive.time:type_name -> google.protobuf.Timestamp
+	5,  // 53: machinedriver.v1.MachineEvent.kind:type_name -> machinedriver.v1.MachineEventKind
+	59, // 54: machinedriver.v1.MachineEvent.not_before:type_name -> google.protobuf.Timestamp
+	59, // 55: machinedriver.v1.MachineEvent.observed_at:type_name -> google.protobuf.Timestamp
+	6,  // 56: machinedriver.v1.MachineEvent.action:type_name -> machinedriver.v1.CloudAction
+	42, // 57: machinedriver.v1.MachineEvent.offering:type_name -> machinedriver.v1.Offering
+	7,  // 58: machinedriver.v1.Offering.capacity_type:type_name -> machinedriver.v1.CapacityType
+	15, // 59: machinedriver.v1.GetOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	60, // 60: machinedriver.v1.WaitOperationRequest.timeout:type_name -> google.protobuf.Duration
+	15, // 61: machinedriver.v1.WaitOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	15, // 62: machinedriver.v1.CancelOperationRequest.secrets:type_name -> machinedriver.v1.Secrets
+	8,  // 63: machinedriver.v1.Operation.kind:type_name -> machinedriver.v1.OperationKind
+	58, // 64: machinedriver.v1.Operation.error:type_name -> google.rpc.Status
+	49, // 65: machinedriver.v1.Operation.response:type_name -> machinedriver.v1.OperationResult
+	60, // 66: machinedriver.v1.Operation.poll_after:type_name -> google.protobuf.Duration
+	59, // 67: machinedriver.v1.Operation.start_time:type_name -> google.protobuf.Timestamp
+	59, // 68: machinedriver.v1.Operation.end_time:type_name -> google.protobuf.Timestamp
+	26, // 69: machinedriver.v1.OperationResult.machine:type_name -> machinedriver.v1.Machine
+	32, // 70: machinedriver.v1.OperationResult.pool:type_name -> machinedriver.v1.Pool
+	61, // 71: machinedriver.v1.secret:extendee -> google.protobuf.FieldOptions
+	9,  // 72: machinedriver.v1.Identity.GetDriverInfo:input_type -> machinedriver.v1.GetDriverInfoRequest
+	11, // 73: machinedriver.v1.Identity.GetCapabilities:input_type -> machinedriver.v1.GetCapabilitiesRequest
+	13, // 74: machinedriver.v1.Identity.Probe:input_type -> machinedriver.v1.ProbeRequest
+	16, // 75: machinedriver.v1.Machines.CreateMachine:input_type -> machinedriver.v1.CreateMachineRequest
+	17, // 76: machinedriver.v1.Machines.DeleteMachine:input_type -> machinedriver.v1.DeleteMachineRequest
+	18, // 77: machinedriver.v1.Machines.GetMachineStatus:input_type -> machinedriver.v1.GetMachineStatusRequest
+	19, // 78: machinedriver.v1.Machines.ListMachines:input_type -> machinedriver.v1.ListMachinesRequest
+	21, // 79: machinedriver.v1.Machines.ValidateMachineClass:input_type -> machinedriver.v1.ValidateMachineClassRequest
+	23, // 80: machinedriver.v1.Machines.CanUpdateMachine:input_type -> machinedriver.v1.CanUpdateMachineRequest
+	25, // 81: machinedriver.v1.Machines.UpdateMachine:input_type -> machinedriver.v1.UpdateMachineRequest
+	29, // 82: machinedriver.v1.Pools.ApplyPool:input_type -> machinedriver.v1.ApplyPoolRequest
+	30, // 83: machinedriver.v1.Pools.GetPool:input_type -> machinedriver.v1.GetPoolRequest
+	33, // 84: machinedriver.v1.Pools.ListPoolInstances:input_type -> machinedriver.v1.ListPoolInstancesRequest
+	36, // 85: machinedriver.v1.Pools.DeletePoolInstances:input_type -> machinedriver.v1.DeletePoolInstancesRequest
+	37, // 86: machinedriver.v1.Pools.UpgradePoolInstances:input_type -> machinedriver.v1.UpgradePoolInstancesRequest
+	31, // 87: machinedriver.v1.Pools.DeletePool:input_type -> machinedriver.v1.DeletePoolRequest
+	38, // 88: machinedriver.v1.Events.WatchEvents:input_type -> machinedriver.v1.WatchEventsRequest
+	43, // 89: machinedriver.v1.Events.AckEvents:input_type -> machinedriver.v1.AckEventsRequest
+	45, // 90: machinedriver.v1.Operations.GetOperation:input_type -> machinedriver.v1.GetOperationRequest
+	46, // 91: machinedriver.v1.Operations.WaitOperation:input_type -> machinedriver.v1.WaitOperationRequest
+	47, // 92: machinedriver.v1.Operations.CancelOperation:input_type -> machinedriver.v1.CancelOperationRequest
+	10, // 93: machinedriver.v1.Identity.GetDriverInfo:output_type -> machinedriver.v1.GetDriverInfoResponse
+	12, // 94: machinedriver.v1.Identity.GetCapabilities:output_type -> machinedriver.v1.GetCapabilitiesResponse
+	14, // 95: machinedriver.v1.Identity.Probe:output_type -> machinedriver.v1.ProbeResponse
+	48, // 96: machinedriver.v1.Machines.CreateMachine:output_type -> machinedriver.v1.Operation
+	48, // 97: machinedriver.v1.Machines.DeleteMachine:output_type -> machinedriver.v1.Operation
+	26, // 98: machinedriver.v1.Machines.GetMachineStatus:output_type -> machinedriver.v1.Machine
+	20, // 99: machinedriver.v1.Machines.ListMachines:output_type -> machinedriver.v1.ListMachinesResponse
+	22, // 100: machinedriver.v1.Machines.ValidateMachineClass:output_type -> machinedriver.v1.ValidateMachineClassResponse
+	24, // 101: machinedriver.v1.Machines.CanUpdateMachine:output_type -> machinedriver.v1.CanUpdateMachineResponse
+	48, // 102: machinedriver.v1.Machines.UpdateMachine:output_type -> machinedriver.v1.Operation
+	48, // 103: machinedriver.v1.Pools.ApplyPool:output_type -> machinedriver.v1.Operation
+	32, // 104: machinedriver.v1.Pools.GetPool:output_type -> machinedriver.v1.Pool
+	34, // 105: machinedriver.v1.Pools.ListPoolInstances:output_type -> machinedriver.v1.ListPoolInstancesResponse
+	48, // 106: machinedriver.v1.Pools.DeletePoolInstances:output_type -> machinedriver.v1.Operation
+	48, // 107: machinedriver.v1.Pools.UpgradePoolInstances:output_type -> machinedriver.v1.Operation
+	48, // 108: machinedriver.v1.Pools.DeletePool:output_type -> machinedriver.v1.Operation
+	39, // 109: machinedriver.v1.Events.WatchEvents:output_type -> machinedriver.v1.WatchEventsResponse
+	44, // 110: machinedriver.v1.Events.AckEvents:output_type -> machinedriver.v1.AckEventsResponse
+	48, // 111: machinedriver.v1.Operations.GetOperation:output_type -> machinedriver.v1.Operation
+	48, // 112: machinedriver.v1.Operations.WaitOperation:output_type -> machinedriver.v1.Operation
+	48, // 113: machinedriver.v1.Operations.CancelOperation:output_type -> machinedriver.v1.Operation
+	93, // [93:114] is the sub-list for method output_type
+	72, // [72:93] is the sub-list for method input_type
+	72, // [72:72] is the sub-list for extension type_name
+	71, // [71:72] is the sub-list for extension extendee
+	0,  // [0:71] is the sub-list for field type_name
 }
 
 func init() { file_machinedriver_v1_driver_proto_init() }
@@ -3178,7 +3961,11 @@ func file_machinedriver_v1_driver_proto_init() {
 	if File_machinedriver_v1_driver_proto != nil {
 		return
 	}
-	file_machinedriver_v1_driver_proto_msgTypes[32].OneofWrappers = []any{
+	file_machinedriver_v1_driver_proto_msgTypes[30].OneofWrappers = []any{
+		(*WatchEventsResponse_Event)(nil),
+		(*WatchEventsResponse_Keepalive)(nil),
+	}
+	file_machinedriver_v1_driver_proto_msgTypes[39].OneofWrappers = []any{
 		(*Operation_Error)(nil),
 		(*Operation_Response)(nil),
 	}
@@ -3187,10 +3974,10 @@ func file_machinedriver_v1_driver_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_machinedriver_v1_driver_proto_rawDesc), len(file_machinedriver_v1_driver_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   41,
+			NumEnums:      9,
+			NumMessages:   48,
 			NumExtensions: 1,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_machinedriver_v1_driver_proto_goTypes,
 		DependencyIndexes: file_machinedriver_v1_driver_proto_depIdxs,

@@ -878,6 +878,180 @@ var Pools_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
+	Events_WatchEvents_FullMethodName = "/machinedriver.v1.Events/WatchEvents"
+	Events_AckEvents_FullMethodName   = "/machinedriver.v1.Events/AckEvents"
+)
+
+// EventsClient is the client API for Events service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Events tells the caller what the cloud does to machines on its own: a spot reclaim with its
+// notice, a scheduled maintenance, a VM stopped, terminated or impaired behind the caller's
+// back. Delivery is at least once: the driver sends an event again until it is acknowledged,
+// and `event_id` makes handling it twice harmless. A driver without the EVENTS capability
+// answers UNIMPLEMENTED; its caller learns of these changes by polling, as before.
+type EventsClient interface {
+	// Streams the events not yet acknowledged: first those pending (skipping, for now, those the
+	// resume token says this caller has already received), then new ones as the cloud reports
+	// them, with a keepalive when the stream is idle. An event not acknowledged within
+	// `ack_deadline` of being sent is sent again. The stream ends only when the caller cancels it
+	// or the server drains (UNAVAILABLE): reconnect with the last resume token received.
+	WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEventsResponse], error)
+	// Acknowledges events by ID once the caller has recorded them: the driver stops sending them
+	// and lets their source go (for example, deletes the queue message). Idempotent: acknowledging
+	// an event twice, or an ID the driver does not know (already acknowledged and forgotten, or
+	// from before a restart), succeeds and lists it in `unknown_event_ids`.
+	AckEvents(ctx context.Context, in *AckEventsRequest, opts ...grpc.CallOption) (*AckEventsResponse, error)
+}
+
+type eventsClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewEventsClient(cc grpc.ClientConnInterface) EventsClient {
+	return &eventsClient{cc}
+}
+
+func (c *eventsClient) WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEventsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Events_ServiceDesc.Streams[0], Events_WatchEvents_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchEventsRequest, WatchEventsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Events_WatchEventsClient = grpc.ServerStreamingClient[WatchEventsResponse]
+
+func (c *eventsClient) AckEvents(ctx context.Context, in *AckEventsRequest, opts ...grpc.CallOption) (*AckEventsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AckEventsResponse)
+	err := c.cc.Invoke(ctx, Events_AckEvents_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// EventsServer is the server API for Events service.
+// All implementations must embed UnimplementedEventsServer
+// for forward compatibility.
+//
+// Events tells the caller what the cloud does to machines on its own: a spot reclaim with its
+// notice, a scheduled maintenance, a VM stopped, terminated or impaired behind the caller's
+// back. Delivery is at least once: the driver sends an event again until it is acknowledged,
+// and `event_id` makes handling it twice harmless. A driver without the EVENTS capability
+// answers UNIMPLEMENTED; its caller learns of these changes by polling, as before.
+type EventsServer interface {
+	// Streams the events not yet acknowledged: first those pending (skipping, for now, those the
+	// resume token says this caller has already received), then new ones as the cloud reports
+	// them, with a keepalive when the stream is idle. An event not acknowledged within
+	// `ack_deadline` of being sent is sent again. The stream ends only when the caller cancels it
+	// or the server drains (UNAVAILABLE): reconnect with the last resume token received.
+	WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[WatchEventsResponse]) error
+	// Acknowledges events by ID once the caller has recorded them: the driver stops sending them
+	// and lets their source go (for example, deletes the queue message). Idempotent: acknowledging
+	// an event twice, or an ID the driver does not know (already acknowledged and forgotten, or
+	// from before a restart), succeeds and lists it in `unknown_event_ids`.
+	AckEvents(context.Context, *AckEventsRequest) (*AckEventsResponse, error)
+	mustEmbedUnimplementedEventsServer()
+}
+
+// UnimplementedEventsServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedEventsServer struct{}
+
+func (UnimplementedEventsServer) WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[WatchEventsResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchEvents not implemented")
+}
+func (UnimplementedEventsServer) AckEvents(context.Context, *AckEventsRequest) (*AckEventsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AckEvents not implemented")
+}
+func (UnimplementedEventsServer) mustEmbedUnimplementedEventsServer() {}
+func (UnimplementedEventsServer) testEmbeddedByValue()                {}
+
+// UnsafeEventsServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to EventsServer will
+// result in compilation errors.
+type UnsafeEventsServer interface {
+	mustEmbedUnimplementedEventsServer()
+}
+
+func RegisterEventsServer(s grpc.ServiceRegistrar, srv EventsServer) {
+	// If the following call panics, it indicates UnimplementedEventsServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Events_ServiceDesc, srv)
+}
+
+func _Events_WatchEvents_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchEventsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(EventsServer).WatchEvents(m, &grpc.GenericServerStream[WatchEventsRequest, WatchEventsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Events_WatchEventsServer = grpc.ServerStreamingServer[WatchEventsResponse]
+
+func _Events_AckEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AckEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EventsServer).AckEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Events_AckEvents_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EventsServer).AckEvents(ctx, req.(*AckEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Events_ServiceDesc is the grpc.ServiceDesc for Events service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Events_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "machinedriver.v1.Events",
+	HandlerType: (*EventsServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "AckEvents",
+			Handler:    _Events_AckEvents_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchEvents",
+			Handler:       _Events_WatchEvents_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "machinedriver/v1/driver.proto",
+}
+
+const (
 	Operations_GetOperation_FullMethodName    = "/machinedriver.v1.Operations/GetOperation"
 	Operations_WaitOperation_FullMethodName   = "/machinedriver.v1.Operations/WaitOperation"
 	Operations_CancelOperation_FullMethodName = "/machinedriver.v1.Operations/CancelOperation"
