@@ -32,10 +32,22 @@ async fn wait_done(client: &driver_sdk::DriverClient, op: pb::Operation) -> pb::
     e2e_tests::wait_done(client, op, None, Duration::from_secs(30), Duration::from_millis(200)).await
 }
 
+/// `--event-trigger` for the fake: grpcurl asks its cloud for a spot interruption on the
+/// conformance suite's machine (as an operator would by hand).
+fn event_trigger(sidecar: &Sidecar) -> String {
+    format!(
+        r#"'{}' -plaintext -unix -d "{{\"machine\":\"$MACHINE_NAME\",\"kind\":\"SPOT_INTERRUPTION\",\"notice\":\"20s\"}}" '{}' fakecloud.v1.FakeCloud/InjectEvent"#,
+        grpcurl().display(),
+        sidecar.socket.display()
+    )
+}
+
 #[tokio::test]
 async fn conformance_passes_against_the_fake_driver() {
     let sidecar = Sidecar::start("fake-driver", FAST).await;
-    let (code, out, err) = run(&bin("driver-conformance"), &["--endpoint", &sidecar.endpoint()]).await;
+    let trigger = event_trigger(&sidecar);
+    let args = ["--endpoint", &sidecar.endpoint(), "--event-trigger", &trigger];
+    let (code, out, err) = run(&bin("driver-conformance"), &args).await;
     assert_eq!(code, 0, "conformance failed:\n{out}\n{err}");
     assert!(out.lines().any(|l| l.ends_with(" passed, 0 failed, 0 skipped")), "{out}");
     // Every capability group ran: pools and in-place update included.
@@ -46,6 +58,7 @@ async fn conformance_passes_against_the_fake_driver() {
         "machines.validate_machine_class",
         "events.keepalive_on_an_idle_stream_and_resume_after_cancel",
         "events.unknown_ack_reported_twice_alike",
+        "events.redelivered_until_acked_resumed_and_acked_once",
     ] {
         assert!(out.contains(&format!("PASS  {check}")), "{check} did not pass:\n{out}");
     }
@@ -61,7 +74,8 @@ async fn conformance_warns_but_passes_when_an_in_place_plan_states_no_disruption
     // The schema's second example, saying Unset.
     let alt = r#"{"machineType": "medium", "zone": "zone-a", "image": "fake-os-1", "tags": {"tier": "web"},
                   "inPlaceDisruption": "Unset"}"#;
-    let args = ["--endpoint", &sidecar.endpoint(), "--alt-provider-spec", alt];
+    let trigger = event_trigger(&sidecar);
+    let args = ["--endpoint", &sidecar.endpoint(), "--alt-provider-spec", alt, "--event-trigger", &trigger];
     let (code, out, err) = run(&bin("driver-conformance"), &args).await;
     assert_eq!(
         code, 0,

@@ -39,6 +39,11 @@ struct Cli {
     /// Per-call deadline.
     #[arg(long, default_value = "15s", value_parser = driver_sdk::parse_duration)]
     call_timeout: Duration,
+    /// A shell command that makes the cloud report one event on the machine $MACHINE_NAME
+    /// (provider ID $PROVIDER_ID, driver $DRIVER_ENDPOINT): checks redelivery, resume and
+    /// acknowledgement on a real event. Without it that check is skipped.
+    #[arg(long)]
+    event_trigger: Option<String>,
 }
 
 fn json_arg(what: &str, arg: &str) -> Result<serde_json::Value, String> {
@@ -70,6 +75,7 @@ fn config(cli: Cli) -> Result<Config, String> {
         repeat: cli.repeat.max(1),
         operation_timeout: cli.operation_timeout,
         call_timeout: cli.call_timeout,
+        event_trigger: cli.event_trigger,
     })
 }
 

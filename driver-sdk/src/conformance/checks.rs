@@ -811,6 +811,126 @@ pub(super) async fn events(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     });
 }
 
+/// The next event on `stream` for `machine` (others and keepalives passed over), within `within`.
+async fn next_event_for(
+    stream: &mut tonic::Streaming<pb::WatchEventsResponse>,
+    machine: &str,
+    within: Duration,
+) -> Result<pb::MachineEvent, NotPassed> {
+    let read = async {
+        loop {
+            match stream.message().await {
+                Ok(Some(pb::WatchEventsResponse { item: Some(pb::watch_events_response::Item::Event(e)) }))
+                    if e.machine_name == machine =>
+                {
+                    return Ok(e);
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => return Err(NotPassed::Fail("the event stream ended".into())),
+                Err(status) => return Err(NotPassed::Fail(format!("the event stream failed: {status}"))),
+            }
+        }
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| NotPassed::Fail(format!("no event for {machine} within {within:?}")))?
+}
+
+/// Runs the `--event-trigger` command for one machine.
+async fn trigger_event(s: &Suite, command: &str, machine: &str, provider_id: &str) -> Result<(), NotPassed> {
+    let run = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .env("MACHINE_NAME", machine)
+        .env("PROVIDER_ID", provider_id)
+        .env("DRIVER_ENDPOINT", &s.config.endpoint)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(s.config.call_timeout, run)
+        .await
+        .map_err(|_| NotPassed::Fail(format!("--event-trigger did not finish within {:?}", s.config.call_timeout)))?
+        .map_err(|e| NotPassed::Fail(format!("--event-trigger could not run: {e}")))?;
+    ensure!(
+        out.status.success(),
+        "--event-trigger failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+/// The ack deadline of the real-event check: short, so a redelivery comes quickly.
+const EVENT_ACK_DEADLINE: Duration = Duration::from_secs(1);
+
+pub(super) async fn events_delivered(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
+    let on: On<'_> = on;
+    if !s.has(pb::Capability::Events) || !s.has(pb::Capability::Machines) {
+        return;
+    }
+    check!(s, on, "events.redelivered_until_acked_resumed_and_acked_once", |s| {
+        let Some(command) = s.config.event_trigger.clone() else {
+            return skip("pass --event-trigger to check delivery on a real event");
+        };
+        let name = s.name("events");
+        let op = s.client.create_machine(s.create_request(&name, s.spec_struct()?)).await?.value;
+        let op = s.wait_ok(op).await?;
+        let provider_id = op.machine().map(|m| m.provider_id.clone()).unwrap_or_default();
+        let request = |resume_token: String| pb::WatchEventsRequest {
+            resume_token,
+            keepalive_interval: Some(crate::convert::duration(EVENT_KEEPALIVE)),
+            ack_deadline: Some(crate::convert::duration(EVENT_ACK_DEADLINE)),
+        };
+        let mut stream = s.client.watch_events(request(String::new())).await?.value;
+        trigger_event(s, &command, &name, &provider_id).await?;
+        let within = s.config.call_timeout * 2;
+        let first = next_event_for(&mut stream, &name, within).await?;
+        ensure!(!first.event_id.is_empty(), "the event has no event_id: {first:?}");
+        ensure!(first.kind != pb::MachineEventKind::Unspecified as i32, "the event has no kind: {first:?}");
+        ensure!(
+            first.provider_id == provider_id,
+            "the event names provider ID {:?}, the machine is {provider_id:?}",
+            first.provider_id
+        );
+        ensure!(first.delivery_attempt >= 1, "delivery_attempt starts at 1: {first:?}");
+        // Not acknowledged: sent again after the ack deadline, counted.
+        let again = next_event_for(&mut stream, &name, within).await?;
+        ensure!(
+            again.event_id == first.event_id && again.delivery_attempt > first.delivery_attempt,
+            "want {} again with a higher delivery_attempt, got {again:?}",
+            first.event_id
+        );
+        // A new stream, resumed: the unacknowledged event still comes.
+        drop(stream);
+        let mut stream = s.client.watch_events(request(again.resume_token.clone())).await?.value;
+        let resumed = next_event_for(&mut stream, &name, within).await?;
+        ensure!(resumed.event_id == first.event_id, "after resume want {}, got {resumed:?}", first.event_id);
+        // Acknowledged once: acked, then unknown, and never sent again.
+        let ids = vec![first.event_id.clone()];
+        let acked = s.client.ack_events(pb::AckEventsRequest { event_ids: ids.clone() }).await?.value;
+        ensure!(acked.acked_event_ids == ids, "the first ack did not acknowledge {}: {acked:?}", first.event_id);
+        let twice = s.client.ack_events(pb::AckEventsRequest { event_ids: ids.clone() }).await?.value;
+        ensure!(twice.unknown_event_ids == ids, "the second ack did not report {} unknown: {twice:?}", first.event_id);
+        match next_event_for(&mut stream, &name, EVENT_ACK_DEADLINE * 3).await {
+            Ok(e) if e.event_id == first.event_id => {
+                return Err(NotPassed::Fail(format!("{} was sent again after its acknowledgement", e.event_id)))
+            }
+            _ => {}
+        }
+        let op = s
+            .client
+            .delete_machine(pb::DeleteMachineRequest {
+                name: name.clone(),
+                provider_id,
+                secrets: s.secrets(),
+                ..Default::default()
+            })
+            .await?
+            .value;
+        s.wait_ok(op).await?;
+        Ok(())
+    });
+}
+
 pub(super) async fn unadvertised(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     let on: On<'_> = on;
     check!(s, on, "capabilities.unadvertised_are_unimplemented", |s| {

@@ -54,6 +54,11 @@ pub struct Config {
     pub operation_timeout: Duration,
     /// Per-call deadline ([`DEFAULT_CALL_TIMEOUT`](crate::client::DEFAULT_CALL_TIMEOUT) by default).
     pub call_timeout: Duration,
+    /// A shell command (`sh -c`) that makes the cloud report one event on the machine named by
+    /// `$MACHINE_NAME` (provider ID `$PROVIDER_ID`, driver `$DRIVER_ENDPOINT`). With it, a driver
+    /// with the EVENTS capability is checked on a real event: redelivery until acknowledged,
+    /// resume, and an idempotent acknowledgement. Without it that check is skipped.
+    pub event_trigger: Option<String>,
 }
 
 impl Default for Config {
@@ -66,6 +71,7 @@ impl Default for Config {
             repeat: DEFAULT_REPEAT,
             operation_timeout: DEFAULT_OPERATION_TIMEOUT,
             call_timeout: crate::client::DEFAULT_CALL_TIMEOUT,
+            event_trigger: None,
         }
     }
 }
@@ -353,6 +359,7 @@ impl Suite {
         checks::in_place(self, on).await;
         checks::pools(self, on).await;
         checks::events(self, on).await;
+        checks::events_delivered(self, on).await;
         checks::unadvertised(self, on).await;
         checks::cleanup(self, on).await;
     }
