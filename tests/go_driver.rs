@@ -51,8 +51,13 @@ fn stopped(status: std::process::ExitStatus, socket: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_passes_in_full_against_the_go_driver() {
-    let sidecar = start(&[]).await;
-    let (code, out, err) = run(&bin("driver-conformance"), &["--endpoint", &sidecar.endpoint()]).await;
+    // With its event source: a folder where a file <machine>.<KIND> is that machine's event.
+    let events = tempfile::tempdir().unwrap();
+    let event_dir = events.path().to_str().unwrap().to_string();
+    let sidecar = start(&["--event-dir", &event_dir]).await;
+    let trigger = format!(r#"touch '{event_dir}'/"$MACHINE_NAME".SPOT_INTERRUPTION"#);
+    let args = ["--endpoint", &sidecar.endpoint(), "--event-trigger", &trigger];
+    let (code, out, err) = run(&bin("driver-conformance"), &args).await;
     assert_eq!(code, 0, "conformance failed against the Go driver:\n{out}\n{err}\ndriver log:\n{}", sidecar.log_text());
     let summary = out.lines().last().unwrap_or_default();
     assert!(summary.contains(" 0 failed"), "{out}");
@@ -62,15 +67,21 @@ async fn conformance_passes_in_full_against_the_go_driver() {
     for line in out.lines().filter(|l| l.starts_with("SKIP")) {
         assert!(line.contains("not advertised"), "a check was skipped: {line}\n{out}");
     }
-    for check in
-        ["machines.create_idempotent", "operations.wait_operation", "capabilities.unadvertised_are_unimplemented"]
-    {
+    for check in [
+        "machines.create_idempotent",
+        "operations.wait_operation",
+        "capabilities.unadvertised_are_unimplemented",
+        "events.keepalive_on_an_idle_stream_and_resume_after_cancel",
+        "events.redelivered_until_acked_resumed_and_acked_once",
+    ] {
         assert!(out.lines().any(|l| l.starts_with("PASS") && l.contains(check)), "{check} did not pass:\n{out}");
     }
     // The suite cleaned up after itself.
     let client = sidecar.client().await;
     let left = bounded("ListMachines", client.list_all_machines(HashMap::new(), 100, None)).await.unwrap();
     assert!(left.is_empty(), "machines left behind: {left:?}");
+    let files: Vec<_> = std::fs::read_dir(events.path()).unwrap().collect();
+    assert!(files.is_empty(), "an acknowledged event's file is left: {files:?}");
     stop(sidecar).await;
 }
 

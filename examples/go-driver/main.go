@@ -49,6 +49,7 @@ type config struct {
 	create       pace
 	delete       pace
 	drainTimeout time.Duration
+	eventDir     string
 }
 
 func parseFlags(args []string) (config, error) {
@@ -65,6 +66,8 @@ func parseFlags(args []string) (config, error) {
 	fl.IntVar(&c.delete.polls, "delete-polls", 1, "polls a delete needs before it is done")
 	fl.DurationVar(&c.delete.latency, "delete-latency", 200*time.Millisecond, "time a delete needs before it is done")
 	fl.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight calls may finish")
+	fl.StringVar(&c.eventDir, "event-dir", os.Getenv("DRIVER_EVENT_DIR"),
+		"advertise EVENTS: a file <machine>.<KIND> dropped here (e.g. web-0.SPOT_INTERRUPTION) is streamed as that machine's event until acknowledged, then removed (env DRIVER_EVENT_DIR)")
 	if err := fl.Parse(args); err != nil {
 		return c, err
 	}
@@ -120,6 +123,9 @@ func run(cfg config, log *slog.Logger) error {
 		tokens:  &tokenCodec{driver: driverName, keys: keys},
 		log:     log,
 	}
+	if cfg.eventDir != "" {
+		d.events = newEventHub()
+	}
 
 	lis, cleanup, err := listen(cfg.endpoint)
 	if err != nil {
@@ -138,18 +144,26 @@ func run(cfg config, log *slog.Logger) error {
 	pb.RegisterMachinesServer(srv, machinesServer{driver: d})
 	pb.RegisterPoolsServer(srv, poolsServer{})
 	pb.RegisterOperationsServer(srv, operationsServer{driver: d})
+	// Registered always, so that without --event-dir it answers CAPABILITY_NOT_SUPPORTED with details.
+	pb.RegisterEventsServer(srv, eventsServer{driver: d})
 	healthSrv := health.NewServer()
 	healthpb.RegisterHealthServer(srv, healthSrv)
 	reflection.Register(srv) // v1 and v1alpha (grpcurl 1.8 asks v1alpha)
 
 	// Probe is ready at once (nothing to log in to), so health says SERVING from the start.
 	for _, svc := range []string{"", "machinedriver.v1.Identity", "machinedriver.v1.Machines",
-		"machinedriver.v1.Pools", "machinedriver.v1.Operations"} {
+		"machinedriver.v1.Pools", "machinedriver.v1.Events", "machinedriver.v1.Operations"} {
 		healthSrv.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if cfg.eventDir != "" {
+		if err := os.MkdirAll(cfg.eventDir, 0o755); err != nil {
+			return fmt.Errorf("--event-dir: %w", err)
+		}
+		go d.watchEventDir(ctx, cfg.eventDir)
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	// The bound address tells callers the port when the endpoint asked for port 0.
@@ -164,6 +178,9 @@ func run(cfg config, log *slog.Logger) error {
 	// Drain: report NOT_SERVING, let in-flight calls finish for a while, then close the rest.
 	log.Info("shutting down", "drain.timeout", cfg.drainTimeout)
 	healthSrv.Shutdown()
+	if d.events != nil {
+		d.events.close() // event streams never end by themselves
+	}
 	drained := make(chan struct{})
 	go func() { srv.GracefulStop(); close(drained) }()
 	select {

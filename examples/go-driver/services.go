@@ -23,9 +23,10 @@ type driver struct {
 	cloud   *cloud
 	tokens  *tokenCodec
 	log     *slog.Logger
+	events  *eventHub // nil without --event-dir: EVENTS is not advertised
 }
 
-// The capabilities this driver advertises. Pools and in-place updates are not among them, so
+// The capabilities this driver always advertises (EVENTS too with --event-dir). Pools and in-place updates are not among them, so
 // their RPCs answer UNIMPLEMENTED / CAPABILITY_NOT_SUPPORTED; without CANCEL_OPERATION,
 // CancelOperation returns the operation unchanged.
 var capabilities = []pb.Capability{pb.Capability_CAPABILITY_MACHINES, pb.Capability_CAPABILITY_VALIDATE_MACHINE_CLASS}
@@ -72,7 +73,11 @@ func (s identityServer) GetDriverInfo(context.Context, *pb.GetDriverInfoRequest)
 }
 
 func (s identityServer) GetCapabilities(context.Context, *pb.GetCapabilitiesRequest) (*pb.GetCapabilitiesResponse, error) {
-	return &pb.GetCapabilitiesResponse{Capabilities: capabilities}, nil
+	caps := append([]pb.Capability(nil), capabilities...)
+	if s.events != nil {
+		caps = append(caps, pb.Capability_CAPABILITY_EVENTS)
+	}
+	return &pb.GetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
 // Probe: the in-memory cloud is ready as soon as the process is.

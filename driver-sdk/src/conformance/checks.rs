@@ -788,8 +788,22 @@ pub(super) async fn events(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         Ok(())
     });
     check!(s, on, "events.malformed_resume_token_refused", |s| {
-        let r = s.client.watch_events(watch_request("not a resume token".into())).await;
-        expect_error(r, Code::InvalidArgument, Some(reason::FIELD_INVALID))?;
+        // gRPC lets the refusal come when the stream opens or as its first message; a caller
+        // reads both.
+        let report = match s.client.watch_events(watch_request("not a resume token".into())).await {
+            Err(e) => e.report,
+            Ok(reply) => {
+                let mut stream = reply.value;
+                match tokio::time::timeout(KEEPALIVE_WITHIN, stream.message()).await {
+                    Ok(Err(status)) => ErrorReport::from_status(&status),
+                    Ok(Ok(m)) => return Err(NotPassed::Fail(format!("want INVALID_ARGUMENT, the stream sent {m:?}"))),
+                    Err(_) => return Err(NotPassed::Fail(format!("no answer within {KEEPALIVE_WITHIN:?}"))),
+                }
+            }
+        };
+        ensure!(report.code == Code::InvalidArgument, "want INVALID_ARGUMENT, got {report}");
+        ensure!(report.reason == reason::FIELD_INVALID, "want reason FIELD_INVALID, got {report}");
+        ensure!(!report.domain.is_empty(), "the error carries no ErrorInfo domain: {report}");
         Ok(())
     });
     check!(s, on, "events.ack_without_ids_refused", |s| {
