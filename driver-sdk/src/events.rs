@@ -56,7 +56,6 @@ pub type EventStream = futures::stream::BoxStream<'static, Result<MachineEvent>>
 
 struct Pending {
     event: MachineEvent,
-    deliveries: u32,
 }
 
 #[derive(Default)]
@@ -67,6 +66,33 @@ struct State {
     acked: HashSet<String>,
     acked_order: VecDeque<String>,
     pump_started: bool,
+}
+
+/// What one stream sent of one event: when (its ack deadline runs from then) and how often.
+struct Sent {
+    at: Instant,
+    attempts: u32,
+}
+
+/// Clears `pump_started` when the pump ends, however it ends.
+struct PumpGuard(Arc<EventHub>);
+
+impl Drop for PumpGuard {
+    fn drop(&mut self) {
+        lock(&self.0.state).pump_started = false;
+    }
+}
+
+/// Sends one message unless the drain begins first; false when it was not sent.
+async fn send(
+    tx: &mpsc::Sender<std::result::Result<pb::WatchEventsResponse, tonic::Status>>,
+    item: pb::WatchEventsResponse,
+    closed: &mut watch::Receiver<bool>,
+) -> bool {
+    tokio::select! {
+        sent = tx.send(Ok(item)) => sent.is_ok(),
+        _ = closed.wait_for(|c| *c) => false,
+    }
 }
 
 /// The hub of one server.
@@ -158,7 +184,12 @@ impl EventHub {
             st.pump_started = true;
         }
         let hub = self.clone();
-        tokio::spawn(async move { hub.pump(driver).await });
+        tokio::spawn(async move {
+            // Whatever ends the pump (a panic in the driver's stream included), the next watcher
+            // starts another.
+            let _restart = PumpGuard(hub.clone());
+            hub.pump(driver).await
+        });
     }
 
     async fn pump<D: Driver>(self: Arc<Self>, driver: Arc<D>) {
@@ -178,7 +209,15 @@ impl EventHub {
                             pause = RESTART_PAUSE;
                             self.offer(event);
                         }
-                        Some(Err(e)) => tracing::warn!("the driver's event source failed: {e}"),
+                        Some(Err(e)) => {
+                            tracing::warn!("the driver's event source failed: {e}; reading on in {pause:?}");
+                            tokio::select! {
+                                // Deliberate backoff: a source failing on every read must not spin.
+                                () = tokio::time::sleep(pause) => {}
+                                _ = closed.wait_for(|c| *c) => return,
+                            }
+                            pause = (pause * 2).min(MAX_RESTART_PAUSE);
+                        }
                         None => {
                             tracing::info!("the driver's event stream ended; asking for it again");
                             break;
@@ -225,7 +264,7 @@ impl EventHub {
             let seq = st.next_seq;
             st.next_seq += 1;
             st.by_id.insert(event.event_id.clone(), seq);
-            st.pending.insert(seq, Pending { event, deliveries: 0 });
+            st.pending.insert(seq, Pending { event });
             seq
         };
         self.newest.send_replace(seq);
@@ -233,33 +272,35 @@ impl EventHub {
     }
 
     /// The events a stream sends now: those it has not sent, and those it sent more than
-    /// `ack_deadline` ago that are still pending. Updates `sent`, forgets what is no longer
-    /// pending, and returns when the next one falls due.
+    /// `ack_deadline` ago that are still pending, each with its sequence number and this
+    /// stream's delivery count. Forgets in `sent` what is no longer pending, and returns when
+    /// the next one falls due.
     fn due(
         &self,
-        sent: &mut HashMap<u64, Instant>,
+        sent: &mut HashMap<u64, Sent>,
         now: Instant,
         ack_deadline: Duration,
-    ) -> (Vec<pb::MachineEvent>, Option<Instant>) {
-        let mut st = lock(&self.state);
+    ) -> (Vec<(u64, MachineEvent, u32)>, Option<Instant>) {
+        let st = lock(&self.state);
         sent.retain(|seq, _| st.pending.contains_key(seq));
         let mut out = Vec::new();
         let mut next_due: Option<Instant> = None;
-        let newest = st.next_seq.saturating_sub(1);
-        for (seq, p) in st.pending.iter_mut() {
-            match sent.get(seq) {
-                Some(at) if *at + ack_deadline > now => {
-                    let due = *at + ack_deadline;
-                    next_due = Some(next_due.map_or(due, |d| d.min(due)));
+        for (seq, p) in &st.pending {
+            let at = match sent.get_mut(seq) {
+                Some(s) if s.at + ack_deadline > now => s.at,
+                Some(s) => {
+                    s.attempts += 1;
+                    out.push((*seq, p.event.clone(), s.attempts));
+                    now
                 }
-                _ => {
-                    p.deliveries += 1;
-                    out.push(convert::machine_event(&p.event, self.token(newest), p.deliveries));
-                    sent.insert(*seq, now);
-                    let due = now + ack_deadline;
-                    next_due = Some(next_due.map_or(due, |d| d.min(due)));
+                None => {
+                    sent.insert(*seq, Sent { at: now, attempts: 1 });
+                    out.push((*seq, p.event.clone(), 1));
+                    now
                 }
-            }
+            };
+            let due = at + ack_deadline;
+            next_due = Some(next_due.map_or(due, |d| d.min(due)));
         }
         (out, next_due)
     }
@@ -274,33 +315,43 @@ impl EventHub {
         let hub = self.clone();
         tokio::spawn(async move {
             let start = Instant::now();
-            let mut sent: HashMap<u64, Instant> = HashMap::new();
+            let mut sent: HashMap<u64, Sent> = HashMap::new();
+            // The highest sequence number this stream's caller has: what its resume token says.
+            let mut high = 0;
             if let Some(after) = settings.resume_after {
                 // Received on the caller's earlier stream: due again one ack deadline from now.
                 let st = lock(&hub.state);
-                sent.extend(st.pending.range(..=after).map(|(seq, _)| (*seq, start)));
+                sent.extend(st.pending.range(..=after).map(|(seq, _)| (*seq, Sent { at: start, attempts: 1 })));
+                high = after;
             }
             let mut newest = hub.newest.subscribe();
             let mut closed = hub.closed.subscribe();
             let mut last_sent = start;
             loop {
                 if *closed.borrow() {
-                    let _ = tx
-                        .send(Err(tonic::Status::unavailable(
-                            "the driver is shutting down; reconnect with the last resume_token",
-                        )))
-                        .await;
+                    let unavailable =
+                        tonic::Status::unavailable("the driver is shutting down; reconnect with the last resume_token");
+                    // A caller that stopped reading does not hold the drain up.
+                    let _ = tx.try_send(Err(unavailable));
                     return;
                 }
                 newest.borrow_and_update();
-                let now = Instant::now();
-                let (events, next_due) = hub.due(&mut sent, now, settings.ack_deadline);
-                for event in events {
+                let (events, next_due) = hub.due(&mut sent, Instant::now(), settings.ack_deadline);
+                for (seq, event, attempts) in events {
+                    high = high.max(seq);
+                    let event = convert::machine_event(&event, hub.token(high), attempts);
                     let item = pb::WatchEventsResponse { item: Some(pb::watch_events_response::Item::Event(event)) };
-                    if tx.send(Ok(item)).await.is_err() {
-                        return; // the caller hung up
+                    if !send(&tx, item, &mut closed).await {
+                        break; // the caller hung up, or the drain began: the loop's top decides
                     }
+                    // The ack deadline runs from when the caller could have the event.
                     last_sent = Instant::now();
+                    if let Some(s) = sent.get_mut(&seq) {
+                        s.at = last_sent;
+                    }
+                }
+                if tx.is_closed() {
+                    return;
                 }
                 let keepalive_at = last_sent + settings.keepalive;
                 let wake = next_due.map_or(keepalive_at, |d| d.min(keepalive_at));
@@ -310,17 +361,15 @@ impl EventHub {
                     () = tx.closed() => return,
                     () = tokio::time::sleep_until(wake.into()) => {
                         if Instant::now() >= keepalive_at {
-                            let token = hub.token(*hub.newest.borrow());
                             let item = pb::WatchEventsResponse {
                                 item: Some(pb::watch_events_response::Item::Keepalive(pb::Keepalive {
                                     time: Some(convert::timestamp(SystemTime::now())),
-                                    resume_token: token,
+                                    resume_token: hub.token(high),
                                 })),
                             };
-                            if tx.send(Ok(item)).await.is_err() {
-                                return;
+                            if send(&tx, item, &mut closed).await {
+                                last_sent = Instant::now();
                             }
-                            last_sent = Instant::now();
                         }
                     }
                 }
@@ -381,8 +430,8 @@ mod tests {
         }
     }
 
-    fn ids(events: &[pb::MachineEvent]) -> Vec<(&str, u32)> {
-        events.iter().map(|e| (e.event_id.as_str(), e.delivery_attempt)).collect()
+    fn ids(events: &[(u64, MachineEvent, u32)]) -> Vec<(&str, u32)> {
+        events.iter().map(|(_, e, attempts)| (e.event_id.as_str(), *attempts)).collect()
     }
 
     #[test]
@@ -443,6 +492,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_sends_pending_events_then_new_ones_and_ends_with_unavailable_when_the_server_drains() {
         let hub = EventHub::new();
+        hub.offer(event("e0"));
         hub.offer(event("e1"));
         let settings = StreamSettings {
             resume_after: None,
@@ -450,9 +500,14 @@ mod tests {
             ack_deadline: Duration::from_secs(60),
         };
         let mut rx = hub.stream(settings);
-        let first = bounded(&mut rx).await.unwrap().unwrap();
-        let Some(pb::watch_events_response::Item::Event(e)) = first.item else { panic!("{first:?}") };
-        assert_eq!(e.event_id, "e1");
+        // Each event's resume token says "up to this one", not "up to the newest".
+        for (id, seq) in [("e0", 1), ("e1", 2)] {
+            let m = bounded(&mut rx).await.unwrap().unwrap();
+            let Some(pb::watch_events_response::Item::Event(e)) = m.item else { panic!("{m:?}") };
+            assert_eq!(e.event_id, id);
+            assert_eq!(e.resume_token, hub.token(seq));
+            assert_eq!(e.delivery_attempt, 1);
+        }
         hub.offer(event("e2"));
         let second = bounded(&mut rx).await.unwrap().unwrap();
         let Some(pb::watch_events_response::Item::Event(e)) = second.item else { panic!("{second:?}") };

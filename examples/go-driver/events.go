@@ -38,9 +38,15 @@ const (
 )
 
 type pendingEvent struct {
-	event      *pb.MachineEvent
-	deliveries uint32
-	file       string // the source to let go on the acknowledgement
+	event *pb.MachineEvent
+	file  string // the source to let go on the acknowledgement
+}
+
+// sentEvent is what one stream sent of one event: when (its ack deadline runs from then) and
+// how often.
+type sentEvent struct {
+	at       time.Time
+	attempts uint32
 }
 
 // eventHub holds the events not acknowledged yet. Every stream waits on `changed`, which is
@@ -74,6 +80,12 @@ func (h *eventHub) offer(ev *pb.MachineEvent, file string) {
 	defer h.mu.Unlock()
 	if _, ok := h.byID[ev.EventId]; ok {
 		return
+	}
+	if file != "" {
+		// Acknowledged (and removed) since the folder was read: not again.
+		if _, err := os.Stat(file); err != nil {
+			return
+		}
 	}
 	seq := h.nextSeq
 	h.nextSeq++
@@ -110,9 +122,16 @@ func (h *eventHub) ack(id string) (bool, error) {
 	return true, nil
 }
 
+// dueEvent is one event a stream sends now, with its sequence number.
+type dueEvent struct {
+	seq   uint64
+	event *pb.MachineEvent
+}
+
 // due returns what a stream sends now — events it has not sent, and events it sent more than
-// ackDeadline ago that are still pending — updating `sent`, and when the next one falls due.
-func (h *eventHub) due(sent map[uint64]time.Time, now time.Time, ackDeadline time.Duration) ([]*pb.MachineEvent, time.Time, bool, <-chan struct{}) {
+// ackDeadline ago that are still pending — counting this stream's attempts in `sent`, and when
+// the next one falls due.
+func (h *eventHub) due(sent map[uint64]*sentEvent, now time.Time, ackDeadline time.Duration) ([]dueEvent, time.Time, bool, <-chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for seq := range sent {
@@ -125,22 +144,22 @@ func (h *eventHub) due(sent map[uint64]time.Time, now time.Time, ackDeadline tim
 		seqs = append(seqs, seq)
 	}
 	sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
-	var out []*pb.MachineEvent
+	var out []dueEvent
 	var next time.Time
-	newest := h.token(h.nextSeq - 1)
 	for _, seq := range seqs {
-		at, ok := sent[seq]
-		if !ok || !at.Add(ackDeadline).After(now) {
-			p := h.pending[seq]
-			p.deliveries++
-			ev := proto.Clone(p.event).(*pb.MachineEvent)
-			ev.ResumeToken = newest
-			ev.DeliveryAttempt = p.deliveries
-			out = append(out, ev)
-			sent[seq] = now
-			at = now
+		se, ok := sent[seq]
+		if !ok {
+			se = &sentEvent{}
+			sent[seq] = se
 		}
-		if d := at.Add(ackDeadline); next.IsZero() || d.Before(next) {
+		if !ok || !se.at.Add(ackDeadline).After(now) {
+			se.attempts++
+			se.at = now
+			ev := proto.Clone(h.pending[seq].event).(*pb.MachineEvent)
+			ev.DeliveryAttempt = se.attempts
+			out = append(out, dueEvent{seq: seq, event: ev})
+		}
+		if d := se.at.Add(ackDeadline); next.IsZero() || d.Before(next) {
 			next = d
 		}
 	}
@@ -246,8 +265,9 @@ func (s eventsServer) WatchEvents(req *pb.WatchEventsRequest, stream grpc.Server
 	var v invalidRequest
 	keepalive := interval(&v, "keepalive_interval", req.KeepaliveInterval, defaultKeepalive, maxKeepalive)
 	ackDeadline := interval(&v, "ack_deadline", req.AckDeadline, defaultAckDeadline, maxAckDeadline)
-	sent := map[uint64]time.Time{}
+	sent := map[uint64]*sentEvent{}
 	start := time.Now()
+	var high uint64 // the highest sequence number the caller has: what its resume token says
 	if req.ResumeToken != "" {
 		epoch, seqText, ok := strings.Cut(req.ResumeToken, ".")
 		seq, err := strconv.ParseUint(seqText, 10, 64)
@@ -259,10 +279,11 @@ func (s eventsServer) WatchEvents(req *pb.WatchEventsRequest, stream grpc.Server
 			s.events.mu.Lock()
 			for p := range s.events.pending {
 				if p <= seq {
-					sent[p] = start
+					sent[p] = &sentEvent{at: start, attempts: 1}
 				}
 			}
 			s.events.mu.Unlock()
+			high = seq
 		}
 	}
 	if err := v.err(); err != nil {
@@ -275,11 +296,15 @@ func (s eventsServer) WatchEvents(req *pb.WatchEventsRequest, stream grpc.Server
 		if closed {
 			return fail(newError(codes.Unavailable, "DRIVER_DRAINING", "the driver is shutting down; reconnect with the last resume_token"))
 		}
-		for _, ev := range events {
-			if err := stream.Send(&pb.WatchEventsResponse{Item: &pb.WatchEventsResponse_Event{Event: ev}}); err != nil {
+		for _, d := range events {
+			high = max(high, d.seq)
+			d.event.ResumeToken = s.events.token(high)
+			if err := stream.Send(&pb.WatchEventsResponse{Item: &pb.WatchEventsResponse_Event{Event: d.event}}); err != nil {
 				return err
 			}
+			// The ack deadline runs from when the caller could have the event.
 			lastSent = time.Now()
+			sent[d.seq].at = lastSent
 		}
 		keepaliveAt := lastSent.Add(keepalive)
 		wake := keepaliveAt
@@ -295,10 +320,7 @@ func (s eventsServer) WatchEvents(req *pb.WatchEventsRequest, stream grpc.Server
 			timer.Stop()
 		case <-timer.C:
 			if !time.Now().Before(keepaliveAt) {
-				s.events.mu.Lock()
-				token := s.events.token(s.events.nextSeq - 1)
-				s.events.mu.Unlock()
-				ka := &pb.Keepalive{Time: timestamppb.Now(), ResumeToken: token}
+				ka := &pb.Keepalive{Time: timestamppb.Now(), ResumeToken: s.events.token(high)}
 				if err := stream.Send(&pb.WatchEventsResponse{Item: &pb.WatchEventsResponse_Keepalive{Keepalive: ka}}); err != nil {
 					return err
 				}
