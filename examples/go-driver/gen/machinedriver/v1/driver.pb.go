@@ -2727,11 +2727,13 @@ type MachineEvent struct {
 	Action CloudAction `protobuf:"varint,8,opt,name=action,proto3,enum=machinedriver.v1.CloudAction" json:"action,omitempty"`
 	// The offering the machine runs on, so a caller can avoid one that is being reclaimed.
 	Offering *Offering `protobuf:"bytes,9,opt,name=offering,proto3" json:"offering,omitempty"`
-	// Where the stream stands after this event; pass it to the next WatchEvents.
+	// Where the stream stands after this event (this event and those sent before it); pass it to
+	// the next WatchEvents.
 	ResumeToken string `protobuf:"bytes,10,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
 	// Human-readable detail from the cloud. Never a secret.
 	Message string `protobuf:"bytes,11,opt,name=message,proto3" json:"message,omitempty"`
-	// 1 on the first delivery, 2 on the next, ...
+	// 1 when this stream first sends the event, 2 when it sends it again, ... (a resumed stream
+	// counts on from the caller's earlier one).
 	DeliveryAttempt uint32 `protobuf:"varint,12,opt,name=delivery_attempt,json=deliveryAttempt,proto3" json:"delivery_attempt,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
