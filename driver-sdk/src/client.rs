@@ -218,6 +218,20 @@ impl DriverClient {
         &self.endpoint
     }
 
+    /// A request with a fresh request ID and the current trace context, and that ID.
+    fn request<Req>(message: Req) -> (Request<Req>, String) {
+        let request_id = uuid::Uuid::new_v4().to_string();
+        let mut req = Request::new(message);
+        if let Ok(v) = request_id.parse() {
+            req.metadata_mut().insert(REQUEST_ID_HEADER, v);
+        }
+        let cx = tracing::Span::current().context();
+        opentelemetry::global::get_text_map_propagator(|p| {
+            p.inject_context(&cx, &mut MetadataInjector(req.metadata_mut()))
+        });
+        (req, request_id)
+    }
+
     /// Sends one call with a fresh request ID, the current trace context and the deadline.
     async fn call<Req, Resp, Fut>(
         &self,
@@ -228,15 +242,7 @@ impl DriverClient {
     where
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let request_id = uuid::Uuid::new_v4().to_string();
-        let mut req = Request::new(message);
-        if let Ok(v) = request_id.parse() {
-            req.metadata_mut().insert(REQUEST_ID_HEADER, v);
-        }
-        let cx = tracing::Span::current().context();
-        opentelemetry::global::get_text_map_propagator(|p| {
-            p.inject_context(&cx, &mut MetadataInjector(req.metadata_mut()))
-        });
+        let (mut req, request_id) = Self::request(message);
         req.set_timeout(self.call_timeout);
         // The client-side bound covers a connect that never completes, too.
         match tokio::time::timeout(self.call_timeout + CLIENT_DEADLINE_SLACK, send(req)).await {
@@ -325,15 +331,8 @@ impl DriverClient {
         &self,
         req: pb::WatchEventsRequest,
     ) -> CallResult<tonic::Streaming<pb::WatchEventsResponse>> {
-        let request_id = uuid::Uuid::new_v4().to_string();
-        let mut r = Request::new(req);
-        if let Ok(v) = request_id.parse() {
-            r.metadata_mut().insert(REQUEST_ID_HEADER, v);
-        }
-        let cx = tracing::Span::current().context();
-        opentelemetry::global::get_text_map_propagator(|p| {
-            p.inject_context(&cx, &mut MetadataInjector(r.metadata_mut()))
-        });
+        // No grpc-timeout: it would end the stream, not only its opening.
+        let (r, request_id) = Self::request(req);
         let mut c = self.events.clone();
         match tokio::time::timeout(self.call_timeout + CLIENT_DEADLINE_SLACK, c.watch_events(r)).await {
             Ok(Ok(resp)) => {

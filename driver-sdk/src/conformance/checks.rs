@@ -742,33 +742,62 @@ pub(super) async fn pools(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
     });
 }
 
-/// Reads a stream until a keepalive arrives (events before it are passed over), within
-/// [`KEEPALIVE_WITHIN`]; returns its resume token.
-async fn next_keepalive(stream: &mut tonic::Streaming<pb::WatchEventsResponse>) -> Result<String, NotPassed> {
+/// Reads a stream until `pick` takes a message (the others are passed over), within `within`.
+async fn read_until<T>(
+    stream: &mut tonic::Streaming<pb::WatchEventsResponse>,
+    within: Duration,
+    waiting_for: &str,
+    mut pick: impl FnMut(pb::watch_events_response::Item) -> Option<T>,
+) -> Result<T, NotPassed> {
     let read = async {
         loop {
             match stream.message().await {
-                Ok(Some(pb::WatchEventsResponse { item: Some(pb::watch_events_response::Item::Keepalive(k)) })) => {
-                    return Ok(k.resume_token);
+                Ok(Some(pb::WatchEventsResponse { item: Some(item) })) => {
+                    if let Some(found) = pick(item) {
+                        return Ok(found);
+                    }
                 }
-                Ok(Some(_)) => continue,
+                Ok(Some(_)) => {}
                 Ok(None) => return Err(NotPassed::Fail("the event stream ended".into())),
                 Err(status) => return Err(NotPassed::Fail(format!("the event stream failed: {status}"))),
             }
         }
     };
-    tokio::time::timeout(KEEPALIVE_WITHIN, read).await.map_err(|_| {
-        NotPassed::Fail(format!(
-            "no keepalive within {KEEPALIVE_WITHIN:?} on a stream that asked for one every {EVENT_KEEPALIVE:?}"
-        ))
-    })?
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| NotPassed::Fail(format!("no {waiting_for} within {within:?}")))?
 }
 
-fn watch_request(resume_token: String) -> pb::WatchEventsRequest {
+/// The next keepalive's resume token, within [`KEEPALIVE_WITHIN`].
+async fn next_keepalive(stream: &mut tonic::Streaming<pb::WatchEventsResponse>) -> Result<String, NotPassed> {
+    let what = format!("keepalive on a stream that asked for one every {EVENT_KEEPALIVE:?}");
+    read_until(stream, KEEPALIVE_WITHIN, &what, |item| match item {
+        pb::watch_events_response::Item::Keepalive(k) => Some(k.resume_token),
+        pb::watch_events_response::Item::Event(_) => None,
+    })
+    .await
+}
+
+/// The next event on `stream` for `machine`, within `within`.
+async fn next_event_for(
+    stream: &mut tonic::Streaming<pb::WatchEventsResponse>,
+    machine: &str,
+    within: Duration,
+) -> Result<pb::MachineEvent, NotPassed> {
+    read_until(stream, within, &format!("event for {machine}"), |item| match item {
+        pb::watch_events_response::Item::Event(e) if e.machine_name == machine => Some(e),
+        _ => None,
+    })
+    .await
+}
+
+/// A stream with keepalives every [`EVENT_KEEPALIVE`] and the given ack deadline (the driver's
+/// default when `None`).
+fn watch_request(resume_token: String, ack_deadline: Option<Duration>) -> pb::WatchEventsRequest {
     pb::WatchEventsRequest {
         resume_token,
         keepalive_interval: Some(crate::convert::duration(EVENT_KEEPALIVE)),
-        ack_deadline: None,
+        ack_deadline: ack_deadline.map(crate::convert::duration),
     }
 }
 
@@ -778,19 +807,20 @@ pub(super) async fn events(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         return;
     }
     check!(s, on, "events.keepalive_on_an_idle_stream_and_resume_after_cancel", |s| {
-        let mut first = s.client.watch_events(watch_request(String::new())).await.map_err(|e| e.to_string())?.value;
+        let mut first =
+            s.client.watch_events(watch_request(String::new(), None)).await.map_err(|e| e.to_string())?.value;
         let token = next_keepalive(&mut first).await?;
         ensure!(!token.is_empty(), "the keepalive carries no resume_token");
         // Cancelling a stream (dropping it) leaves the driver serving the next one, resumed.
         drop(first);
-        let mut second = s.client.watch_events(watch_request(token)).await.map_err(|e| e.to_string())?.value;
+        let mut second = s.client.watch_events(watch_request(token, None)).await.map_err(|e| e.to_string())?.value;
         next_keepalive(&mut second).await?;
         Ok(())
     });
     check!(s, on, "events.malformed_resume_token_refused", |s| {
         // gRPC lets the refusal come when the stream opens or as its first message; a caller
         // reads both.
-        let report = match s.client.watch_events(watch_request("not a resume token".into())).await {
+        let report = match s.client.watch_events(watch_request("not a resume token".into(), None)).await {
             Err(e) => e.report,
             Ok(reply) => {
                 let mut stream = reply.value;
@@ -823,31 +853,6 @@ pub(super) async fn events(s: &mut Suite, on: &mut impl FnMut(&CheckResult)) {
         }
         Ok(())
     });
-}
-
-/// The next event on `stream` for `machine` (others and keepalives passed over), within `within`.
-async fn next_event_for(
-    stream: &mut tonic::Streaming<pb::WatchEventsResponse>,
-    machine: &str,
-    within: Duration,
-) -> Result<pb::MachineEvent, NotPassed> {
-    let read = async {
-        loop {
-            match stream.message().await {
-                Ok(Some(pb::WatchEventsResponse { item: Some(pb::watch_events_response::Item::Event(e)) }))
-                    if e.machine_name == machine =>
-                {
-                    return Ok(e);
-                }
-                Ok(Some(_)) => continue,
-                Ok(None) => return Err(NotPassed::Fail("the event stream ended".into())),
-                Err(status) => return Err(NotPassed::Fail(format!("the event stream failed: {status}"))),
-            }
-        }
-    };
-    tokio::time::timeout(within, read)
-        .await
-        .map_err(|_| NotPassed::Fail(format!("no event for {machine} within {within:?}")))?
 }
 
 /// Runs the `--event-trigger` command for one machine.
@@ -889,12 +894,7 @@ pub(super) async fn events_delivered(s: &mut Suite, on: &mut impl FnMut(&CheckRe
         let op = s.client.create_machine(s.create_request(&name, s.spec_struct()?)).await?.value;
         let op = s.wait_ok(op).await?;
         let provider_id = op.machine().map(|m| m.provider_id.clone()).unwrap_or_default();
-        let request = |resume_token: String| pb::WatchEventsRequest {
-            resume_token,
-            keepalive_interval: Some(crate::convert::duration(EVENT_KEEPALIVE)),
-            ack_deadline: Some(crate::convert::duration(EVENT_ACK_DEADLINE)),
-        };
-        let mut stream = s.client.watch_events(request(String::new())).await?.value;
+        let mut stream = s.client.watch_events(watch_request(String::new(), Some(EVENT_ACK_DEADLINE))).await?.value;
         trigger_event(s, &command, &name, &provider_id).await?;
         let within = s.config.call_timeout * 2;
         let first = next_event_for(&mut stream, &name, within).await?;
@@ -915,7 +915,8 @@ pub(super) async fn events_delivered(s: &mut Suite, on: &mut impl FnMut(&CheckRe
         );
         // A new stream, resumed: the unacknowledged event still comes.
         drop(stream);
-        let mut stream = s.client.watch_events(request(again.resume_token.clone())).await?.value;
+        let mut stream =
+            s.client.watch_events(watch_request(again.resume_token.clone(), Some(EVENT_ACK_DEADLINE))).await?.value;
         let resumed = next_event_for(&mut stream, &name, within).await?;
         ensure!(resumed.event_id == first.event_id, "after resume want {}, got {resumed:?}", first.event_id);
         // Acknowledged once: acked, then unknown, and never sent again.
@@ -930,17 +931,7 @@ pub(super) async fn events_delivered(s: &mut Suite, on: &mut impl FnMut(&CheckRe
             }
             _ => {}
         }
-        let op = s
-            .client
-            .delete_machine(pb::DeleteMachineRequest {
-                name: name.clone(),
-                provider_id,
-                secrets: s.secrets(),
-                ..Default::default()
-            })
-            .await?
-            .value;
-        s.wait_ok(op).await?;
+        // The machine goes with the run's others in `cleanup`.
         Ok(())
     });
 }
