@@ -11,6 +11,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
@@ -48,6 +49,90 @@ pub struct Metrics {
     pub orphans_deleted: Counter,
     /// Requests to the target cluster (`crate::nodes::calls`).
     pub target_calls: crate::nodes::calls::CallMetrics,
+    /// The drivers' events and how interruptions went.
+    pub interruptions: InterruptionMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    kind: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MarginLabels {
+    kind: String,
+    milestone: String,
+}
+
+/// What a deadline is met by: the interrupted machine's node drained, or its replacement Ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Milestone {
+    /// The interrupted machine's node is drained.
+    Drained,
+    /// A machine created to replace it is Ready.
+    ReplacementReady,
+}
+
+/// The drivers' events received (by kind and outcome), and by how much each interruption's
+/// deadline was met (`controller_interruption_margin_seconds`: `notBefore` minus the moment of
+/// the milestone) or missed.
+#[derive(Clone)]
+pub struct InterruptionMetrics {
+    events: Family<EventLabels, Counter>,
+    margin: Family<MarginLabels, Histogram, fn() -> Histogram>,
+    missed: Family<MarginLabels, Counter>,
+}
+
+impl Default for InterruptionMetrics {
+    fn default() -> Self {
+        Self {
+            events: Family::default(),
+            margin: Family::new_with_constructor(|| {
+                Histogram::new([-60.0, -10.0, 0.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 900.0].into_iter())
+            }),
+            missed: Family::default(),
+        }
+    }
+}
+
+impl InterruptionMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "controller_interruption_events",
+            "Events the drivers streamed, by kind and what became of them",
+            self.events.clone(),
+        );
+        r.register(
+            "controller_interruption_margin_seconds",
+            "How long before an interruption's deadline its node was drained or its replacement was Ready (negative: after)",
+            self.margin.clone(),
+        );
+        r.register(
+            "controller_interruption_deadlines_missed",
+            "Interruptions whose node was drained, or whose replacement was Ready, after the deadline",
+            self.missed.clone(),
+        );
+    }
+
+    /// One event of `kind` received, with its outcome.
+    pub fn received(&self, kind: &str, outcome: crate::reconcile::interruptions::Outcome) {
+        let labels = EventLabels { kind: kind.into(), outcome: outcome.as_str().into() };
+        self.events.get_or_create(&labels).inc();
+    }
+
+    /// A milestone of an interruption of `kind` reached `margin_seconds` before its deadline.
+    pub fn reached(&self, kind: crate::resources::InterruptionKind, milestone: Milestone, margin_seconds: f64) {
+        let milestone = match milestone {
+            Milestone::Drained => "drained",
+            Milestone::ReplacementReady => "replacement_ready",
+        };
+        let labels = MarginLabels { kind: kind.as_str().into(), milestone: milestone.into() };
+        self.margin.get_or_create(&labels).observe(margin_seconds);
+        if margin_seconds < 0.0 {
+            self.missed.get_or_create(&labels).inc();
+        }
+    }
 }
 
 impl Metrics {
@@ -58,6 +143,7 @@ impl Metrics {
             operations_in_flight: Gauge::default(),
             orphans_deleted: Counter::default(),
             target_calls: crate::nodes::calls::CallMetrics::default(),
+            interruptions: InterruptionMetrics::default(),
         };
         r.register("controller_machines", "Machines by phase", m.phases.clone());
         r.register(
@@ -67,6 +153,7 @@ impl Metrics {
         );
         r.register("controller_orphans_deleted", "Cloud machines deleted as orphans", m.orphans_deleted.clone());
         m.target_calls.register(r);
+        m.interruptions.register(r);
         m
     }
 

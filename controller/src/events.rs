@@ -158,6 +158,19 @@ event_reasons! {
     OutOfService: Warning,
     /// Machine: its Node is deleted after the VM.
     NodeDeleted: Normal,
+    /// Machine: its driver's event stream says the cloud takes it (a spot interruption, a
+    /// maintenance, a stop or termination behind the controller's back, impaired hardware),
+    /// with the deadline; recorded in `status.interruption`.
+    Interrupted: Warning,
+    /// Machine: its driver recommends replacing it (a rebalance recommendation): a voluntary
+    /// replacement, within the owner's budgets.
+    RebalanceRecommended: Normal,
+    /// MachineDeployment: machines the cloud takes are deleted at once (their drains end before
+    /// the deadline) and replaced beside the surge.
+    ReplacingInterrupted: Warning,
+    /// Machine: created to replace an interrupted machine, it is Ready (how long before the
+    /// deadline, or after it, in the message).
+    InterruptionReplaced: Normal,
     /// MachineDeployment, MachinePool: the cluster-autoscaler changed `replicas` (raised it, or
     /// lowered it to remove the nodes it names, or dropped requests not yet fulfilled).
     AutoscalerResized: Normal,

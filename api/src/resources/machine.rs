@@ -173,6 +173,95 @@ pub struct MachineStatus {
     /// such update runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_place: Option<InPlaceProgress>,
+    /// What the cloud did or will do to the machine on its own (a spot interruption, a
+    /// maintenance, a stop behind the controller's back), as its driver's event stream said:
+    /// recorded before the event is acknowledged, and what the owner acts on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interruption: Option<Interruption>,
+}
+
+/// On a Machine created to replace an interrupted one: `<machine>/<kind>/<notBefore or ->`, so
+/// that the margin by which it was Ready before the deadline is measured once it is.
+pub const ANNOTATION_REPLACES_INTERRUPTION: &str = "machine.driver.dev/replaces-interruption";
+
+wire_enum! {
+    /// What the cloud does to a machine on its own: the protocol's `MachineEventKind`.
+    #[derive(PartialOrd, Ord)]
+    pub enum InterruptionKind {
+        /// The cloud suggests moving off soon (an elevated risk of a spot interruption): a
+        /// voluntary replacement, within the owner's budgets.
+        RebalanceRecommendation,
+        /// The hardware under the machine is impaired: it is replaced.
+        Impaired,
+        /// A maintenance is scheduled at `notBefore`.
+        ScheduledMaintenance,
+        /// Spot capacity is reclaimed at `notBefore`.
+        SpotInterruption,
+        /// A capacity reservation ends at `notBefore`.
+        CapacityReservationInterruption,
+        /// The machine is being stopped.
+        Stopping,
+        /// The machine is stopped (behind the controller's back, or by the cloud).
+        Stopped,
+        /// The machine is terminated.
+        Terminated,
+    }
+}
+
+impl InterruptionKind {
+    /// Whether the cloud takes the machine whatever the controller does: everything but a
+    /// rebalance recommendation (a suggestion, replaced within the budgets).
+    pub fn involuntary(self) -> bool {
+        self != InterruptionKind::RebalanceRecommendation
+    }
+
+    /// Whether the machine is down already: stopped or terminated (its Node is taken out of
+    /// service at once, its pods deleted without eviction).
+    pub fn gone(self) -> bool {
+        matches!(self, InterruptionKind::Stopped | InterruptionKind::Terminated)
+    }
+}
+
+/// Where the cloud ran a machine: what an interruption reclaims.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Offering {
+    /// The zone.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub zone: String,
+    /// The machine type.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub machine_type: String,
+    /// `on-demand`, `spot` or `reserved`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub capacity_type: String,
+}
+
+/// `status.interruption`: the cloud's own move on a machine, recorded from its driver's event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Interruption {
+    /// What the cloud does.
+    pub kind: InterruptionKind,
+    /// The event's ID (the cloud's own where it has one): the same event again changes nothing.
+    pub event_id: String,
+    /// When the cloud acts, if it said: the drain ends a margin before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Time>,
+    /// When the controller received the event.
+    pub received_at: Time,
+    /// When the driver (or the cloud) observed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_at: Option<Time>,
+    /// What the cloud will do: `Terminate`, `Stop`, `Hibernate` (empty: not said).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub action: String,
+    /// Where the machine ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offering: Option<Offering>,
+    /// What the driver said.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// A Node, by name and uid.
@@ -359,6 +448,23 @@ impl KindInfo for Machine {
             None => {
                 out += "Node:         <none> (nodes are managed when the controller runs with a target cluster: \
                         run --target-kubeconfig, or --store kubernetes)\n"
+            }
+        }
+        if let Some(i) = status.get("interruption").filter(|i| !i.is_null()) {
+            let field = |k: &str| i[k].as_str().unwrap_or("-").to_string();
+            out += &format!("Interruption: {} (event {}), received {}\n", field("kind"), field("eventId"), field("receivedAt"));
+            if let Some(t) = i["notBefore"].as_str() {
+                out += &format!("  not before: {t} (the drain ends a margin before)\n");
+            }
+            if let Some(a) = i["action"].as_str() {
+                out += &format!("  action:     {a}\n");
+            }
+            if let Some(o) = i.get("offering").filter(|o| o.is_object()) {
+                let of = |k: &str| o[k].as_str().unwrap_or("-").to_string();
+                out += &format!("  offering:   {} {} {}\n", of("zone"), of("machineType"), of("capacityType"));
+            }
+            if let Some(m) = i["message"].as_str() {
+                out += &format!("  message:    {m}\n");
             }
         }
         if let Some(d) = status.get("deletion").filter(|d| !d.is_null()) {

@@ -7,7 +7,9 @@
 //! evicted through the Eviction API so PodDisruptionBudgets are honoured, until the drain's
 //! deadline: a pod still there at the deadline minus its own grace period is deleted with the
 //! time left as grace (at least 1 s), so the node is empty by the deadline. On a node whose VM
-//! is gone, nothing can be evicted gracefully: pods are deleted at once.
+//! is gone, nothing can be evicted gracefully: pods are deleted at once. Before the cloud's
+//! deadline (an interruption: `clamp`), every pod is evicted — budgets honoured while time
+//! allows — with its grace period clamped to the time left, and deleted only at the deadline.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,6 +26,10 @@ pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 pub const DEFAULT_GRACE_SECONDS: i64 = 30;
 /// The shortest grace a forced deletion gives (0 would delete without waiting for the kubelet).
 pub const MIN_FORCED_GRACE_SECONDS: i64 = 1;
+/// How long before the cloud's deadline (an interruption's `notBefore`) a drain ends: pods still
+/// there are deleted then, so they are gone before the cloud stops the machine, with a few
+/// seconds for the kubelet to report it.
+pub const INTERRUPTION_DRAIN_MARGIN: Duration = Duration::from_secs(5);
 /// How long one pass over a node's pods may go on asking: Cluster API evicts for at most 10 s
 /// per reconcile and looks again later. A node of many pods (or a slow API server) then holds a
 /// worker for a bounded time; the pods not reached are asked at the next look.
@@ -74,6 +80,12 @@ pub enum PodStep {
     Skip(Skip),
     /// Ask the Eviction API.
     Evict,
+    /// Ask the Eviction API with this grace period (seconds): the pod's own, clamped to the
+    /// time left before the cloud's deadline.
+    EvictWithin {
+        /// Grace period in seconds.
+        grace_seconds: i64,
+    },
     /// Delete it with this grace period (seconds): the deadline is near, or the node is dead.
     Delete {
         /// Grace period in seconds.
@@ -93,6 +105,12 @@ impl PodStep {
 /// The drain's step for `pod` at `now`, with the drain ending at `deadline`; `dead_node`: the
 /// node's VM is gone or stopped (no eviction can complete).
 pub fn step(pod: &Pod, now: DateTime<Utc>, deadline: DateTime<Utc>, dead_node: bool) -> PodStep {
+    step_within(pod, now, deadline, dead_node, false)
+}
+
+/// [`step`], and with `clamp` (the deadline is the cloud's): a pod is evicted with its grace
+/// clamped to the time left, and deleted (with the shortest grace) only at the deadline.
+pub fn step_within(pod: &Pod, now: DateTime<Utc>, deadline: DateTime<Utc>, dead_node: bool, clamp: bool) -> PodStep {
     let meta = &pod.metadata;
     if meta.annotations.as_ref().is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)) {
         return PodStep::Skip(Skip::Mirror);
@@ -117,6 +135,15 @@ pub fn step(pod: &Pod, now: DateTime<Utc>, deadline: DateTime<Utc>, dead_node: b
     let grace =
         pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(DEFAULT_GRACE_SECONDS).max(0);
     let left = (deadline - now).num_seconds();
+    if clamp {
+        return if left <= MIN_FORCED_GRACE_SECONDS {
+            PodStep::Delete { grace_seconds: MIN_FORCED_GRACE_SECONDS }
+        } else if left <= grace {
+            PodStep::EvictWithin { grace_seconds: left }
+        } else {
+            PodStep::Evict
+        };
+    }
     if left <= grace {
         PodStep::Delete { grace_seconds: left.max(MIN_FORCED_GRACE_SECONDS) }
     } else {
@@ -305,8 +332,8 @@ impl DrainPass {
 /// The target cluster's calls a pass makes ([`super::Target`] in the controller).
 #[async_trait::async_trait]
 pub trait PodCalls: Sync {
-    /// Evicts a pod through the Eviction API.
-    async fn evict(&self, pod: &Pod) -> Result<Evicted, super::Error>;
+    /// Evicts a pod through the Eviction API (with this grace period instead of its own).
+    async fn evict(&self, pod: &Pod, grace_seconds: Option<i64>) -> Result<Evicted, super::Error>;
     /// Deletes a pod with this grace period.
     async fn delete_pod(&self, pod: &Pod, grace_seconds: i64) -> Result<(), super::Error>;
     /// Reads a PodDisruptionBudget (`None`: not found).
@@ -328,24 +355,26 @@ pub trait PodCalls: Sync {
 /// # Errors
 /// The target cluster's failures other than the answers [`Evicted`] names (the pass stops at the
 /// first).
+#[allow(clippy::too_many_arguments)]
 pub async fn pass(
     calls: &impl PodCalls,
     pods: &[Pod],
     now: DateTime<Utc>,
     deadline: DateTime<Utc>,
     dead: bool,
+    clamp: bool,
     bound: Duration,
 ) -> Result<DrainPass, super::Error> {
     let started = Instant::now();
     let mut out = DrainPass::default();
     for pod in pods {
-        let step = step(pod, now, deadline, dead);
+        let step = step_within(pod, now, deadline, dead, clamp);
         if !step.holds_drain() {
             continue;
         }
         let key = PodKey::of(pod);
         out.left.push(key.clone());
-        if !matches!(step, PodStep::Evict | PodStep::Delete { .. }) {
+        if !matches!(step, PodStep::Evict | PodStep::EvictWithin { .. } | PodStep::Delete { .. }) {
             continue;
         }
         if out.timed_out || started.elapsed() + calls.hold_left() >= bound {
@@ -353,12 +382,16 @@ pub async fn pass(
             continue;
         }
         match step {
-            PodStep::Evict => {
+            PodStep::Evict | PodStep::EvictWithin { .. } => {
                 if let Some(b) = out.budgets.iter().find(|b| b.covers(pod)) {
                     out.spared.push((key, b.name.clone()));
                     continue;
                 }
-                match calls.evict(pod).await? {
+                let grace = match step {
+                    PodStep::EvictWithin { grace_seconds } => Some(grace_seconds),
+                    _ => None,
+                };
+                match calls.evict(pod, grace).await? {
                     Evicted::Accepted => out.evicted.push(key),
                     Evicted::Gone => {}
                     Evicted::Refused(refusal) => {

@@ -213,11 +213,12 @@ impl Target {
     ///
     /// # Errors
     /// Failures other than the answers [`Evicted`] names.
-    pub async fn evict(&self, pod: &Pod) -> Result<Evicted, Error> {
+    pub async fn evict(&self, pod: &Pod, grace_seconds: Option<i64>) -> Result<Evicted, Error> {
         let (ns, name) = pod_key(pod);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let params = EvictParams {
             delete_options: Some(DeleteParams {
+                grace_period_seconds: grace_seconds.map(|g| u32::try_from(g.max(0)).unwrap_or(u32::MAX)),
                 preconditions: Some(Preconditions { uid: pod.metadata.uid.clone(), resource_version: None }),
                 ..Default::default()
             }),
@@ -290,8 +291,8 @@ impl Target {
 
 #[async_trait::async_trait]
 impl drain::PodCalls for Target {
-    async fn evict(&self, pod: &Pod) -> Result<Evicted, Error> {
-        Target::evict(self, pod).await
+    async fn evict(&self, pod: &Pod, grace_seconds: Option<i64>) -> Result<Evicted, Error> {
+        Target::evict(self, pod, grace_seconds).await
     }
 
     async fn delete_pod(&self, pod: &Pod, grace_seconds: i64) -> Result<(), Error> {

@@ -42,7 +42,7 @@ use super::disruption::{self, Hold, Planner, Report};
 use super::domains::{self, Spread};
 use super::member::{lift_environment_conditions, Member};
 use super::owner::{self, disruption_conditions, holds, PlannedEvent, Remediation, Unit};
-use super::steps::{canary, in_place, rebalance, remediation, rollout, scale_down};
+use super::steps::{canary, in_place, interruption, rebalance, remediation, rollout, scale_down};
 use super::Limits;
 use crate::events::EventReason;
 use crate::policy;
@@ -102,6 +102,12 @@ pub struct Plan {
     /// Machines taken for remediation that go now (their replacements are not awaited: none is
     /// on its way, or the surge leaves no room for one first), in order.
     pub remediate: Vec<String>,
+    /// Machines the cloud takes (`status.interruption`): deleted now, whatever else the plan
+    /// does (their drains end before the deadline); their replacements are among `create`.
+    pub interrupted: Vec<String>,
+    /// The first created machines replace interrupted ones: each one's
+    /// [`ANNOTATION_REPLACES_INTERRUPTION`] value, in order.
+    pub replaces: Vec<String>,
     /// Machines of the target revision to create.
     pub create: usize,
     /// With failure domains: the domain of each machine to create, in order.
@@ -172,6 +178,11 @@ pub enum Note {
     },
     /// Machines are taken for remediation now.
     Remediating {
+        /// Their names.
+        machines: Vec<String>,
+    },
+    /// Machines the cloud takes go now, and are replaced beside the surge.
+    Interrupted {
         /// Their names.
         machines: Vec<String>,
     },
@@ -300,6 +311,9 @@ impl std::fmt::Display for Note {
                 write!(f, "{failures} machines of revision {revision} failed (budget {budget})")
             }
             Note::Remediating { machines } => write!(f, "remediating {}", machines.join(", ")),
+            Note::Interrupted { machines } => {
+                write!(f, "the cloud takes {}: replaced beside the surge", machines.join(", "))
+            }
             Note::AwaitingReplacement { machines } => {
                 write!(f, "{machines} machine(s) being remediated wait for their replacements")
             }
@@ -416,10 +430,12 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
     let zones = failure_domains(md, &c, &mut d);
     let limits = disruption_limits(md, o.remediation_halted, o.now);
     let mut planner = Planner::new(owner::census(c.desired, c.all), limits);
+    let interrupted = interruption::choose(c.all, &mut planner);
+    interrupting(&c, &interrupted, &mut d);
     let halted = o.remediation_halted.is_some();
     let chosen = remediation::choose(c.all, halted, |u| holds(&zones.withdraw, u.key), &mut planner);
     remediating(&o, &c, &chosen, &mut d);
-    let moves = moves(md, &c, &chosen.targets(), &zones, canary, &mut planner, &mut d);
+    let moves = moves(md, &c, &chosen.targets(), &interrupted, &zones, canary, &mut planner, &mut d);
     conclude(md, &o, c, chosen.marks(), zones, moves, canary, planner.report(), d)
 }
 
@@ -428,6 +444,8 @@ pub fn plan_deployment(o: Observed<'_>) -> Plan {
 struct Moves<'d> {
     create: usize,
     placements: Vec<String>,
+    replaces: Vec<String>,
+    interrupted: Vec<String>,
     remediate: Vec<String>,
     delete: Vec<String>,
     in_place: Option<InPlaceWork>,
@@ -438,18 +456,21 @@ struct Moves<'d> {
 /// included), placement in the failure domains, the remediated machines that go (replace before
 /// remove), the rollout of old machines, in place, the excess over `replicas` (a rebalance's
 /// too), the machines withdrawn from a domain that refused them.
+#[allow(clippy::too_many_arguments)]
 fn moves<'d>(
     md: &'d MachineDeployment,
     c: &Classes<'_, '_>,
     targets: &[&U<'_>],
+    interrupted: &[&U<'_>],
     zones: &Zones<'_, '_>,
     canary: Option<i64>,
     planner: &mut Planner,
     d: &mut Draft,
 ) -> Moves<'d> {
-    // Machines on their way out: taken for remediation, or withdrawn from a domain that refused
-    // them. They do not count as the deployment's machines, so replacements are made.
-    let leaving: Vec<&U<'_>> = targets.iter().chain(&zones.withdraw).copied().collect();
+    // Machines on their way out: taken for remediation, taken by the cloud, or withdrawn from a
+    // domain that refused them. They do not count as the deployment's machines, so replacements
+    // are made.
+    let leaving: Vec<&U<'_>> = targets.iter().chain(interrupted).chain(&zones.withdraw).copied().collect();
     let staying = c.live.iter().filter(|u| !holds(&leaving, u.key)).map(|u| u.item);
     let mut spread = Spread::new(&md.spec.failure_domains, staying, &c.target_rev, zones.open.clone());
     // A canary not passed yet: no more machines of the revision than it wants.
@@ -464,7 +485,11 @@ fn moves<'d>(
         create = scale_up(c, &leaving, canary_room, d);
     }
     let placements = place(&mut spread, &mut create, d);
-    let coming = remediation::coming(c.all, targets, |u| c.in_place || u.new) + create;
+    // The first machines created replace the interrupted ones (their margin is measured).
+    let replaces = interrupted.iter().take(create).map(|u| replaces_value(u)).collect();
+    // Replacements of interrupted machines are not the remediated machines'.
+    let coming = (remediation::coming(c.all, targets, |u| c.in_place || u.new) + create)
+        .saturating_sub(interrupted.len());
     let (remediate, waiting_for_replacement) = remediation::go_now(targets, coming);
     if waiting_for_replacement > 0 {
         d.notes.push(Note::AwaitingReplacement { machines: waiting_for_replacement });
@@ -478,7 +503,33 @@ fn moves<'d>(
     }
     delete.extend(remove_excess(md, c, &leaving, &spread, planner, d));
     delete.extend(zones.withdraw.iter().map(|u| u.key.to_string()));
-    Moves { create, placements, remediate, delete, in_place, spread }
+    let interrupted = interrupted.iter().map(|u| u.key.to_string()).collect();
+    Moves { create, placements, replaces, interrupted, remediate, delete, in_place, spread }
+}
+
+/// The [`ANNOTATION_REPLACES_INTERRUPTION`] value of a replacement of `u`: its name, the
+/// interruption's kind and deadline (`-` when none was given).
+fn replaces_value(u: &U<'_>) -> String {
+    let (kind, not_before) = u.item.interrupted.unwrap_or((InterruptionKind::Terminated, None));
+    let deadline = not_before.map_or("-".to_string(), |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    format!("{}/{}/{deadline}", u.key, kind.as_str())
+}
+
+/// The deployment's share of the interruption step ([`interruption::choose`] chose): a note
+/// and an event for the machines the cloud takes.
+fn interrupting(c: &Classes<'_, '_>, interrupted: &[&U<'_>], d: &mut Draft) {
+    if interrupted.is_empty() {
+        return;
+    }
+    let machines: Vec<String> = interrupted.iter().map(|u| u.key.to_string()).collect();
+    let extra = interruption::extra_surge(c.all, c.desired);
+    let message = format!(
+        "the cloud takes {}: deleted now (drained until a margin before the deadline), replaced beside the \
+         surge (up to {extra} above replicas + maxSurge)",
+        machines.join(", ")
+    );
+    d.events.push(PlannedEvent { reason: EventReason::ReplacingInterrupted, message });
+    d.notes.push(Note::Interrupted { machines });
 }
 
 /// The end of a plan: what holds it back, what waits for remediation, a rebalance when nothing
@@ -514,6 +565,7 @@ fn conclude(
         && mark.is_empty()
         && !remediation_left
         && m.in_place.as_ref().is_none_or(|w| w.allowed == 0);
+    let quiet = quiet && m.interrupted.is_empty();
     let rebalance = if quiet { rebalance(md, &c, &m.spread, &mut d) } else { None };
     if let Some((_, to)) = &rebalance {
         (m.create, m.placements) = (1, vec![to.clone()]);
@@ -527,14 +579,22 @@ fn conclude(
         // replacement behind and no machine removed in its place.
         (m.create, m.remediate, m.delete, m.in_place) = (0, Vec::new(), Vec::new(), None);
         m.placements.clear();
+        m.replaces.clear();
     }
     Plan {
-        settled: complete && c.failed.is_empty() && !remediation_left && rebalance.is_none() && mark.is_empty(),
+        settled: complete
+            && c.failed.is_empty()
+            && !remediation_left
+            && rebalance.is_none()
+            && mark.is_empty()
+            && m.interrupted.is_empty(),
         target_revision: c.target_rev,
         target: c.target,
         aborted: false,
         mark,
         remediate: m.remediate,
+        interrupted: m.interrupted,
+        replaces: m.replaces,
         create: m.create,
         placements: m.placements,
         rebalance: rebalance.map(|(value, _)| value),
@@ -967,6 +1027,8 @@ fn abort(md: &MachineDeployment, c: Classes<'_, '_>, mut d: Draft, failures: u32
         aborted: true,
         mark: Vec::new(),
         remediate: Vec::new(),
+        interrupted: Vec::new(),
+        replaces: Vec::new(),
         create: 0,
         placements: Vec::new(),
         rebalance: None,
@@ -1007,7 +1069,8 @@ fn scale_up(c: &Classes<'_, '_>, leaving: &[&U<'_>], canary_room: Option<usize>,
     if c.target.is_none() {
         return 0;
     }
-    let limit = c.desired + c.limits.max_surge;
+    // Replacements of machines the cloud takes go beside the surge, within its hard cap.
+    let limit = c.desired + c.limits.max_surge + interruption::extra_surge(c.all, c.desired);
     let current = c.all.len() as i64;
     let kept = |u: &&&U<'_>| !holds(leaving, u.key);
     let have = if c.in_place { c.live.iter().filter(kept).count() } else { c.new.iter().filter(kept).count() } as i64;

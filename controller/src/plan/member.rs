@@ -66,6 +66,9 @@ pub struct Member {
     /// Its create was refused for capacity or availability (RESOURCE_EXHAUSTED, or UNAVAILABLE
     /// with `ZONE_UNAVAILABLE`) and it never ran: its domain, not its revision, is to blame.
     pub refusal: Option<Box<Refusal>>,
+    /// The cloud takes it, or recommends moving off it (`status.interruption`): the kind, and
+    /// the deadline when the cloud gave one.
+    pub interrupted: Option<(InterruptionKind, Option<Time>)>,
 }
 
 /// A create refused for capacity or availability: the driver's reason (UpperCamel) and message.
@@ -124,6 +127,7 @@ impl Member {
             marked_for_deletion: self.marked_for_deletion,
             remediation: self.remediation,
             marked_unhealthy: self.marked_unhealthy,
+            interrupted: self.interrupted.map(|(k, _)| k),
         }
     }
 
@@ -252,6 +256,19 @@ struct ViewStatus<'a> {
     failure: Option<Failure>,
     #[serde(default)]
     observed_generation: i64,
+    #[serde(default, borrow)]
+    interruption: Option<ViewInterruption<'a>>,
+}
+
+/// The interruption's kind (left unparsed: a kind a newer controller wrote reads as none) and
+/// deadline.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ViewInterruption<'a> {
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default)]
+    not_before: Option<Time>,
 }
 
 /// A condition, its time left unparsed: only the Ready condition's is read.
@@ -308,6 +325,8 @@ impl StoredMember<'_> {
             _ => None,
         };
         let refusal = refusal(&st);
+        let interrupted =
+            st.interruption.as_ref().and_then(|i| Some((i.kind.parse::<InterruptionKind>().ok()?, i.not_before)));
         let waiting = if st.phase != Phase::Running || deleting || node_not_ready {
             let operation_reason = st.last_operation.map(|o| o.reason.into_owned()).unwrap_or_default();
             // A Running machine waits for its Node; any other for itself.
@@ -364,6 +383,7 @@ impl StoredMember<'_> {
             domain: self.spec.failure_domain.map(Cow::into_owned),
             rebalance: a.rebalance.map(Cow::into_owned),
             refusal: refusal.map(Box::new),
+            interrupted,
         })
     }
 }

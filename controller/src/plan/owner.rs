@@ -26,6 +26,19 @@ pub enum Remediation {
     Unhealthy,
     /// The [`ANNOTATION_REMEDIATE`] annotation asks for it.
     Requested,
+    /// Its driver recommends moving off it (a rebalance recommendation): a voluntary
+    /// replacement, asked as `Rebalance` (within the budgets and `maxUnavailable`).
+    Recommended,
+}
+
+impl Remediation {
+    /// The reason it is asked of the disruption planner with.
+    pub fn disruption(self) -> DisruptionReason {
+        match self {
+            Remediation::Recommended => DisruptionReason::Rebalance,
+            _ => DisruptionReason::Remediation,
+        }
+    }
 }
 
 impl std::fmt::Display for Remediation {
@@ -34,6 +47,7 @@ impl std::fmt::Display for Remediation {
             Remediation::Failed => "failed",
             Remediation::Unhealthy => "unhealthy (a MachineHealthCheck asks for its remediation)",
             Remediation::Requested => "remediation requested (machine.driver.dev/remediate)",
+            Remediation::Recommended => "recommended for replacement by its cloud (a rebalance recommendation)",
         })
     }
 }
@@ -94,6 +108,8 @@ pub struct Unit<'a, T> {
     pub remediation: Option<Remediation>,
     /// A MachineHealthCheck marked it unhealthy (asking for its remediation or not).
     pub marked_unhealthy: bool,
+    /// The cloud takes it, or recommends moving off it (its Machine's `status.interruption`).
+    pub interrupted: Option<InterruptionKind>,
 }
 
 impl<T> Clone for Unit<'_, T> {
@@ -113,6 +129,12 @@ impl<T> Unit<'_, T> {
     /// On its way up: live, not available and not down.
     pub fn coming(&self) -> bool {
         self.live() && !self.available && !self.disrupted
+    }
+
+    /// The cloud takes it whatever the controller does (an interruption other than a rebalance
+    /// recommendation).
+    pub fn interrupted(&self) -> bool {
+        self.interrupted.is_some_and(InterruptionKind::involuntary)
     }
 
     /// Its owner took it for remediation: in flight until it is gone.

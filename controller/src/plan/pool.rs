@@ -122,6 +122,8 @@ pub struct Instance {
     pub taken: Option<DisruptionReason>,
     /// Why its Machine failed (`reason: message`), if the controller or the driver said.
     pub failure: Option<String>,
+    /// The cloud takes it, or recommends moving off it (its Machine's `status.interruption`).
+    pub interrupted: Option<crate::resources::InterruptionKind>,
 }
 
 impl Instance {
@@ -138,6 +140,7 @@ impl Instance {
             marked_unhealthy: false,
             taken: None,
             failure: None,
+            interrupted: None,
         }
     }
 
@@ -233,6 +236,7 @@ impl Observed<'_> {
             marked_for_deletion: self.annotated.contains(&i.id),
             remediation: i.wants_remediation(),
             marked_unhealthy: i.marked_unhealthy,
+            interrupted: i.interrupted,
         }
     }
 }

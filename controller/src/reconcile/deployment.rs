@@ -59,6 +59,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         tracing::debug!("plan.notes" = %notes.join("; "), "planned deployment");
     }
     let by_name: HashMap<&str, &Member> = machines.iter().map(|m| (m.name.as_str(), m)).collect();
+    // What the cloud takes goes first, whatever else the plan does: its drain has a deadline.
+    let interrupted: Vec<Key> = plan.interrupted.iter().map(|n| Key::new(Kind::Machine, &key.namespace, n)).collect();
+    slow_start(interrupted, |key| async move { ctx.store.delete(&key).await.map(drop) }).await?;
     // The marks first, and alone: what depends on them runs from the next plan on, on what is
     // stored. A mark lost to a concurrent change leaves nothing of this plan done.
     let mut marked = true;
@@ -98,7 +101,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
             |i: usize| plan.placements.get(i).and_then(|n| md.spec.failure_domains.iter().find(|d| d.name == *n));
         // (`status.rebalance` names a move's machine from the next plan on, which its creation wakes.)
         slow_start(0..plan.create, |i| {
-            create(ctx, &md, template, &plan.target_revision, placed(i), plan.rebalance.as_deref())
+            let annotations = [
+                (ANNOTATION_REBALANCE, plan.rebalance.as_deref()),
+                (ANNOTATION_REPLACES_INTERRUPTION, plan.replaces.get(i).map(String::as_str)),
+            ];
+            create(ctx, &md, template, &plan.target_revision, placed(i), annotations)
         })
         .await?;
         if let Some(work) = &plan.in_place {
@@ -159,7 +166,7 @@ async fn create(
     t: &MachineTemplate,
     rev: &str,
     domain: Option<&FailureDomain>,
-    rebalance: Option<&str>,
+    annotations: [(&str, Option<&str>); 2],
 ) -> Result<()> {
     let mut last = None;
     for _ in 0..NAME_ATTEMPTS {
@@ -170,8 +177,10 @@ async fn create(
             m.spec.provider_spec = domains::provider_spec(t.spec.provider_spec.as_ref(), Some(fd));
             m.spec.failure_domain = Some(fd.name.clone());
         }
-        if let Some(value) = rebalance {
-            m.metadata.annotations.insert(ANNOTATION_REBALANCE.into(), value.into());
+        for (key, value) in annotations {
+            if let Some(value) = value {
+                m.metadata.annotations.insert(key.into(), value.into());
+            }
         }
         match ctx.store.create(&m).await {
             Ok(_) => return Ok(()),

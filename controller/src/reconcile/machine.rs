@@ -409,6 +409,9 @@ async fn finished(
         set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::WaitingForNode, message);
     } else {
         set_condition(&mut m.status.conditions, ConditionType::Ready, true, Reason::Running, "");
+        if before.status.phase != Phase::Running && before.status.phase != Phase::Updating {
+            super::interruptions::replacement_ready(ctx, &m).await;
+        }
     }
     set_condition(&mut m.status.conditions, ConditionType::UpToDate, true, Reason::SpecApplied, "");
     let reason = if op_type == OperationType::Create { EventReason::Created } else { EventReason::Updated };

@@ -14,6 +14,7 @@ pub mod class;
 pub(crate) mod deletion;
 pub mod deployment;
 pub mod health;
+pub mod interruptions;
 pub(crate) mod in_place;
 pub mod machine;
 pub mod node;
@@ -176,7 +177,11 @@ impl crate::runtime::Reconciler for Controller {
 
     fn background(&self, ctx: &std::sync::Arc<Ctx>) -> Vec<futures::future::BoxFuture<'static, ()>> {
         use futures::FutureExt;
-        let mut tasks = vec![orphans::run(ctx.clone()).boxed(), crate::app::gauges(ctx.clone()).boxed()];
+        let mut tasks = vec![
+            orphans::run(ctx.clone()).boxed(),
+            crate::app::gauges(ctx.clone()).boxed(),
+            interruptions::run(ctx.clone()).boxed(),
+        ];
         if let Some(target) = ctx.app.target.clone() {
             tasks.push(crate::safety::probe(ctx.app.safety.clone(), "the target cluster", target.client()).boxed());
             tasks.push(crate::nodes::watch(target, ctx.waker()).boxed());

@@ -125,6 +125,7 @@ pub(crate) async fn join(
                     write::status(ctx, &before, &m)
                 );
                 written?;
+                super::interruptions::replacement_ready(ctx, &m).await;
                 return Ok(Action::poll_after(ctx.app.settings.health_check_interval));
             }
             let message = format!("node {} has joined but is not Ready", node.name);
@@ -269,7 +270,10 @@ pub(crate) fn advance(m: &mut Machine, next: DeletionPhase) {
     d.blocked_by.clear();
     if next == DeletionPhase::Draining && d.drain_started.is_none() {
         d.drain_started = Some(now);
-        d.drain_deadline = Some(now + chrono::Duration::from_std(drain_timeout).unwrap_or(chrono::Duration::hours(1)));
+        let timeout = now + chrono::Duration::from_std(drain_timeout).unwrap_or(chrono::Duration::hours(1));
+        // The cloud's deadline comes first: the drain ends a margin before it.
+        let cloud = interruption_deadline(m).map(|t| t.max(now));
+        deletion(m).drain_deadline = Some(cloud.map_or(timeout, |t| t.min(timeout)));
     }
     let (reason, message) = match next {
         DeletionPhase::PreDrainHooks => (Reason::WaitingForPreDrainHooks, String::new()),
@@ -281,6 +285,14 @@ pub(crate) fn advance(m: &mut Machine, next: DeletionPhase) {
         DeletionPhase::InstanceDeleting => (Reason::DeletingInstance, "deleting the VM".into()),
     };
     set_condition(&mut m.status.conditions, ConditionType::Deleting, true, reason, &message);
+}
+
+/// The end of the drain an interruption leaves: [`drain::INTERRUPTION_DRAIN_MARGIN`] before the cloud
+/// acts, when the cloud takes the machine and said when.
+pub(crate) fn interruption_deadline(m: &Machine) -> Option<Time> {
+    let i = m.status.interruption.as_ref().filter(|i| i.kind.involuntary())?;
+    let margin = chrono::Duration::from_std(drain::INTERRUPTION_DRAIN_MARGIN).unwrap_or_default();
+    Some(i.not_before? - margin)
 }
 
 /// Waits while annotations with `prefix` are on the Machine, then moves to `next`.
@@ -344,12 +356,14 @@ async fn drain(
             return Ok(Action::requeue(NODE_CONFLICT_RETRY));
         }
     };
+    let clamp = interruption_deadline(m).is_some();
     let d = deletion(m);
     let mut state = DrainState {
         deadline: d.drain_deadline.unwrap_or_else(Utc::now),
         pods_left: d.pods_left,
         blocked_by: std::mem::take(&mut d.blocked_by),
         forced: d.forced,
+        clamp,
     };
     let held = drain_pass(ctx, target, m, node, dead, &mut state, (ConditionType::Deleting, true)).await;
     let d = deletion(m);
@@ -362,7 +376,14 @@ async fn drain(
         (false, true) => "forced at the deadline",
         (false, false) => "every pod evicted",
     };
-    let message = format!("node {} drained ({how})", node.name);
+    let mut message = format!("node {} drained ({how})", node.name);
+    if let Some(i) = m.status.interruption.as_ref().filter(|i| i.kind.involuntary()) {
+        if let Some(t) = i.not_before {
+            let margin = (t - Utc::now()).num_milliseconds() as f64 / 1000.0;
+            ctx.app.metrics.interruptions.reached(i.kind, crate::app::Milestone::Drained, margin);
+            message += &format!(", {margin:.1}s before the {} deadline", i.kind);
+        }
+    }
     ctx.store.event(Kind::Machine, &m.metadata, EventReason::Drained, message).await;
     advance(m, DeletionPhase::VolumesDetaching);
     Ok(Action::requeue_now())
@@ -379,6 +400,9 @@ pub(crate) struct DrainState {
     pub blocked_by: String,
     /// Pods were deleted at the deadline.
     pub forced: bool,
+    /// The deadline is the cloud's (an interruption): pods are evicted with their grace clamped
+    /// to the time left, and deleted only at it.
+    pub clamp: bool,
 }
 
 /// One pass over a cordoned (or, `dead`, out-of-service) node's pods ([`drain::pass`], at most
@@ -396,7 +420,7 @@ pub(crate) async fn drain_pass(
     let now = Utc::now();
     let deadline = state.deadline;
     let pods = target.pods_on(&node.name).await?;
-    let pass = drain::pass(target, &pods, now, deadline, dead, drain::PASS_BOUND).await?;
+    let pass = drain::pass(target, &pods, now, deadline, dead, state.clamp, drain::PASS_BOUND).await?;
     if !pass.deleted.is_empty() && !dead {
         state.forced = true;
         let pods: Vec<String> =
@@ -423,7 +447,8 @@ pub(crate) async fn drain_pass(
     // Look again soon (no sooner than a refusal's Retry-After asks); no later than the next
     // forced deletion comes due.
     let mut next = ctx.app.settings.drain_poll_interval.max(pass.retry_after().unwrap_or_default());
-    if let Some(due) = drain::next_forced(&pods, deadline) {
+    let forced = if state.clamp { Some(deadline) } else { drain::next_forced(&pods, deadline) };
+    if let Some(due) = forced {
         next = next.min((due - now).to_std().unwrap_or_default().max(super::MIN_REQUEUE));
     }
     Ok(Some(Action::requeue(next)))
@@ -448,7 +473,10 @@ async fn prepare(
     node: &NodeView,
     probe: &dyn VmProbe,
 ) -> Result<Prepared> {
-    let mut dead = deletion(m).out_of_service;
+    // Stopped or terminated, as the cloud's own event says: out of service at once, not after
+    // the Node is seen NotReady.
+    let gone = m.status.interruption.as_ref().is_some_and(|i| i.kind.gone());
+    let mut dead = deletion(m).out_of_service || gone;
     if !dead && !node.is_ready() {
         dead = probe.gone_or_stopped(ctx, m).await?;
     }
@@ -460,7 +488,15 @@ async fn prepare(
     }
     if !deletion(m).out_of_service {
         deletion(m).out_of_service = true;
-        let message = format!("node {} is not Ready and its VM is gone: deleting its pods without eviction", node.name);
+        let message = match m.status.interruption.as_ref().filter(|i| i.kind.gone()) {
+            Some(i) => format!(
+                "the cloud reports the VM of node {} {} (event {}): deleting its pods without eviction",
+                node.name,
+                i.kind.as_str().to_lowercase(),
+                i.event_id
+            ),
+            None => format!("node {} is not Ready and its VM is gone: deleting its pods without eviction", node.name),
+        };
         ctx.store.event(Kind::Machine, &m.metadata, EventReason::OutOfService, message).await;
     }
     Ok(match target.mark_out_of_service(node).await? {

@@ -303,6 +303,7 @@ async fn observe(
                     .is_some_and(|m| !m.is_deleting() && is_false(m, ConditionType::HealthCheckSucceeded)),
                 taken: m.and_then(|m| m.disruption()),
                 failure: m.and_then(|m| m.status.failure.as_ref()).map(|f| format!("{}: {}", f.reason, f.message)),
+                interrupted: m.and_then(|m| Some(m.status.interruption.as_ref()?.kind)),
                 ..instance(i)
             }
         })

@@ -163,7 +163,7 @@ fn api_error(code: u16) -> super::super::Error {
 
 #[async_trait::async_trait]
 impl PodCalls for FakeCalls {
-    async fn evict(&self, pod: &Pod) -> Result<Evicted, super::super::Error> {
+    async fn evict(&self, pod: &Pod, _grace: Option<i64>) -> Result<Evicted, super::super::Error> {
         tokio::time::sleep(self.latency).await;
         if self.fail_evictions {
             return Err(api_error(503));
@@ -221,7 +221,7 @@ async fn a_budget_that_refused_is_read_once_and_not_asked_again_in_the_pass() {
     pods.push(pod(json!({"metadata": {"name": "agent", "ownerReferences": [
         {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "u", "controller": true}]}})));
     let calls = FakeCalls::default();
-    let out = pass(&calls, &pods, at(0), at(3600), false, PASS_BOUND).await.unwrap();
+    let out = pass(&calls, &pods, at(0), at(3600), false, false, PASS_BOUND).await.unwrap();
 
     assert_eq!(
         *calls.evictions.lock().unwrap(),
@@ -251,7 +251,7 @@ async fn a_budget_that_refused_is_read_once_and_not_asked_again_in_the_pass() {
 async fn a_pass_stops_at_its_bound_and_reports_every_pod_left() {
     let pods: Vec<Pod> = (0..6).map(|i| named("shop", &format!("db-{i}"), "db")).collect();
     let calls = FakeCalls { latency: Duration::from_secs(4), ..Default::default() };
-    let out = pass(&calls, &pods, at(0), at(3600), false, PASS_BOUND).await.unwrap();
+    let out = pass(&calls, &pods, at(0), at(3600), false, false, PASS_BOUND).await.unwrap();
     assert_eq!(out.evicted, [key("shop", "db-0"), key("shop", "db-1"), key("shop", "db-2")], "at 0, 4 and 8 s");
     assert!(out.timed_out);
     assert_eq!(out.left.len(), 6, "the pods not asked still hold the drain");
@@ -261,7 +261,7 @@ async fn a_pass_stops_at_its_bound_and_reports_every_pod_left() {
 async fn a_retry_after_hold_longer_than_the_bound_stops_the_pass_before_a_call() {
     let pods = [named("shop", "db-0", "db")];
     let calls = FakeCalls { hold: PASS_BOUND, ..Default::default() };
-    let out = pass(&calls, &pods, at(0), at(3600), false, PASS_BOUND).await.unwrap();
+    let out = pass(&calls, &pods, at(0), at(3600), false, false, PASS_BOUND).await.unwrap();
     assert!(calls.evictions.lock().unwrap().is_empty());
     assert!(out.timed_out);
     assert_eq!(out.left, [key("shop", "db-0")]);
@@ -271,7 +271,7 @@ async fn a_retry_after_hold_longer_than_the_bound_stops_the_pass_before_a_call()
 async fn a_dead_node_pass_deletes_at_once_and_the_deadline_forces_deletions() {
     let pods = [named("shop", "web-0", "web"), named("shop", "db-0", "db")];
     let calls = FakeCalls::default();
-    let out = pass(&calls, &pods, at(0), at(3600), true, PASS_BOUND).await.unwrap();
+    let out = pass(&calls, &pods, at(0), at(3600), true, false, PASS_BOUND).await.unwrap();
     assert!(calls.evictions.lock().unwrap().is_empty());
     assert_eq!(
         out.deleted,
@@ -282,7 +282,7 @@ async fn a_dead_node_pass_deletes_at_once_and_the_deadline_forces_deletions() {
     );
 
     let calls = FakeCalls::default();
-    let out = pass(&calls, &pods, at(3590), at(3600), false, PASS_BOUND).await.unwrap();
+    let out = pass(&calls, &pods, at(3590), at(3600), false, false, PASS_BOUND).await.unwrap();
     assert_eq!(*calls.deletions.lock().unwrap(), [(key("shop", "web-0"), 10), (key("shop", "db-0"), 10)]);
     assert!(out.refused.is_empty() && out.evicted.is_empty());
     assert_eq!(out.left.len(), 2, "deleted pods still terminate");
@@ -292,6 +292,23 @@ async fn a_dead_node_pass_deletes_at_once_and_the_deadline_forces_deletions() {
 async fn a_failed_call_ends_the_pass_with_its_error() {
     let pods = [named("shop", "db-0", "db")];
     let calls = FakeCalls { fail_evictions: true, ..Default::default() };
-    let err = pass(&calls, &pods, at(0), at(3600), false, PASS_BOUND).await.unwrap_err();
+    let err = pass(&calls, &pods, at(0), at(3600), false, false, PASS_BOUND).await.unwrap_err();
     assert!(matches!(&err, kube::Error::Api(s) if s.code == 503), "{err}");
+}
+
+/// Before the cloud's deadline every pod is evicted (its budget honoured), its grace clamped to
+/// the time left once that is shorter; deleted only at the deadline.
+#[test]
+fn before_the_clouds_deadline_pods_are_evicted_with_their_grace_clamped_and_deleted_only_at_it() {
+    let p = pod(json!({"metadata": {"ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "u", "controller": true}]}}));
+    // 60 s left, grace 30: evicted with its own grace.
+    assert_eq!(step_within(&p, at(3540), at(3600), false, true), PodStep::Evict);
+    // 15 s left: evicted (not deleted, as a drain timeout would), within 15 s.
+    assert_eq!(step_within(&p, at(3585), at(3600), false, true), PodStep::EvictWithin { grace_seconds: 15 });
+    assert_eq!(step(&p, at(3585), at(3600), false), PodStep::Delete { grace_seconds: 15 });
+    // At the deadline: deleted with the shortest grace.
+    assert_eq!(step_within(&p, at(3600), at(3600), false, true), PodStep::Delete { grace_seconds: MIN_FORCED_GRACE_SECONDS });
+    // A dead node's pods go at once either way.
+    assert_eq!(step_within(&p, at(0), at(3600), true, true), PodStep::Delete { grace_seconds: 0 });
 }

@@ -1438,3 +1438,4 @@ fn a_machine_counts_as_available_only_with_its_node_ready_and_after_min_ready_se
 }
 
 mod domains;
+mod interruptions;

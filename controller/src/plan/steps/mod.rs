@@ -2,7 +2,10 @@
 //! by both kinds' planners in their order: a step chooses units and asks the disruption planner
 //! ([`super::disruption`]) for each with its reason; the owner acts on the units it returns.
 //!
-//! - [`remediation`]: failed and unhealthy units replaced, replace before remove, paced;
+//! - [`interruption`]: units the cloud takes (`Interruption`, never held) go at once, replaced
+//!   beside the surge within a hard cap;
+//! - [`remediation`]: failed and unhealthy units replaced, replace before remove, paced (and
+//!   units the cloud recommends moving off, asked as `Rebalance`);
 //! - [`canary`]: the first units of a new revision watched before the rest follow;
 //! - [`scale_down`]: the excess over `replicas` (`ScaleDown`, or the autoscaler's);
 //! - [`rollout`]: units of an older revision replaced (`Rollout`);
@@ -16,6 +19,7 @@
 
 pub mod canary;
 pub mod in_place;
+pub mod interruption;
 pub mod rebalance;
 pub mod remediation;
 pub mod rollout;

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use crate::plan::disruption::{self, Planner};
 use crate::plan::owner::{holds, Remediation, Unit};
-use crate::resources::{DisruptionReason, RemediationStatus, Time};
+use crate::resources::{InterruptionKind, RemediationStatus, Time};
 
 /// What [`choose`] decided.
 #[derive(Debug)]
@@ -43,12 +43,16 @@ impl<'u, 'a, T> Chosen<'u, 'a, T> {
 }
 
 /// Why `u` wants remediation now, if it does and is not taken yet: its own reason, or, while a
-/// short circuit halts remediation (`halted`), the health check's mark.
+/// short circuit halts remediation (`halted`), the health check's mark, or its cloud's
+/// recommendation to move off it. A unit the cloud takes is the interruption step's.
 pub fn wants<T>(u: &Unit<'_, T>, halted: bool) -> Option<Remediation> {
-    if u.remediating() || !u.live() {
+    if u.remediating() || !u.live() || u.interrupted() {
         return None;
     }
-    u.remediation.or((halted && u.marked_unhealthy).then_some(Remediation::Unhealthy))
+    let recommended = u.interrupted == Some(InterruptionKind::RebalanceRecommendation);
+    u.remediation
+        .or((halted && u.marked_unhealthy).then_some(Remediation::Unhealthy))
+        .or(recommended.then_some(Remediation::Recommended))
 }
 
 /// Chooses the units to remediate (see the module docs). `skip` leaves units out that go
@@ -65,7 +69,13 @@ pub fn choose<'u, 'a, T>(
     wanting.sort_by(|(a, x), (b, y)| (x, a.age, a.key).cmp(&(y, b.age, b.key)));
     let mark = wanting
         .into_iter()
-        .filter(|(u, _)| planner.ask(DisruptionReason::Remediation, u.candidate()).allowed())
+        .filter(|(u, why)| {
+            // A recommended move is replace before remove: it costs a budget's room, not
+            // availability (its replacement comes first).
+            let mut candidate = u.candidate();
+            candidate.available &= *why != Remediation::Recommended;
+            planner.ask(why.disruption(), candidate).allowed()
+        })
         .collect();
     Chosen { mark, taken }
 }
