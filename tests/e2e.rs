@@ -18,6 +18,7 @@ mod go_driver;
 mod health_check;
 mod hpack_interop;
 mod interop;
+mod interruptions;
 mod kubernetes;
 mod nodes;
 mod store_conformance;

@@ -141,6 +141,9 @@ pub(crate) struct Counters {
     /// Machines that vanished through `RemoveMachine`.
     #[serde(default)]
     pub(crate) machines_removed_out_of_band: u64,
+    /// Machines taken at an injected event's deadline, still there then.
+    #[serde(default)]
+    pub(crate) machines_reclaimed: u64,
 }
 
 /// Everything the cloud knows; persisted as one JSON document when a state file is set.
@@ -168,6 +171,11 @@ pub(crate) struct State {
     /// The cloud's events not acknowledged yet, by ID: streamed again after a restart.
     #[serde(default)]
     pub(crate) events: BTreeMap<String, crate::events::FEvent>,
+    /// Machines the cloud takes at a deadline (an injected spot interruption): machine name to
+    /// (its VM's ID, the deadline in ms). A machine deleted before then, or re-created under
+    /// its name, is not taken.
+    #[serde(default)]
+    pub(crate) reclaims: BTreeMap<String, (String, u64)>,
 }
 
 /// Finished operations are kept this long so their tokens still resolve.
@@ -211,6 +219,16 @@ impl State {
         due.sort();
         for (_, id) in due {
             self.finish(&id);
+        }
+        let due: Vec<String> =
+            self.reclaims.iter().filter(|(_, (_, at))| *at <= now).map(|(n, _)| n.clone()).collect();
+        for name in due {
+            let Some((id, _)) = self.reclaims.remove(&name) else { continue };
+            if self.machines.get(&name).is_some_and(|m| m.id == id) {
+                self.machines.remove(&name);
+                self.counters.machines_reclaimed += 1;
+                tracing::warn!(machine = %name, "the cloud took the machine at its deadline");
+            }
         }
         if now.saturating_sub(self.swept_ms) >= SWEEP_MS {
             self.swept_ms = now;

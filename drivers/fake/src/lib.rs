@@ -243,7 +243,6 @@ impl FakeDriver {
         target: &str,
         zone: Option<&str>,
     ) -> Result<Option<CloudError>> {
-        let rpc = ctx.method().to_string();
         lock(&self.state).counters.api_calls += 1;
         if let Some(key) = &self.config.api_key {
             if secrets.get("apiKey") != Some(key.as_str()) {
@@ -266,6 +265,12 @@ impl FakeDriver {
             }
             b.tokens -= 1.0;
         }
+        self.fault(ctx, target, zone).await
+    }
+
+    /// The fault rules' part of [`Self::admit_in`]: the first rule matching this call fires.
+    async fn fault(&self, ctx: &RequestContext, target: &str, zone: Option<&str>) -> Result<Option<CloudError>> {
+        let rpc = ctx.method().to_string();
         let rule = {
             let mut rules = lock(&self.faults);
             rules.iter_mut().find(|r| r.matches(&rpc, target, zone)).map(|r| {
@@ -481,6 +486,7 @@ impl FakeDriver {
             peak_machines: c.peak_machines,
             machines_now: st.machines.len() as u64,
             machines_removed_out_of_band: c.machines_removed_out_of_band,
+            machines_reclaimed: c.machines_reclaimed,
         };
         let resp = pb::InspectResponse {
             machines: st
@@ -517,6 +523,7 @@ impl FakeDriver {
                 .collect(),
             counters: Some(counters),
             operations_in_flight: st.in_flight() as i32,
+            events_pending: st.events.len() as i32,
         };
         if reset_peak {
             st.counters.peak_machines = st.machines.len() as u64;
@@ -564,6 +571,23 @@ impl FakeDriver {
         let event = events::FEvent::new(m, machine_provider_id(m), kind, notice, message, now_ms());
         let id = event.id.clone();
         let streamed = event.to_event();
+        // What the cloud does: a termination now, a stop now, a reclaim at the deadline.
+        let vm = m.id.clone();
+        match (kind, event.not_before_ms) {
+            ("TERMINATED", _) => {
+                st.machines.remove(name);
+                st.counters.machines_removed_out_of_band += 1;
+            }
+            ("STOPPED", _) => {
+                if let Some(m) = st.machines.get_mut(name) {
+                    m.kubelet_stopped = true;
+                }
+            }
+            ("SPOT_INTERRUPTION" | "CAPACITY_RESERVATION_INTERRUPTION", Some(at)) => {
+                st.reclaims.insert(name.to_string(), (vm, at));
+            }
+            _ => {}
+        }
         st.events.insert(id.clone(), event);
         self.save(&st).map_err(|e| tonic::Status::internal(e.to_string()))?;
         drop(st);
@@ -700,7 +724,10 @@ impl Driver for FakeDriver {
         Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })))
     }
 
-    async fn ack_event(&self, _ctx: &RequestContext, event: &driver_sdk::MachineEvent) -> Result<()> {
+    async fn ack_event(&self, ctx: &RequestContext, event: &driver_sdk::MachineEvent) -> Result<()> {
+        // A cloud call (a queue's message deleted): fault rules on AckEvents hold it back, so the
+        // event stays pending and is delivered again.
+        self.fault(ctx, &event.machine_name, None).await?;
         let mut st = lock(&self.state);
         if st.events.remove(&event.event_id).is_some() {
             self.save(&st)?;
