@@ -46,8 +46,12 @@ impl Interruptions for World {
         for (k, v) in spec.as_object().cloned().unwrap_or_default() {
             full[k] = v;
         }
-        self.apply_object("MachineDeployment", "machinedeployments", json!({"metadata": {"name": "web"}, "spec": full}))
-            .await;
+        self.apply_object(
+            "MachineDeployment",
+            "machinedeployments",
+            json!({"metadata": {"name": "web"}, "spec": full}),
+        )
+        .await;
     }
 
     async fn inject(&self, machine: &str, kind: &str, notice: Option<Duration>) -> String {
@@ -123,8 +127,10 @@ async fn a_spot_interruption_is_drained_and_replaced_before_its_deadline() {
     assert_eq!(not_before - deadline, chrono::Duration::seconds(5), "the drain ends 5 s before the cloud acts");
 
     // The replacement, created at once (maxSurge 0 does not hold it), Ready; the victim gone.
-    eventually(MINUTE, "the interrupted machine deleted", || async { w.machine(&victim).await.is_none().then_some(()) })
-        .await;
+    eventually(MINUTE, "the interrupted machine deleted", || async {
+        w.machine(&victim).await.is_none().then_some(())
+    })
+    .await;
     w.converged("web", 2 * MINUTE).await;
     assert_eq!(w.counters().await.machines_created, created + 1, "one replacement");
     w.assert_consistent(3).await;

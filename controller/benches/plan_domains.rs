@@ -60,6 +60,7 @@ fn machines(domains: bool) -> Vec<Member> {
             domain: domains.then(|| ["a", "b", "c"][i % 3].to_string()),
             rebalance: None,
             refusal: None,
+            interrupted: None,
         })
         .collect()
 }

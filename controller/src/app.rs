@@ -89,7 +89,7 @@ impl Default for InterruptionMetrics {
         Self {
             events: Family::default(),
             margin: Family::new_with_constructor(|| {
-                Histogram::new([-60.0, -10.0, 0.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 900.0].into_iter())
+                Histogram::new([-60.0, -10.0, 0.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 900.0])
             }),
             missed: Family::default(),
         }

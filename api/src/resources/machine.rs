@@ -452,7 +452,12 @@ impl KindInfo for Machine {
         }
         if let Some(i) = status.get("interruption").filter(|i| !i.is_null()) {
             let field = |k: &str| i[k].as_str().unwrap_or("-").to_string();
-            out += &format!("Interruption: {} (event {}), received {}\n", field("kind"), field("eventId"), field("receivedAt"));
+            out += &format!(
+                "Interruption: {} (event {}), received {}\n",
+                field("kind"),
+                field("eventId"),
+                field("receivedAt")
+            );
             if let Some(t) = i["notBefore"].as_str() {
                 out += &format!("  not before: {t} (the drain ends a margin before)\n");
             }

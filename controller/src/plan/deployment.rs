@@ -488,8 +488,8 @@ fn moves<'d>(
     // The first machines created replace the interrupted ones (their margin is measured).
     let replaces = interrupted.iter().take(create).map(|u| replaces_value(u)).collect();
     // Replacements of interrupted machines are not the remediated machines'.
-    let coming = (remediation::coming(c.all, targets, |u| c.in_place || u.new) + create)
-        .saturating_sub(interrupted.len());
+    let coming =
+        (remediation::coming(c.all, targets, |u| c.in_place || u.new) + create).saturating_sub(interrupted.len());
     let (remediate, waiting_for_replacement) = remediation::go_now(targets, coming);
     if waiting_for_replacement > 0 {
         d.notes.push(Note::AwaitingReplacement { machines: waiting_for_replacement });

@@ -162,14 +162,13 @@ async fn drain(ctx: &Ctx, target: &Target, key: &Key, before: Machine, p: InPlac
     if target.cordon(&node).await? == NodeWrite::Conflict {
         return Ok(Action::requeue(NODE_CONFLICT_RETRY));
     }
-    let mut state =
-        DrainState {
-            deadline: p.drain_deadline,
-            pods_left: p.pods_left,
-            blocked_by: p.blocked_by,
-            forced: p.forced,
-            clamp: false,
-        };
+    let mut state = DrainState {
+        deadline: p.drain_deadline,
+        pods_left: p.pods_left,
+        blocked_by: p.blocked_by,
+        forced: p.forced,
+        clamp: false,
+    };
     let held = node::drain_pass(ctx, target, &mut m, &node, false, &mut state, (ConditionType::UpToDate, false)).await;
     if let Some(p) = m.status.in_place.as_mut() {
         (p.pods_left, p.blocked_by, p.forced) = (state.pods_left, state.blocked_by, state.forced);

@@ -412,7 +412,10 @@ mod tests {
         assert_eq!((gone.kind, gone.event_id.as_str()), (Terminated, "e3"));
         assert_eq!(gone.not_before, warning.not_before);
         // A later deadline does not move it.
-        let later = merge(Some(&rec(Stopping, "a", Some("2026-12-01T10:01:00Z"))), rec(Stopped, "b", Some("2026-12-01T11:00:00Z")));
+        let later = merge(
+            Some(&rec(Stopping, "a", Some("2026-12-01T10:01:00Z"))),
+            rec(Stopped, "b", Some("2026-12-01T11:00:00Z")),
+        );
         assert_eq!(later.unwrap().not_before, Some(at("2026-12-01T10:01:00Z")));
     }
 

@@ -220,8 +220,7 @@ impl State {
         for (_, id) in due {
             self.finish(&id);
         }
-        let due: Vec<String> =
-            self.reclaims.iter().filter(|(_, (_, at))| *at <= now).map(|(n, _)| n.clone()).collect();
+        let due: Vec<String> = self.reclaims.iter().filter(|(_, (_, at))| *at <= now).map(|(n, _)| n.clone()).collect();
         for name in due {
             let Some((id, _)) = self.reclaims.remove(&name) else { continue };
             if self.machines.get(&name).is_some_and(|m| m.id == id) {

@@ -308,7 +308,10 @@ fn before_the_clouds_deadline_pods_are_evicted_with_their_grace_clamped_and_dele
     assert_eq!(step_within(&p, at(3585), at(3600), false, true), PodStep::EvictWithin { grace_seconds: 15 });
     assert_eq!(step(&p, at(3585), at(3600), false), PodStep::Delete { grace_seconds: 15 });
     // At the deadline: deleted with the shortest grace.
-    assert_eq!(step_within(&p, at(3600), at(3600), false, true), PodStep::Delete { grace_seconds: MIN_FORCED_GRACE_SECONDS });
+    assert_eq!(
+        step_within(&p, at(3600), at(3600), false, true),
+        PodStep::Delete { grace_seconds: MIN_FORCED_GRACE_SECONDS }
+    );
     // A dead node's pods go at once either way.
     assert_eq!(step_within(&p, at(0), at(3600), true, true), PodStep::Delete { grace_seconds: 0 });
 }

@@ -104,18 +104,27 @@ fn the_hard_cap_is_replicas() {
 fn a_rebalance_recommendation_is_a_voluntary_replacement_within_the_budgets() {
     // Budget 0: held.
     let md = budgeted(3, 0);
-    let machines = vec![Fx::new("a").interrupted(InterruptionKind::RebalanceRecommendation), Fx::new("b"), Fx::new("c")];
+    let machines =
+        vec![Fx::new("a").interrupted(InterruptionKind::RebalanceRecommendation), Fx::new("b"), Fx::new("c")];
     let p = run(&md, machines, true);
     assert!(p.interrupted.is_empty() && p.mark.is_empty(), "{:?}", p.notes);
-    assert!(p.notes.iter().any(|n| matches!(n, Note::Held { reason: DisruptionReason::Rebalance, .. })), "{:?}", p.notes);
+    assert!(
+        p.notes.iter().any(|n| matches!(n, Note::Held { reason: DisruptionReason::Rebalance, .. })),
+        "{:?}",
+        p.notes
+    );
     // Budget 1: marked for a replace-before-remove.
     let md = budgeted(3, 1);
-    let machines = vec![Fx::new("a").interrupted(InterruptionKind::RebalanceRecommendation), Fx::new("b"), Fx::new("c")];
+    let machines =
+        vec![Fx::new("a").interrupted(InterruptionKind::RebalanceRecommendation), Fx::new("b"), Fx::new("c")];
     let p = run(&md, machines, true);
     assert_eq!(p.mark, vec![("a".to_string(), Remediation::Recommended)]);
     // Marked: its replacement first, then it goes.
-    let machines =
-        vec![Fx::new("a").interrupted(InterruptionKind::RebalanceRecommendation).remediating(), Fx::new("b"), Fx::new("c")];
+    let machines = vec![
+        Fx::new("a").interrupted(InterruptionKind::RebalanceRecommendation).remediating(),
+        Fx::new("b"),
+        Fx::new("c"),
+    ];
     let p = run(&md, machines, true);
     assert_eq!(p.create, 1, "{:?}", p.notes);
     assert!(p.remediate.is_empty(), "it waits for its replacement");
