@@ -274,7 +274,8 @@ impl Names {
 /// same name (the event is for one gone before): nothing is recorded.
 async fn record(ctx: &Ctx, names: &mut Names, e: &pb::MachineEvent) -> Result<Outcome, crate::runtime::ReconcileError> {
     let Some(kind) = kind_of(e.kind) else { return Ok(Outcome::UnknownKind) };
-    for attempt in 0.. {
+    let mut conflicts = 0;
+    loop {
         let mut found = None;
         for ns in names.namespaces(ctx, &e.machine_name).await? {
             if let Some(m) = ctx.store.get::<Machine>(&ns, &e.machine_name).await? {
@@ -301,11 +302,12 @@ async fn record(ctx: &Ctx, names: &mut Names, e: &pb::MachineEvent) -> Result<Ou
                 announce(ctx, &next, &merged).await;
                 return Ok(Outcome::Recorded);
             }
-            Err(crate::runtime::ReconcileError::Store(StoreError::Conflict { .. })) if attempt < CONFLICT_RETRIES => {}
+            Err(crate::runtime::ReconcileError::Store(StoreError::Conflict { .. })) if conflicts < CONFLICT_RETRIES => {
+                conflicts += 1;
+            }
             Err(err) => return Err(err),
         }
     }
-    unreachable!("the loop returns")
 }
 
 /// The Machine's event for a recorded interruption.
