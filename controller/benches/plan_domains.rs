@@ -29,8 +29,9 @@ fn deployment(domains: bool) -> MachineDeployment {
     });
     let mut md: MachineDeployment = serde_json::from_value(manifest).expect("a deployment");
     if domains {
-        md.spec.failure_domains =
-            ["a", "b", "c"].map(|z| FailureDomain { name: z.into(), provider_spec: None, weight: 1 }).to_vec();
+        md.spec.failure_domains = ["a", "b", "c"]
+            .map(|z| FailureDomain { name: z.into(), provider_spec: None, weight: 1, priority: 0 })
+            .to_vec();
     }
     md.status.current_revision = revision(&template("os-1"));
     md

@@ -25,6 +25,17 @@ pub struct FailureDomain {
     #[serde(default = "one_u32")]
     #[schemars(range(min = 1, max = 1000))]
     pub weight: u32,
+    /// Which domains are tried first (default 0; higher first): new machines go only to the
+    /// open domains of the highest priority, lower ones take machines while every higher one is
+    /// closed, and their machines move back surge-first once one opens again. Spot first with
+    /// on-demand as the fallback is `priority: 1` on the spot domains.
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: i32,
+}
+
+fn is_zero_i32(n: &i32) -> bool {
+    *n == 0
 }
 
 fn one_u32() -> u32 {
@@ -106,7 +117,8 @@ pub struct FailureDomainStatus {
     /// It gets no new machines until then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable_until: Option<Time>,
-    /// Why (`InsufficientCapacity`, `ZoneUnavailable`, `QuotaExceeded`, `Degraded`).
+    /// Why (`InsufficientCapacity`, `ZoneUnavailable`, `QuotaExceeded`, `Degraded`,
+    /// `CapacityReclaimed`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
     /// The refusal's message (or what is unhealthy).
@@ -151,6 +163,9 @@ pub(crate) fn check_domains(domains: &[FailureDomain]) -> Check {
     for (i, d) in domains.iter().enumerate() {
         checks::name(&format!("spec.failureDomains[{i}].name"), &d.name)?;
         checks::object_or_absent(&format!("spec.failureDomains[{i}].providerSpec"), d.provider_spec.as_ref())?;
+        if !(-1000..=1000).contains(&d.priority) {
+            return checks::fail(&format!("spec.failureDomains[{i}].priority"), "must be within -1000..=1000");
+        }
     }
     Ok(())
 }

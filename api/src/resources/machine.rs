@@ -220,6 +220,12 @@ impl InterruptionKind {
     pub fn gone(self) -> bool {
         matches!(self, InterruptionKind::Stopped | InterruptionKind::Terminated)
     }
+
+    /// Whether the cloud takes the machine back for want of capacity (a spot interruption, a
+    /// capacity reservation ending): its offering is short of capacity for a while.
+    pub fn reclaims(self) -> bool {
+        matches!(self, InterruptionKind::SpotInterruption | InterruptionKind::CapacityReservationInterruption)
+    }
 }
 
 /// Where the cloud ran a machine: what an interruption reclaims.

@@ -670,6 +670,26 @@ fn failure_domains<'u, 'a>(md: &MachineDeployment, c: &Classes<'u, 'a>, d: &mut 
         }
         withdraw.push(*u);
     }
+    // A reclaimed offering (spot capacity taken back) is short of capacity: the interrupted
+    // machine's replacement, and the next machines, go elsewhere for a backoff. Marked once per
+    // interruption: one heard before the domain's last mark began, or longer ago than the first
+    // backoff, is spent.
+    let first = chrono::Duration::seconds(i64::try_from(backoff.initial_seconds).unwrap_or(i64::MAX / 2));
+    for u in c.all {
+        let m = u.item;
+        let (Some(at), Some(i)) = (m.reclaimed, domains::index(domains, m.domain.as_deref())) else { continue };
+        let s = &mut next[i];
+        let last_mark =
+            s.unavailable_until.map(|t| t - chrono::Duration::seconds(i64::try_from(s.backoff_seconds).unwrap_or(0)));
+        if s.unavailable_at(now) || last_mark.is_some_and(|t| at <= t) || at + first <= now {
+            continue;
+        }
+        let message = format!("the cloud reclaimed {}", m.name);
+        let seconds = domains::mark(s, backoff, now, domains::RECLAIMED, &message);
+        let message =
+            format!("{}: the cloud reclaimed the capacity of {}: no new machines there for {seconds}s", s.name, m.name);
+        event(d, EventReason::FailureDomainUnavailable, message);
+    }
     let members: Vec<&Member> = c.live.iter().map(|u| u.item).collect();
     let degraded = domains::degraded(domains, &members, |m| c.is_available(m));
     let mut outages = Vec::new();

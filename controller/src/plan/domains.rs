@@ -2,12 +2,13 @@
 //! go first, which domains take no machines now and why, and when a rebalance moves one.
 //!
 //! - **Placement**: a new machine goes to the domain that takes machines with the fewest machines
-//!   per unit of weight (ties: the first listed). Machines being remediated or withdrawn do not
-//!   count: they are going.
+//!   per unit of weight (ties: the first listed). Only the open domains of the highest
+//!   `priority` take machines: a lower one (on-demand beside spot) is the fallback while every
+//!   higher one is closed. Machines being remediated or withdrawn do not count: they are going.
 //! - **Removal order** ([`Spread::order`]): machines that are broken (marked for deletion,
 //!   failed, unknown, Node not Ready) go first, as everywhere; then the spread decides — a machine
-//!   in no listed domain, then one in the most-populated domain — and the deletion policy only
-//!   among equals. A rollout's old machines go in that order too, so the spread holds during it.
+//!   in no listed domain, then one of the lowest priority, then one in the most-populated domain
+//!   — and the deletion policy only among equals. A rollout's old machines go in that order too, so the spread holds during it.
 //! - **Fail-over**: a create refused for capacity or availability marks its domain unavailable
 //!   for a backoff (the first `initialSeconds`, doubled at each refusal after the domain was
 //!   tried again, up to `maxSeconds`; 0 again once a machine created there since runs). The
@@ -16,8 +17,9 @@
 //!   domain has available machines is degraded: it takes no machines while that lasts and for a
 //!   backoff after, and the owner says so (`FailureDomainDegraded`).
 //! - **Rebalance**: when everything is settled and two domains that take machines differ by more
-//!   than `maxSkew` machines per unit of weight (weights scaled so the smallest is 1), one machine
-//!   is created in the least-populated domain, annotated
+//!   than `maxSkew` machines per unit of weight (weights scaled so the smallest is 1), or machines
+//!   run in a domain of lower priority than an open one, one machine is created in the
+//!   least-populated domain, annotated
 //!   [`ANNOTATION_REBALANCE`](crate::resources::ANNOTATION_REBALANCE); once it is
 //!   available (and more machines are available than `replicas`) one in the crowded domain goes,
 //!   asked of the disruption planner as `Rebalance`.
@@ -31,6 +33,8 @@ use crate::resources::{merge, FailureDomain, FailureDomainBackoff, FailureDomain
 
 /// The reason a degraded domain is marked with.
 pub const DEGRADED: &str = "Degraded";
+/// The reason a domain whose spot (or reserved) capacity the cloud took back is marked with.
+pub const RECLAIMED: &str = "CapacityReclaimed";
 
 /// The machines per domain, as placement and removal count them.
 #[derive(Debug, Clone)]
@@ -74,6 +78,17 @@ impl<'a> Spread<'a> {
         !self.domains.is_empty()
     }
 
+    /// The highest priority among the domains that take machines now.
+    fn best_open(&self) -> Option<i32> {
+        (0..self.domains.len()).filter(|&i| self.open[i]).map(|i| self.domains[i].priority).max()
+    }
+
+    /// Whether domain `i` takes new machines now: it is open, and no open domain has a higher
+    /// priority (spot first, on-demand while every spot domain is closed).
+    fn preferred(&self, i: usize) -> bool {
+        self.open[i] && Some(self.domains[i].priority) == self.best_open()
+    }
+
     /// Machines in domain `i` per unit of weight, weights scaled so the smallest is 1.
     fn score(&self, i: usize, count: i64) -> f64 {
         let min = self.domains.iter().map(|d| d.weight.max(1)).min().unwrap_or(1);
@@ -84,7 +99,7 @@ impl<'a> Spread<'a> {
     /// machines now. Among equals, the one with the most old machines: in a rollout the old
     /// machine that makes room for it leaves the same domain, so the spread holds.
     pub fn place(&mut self) -> Option<&'a FailureDomain> {
-        let i = (0..self.domains.len()).filter(|&i| self.open[i]).min_by(|&a, &b| {
+        let i = (0..self.domains.len()).filter(|&i| self.preferred(i)).min_by(|&a, &b| {
             let (x, y) = (self.score(a, self.count[a] + 1), self.score(b, self.count[b] + 1));
             x.total_cmp(&y).then(self.old[b].cmp(&self.old[a]))
         })?;
@@ -119,11 +134,23 @@ impl<'a> Spread<'a> {
         for tier in 0..2 {
             let queues = &mut queues[tier * slots..(tier + 1) * slots];
             loop {
-                let score = |i: usize| if i == self.domains.len() { f64::INFINITY } else { self.score(i, count[i]) };
-                // The highest score; the first listed among equals.
+                // Machines in no listed domain first, then those of the lowest priority (the
+                // fallback's), then by score.
+                let rank = |i: usize| {
+                    if i == self.domains.len() {
+                        (i64::MIN, f64::INFINITY)
+                    } else {
+                        (i64::from(self.domains[i].priority), self.score(i, count[i]))
+                    }
+                };
+                let goes_before = |a: usize, b: usize| {
+                    let ((pa, sa), (pb, sb)) = (rank(a), rank(b));
+                    pa < pb || (pa == pb && sa > sb)
+                };
+                // The first listed among equals.
                 let Some(i) =
                     (0..slots).filter(|&i| !queues[i].is_empty()).fold(None, |best: Option<usize>, i| match best {
-                        Some(b) if score(b) >= score(i) => Some(b),
+                        Some(b) if !goes_before(i, b) => Some(b),
                         _ => Some(i),
                     })
                 else {
@@ -146,13 +173,27 @@ impl<'a> Spread<'a> {
     /// overshoot.
     pub fn imbalance(&self, unlisted: i64, max_skew: u32) -> Option<(Option<&'a FailureDomain>, &'a FailureDomain)> {
         let to = (0..self.domains.len())
-            .filter(|&i| self.open[i])
+            .filter(|&i| self.preferred(i))
             .min_by(|&a, &b| self.score(a, self.count[a]).total_cmp(&self.score(b, self.count[b])))?;
         if unlisted > 0 {
             return Some((None, &self.domains[to]));
         }
+        // Machines of a lower priority than the open domains' move back first (on-demand back to
+        // spot once a spot domain takes machines again): the lowest priority, then the fullest.
+        let best = self.domains[to].priority;
+        let fallback = (0..self.domains.len())
+            .filter(|&i| self.domains[i].priority < best && self.count[i] > 0)
+            .min_by(|&a, &b| {
+                let (da, db) = (&self.domains[a], &self.domains[b]);
+                da.priority
+                    .cmp(&db.priority)
+                    .then(self.score(b, self.count[b]).total_cmp(&self.score(a, self.count[a])))
+            });
+        if let Some(from) = fallback {
+            return Some((Some(&self.domains[from]), &self.domains[to]));
+        }
         let from = (0..self.domains.len())
-            .filter(|&i| i != to && self.open[i])
+            .filter(|&i| i != to && self.preferred(i))
             .max_by(|&a, &b| self.score(a, self.count[a]).total_cmp(&self.score(b, self.count[b])))?;
         let skew = self.score(from, self.count[from]) - self.score(to, self.count[to]);
         let after = self.score(from, self.count[from] - 1) - self.score(to, self.count[to] + 1);
@@ -160,18 +201,19 @@ impl<'a> Spread<'a> {
     }
 
     /// The number of machines each domain should hold of `replicas`, by weight over the domains
-    /// that take machines (largest remainder; those that do not get 0).
+    /// that take machines (the open ones of the highest priority; largest remainder; the others
+    /// get 0).
     pub fn shares(&self, replicas: i64) -> Vec<i64> {
         let total: i64 =
-            (0..self.domains.len()).filter(|&i| self.open[i]).map(|i| i64::from(self.domains[i].weight)).sum();
+            (0..self.domains.len()).filter(|&i| self.preferred(i)).map(|i| i64::from(self.domains[i].weight)).sum();
         if total == 0 {
             return vec![0; self.domains.len()];
         }
         let mut share: Vec<i64> = (0..self.domains.len())
-            .map(|i| if self.open[i] { replicas * i64::from(self.domains[i].weight) / total } else { 0 })
+            .map(|i| if self.preferred(i) { replicas * i64::from(self.domains[i].weight) / total } else { 0 })
             .collect();
         let mut rest = replicas - share.iter().sum::<i64>();
-        let mut by_remainder: Vec<usize> = (0..self.domains.len()).filter(|&i| self.open[i]).collect();
+        let mut by_remainder: Vec<usize> = (0..self.domains.len()).filter(|&i| self.preferred(i)).collect();
         by_remainder.sort_by_key(|&i| std::cmp::Reverse(replicas * i64::from(self.domains[i].weight) % total));
         for i in by_remainder.into_iter().cycle() {
             if rest <= 0 {

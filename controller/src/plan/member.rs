@@ -69,6 +69,9 @@ pub struct Member {
     /// The cloud takes it, or recommends moving off it (`status.interruption`): the kind, and
     /// the deadline when the cloud gave one.
     pub interrupted: Option<(InterruptionKind, Option<Time>)>,
+    /// The cloud reclaimed its capacity (a spot or capacity-reservation interruption): when the
+    /// controller heard of it. Its failure domain is short of capacity from then, for a backoff.
+    pub reclaimed: Option<Time>,
 }
 
 /// A create refused for capacity or availability: the driver's reason (UpperCamel) and message.
@@ -269,6 +272,8 @@ struct ViewInterruption<'a> {
     kind: Cow<'a, str>,
     #[serde(default)]
     not_before: Option<Time>,
+    #[serde(default)]
+    received_at: Option<Time>,
 }
 
 /// A condition, its time left unparsed: only the Ready condition's is read.
@@ -327,6 +332,11 @@ impl StoredMember<'_> {
         let refusal = refusal(&st);
         let interrupted =
             st.interruption.as_ref().and_then(|i| Some((i.kind.parse::<InterruptionKind>().ok()?, i.not_before)));
+        let reclaimed = st
+            .interruption
+            .as_ref()
+            .filter(|_| interrupted.is_some_and(|(k, _)| k.reclaims()))
+            .and_then(|i| i.received_at);
         let waiting = if st.phase != Phase::Running || deleting || node_not_ready {
             let operation_reason = st.last_operation.map(|o| o.reason.into_owned()).unwrap_or_default();
             // A Running machine waits for its Node; any other for itself.
@@ -384,6 +394,7 @@ impl StoredMember<'_> {
             rebalance: a.rebalance.map(Cow::into_owned),
             refusal: refusal.map(Box::new),
             interrupted,
+            reclaimed,
         })
     }
 }

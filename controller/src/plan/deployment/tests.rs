@@ -72,6 +72,7 @@ fn surge(mut md: MachineDeployment, surge: IntOrPercent, unavailable: IntOrPerce
 }
 
 /// A fixture: `Fx::new("a")` is a Running machine of the new revision; chain to change it.
+#[derive(Clone)]
 struct Fx(Machine);
 
 impl Fx {

@@ -13,8 +13,26 @@ fn zoned(replicas: i64) -> MachineDeployment {
             name: z.into(),
             provider_spec: Some(serde_json::json!({ "zone": format!("zone-{z}") })),
             weight: 1,
+            priority: 0,
         })
         .to_vec();
+    md
+}
+
+/// A deployment of `replicas` over spot in zones a and b (priority 1) with on-demand in zone a
+/// as the fallback (priority 0).
+fn spot_first(replicas: i64) -> MachineDeployment {
+    let mut md = deployment(replicas);
+    md.status.current_revision = new_rev();
+    md.spec.failure_domains =
+        [("spot-a", "zone-a", "spot", 1), ("spot-b", "zone-b", "spot", 1), ("od", "zone-a", "on-demand", 0)]
+            .map(|(name, zone, capacity, priority)| FailureDomain {
+                name: name.into(),
+                provider_spec: Some(serde_json::json!({ "zone": zone, "capacityType": capacity })),
+                weight: 1,
+                priority,
+            })
+            .to_vec();
     md
 }
 
@@ -41,6 +59,20 @@ impl Fx {
             message: "no capacity for small in zone-c".into(),
             request_id: "r".into(),
             time: t0(),
+        });
+        self
+    }
+    /// The cloud reclaims its spot capacity, heard now.
+    fn reclaimed(mut self) -> Self {
+        self.0.status.interruption = Some(Interruption {
+            kind: InterruptionKind::SpotInterruption,
+            event_id: format!("ev-{}", self.0.metadata.name),
+            not_before: Some(now() + chrono::Duration::seconds(120)),
+            received_at: now(),
+            observed_at: None,
+            action: "Terminate".into(),
+            offering: None,
+            message: String::new(),
         });
         self
     }
@@ -276,4 +308,99 @@ fn machines_in_no_listed_domain_move_into_the_domains() {
     let machines = vec![Fx::new("x0"), Fx::new("x1"), Fx::new("x2")];
     let p = run(&md, machines, true);
     assert_eq!((p.create, names(&p.placements), p.rebalance.as_deref()), (1, vec!["a"], Some("-/3")));
+}
+
+#[test]
+fn spot_first_fills_the_highest_priority_and_leaves_the_fallback_empty() {
+    let mut md = spot_first(4);
+    md.status.current_revision = String::new();
+    let p = run(&md, vec![], true);
+    assert_eq!(names(&p.placements), ["spot-a", "spot-b", "spot-a", "spot-b"]);
+    assert_eq!(per_domain(&p).iter().map(|d| d.1).collect::<Vec<_>>(), [2, 2, 0], "the fallback's share is 0");
+}
+
+#[test]
+fn spot_refused_for_capacity_falls_back_to_on_demand() {
+    let md = spot_first(4);
+    let mut machines = zone("spot-a", 2);
+    machines.push(Fx::new("spot-b0").domain("spot-b").refused());
+    machines.push(Fx::new("spot-b1").domain("spot-b").refused());
+    let p = run(&md, machines, true);
+    assert_eq!(p.status.failure_domains[1].reason, "InsufficientCapacity");
+    let mut gone = names(&p.delete);
+    gone.sort();
+    assert_eq!(gone, ["spot-b0", "spot-b1"], "withdrawn");
+    // spot-a is still open: it takes the replacements, the fallback only once every spot domain
+    // is closed.
+    assert!(p.placements.iter().all(|d| d == "spot-a"), "{:?}", p.placements);
+    // Both spot domains closed: on-demand takes them.
+    let mut md = spot_first(4);
+    md.status.failure_domains =
+        ["spot-a", "spot-b", "od"].map(|z| FailureDomainStatus { name: z.into(), ..Default::default() }).to_vec();
+    md.status.failure_domains[0].unavailable_until = Some(now() + chrono::Duration::seconds(30));
+    md.status.failure_domains[0].reason = "InsufficientCapacity".into();
+    md.status.failure_domains[0].backoff_seconds = 60;
+    let machines = vec![Fx::new("spot-b0").domain("spot-b").refused(), Fx::new("spot-b1").domain("spot-b").refused()];
+    let p = run(&md, machines, true);
+    assert!(!p.placements.is_empty() && p.placements.iter().all(|d| d == "od"), "{:?}", p.placements);
+    assert_eq!(per_domain(&p).iter().map(|d| d.1).collect::<Vec<_>>(), [0, 0, 4]);
+}
+
+#[test]
+fn once_spot_takes_machines_again_the_fallback_moves_back_surge_first() {
+    let md = spot_first(4);
+    let mut machines = zone("spot-a", 2);
+    machines.extend(zone("od", 2));
+    let p = run(&md, machines, true);
+    assert_eq!((p.create, names(&p.placements), p.rebalance.as_deref()), (1, vec!["spot-b"], Some("od/4")));
+    assert!(p.delete.is_empty(), "nothing goes before its replacement runs");
+    // The new spot machine runs: an on-demand one goes, never a spot one.
+    let mut machines = zone("spot-a", 2);
+    machines.extend(zone("od", 2));
+    machines.push(Fx::new("spot-b-new").domain("spot-b").rebalancing("od/4"));
+    let p = run(&md, machines, true);
+    assert_eq!(names(&p.delete), ["od0"]);
+    // A scale-down takes the fallback's machines first too.
+    let md = spot_first(2);
+    let mut machines = zone("spot-a", 1);
+    machines.extend(zone("spot-b", 1));
+    machines.extend(zone("od", 1));
+    let p = run(&md, machines, true);
+    assert_eq!(names(&p.delete), ["od0"]);
+}
+
+#[test]
+fn a_reclaimed_spot_machine_closes_its_domain_once_and_its_replacement_goes_elsewhere() {
+    let md = spot_first(4);
+    let mut machines = zone("spot-a", 2);
+    machines.extend(zone("spot-b", 1));
+    machines.push(Fx::new("spot-b1").domain("spot-b").at(1).reclaimed());
+    let p = run(&md, machines.clone(), true);
+    let b = &p.status.failure_domains[1];
+    assert_eq!((b.reason.as_str(), b.backoff_seconds), ("CapacityReclaimed", 60), "{b:?}");
+    assert_eq!(names(&p.interrupted), ["spot-b1"]);
+    assert_eq!(names(&p.placements), ["spot-a"], "not back into the reclaimed offering");
+    assert!(p
+        .events
+        .iter()
+        .any(|e| e.reason == EventReason::FailureDomainUnavailable && e.message.contains("reclaimed")));
+    // Planned again with that status: the same interruption does not mark it again.
+    let mut md2 = md.clone();
+    md2.status.failure_domains = p.status.failure_domains.clone();
+    let p2 = run(&md2, machines.clone(), true);
+    assert_eq!(p2.status.failure_domains[1].backoff_seconds, 60, "marked once");
+    assert!(!p2.events.iter().any(|e| e.reason == EventReason::FailureDomainUnavailable));
+    // 61 s later its backoff is over: the old interruption (still draining) does not close it
+    // again.
+    let mut md3 = md.clone();
+    md3.status.failure_domains = p.status.failure_domains.clone();
+    md3.status.failure_domains[1].unavailable_until = Some(now() - chrono::Duration::seconds(1));
+    let mut machines = machines;
+    for m in &mut machines {
+        if let Some(i) = m.0.status.interruption.as_mut() {
+            i.received_at = now() - chrono::Duration::seconds(61);
+        }
+    }
+    let p3 = run(&md3, machines, true);
+    assert_ne!(p3.status.failure_domains[1].reason, "CapacityReclaimed", "{:?}", p3.status.failure_domains);
 }
