@@ -59,6 +59,25 @@ pub struct FaultRule {
     /// CreateMachine or ApplyPool); `None`: any call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// Only calls that place something of this capacity type (`spot`, `on-demand`: the provider
+    /// spec's `capacityType`, on-demand when absent); `None`: any call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_type: Option<String>,
+}
+
+/// Where a call places something: the provider spec's zone and capacity type.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placement<'a> {
+    pub(crate) zone: &'a str,
+    pub(crate) capacity_type: &'a str,
+}
+
+impl<'a> Placement<'a> {
+    /// The placement a provider spec asks for (zone-a and on-demand when absent).
+    pub(crate) fn of(spec: &'a serde_json::Value) -> Self {
+        let field = |k: &str, default| spec.get(k).and_then(serde_json::Value::as_str).unwrap_or(default);
+        Self { zone: field("zone", "zone-a"), capacity_type: field("capacityType", "on-demand") }
+    }
 }
 
 fn star() -> String {
@@ -113,10 +132,11 @@ impl FaultRule {
         Ok(())
     }
 
-    pub(crate) fn matches(&self, rpc: &str, target: &str, zone: Option<&str>) -> bool {
+    pub(crate) fn matches(&self, rpc: &str, target: &str, at: Option<Placement<'_>>) -> bool {
         (self.rpc == "*" || self.rpc == rpc)
             && glob(&self.target, target)
-            && self.zone.as_deref().is_none_or(|z| Some(z) == zone)
+            && self.zone.as_deref().is_none_or(|z| at.is_some_and(|p| p.zone == z))
+            && self.capacity_type.as_deref().is_none_or(|c| at.is_some_and(|p| p.capacity_type == c))
             && (self.times == 0 || self.fired < self.times)
     }
 
@@ -157,6 +177,7 @@ impl FaultRule {
             times: r.times,
             fired: 0,
             zone: Some(r.zone).filter(|z| !z.is_empty()),
+            capacity_type: Some(r.capacity_type).filter(|c| !c.is_empty()),
         };
         rule.validate()?;
         Ok(rule)
@@ -178,6 +199,7 @@ impl FaultRule {
             times: self.times,
             fired: self.fired,
             zone: self.zone.clone().unwrap_or_default(),
+            capacity_type: self.capacity_type.clone().unwrap_or_default(),
         }
     }
 }

@@ -48,6 +48,7 @@ pub mod kubelets;
 
 use cloud::{now_ms, CloudError, FInstance, FMachine, FPool, MState, State, StateFile};
 pub use faults::{FaultAction, FaultRule};
+use faults::Placement;
 pub use inspect::FakeCloudService;
 
 /// Generated types of the `fakecloud.v1` inspection API.
@@ -235,13 +236,14 @@ impl FakeDriver {
         self.admit_in(ctx, secrets, target, None).await
     }
 
-    /// [`Self::admit`] for a call that places something in `zone` (fault rules may name one).
+    /// [`Self::admit`] for a call that places something `at` a zone and capacity type (fault
+    /// rules may name them).
     async fn admit_in(
         &self,
         ctx: &RequestContext,
         secrets: &Secrets,
         target: &str,
-        zone: Option<&str>,
+        at: Option<Placement<'_>>,
     ) -> Result<Option<CloudError>> {
         lock(&self.state).counters.api_calls += 1;
         if let Some(key) = &self.config.api_key {
@@ -265,15 +267,15 @@ impl FakeDriver {
             }
             b.tokens -= 1.0;
         }
-        self.fault(ctx, target, zone).await
+        self.fault(ctx, target, at).await
     }
 
     /// The fault rules' part of [`Self::admit_in`]: the first rule matching this call fires.
-    async fn fault(&self, ctx: &RequestContext, target: &str, zone: Option<&str>) -> Result<Option<CloudError>> {
+    async fn fault(&self, ctx: &RequestContext, target: &str, at: Option<Placement<'_>>) -> Result<Option<CloudError>> {
         let rpc = ctx.method().to_string();
         let rule = {
             let mut rules = lock(&self.faults);
-            rules.iter_mut().find(|r| r.matches(&rpc, target, zone)).map(|r| {
+            rules.iter_mut().find(|r| r.matches(&rpc, target, at)).map(|r| {
                 r.fired += 1;
                 r.clone()
             })
@@ -736,8 +738,7 @@ impl Driver for FakeDriver {
     }
 
     async fn create_machine(&self, ctx: &RequestContext, req: CreateMachine) -> Result<Operation> {
-        let zone = req.provider_spec.get("zone").and_then(Value::as_str);
-        let fail = self.admit_in(ctx, &req.secrets, &req.name, Some(zone.unwrap_or("zone-a"))).await?;
+        let fail = self.admit_in(ctx, &req.secrets, &req.name, Some(Placement::of(&req.provider_spec))).await?;
         let hash = convert::spec_hash(&req.provider_spec);
         let now = now_ms();
         let mut st = self.cloud();
@@ -908,8 +909,7 @@ impl Driver for FakeDriver {
     }
 
     async fn update_machine(&self, ctx: &RequestContext, req: UpdateMachine) -> Result<Operation> {
-        let zone = req.provider_spec.get("zone").and_then(Value::as_str);
-        let fail = self.admit_in(ctx, &req.secrets, &req.name, Some(zone.unwrap_or("zone-a"))).await?;
+        let fail = self.admit_in(ctx, &req.secrets, &req.name, Some(Placement::of(&req.provider_spec))).await?;
         let hash = convert::spec_hash(&req.provider_spec);
         let now = now_ms();
         let mut st = self.cloud();
@@ -954,8 +954,7 @@ impl Driver for FakeDriver {
     }
 
     async fn apply_pool(&self, ctx: &RequestContext, req: ApplyPool) -> Result<Operation> {
-        let zone = req.provider_spec.get("zone").and_then(Value::as_str);
-        let fail = self.admit_in(ctx, &req.secrets, &req.name, Some(zone.unwrap_or("zone-a"))).await?;
+        let fail = self.admit_in(ctx, &req.secrets, &req.name, Some(Placement::of(&req.provider_spec))).await?;
         let hash = convert::spec_hash(&req.provider_spec);
         let now = now_ms();
         let mut st = self.cloud();
