@@ -119,6 +119,9 @@ pub const DEFAULT_RETRY_AFTER_SECS: u64 = 1;
 /// [`Config::page_size`] by default (`--page-size`): small, so a few VMs already take several
 /// pages and `nextLink` is followed.
 pub const DEFAULT_PAGE_SIZE: usize = 2;
+/// [`Config::eviction_delay`] by default (`--eviction-delay`): at once, so tests need not wait
+/// the half minute ARM takes.
+pub const DEFAULT_EVICTION_DELAY: Duration = Duration::ZERO;
 /// [`Config::token_lifetime`] by default (`--token-lifetime`): an Entra token's usual lifetime.
 pub const DEFAULT_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 
@@ -145,6 +148,8 @@ pub struct Config {
     pub token_lifetime: Duration,
     /// Zones that refuse new VMs from the start.
     pub zones: Vec<ZoneRule>,
+    /// How long after `simulateEviction` a Spot VM is evicted (ARM: about 30 s).
+    pub eviction_delay: Duration,
 }
 
 impl Default for Config {
@@ -160,6 +165,7 @@ impl Default for Config {
             principals: Vec::new(),
             token_lifetime: DEFAULT_TOKEN_LIFETIME,
             zones: Vec::new(),
+            eviction_delay: DEFAULT_EVICTION_DELAY,
         }
     }
 }
@@ -346,6 +352,8 @@ enum OpKind {
     UpdateVm,
     /// A virtual machine DELETE.
     DeleteVm,
+    /// `POST …/deallocate` (`true`) or `…/powerOff` (`false`) of a virtual machine.
+    StopVm { deallocate: bool },
 }
 
 #[derive(Debug, Clone)]
@@ -734,9 +742,10 @@ fn admin(emu: &Emulator, call: &Call) -> Response {
     }
 }
 
-/// Finishes every operation whose time has come.
+/// Finishes every operation whose time has come, and evicts the Spot VMs whose eviction is due.
 fn advance(cloud: &mut Cloud) {
     let now = Instant::now();
+    vms::evict_due(cloud, now);
     let due: Vec<String> = cloud
         .ops
         .values()
@@ -755,7 +764,7 @@ fn finish(cloud: &mut Cloud, id: &str) {
         Outcome::Fail => "Failed",
         Outcome::Cancel => "Canceled",
     };
-    if matches!(op.kind, OpKind::CreateVm | OpKind::UpdateVm | OpKind::DeleteVm) {
+    if matches!(op.kind, OpKind::CreateVm | OpKind::UpdateVm | OpKind::DeleteVm | OpKind::StopVm { .. }) {
         vms::finish(cloud, &op, op.outcome == Outcome::Succeed);
         if let Some(o) = cloud.ops.get_mut(id) {
             o.done = Some((status, SystemTime::now()));
@@ -815,7 +824,7 @@ fn finish(cloud: &mut Cloud, id: &str) {
                 }
                 s.provisioning_state = if ok { "Succeeded" } else { "Failed" }.into();
             }
-            OpKind::CreateVm | OpKind::UpdateVm | OpKind::DeleteVm => {}
+            OpKind::CreateVm | OpKind::UpdateVm | OpKind::DeleteVm | OpKind::StopVm { .. } => {}
         }
     }
     if remove_set {

@@ -31,6 +31,9 @@ struct Cli {
     /// How long a manual upgrade of instances takes.
     #[arg(long, default_value = "1s", value_parser = driver_sdk_core::duration::parse)]
     upgrade_duration: Duration,
+    /// How long after `POST …/simulateEviction` a Spot VM is evicted (ARM: about 30 s).
+    #[arg(long, default_value = "0s", value_parser = driver_sdk_core::duration::parse)]
+    eviction_delay: Duration,
     /// Retry-After (seconds) on accepted operations and in-progress polls.
     #[arg(long, default_value_t = arm_emulator::DEFAULT_RETRY_AFTER_SECS)]
     retry_after: u64,
@@ -77,6 +80,7 @@ async fn main() -> ExitCode {
         operation_duration: cli.operation_duration,
         delete_duration: cli.delete_duration,
         upgrade_duration: cli.upgrade_duration,
+        eviction_delay: cli.eviction_delay,
         retry_after_secs: cli.retry_after,
         page_size: cli.page_size,
         max_instances: cli.max_instances,
@@ -129,6 +133,7 @@ mod tests {
         assert_eq!(duration("operation-duration"), arm_emulator::DEFAULT_OPERATION_DURATION);
         assert_eq!(duration("delete-duration"), arm_emulator::DEFAULT_DELETE_DURATION);
         assert_eq!(duration("upgrade-duration"), arm_emulator::DEFAULT_UPGRADE_DURATION);
+        assert_eq!(duration("eviction-delay"), arm_emulator::DEFAULT_EVICTION_DELAY);
         assert_eq!(duration("token-lifetime"), arm_emulator::DEFAULT_TOKEN_LIFETIME);
     }
 }

@@ -36,6 +36,20 @@
 //!   look for leaks. Deleting them is synchronous (200; 204 when missing); an attached NIC → 400
 //!   `NicInUse`, an attached disk → 409 `OperationNotAllowed`.
 //!
+//! - Spot: `properties.priority` (`Regular`, `Spot`, legacy `Low`), `evictionPolicy`
+//!   (`Deallocate`, ARM's default for Spot VMs, or `Delete`) and `billingProfile.maxPrice` (-1 or
+//!   above 0) are stored and returned. `evictionPolicy` on a VM that is not Spot → 400
+//!   `EvictionPolicyCanBeSetOnlyOnAzureSpotVirtualMachines` (ARM's code); `maxPrice` on one, or a
+//!   price that is neither -1 nor above 0 → 400 `InvalidParameter` (target
+//!   `billingProfile.maxPrice`; the emulator's choice).
+//! - `POST …/simulateEviction` → 204, and `Config::eviction_delay` later (default at once; ARM
+//!   takes about 30 s) the VM is evicted: deallocated (`PowerState/deallocated`, still
+//!   `Succeeded`) or deleted, by its eviction policy. Not a Spot VM, or not running → 409
+//!   `OperationNotAllowed` (the emulator's choice of code). The instance view says nothing of an
+//!   eviction (ARM's does not either); the `ProvisioningState/…` status carries the `time` of the
+//!   last change.
+//! - `POST …/deallocate` and `…/powerOff` → 202 with the operation headers; the VM ends
+//!   `deallocated` / `stopped` after `Config::delete_duration` — a VM stopped out of band.
 //! - A zone that refuses new VMs (`PUT /_emulator/zones`, see the crate docs): a VM in it is
 //!   created `Failed` by an operation that ends `ZonalAllocationFailed` (and a `PUT` of that VM
 //!   again fails the same way while the zone refuses), or refused at once with 409
@@ -46,7 +60,7 @@
 //! fault rules, request log, throttling and bearer-token check are the ones every ARM path goes
 //! through.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -91,6 +105,11 @@ pub(crate) struct VirtualMachine {
     op: Option<String>,
     /// Code and message of the last operation that failed it (cleared when one succeeds).
     error: Option<(String, String)>,
+    /// When the last operation (or eviction) ended: the `time` of its `ProvisioningState/…`
+    /// status.
+    state_time: SystemTime,
+    /// When a simulated eviction takes effect.
+    evict_at: Option<Instant>,
 }
 
 /// A network interface.
@@ -172,6 +191,9 @@ pub(super) fn route(emu: &Emulator, cloud: &mut Cloud, call: &Call, seg: &[&str]
             ("PUT", [name]) => put(emu, cloud, call, &vm(name), false),
             ("PATCH", [name]) => put(emu, cloud, call, &vm(name), true),
             ("DELETE", [name]) => delete(emu, cloud, call, &vm(name)),
+            ("POST", [name, action]) if eq(action, "simulateEviction") => simulate_eviction(emu, cloud, &vm(name)),
+            ("POST", [name, action]) if eq(action, "deallocate") => stop(emu, cloud, call, &vm(name), true),
+            ("POST", [name, action]) if eq(action, "powerOff") => stop(emu, cloud, call, &vm(name), false),
             _ => unserved(call),
         });
     }
@@ -321,6 +343,9 @@ fn validate(body: &Value) -> Option<Answer> {
             "hardwareProfile.vmSize",
         ));
     }
+    if let Some(a) = validate_priority(p) {
+        return Some(a);
+    }
     let storage = &p["storageProfile"];
     if !storage["imageReference"].is_object() {
         return Some(bad(
@@ -378,6 +403,134 @@ fn validate(body: &Value) -> Option<Answer> {
         }
     }
     None
+}
+
+/// `priority`, `evictionPolicy` and `billingProfile.maxPrice`, as ARM checks them.
+fn validate_priority(p: &Value) -> Option<Answer> {
+    let priority = p["priority"].as_str().unwrap_or("Regular");
+    if !["Regular", "Spot", "Low"].iter().any(|k| eq(k, priority)) {
+        return Some(bad(
+            "InvalidParameter",
+            format!("The value '{priority}' of parameter 'priority' is not valid. Allowed values: Regular, Spot."),
+            "priority",
+        ));
+    }
+    let spot = eq(priority, "Spot") || eq(priority, "Low");
+    if let Some(policy) = p.get("evictionPolicy").filter(|v| !v.is_null()) {
+        if !spot {
+            return Some(bad(
+                "EvictionPolicyCanBeSetOnlyOnAzureSpotVirtualMachines",
+                "Eviction policy can be set only on Azure Spot Virtual Machines.",
+                "evictionPolicy",
+            ));
+        }
+        let policy = policy.as_str().unwrap_or_default();
+        if !eq(policy, "Deallocate") && !eq(policy, "Delete") {
+            return Some(bad(
+                "InvalidParameter",
+                format!("The value '{policy}' of parameter 'evictionPolicy' is not valid. Allowed values: Deallocate, Delete."),
+                "evictionPolicy",
+            ));
+        }
+    }
+    if let Some(max) = p["billingProfile"].get("maxPrice").filter(|v| !v.is_null()) {
+        if !spot {
+            return Some(bad(
+                "InvalidParameter",
+                "Max price can be set only on Azure Spot Virtual Machines.",
+                "billingProfile.maxPrice",
+            ));
+        }
+        let ok = max.as_f64().is_some_and(|m| m == -1.0 || m > 0.0);
+        if !ok {
+            return Some(bad(
+                "InvalidParameter",
+                format!("The value '{max}' of parameter 'billingProfile.maxPrice' is not valid: give -1 or a price above 0."),
+                "billingProfile.maxPrice",
+            ));
+        }
+    }
+    None
+}
+
+/// Whether the VM was created with Spot priority (`Low` is the legacy name).
+fn is_spot(vm: &VirtualMachine) -> bool {
+    vm.body["properties"]["priority"].as_str().is_some_and(|p| eq(p, "Spot") || eq(p, "Low"))
+}
+
+/// The VM's eviction policy: ARM's default for Spot VMs is `Deallocate`.
+fn eviction_policy(vm: &VirtualMachine) -> &str {
+    match vm.body["properties"]["evictionPolicy"].as_str() {
+        Some(p) if eq(p, "Delete") => "Delete",
+        _ => "Deallocate",
+    }
+}
+
+/// `POST …/simulateEviction`: 204, and the Spot VM is evicted `Config::eviction_delay` later
+/// (deallocated or deleted by its eviction policy). Not Spot: 409 `OperationNotAllowed`.
+fn simulate_eviction(emu: &Emulator, cloud: &mut Cloud, at: &Names) -> Answer {
+    let key = at.key();
+    let Some(vm) = cloud.vms.get_mut(&key) else { return at.not_found() };
+    if !is_spot(vm) {
+        return Answer::error(
+            StatusCode::CONFLICT,
+            "OperationNotAllowed",
+            format!("Simulate eviction is supported only for Azure Spot Virtual Machines; '{}' is not one.", vm.name),
+        );
+    }
+    if vm.provisioning_state != "Succeeded" || vm.power_state != "running" {
+        return Answer::error(
+            StatusCode::CONFLICT,
+            "OperationNotAllowed",
+            format!(
+                "Virtual Machine '{}' cannot be evicted: its provisioning state is {} and its power state {}.",
+                vm.name, vm.provisioning_state, vm.power_state
+            ),
+        );
+    }
+    vm.evict_at = Some(Instant::now() + emu.config.eviction_delay);
+    evict_due(cloud, Instant::now());
+    Answer::empty(StatusCode::NO_CONTENT)
+}
+
+/// Evicts the Spot VMs whose simulated eviction is due: `Deallocate` leaves them deallocated,
+/// `Delete` removes them (their NICs and disks by their delete options).
+pub(super) fn evict_due(cloud: &mut Cloud, now: Instant) {
+    let due: Vec<String> =
+        cloud.vms.iter().filter(|(_, vm)| vm.evict_at.is_some_and(|t| t <= now)).map(|(k, _)| k.clone()).collect();
+    for key in due {
+        let delete = match cloud.vms.get_mut(&key) {
+            Some(vm) => {
+                vm.evict_at = None;
+                eviction_policy(vm) == "Delete"
+            }
+            None => continue,
+        };
+        if delete {
+            remove_vm(cloud, &key);
+        } else if let Some(vm) = cloud.vms.get_mut(&key) {
+            vm.power_state = "deallocated".into();
+            vm.state_time = SystemTime::now();
+        }
+    }
+}
+
+/// `POST …/deallocate` / `…/powerOff`: 202 with the operation headers; the VM ends
+/// `deallocated` / `stopped`, `Succeeded`.
+fn stop(emu: &Emulator, cloud: &mut Cloud, call: &Call, at: &Names, deallocate: bool) -> Answer {
+    let key = at.key();
+    let Some(vm) = cloud.vms.get(&key).cloned() else { return at.not_found() };
+    if vm.op.is_some() || vm.provisioning_state == "Deleting" {
+        return conflict(&vm, &call.method);
+    }
+    let kind = OpKind::StopVm { deallocate };
+    let op_id = start_op(emu, cloud, call, &vm.subscription, &vm.location, &key, kind, emu.config.delete_duration);
+    if let Some(v) = cloud.vms.get_mut(&key) {
+        v.provisioning_state = "Updating".into();
+        v.power_state = if deallocate { "deallocating" } else { "stopping" }.into();
+        v.op = Some(op_id.clone());
+    }
+    accepted(emu, call, cloud, &op_id)
 }
 
 fn delete_option(v: &Value) -> bool {
@@ -709,6 +862,8 @@ fn create(emu: &Emulator, cloud: &mut Cloud, call: &Call, at: &Names, desired: V
             os_disk: Some(Attachment { key: disk_key, delete: plan.disk_delete, primary: true }),
             op: Some(op_id.clone()),
             error: None,
+            state_time: SystemTime::now(),
+            evict_at: None,
         },
     );
     started(emu, call, cloud, StatusCode::CREATED, &key, &op_id)
@@ -809,6 +964,7 @@ fn list(emu: &Emulator, cloud: &Cloud, call: &Call, prefix: &str) -> Answer {
 
 fn instance_view(vm: &VirtualMachine) -> Value {
     let mut iv = instance_view_of(&vm.provisioning_state, &vm.power_state);
+    iv["statuses"][0]["time"] = json!(rfc3339(vm.state_time));
     if let (Some((code, message)), "Failed") = (&vm.error, vm.provisioning_state.as_str()) {
         // ARM names the failure in the provisioning status: `ProvisioningState/failed/{code}`.
         iv["statuses"][0]["code"] = json!(format!("ProvisioningState/failed/{code}"));
@@ -832,6 +988,9 @@ pub(super) fn view(cloud: &Cloud, vm: &VirtualMachine, expand: bool) -> Value {
     p["provisioningState"] = json!(vm.provisioning_state);
     p["vmId"] = json!(vm.vm_id);
     p["timeCreated"] = json!(rfc3339(vm.time_created));
+    if is_spot(vm) && p["evictionPolicy"].is_null() {
+        p["evictionPolicy"] = json!("Deallocate");
+    }
     if let Some(os) = p.get_mut("osProfile").and_then(Value::as_object_mut) {
         os.remove("adminPassword");
         os.remove("customData");
@@ -932,7 +1091,12 @@ pub(super) fn finish(cloud: &mut Cloud, op: &super::Op, ok: bool) {
     }
     vm.provisioning_state = if ok { "Succeeded" } else { "Failed" }.into();
     vm.error = (!ok).then(|| op.error.clone());
+    vm.state_time = SystemTime::now();
     match (&op.kind, ok) {
+        (OpKind::StopVm { deallocate }, true) => {
+            vm.power_state = if *deallocate { "deallocated" } else { "stopped" }.into()
+        }
+        (OpKind::StopVm { .. }, false) => vm.power_state = "running".into(),
         (_, true) => vm.power_state = "running".into(),
         (OpKind::CreateVm, false) => vm.power_state = "stopped".into(),
         _ => {}
@@ -992,6 +1156,8 @@ pub(super) fn inventory(cloud: &Cloud) -> Value {
                 "scaleSet": vm.scale_set,
                 "provisioningState": vm.provisioning_state,
                 "powerState": vm.power_state,
+                "priority": vm.body["properties"]["priority"].as_str().unwrap_or("Regular"),
+                "evictionPolicy": is_spot(vm).then(|| eviction_policy(vm)),
                 "operation": vm.op,
                 "nics": vm.nics.iter().filter_map(|a| cloud.nics.get(&a.key).map(|n| n.id.clone())).collect::<Vec<_>>(),
                 "osDisk": vm.os_disk.as_ref().and_then(|a| cloud.disks.get(&a.key).map(|d| d.id.clone())),

@@ -485,3 +485,64 @@ async fn a_zone_without_capacity_fails_only_the_scale_set_instances_placed_in_it
     assert_eq!((put.status, put.body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("SkuNotAvailable")));
     assert_eq!(emu.lock().scale_sets.values().next().map(|s| s.vms.len()), Some(4));
 }
+
+#[tokio::test]
+async fn spot_fields_are_checked_stored_and_simulated_evictions_deallocate_or_delete() {
+    let (_emu, router) = emulator(Duration::ZERO);
+    let with = |priority: Option<&str>, policy: Option<&str>, max: Option<Value>| {
+        let mut b = vm_body(None, Some("Delete"));
+        if let Some(p) = priority {
+            b["properties"]["priority"] = json!(p);
+        }
+        if let Some(p) = policy {
+            b["properties"]["evictionPolicy"] = json!(p);
+        }
+        if let Some(m) = max {
+            b["properties"]["billingProfile"] = json!({"maxPrice": m});
+        }
+        b
+    };
+    // What ARM refuses on a Regular VM, and a bad price.
+    let r = send(&router, "PUT", &vm_uri("bad"), Some(with(Some("Regular"), Some("Delete"), None))).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.body["error"]["code"], "EvictionPolicyCanBeSetOnlyOnAzureSpotVirtualMachines", "{}", r.body);
+    let r = send(&router, "PUT", &vm_uri("bad"), Some(with(None, None, Some(json!(0.5))))).await;
+    assert_eq!((r.status, &r.body["error"]["target"]), (StatusCode::BAD_REQUEST, &json!("billingProfile.maxPrice")));
+    let r = send(&router, "PUT", &vm_uri("bad"), Some(with(Some("Spot"), None, Some(json!(0))))).await;
+    assert_eq!((r.status, &r.body["error"]["target"]), (StatusCode::BAD_REQUEST, &json!("billingProfile.maxPrice")));
+
+    // A Spot VM keeps its fields; ARM's default eviction policy is Deallocate.
+    let r = send(&router, "PUT", &vm_uri("spot-d"), Some(with(Some("Spot"), None, Some(json!(-1))))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let got = send(&router, "GET", &vm_uri("spot-d"), None).await.body;
+    assert_eq!(got["properties"]["priority"], "Spot");
+    assert_eq!(got["properties"]["evictionPolicy"], "Deallocate");
+    assert_eq!(got["properties"]["billingProfile"]["maxPrice"], -1);
+    let r = send(&router, "PUT", &vm_uri("spot-x"), Some(with(Some("Spot"), Some("Delete"), None))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let r = send(&router, "PUT", &vm_uri("regular"), Some(with(None, None, None))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+
+    // Only Spot VMs are evicted.
+    let r = send(&router, "POST", &format!("{}/simulateEviction", vm_uri("regular")), None).await;
+    assert_eq!((r.status, &r.body["error"]["code"]), (StatusCode::CONFLICT, &json!("OperationNotAllowed")));
+    let r = send(&router, "POST", &format!("{}/simulateEviction", vm_uri("nope")), None).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = send(&router, "POST", &format!("{}/simulateEviction", vm_uri("spot-d")), None).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+    let iv = send(&router, "GET", &format!("{}/instanceView", vm_uri("spot-d")), None).await;
+    assert_eq!(iv.statuses(), ["ProvisioningState/succeeded", "PowerState/deallocated"]);
+    assert!(iv.body["statuses"][0]["time"].is_string(), "{}", iv.body);
+    // Evicted already: not again.
+    let r = send(&router, "POST", &format!("{}/simulateEviction", vm_uri("spot-d")), None).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    let r = send(&router, "POST", &format!("{}/simulateEviction", vm_uri("spot-x")), None).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert_eq!(send(&router, "GET", &vm_uri("spot-x"), None).await.status, StatusCode::NOT_FOUND);
+
+    // Deallocate and power off, as the portal does behind a driver's back.
+    let r = send(&router, "POST", &format!("{}/deallocate", vm_uri("regular")), None).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.body);
+    let iv = send(&router, "GET", &format!("{}/instanceView", vm_uri("regular")), None).await;
+    assert_eq!(iv.statuses(), ["ProvisioningState/succeeded", "PowerState/deallocated"]);
+}
