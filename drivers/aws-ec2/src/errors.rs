@@ -50,6 +50,12 @@ pub enum Call {
     TerminateInstances,
     /// DescribeInstanceTypes (a class's machine capacity).
     DescribeInstanceTypes,
+    /// DescribeInstanceStatus (the event source's poll).
+    DescribeInstanceStatus,
+    /// SQS ReceiveMessage (the interruption queue).
+    ReceiveMessage,
+    /// SQS DeleteMessage (an acknowledged event's message).
+    DeleteMessage,
 }
 
 impl Call {
@@ -59,6 +65,9 @@ impl Call {
             Call::DescribeInstances => "DescribeInstances",
             Call::TerminateInstances => "TerminateInstances",
             Call::DescribeInstanceTypes => "DescribeInstanceTypes",
+            Call::DescribeInstanceStatus => "DescribeInstanceStatus",
+            Call::ReceiveMessage => "ReceiveMessage",
+            Call::DeleteMessage => "DeleteMessage",
         }
     }
 }

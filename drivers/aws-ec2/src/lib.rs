@@ -31,6 +31,11 @@
 //!   (environment, profile, web identity / IRSA, instance metadata). EC2 clients are cached per
 //!   region and credential fingerprint. Region comes from the spec, else the sidecar's default;
 //!   `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` override the endpoint.
+//! - **Spot**: the spec's `instanceMarketOptions` (`marketType: spot`, one-time, terminate on
+//!   interruption) is RunInstances' `InstanceMarketOptions`.
+//! - **Events** (`CAPABILITY_EVENTS`, unless both sources are off): the interruption queue
+//!   (EventBridge → SQS, `--interruption-queue-url`) and a DescribeInstanceStatus poll
+//!   (`--instance-status-interval`); see [`events`].
 
 #![warn(missing_docs)]
 
@@ -57,6 +62,7 @@ use sha2::{Digest, Sha256};
 
 pub mod credentials;
 pub mod errors;
+pub mod events;
 pub mod instance;
 pub mod spec;
 
@@ -114,6 +120,8 @@ pub struct Config {
     /// How long a launched instance may stay invisible to DescribeInstances before its create
     /// operation fails with OPERATION_NOT_FOUND.
     pub visibility_timeout: Duration,
+    /// Where events come from (the interruption queue, the status poll).
+    pub events: events::EventConfig,
 }
 
 impl Default for Config {
@@ -124,6 +132,7 @@ impl Default for Config {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             visibility_timeout: DEFAULT_VISIBILITY_TIMEOUT,
+            events: events::EventConfig::default(),
         }
     }
 }
@@ -148,6 +157,7 @@ pub struct AwsEc2Driver {
     default_region: String,
     clients: Mutex<HashMap<(String, String), Client>>,
     config: Config,
+    events: std::sync::Arc<events::EventSource>,
 }
 
 impl std::fmt::Debug for AwsEc2Driver {
@@ -251,7 +261,11 @@ impl AwsEc2Driver {
     pub fn from_sdk_config(sdk: SdkConfig, config: Config) -> Result<Self, StartupError> {
         let default_region =
             sdk.region().map(|r| r.to_string()).filter(|r| !r.is_empty()).ok_or(StartupError::NoRegion)?;
-        Ok(Self { sdk, default_region, clients: Mutex::new(HashMap::new()), config })
+        if config.events.queue_url.as_deref().is_some_and(|u| !u.starts_with("https://") && !u.starts_with("http://")) {
+            return Err(StartupError::Invalid("the interruption queue URL must be an http(s) SQS queue URL".into()));
+        }
+        let events = events::EventSource::new(&sdk, &default_region, config.events.clone(), config.call_timeout);
+        Ok(Self { sdk, default_region, clients: Mutex::new(HashMap::new()), config, events })
     }
 
     /// The region used when a spec names none.
@@ -427,7 +441,22 @@ impl Driver for AwsEc2Driver {
     }
 
     fn capabilities(&self) -> Vec<Capability> {
-        vec![Capability::Machines, Capability::ValidateMachineClass]
+        let mut out = vec![Capability::Machines, Capability::ValidateMachineClass];
+        if self.config.events.enabled() {
+            out.push(Capability::Events);
+        }
+        out
+    }
+
+    async fn watch_events(&self, _ctx: &RequestContext) -> Result<driver_sdk::EventStream> {
+        if !self.config.events.enabled() {
+            return Err(DriverError::unimplemented("WatchEvents"));
+        }
+        Ok(self.events.stream())
+    }
+
+    async fn ack_event(&self, ctx: &RequestContext, event: &driver_sdk::MachineEvent) -> Result<()> {
+        self.events.ack(ctx, event).await
     }
 
     async fn create_machine(&self, ctx: &RequestContext, req: CreateMachine) -> Result<Operation> {
@@ -518,6 +547,7 @@ impl Driver for AwsEc2Driver {
             Err(e) => return Err(map_sdk_error(ctx, Call::TerminateInstances, ec2.source, e)),
         };
         let aws_request_id = out.request_id().unwrap_or_default().to_string();
+        self.events.terminating(&state.instance_ids);
         tracing::info!(
             "request.id" = %ctx.request_id(), "aws.request_id" = %aws_request_id,
             "instance.ids" = ?state.instance_ids, "terminating instances"

@@ -31,6 +31,14 @@ struct Cli {
     /// operation fails.
     #[arg(long, env = "AWS_EC2_DRIVER_VISIBILITY_TIMEOUT", default_value = "5m", value_parser = driver_sdk::parse_duration)]
     visibility_timeout: Duration,
+    /// The SQS queue EventBridge feeds with the EC2 spot, rebalance, state-change and AWS Health
+    /// events (`https://sqs.<region>.amazonaws.com/<account>/<name>`); none: no queue is read.
+    #[arg(long, env = "AWS_EC2_DRIVER_INTERRUPTION_QUEUE_URL")]
+    interruption_queue_url: Option<String>,
+    /// How often DescribeInstanceStatus looks for impaired instances and scheduled events; 0s:
+    /// never.
+    #[arg(long, env = "AWS_EC2_DRIVER_INSTANCE_STATUS_INTERVAL", default_value = "1m", value_parser = driver_sdk::parse_duration)]
+    instance_status_interval: Duration,
 }
 
 #[tokio::main]
@@ -43,6 +51,10 @@ async fn main() -> ExitCode {
         max_attempts: cli.max_attempts,
         call_timeout: cli.call_timeout,
         visibility_timeout: cli.visibility_timeout,
+        events: aws_ec2_driver::events::EventConfig {
+            queue_url: cli.interruption_queue_url.clone().filter(|u| !u.is_empty()),
+            instance_status_interval: cli.instance_status_interval,
+        },
     };
     let driver = match AwsEc2Driver::from_env(config).await {
         Ok(d) => d,
@@ -51,7 +63,12 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing::info!(region = %driver.default_region(), "aws-ec2-driver configured");
+    tracing::info!(
+        region = %driver.default_region(),
+        "interruption_queue" = cli.interruption_queue_url.as_deref().unwrap_or("none"),
+        "instance_status_interval" = ?cli.instance_status_interval,
+        "aws-ec2-driver configured"
+    );
     match DriverServer::new(driver).serve(&cli.serve).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -80,6 +97,11 @@ mod tests {
         assert_eq!(duration("poll-interval"), aws_ec2_driver::DEFAULT_POLL_INTERVAL);
         assert_eq!(duration("call-timeout"), aws_ec2_driver::DEFAULT_CALL_TIMEOUT);
         assert_eq!(duration("visibility-timeout"), aws_ec2_driver::DEFAULT_VISIBILITY_TIMEOUT);
+        assert_eq!(duration("instance-status-interval"), aws_ec2_driver::events::DEFAULT_INSTANCE_STATUS_INTERVAL);
+        assert_eq!(
+            aws_ec2_driver::events::EventConfig::default().instance_status_interval,
+            aws_ec2_driver::events::DEFAULT_INSTANCE_STATUS_INTERVAL
+        );
         let d = Config::default();
         assert_eq!(
             (d.poll_interval, d.max_attempts, d.call_timeout, d.visibility_timeout),

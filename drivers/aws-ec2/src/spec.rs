@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder;
 use aws_sdk_ec2::types::{
-    BlockDeviceMapping, EbsBlockDevice, IamInstanceProfileSpecification, InstanceType, LaunchTemplateSpecification,
-    Placement, ResourceType, Tag, TagSpecification, VolumeType,
+    BlockDeviceMapping, EbsBlockDevice, IamInstanceProfileSpecification, InstanceInterruptionBehavior,
+    InstanceMarketOptionsRequest, InstanceType, LaunchTemplateSpecification, MarketType, Placement, ResourceType,
+    SpotInstanceType, SpotMarketOptions, Tag, TagSpecification, VolumeType,
 };
 use base64::Engine;
 use driver_sdk::{DriverError, Violation};
@@ -47,6 +48,40 @@ pub struct ProviderSpec {
     pub tags: BTreeMap<String, String>,
     /// Launch template to start from.
     pub launch_template: Option<LaunchTemplate>,
+    /// How the capacity is bought (RunInstances' `InstanceMarketOptions`): spot, or on-demand
+    /// when absent.
+    pub instance_market_options: Option<InstanceMarketOptions>,
+}
+
+/// RunInstances' `InstanceMarketOptions`, in the spec's camelCase.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceMarketOptions {
+    /// `spot` (the only market type a machine can use).
+    pub market_type: String,
+    /// The spot request's options.
+    #[serde(default)]
+    pub spot_options: SpotOptions,
+}
+
+/// RunInstances' `SpotMarketOptions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpotOptions {
+    /// Highest price per hour in USD, e.g. `"0.05"`; none: the on-demand price (AWS's default).
+    pub max_price: Option<String>,
+    /// `one-time` (the default, and the only one allowed: a persistent request relaunches
+    /// instances on its own, behind the controller's back).
+    pub spot_instance_type: Option<String>,
+    /// `terminate` (the default, and the only one a one-time request allows).
+    pub instance_interruption_behavior: Option<String>,
+}
+
+impl ProviderSpec {
+    /// Whether the spec asks for spot capacity.
+    pub fn is_spot(&self) -> bool {
+        self.instance_market_options.as_ref().is_some_and(|m| m.market_type == "spot")
+    }
 }
 
 /// One EBS block device.
@@ -127,6 +162,22 @@ pub fn schema() -> Value {
                 }
             }},
             "tags": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 256}},
+            "instanceMarketOptions": {
+                "type": "object", "additionalProperties": false, "required": ["marketType"],
+                "description": "spot capacity (RunInstances InstanceMarketOptions); absent: on-demand. A one-time request that terminates on interruption: the driver reports the interruption notice as an event",
+                "properties": {
+                    "marketType": {"type": "string", "enum": ["spot"]},
+                    "spotOptions": {
+                        "type": "object", "additionalProperties": false,
+                        "properties": {
+                            "maxPrice": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$",
+                                         "description": "highest price per hour in USD; default: the on-demand price"},
+                            "spotInstanceType": {"type": "string", "enum": ["one-time"]},
+                            "instanceInterruptionBehavior": {"type": "string", "enum": ["terminate"]}
+                        }
+                    }
+                }
+            },
             "launchTemplate": {
                 "type": "object", "additionalProperties": false,
                 "description": "exactly one of id or name; version defaults to $Default",
@@ -180,6 +231,9 @@ impl ProviderSpec {
                 "the aws: and machinedriver.dev/ prefixes are reserved",
             ));
         }
+        if let Some(m) = &parsed.instance_market_options {
+            violations.extend(m.violations());
+        }
         if !violations.is_empty() {
             return Err(DriverError::invalid_provider_spec(violations));
         }
@@ -229,6 +283,9 @@ impl ProviderSpec {
                 .build();
             req = req.block_device_mappings(BlockDeviceMapping::builder().device_name(&d.device_name).ebs(ebs).build());
         }
+        if let Some(m) = &self.instance_market_options {
+            req = req.instance_market_options(m.to_request());
+        }
         if let Some(lt) = &self.launch_template {
             req = req.launch_template(
                 LaunchTemplateSpecification::builder()
@@ -243,6 +300,66 @@ impl ProviderSpec {
             spec = spec.tags(Tag::builder().key(k).value(v).build());
         }
         req.tag_specifications(spec.build())
+    }
+}
+
+impl InstanceMarketOptions {
+    /// What the schema says again, for specs that reach [`ProviderSpec::parse`] unvalidated,
+    /// with a reason for each refusal.
+    fn violations(&self) -> Vec<Violation> {
+        let field = |f: &str| format!("provider_spec.instanceMarketOptions.{f}");
+        let mut out = Vec::new();
+        if self.market_type != "spot" {
+            out.push(Violation::new(
+                field("marketType"),
+                format!("{:?} is not supported: the only market type is \"spot\" (omit instanceMarketOptions for on-demand)", self.market_type),
+            ));
+        }
+        let o = &self.spot_options;
+        if let Some(p) = &o.max_price {
+            let decimal = p.split_once('.').map_or(p.as_str(), |(a, _)| a);
+            let ok = !p.is_empty()
+                && p.chars().all(|c| c.is_ascii_digit() || c == '.')
+                && p.matches('.').count() <= 1
+                && !decimal.is_empty()
+                && !p.ends_with('.')
+                && p.parse::<f64>().is_ok_and(|v| v > 0.0);
+            if !ok {
+                out.push(Violation::new(
+                    field("spotOptions.maxPrice"),
+                    format!("{p:?} is not a positive price in USD per hour such as \"0.05\""),
+                ));
+            }
+        }
+        if let Some(t) = o.spot_instance_type.as_deref().filter(|t| *t != "one-time") {
+            out.push(Violation::new(
+                field("spotOptions.spotInstanceType"),
+                format!("{t:?} is not supported: only \"one-time\" (a persistent request relaunches instances behind the controller's back)"),
+            ));
+        }
+        if let Some(b) = o.instance_interruption_behavior.as_deref().filter(|b| *b != "terminate") {
+            out.push(Violation::new(
+                field("spotOptions.instanceInterruptionBehavior"),
+                format!("{b:?} is not supported: a one-time spot request only terminates (the controller replaces the machine)"),
+            ));
+        }
+        out
+    }
+
+    /// RunInstances' `InstanceMarketOptions`.
+    fn to_request(&self) -> InstanceMarketOptionsRequest {
+        let o = &self.spot_options;
+        let spot = SpotMarketOptions::builder()
+            .set_max_price(o.max_price.clone())
+            .spot_instance_type(SpotInstanceType::from(o.spot_instance_type.as_deref().unwrap_or("one-time")))
+            .instance_interruption_behavior(InstanceInterruptionBehavior::from(
+                o.instance_interruption_behavior.as_deref().unwrap_or("terminate"),
+            ))
+            .build();
+        InstanceMarketOptionsRequest::builder()
+            .market_type(MarketType::from(self.market_type.as_str()))
+            .spot_options(spot)
+            .build()
     }
 }
 
@@ -262,6 +379,8 @@ pub fn field_for_code(code: &str, message: &str) -> &'static str {
         ("InvalidInstanceType", "instanceType"),
         ("InvalidTag", "tags"),
         ("InvalidKmsKey", "blockDevices"),
+        ("InvalidSpot", "instanceMarketOptions"),
+        ("SpotMaxPriceTooLow", "instanceMarketOptions"),
     ];
     if let Some((_, f)) = by_code.iter().find(|(prefix, _)| code.starts_with(prefix)) {
         return f;
@@ -287,6 +406,8 @@ pub fn field_for_code(code: &str, message: &str) -> &'static str {
         ("iops", "blockDevices"),
         ("launchtemplate", "launchTemplate"),
         ("launch template", "launchTemplate"),
+        ("spot", "instanceMarketOptions"),
+        ("marketoptions", "instanceMarketOptions"),
         ("iaminstanceprofile", "iamInstanceProfile"),
         ("tag", "tags"),
     ];
@@ -345,6 +466,63 @@ mod tests {
         assert!(!driver_sdk::schema::validate(&schema, &bad, "provider_spec").is_empty());
         let parsed = ProviderSpec::parse(&spec).unwrap();
         assert_eq!(parsed.availability_zone.as_deref(), Some("eu-west-1b"));
+    }
+
+    #[test]
+    fn spot_market_options_are_validated_and_reach_run_instances() {
+        let schema = schema();
+        let spot = json!({"instanceType": "t3.micro", "imageId": "ami-12345678",
+            "instanceMarketOptions": {"marketType": "spot", "spotOptions": {"maxPrice": "0.05",
+                "spotInstanceType": "one-time", "instanceInterruptionBehavior": "terminate"}}});
+        assert!(driver_sdk::schema::validate(&schema, &spot, "provider_spec").is_empty());
+        let parsed = ProviderSpec::parse(&spot).unwrap();
+        assert!(parsed.is_spot());
+        let req = parsed.instance_market_options.as_ref().unwrap().to_request();
+        assert_eq!(req.market_type(), Some(&MarketType::Spot));
+        let o = req.spot_options().unwrap();
+        assert_eq!(o.max_price(), Some("0.05"));
+        assert_eq!(o.spot_instance_type(), Some(&SpotInstanceType::OneTime));
+        assert_eq!(o.instance_interruption_behavior(), Some(&InstanceInterruptionBehavior::Terminate));
+        // Defaults: one-time, terminate, AWS's price.
+        let bare = json!({"instanceType": "t3.micro", "imageId": "ami-12345678",
+            "instanceMarketOptions": {"marketType": "spot"}});
+        let req = ProviderSpec::parse(&bare).unwrap().instance_market_options.unwrap().to_request();
+        assert_eq!(req.spot_options().and_then(|o| o.max_price()), None);
+        assert_eq!(req.spot_options().and_then(|o| o.spot_instance_type()), Some(&SpotInstanceType::OneTime));
+        assert!(!ProviderSpec::parse(&spec_without_market()).unwrap().is_spot());
+        // Each bad field is refused by name, by the schema and by parse alike.
+        for (options, field) in [
+            (json!({"marketType": "capacity-block"}), "provider_spec.instanceMarketOptions.marketType"),
+            (
+                json!({"marketType": "spot", "spotOptions": {"maxPrice": "cheap"}}),
+                "provider_spec.instanceMarketOptions.spotOptions.maxPrice",
+            ),
+            (
+                json!({"marketType": "spot", "spotOptions": {"maxPrice": "0"}}),
+                "provider_spec.instanceMarketOptions.spotOptions.maxPrice",
+            ),
+            (
+                json!({"marketType": "spot", "spotOptions": {"spotInstanceType": "persistent"}}),
+                "provider_spec.instanceMarketOptions.spotOptions.spotInstanceType",
+            ),
+            (
+                json!({"marketType": "spot", "spotOptions": {"instanceInterruptionBehavior": "stop"}}),
+                "provider_spec.instanceMarketOptions.spotOptions.instanceInterruptionBehavior",
+            ),
+        ] {
+            let spec = json!({"instanceType": "t3.micro", "imageId": "ami-12345678", "instanceMarketOptions": options});
+            let err = ProviderSpec::parse(&spec).unwrap_err();
+            assert_eq!(err.reason(), driver_sdk::reason::INVALID_PROVIDER_SPEC, "{spec}");
+            assert_eq!(err.violations()[0].field, field, "{err}");
+            if field.ends_with("maxPrice") && options["spotOptions"]["maxPrice"] == "0" {
+                continue; // "0" matches the schema's pattern; parse refuses it
+            }
+            assert!(!driver_sdk::schema::validate(&schema, &spec, "provider_spec").is_empty(), "{spec}");
+        }
+    }
+
+    fn spec_without_market() -> Value {
+        json!({"instanceType": "t3.micro", "imageId": "ami-12345678"})
     }
 
     #[test]
