@@ -37,7 +37,7 @@ fn create_req(name: &str, spec: serde_json::Value) -> pb::CreateMachineRequest {
 }
 
 /// Polls GetOperation until done (bounded).
-async fn wait_done(c: &DriverClient, op: pb::Operation) -> pb::Operation {
+pub(crate) async fn wait_done(c: &DriverClient, op: pb::Operation) -> pb::Operation {
     wait_done_with(c, op, &None).await
 }
 

@@ -7,6 +7,8 @@
 
 mod autoscaler;
 mod aws_ec2;
+/// The AWS driver's event stream on moto: EventBridge → SQS → `WatchEvents`.
+mod aws_events;
 /// Shared by the AWS suites (`aws_ec2`, `interop`): moto and the loopback EC2 stub.
 mod aws_support;
 mod azure;
