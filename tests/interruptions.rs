@@ -297,3 +297,97 @@ async fn node_names(w: &World) -> Vec<String> {
     let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(w.cluster().client.clone());
     nodes.list(&ListParams::default()).await.unwrap().items.into_iter().filter_map(|n| n.metadata.name).collect()
 }
+
+/// Machines per failure domain (not being deleted).
+async fn per_domain(w: &World) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for m in w.machines().await.into_iter().filter(|m| !m.is_deleting()) {
+        *out.entry(m.spec.failure_domain.clone().unwrap_or_else(|| "-".into())).or_default() += 1;
+    }
+    out
+}
+
+/// Spot first, on-demand as the fallback (embedded store, the fake cloud as a real sidecar):
+/// while the cloud refuses spot capacity the deployment runs on on-demand; once spot is back it
+/// moves there surge-first (never below `replicas` available); a spot interruption then closes
+/// the spot domain (`CapacityReclaimed`), so the replacement goes to on-demand, and after the
+/// backoff back to spot. Every machine is created once per placement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spot_refused_for_capacity_runs_on_demand_and_moves_back_to_spot_when_it_recovers() {
+    let mut w = World::builder()
+        .driver(e2e_tests::world::Driver::fake(FAST))
+        .controller_args(&["--resync-interval", "5s"])
+        .without_controller()
+        .start()
+        .await;
+    let no_spot = fake::FaultRule {
+        rpc: "CreateMachine".into(),
+        capacity_type: "spot".into(),
+        action: "error".into(),
+        code: "RESOURCE_EXHAUSTED".into(),
+        reason: "INSUFFICIENT_CAPACITY".into(),
+        message: "no spot capacity for small".into(),
+        ..Default::default()
+    };
+    w.set_faults(vec![no_spot]).await;
+    let c = w.start_controller(&[]);
+    let class = json!({"driver": "fake", "providerSpec": {"machineType": "small"}});
+    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "spot"}, "spec": class})).await;
+    w.apply_md(json!({
+        "failureDomains": [
+            {"name": "spot", "providerSpec": {"capacityType": "spot"}, "priority": 1},
+            {"name": "on-demand", "providerSpec": {"capacityType": "on-demand"}},
+        ],
+        "failureDomainBackoff": {"initialSeconds": 10, "maxSeconds": 10},
+    }))
+    .await;
+    eventually(2 * MINUTE, "3 machines on on-demand while spot is refused", || async {
+        let md = w.md("web").await;
+        let spot_closed = md.status.failure_domains.iter().any(|d| d.name == "spot" && !d.reason.is_empty());
+        let placed = per_domain(&w).await == [("on-demand".to_string(), 3)].into();
+        (md.status.available_replicas == 3 && placed && spot_closed).then_some(())
+    })
+    .await;
+
+    // Spot recovers: the machines move back, one at a time, launch before terminate.
+    let unavailable = e2e_tests::watch::Most::unavailable(&w, 3);
+    let before = w.counters().await.machines_created;
+    w.set_faults(vec![]).await;
+    eventually(3 * MINUTE, "3 machines on spot", || async {
+        let md = w.md("web").await;
+        let placed = per_domain(&w).await == [("spot".to_string(), 3)].into();
+        (md.status.available_replicas == 3 && md.status.replicas == 3 && placed).then_some(())
+    })
+    .await;
+    assert!(unavailable.most() <= 0, "{} machines unavailable at once while moving back", unavailable.most());
+    assert_eq!(w.counters().await.machines_created, before + 3, "each move created one machine");
+
+    // A spot interruption: the spot offering is reclaimed, so the replacement goes to on-demand.
+    let victim = w.machines().await.into_iter().find(|m| !m.is_deleting()).expect("a machine").metadata.name;
+    w.inject(&victim, "SPOT_INTERRUPTION", Some(NOTICE)).await;
+    let md = eventually(MINUTE, "the spot domain closed for the reclaim", || async {
+        let md = w.md("web").await;
+        md.status.failure_domains.iter().any(|d| d.name == "spot" && d.reason == "CapacityReclaimed").then_some(md)
+    })
+    .await;
+    let spot = md.status.failure_domains.iter().find(|d| d.name == "spot").expect("the spot domain's status");
+    assert!(spot.message.contains(&victim), "{spot:?}");
+    let replacement = eventually(MINUTE, "the replacement created", || async {
+        w.machines().await.into_iter().find(|m| {
+            m.metadata.annotations.get(ANNOTATION_REPLACES_INTERRUPTION).is_some_and(|v| v.starts_with(&victim))
+        })
+    })
+    .await;
+    assert_eq!(replacement.spec.failure_domain.as_deref(), Some("on-demand"), "not back into the reclaimed offering");
+    // After the backoff it moves back to spot.
+    eventually(2 * MINUTE, "3 machines on spot again", || async {
+        let md = w.md("web").await;
+        let placed = per_domain(&w).await == [("spot".to_string(), 3)].into();
+        let gone = w.machine(&victim).await.is_none();
+        (md.status.available_replicas == 3 && placed && gone).then_some(())
+    })
+    .await;
+    assert_eq!(w.counters().await.machines_reclaimed, 0, "the interrupted machine left before its deadline");
+    w.assert_consistent(3).await;
+    w.kill9_controller(c).await;
+}

@@ -51,12 +51,16 @@ pub struct NodeView {
     /// `metadata.resourceVersion` of the Node this view was taken from: a write that replaces a
     /// list (the taints) carries it, so it fails with a conflict if the Node changed since.
     pub resource_version: String,
+    /// A True `PreemptionScheduled` or `VMEventScheduled` condition (node-problem-detector's
+    /// reading of Azure's Scheduled Events): an interruption the Node announces.
+    pub scheduled: Option<super::scheduled::ScheduledEvent>,
 }
 
 impl NodeView {
     /// The view of a Node; `None` for a Node without a name.
     pub fn of(node: &Node) -> Option<Self> {
         let name = node.metadata.name.clone()?;
+        let name_for_events = name.clone();
         let spec = node.spec.as_ref();
         let readiness = node
             .status
@@ -85,6 +89,11 @@ impl NodeView {
                 .map(|i| i.boot_id.clone())
                 .unwrap_or_default(),
             resource_version: node.metadata.resource_version.clone().unwrap_or_default(),
+            scheduled: node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .and_then(|cs| super::scheduled::of(&name_for_events, cs)),
         })
     }
 
@@ -104,6 +113,7 @@ impl NodeView {
             deleting,
             boot_id,
             resource_version: _,
+            scheduled,
         } = self;
         *name == other.name
             && *uid == other.uid
@@ -115,6 +125,7 @@ impl NodeView {
             && *taints == other.taints
             && *deleting == other.deleting
             && *boot_id == other.boot_id
+            && *scheduled == other.scheduled
     }
 
     /// Whether it is Ready.

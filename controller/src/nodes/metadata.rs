@@ -146,6 +146,7 @@ mod tests {
             deleting: false,
             boot_id: String::new(),
             resource_version: "1".into(),
+            scheduled: None,
         }
     }
 

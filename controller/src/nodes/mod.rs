@@ -5,6 +5,8 @@
 //!
 //! - [`cache`]: the Nodes from one watch, indexed by name and normalized provider ID;
 //! - [`provider_id`]: how provider IDs compare;
+//! - [`scheduled`]: the interruptions a Node's conditions announce (node-problem-detector's
+//!   `PreemptionScheduled`, `VMEventScheduled`);
 //! - [`drain`]: what a drain does with each pod, what an eviction's refusal means, and one
 //!   pass over a node's pods, bounded in time;
 //! - [`metadata`]: the template's labels, annotations and taints kept on the Node;
@@ -26,6 +28,7 @@ pub mod calls;
 pub mod drain;
 pub mod metadata;
 pub mod provider_id;
+pub mod scheduled;
 
 pub use cache::{Lookup, NodeCache, NodeView, Readiness};
 pub use drain::{Evicted, PodKey};

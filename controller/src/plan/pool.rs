@@ -36,6 +36,12 @@
 //! usual deletion: drain, then exactly that instance). The remediation pace is the plan's
 //! ([`Plan::disruption_status`]).
 //!
+//! **Interruptions** (an instance's Machine records `status.interruption`, from the driver's
+//! event stream or its Node's condition): the instance is asked as `Interruption` (never held)
+//! and its Machine deleted at once — drained until a margin before the cloud's deadline with
+//! nodes managed — while the capacity grows by one for it until its deletion is sent (the cloud's
+//! capacity is one lower from then), at most `replicas` above: the deployments' hard cap.
+//!
 //! **Canary** (`strategy.canary`): when a new template upgrades a pool's instances (not its first
 //! apply), at most `canary.machines` instances reach the new model first: a surge upgrade grows
 //! the capacity by at most that many, and old instances go (deleted, deleted and replaced, or
@@ -59,7 +65,7 @@ use std::time::Duration;
 
 use super::disruption::{self, Candidate, Planner, Report};
 use super::owner::{self, holds, PlannedEvent, Remediation, Standing, Unit};
-use super::steps::{canary, in_place, remediation, rollout, scale_down};
+use super::steps::{canary, in_place, interruption, remediation, rollout, scale_down};
 use super::Limits;
 use crate::resources::{
     CanaryPhase, CanaryStatus, DeletePolicy, DisruptionBudget, DisruptionReason, DisruptionStatus, MachinePool, Phase,
@@ -304,6 +310,13 @@ pub enum Note {
         /// The capacity.
         capacity: i64,
     },
+    /// The cloud takes these instances (`status.interruption` on their Machines): their Machines
+    /// are deleted at once, never held, and the capacity grows by one for each while the cloud
+    /// still holds it (the hard cap of the deployments' interruption step).
+    Interrupted {
+        /// Their IDs.
+        instances: Vec<String>,
+    },
     /// Instances are taken for remediation now.
     Remediating {
         /// Their IDs.
@@ -384,6 +397,13 @@ impl std::fmt::Display for Note {
                 write!(f, "capacity {capacity} waits: the cloud still holds {held} instances")
             }
             Note::AboveCapacity { live, capacity } => write!(f, "{live} instances for capacity {capacity}"),
+            Note::Interrupted { instances } => {
+                write!(
+                    f,
+                    "the cloud takes instance(s) {}: deleted at once, replaced beside the surge",
+                    instances.join(", ")
+                )
+            }
             Note::Remediating { instances } => write!(f, "remediating instance(s) {}", instances.join(", ")),
             Note::AwaitingReplacement { instances } => {
                 write!(f, "{instances} instance(s) being remediated wait for their replacements")
@@ -495,6 +515,13 @@ pub fn plan_pool(o: Observed<'_>) -> Plan {
     let units: Vec<U<'_>> = o.instances.iter().map(|i| o.unit(i, template_changed)).collect();
     let limits = Limits::resolve(o.replicas, o.strategy);
     let mut planner = Planner::new(owner::census(o.replicas, &units), limits_of(&o, &limits));
+    // What the cloud takes goes first, never held; its replacement comes beside the surge while
+    // the cloud still holds the instance (once its deletion is sent, the cloud's capacity is one
+    // lower already).
+    let interrupted: Vec<String> =
+        interruption::choose(&units, &mut planner).iter().map(|u| u.key.to_string()).collect();
+    let held_interrupted = units.iter().filter(|u| u.interrupted() && u.item.state != InstanceState::Deleting);
+    let extra = (held_interrupted.count() as i64).min(o.replicas.max(1));
     let halted = o.remediation_halted.is_some();
     let chosen = remediation::choose(&units, halted, |_| false, &mut planner);
     let mark = chosen.marks();
@@ -520,13 +547,21 @@ pub fn plan_pool(o: Observed<'_>) -> Plan {
     if let Some(h) = hold {
         c.surge = c.surge.min(h.wanted);
     }
-    c.capacity = o.replicas + c.surge;
+    c.capacity = o.replicas + c.surge + extra;
     let room = hold.map(|h| canary_room(&c, h));
     let mut step = if o.nodes_managed {
         step_with_nodes(&o, &c, &go, room, &mut planner, &mut notes)
     } else {
         step_without_nodes(&o, &c, &go, room, &mut planner, &mut notes)
     };
+    if !interrupted.is_empty() && mark.is_empty() {
+        notes.push(Note::Interrupted { instances: interrupted.clone() });
+        let mut ids = interrupted;
+        if let Step::DeleteMachines(more) = &step {
+            ids.extend(more.iter().filter(|id| !ids.contains(id)).cloned().collect::<Vec<_>>());
+        }
+        step = Step::DeleteMachines(ids);
+    }
     if !mark.is_empty() {
         // A plan that marks makes no call: the marks are written first, and the next plan acts on
         // what is stored (a mark that did not land leaves nothing behind).

@@ -289,6 +289,7 @@ mod tests {
             deleting: false,
             boot_id: boot_id.into(),
             resource_version: "1".into(),
+            scheduled: None,
         }
     }
 

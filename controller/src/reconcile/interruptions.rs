@@ -20,6 +20,7 @@ use futures::StreamExt;
 use super::write::{self, Written};
 use crate::app::Ctx;
 use crate::events::EventReason;
+use crate::nodes::scheduled::ScheduledEvent;
 use crate::resources::*;
 use crate::runtime::drivers::DriverHandle;
 use crate::store::Error as StoreError;
@@ -308,6 +309,42 @@ async fn record(ctx: &Ctx, names: &mut Names, e: &pb::MachineEvent) -> Result<Ou
             Err(err) => return Err(err),
         }
     }
+}
+
+/// The interruption a Node's scheduled-event condition announces ([`crate::nodes::scheduled`]):
+/// a preemption is a spot interruption, a reboot, redeploy or termination a scheduled
+/// maintenance; a freeze (the VM paused for seconds, kept) is none.
+pub fn node_interruption(s: &ScheduledEvent, now: Time) -> Option<Interruption> {
+    let (kind, action) = match s.event_type.as_str() {
+        "Preempt" => (InterruptionKind::SpotInterruption, "Terminate"),
+        "Terminate" => (InterruptionKind::ScheduledMaintenance, "Terminate"),
+        "Freeze" => return None,
+        _ => (InterruptionKind::ScheduledMaintenance, "Reboot"),
+    };
+    let message = format!("Node condition {}: {}", s.condition, s.message);
+    Some(Interruption {
+        kind,
+        event_id: s.event_id.clone(),
+        not_before: s.not_before,
+        received_at: now,
+        observed_at: None,
+        action: action.into(),
+        offering: None,
+        message: message.chars().take(1024).collect(),
+    })
+}
+
+/// Records on `m` what its Node's scheduled-event condition announces, as a stream's event is
+/// recorded (the same merge: idempotent by event ID, a heavier kind keeps the earlier deadline).
+/// The caller writes `m`. The condition stands while the event is pending, so only a change is
+/// counted and announced.
+pub(crate) async fn from_node(ctx: &Ctx, m: &mut Machine, s: &ScheduledEvent) {
+    let Some(incoming) = node_interruption(s, Utc::now()) else { return };
+    let Ok(merged) = merge(m.status.interruption.as_ref(), incoming) else { return };
+    ctx.app.metrics.interruptions.received(merged.kind.as_str(), Outcome::Recorded);
+    tracing::info!(machine = %m.metadata.name, event.id = %merged.event_id, kind = merged.kind.as_str(), "node condition");
+    m.status.interruption = Some(merged.clone());
+    announce(ctx, m, &merged).await;
 }
 
 /// The Machine's event for a recorded interruption.

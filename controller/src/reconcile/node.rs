@@ -175,6 +175,9 @@ pub(crate) async fn observe(ctx: &Ctx, target: &Target, key: &Key, m: &mut Machi
         Lookup::NotSynced => Ok(()),
         Lookup::Found(node) => {
             link(ctx, target, m, &node).await?;
+            if let Some(s) = &node.scheduled {
+                super::interruptions::from_node(ctx, m, s).await;
+            }
             if node.is_ready() {
                 set_condition(&mut m.status.conditions, ConditionType::NodeReady, true, Reason::NodeReady, "");
             } else {

@@ -1187,3 +1187,49 @@ fn a_new_template_after_a_failed_canary_starts_a_new_one() {
     let ready = all_new.ready.unwrap();
     assert_eq!((all_new.step, ready.holds, ready.reason), (Step::Wait, true, Reason::Ready));
 }
+
+fn interrupted(mut inst: Instance, kind: crate::resources::InterruptionKind) -> Instance {
+    inst.interrupted = Some(kind);
+    inst
+}
+
+#[test]
+fn an_interrupted_instance_goes_at_once_under_a_budget_of_zero_and_is_replaced_beside_the_surge() {
+    use crate::resources::{DisruptionBudget, DisruptionReason, InterruptionKind};
+    let spot = |id| interrupted(i(id), InterruptionKind::SpotInterruption);
+    let zero = DisruptionBudget {
+        machines: int(0),
+        schedule: None,
+        duration: None,
+        time_zone: None,
+        reasons: vec![DisruptionReason::Remediation, DisruptionReason::ScaleDown, DisruptionReason::Rollout],
+    };
+    for managed in [false, true] {
+        let mut c = case(3, int(0), int(0), vec![i("0"), spot("1"), i("2")]);
+        c.budgets = vec![zero.clone()];
+        c.nodes_managed = managed;
+        // First its Machine is deleted (drained before the deadline with nodes), never held.
+        let p = c.plan();
+        assert_eq!(p.step, Step::DeleteMachines(ids(&["1"])), "managed {managed}: {:?}", p.notes);
+        assert!(p.notes.contains(&Note::Interrupted { instances: ids(&["1"]) }));
+        // While the cloud still holds it the pool grows by one for its replacement, beside
+        // maxSurge 0.
+        let p = c.clone().deleting("1").plan();
+        assert_eq!(p.step, Step::Apply { capacity: 4 }, "managed {managed}: {:?}", p.notes);
+        // Its deletion sent (the cloud's capacity one lower), the capacity is replicas again,
+        // applied once the instance is gone (never below what the cloud holds).
+        let mut c = c.clone().deleting("1").applied("rev", 4);
+        c.instances = vec![i("0"), state(spot("1"), InstanceState::Deleting), i("2"), i("3")];
+        let p = c.plan();
+        assert_eq!(p.step, Step::Wait, "managed {managed}: {:?}", p.notes);
+        assert!(p.notes.contains(&Note::ApplyHeld { capacity: 3, held: 4 }), "{:?}", p.notes);
+        c.instances.remove(1);
+        c.deleting.clear();
+        let p = c.plan();
+        assert_eq!(p.step, Step::Apply { capacity: 3 }, "managed {managed}: {:?}", p.notes);
+    }
+    // A rebalance recommendation is no interruption here: it is a remediation, held by the budget.
+    let mut c = case(3, int(1), int(0), vec![i("0"), interrupted(i("1"), InterruptionKind::RebalanceRecommendation)]);
+    c.budgets = vec![zero];
+    assert!(c.plan().notes.iter().all(|n| !matches!(n, Note::Interrupted { .. })));
+}
