@@ -47,8 +47,8 @@ mod inspect;
 pub mod kubelets;
 
 use cloud::{now_ms, CloudError, FInstance, FMachine, FPool, MState, State, StateFile};
-pub use faults::{FaultAction, FaultRule};
 use faults::Placement;
+pub use faults::{FaultAction, FaultRule};
 pub use inspect::FakeCloudService;
 
 /// Generated types of the `fakecloud.v1` inspection API.
