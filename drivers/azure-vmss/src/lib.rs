@@ -20,6 +20,11 @@
 //! | `UpgradePoolInstances` | `POST …/manualupgrade {"instanceIds":[…]}` |
 //! | `DeletePool` | `DELETE` the scale set (204 = already gone = a done operation) |
 //!
+//! **Events** ([`events`]): `WatchEvents` reports machine VMs stopped, deallocated or deleted
+//! behind the driver's back (`STOPPED`, `TERMINATED`), from one VM listing per resource group
+//! every `--event-poll-interval`; Spot VMs (`priority: Spot`, `evictionPolicy`, `maxPrice` in the
+//! provider spec, see [`model`]) are reported with capacity type spot.
+//!
 //! **Operations.** A mutating RPC sends its ARM request exactly once and returns. The operation
 //! token (sealed by the SDK) holds the protocol kind, the HTTP method, the `Azure-AsyncOperation`
 //! URL, the `Location` URL, the original URL and the scale set's identity (subscription, resource
@@ -72,6 +77,7 @@ pub mod arm;
 pub mod class_credential;
 pub mod credential;
 pub mod errors;
+pub mod events;
 pub mod machines;
 pub mod model;
 pub mod vm;
@@ -106,6 +112,9 @@ pub struct Config {
     pub default_poll: Duration,
     /// Lower bound of `poll_after`, so a `Retry-After: 0` cannot make callers spin.
     pub min_poll: Duration,
+    /// How often the event stream lists the VMs (`--event-poll-interval`; zero:
+    /// [`events::DEFAULT_EVENT_POLL_INTERVAL`]).
+    pub event_poll: Duration,
 }
 
 /// The scale set or VM an operation works on.
@@ -156,6 +165,7 @@ pub struct AzureVmssDriver {
     arm: ArmClient,
     credentials: class_credential::ClassCredentials,
     config: Config,
+    watch: events::Watch,
 }
 
 fn kind_name(kind: OperationKind) -> &'static str {
@@ -175,7 +185,16 @@ impl AzureVmssDriver {
     /// A driver calling ARM through `arm`, with each MachineClass's credential from
     /// `credentials` (the sidecar's own when the class Secret names none).
     pub fn new(arm: ArmClient, credentials: class_credential::ClassCredentials, config: Config) -> Self {
-        Self { arm, credentials, config }
+        let watch = events::Watch::default();
+        if let (Some(subscription), Some(resource_group)) = (&config.subscription_id, &config.resource_group) {
+            let r = ResourceId {
+                subscription: subscription.clone(),
+                resource_group: resource_group.clone(),
+                name: String::new(),
+            };
+            watch.learn(&r, &arm);
+        }
+        Self { arm, credentials, config, watch }
     }
 
     /// Where `name` lives: the provider spec's `subscriptionId` and `resourceGroup`, else the
@@ -459,7 +478,43 @@ impl Driver for AzureVmssDriver {
     }
 
     fn capabilities(&self) -> Vec<Capability> {
-        vec![Capability::Machines, Capability::InPlaceUpdate, Capability::Pools, Capability::ValidateMachineClass]
+        vec![
+            Capability::Machines,
+            Capability::InPlaceUpdate,
+            Capability::Pools,
+            Capability::ValidateMachineClass,
+            Capability::Events,
+        ]
+    }
+
+    async fn watch_events(&self, _ctx: &RequestContext) -> Result<driver_sdk::EventStream> {
+        // One poll at once, then one every interval, for as long as the SDK reads (it stops
+        // reading while its buffer is full: backpressure reaches the polling).
+        let watch = self.watch.clone();
+        let every =
+            if self.config.event_poll.is_zero() { events::DEFAULT_EVENT_POLL_INTERVAL } else { self.config.event_poll };
+        let start = (std::collections::VecDeque::new(), true);
+        let stream = futures::stream::unfold(start, move |(mut buffer, mut first)| {
+            let watch = watch.clone();
+            async move {
+                loop {
+                    if let Some(e) = buffer.pop_front() {
+                        return Some((Ok(e), (buffer, first)));
+                    }
+                    if !first {
+                        tokio::time::sleep(every).await;
+                    }
+                    first = false;
+                    buffer.extend(watch.poll().await);
+                }
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+
+    async fn ack_event(&self, _ctx: &RequestContext, event: &driver_sdk::MachineEvent) -> Result<()> {
+        self.watch.acked(&event.event_id);
+        Ok(())
     }
 
     async fn probe(&self, _ctx: &RequestContext) -> Result<Probe> {

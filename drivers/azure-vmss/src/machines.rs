@@ -135,6 +135,7 @@ impl AzureVmssDriver {
         let scale_set = vm::scale_set_id(&spec, &r, self.config.scale_set.as_deref());
         let tags = vm::tags_for(&req.name, &spec, &hash, &req.labels);
         let body = vm::body(&r, &spec, tags, scale_set.as_deref(), custom_data)?;
+        self.watch.learn(&r, &arm);
         // Never a second VM: a VM of this name answers the create.
         if let Some((v, resp)) = self.get_vm(&arm, ctx, &r).await? {
             if vm::tags_of(&v).get(NAME_TAG) != Some(&req.name) {
@@ -198,9 +199,12 @@ impl AzureVmssDriver {
         let r = self.vm_resource(&req.name, req.provider_id.as_deref(), &req.provider_spec, secret_sub.as_deref())?;
         let kind = OperationKind::DeleteMachine;
         let url = self.vm_url(&r, &[])?;
+        self.watch.learn(&r, &arm);
         let Some((v, resp)) = self.get_machine_vm(&arm, ctx, &r).await? else {
             return Ok(self.done(kind, &r, &Method::Delete, &url, None, OperationOutput::None));
         };
+        // Ours from here on: the event poll does not report this VM going away.
+        self.watch.deleting(&r);
         if vm::provisioning_state(&v) == "Deleting" {
             // A repeated delete: follow the one under way.
             let mut op = self.started(kind, &r, &Method::Delete, &url, &resp, vec![]);
@@ -218,6 +222,7 @@ impl AzureVmssDriver {
     pub(crate) async fn vm_status(&self, ctx: &RequestContext, req: MachineRef) -> Result<Machine> {
         let (arm, secret_sub) = self.arm_for(&req.secrets)?;
         let r = self.vm_resource(&req.name, req.provider_id.as_deref(), &req.provider_spec, secret_sub.as_deref())?;
+        self.watch.learn(&r, &arm);
         match self.get_machine_vm(&arm, ctx, &r).await? {
             Some((v, _)) => Ok(self.machine_with_ips(&arm, ctx, &v).await),
             None => Err(missing(&r)),
@@ -232,6 +237,7 @@ impl AzureVmssDriver {
         let (arm, secret_sub) = self.arm_for(&req.secrets)?;
         let (mut url, mut offset) = if req.page_token.is_empty() {
             let r = self.resource("", &req.provider_spec, secret_sub.as_deref())?;
+            self.watch.learn(&r, &arm);
             let path = format!(
                 "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Compute/virtualMachines",
                 r.subscription, r.resource_group
@@ -291,6 +297,7 @@ impl AzureVmssDriver {
         let r = self.resource(&req.name, &req.provider_spec, secret_sub.as_deref())?;
         let kind = OperationKind::UpdateMachine;
         let url = self.vm_url(&r, &[])?;
+        self.watch.learn(&r, &arm);
         let Some((v, resp)) = self.get_machine_vm(&arm, ctx, &r).await? else { return Err(missing(&r)) };
         let current = vm::tags_of(&v);
         let state = vm::provisioning_state(&v);

@@ -51,6 +51,10 @@ struct Cli {
     /// `poll_after` when ARM sends no Retry-After.
     #[arg(long, default_value = "15s", value_parser = driver_sdk::parse_duration)]
     default_poll_interval: Duration,
+    /// How often the event stream (WatchEvents) lists the machine VMs of each resource group
+    /// to see VMs stopped, deallocated or deleted out of band.
+    #[arg(long, default_value = "30s", value_parser = driver_sdk::parse_duration)]
+    event_poll_interval: Duration,
 }
 
 #[tokio::main]
@@ -102,6 +106,7 @@ async fn main() -> ExitCode {
             scale_set: cli.scale_set.clone().filter(|s| !s.is_empty()),
             default_poll: cli.default_poll_interval,
             min_poll: azure_vmss_driver::MIN_POLL,
+            event_poll: cli.event_poll_interval,
         },
     );
     match DriverServer::new(driver).serve(&cli.serve).await {
@@ -131,6 +136,7 @@ mod tests {
         let duration = |long: &str| driver_sdk::parse_duration(&default_of(&cmd, long)).unwrap();
         assert_eq!(duration("request-timeout"), arm::DEFAULT_REQUEST_TIMEOUT);
         assert_eq!(duration("default-poll-interval"), azure_vmss_driver::DEFAULT_POLL_INTERVAL);
+        assert_eq!(duration("event-poll-interval"), azure_vmss_driver::events::DEFAULT_EVENT_POLL_INTERVAL);
     }
 
     /// `docs/src/operating/azure-vmss.md` (the driver's own flags) and `sidecar.md` (the shared

@@ -56,9 +56,18 @@ pub struct ProviderSpec {
     /// domain sets its one zone), a pool's scale set spreads over all of them.
     #[serde(default)]
     pub zones: Vec<String>,
-    /// `Regular` or `Spot`.
+    /// `Regular` (the default) or `Spot`. `Low`, the legacy name of Spot, is refused (it names
+    /// no other capacity and would give one spec two spellings).
     #[serde(default)]
     pub priority: Option<String>,
+    /// Spot only: what an eviction does, `Deallocate` or `Delete` (the driver's default: a
+    /// deallocated machine still holds its disk and the controller replaces it anyway).
+    #[serde(default)]
+    pub eviction_policy: Option<String>,
+    /// Spot only: the most to pay per hour in US dollars (up to five decimals), or -1: up to the
+    /// on-demand price, never evicted for price (ARM's default).
+    #[serde(default)]
+    pub max_price: Option<f64>,
     /// Extra tags on the scale set.
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
@@ -154,7 +163,12 @@ pub fn schema() -> Value {
             "subnetId": {"type": "string", "pattern": "^/subscriptions/"},
             "zones": {"type": "array", "items": {"type": "string", "enum": ["1", "2", "3"]}, "maxItems": 3,
                       "description": "availability zones: a machine's VM goes to one of them, chosen by the machine name (a failure domain sets its one zone, e.g. [\"2\"]); a pool's scale set spreads its instances over all of them; none: ARM places the VMs"},
-            "priority": {"type": "string", "enum": ["Regular", "Spot"]},
+            "priority": {"type": "string", "enum": ["Regular", "Spot", "Low"],
+                         "description": "Regular (default) or Spot; Low, the legacy name of Spot, is refused with a message saying so"},
+            "evictionPolicy": {"type": "string", "enum": ["Deallocate", "Delete"],
+                               "description": "priority Spot only: what an eviction does (default Delete)"},
+            "maxPrice": {"type": "number",
+                         "description": "priority Spot only: the most to pay per hour in US dollars (above 0, up to five decimals), or -1: up to the on-demand price (default)"},
             "tags": {"type": "object", "additionalProperties": {"type": "string"}},
         },
         "examples": [
@@ -202,6 +216,7 @@ pub fn parse_spec(spec: &Value) -> Result<ProviderSpec, DriverError> {
             )]));
         }
     }
+    check_spot(&parsed)?;
     let tag_keys: usize = parsed.tags.keys().map(|k| k.len() + 1).sum();
     if tag_keys > 256 {
         return Err(DriverError::invalid_provider_spec(vec![Violation::new(
@@ -218,6 +233,67 @@ pub fn parse_spec(spec: &Value) -> Result<ProviderSpec, DriverError> {
         }
     }
     Ok(parsed)
+}
+
+/// `priority`, `evictionPolicy` and `maxPrice`: the checks ARM would make later, and the
+/// legacy `Low`.
+fn check_spot(spec: &ProviderSpec) -> Result<(), DriverError> {
+    let refuse = |field: &str, why: String| {
+        Err(DriverError::invalid_provider_spec(vec![Violation::new(format!("provider_spec.{field}"), why)]))
+    };
+    let priority = spec.priority.as_deref().unwrap_or("Regular");
+    if priority == "Low" {
+        return refuse("priority", "Low is the legacy name of Spot: write priority: Spot".into());
+    }
+    if priority != "Spot" {
+        if let Some(p) = &spec.eviction_policy {
+            return refuse(
+                "evictionPolicy",
+                format!(
+                    "evictionPolicy {p} needs priority: Spot (priority is {priority}); ARM refuses it on other VMs"
+                ),
+            );
+        }
+        if spec.max_price.is_some() {
+            return refuse("maxPrice", format!("maxPrice needs priority: Spot (priority is {priority})"));
+        }
+    }
+    if let Some(p) = spec.max_price {
+        let scaled = p * 100_000.0;
+        if !(p == -1.0 || p > 0.0) || !p.is_finite() {
+            return refuse(
+                "maxPrice",
+                format!("{p} is no price: give -1 (up to the on-demand price) or a price above 0"),
+            );
+        }
+        if (scaled - scaled.round()).abs() > 1e-6 {
+            return refuse("maxPrice", format!("{p} has more than five decimals, which ARM refuses"));
+        }
+    }
+    Ok(())
+}
+
+/// The capacity type of a VM (as ARM returns it): spot for `Spot` (or `Low`) priority.
+pub fn capacity_type_of(vm: &Value) -> driver_sdk::CapacityType {
+    match vm["properties"]["priority"].as_str() {
+        Some(p) if p.eq_ignore_ascii_case("Spot") || p.eq_ignore_ascii_case("Low") => driver_sdk::CapacityType::Spot,
+        _ => driver_sdk::CapacityType::OnDemand,
+    }
+}
+
+/// The `priority`, `evictionPolicy` and `billingProfile` of a Spot spec (nothing for Regular),
+/// for a VM's `properties` or a scale set's `virtualMachineProfile`.
+pub(crate) fn spot_fields(spec: &ProviderSpec) -> Option<Map<String, Value>> {
+    if spec.priority.as_deref() != Some("Spot") {
+        return None;
+    }
+    let mut m = Map::new();
+    m.insert("priority".into(), json!("Spot"));
+    m.insert("evictionPolicy".into(), json!(spec.eviction_policy.as_deref().unwrap_or("Delete")));
+    if let Some(p) = spec.max_price {
+        m.insert("billingProfile".into(), json!({"maxPrice": p}));
+    }
+    Some(m)
 }
 
 /// Label key → tag name: Azure refuses `/` in tag names, Kubernetes-style keys never hold `:`.
@@ -296,9 +372,8 @@ pub fn scale_set_body(
             "properties": {"primary": true, "ipConfigurations": [{"name": "ipconfig1", "properties": {"subnet": {"id": subnet}}}]},
         }]});
     }
-    if spec.priority.as_deref() == Some("Spot") {
-        profile["priority"] = json!("Spot");
-        profile["evictionPolicy"] = json!("Delete");
+    for (k, v) in spot_fields(spec).unwrap_or_default() {
+        profile[k.as_str()] = v;
     }
     let mut body = json!({
         "location": spec.location,
@@ -418,6 +493,36 @@ pub fn instance_of(vm: &VirtualMachineScaleSetVm) -> PoolInstance {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spot_fields_are_checked_and_reach_the_vm_model() {
+        let base = schema()["examples"][0].clone();
+        let with = |extra: Value| {
+            let mut s = base.clone();
+            for (k, v) in extra.as_object().unwrap() {
+                s[k] = v.clone();
+            }
+            s
+        };
+        let field = |spec: Value| {
+            let e = parse_spec(&spec).unwrap_err();
+            assert_eq!(e.reason(), driver_sdk::reason::INVALID_PROVIDER_SPEC, "{e}");
+            e.violations().iter().map(|v| v.field.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(field(with(json!({"priority": "Low"}))), ["provider_spec.priority"]);
+        assert_eq!(field(with(json!({"evictionPolicy": "Delete"}))), ["provider_spec.evictionPolicy"]);
+        assert_eq!(field(with(json!({"priority": "Regular", "maxPrice": 0.5}))), ["provider_spec.maxPrice"]);
+        assert_eq!(field(with(json!({"priority": "Spot", "maxPrice": 0}))), ["provider_spec.maxPrice"]);
+        assert_eq!(field(with(json!({"priority": "Spot", "maxPrice": 0.123456}))), ["provider_spec.maxPrice"]);
+        let spec = parse_spec(&with(json!({"priority": "Spot", "evictionPolicy": "Deallocate", "maxPrice": -1}))).unwrap();
+        let body = scale_set_body("p", &spec, "h", 1, &Labels::new()).unwrap();
+        let profile = &body["properties"]["virtualMachineProfile"];
+        assert_eq!((&profile["priority"], &profile["evictionPolicy"]), (&json!("Spot"), &json!("Deallocate")));
+        assert_eq!(profile["billingProfile"]["maxPrice"], -1.0);
+        let spec = parse_spec(&with(json!({"priority": "Spot", "maxPrice": 0.01538}))).unwrap();
+        assert_eq!(spot_fields(&spec).unwrap()["evictionPolicy"], "Delete");
+        assert!(spot_fields(&parse_spec(&base).unwrap()).is_none());
+    }
 
     #[test]
     fn examples_are_valid_and_build_a_scale_set() {

@@ -163,9 +163,8 @@ pub fn body(
     if let Some(id) = scale_set {
         properties["virtualMachineScaleSet"] = json!({"id": id});
     }
-    if spec.priority.as_deref() == Some("Spot") {
-        properties["priority"] = json!("Spot");
-        properties["evictionPolicy"] = json!("Delete");
+    for (k, v) in crate::model::spot_fields(spec).unwrap_or_default() {
+        properties[k.as_str()] = v;
     }
     let mut body = json!({"location": spec.location, "tags": tags, "properties": properties});
     if let Some(zone) = zone_for(name, &spec.zones) {

@@ -353,7 +353,9 @@ enum OpKind {
     /// A virtual machine DELETE.
     DeleteVm,
     /// `POST …/deallocate` (`true`) or `…/powerOff` (`false`) of a virtual machine.
-    StopVm { deallocate: bool },
+    StopVm {
+        deallocate: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
