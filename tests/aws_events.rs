@@ -202,7 +202,7 @@ async fn a_spot_interruption_through_eventbridge_and_sqs_is_streamed_once_and_it
     .await;
     assert_eq!(depth, 4);
     let acked = c.ack_events(pb::AckEventsRequest { event_ids: vec![e.event_id.clone()] }).await.unwrap().value;
-    assert_eq!(acked.acked_event_ids, [e.event_id.clone()], "{acked:?}");
+    assert_eq!(acked.acked_event_ids, std::slice::from_ref(&e.event_id), "{acked:?}");
     // Both deliveries of the acknowledged event are deleted (the second one was received with
     // the same event ID); the foreign instance's two are left for their owner.
     eventually(MINUTE, "both deliveries of the acked event deleted", || async {
