@@ -59,14 +59,17 @@ sock="$work/driver.sock"
 "$bin/azure-vmss-driver" --endpoint "unix://$sock" --dev \
   --arm-endpoint "http://$addr" \
   --subscription-id "$sub" --resource-group conformance --scale-set conformance-flex \
-  --credential static-token --static-token conformance-test-token \
+  --credential static-token --static-token conformance-test-token --event-poll-interval 1s \
   >"$work/driver.log" 2>&1 &
 pids+=("$!")
 wait_for "azure-vmss-driver to listen" test -S "$sock"
 
 echo "==> driver-conformance against azure-vmss-driver (unix://$sock) on arm-emulator (http://$addr)"
 set +e
-"$bin/driver-conformance" --endpoint "unix://$sock" --operation-timeout 60s
+# The event check's trigger: the machine's VM deallocated on the emulator behind the driver's back
+# ($PROVIDER_ID is azure:// + the VM's resource ID); the driver's poll reports it STOPPED.
+trigger="curl -fsS -X POST -H 'authorization: Bearer conformance-test-token' \"http://$addr\${PROVIDER_ID#azure://}/deallocate?api-version=2024-07-01\""
+"$bin/driver-conformance" --endpoint "unix://$sock" --operation-timeout 60s --event-trigger "$trigger"
 status=$?
 set -e
 if [ "$status" -ne 0 ]; then dump_logs; fi
