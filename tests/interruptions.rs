@@ -309,7 +309,7 @@ async fn per_domain(w: &World) -> std::collections::BTreeMap<String, usize> {
 
 /// Spot first, on-demand as the fallback (embedded store, the fake cloud as a real sidecar):
 /// while the cloud refuses spot capacity the deployment runs on on-demand; once spot is back it
-/// moves there surge-first (never below `replicas` available); a spot interruption then closes
+/// moves there surge-first (never below `replicas` available at any poll); a spot interruption then closes
 /// the spot domain (`CapacityReclaimed`), so the replacement goes to on-demand, and after the
 /// backoff back to spot. Every machine is created once per placement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,16 +331,26 @@ async fn spot_refused_for_capacity_runs_on_demand_and_moves_back_to_spot_when_it
     };
     w.set_faults(vec![no_spot]).await;
     let c = w.start_controller(&[]);
-    let class = json!({"driver": "fake", "providerSpec": {"machineType": "small"}});
-    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "spot"}, "spec": class})).await;
-    w.apply_md(json!({
-        "failureDomains": [
-            {"name": "spot", "providerSpec": {"capacityType": "spot"}, "priority": 1},
-            {"name": "on-demand", "providerSpec": {"capacityType": "on-demand"}},
-        ],
-        "failureDomainBackoff": {"initialSeconds": 10, "maxSeconds": 10},
-    }))
-    .await;
+    // The embedded store: applied with the CLI (JSON is YAML).
+    let class = json!({
+        "apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "small"},
+        "spec": {"driver": "fake", "providerSpec": {"machineType": "small"}},
+    });
+    w.apply(&class.to_string()).await;
+    let md = json!({
+        "apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineDeployment", "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 3,
+            "template": {"spec": {"classRef": {"name": "small"}, "providerSpec": {"image": "os-1"}}},
+            "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "failureDomains": [
+                {"name": "spot", "providerSpec": {"capacityType": "spot"}, "priority": 1},
+                {"name": "on-demand", "providerSpec": {"capacityType": "on-demand"}},
+            ],
+            "failureDomainBackoff": {"initialSeconds": 10, "maxSeconds": 10},
+        },
+    });
+    w.apply(&md.to_string()).await;
     eventually(2 * MINUTE, "3 machines on on-demand while spot is refused", || async {
         let md = w.md("web").await;
         let spot_closed = md.status.failure_domains.iter().any(|d| d.name == "spot" && !d.reason.is_empty());
@@ -350,16 +360,19 @@ async fn spot_refused_for_capacity_runs_on_demand_and_moves_back_to_spot_when_it
     .await;
 
     // Spot recovers: the machines move back, one at a time, launch before terminate.
-    let unavailable = e2e_tests::watch::Most::unavailable(&w, 3);
+    // (The embedded store has no watch a test can follow: the deployment's status is sampled at
+    // every poll instead.)
+    let fewest = std::cell::Cell::new(i64::MAX);
     let before = w.counters().await.machines_created;
     w.set_faults(vec![]).await;
     eventually(3 * MINUTE, "3 machines on spot", || async {
         let md = w.md("web").await;
+        fewest.set(fewest.get().min(md.status.available_replicas));
         let placed = per_domain(&w).await == [("spot".to_string(), 3)].into();
         (md.status.available_replicas == 3 && md.status.replicas == 3 && placed).then_some(())
     })
     .await;
-    assert!(unavailable.most() <= 0, "{} machines unavailable at once while moving back", unavailable.most());
+    assert_eq!(fewest.get(), 3, "fewer than replicas available while moving back");
     assert_eq!(w.counters().await.machines_created, before + 3, "each move created one machine");
 
     // A spot interruption: the spot offering is reclaimed, so the replacement goes to on-demand.
@@ -383,8 +396,8 @@ async fn spot_refused_for_capacity_runs_on_demand_and_moves_back_to_spot_when_it
     eventually(2 * MINUTE, "3 machines on spot again", || async {
         let md = w.md("web").await;
         let placed = per_domain(&w).await == [("spot".to_string(), 3)].into();
-        let gone = w.machine(&victim).await.is_none();
-        (md.status.available_replicas == 3 && placed && gone).then_some(())
+        let settled = w.machines().await.len() == 3 && w.machine(&victim).await.is_none();
+        (md.status.available_replicas == 3 && placed && settled).then_some(())
     })
     .await;
     assert_eq!(w.counters().await.machines_reclaimed, 0, "the interrupted machine left before its deadline");
