@@ -404,3 +404,59 @@ async fn spot_refused_for_capacity_runs_on_demand_and_moves_back_to_spot_when_it
     w.assert_consistent(3).await;
     w.kill9_controller(c).await;
 }
+
+/// Azure's Scheduled Events reach the cluster as a Node condition (node-problem-detector sets
+/// `PreemptionScheduled` with the event's `NotBefore` in its message): the controller records it
+/// as a spot interruption with that deadline — not "now" — drains the node before it and
+/// replaces the machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preemption_scheduled_node_condition_is_an_interruption_with_its_deadline() {
+    let mut w = World::on_full_cluster(FAST, "interrupt").await;
+    w.start_controller(&[]);
+    w.spot_class().await;
+    w.apply_md(json!({"replicas": 2})).await;
+    w.converged("web", 2 * MINUTE).await;
+    w.workload("db", 2, None).await;
+    let victim = w.machine_with_pod("db").await;
+    let node = w.machine(&victim).await.unwrap().status.node_ref.unwrap().name;
+    // As node-problem-detector writes it: RFC 1123, whole seconds.
+    let deadline = chrono::Utc::now() + chrono::Duration::seconds(NOTICE.as_secs() as i64);
+    let deadline = chrono::DateTime::from_timestamp(deadline.timestamp(), 0).unwrap();
+    let message = format!(
+        "Preempt Scheduled: {}. Resources: [{node}]. EventId: 602d9444-d2cd-49c7-8624-8643e7171297",
+        deadline.format("%a, %d %b %Y %H:%M:%S GMT")
+    );
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let patch = json!({"status": {"conditions": [{
+        "type": "PreemptionScheduled", "status": "True", "reason": "SpotEvictionIncoming",
+        "message": message, "lastHeartbeatTime": now, "lastTransitionTime": now,
+    }]}});
+    let (code, _, err) = w
+        .cluster()
+        .kubectl(&["patch", "node", &node, "--subresource=status", "--type=strategic", "-p", &patch.to_string()])
+        .await;
+    assert_eq!(code, 0, "{err}");
+    let m = eventually(MINUTE, "the condition recorded as an interruption", || async {
+        let m = w.machine(&victim).await?;
+        m.status.interruption.is_some().then_some(m)
+    })
+    .await;
+    let i = m.status.interruption.unwrap();
+    assert_eq!(i.kind, InterruptionKind::SpotInterruption);
+    assert_eq!(i.not_before, Some(deadline), "the deadline the message gives, not now");
+    assert!(i.event_id.ends_with("602d9444-d2cd-49c7-8624-8643e7171297"), "{}", i.event_id);
+    eventually(2 * MINUTE, "the machine replaced before its deadline", || async {
+        let machines = w.machines().await;
+        let gone = !machines.iter().any(|m| m.metadata.name == victim);
+        let ready = machines.iter().filter(|m| m.status.phase == Phase::Running).count();
+        (gone && ready == 2).then_some(())
+    })
+    .await;
+    let events = w.events_of(&victim).await;
+    let drained = events.iter().find(|e| e.reason == "Drained").unwrap_or_else(|| panic!("{:?}", reasons(&events)));
+    assert!(drained.message.contains("before the SpotInterruption deadline"), "{}", drained.message);
+    assert!(!reasons(&events).contains(&"DrainForced"), "{:?}", reasons(&events));
+    assert!(reasons(&events).contains(&"Interrupted"), "{:?}", reasons(&events));
+    w.assert_consistent(2).await;
+    w.kill9().await;
+}
