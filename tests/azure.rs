@@ -92,6 +92,15 @@ impl Arm {
         id
     }
 
+    /// `--event-trigger` for driver-conformance: `POST …/deallocate` of the machine's VM on the
+    /// emulator (`$PROVIDER_ID` is `azure://` + the VM's resource ID).
+    fn deallocate_trigger(&self) -> String {
+        format!(
+            r#"curl -fsS -X POST -H 'authorization: Bearer e2e-test-token' -H 'x-ms-client-request-id: event-trigger' "{}${{PROVIDER_ID#azure://}}/deallocate?api-version=2024-07-01""#,
+            self.endpoint()
+        )
+    }
+
     /// Starts `azure-vmss-driver` against this emulator.
     async fn driver(&self) -> Sidecar {
         Sidecar::start("azure-vmss-driver", &self.driver_args()).await
@@ -194,10 +203,13 @@ async fn conformance_suite_passes_against_the_emulator() {
     let (status, _) = http(arm.port, "DELETE", "/_emulator/requests", None).await.expect("clear the request log");
     assert_eq!(status, 200);
     let mut args = arm.driver_args();
-    args.extend(["--scale-set", "conformance-flex"]);
+    args.extend(["--scale-set", "conformance-flex", "--event-poll-interval", "1s"]);
     let driver = Sidecar::start("azure-vmss-driver", &args).await;
     let endpoint = driver.endpoint();
-    let (code, out, err) = run(&bin("driver-conformance"), &["--endpoint", &endpoint]).await;
+    // The event: the machine's VM deallocated behind the driver's back, as from the portal.
+    let trigger = arm.deallocate_trigger();
+    let (code, out, err) =
+        run(&bin("driver-conformance"), &["--endpoint", &endpoint, "--event-trigger", &trigger]).await;
     assert_eq!(code, 0, "conformance failed:\n{out}\n{err}\nsidecar log:\n{}", driver.log_text());
     // Every group runs: machines, in-place updates and pools.
     assert!(!out.contains("SKIP"), "a check was skipped:\n{out}");
@@ -213,6 +225,7 @@ async fn conformance_suite_passes_against_the_emulator() {
         "pools.upgrade_instances",
         "pools.delete_one_instance",
         "pools.delete_pool",
+        "events.redelivered_until_acked_resumed_and_acked_once",
     ] {
         assert!(out.contains(&format!("PASS  {check}")), "{check} did not pass:\n{out}");
     }
@@ -1176,4 +1189,166 @@ async fn failure_domains_place_vms_in_their_zones_and_fail_over_from_a_zone_with
         (vms.len() == 4 && vms.values().all(|v| v["zones"] != json!(["2"]))).then_some(())
     })
     .await;
+}
+
+/// The next event on a stream (keepalives passed over), within 30 s.
+async fn next_event(stream: &mut tonic::Streaming<pb::WatchEventsResponse>) -> pb::MachineEvent {
+    let read = async {
+        loop {
+            match stream.message().await.expect("the stream failed").expect("the stream ended") {
+                pb::WatchEventsResponse { item: Some(pb::watch_events_response::Item::Event(e)) } => return e,
+                _ => continue,
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read).await.expect("an event within 30 s")
+}
+
+/// How many VM listings of the resource group the emulator has received (the event poll's).
+async fn listings(arm: &Arm) -> usize {
+    let suffix = format!("/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines");
+    arm.requests()
+        .await
+        .iter()
+        .filter(|r| r["method"] == "GET" && r["path"].as_str().is_some_and(|p| p.ends_with(&suffix)))
+        .count()
+}
+
+/// Spot and the event stream on the emulator: a Spot VM (evictionPolicy Deallocate) evicted with
+/// ARM's simulateEviction arrives as STOPPED with its name, provider ID and capacity type spot;
+/// a VM deleted on the emulator directly arrives as TERMINATED; a machine deleted through
+/// DeleteMachine brings no event; acknowledged events are not sent again; and specs ARM would
+/// refuse are refused first, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_and_out_of_band_deleted_vms_are_events_own_deletes_are_not() {
+    let arm = Arm::start(&["--operation-duration", "300ms", "--delete-duration", "200ms"]).await;
+    arm.flexible_scale_set("workers-flex").await;
+    let mut args = arm.driver_args();
+    args.extend(["--scale-set", "workers-flex", "--event-poll-interval", "1s"]);
+    let driver = Sidecar::start("azure-vmss-driver", &args).await;
+    let c = driver.client().await;
+    let caps = c.get_capabilities(pb::GetCapabilitiesRequest {}).await.unwrap().value;
+    assert!(caps.capabilities.contains(&(pb::Capability::Events as i32)), "{caps:?}");
+    let machine_spec = |extra: Value| {
+        let mut spec = json!({
+            "location": "westeurope", "vmSize": "Standard_D2s_v5", "subnetId": SUBNET, "zones": ["2"],
+            "image": {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server"},
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        convert::json_to_struct(&spec)
+    };
+    let create = |name: &str, spec| {
+        c.create_machine(pb::CreateMachineRequest {
+            name: name.into(),
+            provider_spec: Some(spec),
+            ..Default::default()
+        })
+    };
+
+    // What ARM would refuse, refused before any ARM call, naming the field.
+    for (extra, field) in [
+        (json!({"priority": "Regular", "evictionPolicy": "Deallocate"}), "provider_spec.evictionPolicy"),
+        (json!({"evictionPolicy": "Delete"}), "provider_spec.evictionPolicy"),
+        (json!({"priority": "Spot", "maxPrice": -2}), "provider_spec.maxPrice"),
+        (json!({"priority": "Regular", "maxPrice": 0.5}), "provider_spec.maxPrice"),
+        (json!({"priority": "Low"}), "provider_spec.priority"),
+    ] {
+        let err = create("bad", machine_spec(extra.clone())).await.unwrap_err();
+        assert_eq!(
+            (err.code(), err.reason()),
+            (tonic::Code::InvalidArgument, reason::INVALID_PROVIDER_SPEC),
+            "{extra}: {err}"
+        );
+        assert!(err.report.violations.iter().any(|v| v.field == field), "{extra}: want {field}: {err}");
+    }
+    assert!(!arm.requests().await.iter().any(|r| is(r, "PUT", "/virtualMachines/bad")), "a refused spec reached ARM");
+
+    let spot_spec = machine_spec(json!({"priority": "Spot", "evictionPolicy": "Deallocate", "maxPrice": -1}));
+    let mut machines = std::collections::BTreeMap::new();
+    for (name, spec) in [("spot-1", spot_spec), ("reg-1", machine_spec(json!({}))), ("reg-2", machine_spec(json!({})))]
+    {
+        let op = create(name, spec).await.unwrap().value;
+        let m = wait_done(&c, op).await.machine().cloned().expect("a machine");
+        machines.insert(name, m.provider_id);
+    }
+    // ARM got the Spot fields, and returns them.
+    let vms = cloud_vms(&arm).await;
+    let spot_vm = vms.values().find(|v| v["id"].as_str().is_some_and(|id| id.ends_with("/spot-1"))).expect("spot-1");
+    assert_eq!((&spot_vm["priority"], &spot_vm["evictionPolicy"]), (&json!("Spot"), &json!("Deallocate")), "{spot_vm}");
+
+    let mut stream = c
+        .watch_events(pb::WatchEventsRequest {
+            resume_token: String::new(),
+            keepalive_interval: Some(convert::duration(Duration::from_secs(1))),
+            ack_deadline: Some(convert::duration(Duration::from_secs(60))),
+        })
+        .await
+        .unwrap()
+        .value;
+    // The poll has seen the three VMs running before anything happens to them.
+    let before = listings(&arm).await;
+    eventually(MINUTE, "an event poll after the creates", || async { (listings(&arm).await > before).then_some(()) })
+        .await;
+
+    // reg-2 through the driver; spot-1 evicted; reg-1 deleted behind the driver's back.
+    let op =
+        c.delete_machine(pb::DeleteMachineRequest { name: "reg-2".into(), ..Default::default() }).await.unwrap().value;
+    wait_done(&c, op).await;
+    let vm_path = |name: &str| {
+        format!("/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines/{name}")
+    };
+    let (status, body) =
+        http(arm.port, "POST", &format!("{}/simulateEviction?api-version=2024-07-01", vm_path("spot-1")), None)
+            .await
+            .unwrap();
+    assert_eq!(status, 204, "{body}");
+    let (status, body) =
+        http(arm.port, "DELETE", &format!("{}?api-version=2024-07-01", vm_path("reg-1")), None).await.unwrap();
+    assert_eq!(status, 202, "{body}");
+
+    let mut got = std::collections::BTreeMap::new();
+    while got.len() < 2 {
+        let e = next_event(&mut stream).await;
+        assert_ne!(e.machine_name, "reg-2", "the driver's own delete came as an event: {e:?}");
+        got.insert(e.machine_name.clone(), e);
+    }
+    let stopped = &got["spot-1"];
+    assert_eq!(stopped.kind, pb::MachineEventKind::Stopped as i32, "{stopped:?}");
+    assert_eq!(stopped.provider_id, machines["spot-1"], "{stopped:?}");
+    let offering = stopped.offering.clone().expect("an offering");
+    assert_eq!(offering.capacity_type, pb::CapacityType::Spot as i32, "{stopped:?}");
+    assert_eq!((offering.zone.as_str(), offering.machine_type.as_str()), ("2", "Standard_D2s_v5"), "{stopped:?}");
+    assert!(stopped.message.contains("spot eviction"), "{stopped:?}");
+    let terminated = &got["reg-1"];
+    assert_eq!(terminated.kind, pb::MachineEventKind::Terminated as i32, "{terminated:?}");
+    assert_eq!(terminated.provider_id, machines["reg-1"], "{terminated:?}");
+    assert_eq!(terminated.offering.as_ref().map(|o| o.capacity_type), Some(pb::CapacityType::OnDemand as i32));
+
+    let ids: Vec<String> = got.values().map(|e| e.event_id.clone()).collect();
+    let acked = c.ack_events(pb::AckEventsRequest { event_ids: ids.clone() }).await.unwrap().value;
+    assert_eq!(acked.acked_event_ids.len(), 2, "{acked:?}");
+    // Three more polls: the still-deallocated spot VM is not sent again, nor anything for reg-2.
+    let before = listings(&arm).await;
+    let quiet = async {
+        while let Ok(Some(m)) = stream.message().await {
+            if let Some(pb::watch_events_response::Item::Event(e)) = m.item {
+                panic!("an event after the acks: {e:?}");
+            }
+        }
+        panic!("the stream ended before three more polls");
+    };
+    let polls =
+        eventually(MINUTE, "three more event polls", || async { (listings(&arm).await >= before + 3).then_some(()) });
+    tokio::select! {
+        _ = quiet => {}
+        _ = polls => {}
+    }
+    // The spot VM stayed, deallocated (evictionPolicy Deallocate).
+    let vms = cloud_vms(&arm).await;
+    let spot_vm =
+        vms.values().find(|v| v["id"].as_str().is_some_and(|id| id.ends_with("/spot-1"))).expect("spot-1 stays");
+    assert_eq!(spot_vm["powerState"], "deallocated", "{spot_vm}");
+    assert_eq!(vms.len(), 1, "{vms:?}");
 }

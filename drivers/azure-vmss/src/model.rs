@@ -514,7 +514,8 @@ mod tests {
         assert_eq!(field(with(json!({"priority": "Regular", "maxPrice": 0.5}))), ["provider_spec.maxPrice"]);
         assert_eq!(field(with(json!({"priority": "Spot", "maxPrice": 0}))), ["provider_spec.maxPrice"]);
         assert_eq!(field(with(json!({"priority": "Spot", "maxPrice": 0.123456}))), ["provider_spec.maxPrice"]);
-        let spec = parse_spec(&with(json!({"priority": "Spot", "evictionPolicy": "Deallocate", "maxPrice": -1}))).unwrap();
+        let spec =
+            parse_spec(&with(json!({"priority": "Spot", "evictionPolicy": "Deallocate", "maxPrice": -1}))).unwrap();
         let body = scale_set_body("p", &spec, "h", 1, &Labels::new()).unwrap();
         let profile = &body["properties"]["virtualMachineProfile"];
         assert_eq!((&profile["priority"], &profile["evictionPolicy"]), (&json!("Spot"), &json!("Deallocate")));
