@@ -51,10 +51,38 @@ async fn conformance_passes_against_moto() {
         moto.has_image(region, MOTO_AMI).await,
         "moto has no {MOTO_AMI} in {region}: the schema examples are stale"
     );
-    let driver = start_driver(&moto.url(), region, &[]).await;
+    // The events group runs on a real event: the trigger sends the machine's instance a
+    // rebalance recommendation, as EventBridge delivers it, into the sidecar's queue.
+    let queue = moto
+        .boto3(
+            region,
+            "sqs = boto3.client('sqs', region_name=sys.argv[2], endpoint_url=sys.argv[1], \
+             aws_access_key_id='testing', aws_secret_access_key='testing')\n\
+             print(json.dumps(sqs.create_queue(QueueName='conformance-events')['QueueUrl']))",
+        )
+        .await;
+    let queue = queue.as_str().expect("a queue URL").to_string();
+    let scripts = tempfile::tempdir().unwrap();
+    let trigger = scripts.path().join("trigger.py");
+    std::fs::write(
+        &trigger,
+        format!(
+            "import boto3, json, os, uuid\n\
+             sqs = boto3.client('sqs', region_name='{region}', endpoint_url='{url}', aws_access_key_id='testing', \
+             aws_secret_access_key='testing')\n\
+             instance = os.environ['PROVIDER_ID'].rsplit('/', 1)[-1]\n\
+             sqs.send_message(QueueUrl='{queue}', MessageBody=json.dumps({{'version': '0', 'id': str(uuid.uuid4()), \
+             'detail-type': 'EC2 Instance Rebalance Recommendation', 'source': 'aws.ec2', 'account': '123456789012', \
+             'time': '2024-05-01T10:00:00Z', 'region': '{region}', 'resources': [], 'detail': {{'instance-id': instance}}}}))\n",
+            url = moto.url()
+        ),
+    )
+    .unwrap();
+    let trigger = format!("{} {}", crate::aws_support::moto_python().display(), trigger.display());
+    let driver = start_driver(&moto.url(), region, &["--interruption-queue-url", &queue]).await;
     let (code, out, err) = run(
         &bin("driver-conformance"),
-        &["--endpoint", &driver.endpoint(), "--operation-timeout", "60s", "--repeat", "2"],
+        &["--endpoint", &driver.endpoint(), "--operation-timeout", "60s", "--repeat", "2", "--event-trigger", &trigger],
     )
     .await;
     assert_eq!(code, 0, "conformance failed:\n{out}\n{err}\ndriver log:\n{}", driver.log_text());
@@ -473,7 +501,9 @@ async fn controller_drives_aws_with_each_class_secret_on_moto() {
     let region = "ap-southeast-2";
     let moto = Moto::shared().await;
     let w = World::builder()
-        .driver(crate::aws_support::driver(&moto.url(), region, &[]))
+        // No DescribeInstanceStatus poll: the event source signs with the sidecar's chain (a
+        // class Secret is not known outside its calls), and this test proves no call does.
+        .driver(crate::aws_support::driver(&moto.url(), region, &["--instance-status-interval", "0s"]))
         .controller_args(&["--controller-id", "e2e-aws-creds", "--orphan-interval", "1s"])
         .start()
         .await;

@@ -31,7 +31,7 @@ pub fn moto_server() -> PathBuf {
 }
 
 /// The Python of moto's virtual environment (it has boto3, a second, independent EC2 client).
-fn moto_python() -> PathBuf {
+pub fn moto_python() -> PathBuf {
     if let Some(p) = std::env::var_os("MOTO_PYTHON") {
         return PathBuf::from(p);
     }
