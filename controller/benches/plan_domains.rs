@@ -62,6 +62,7 @@ fn machines(domains: bool) -> Vec<Member> {
             rebalance: None,
             refusal: None,
             interrupted: None,
+            reclaimed: None,
         })
         .collect()
 }

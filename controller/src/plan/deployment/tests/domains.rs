@@ -375,6 +375,7 @@ fn a_reclaimed_spot_machine_closes_its_domain_once_and_its_replacement_goes_else
     let mut machines = zone("spot-a", 2);
     machines.extend(zone("spot-b", 1));
     machines.push(Fx::new("spot-b1").domain("spot-b").at(1).reclaimed());
+    let machines = &mut machines;
     let p = run(&md, machines.clone(), true);
     let b = &p.status.failure_domains[1];
     assert_eq!((b.reason.as_str(), b.backoff_seconds), ("CapacityReclaimed", 60), "{b:?}");
@@ -395,12 +396,11 @@ fn a_reclaimed_spot_machine_closes_its_domain_once_and_its_replacement_goes_else
     let mut md3 = md.clone();
     md3.status.failure_domains = p.status.failure_domains.clone();
     md3.status.failure_domains[1].unavailable_until = Some(now() - chrono::Duration::seconds(1));
-    let mut machines = machines;
-    for m in &mut machines {
+    for m in machines.iter_mut() {
         if let Some(i) = m.0.status.interruption.as_mut() {
             i.received_at = now() - chrono::Duration::seconds(61);
         }
     }
-    let p3 = run(&md3, machines, true);
+    let p3 = run(&md3, machines.clone(), true);
     assert_ne!(p3.status.failure_domains[1].reason, "CapacityReclaimed", "{:?}", p3.status.failure_domains);
 }
