@@ -222,7 +222,8 @@ impl InterruptionKind {
     }
 
     /// Whether the cloud takes the machine back for want of capacity (a spot interruption, a
-    /// capacity reservation ending): its offering is short of capacity for a while.
+    /// capacity reservation ending): its offering is short of capacity for a while. (A spot
+    /// machine stopped or terminated by the cloud counts too: the planner reads the offering.)
     pub fn reclaims(self) -> bool {
         matches!(self, InterruptionKind::SpotInterruption | InterruptionKind::CapacityReservationInterruption)
     }

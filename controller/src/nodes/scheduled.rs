@@ -67,6 +67,10 @@ fn event_type(message: &str) -> Option<String> {
 /// Events write `NotBefore`) or RFC 3339.
 fn deadline(message: &str) -> Option<DateTime<Utc>> {
     const DAYS: [&str; 7] = ["Mon, ", "Tue, ", "Wed, ", "Thu, ", "Fri, ", "Sat, ", "Sun, "];
+    // The date comes early in the message: a long one is read no further than this (each
+    // position may scan on to the next delimiter).
+    let end = message.char_indices().map(|(i, _)| i).find(|&i| i >= 2048).unwrap_or(message.len());
+    let message = &message[..end];
     for (i, _) in message.char_indices() {
         let rest = &message[i..];
         if DAYS.iter().any(|d| rest.starts_with(d)) {

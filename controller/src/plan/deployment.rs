@@ -678,12 +678,18 @@ fn failure_domains<'u, 'a>(md: &MachineDeployment, c: &Classes<'u, 'a>, d: &mut 
     for u in c.all {
         let m = u.item;
         let (Some(at), Some(i)) = (m.reclaimed, domains::index(domains, m.domain.as_deref())) else { continue };
-        let s = &mut next[i];
+        let s = &next[i];
         let last_mark =
             s.unavailable_until.map(|t| t - chrono::Duration::seconds(i64::try_from(s.backoff_seconds).unwrap_or(0)));
         if s.unavailable_at(now) || last_mark.is_some_and(|t| at <= t) || at + first <= now {
             continue;
         }
+        // The last open domain stays open: the replacement must go somewhere (as refused machines
+        // keep trying where they are when no other domain is open).
+        if !next.iter().enumerate().any(|(j, o)| j != i && !o.unavailable_at(now)) {
+            continue;
+        }
+        let s = &mut next[i];
         let message = format!("the cloud reclaimed {}", m.name);
         let seconds = domains::mark(s, backoff, now, domains::RECLAIMED, &message);
         let message =

@@ -274,6 +274,16 @@ struct ViewInterruption<'a> {
     not_before: Option<Time>,
     #[serde(default)]
     received_at: Option<Time>,
+    #[serde(default)]
+    offering: Option<ViewOffering<'a>>,
+}
+
+/// Where the interrupted machine ran: only the capacity type is read.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ViewOffering<'a> {
+    #[serde(borrow, default)]
+    capacity_type: Cow<'a, str>,
 }
 
 /// A condition, its time left unparsed: only the Ready condition's is read.
@@ -332,10 +342,16 @@ impl StoredMember<'_> {
         let refusal = refusal(&st);
         let interrupted =
             st.interruption.as_ref().and_then(|i| Some((i.kind.parse::<InterruptionKind>().ok()?, i.not_before)));
+        // A spot machine stopped or terminated counts too: Azure reports an eviction only after the
+        // fact, and AWS's termination can supersede its warning before a plan saw it.
         let reclaimed = st
             .interruption
             .as_ref()
-            .filter(|_| interrupted.is_some_and(|(k, _)| k.reclaims()))
+            .filter(|i| {
+                let spot = i.offering.as_ref().is_some_and(|o| o.capacity_type == "spot");
+                interrupted
+                    .is_some_and(|(k, _)| k.reclaims() || (spot && k.involuntary() && k >= InterruptionKind::Stopping))
+            })
             .and_then(|i| i.received_at);
         let waiting = if st.phase != Phase::Running || deleting || node_not_ready {
             let operation_reason = st.last_operation.map(|o| o.reason.into_owned()).unwrap_or_default();

@@ -404,3 +404,32 @@ fn a_reclaimed_spot_machine_closes_its_domain_once_and_its_replacement_goes_else
     let p3 = run(&md3, machines.clone(), true);
     assert_ne!(p3.status.failure_domains[1].reason, "CapacityReclaimed", "{:?}", p3.status.failure_domains);
 }
+
+#[test]
+fn a_reclaim_never_closes_the_last_open_domain_and_a_spot_termination_is_a_reclaim() {
+    // Only spot-b is open (spot-a and the fallback closed): its reclaim leaves it open, and the
+    // replacement is created there.
+    let mut md = spot_first(2);
+    md.status.failure_domains =
+        ["spot-a", "spot-b", "od"].map(|z| FailureDomainStatus { name: z.into(), ..Default::default() }).to_vec();
+    for i in [0, 2] {
+        md.status.failure_domains[i].unavailable_until = Some(now() + chrono::Duration::seconds(30));
+        md.status.failure_domains[i].reason = "InsufficientCapacity".into();
+    }
+    let machines = vec![Fx::new("spot-b0").domain("spot-b"), Fx::new("spot-b1").domain("spot-b").at(1).reclaimed()];
+    let p = run(&md, machines, true);
+    assert!(p.status.failure_domains[1].reason.is_empty(), "{:?}", p.status.failure_domains);
+    assert_eq!(names(&p.placements), ["spot-b"], "the replacement still goes somewhere");
+    // A spot machine stopped or terminated by the cloud (Azure's eviction, after the fact).
+    let md = spot_first(4);
+    let mut gone = Fx::new("spot-b1").domain("spot-b").at(1).reclaimed();
+    if let Some(i) = gone.0.status.interruption.as_mut() {
+        i.kind = InterruptionKind::Terminated;
+        i.offering = Some(Offering { capacity_type: "spot".into(), ..Default::default() });
+    }
+    let mut machines = zone("spot-a", 2);
+    machines.extend(zone("spot-b", 1));
+    machines.push(gone);
+    let p = run(&md, machines, true);
+    assert_eq!(p.status.failure_domains[1].reason, "CapacityReclaimed", "{:?}", p.status.failure_domains);
+}
