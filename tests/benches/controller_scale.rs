@@ -212,7 +212,7 @@ async fn scale_run(build: Build, replicas: usize, timeout: Duration) -> (Option<
     let (t, mut w) = create_run(build, replicas, timeout).await;
     let pid = w.controller_pid(0);
     let hwm = e2e_tests::proc_status_kb(pid, "VmHWM:") / 1024;
-    let cpu = cpu_seconds(pid);
+    let cpu = e2e_tests::cpu_seconds(pid);
     let in_cloud = fake_counters(&w, false).await.machines_now;
     // Deliberate: a fixed dwell, the measuring protocol of "RSS holding them", not a wait for
     // an event.
@@ -224,15 +224,6 @@ async fn scale_run(build: Build, replicas: usize, timeout: Duration) -> (Option<
     };
     let store_mb = (size("") + size("-wal")) / 1e6;
     (t, hwm, cpu, store_mb, in_cloud, held)
-}
-
-/// User plus system CPU time of a process, in seconds (0 if unreadable).
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
-    // Fields after the command name (which is in parentheses): utime and stime are 14 and 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<f64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
-    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
 }
 
 fn secs(t: Option<Duration>, timeout: &str) -> String {

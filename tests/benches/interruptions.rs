@@ -55,13 +55,6 @@ const KINDS: [&str; 5] = [
 const RATE: f64 = 1_000.0;
 const CLIENTS: usize = 20;
 
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<f64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
-    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
-}
-
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
@@ -183,18 +176,20 @@ async fn cpu_per_event() -> (usize, f64, f64, f64) {
             break;
         }
         assert!(started.elapsed() < Duration::from_secs(600), "{running} of {CPU_MACHINES} machines in the cloud");
+        // A poll with a deadline (above).
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let pid = w.controller_pid(0);
-    // Let the creates' tail settle, then the idle baseline over the injection's length.
+    // Deliberate, the measuring protocol: let the creates' tail settle, then the idle baseline
+    // over the injection's length.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let total = CPU_MACHINES * KINDS.len();
     let window = Duration::from_secs_f64(total as f64 / RATE);
-    let idle0 = cpu_seconds(pid);
+    let idle0 = e2e_tests::cpu_seconds(pid);
     tokio::time::sleep(window).await;
-    let idle = (cpu_seconds(pid) - idle0) / window.as_secs_f64();
+    let idle = (e2e_tests::cpu_seconds(pid) - idle0) / window.as_secs_f64();
 
-    let cpu0 = cpu_seconds(pid);
+    let cpu0 = e2e_tests::cpu_seconds(pid);
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
@@ -220,10 +215,11 @@ async fn cpu_per_event() -> (usize, f64, f64, f64) {
             break;
         }
         assert!(started.elapsed() < Duration::from_secs(600), "{pending} events not acknowledged");
+        // A poll with a deadline (above).
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let handled = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(pid) - cpu0 - idle * handled;
+    let cpu = e2e_tests::cpu_seconds(pid) - cpu0 - idle * handled;
     eprintln!("{total} events injected in {injecting:.1} s, all acknowledged after {handled:.1} s");
     (total, injecting, cpu / total as f64 * 1e6, idle * 1e6)
 }

@@ -502,6 +502,7 @@ impl Driver for AzureVmssDriver {
                         return Some((Ok(e), (buffer, first)));
                     }
                     if !first {
+                        // The poll's interval (a schedule, not a synchronisation).
                         tokio::time::sleep(every).await;
                     }
                     first = false;

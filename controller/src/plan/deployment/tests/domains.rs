@@ -62,19 +62,9 @@ impl Fx {
         });
         self
     }
-    /// The cloud reclaims its spot capacity, heard now.
-    fn reclaimed(mut self) -> Self {
-        self.0.status.interruption = Some(Interruption {
-            kind: InterruptionKind::SpotInterruption,
-            event_id: format!("ev-{}", self.0.metadata.name),
-            not_before: Some(now() + chrono::Duration::seconds(120)),
-            received_at: now(),
-            observed_at: None,
-            action: "Terminate".into(),
-            offering: None,
-            message: String::new(),
-        });
-        self
+    /// The cloud reclaims its spot capacity, heard now (the interruptions tests' fixture).
+    fn reclaimed(self) -> Self {
+        self.interrupted(InterruptionKind::SpotInterruption)
     }
     fn rebalancing(mut self, value: &str) -> Self {
         self.0.metadata.annotations.insert(ANNOTATION_REBALANCE.into(), value.into());

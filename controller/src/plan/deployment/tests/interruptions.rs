@@ -26,7 +26,7 @@ fn budgeted(replicas: i64, machines: i64) -> MachineDeployment {
 
 impl Fx {
     /// The cloud takes it (`kind`), 20 s after the plan.
-    fn interrupted(mut self, kind: InterruptionKind) -> Self {
+    pub(super) fn interrupted(mut self, kind: InterruptionKind) -> Self {
         self.0.status.interruption = Some(Interruption {
             kind,
             event_id: format!("ev-{}", self.0.metadata.name),
