@@ -12,6 +12,7 @@
 //! item is re-exported here: `resources::Machine`, `resources::Condition`, ….
 
 mod autoscaling;
+pub mod boot_data;
 pub mod checks;
 pub mod disruption;
 pub mod failure_domain;

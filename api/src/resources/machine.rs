@@ -178,6 +178,22 @@ pub struct MachineStatus {
     /// recorded before the event is acknowledged, and what the owner acts on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interruption: Option<Interruption>,
+    /// The bootstrap token minted for this machine in the target cluster (its ID, never its
+    /// secret), while its Node has not joined: created before the machine, kept from expiring,
+    /// deleted once the Node is linked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_token: Option<BootstrapTokenRef>,
+}
+
+/// A bootstrap token the controller minted: the Secret `kube-system/bootstrap-token-<id>` of the
+/// target cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapTokenRef {
+    /// The token's public ID (six characters; the Secret is `bootstrap-token-<id>`).
+    pub id: String,
+    /// When it expires, unless refreshed before.
+    pub expires: Time,
 }
 
 /// On a Machine created to replace an interrupted one: `<machine>/<kind>/<notBefore or ->`, so

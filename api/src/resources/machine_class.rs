@@ -29,6 +29,14 @@ pub struct MachineClassSpec {
     /// zero.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<super::autoscaling::Capacity>,
+    /// The machines' boot data (cloud-init, a shell script, …), rendered per machine and sent to
+    /// the driver as the secret `userData`: a template whose `{{ .Variable }}`s are filled in
+    /// (the machine's name, the target cluster's API server and CA, a bootstrap token minted
+    /// for the machine, the Node's labels and taints). Without it, a `userData` key of the
+    /// Secret is rendered the same way. See the book's "Joining nodes".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub user_data: Option<String>,
 }
 
 /// What the controller found out about a class.
@@ -68,6 +76,17 @@ impl KindInfo for MachineClass {
     // A Secret changes the classes that use it, and so their objects.
     const WOKEN_BY: &'static [(Kind, Via)] = &[(Kind::Secret, Via::SecretRef)];
 
+    fn rules() -> Vec<checks::Rule> {
+        vec![checks::Rule::new(
+            Kind::MachineClass,
+            "spec.userData",
+            super::boot_data::cel_rule(),
+            "",
+            super::boot_data::RULE_MESSAGE,
+            |v| v.as_str().is_none_or(|t| super::boot_data::Template::parse(t).is_ok()),
+        )]
+    }
+
     fn describe_tail(status: &Value) -> String {
         let Some(capacity) = status.get("capacity").and_then(Value::as_object).filter(|c| !c.is_empty()) else {
             return String::new();
@@ -92,6 +111,11 @@ impl KindInfo for MachineClass {
         }
         if let Some(c) = &self.spec.capacity {
             c.check()?;
+        }
+        if let Some(t) = &self.spec.user_data {
+            if let Err(e) = super::boot_data::Template::parse(t) {
+                return checks::fail("spec.userData", e.to_string());
+            }
         }
         Ok(())
     }

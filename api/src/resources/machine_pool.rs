@@ -95,6 +95,10 @@ pub struct MachinePoolStatus {
     /// `CloudCredentialsRefused`, `CloudUnavailable`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The bootstrap token the pool's instances join with (its ID, never its secret): one per
+    /// pool, since they share their boot data; kept from expiring while the pool exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_token: Option<super::machine::BootstrapTokenRef>,
 }
 
 /// A MachinePool: a cloud-side group of instances (a driver's `Pools` capability), each
