@@ -132,6 +132,9 @@ event_reasons! {
     NodeReady: Normal,
     /// Machine: no Ready Node within `nodeStartupTimeoutSeconds`; it fails (`NODE_NOT_JOINED`).
     NodeNotJoined: Warning,
+    /// Machine or MachinePool: its class's boot data cannot be rendered; nothing is created
+    /// until it can.
+    BootDataUnrenderable: Warning,
     /// Machine: the Node of its running VM disappeared.
     NodeMissing: Warning,
     /// Machine: `pre-drain.delete.hook…` annotations hold its deletion.

@@ -148,7 +148,8 @@ pub const CONDITION_UNAVAILABLE: ConditionType = ConditionType::CloudUnavailable
 /// Condition (and Ready-condition reason of a machine) on a quota or capacity refusal.
 pub const CONDITION_QUOTA: ConditionType = ConditionType::QuotaExceeded;
 /// The conditions a deployment or pool lifts from its machines (environment problems).
-pub const ENVIRONMENT_CONDITIONS: [ConditionType; 3] = [CONDITION_CREDENTIALS, CONDITION_QUOTA, CONDITION_UNAVAILABLE];
+pub const ENVIRONMENT_CONDITIONS: [ConditionType; 4] =
+    [CONDITION_CREDENTIALS, CONDITION_QUOTA, CONDITION_UNAVAILABLE, ConditionType::BootDataUnrenderable];
 
 /// How many `INTERNAL` / `UNKNOWN` answers in a row a mutating call gets before the error is
 /// final ([`Permanent::RetriesExhausted`]); with the default backoff that is about 8 minutes.

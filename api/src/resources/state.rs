@@ -131,6 +131,9 @@ wire_enum! {
         QuotaExceeded,
         /// Environment: the cloud (or the driver) is unavailable.
         CloudUnavailable,
+        /// Environment: the class's boot data cannot be rendered for its machines (no target
+        /// cluster, no CA).
+        BootDataUnrenderable,
         /// Machine: its Node is Ready (only with a target cluster).
         NodeReady,
         /// Machine: the deletion sequence and the step it is in (hooks, drain, volumes, VM, Node).
@@ -355,8 +358,12 @@ reasons! {
     NodeReady,
     /// The Node of a running VM disappeared.
     NodeMissing,
-    /// No Ready Node within `nodeStartupTimeoutSeconds`.
+    /// No Ready Node within `nodeStartupTimeoutSeconds`, or the bootstrap token it was to
+    /// join with is gone.
     NodeNotJoined,
+    /// The class's boot data template cannot be rendered for the machine (a variable without a
+    /// value: no target cluster, no CA): nothing is created until it can.
+    BootDataUnrenderable,
     /// A `pre-drain.delete.hook…` annotation holds the deletion.
     WaitingForPreDrainHooks,
     /// Evicting the node's pods.

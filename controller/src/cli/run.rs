@@ -68,6 +68,19 @@ pub struct RunArgs {
     /// How often a drain looks at its node's pods again.
     #[arg(long, default_value = "5s", value_parser = machine_driver_util::parse_duration)]
     pub drain_poll_interval: Duration,
+    /// The target cluster's API server as machines reach it, for boot data (`.APIServerURL`,
+    /// `.APIServerHost`; default: the server of the target's kubeconfig, which in a Pod is the
+    /// in-cluster service address machines cannot use).
+    #[arg(long)]
+    pub target_api_server_url: Option<String>,
+    /// How long a bootstrap token minted for a machine lives unless refreshed (it is refreshed
+    /// while the machine's Node has not joined, and deleted once it has).
+    #[arg(long, default_value = "15m", value_parser = machine_driver_util::parse_duration)]
+    pub bootstrap_token_ttl: Duration,
+    /// The group a bootstrap token authenticates in besides `system:bootstrappers` (kubeadm's, so
+    /// a kubeadm cluster's own TLS bootstrap and CSR approval bindings admit it).
+    #[arg(long, default_value = crate::nodes::bootstrap::DEFAULT_TOKEN_GROUP)]
+    pub bootstrap_token_group: String,
     /// Requests per second to the target cluster (every call, the Node watch, the probe).
     #[arg(long, default_value_t = crate::defaults::TARGET_QPS)]
     pub target_qps: f64,
@@ -231,10 +244,29 @@ async fn target_cluster(spec: &StoreSpec, args: &RunArgs) -> Result<Option<crate
         ),
         (None, _) => None,
     };
-    if target.is_none() {
+    let Some(target) = target else {
         tracing::info!("no target cluster: Nodes are not managed (machines are Running when their VM runs)");
+        return Ok(None);
+    };
+    if !args.bootstrap_token_group.starts_with("system:bootstrappers:") {
+        return Err(fail(format!(
+            "--bootstrap-token-group {:?}: must start with system:bootstrappers: (the API server refuses other groups)",
+            args.bootstrap_token_group
+        )));
     }
-    Ok(target)
+    if args.bootstrap_token_ttl < Duration::from_secs(60) {
+        return Err(fail("--bootstrap-token-ttl: at least 1m (it is refreshed once half of it is gone)".to_string()));
+    }
+    let mut join = target.join.clone();
+    if let Some(url) = &args.target_api_server_url {
+        if !url.starts_with("https://") {
+            return Err(fail(format!("--target-api-server-url {url:?}: must be an https:// URL")));
+        }
+        join.api_server_url = url.trim_end_matches('/').to_string();
+    }
+    join.token_ttl = args.bootstrap_token_ttl;
+    join.token_group = args.bootstrap_token_group.clone();
+    Ok(Some(target.with_join(join)))
 }
 
 /// `/metrics`, `/healthz` and `/readyz` on `addr` until `stopped`; ready while this replica has

@@ -3,6 +3,8 @@
 //! Running only once its Node is Ready, and is deleted in a recorded sequence that drains its
 //! Node first (see [`crate::reconcile::node`]); without one, nodes are not managed.
 //!
+//! - [`bootstrap`]: how machines join (the API server and CA they are given) and the bootstrap
+//!   tokens minted for them;
 //! - [`cache`]: the Nodes from one watch, indexed by name and normalized provider ID;
 //! - [`provider_id`]: how provider IDs compare;
 //! - [`scheduled`]: the interruptions a Node's conditions announce (node-problem-detector's
@@ -23,6 +25,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 
+pub mod bootstrap;
 pub mod cache;
 pub mod calls;
 pub mod drain;
@@ -69,6 +72,8 @@ pub struct Target {
     calls: Arc<calls::Calls>,
     /// Its Nodes.
     pub cache: Arc<NodeCache>,
+    /// How machines join it (the boot data's cluster variables, the bootstrap tokens).
+    pub join: bootstrap::JoinSettings,
 }
 
 impl Target {
@@ -109,8 +114,17 @@ impl Target {
         config.default_retry = false;
         crate::store::kubernetes::identify(&mut config);
         let calls = Arc::new(calls::Calls::new(limits));
+        let join = bootstrap::JoinSettings::of(&config);
         let client = kube::client::ClientBuilder::try_from(config)?.with_layer(&calls::Measure(calls.clone())).build();
-        Ok(Self { client, calls, cache: Arc::new(NodeCache::default()) })
+        Ok(Self { client, calls, cache: Arc::new(NodeCache::default()), join })
+    }
+
+    /// The same target with other join settings (`run --target-api-server-url`,
+    /// `--bootstrap-token-ttl`, `--bootstrap-token-group`).
+    #[must_use]
+    pub fn with_join(mut self, join: bootstrap::JoinSettings) -> Self {
+        self.join = join;
+        self
     }
 
     /// Counts and times its requests in `metrics` (the controller's registry:

@@ -44,10 +44,23 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         Err(e) => return Err(ReconcileError::call(&e, Rpc::Read)),
     };
     let mut c = before.clone();
+    let secrets = match super::boot::sample(ctx, &r) {
+        Ok(secrets) => secrets,
+        // Only a Secret's `userData` gets here unparsed (`apply` and the CRD check the spec's).
+        Err(why) => {
+            let msg = format!("the boot data template does not parse: {why}");
+            set_condition(&mut c.status.conditions, ConditionType::Valid, false, Reason::Invalid, &msg);
+            if condition(&before.status.conditions, ConditionType::Valid).is_none_or(|v| v.message != msg) {
+                ctx.store.event(Kind::MachineClass, &c.metadata, EventReason::Invalid, msg).await;
+            }
+            write::status(ctx, &before, &c).await?;
+            return Ok(Action::await_change());
+        }
+    };
     if caps.contains(&(pb::Capability::ValidateMachineClass as i32)) {
         let req = pb::ValidateMachineClassRequest {
             provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
-            secrets: r.secrets.clone(),
+            secrets,
         };
         let reply =
             ctx.call(r.driver, "ValidateMachineClass", |cl| async move { cl.validate_machine_class(req).await }).await;

@@ -344,9 +344,13 @@ async fn delete_instance(ctx: &Ctx, key: &Key, before: Machine, instance: &Insta
 ///
 /// # Errors
 /// Store failures and the target cluster's refusal (retried).
-pub(crate) async fn release(ctx: &Ctx, key: &Key, m: Machine) -> Result<Action> {
+pub(crate) async fn release(ctx: &Ctx, key: &Key, mut m: Machine) -> Result<Action> {
     if let Some(action) = node::delete_node(ctx, key, &m).await? {
         return Ok(action);
+    }
+    // A machine deleted before its Node joined: its bootstrap token goes with it.
+    if let Some(target) = ctx.app.target.as_deref() {
+        super::boot::retire(target, &mut m.status.bootstrap_token).await?;
     }
     if write::release(ctx, &m).await? {
         let message = format!("{} is gone from the cloud", m.metadata.name);

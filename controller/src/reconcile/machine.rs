@@ -9,6 +9,7 @@ use chrono::Utc;
 use driver_sdk::proto as pb;
 use driver_sdk::{CallError, OperationExt};
 
+use super::boot::{Boot, Kept};
 use super::deletion::{self, Instance};
 use super::in_place;
 use super::record::{fail, remember, LastOperationExt, StoredOperationExt};
@@ -54,6 +55,19 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     // The driver is called at most when it asked (poll_after, RetryInfo, backoff, the health
     // interval) — except that a new spec for a running machine is acted on at once. Steps that
     // only look at the Node call no driver and are not held back.
+    // A bootstrap token is kept from expiring until the Node joins.
+    if let (Some(target), Some(mut token)) = (ctx.app.target.as_deref(), m.status.bootstrap_token.clone()) {
+        match super::boot::keep(target, &mut token).await? {
+            Kept::Fresh => {}
+            Kept::Refreshed => {
+                let mut next = m.clone();
+                next.status.bootstrap_token = Some(token);
+                write::status(ctx, &m, &next).await?;
+                return Ok(Action::requeue_now());
+            }
+            Kept::Gone => return super::node::token_gone(ctx, m, r.class.metadata.generation).await,
+        }
+    }
     let spec_changed = spec_changed(&m, &driver_sdk::convert::spec_hash(&r.provider_spec));
     let step = next_step(&m, r.class.metadata.generation, spec_changed);
     if let (Step::Join, Some(target)) = (&step, ctx.app.target.as_deref()) {
@@ -265,10 +279,32 @@ async fn create(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
         }
     }
     m.status.failure = None;
+    let mut token = m.status.bootstrap_token.take();
+    let boot = super::boot::render(ctx, r, &super::boot::Holder::machine(&m), &mut token).await;
+    m.status.bootstrap_token = token;
+    let secrets = match boot? {
+        Boot::Rendered(secrets) => secrets,
+        // The token's ID is written before its Secret is created: a controller killed between
+        // the two finds it again.
+        Boot::TokenRecorded => {
+            write::status(ctx, &before, &m).await?;
+            return Ok(Action::requeue_now());
+        }
+        Boot::Unrenderable(why) => {
+            let newly = condition(&before.status.conditions, ConditionType::Ready)
+                .is_none_or(|c| c.reason != Reason::BootDataUnrenderable);
+            set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::BootDataUnrenderable, &why);
+            if newly {
+                ctx.store.event(Kind::Machine, &m.metadata, EventReason::BootDataUnrenderable, why).await;
+            }
+            write::status(ctx, &before, &m).await?;
+            return Ok(Action::requeue(super::UNRESOLVED_RECHECK));
+        }
+    };
     let req = pb::CreateMachineRequest {
         name: m.metadata.name.clone(),
         provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
-        secrets: r.secrets.clone(),
+        secrets,
         labels: labels_for(ctx, &m),
         uid: m.metadata.uid.clone(),
     };

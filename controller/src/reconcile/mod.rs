@@ -17,6 +17,7 @@ pub mod health;
 pub(crate) mod in_place;
 pub mod interruptions;
 pub mod machine;
+pub(crate) mod boot;
 pub mod node;
 pub mod orphans;
 pub mod pool;

@@ -89,6 +89,8 @@ fn elapsed_since(t: Option<Time>) -> Duration {
 /// labels, annotations and taints kept on it (a Node of a machine being deleted is left as is).
 async fn link(ctx: &Ctx, target: &Target, m: &mut Machine, node: &NodeView) -> Result<()> {
     target.annotate(node, &m.metadata.namespace, &m.metadata.name).await?;
+    // Joined: its bootstrap token has done its work.
+    super::boot::retire(target, &mut m.status.bootstrap_token).await?;
     m.status.node_ref = Some(node_ref(node));
     if !m.is_deleting() && !node.deleting {
         let desired = m.spec.node_template.clone().unwrap_or_default();
@@ -133,6 +135,11 @@ pub(crate) async fn join(
             set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::NodeNotReady, &message);
         }
         Lookup::Missing => {
+            if let Some(t) = &m.status.bootstrap_token {
+                if !target.token_exists(&t.id).await? {
+                    return token_gone(ctx, before, class_generation).await;
+                }
+            }
             let message = format!("the VM runs; waiting for its Node ({}) to join", m.status.provider_id);
             set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::WaitingForNode, &message);
             set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::WaitingForNode, &message);
@@ -165,6 +172,29 @@ pub(crate) fn node_not_joined(m: &mut Machine, class_generation: i64) -> Option<
     set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotJoined, &message);
     set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::NodeNotJoined, &message);
     Some(message)
+}
+
+/// The bootstrap token a machine's boot data carries is gone (deleted, or expired and cleaned
+/// up) before its Node joined. A machine not created yet forgets it (a new one is minted at the
+/// create); a created one cannot join any more, since no driver changes a created machine's boot
+/// data: it fails with `NodeNotJoined` and its owner replaces it.
+pub(crate) async fn token_gone(ctx: &Ctx, before: Machine, class_generation: i64) -> Result<Action> {
+    let mut m = before.clone();
+    let id = m.status.bootstrap_token.take().map(|t| t.id).unwrap_or_default();
+    if m.status.provider_id.is_empty() && m.status.operations.is_empty() {
+        write::status(ctx, &before, &m).await?;
+        return Ok(Action::requeue_now());
+    }
+    let message = format!(
+        "its bootstrap token ({}) is gone before its Node joined, and a created machine's boot data cannot change",
+        crate::nodes::bootstrap::secret_name(&id)
+    );
+    super::record::fail(&mut m, class_generation, "FailedPrecondition", policy::REASON_NODE_NOT_JOINED, &message);
+    set_condition(&mut m.status.conditions, ConditionType::NodeReady, false, Reason::NodeNotJoined, &message);
+    set_condition(&mut m.status.conditions, ConditionType::Ready, false, Reason::NodeNotJoined, &message);
+    ctx.store.event(Kind::Machine, &m.metadata, EventReason::NodeNotJoined, message).await;
+    write::status(ctx, &before, &m).await?;
+    Ok(Action::await_change())
 }
 
 /// A Running machine's Node, as seen now: `NodeReady` follows the Node's `Ready`; a Node that

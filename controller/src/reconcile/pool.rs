@@ -93,6 +93,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
                 .await;
         }
     };
+    if let Some(action) = keep_token(ctx, &pool).await? {
+        return Ok(action);
+    }
     if let Some(op) = pool.status.operations.first().cloned() {
         return poll(ctx, &pool, &r, op).await;
     }
@@ -111,6 +114,27 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         tracing::debug!("plan.notes" = %notes.join("; "), "planned pool");
     }
     act(ctx, &pool, &r, &seen, plan).await
+}
+
+/// The pool's bootstrap token (its instances share one, as they share their boot data): kept
+/// from expiring while the pool lives, deleted once it is being deleted; one deleted behind the
+/// controller's back is forgotten, and the next ApplyPool mints another. `Some` after a write.
+async fn keep_token(ctx: &Ctx, pool: &MachinePool) -> Result<Option<Action>> {
+    let (Some(target), Some(mut token)) = (ctx.app.target.as_deref(), pool.status.bootstrap_token.clone()) else {
+        return Ok(None);
+    };
+    let mut next = pool.clone();
+    if pool.metadata.deletion_timestamp.is_some() {
+        super::boot::retire(target, &mut next.status.bootstrap_token).await?;
+    } else {
+        match super::boot::keep(target, &mut token).await? {
+            super::boot::Kept::Fresh => return Ok(None),
+            super::boot::Kept::Refreshed => next.status.bootstrap_token = Some(token),
+            super::boot::Kept::Gone => next.status.bootstrap_token = None,
+        }
+    }
+    write::status(ctx, pool, &next).await?;
+    Ok(Some(Action::requeue_now()))
 }
 
 /// An operation in flight: polled; once done its outcome is recorded (and a pool being deleted
@@ -417,11 +441,36 @@ async fn instances_step(
 
 /// ApplyPool: the revision and capacity are recorded first (`next`), then the call made.
 async fn apply(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, next: &MachinePool, capacity: i64) -> Result<Action> {
+    let mut token = pool.status.bootstrap_token.clone();
+    let secrets = match super::boot::render(ctx, r, &super::boot::Holder::pool(pool), &mut token).await? {
+        super::boot::Boot::Rendered(secrets) => secrets,
+        super::boot::Boot::TokenRecorded => {
+            // Only the token: the revision and capacity are recorded with the call.
+            let mut with_token = pool.clone();
+            with_token.status.bootstrap_token = token;
+            write::status(ctx, pool, &with_token).await?;
+            return Ok(Action::requeue_now());
+        }
+        super::boot::Boot::Unrenderable(why) => {
+            let mut held = pool.clone();
+            let newly = condition(&pool.status.conditions, ConditionType::Ready)
+                .is_none_or(|c| c.reason != Reason::BootDataUnrenderable);
+            set_condition(&mut held.status.conditions, ConditionType::Ready, false, Reason::BootDataUnrenderable, &why);
+            if newly {
+                ctx.store.event(Kind::MachinePool, &pool.metadata, EventReason::BootDataUnrenderable, why).await;
+            }
+            write::status(ctx, pool, &held).await?;
+            return Ok(Action::requeue(super::UNRESOLVED_RECHECK));
+        }
+    };
+    let mut next = next.clone();
+    next.status.bootstrap_token = token;
+    let next = &next;
     let req = pb::ApplyPoolRequest {
         name: pool.metadata.name.clone(),
         provider_spec: Some(driver_sdk::convert::json_to_struct(&r.provider_spec)),
         capacity: capacity as i32,
-        secrets: r.secrets.clone(),
+        secrets,
         labels: [(TAG_CONTROLLER.to_string(), ctx.app.settings.controller_id.clone())].into(),
     };
     write::status(ctx, pool, next).await?;

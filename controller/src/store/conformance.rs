@@ -123,6 +123,7 @@ fn class(namespace: &str, name: &str) -> MachineClass {
             provider_spec: serde_json::json!({"machineType": "small"}),
             secret_ref: None,
             capacity: None,
+            user_data: None,
         },
     )
 }

@@ -127,7 +127,15 @@ pub struct KubernetesBackend {
     events: mpsc::Sender<(Event, String)>,
     /// The kinds' watch tasks, stopped when the backend goes.
     watches: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Secrets are read one by one, by name, as classes name them (never listed or watched:
+    /// the controller needs only `get`, and holds only the Secrets its classes use), each
+    /// answer kept for [`SECRET_FRESH`].
+    secrets: std::sync::Mutex<HashMap<Key, (std::time::Instant, Option<Arc<str>>)>>,
 }
+
+/// How long a Secret read by name is used before it is read again: a rotated credential is
+/// used within this long.
+const SECRET_FRESH: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Drop for KubernetesBackend {
     fn drop(&mut self) {
@@ -265,6 +273,25 @@ fn map_err(e: kube::Error, key: &Key, expected: &str) -> Error {
 }
 
 impl KubernetesBackend {
+    /// A Secret by name ([`SECRET_FRESH`]).
+    async fn secret(&self, key: &Key) -> Result<Option<Arc<str>>> {
+        if let Some((at, text)) = lock(&self.secrets).get(key) {
+            if at.elapsed() < SECRET_FRESH {
+                return Ok(text.clone());
+            }
+        }
+        let found = self.api(Kind::Secret, &key.namespace).get_opt(&key.name).await.map_err(|e| map_err(e, key, ""))?;
+        let text = match found.as_ref().and_then(|o| to_value(Kind::Secret, o)) {
+            Some((_, cached, _)) => Some(cached.json.text()?),
+            None => None,
+        };
+        let mut held = lock(&self.secrets);
+        // Only the Secrets in use are held: those not asked for in a while are dropped.
+        held.retain(|_, (at, _)| at.elapsed() < SECRET_FRESH * 6);
+        held.insert(key.clone(), (std::time::Instant::now(), text.clone()));
+        Ok(text)
+    }
+
     /// A backend over `client`, which the caller built (see [`super::StoreSpec::kube_client`]) and
     /// may share. `namespace` restricts watches to one namespace (`None`: all namespaces). Must
     /// be called within a Tokio runtime (it spawns the event poster; watches start on first use).
@@ -275,7 +302,8 @@ impl KubernetesBackend {
         // ring only needs to absorb bursts (each slot is preallocated and keeps its last value).
         let (tx, _) = broadcast::channel(CHANGES_BUFFERED);
         let (events, rx) = mpsc::channel(EVENTS_BUFFERED);
-        let backend = Self { client, namespace, caches, tx, events, watches: Default::default() };
+        let backend =
+            Self { client, namespace, caches, tx, events, watches: Default::default(), secrets: Default::default() };
         tokio::spawn(events::post(backend.client.clone(), rx));
         backend
     }
@@ -425,6 +453,9 @@ impl Backend for KubernetesBackend {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Arc<str>>> {
+        if key.kind == Kind::Secret {
+            return self.secret(key).await;
+        }
         let cache = self.synced(key.kind).await?;
         let packed = lock_read(&cache.objects).get(key).map(|c| c.json.clone());
         packed.map(|p| p.text()).transpose()

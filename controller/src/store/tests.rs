@@ -11,6 +11,7 @@ fn class(name: &str, size: &str) -> MachineClass {
             provider_spec: serde_json::json!({"machineType": size}),
             secret_ref: None,
             capacity: None,
+            user_data: None,
         },
     )
 }

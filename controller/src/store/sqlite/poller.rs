@@ -204,6 +204,7 @@ mod tests {
             provider_spec: serde_json::json!({"machineType": "small"}),
             secret_ref: None,
             capacity: None,
+            user_data: None,
         };
         MachineClass::new("default", name, spec)
     }
