@@ -205,13 +205,43 @@ impl<'a> Template<'a> {
 }
 
 /// The CEL rule the CRD carries for a template field (`self` the string): every `{{ .` names a
-/// known variable and is closed. The same as [`Template::parse`] succeeding.
+/// known variable and is closed — the same as [`Template::parse`] succeeding.
 pub fn cel_rule() -> String {
-    let names = Variable::ALL.iter().map(|v| v.name()).collect::<Vec<_>>().join("|");
-    format!(
-        "self.findAll('\\\\{{\\\\{{[ \\\\t]*\\\\.[A-Za-z0-9_]*[ \\\\t]*\\\\}}?\\\\}}?')\
-         .all(v, v.matches('^\\\\{{\\\\{{[ \\\\t]*\\\\.({names})[ \\\\t]*\\\\}}\\\\}}$'))"
-    )
+    // One `matches` (a `findAll` over a 64 KiB string costs far more than the API server allows).
+    format!("!self.matches('{}')", invalid_pattern().replace('\\', "\\\\"))
+}
+
+/// An RE2 pattern found in a template exactly when [`Template::parse`] refuses it: a `{{ .`
+/// whose name is not known or which is not closed by `}}`. Built from the trie of the names:
+/// after each prefix, whatever cannot continue to a known name and its closing is a match.
+pub fn invalid_pattern() -> String {
+    let names: Vec<&str> = Variable::ALL.iter().map(|v| v.name()).collect();
+    format!("\\{{\\{{[ \\t]*\\.{}", after_prefix("", &names))
+}
+
+/// The alternatives that make a template invalid after the name's first characters `prefix`.
+fn after_prefix(prefix: &str, names: &[&str]) -> String {
+    let mut next: Vec<char> =
+        names.iter().filter_map(|n| n.strip_prefix(prefix)).filter_map(|rest| rest.chars().next()).collect();
+    next.sort_unstable();
+    next.dedup();
+    let children: String = next.iter().collect();
+    let mut alternatives = vec!["$".to_string()];
+    if names.contains(&prefix) {
+        // The name may end here: then only `[ \t]*}}` may follow.
+        alternatives.push(format!("[^{children} \\t}}]"));
+        alternatives.push("\\}(?:$|[^}])".to_string());
+        alternatives.push("[ \\t]+(?:$|[^ \\t}]|\\}(?:$|[^}]))".to_string());
+    } else if children.is_empty() {
+        alternatives.push(".".to_string());
+    } else {
+        // Not a name: it must go on with one.
+        alternatives.push(format!("[^{children}]"));
+    }
+    for c in next {
+        alternatives.push(format!("{c}{}", after_prefix(&format!("{prefix}{c}"), names)));
+    }
+    format!("(?:{})", alternatives.join("|"))
 }
 
 /// The message of the rule and of `apply`'s check.
@@ -402,6 +432,38 @@ mod tests {
             super::super::template::NodeTaint { key: "c".into(), value: String::new(), effect: super::super::template::TaintEffect::NoExecute },
         ];
         assert_eq!(node_taints_flag(&taints), "a=b:NoSchedule,c:NoExecute");
+    }
+
+    #[test]
+    fn the_cel_pattern_refuses_exactly_what_the_parser_refuses() {
+        let re = regex::Regex::new(&invalid_pattern()).unwrap();
+        let mut cases: Vec<String> = [
+            "", "{{", "{{ .MachineName }}", "{{.MachineName}}", "{{ .MachineName }", "{{ .MachineName", "{{ .Machine }}",
+            "{{ .MachineNamespace }}", "{{ .MachineNamespaces }}", "{{ .MachineNam }}", "{{ . }}", "{{ .}}", "{{{ .X }}",
+            "{{ v1.x }}", "{{ .Ma chine}}", "{{ .MachineName x}}", "{{ .MachineName\n}}", "{{ .MachineName\t}}",
+            "a {{ .NodeLabels }} b {{ .Nope }}", "{{ .CACertificateBase64 }}{{ .CACertHash }}", "{{ .CA }}",
+            "{{\t.BootstrapToken\t}}", "}} {{ . {{ .NodeTaints }}", "{{ .NodeTaints}}}", "{{ .APIServerURL2 }}",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        // And every short string over the characters that matter, alone and after `{{ .`.
+        let alphabet = ['{', '}', ' ', '.', 'C', 'A', 'x', '\n'];
+        let mut frontier = vec![String::new()];
+        for _ in 0..5 {
+            frontier = frontier.iter().flat_map(|s| alphabet.iter().map(move |c| format!("{s}{c}"))).collect();
+            cases.extend(frontier.iter().map(|s| format!("{{{{ .{s}")));
+            cases.extend(frontier.iter().cloned());
+        }
+        for v in Variable::ALL {
+            for tail in ["}}", " }}", "}", "x}}", " x }}", "", "\n", "}}{{ .", " }}}"] {
+                cases.push(format!("{{{{ .{}{tail}", v.name()));
+                cases.push(format!("{{{{ .{}{tail}", &v.name()[..v.name().len() - 1]));
+            }
+        }
+        for case in &cases {
+            assert_eq!(re.is_match(case), Template::parse(case).is_err(), "{case:?}");
+        }
     }
 
     #[test]

@@ -33,9 +33,10 @@ pub struct MachineClassSpec {
     /// the driver as the secret `userData`: a template whose `{{ .Variable }}`s are filled in
     /// (the machine's name, the target cluster's API server and CA, a bootstrap token minted
     /// for the machine, the Node's labels and taints). Without it, a `userData` key of the
-    /// Secret is rendered the same way. See the book's "Joining nodes".
+    /// Secret is rendered the same way. See the book's "Joining nodes". At most 48 KiB: what
+    /// Azure's 64 KiB of base64 holds (AWS takes 16 KiB; the driver checks the rendered size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 65536))]
+    #[schemars(length(max = 49152))]
     pub user_data: Option<String>,
 }
 
