@@ -21,6 +21,8 @@ mod health_check;
 mod hpack_interop;
 mod interop;
 mod interruptions;
+/// Boot data rendered per machine, a bootstrap token each, nodes that join by TLS bootstrap.
+mod joining;
 mod kubernetes;
 mod nodes;
 mod store_conformance;
