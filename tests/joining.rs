@@ -41,7 +41,11 @@ async fn a_template_that_needs_a_target_cluster_creates_nothing_without_one_and_
     })
     .await;
     let c = condition(&md.status.conditions, ConditionType::BootDataUnrenderable).unwrap();
-    assert!(c.message.contains("{{ .APIServerHost }}") && c.message.contains("needs a target cluster"), "{}", c.message);
+    assert!(
+        c.message.contains("{{ .APIServerHost }}") && c.message.contains("needs a target cluster"),
+        "{}",
+        c.message
+    );
     for m in w.machines().await {
         let ready = condition(&m.status.conditions, ConditionType::Ready).unwrap();
         assert_eq!(ready.reason, Reason::BootDataUnrenderable, "{}", m.metadata.name);

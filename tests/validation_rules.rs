@@ -244,7 +244,11 @@ fn table() -> Vec<Row> {
             Some(("spec.disruption.budgets[1].duration", BUDGET_DURATION)),
         ),
         // A class's boot data template: known variables, closed; other braces are text.
-        (MC, json!({"userData": "#!/bin/sh\nkubeadm join {{ .APIServerHost }} --token {{.BootstrapToken}} --discovery-token-ca-cert-hash {{ .CACertHash }}\necho {{ v1.local_hostname }}\n"}), None),
+        (
+            MC,
+            json!({"userData": "#!/bin/sh\nkubeadm join {{ .APIServerHost }} --token {{.BootstrapToken}} --discovery-token-ca-cert-hash {{ .CACertHash }}\necho {{ v1.local_hostname }}\n"}),
+            None,
+        ),
         (MC, json!({"userData": "no variables"}), None),
         (MC, json!({"userData": "token={{ .Token }}"}), Some(("spec.userData", USER_DATA))),
         (MC, json!({"userData": "name={{ .MachineName"}), Some(("spec.userData", USER_DATA))),

@@ -146,7 +146,8 @@ impl<'a> Template<'a> {
                 continue;
             }
             let line = text[..consumed + open].matches('\n').count() + 1;
-            let name_len = inner[1..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(inner.len() - 1);
+            let name_len =
+                inner[1..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(inner.len() - 1);
             let name = &inner[1..1 + name_len];
             let tail = inner[1 + name_len..].trim_start_matches([' ', '\t']);
             if !tail.starts_with("}}") {
@@ -342,7 +343,12 @@ pub fn kubelet_may_set_label(key: &str) -> bool {
 
 /// `--node-labels` of a node template's labels: those a kubelet may set ([`kubelet_may_set_label`]).
 pub fn node_labels_flag(labels: &std::collections::BTreeMap<String, String>) -> String {
-    labels.iter().filter(|(k, _)| kubelet_may_set_label(k)).map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    labels
+        .iter()
+        .filter(|(k, _)| kubelet_may_set_label(k))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `--register-with-taints` of a node template's taints: `key=value:Effect` (`key:Effect` without
@@ -391,7 +397,10 @@ mod tests {
         );
         assert_eq!(Template::parse("{{ .MachineName").unwrap_err(), TemplateError::Unclosed { line: 1 });
         assert_eq!(Template::parse("{{ .Machine-Name }}").unwrap_err(), TemplateError::Unclosed { line: 1 });
-        assert_eq!(Template::parse("{{ . }}").unwrap_err(), TemplateError::UnknownVariable { name: String::new(), line: 1 });
+        assert_eq!(
+            Template::parse("{{ . }}").unwrap_err(),
+            TemplateError::UnknownVariable { name: String::new(), line: 1 }
+        );
         let msg = Template::parse("{{ .Nope }}").unwrap_err().to_string();
         assert!(msg.contains(".Nope") && msg.contains(".BootstrapToken"), "{msg}");
     }
@@ -419,17 +428,29 @@ mod tests {
 
     #[test]
     fn kubelets_register_only_the_labels_node_restriction_allows() {
-        for ok in ["role", "example.com/gpu", "node.kubernetes.io/pool", "topology.kubernetes.io/zone", "kubernetes.io/os"] {
+        for ok in
+            ["role", "example.com/gpu", "node.kubernetes.io/pool", "topology.kubernetes.io/zone", "kubernetes.io/os"]
+        {
             assert!(kubelet_may_set_label(ok), "{ok}");
         }
-        for no in ["node-restriction.kubernetes.io/x", "node-role.kubernetes.io/worker", "kubernetes.io/role", "x.k8s.io/y"] {
+        for no in
+            ["node-restriction.kubernetes.io/x", "node-role.kubernetes.io/worker", "kubernetes.io/role", "x.k8s.io/y"]
+        {
             assert!(!kubelet_may_set_label(no), "{no}");
         }
         let labels = [("role".to_string(), "web".to_string()), ("node-role.kubernetes.io/web".into(), String::new())];
         assert_eq!(node_labels_flag(&labels.into_iter().collect()), "role=web");
         let taints = [
-            super::super::template::NodeTaint { key: "a".into(), value: "b".into(), effect: super::super::template::TaintEffect::NoSchedule },
-            super::super::template::NodeTaint { key: "c".into(), value: String::new(), effect: super::super::template::TaintEffect::NoExecute },
+            super::super::template::NodeTaint {
+                key: "a".into(),
+                value: "b".into(),
+                effect: super::super::template::TaintEffect::NoSchedule,
+            },
+            super::super::template::NodeTaint {
+                key: "c".into(),
+                value: String::new(),
+                effect: super::super::template::TaintEffect::NoExecute,
+            },
         ];
         assert_eq!(node_taints_flag(&taints), "a=b:NoSchedule,c:NoExecute");
     }
@@ -438,11 +459,31 @@ mod tests {
     fn the_cel_pattern_refuses_exactly_what_the_parser_refuses() {
         let re = regex::Regex::new(&invalid_pattern()).unwrap();
         let mut cases: Vec<String> = [
-            "", "{{", "{{ .MachineName }}", "{{.MachineName}}", "{{ .MachineName }", "{{ .MachineName", "{{ .Machine }}",
-            "{{ .MachineNamespace }}", "{{ .MachineNamespaces }}", "{{ .MachineNam }}", "{{ . }}", "{{ .}}", "{{{ .X }}",
-            "{{ v1.x }}", "{{ .Ma chine}}", "{{ .MachineName x}}", "{{ .MachineName\n}}", "{{ .MachineName\t}}",
-            "a {{ .NodeLabels }} b {{ .Nope }}", "{{ .CACertificateBase64 }}{{ .CACertHash }}", "{{ .CA }}",
-            "{{\t.BootstrapToken\t}}", "}} {{ . {{ .NodeTaints }}", "{{ .NodeTaints}}}", "{{ .APIServerURL2 }}",
+            "",
+            "{{",
+            "{{ .MachineName }}",
+            "{{.MachineName}}",
+            "{{ .MachineName }",
+            "{{ .MachineName",
+            "{{ .Machine }}",
+            "{{ .MachineNamespace }}",
+            "{{ .MachineNamespaces }}",
+            "{{ .MachineNam }}",
+            "{{ . }}",
+            "{{ .}}",
+            "{{{ .X }}",
+            "{{ v1.x }}",
+            "{{ .Ma chine}}",
+            "{{ .MachineName x}}",
+            "{{ .MachineName\n}}",
+            "{{ .MachineName\t}}",
+            "a {{ .NodeLabels }} b {{ .Nope }}",
+            "{{ .CACertificateBase64 }}{{ .CACertHash }}",
+            "{{ .CA }}",
+            "{{\t.BootstrapToken\t}}",
+            "}} {{ . {{ .NodeTaints }}",
+            "{{ .NodeTaints}}}",
+            "{{ .APIServerURL2 }}",
         ]
         .iter()
         .map(ToString::to_string)

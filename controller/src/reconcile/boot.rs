@@ -168,8 +168,12 @@ pub(crate) fn sample(ctx: &Ctx, r: &Resolved<'_>) -> Result<Option<pb::Secrets>,
             use base64::Engine;
             Ok(match v {
                 Variable::MachineName | Variable::MachineNamespace => longest.clone(),
-                Variable::ApiServerUrl => join.map_or_else(|| "https://api.example.invalid:6443".into(), |j| j.api_server_url.clone()),
-                Variable::ApiServerHost => join.map_or_else(|| "api.example.invalid:6443".into(), bootstrap::JoinSettings::api_server_host),
+                Variable::ApiServerUrl => {
+                    join.map_or_else(|| "https://api.example.invalid:6443".into(), |j| j.api_server_url.clone())
+                }
+                Variable::ApiServerHost => {
+                    join.map_or_else(|| "api.example.invalid:6443".into(), bootstrap::JoinSettings::api_server_host)
+                }
                 Variable::CaCertificate => boot_data::pem(&ca),
                 Variable::CaCertificateBase64 => base64::engine::general_purpose::STANDARD.encode(boot_data::pem(&ca)),
                 Variable::CaCertHash => format!("sha256:{}", "0".repeat(64)),

@@ -10,6 +10,7 @@ use crate::resources::*;
 use crate::runtime::{Action, DriverHandle, ReconcileError};
 use crate::store::Key;
 
+pub(crate) mod boot;
 pub mod class;
 pub(crate) mod deletion;
 pub mod deployment;
@@ -17,7 +18,6 @@ pub mod health;
 pub(crate) mod in_place;
 pub mod interruptions;
 pub mod machine;
-pub(crate) mod boot;
 pub mod node;
 pub mod orphans;
 pub mod pool;
