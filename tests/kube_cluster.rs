@@ -8,10 +8,19 @@
 //! (with `SO_REUSEPORT`, never listening) while the apiserver shares it (`--permit-port-sharing`),
 //! so no other process can take it in between.
 //!
+//! Authorization and admission as clusters run them: a cluster CA of its own (`ca.crt`, which
+//! signs the apiserver's serving certificate for 127.0.0.1 and authenticates client
+//! certificates), `--authorization-mode=Node,RBAC`, bootstrap token authentication, and the
+//! `NodeRestriction` admission plugin. The admin kubeconfig verifies the serving certificate
+//! (`certificate-authority-data`) and authenticates with a `system:masters` token.
+//!
 //! [`Cluster::start_full`] adds what makes it a whole cluster without kubelets:
 //! kube-controller-manager (ReplicaSets, garbage collection, PodDisruptionBudget status, node
-//! lifecycle and taints), kube-scheduler, and kwok, which plays the kubelet of every Node that
-//! carries [`kwok_node_annotation`] (Ready, heartbeats, pods Running, pods deleted).
+//! lifecycle and taints, and a kubelet's TLS bootstrap: `csrapproving`, `csrsigning` with the
+//! cluster CA's key, `bootstrapsigner`, `tokencleaner`), the RBAC bindings and `cluster-info`
+//! ConfigMap `kubeadm init` creates for joining nodes ([`KUBEADM_JOIN_OBJECTS`]), kube-scheduler,
+//! and kwok, which plays the kubelet of every Node that carries [`kwok_node_annotation`] (Ready,
+//! heartbeats, pods Running, pods deleted).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -55,20 +64,32 @@ pub const KWOK_STAGES: [&str; 6] = [
 /// The apiserver's audit log in the cluster's folder ([`Cluster::audit_events`]).
 pub const AUDIT_LOG: &str = "audit.log";
 
+/// The controller's ServiceAccount as the API server names it (`deploy/controller.yaml`).
+pub const CONTROLLER_USER: &str = "system:serviceaccount:machine-driver:machine-controller";
+
 /// What the apiserver audits, at `Metadata` level (who, from which user agent, what, the
-/// answer's code; no bodies): the writes to Nodes and pods, evictions, and reads of
-/// PodDisruptionBudgets — what a drain does. Status updates (kwok's heartbeats), lists and
-/// watches are not audited, so the log stays small. Written before the answer
-/// (`--audit-log-mode blocking`): a call answered is in the log.
+/// answer's code; no bodies): every request of the controller's ServiceAccount
+/// ([`CONTROLLER_USER`]: a refused one is a `403` here), the writes to Nodes and pods, evictions,
+/// reads of PodDisruptionBudgets — what a drain does — and the creation of
+/// CertificateSigningRequests (a kubelet's TLS bootstrap). Status updates (kwok's heartbeats), and
+/// the lists and watches of others are not audited, so the log stays small. Written before the
+/// answer (`--audit-log-mode blocking`): a call answered is in the log.
 pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
 - level: Metadata
+  users: ["system:serviceaccount:machine-driver:machine-controller"]
+- level: Metadata
   verbs: ["create", "update", "patch", "delete"]
   resources:
   - group: ""
     resources: ["nodes", "pods", "pods/eviction"]
+- level: Metadata
+  verbs: ["create"]
+  resources:
+  - group: "certificates.k8s.io"
+    resources: ["certificatesigningrequests"]
 - level: Metadata
   verbs: ["get"]
   resources:
@@ -76,6 +97,114 @@ rules:
     resources: ["poddisruptionbudgets"]
 - level: None
 "#;
+
+/// The cluster CA's certificate and key in the cluster's folder: it signs the apiserver's
+/// serving certificate, authenticates client certificates (`--client-ca-file`), and signs the
+/// kubelets' client certificates (kube-controller-manager's `csrsigning`).
+pub const CA_CERT: &str = "ca.crt";
+/// See [`CA_CERT`].
+pub const CA_KEY: &str = "ca.key";
+
+/// What `kubeadm init` creates for nodes that join with a bootstrap token of its default group
+/// (`system:bootstrappers:kubeadm:default-node-token`, the controller's `--bootstrap-token-group`
+/// default): its TLS bootstrap (create CSRs), their automatic approval, the renewal of a node's
+/// own certificate, reading Nodes (kubeadm's pre-flight), and `kube-public/cluster-info` readable
+/// by anyone (`kubeadm join --discovery-token-ca-cert-hash`; `bootstrapsigner` signs it). The
+/// names are kubeadm's.
+pub const KUBEADM_JOIN_OBJECTS: &str = r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kubeadm:kubelet-bootstrap"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:node-bootstrapper"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:bootstrappers:kubeadm:default-node-token"}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kubeadm:node-autoapprove-bootstrap"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:certificates.k8s.io:certificatesigningrequests:nodeclient"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:bootstrappers:kubeadm:default-node-token"}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kubeadm:node-autoapprove-certificate-rotation"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:nodes"}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "kubeadm:get-nodes"}
+rules: [{apiGroups: [""], resources: ["nodes"], verbs: ["get"]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kubeadm:get-nodes"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "kubeadm:get-nodes"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:bootstrappers:kubeadm:default-node-token"}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: "kubeadm:bootstrap-signer-clusterinfo", namespace: kube-public}
+rules: [{apiGroups: [""], resources: ["configmaps"], resourceNames: ["cluster-info"], verbs: ["get"]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: "kubeadm:bootstrap-signer-clusterinfo", namespace: kube-public}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: "kubeadm:bootstrap-signer-clusterinfo"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:anonymous"}]
+"#;
+
+/// The controller's manifest, as users apply it.
+pub fn controller_manifest() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("deploy/controller.yaml")
+}
+
+/// Makes the cluster CA ([`CA_CERT`], [`CA_KEY`]) and the apiserver's serving certificate
+/// (`apiserver.crt`, for 127.0.0.1 and localhost) in `d`, with openssl.
+fn make_certificates(d: &Path) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl").current_dir(d).args(args).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend(["-keyout", CA_KEY, "-out", CA_CERT, "-days", "30", "-subj", "/CN=test-cluster-ca"]);
+    ca.extend(["-addext", "basicConstraints=critical,CA:TRUE"]);
+    ca.extend(["-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"]);
+    openssl(&ca);
+    let mut serving = vec!["req", "-x509", "-CA", CA_CERT, "-CAkey", CA_KEY];
+    serving.extend(ec);
+    serving.extend(["-keyout", "apiserver.key", "-out", "apiserver.crt", "-days", "30", "-subj", "/CN=kube-apiserver"]);
+    serving.extend(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc"]);
+    serving.extend(["-addext", "basicConstraints=critical,CA:FALSE", "-addext", "extendedKeyUsage=serverAuth"]);
+    openssl(&serving);
+}
+
+/// The cluster CA's certificate in `d`, base64-encoded (a kubeconfig's `certificate-authority-data`).
+fn ca_data(d: &Path) -> String {
+    use base64::Engine as _;
+    let pem = std::fs::read(d.join(CA_CERT)).expect("the cluster CA");
+    base64::engine::general_purpose::STANDARD.encode(pem)
+}
+
+/// A kubeconfig for `server` that verifies it with the CA `ca_data` and authenticates `user`
+/// with `token`; namespace `default`.
+fn token_kubeconfig(server: &str, ca_data: &str, user: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {{server: \"{server}\", certificate-authority-data: \"{ca_data}\"}}
+users:
+- name: {user}
+  user: {{token: \"{token}\"}}
+contexts:
+- name: test
+  context: {{cluster: test, user: {user}, namespace: default}}
+current-context: test
+"
+    )
+}
 
 /// The binaries [`Cluster::start_full`] runs besides kube-apiserver and etcd.
 const FULL_BINARIES: [&str; 4] = ["kube-controller-manager", "kube-scheduler", "kwok", "kubectl"];
@@ -226,6 +355,7 @@ impl Cluster {
             .output()
             .expect("openssl (a service-account signing key)");
         assert!(out.status.success(), "openssl: {}", String::from_utf8_lossy(&out.stderr));
+        make_certificates(d);
         let token = uuid::Uuid::new_v4().simple().to_string();
         std::fs::write(d.join("tokens.csv"), format!("{token},admin,admin,\"system:masters\"\n")).unwrap();
         let (api_port_socket, api_port) = reserve_port();
@@ -236,9 +366,12 @@ impl Cluster {
             .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
             .args(["--secure-port", &api_port.to_string(), "--permit-port-sharing"])
             .args(["--endpoint-reconciler-type", "none"])
-            .args(["--cert-dir", d.join("certs").to_str().unwrap()])
+            .args(["--tls-cert-file", d.join("apiserver.crt").to_str().unwrap()])
+            .args(["--tls-private-key-file", d.join("apiserver.key").to_str().unwrap()])
+            .args(["--client-ca-file", d.join(CA_CERT).to_str().unwrap()])
             .args(["--token-auth-file", d.join("tokens.csv").to_str().unwrap()])
-            .args(["--authorization-mode", "RBAC"])
+            .args(["--authorization-mode", "Node,RBAC", "--enable-bootstrap-token-auth"])
+            .args(["--enable-admission-plugins", "NodeRestriction"])
             .args(["--service-account-issuer", "https://kubernetes.default.svc"])
             .args(["--service-account-key-file", key.to_str().unwrap()])
             .args(["--service-account-signing-key-file", key.to_str().unwrap()])
@@ -253,25 +386,8 @@ impl Cluster {
             .spawn()
             .expect("start kube-apiserver");
         let kubeconfig = d.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {{server: \"https://127.0.0.1:{api_port}\", insecure-skip-tls-verify: true}}
-users:
-- name: admin
-  user: {{token: \"{token}\"}}
-contexts:
-- name: test
-  context: {{cluster: test, user: admin, namespace: default}}
-current-context: test
-"
-            ),
-        )
-        .unwrap();
+        let server = format!("https://127.0.0.1:{api_port}");
+        std::fs::write(&kubeconfig, token_kubeconfig(&server, &ca_data(d), "admin", &token)).unwrap();
         let client = client_for(&kubeconfig).await;
         let mut cluster = Cluster {
             parts: Vec::new(),
@@ -313,6 +429,7 @@ current-context: test
     pub async fn start_full() -> Cluster {
         let bins = full_install_dir();
         let mut cluster = Self::start_with(true).await;
+        cluster.create_join_objects().await;
         cluster.start_parts(&bins);
         cluster.wait_full_ready().await;
         cluster
@@ -321,14 +438,9 @@ current-context: test
     fn start_parts(&mut self, bins: &Path) {
         let d = self.dir.path().to_path_buf();
         let kubeconfig = self.kubeconfig.to_str().unwrap().to_string();
-        // The CA of the apiserver's self-signed serving certificate: --cert-dir holds the
-        // certificate followed by its CA. The controller manager publishes it (kube-root-ca.crt,
-        // ClusterTrustBundles, which refuse a certificate without the CA bit).
-        let serving =
-            std::fs::read_to_string(d.join("certs/apiserver.crt")).expect("the apiserver's serving certificate");
-        let at = serving.rfind("-----BEGIN CERTIFICATE-----").expect("a certificate in apiserver.crt");
-        let ca = d.join("apiserver-ca.crt");
-        std::fs::write(&ca, &serving[at..]).unwrap();
+        // The cluster CA: the controller manager publishes it (kube-root-ca.crt) and signs the
+        // client certificates of approved kubelet CSRs with its key.
+        let ca = d.join(CA_CERT);
         let spawn = |binary: &str, args: Vec<String>, log: &'static str| {
             let child = Command::new(bins.join(binary))
                 .args(args)
@@ -344,7 +456,12 @@ current-context: test
         };
         let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
         let mut kcm = s(&["--kubeconfig", &kubeconfig, "--leader-elect=false"]);
-        kcm.extend(s(&["--use-service-account-credentials=false", "--controllers=*,-serviceaccount-token"]));
+        // `*` has csrapproving, csrsigning and csrcleaner; bootstrapsigner and tokencleaner are
+        // off by default (kubeadm turns them on).
+        let controllers = "--controllers=*,bootstrapsigner,tokencleaner,-serviceaccount-token";
+        kcm.extend(s(&["--use-service-account-credentials=false", controllers]));
+        kcm.extend(s(&["--cluster-signing-cert-file", ca.to_str().unwrap()]));
+        kcm.extend(s(&["--cluster-signing-key-file", d.join(CA_KEY).to_str().unwrap()]));
         kcm.extend(s(&["--service-account-private-key-file", d.join("sa.key").to_str().unwrap()]));
         // kwok posts node status at most every 20 s: a 20 s grace period would let the node
         // lifecycle controller mark healthy Nodes Unknown (and their pods not Ready) now and then.
@@ -368,6 +485,94 @@ current-context: test
             kwok.extend(s(&["--config", bins.join("kwok-stages").join(stage).to_str().unwrap()]));
         }
         self.parts.push(spawn("kwok", kwok, "kwok.log"));
+    }
+
+    /// Creates what `kubeadm init` creates for joining nodes ([`KUBEADM_JOIN_OBJECTS`]) and the
+    /// `kube-public/cluster-info` ConfigMap (this cluster's address and CA).
+    async fn create_join_objects(&self) {
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(KUBEADM_JOIN_OBJECTS).expect("kubeadm objects");
+        for doc in docs {
+            self.apply_json(doc).await;
+        }
+        let kubeconfig = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
+        let server = kubeconfig.split("server: \"").nth(1).and_then(|r| r.split('"').next()).expect("server");
+        let info = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    server: {server}\n    \
+             certificate-authority-data: {}\n",
+            ca_data(self.dir.path())
+        );
+        self.apply_json(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+            "data": {"kubeconfig": info},
+        }))
+        .await;
+    }
+
+    /// A kubeconfig (in the cluster's folder) that authenticates as the controller's
+    /// ServiceAccount with the RBAC of the manifest users apply: every object of
+    /// `deploy/controller.yaml` but its Deployment (the namespace, the ServiceAccount, the
+    /// ClusterRole, the Roles and their bindings) is applied as it is, and the token comes from
+    /// the TokenRequest API (valid for a day). Calls it makes are audited ([`CONTROLLER_USER`]).
+    pub async fn controller_kubeconfig(&self) -> PathBuf {
+        let manifest = controller_manifest();
+        let text = std::fs::read_to_string(&manifest).expect("deploy/controller.yaml");
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+        for doc in docs.into_iter().filter(|d| d["kind"] != "Deployment") {
+            self.apply_json(doc).await;
+        }
+        let request: k8s_openapi::api::authentication::v1::TokenRequest =
+            serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 86400}})).unwrap();
+        let accounts = Api::<ServiceAccount>::namespaced(self.client.clone(), "machine-driver");
+        let token = crate::eventually(Duration::from_secs(30), "a token of the controller's ServiceAccount", || {
+            let accounts = accounts.clone();
+            let request = request.clone();
+            async move {
+                let r = accounts.create_subresource::<k8s_openapi::api::authentication::v1::TokenRequest>(
+                    "token",
+                    "machine-controller",
+                    &PostParams::default(),
+                    serde_json::to_vec(&request).unwrap(),
+                );
+                r.await.ok()?.status.map(|s| s.token)
+            }
+        })
+        .await;
+        let kubeconfig = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
+        let server = kubeconfig.split("server: \"").nth(1).and_then(|r| r.split('"').next()).expect("server");
+        let path = self.dir.path().join("controller.kubeconfig");
+        std::fs::write(&path, token_kubeconfig(server, &ca_data(self.dir.path()), "machine-controller", &token))
+            .unwrap();
+        path
+    }
+
+    /// The audited requests of the controller's ServiceAccount that the API server refused
+    /// (`403`), each as `verb resource/subresource namespace/name: reason`.
+    pub fn controller_forbidden(&self) -> Vec<String> {
+        self.audit_events()
+            .iter()
+            .filter(|e| e["user"]["username"] == CONTROLLER_USER && e["responseStatus"]["code"] == 403)
+            .map(|e| {
+                let o = &e["objectRef"];
+                let s = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+                format!(
+                    "{} {}/{}/{} {}/{}: {}",
+                    s(&e["verb"]),
+                    s(&o["apiGroup"]),
+                    s(&o["resource"]),
+                    s(&o["subresource"]),
+                    s(&o["namespace"]),
+                    s(&o["name"]),
+                    s(&e["responseStatus"]["message"]),
+                )
+            })
+            .collect()
+    }
+
+    /// How many audited requests the controller's ServiceAccount made.
+    pub fn controller_requests(&self) -> usize {
+        self.audit_events().iter().filter(|e| e["user"]["username"] == CONTROLLER_USER).count()
     }
 
     /// Polls `f` with the admin client until it returns `Some`; fails with the logs if a process

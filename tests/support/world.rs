@@ -223,6 +223,7 @@ pub struct Builder {
     in_process: bool,
     manifest: Option<String>,
     store_layer: Option<StoreLayer>,
+    as_service_account: bool,
 }
 
 /// What an in-process world's controller puts between itself and the embedded backend.
@@ -242,6 +243,7 @@ impl Default for Builder {
             in_process: false,
             manifest: None,
             store_layer: None,
+            as_service_account: false,
         }
     }
 }
@@ -266,6 +268,15 @@ impl Builder {
     /// world, an `Arc<Cluster>` (one cluster for several worlds) with its last holder.
     pub fn kubernetes(mut self, cluster: impl Into<Arc<Cluster>>, namespace_prefix: &str) -> Self {
         self.store = StoreChoice::Kubernetes { cluster: cluster.into(), namespace_prefix: namespace_prefix.into() };
+        self
+    }
+
+    /// With a Kubernetes store: the controllers authenticate as the ServiceAccount of
+    /// `deploy/controller.yaml`, with its RBAC ([`Cluster::controller_kubeconfig`]), not as the
+    /// administrator; [`World::assert_controller_never_forbidden`] reads the audit log. The CLI
+    /// ([`World::cli`]) stays the administrator's, as a user's.
+    pub fn as_service_account(mut self) -> Self {
+        self.as_service_account = true;
         self
     }
 
@@ -345,11 +356,17 @@ impl Builder {
     /// does not become ready within [`READY`].
     pub async fn start(self) -> World {
         let dir = tempfile::tempdir().expect("tempdir");
+        let mut controller_kubeconfig = None;
         let (store, cluster) = match self.store {
             StoreChoice::Sqlite => (WorldStore::Sqlite(dir.path().join("store.db")), None),
             StoreChoice::Kubernetes { cluster, namespace_prefix } => {
                 let ns = cluster.namespace(&namespace_prefix).await;
                 let store = Store::new(Arc::new(KubernetesBackend::new(cluster.client.clone(), Some(ns.clone()))));
+                controller_kubeconfig = Some(if self.as_service_account {
+                    cluster.controller_kubeconfig().await
+                } else {
+                    cluster.kubeconfig.clone()
+                });
                 (WorldStore::Kubernetes { ns, store }, Some(cluster))
             }
         };
@@ -384,6 +401,7 @@ impl Builder {
             in_process_store,
             controller_binary: self.controller_binary.unwrap_or_else(|| bin("machine-controller")),
             controller_env: self.controller_env,
+            controller_kubeconfig,
             timings: self.timings,
             controller_args: self.controller_args,
             metrics: self.metrics,
@@ -437,6 +455,8 @@ pub struct World {
     in_process_store: Option<Store>,
     controller_binary: PathBuf,
     controller_env: Vec<(String, String)>,
+    /// The kubeconfig of controllers with a Kubernetes store.
+    controller_kubeconfig: Option<PathBuf>,
     timings: Vec<String>,
     controller_args: Vec<String>,
     metrics: bool,
@@ -470,9 +490,10 @@ impl Drop for World {
 
 impl World {
     /// One test's world on a whole cluster (`Cluster::start_full`) in a new namespace named after
-    /// `namespace_prefix`: a fake cloud with `fake_args` whose VMs join it as Nodes, and no
-    /// controller yet (the test starts it; it runs with `--store kubernetes`, so the target
-    /// cluster is the same).
+    /// `namespace_prefix`: a fake cloud with `fake_args` whose VMs join it as Nodes (by TLS
+    /// bootstrap, from the boot data of a [`crate::joining_class`]), and no controller yet (the
+    /// test starts it; it runs with `--store kubernetes`, so the target cluster is the same, as
+    /// the ServiceAccount of `deploy/controller.yaml`: [`Builder::as_service_account`]).
     pub async fn on_full_cluster(fake_args: &[&str], namespace_prefix: &str) -> World {
         let cluster = Cluster::start_full().await;
         let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
@@ -481,6 +502,7 @@ impl World {
         World::builder()
             .driver(Driver::fake(&args))
             .kubernetes(cluster, namespace_prefix)
+            .as_service_account()
             .controller_args(&["--resync-interval", "5s", "--drain-poll-interval", "500ms"])
             .without_controller()
             .start()
@@ -613,7 +635,7 @@ impl World {
                 }
                 WorldStore::Kubernetes { ns, .. } => {
                     cmd.args(["--store", "kubernetes", "run", "--namespace", ns]);
-                    cmd.env("KUBECONFIG", &self.cluster().kubeconfig);
+                    cmd.env("KUBECONFIG", self.controller_kubeconfig.as_ref().expect("a kubeconfig"));
                 }
             }
             let child = cmd
@@ -717,6 +739,20 @@ impl World {
             WorldStore::Sqlite(path) => Store::open(path).expect("opening the embedded store"),
             WorldStore::Kubernetes { store, .. } => store.clone(),
         }
+    }
+
+    /// Fails the test if the API server refused any request of the controller's ServiceAccount
+    /// (its audit log: `403`), naming each; returns how many requests it made.
+    pub fn assert_controller_never_forbidden(&self) -> usize {
+        let forbidden = self.cluster().controller_forbidden();
+        let made = self.cluster().controller_requests();
+        assert!(
+            forbidden.is_empty(),
+            "{} of the controller's {made} requests were refused (deploy/controller.yaml's RBAC):\n{}",
+            forbidden.len(),
+            forbidden.join("\n")
+        );
+        made
     }
 
     /// `machine-controller --store … ARGS`: exit code, stdout, stderr (within a minute).

@@ -79,6 +79,13 @@ pub(crate) struct FMachine {
     /// older than the field: the VM's ID stands in.
     #[serde(default)]
     pub(crate) boot_id: String,
+    /// Its boot data (the request's secret `userData`, else the provider spec's): what its
+    /// kubelet joins the cluster with ([`crate::kubelets`]). A cloud keeps a VM's user data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) boot_data: Option<String>,
+    /// The credentials its kubelet got by TLS bootstrap (once it joined).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) kubelet: Option<crate::kubelets::Credentials>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,6 +96,9 @@ pub(crate) struct FInstance {
     pub(crate) state: String,
     pub(crate) created_ms: u64,
     pub(crate) ip: String,
+    /// The credentials its kubelet got by TLS bootstrap (once it joined).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) kubelet: Option<crate::kubelets::Credentials>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -105,6 +115,9 @@ pub(crate) struct FPool {
     pub(crate) next_instance: u32,
     pub(crate) instances: BTreeMap<u32, FInstance>,
     pub(crate) op: Option<String>,
+    /// The boot data of its instances (as [`FMachine::boot_data`]), from the last ApplyPool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) boot_data: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -63,7 +63,11 @@ use serde_json::Value;
 #[cfg(feature = "join-cluster")]
 mod cluster;
 #[cfg(feature = "join-cluster")]
-pub use cluster::{boot_id, config, is_fake, node, reboot_status_patch, restart_patch, spawn, stopped_status_patch};
+pub mod join;
+#[cfg(feature = "join-cluster")]
+pub use cluster::{
+    boot_id, config, is_fake, node, node_with, reboot_status_patch, restart_patch, spawn, stopped_status_patch,
+};
 
 /// How often the kubelets compare the cloud with the cluster.
 pub const TICK: Duration = Duration::from_millis(300);
@@ -135,6 +139,22 @@ impl Vm {
     /// [`KubeletMode::NeverJoins`].
     pub fn reports(&self) -> bool {
         self.booted && !self.stopped && self.kubelet != KubeletMode::NeverJoins
+    }
+}
+
+/// A kubelet's credentials once it joined by TLS bootstrap: the kubeconfig it writes to
+/// `/var/lib/kubelet/kubeconfig` (the API server and its CA from the bootstrap kubeconfig, the
+/// signed client certificate `system:node:<name>` and its key inline). Kept with the VM in the
+/// cloud's state. `Debug` shows none of it.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Credentials {
+    /// The kubeconfig (YAML).
+    pub kubeconfig: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credentials([REDACTED])")
     }
 }
 

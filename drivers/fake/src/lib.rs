@@ -644,6 +644,54 @@ impl FakeDriver {
         (st.cloud_id.clone(), vms)
     }
 
+    /// The boot data and kubelet credentials of the VM `hostname` of provider ID `provider_id`
+    /// (a machine or a pool instance), for the [`kubelets`] task; `None` when it is gone.
+    #[cfg_attr(not(feature = "join-cluster"), allow(dead_code))]
+    pub(crate) fn kubelet_identity(
+        &self,
+        hostname: &str,
+        provider_id: &str,
+    ) -> Option<(Option<String>, Option<kubelets::Credentials>)> {
+        let st = lock(&self.state);
+        if let Some(m) = st.machines.get(hostname).filter(|m| machine_provider_id(m) == provider_id) {
+            return Some((m.boot_data.clone(), m.kubelet.clone()));
+        }
+        st.pools.values().find_map(|p| {
+            let i = p.instances.values().find(|i| instance_provider_id(p, i) == provider_id)?;
+            Some((p.boot_data.clone(), i.kubelet.clone()))
+        })
+    }
+
+    /// Keeps the credentials the kubelet of the VM `hostname` (provider ID `provider_id`) got by
+    /// TLS bootstrap, in the state file too (a restarted sidecar's kubelets still have them).
+    ///
+    /// # Errors
+    /// The state file could not be written.
+    #[cfg_attr(not(feature = "join-cluster"), allow(dead_code))]
+    pub(crate) fn kubelet_joined(
+        &self,
+        hostname: &str,
+        provider_id: &str,
+        credentials: kubelets::Credentials,
+    ) -> Result<()> {
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
+        let instance = st.pools.iter().find_map(|(name, p)| {
+            p.instances.values().find(|i| instance_provider_id(p, i) == provider_id).map(|i| (name.clone(), i.id))
+        });
+        let slot = match st.machines.get_mut(hostname) {
+            Some(m) if machine_provider_id(m) == provider_id => Some(&mut m.kubelet),
+            _ => instance
+                .and_then(|(pool, id)| st.pools.get_mut(&pool)?.instances.get_mut(&id))
+                .map(|i| &mut i.kubelet),
+        };
+        match slot {
+            Some(slot) => *slot = Some(credentials),
+            None => return Ok(()),
+        }
+        self.save(st)
+    }
+
     /// Whether the machine `name` exists with provider ID `provider_id` and its kubelet reports
     /// ([`kubelets::Vm::reports`]), for the [`kubelets`] task: the lock is held for one lookup.
     #[cfg_attr(not(feature = "join-cluster"), allow(dead_code))]
@@ -788,6 +836,7 @@ impl Driver for FakeDriver {
         }
         let ip = st.next_ip();
         let zone = req.provider_spec.get("zone").and_then(Value::as_str).unwrap_or("zone-a").to_string();
+        let boot_data = boot_data(&req.secrets, &req.provider_spec);
         st.machines.insert(
             req.name.clone(),
             FMachine {
@@ -805,6 +854,8 @@ impl Driver for FakeDriver {
                 failure: None,
                 kubelet_stopped: false,
                 boot_id: new_boot_id(),
+                boot_data,
+                kubelet: None,
             },
         );
         st.counters.machines_created += 1;
@@ -991,10 +1042,12 @@ impl Driver for FakeDriver {
             next_instance: 0,
             instances: BTreeMap::new(),
             op: None,
+            boot_data: None,
         });
         if pool.state != "Creating" {
             pool.state = "Updating".into();
         }
+        pool.boot_data = boot_data(&req.secrets, &req.provider_spec);
         pool.spec = req.provider_spec;
         pool.model = hash.clone();
         pool.labels = req.labels;
@@ -1005,7 +1058,7 @@ impl Driver for FakeDriver {
             let id = pool.next_instance;
             pool.next_instance += 1;
             pool.instances
-                .insert(id, FInstance { id, model: hash.clone(), state: "Creating".into(), created_ms: now, ip });
+                .insert(id, FInstance { id, model: hash.clone(), state: "Creating".into(), created_ms: now, ip, kubelet: None });
             created += 1;
         }
         // Scale in: the newest instances go first.
@@ -1222,6 +1275,15 @@ fn machine_vm(m: &FMachine) -> kubelets::Vm {
         stopped: m.kubelet_stopped,
         boot_id: if m.boot_id.is_empty() { m.id.clone() } else { m.boot_id.clone() },
     }
+}
+
+/// The secret a machine's rendered boot data comes in (the controller's, from its class's
+/// template); it wins over the provider spec's `userData`.
+pub const USER_DATA_SECRET: &str = "userData";
+
+/// A VM's boot data: the secret [`USER_DATA_SECRET`], else the provider spec's `userData`.
+fn boot_data(secrets: &Secrets, spec: &Value) -> Option<String> {
+    secrets.get(USER_DATA_SECRET).or_else(|| spec.get("userData").and_then(Value::as_str)).map(String::from)
 }
 
 /// The provider spec's machine type (`small` when absent).

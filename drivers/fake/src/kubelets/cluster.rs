@@ -15,9 +15,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::{json, Value};
 
+use super::join::{self, BootData, Pending};
 use super::{
-    capacity, plan, KubeletMode, Vm, CLOUD_ANNOTATION, KWOK_ANNOTATION, MAX_PODS, PROVIDER_PREFIX, SETTLE,
-    STOPPED_MESSAGE, STOPPED_REASON, TICK,
+    capacity, plan, KubeletMode, Vm, CLOUD_ANNOTATION, KWOK_ANNOTATION, MAX_PODS, PROVIDER_PREFIX,
+    SETTLE, STOPPED_MESSAGE, STOPPED_REASON, TICK,
 };
 use crate::FakeDriver;
 
@@ -38,8 +39,14 @@ const LIST_PAGE_SIZE: u32 = 500;
 /// controller's, as it tells a real kubelet's (`kubelet/VERSION`).
 const USER_AGENT: &str = concat!("fake-driver-kubelet/", env!("CARGO_PKG_VERSION"));
 
-/// The Node a VM's kubelet registers.
+/// The Node a VM's kubelet registers (with no labels or taints of its boot data: [`node_with`]).
 pub fn node(vm: &Vm, cloud_id: &str) -> Node {
+    node_with(vm, cloud_id, &BootData::default())
+}
+
+/// The Node a VM's kubelet registers, with the labels (`--node-labels`) and taints
+/// (`--register-with-taints`) of its boot data `boot`.
+pub fn node_with(vm: &Vm, cloud_id: &str, boot: &BootData) -> Node {
     let (cpu, memory) = capacity(&vm.machine_type);
     let resources: BTreeMap<String, Quantity> = [("cpu", cpu), ("memory", memory), ("pods", MAX_PODS)]
         .into_iter()
@@ -74,14 +81,18 @@ pub fn node(vm: &Vm, cloud_id: &str) -> Node {
             annotations.insert(KWOK_ANNOTATION.into(), "fake".into());
         }
     }
+    let mut labels: BTreeMap<String, String> =
+        labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    labels.extend(boot.labels.clone());
+    let taints = (!boot.taints.is_empty()).then(|| boot.taints.clone());
     Node {
         metadata: ObjectMeta {
             name: Some(vm.hostname.clone()),
-            labels: Some(labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            labels: Some(labels),
             annotations: Some(annotations),
             ..ObjectMeta::default()
         },
-        spec: Some(NodeSpec { provider_id: Some(vm.provider_id.clone()), ..NodeSpec::default() }),
+        spec: Some(NodeSpec { provider_id: Some(vm.provider_id.clone()), taints, ..NodeSpec::default() }),
         status: Some(NodeStatus {
             capacity: Some(resources.clone()),
             allocatable: Some(resources),
@@ -184,24 +195,39 @@ pub async fn config(kubeconfig: &Path) -> Result<kube::Config, String> {
         .map_err(|e| format!("--join-cluster {}: {e}", kubeconfig.display()))
 }
 
-/// Starts the kubelets of `driver`'s cloud, registering Nodes in the cluster of `config`; runs
-/// until the runtime stops (or the handle is aborted).
-///
-/// # Errors
-/// No client could be built from `config`.
-pub fn spawn(driver: Arc<FakeDriver>, mut config: kube::Config) -> Result<tokio::task::JoinHandle<()>, String> {
+/// The kubelets' user agent on `config`'s requests.
+fn with_user_agent(mut config: kube::Config) -> kube::Config {
     use tonic::codegen::http::{header, HeaderValue};
     // kube's client sends no User-Agent of its own.
     config.headers.retain(|(name, _)| name != header::USER_AGENT);
     config.headers.push((header::USER_AGENT, HeaderValue::from_static(USER_AGENT)));
-    // Calls time out soon, so that a slow API server delays registrations, never the task for
-    // long; the watch keeps kube's defaults (its requests last up to ~5 minutes).
-    let mut calls = config.clone();
+    config
+}
+
+/// A client for the kubelets' calls (not the watch) from `config`: their user agent, and
+/// timeouts soon, so that a slow API server delays registrations, never the task for long.
+///
+/// # Errors
+/// No client could be built from `config`.
+pub(super) fn call_client(config: kube::Config) -> Result<kube::Client, String> {
+    let mut calls = with_user_agent(config);
     calls.connect_timeout = Some(API_CONNECT_TIMEOUT);
     calls.read_timeout = Some(API_CALL_TIMEOUT);
     calls.write_timeout = Some(API_CALL_TIMEOUT);
-    let calls = kube::Client::try_from(calls).map_err(|e| format!("--join-cluster: {e}"))?;
-    let watch = kube::Client::try_from(config).map_err(|e| format!("--join-cluster: {e}"))?;
+    kube::Client::try_from(calls).map_err(|e| e.to_string())
+}
+
+/// Starts the kubelets of `driver`'s cloud in the cluster of `config` (whose credentials only
+/// watch the Nodes and mark those whose kubelet stopped, as the node lifecycle controller does:
+/// each kubelet joins with its VM's boot data, [`join`]); runs until the runtime stops (or the
+/// handle is aborted).
+///
+/// # Errors
+/// No client could be built from `config`.
+pub fn spawn(driver: Arc<FakeDriver>, config: kube::Config) -> Result<tokio::task::JoinHandle<()>, String> {
+    let calls = call_client(config.clone()).map_err(|e| format!("--join-cluster: {e}"))?;
+    // The watch keeps kube's defaults (its requests last up to ~5 minutes).
+    let watch = kube::Client::try_from(with_user_agent(config)).map_err(|e| format!("--join-cluster: {e}"))?;
     Ok(tokio::spawn(async move {
         let mut kubelets = Kubelets::new(driver, calls);
         let mut tick = tokio::time::interval(TICK);
@@ -222,6 +248,28 @@ pub fn spawn(driver: Arc<FakeDriver>, mut config: kube::Config) -> Result<tokio:
             }
         }
     }))
+}
+
+/// How long a kubelet that could not join (no usable boot data, its token refused, its CSR
+/// denied) waits before it tries again.
+const JOIN_RETRY: Duration = Duration::from_secs(3);
+
+/// A kubelet on its way to join the cluster.
+enum Joining {
+    /// Its CSR waits for approval and signature.
+    Csr(Pending),
+    /// It could not join; it tries again at this time.
+    RetryAt(Instant),
+}
+
+/// The outcome of one kubelet's step towards its registered Node.
+enum Step {
+    /// It has its credentials and registered (or tried to).
+    Registered(kube::Result<Registered>),
+    /// Its CSR waits.
+    Joining(Pending),
+    /// It cannot join now (why; no secret in it).
+    CannotJoin(String),
 }
 
 /// The outcome of one registration.
@@ -265,6 +313,8 @@ struct Kubelets {
     settling: BTreeMap<String, Settling>,
     /// The boot ID each registered Node was last seen with: name → boot ID.
     boots: BTreeMap<String, String>,
+    /// Kubelets joining (TLS bootstrap): name → (provider ID, where it stands).
+    joining: BTreeMap<String, (String, Joining)>,
     /// The cloud's earlier Nodes have been looked up (after a restart).
     adopted: bool,
     warned: BTreeMap<String, Instant>,
@@ -279,6 +329,7 @@ impl Kubelets {
             in_doubt: BTreeSet::new(),
             settling: BTreeMap::new(),
             boots: BTreeMap::new(),
+            joining: BTreeMap::new(),
             adopted: false,
             warned: BTreeMap::new(),
         }
@@ -304,6 +355,9 @@ impl Kubelets {
             self.adopt(&cloud_id).await;
         }
         let plan = plan(&vms, &self.registered, &self.in_doubt, &self.boots);
+        let live: BTreeSet<(&str, &str)> = vms.iter().map(|v| (v.hostname.as_str(), v.provider_id.as_str())).collect();
+        self.joining.retain(|name, (pid, _)| live.contains(&(name.as_str(), pid.as_str())));
+        drop(live);
         drop(vms);
         self.unsettle(&plan.register);
         self.mark_gone(plan.mark_gone).await;
@@ -372,11 +426,27 @@ impl Kubelets {
         self.adopted = true;
     }
 
+    /// Takes each of `vms` (whose kubelet reports and whose Node is not registered) a step towards
+    /// its registered Node: a kubelet without credentials yet creates its CSR, or looks whether it
+    /// was signed; one with credentials registers its Node with them.
     async fn register(&mut self, vms: Vec<Vm>, cloud_id: &str) {
-        let nodes = &self.nodes;
-        let results: Vec<(Vm, kube::Result<Registered>)> = futures::stream::iter(vms)
-            .map(|vm| async move {
-                let r = register_one(nodes, &vm, cloud_id).await;
+        let now = Instant::now();
+        let mut steps = Vec::new();
+        for vm in vms {
+            let csr = match self.joining.remove(&vm.hostname) {
+                Some((pid, Joining::RetryAt(at))) if pid == vm.provider_id && at > now => {
+                    self.joining.insert(vm.hostname, (pid, Joining::RetryAt(at)));
+                    continue;
+                }
+                Some((pid, Joining::Csr(p))) if pid == vm.provider_id => Some(p),
+                _ => None,
+            };
+            steps.push((vm, csr));
+        }
+        let driver = &self.driver;
+        let results: Vec<(Vm, Step)> = futures::stream::iter(steps)
+            .map(|(vm, csr)| async move {
+                let r = step(driver, &vm, cloud_id, csr).await;
                 (vm, r)
             })
             .buffer_unordered(CONCURRENCY)
@@ -384,7 +454,7 @@ impl Kubelets {
             .await;
         for (vm, r) in results {
             match r {
-                Ok(Registered::Yes(boot)) => {
+                Step::Registered(Ok(Registered::Yes(boot))) => {
                     self.warned.remove(&vm.hostname);
                     self.settling.remove(&vm.hostname);
                     let key = (vm.hostname, vm.provider_id);
@@ -392,15 +462,22 @@ impl Kubelets {
                     self.boots.insert(key.0.clone(), boot);
                     self.registered.insert(key.0, key.1);
                 }
-                Ok(Registered::Conflict(other)) => {
+                Step::Registered(Ok(Registered::Conflict(other))) => {
                     let msg = format!("a Node of that name has provider ID {other:?}, not {:?}", vm.provider_id);
                     self.warn(&vm.hostname, "Node not registered: waiting for the stale Node to go", &msg);
                 }
-                Ok(Registered::Again) => {}
-                Err(e) => {
+                Step::Registered(Ok(Registered::Again)) => {}
+                Step::Registered(Err(e)) => {
                     self.warn(&vm.hostname, "registering the Node failed", &e);
                     // The Node may have been created or annotated all the same.
                     self.in_doubt.insert((vm.hostname, vm.provider_id));
+                }
+                Step::Joining(csr) => {
+                    self.joining.insert(vm.hostname, (vm.provider_id, Joining::Csr(csr)));
+                }
+                Step::CannotJoin(why) => {
+                    self.warn(&vm.hostname, "the kubelet cannot join the cluster", &why);
+                    self.joining.insert(vm.hostname, (vm.provider_id, Joining::RetryAt(now + JOIN_RETRY)));
                 }
             }
         }
@@ -446,11 +523,17 @@ impl Kubelets {
     /// Posts the new boot ID of each VM that rebooted (its kubelet's first status after the
     /// boot). A failure is retried on the next pass: the Node still shows the old one.
     async fn reboot(&mut self, vms: Vec<Vm>) {
-        let nodes = &self.nodes;
-        let results: Vec<(Vm, kube::Result<Node>)> = futures::stream::iter(vms)
+        let driver = &self.driver;
+        let results: Vec<(Vm, Result<Node, String>)> = futures::stream::iter(vms)
             .map(|vm| async move {
                 let patch = reboot_status_patch(&vm);
-                let r = nodes.patch_status(&vm.hostname, &PatchParams::default(), &Patch::Merge(&patch)).await;
+                let r = match node_api(driver, &vm).await {
+                    Ok(nodes) => nodes
+                        .patch_status(&vm.hostname, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e),
+                };
                 (vm, r)
             })
             .buffer_unordered(CONCURRENCY)
@@ -541,10 +624,68 @@ impl Kubelets {
     }
 }
 
-/// Registers one VM's Node (create only; an existing Node of this VM only gets the kwok
-/// annotation back, [`restart_patch`]).
-async fn register_one(nodes: &Api<Node>, vm: &Vm, cloud_id: &str) -> kube::Result<Registered> {
-    let want = node(vm, cloud_id);
+/// The Nodes as the kubelet of `vm` sees them: with the credentials it joined with.
+///
+/// # Errors
+/// It has not joined (no credentials), or they are unusable.
+async fn node_api(driver: &FakeDriver, vm: &Vm) -> Result<Api<Node>, String> {
+    let credentials = driver.kubelet_identity(&vm.hostname, &vm.provider_id).and_then(|(_, c)| c);
+    let credentials = credentials.ok_or_else(|| "the kubelet has no credentials (it has not joined)".to_string())?;
+    Ok(Api::all(join::client(&credentials.kubeconfig).await?))
+}
+
+/// One kubelet's step towards its registered Node, with `csr`, its CSR if it made one: without
+/// credentials, it creates a CSR with its boot data's bootstrap kubeconfig, or looks whether
+/// its CSR was signed (and keeps the credentials with its VM); with them, it registers.
+async fn step(driver: &FakeDriver, vm: &Vm, cloud_id: &str, csr: Option<Pending>) -> Step {
+    let Some((boot_data, credentials)) = driver.kubelet_identity(&vm.hostname, &vm.provider_id) else {
+        return Step::Registered(Ok(Registered::Again));
+    };
+    let boot = match boot_data.as_deref().map(BootData::parse) {
+        Some(Ok(boot)) => boot,
+        Some(Err(e)) => return Step::CannotJoin(format!("its boot data: {e}")),
+        None => BootData::default(),
+    };
+    let credentials = match credentials {
+        Some(c) => c,
+        None => match csr {
+            Some(csr) => match join::poll(&csr).await {
+                Ok(None) => return Step::Joining(csr),
+                Ok(Some(c)) => {
+                    if let Err(e) = driver.kubelet_joined(&vm.hostname, &vm.provider_id, c.clone()) {
+                        return Step::CannotJoin(format!("keeping its credentials failed: {e}"));
+                    }
+                    tracing::info!(node = %vm.hostname, csr = %csr.csr, "kubelet certificate issued (TLS bootstrap)");
+                    c
+                }
+                Err(e) => return Step::CannotJoin(e),
+            },
+            None => {
+                let Some(bootstrap) = boot.bootstrap_kubeconfig.as_deref() else {
+                    return Step::CannotJoin(
+                        "its boot data writes no bootstrap kubeconfig (see the book's \"Joining nodes\")".into(),
+                    );
+                };
+                return match join::request_certificate(bootstrap, &vm.hostname).await {
+                    Ok(csr) => {
+                        tracing::info!(node = %vm.hostname, csr = %csr.csr, "kubelet CSR created (TLS bootstrap)");
+                        Step::Joining(csr)
+                    }
+                    Err(e) => Step::CannotJoin(e),
+                };
+            }
+        },
+    };
+    match join::client(&credentials.kubeconfig).await {
+        Ok(client) => Step::Registered(register_one(&Api::all(client), vm, cloud_id, &boot).await),
+        Err(e) => Step::CannotJoin(format!("its kubeconfig: {e}")),
+    }
+}
+
+/// Registers one VM's Node with its kubelet's own credentials (`nodes`; create only; an
+/// existing Node of this VM only gets the kwok annotation back, [`restart_patch`]).
+async fn register_one(nodes: &Api<Node>, vm: &Vm, cloud_id: &str, boot: &BootData) -> kube::Result<Registered> {
+    let want = node_with(vm, cloud_id, boot);
     match nodes.create(&PostParams::default(), &want).await {
         Ok(created) => {
             tracing::info!(node = %vm.hostname, provider_id = %vm.provider_id, mode = ?vm.kubelet, "Node registered");
@@ -621,13 +762,18 @@ async fn try_mark_node(nodes: &Api<Node>, n: &Node, pid: &str) -> kube::Result<M
 mod tests {
     use driver_sdk::{CreateMachine, Driver, RequestContext, Secrets};
 
+    use super::super::Credentials;
     use super::*;
 
-    /// A client whose every call fails at once: nothing listens on its port.
-    fn unreachable() -> kube::Client {
+    /// An address where nothing listens: every call to it fails at once.
+    fn unreachable_url() -> String {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let url = format!("http://127.0.0.1:{port}").parse().unwrap();
-        kube::Client::try_from(kube::Config::new(url)).unwrap()
+        format!("http://127.0.0.1:{port}")
+    }
+
+    /// A client whose every call fails at once.
+    fn unreachable() -> kube::Client {
+        kube::Client::try_from(kube::Config::new(unreachable_url().parse().unwrap())).unwrap()
     }
 
     /// A fake cloud with one running machine, `m1`, and its VM.
@@ -647,6 +793,16 @@ mod tests {
         loop {
             let vm = d.kubelet_view().1.remove(0);
             if vm.booted {
+                // As if it had joined: its kubelet's kubeconfig (a cluster that is not there).
+                let kubeconfig = json!({
+                    "apiVersion": "v1", "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": unreachable_url()}}],
+                    "users": [{"name": "u", "user": {}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                });
+                let credentials = Credentials { kubeconfig: kubeconfig.to_string() };
+                d.kubelet_joined(&vm.hostname, &vm.provider_id, credentials).unwrap();
                 return (d, vm);
             }
             assert!(Instant::now() < deadline, "m1 never booted");
