@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use e2e_tests::joining;
 use e2e_tests::world::World;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -169,7 +170,8 @@ async fn class(w: &World) {
         "providerSpec": {"machineType": "small", "zone": "zone-a"},
         "capacity": {"cpu": "2", "memory": "4Gi", "pods": "110"},
     });
-    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": spec})).await;
+    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": joining(spec)}))
+        .await;
 }
 
 async fn autoscaled_md(w: &World, name: &str, replicas: i64, min: i64, max: i64, node_labels: Value) {
@@ -434,7 +436,8 @@ async fn a_group_at_zero_grows_through_its_template_node_over_mutual_tls() {
     // A class that declares no capacity: the fake driver reports its machine type's when it
     // validates the class, and the template node is built from that.
     let spec = json!({"driver": "fake", "providerSpec": {"machineType": "small", "zone": "zone-a"}});
-    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": spec})).await;
+    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": joining(spec)}))
+        .await;
     autoscaled_md(&w, "batch", 0, 0, 3, json!({"pool": "batch"})).await;
     let config = format!(
         "cert: \"{}\"\nkey: \"{}\"\ncacert: \"{}\"\n",
@@ -469,7 +472,8 @@ async fn a_group_whose_creates_fail_for_quota_is_out_of_resources_and_the_autosc
         "providerSpec": {"machineType": "medium", "zone": "zone-a"},
         "capacity": {"cpu": "4", "memory": "8Gi"},
     });
-    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "medium"}, "spec": medium})).await;
+    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "medium"}, "spec": joining(medium)}))
+        .await;
     // The cloud refuses every machine of `cheap` for quota, as a cloud whose quota is used up.
     w.set_faults(vec![fake_driver::pb::FaultRule {
         rpc: "CreateMachine".into(),

@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use e2e_tests::eventually;
 use e2e_tests::kube_cluster::Cluster;
 use e2e_tests::watch::Most;
 use e2e_tests::world::{Driver, World};
+use e2e_tests::{eventually, joining, joining_class};
 use fake_driver::pb as fake;
 use machine_controller::resources::*;
 use serde_json::{json, Value};
@@ -31,7 +31,12 @@ trait Disruptions {
 impl Disruptions for World {
     async fn class(&self) {
         let spec = json!({"driver": "fake", "providerSpec": {"machineType": "small"}});
-        self.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": spec})).await;
+        self.apply_object(
+            "MachineClass",
+            "machineclasses",
+            json!({"metadata": {"name": "small"}, "spec": joining(spec)}),
+        )
+        .await;
     }
 
     /// A MachineDeployment of image `os-1` unless `spec` says otherwise (its fields merged over).
@@ -156,6 +161,7 @@ async fn a_rollout_during_a_remediation_stays_within_max_unavailable_and_replace
         .unwrap();
     assert_eq!(events.iter().filter(|e| e.reason == "Remediating").count(), 1, "{events:?}");
     w.assert_consistent(4).await;
+    w.assert_controller_never_forbidden();
     w.kill9().await;
 }
 
@@ -245,6 +251,7 @@ async fn three_of_five_nodes_down_short_circuit_remediation_until_they_return() 
     md_until(&w, "the deployment no longer blocked", MINUTE, |md| blocked(md).is_none()).await;
     assert_eq!(w.created().await, created, "nothing was replaced");
     assert_eq!(w.machines().await.len(), 5);
+    w.assert_controller_never_forbidden();
     w.kill9().await;
 }
 
@@ -263,11 +270,7 @@ async fn an_outage_of_the_target_cluster_restarts_the_health_timers() {
         .driver(Driver::fake(&args))
         .controller_args(&["--target-kubeconfig", &kubeconfig, "--resync-interval", "5s"])
         .manifest(&format!(
-            "apiVersion: machine.driver.dev/v1alpha1
-kind: MachineClass
-metadata: {{name: small}}
-spec: {{driver: fake, providerSpec: {{machineType: small}}}}
----
+            "{}---
 apiVersion: machine.driver.dev/v1alpha1
 kind: MachineDeployment
 metadata: {{name: web}}
@@ -283,7 +286,8 @@ spec:
   unhealthyConditions:
   - {{type: Ready, status: \"False\", timeoutSeconds: {timeout}}}
   - {{type: Ready, status: Unknown, timeoutSeconds: {timeout}}}
-"
+",
+            joining_class("small", "{machineType: small}")
         ))
         .start()
         .await;

@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use e2e_tests::eventually;
 use e2e_tests::watch::{available, Most};
 use e2e_tests::world::World;
+use e2e_tests::{eventually, joining};
 use fake_driver::pb as fake;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
@@ -25,7 +25,8 @@ const ZONES: [&str; 3] = ["a", "b", "c"];
 /// with `extra` merged over its spec.
 async fn deploy(w: &World, replicas: i64, extra: Value) {
     let class = json!({"driver": "fake", "providerSpec": {"machineType": "small"}});
-    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": class})).await;
+    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": joining(class)}))
+        .await;
     let domains: Vec<Value> =
         ZONES.iter().map(|z| json!({"name": z, "providerSpec": {"zone": format!("zone-{z}")}})).collect();
     let mut spec = json!({

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use e2e_tests::eventually;
 use e2e_tests::world::World;
+use e2e_tests::{eventually, joining};
 use fake_driver::pb as fake;
 use machine_controller::resources::*;
 use serde_json::{json, Value};
@@ -32,7 +32,12 @@ trait Interruptions {
 impl Interruptions for World {
     async fn spot_class(&self) {
         let spec = json!({"driver": "fake", "providerSpec": {"machineType": "small", "capacityType": "spot"}});
-        self.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "spot"}, "spec": spec})).await;
+        self.apply_object(
+            "MachineClass",
+            "machineclasses",
+            json!({"metadata": {"name": "spot"}, "spec": joining(spec)}),
+        )
+        .await;
     }
 
     /// Deployment `web` of the spot class (its fields merged over 3 replicas, maxSurge 1,
@@ -334,7 +339,7 @@ async fn spot_refused_for_capacity_runs_on_demand_and_moves_back_to_spot_when_it
     // The embedded store: applied with the CLI (JSON is YAML).
     let class = json!({
         "apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "small"},
-        "spec": {"driver": "fake", "providerSpec": {"machineType": "small"}},
+        "spec": joining(json!({"driver": "fake", "providerSpec": {"machineType": "small"}})),
     });
     w.apply(&class.to_string()).await;
     let md = json!({

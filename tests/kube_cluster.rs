@@ -529,13 +529,9 @@ impl Cluster {
             let accounts = accounts.clone();
             let request = request.clone();
             async move {
-                let r = accounts.create_subresource::<k8s_openapi::api::authentication::v1::TokenRequest>(
-                    "token",
-                    "machine-controller",
-                    &PostParams::default(),
-                    serde_json::to_vec(&request).unwrap(),
-                );
-                r.await.ok()?.status.map(|s| s.token)
+                let r: kube::Result<k8s_openapi::api::authentication::v1::TokenRequest> =
+                    accounts.create_subresource("token", "machine-controller", &PostParams::default(), &request).await;
+                r.ok()?.status?.token
             }
         })
         .await;

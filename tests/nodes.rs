@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use e2e_tests::eventually;
 use e2e_tests::kube_cluster::{node_ready, pod_ready, Cluster};
 use e2e_tests::world::{Driver, World};
+use e2e_tests::{eventually, joining, joining_class};
 use fake_driver::pb as fake;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -46,7 +46,12 @@ trait Nodes {
 impl Nodes for World {
     async fn class(&self) {
         let spec = json!({"driver": "fake", "providerSpec": {"machineType": "small"}});
-        self.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": spec})).await;
+        self.apply_object(
+            "MachineClass",
+            "machineclasses",
+            json!({"metadata": {"name": "small"}, "spec": joining(spec)}),
+        )
+        .await;
     }
 
     /// A MachineDeployment of `replicas` machines with `provider_spec` and extra spec fields.
@@ -236,6 +241,7 @@ async fn machines_join_as_ready_nodes_linked_by_provider_id() {
         (nodes.len() == 1 && provider_id(&nodes[0]) == left[0].status.provider_id).then_some(())
     })
     .await;
+    w.assert_controller_never_forbidden();
     w.kill9().await;
 }
 
@@ -343,6 +349,7 @@ async fn a_rolling_update_drains_each_old_node_by_eviction_within_the_disruption
     }
     let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
     assert_eq!(cloud.machines.len(), 3, "the old VMs are gone");
+    w.assert_controller_never_forbidden();
     w.kill9().await;
 }
 
@@ -392,6 +399,7 @@ async fn a_budget_that_forbids_every_eviction_holds_the_drain_until_its_deadline
     assert!(has_event(&events, "DrainForced"), "{events:?}");
     assert!(has_event(&events, "EvictionBlocked") || has_event(&events, "DisruptionBudgetUnsatisfiable"), "{events:?}");
     assert!(w.node(&node).await.is_none(), "the Node goes after its VM");
+    w.assert_controller_never_forbidden();
     w.kill9().await;
 }
 
@@ -638,6 +646,7 @@ async fn deleting_a_deployment_drains_every_node_before_its_vm_goes() {
     let drained = events.iter().filter(|e| e.reason.as_deref() == Some("Drained")).count();
     let deleted = events.iter().filter(|e| e.reason.as_deref() == Some("NodeDeleted")).count();
     assert_eq!((drained, deleted), (2, 2), "each node drained, then deleted after its VM");
+    w.assert_controller_never_forbidden();
     w.kill9().await;
 }
 
@@ -650,20 +659,17 @@ async fn the_embedded_store_manages_nodes_in_a_target_cluster() {
     let mut w = World::builder()
         .driver(Driver::fake(&args))
         .controller_args(&["--target-kubeconfig", &kubeconfig, "--drain-poll-interval", "500ms"])
-        .manifest(
-            "apiVersion: machine.driver.dev/v1alpha1
-kind: MachineClass
-metadata: {name: small}
-spec: {driver: fake, providerSpec: {machineType: small}}
----
+        .manifest(&format!(
+            "{}---
 apiVersion: machine.driver.dev/v1alpha1
 kind: MachineDeployment
-metadata: {name: web}
+metadata: {{name: web}}
 spec:
   replicas: 2
-  template: {spec: {classRef: {name: small}}}
+  template: {{spec: {{classRef: {{name: small}}}}}}
 ",
-        )
+            joining_class("small", "{machineType: small}")
+        ))
         .start()
         .await;
     let md = w.converged("web", 2 * MINUTE).await;
@@ -813,6 +819,7 @@ async fn machine_pool_scale_down_drains_the_chosen_instance_first() {
     assert!(has_event(&events, "Drained") && has_event(&events, "NodeDeleted"), "{events:?}");
     let cloud = w.fake().await.inspect(fake::InspectRequest::default()).await.unwrap().into_inner();
     assert!(cloud.pools.is_empty(), "the pool is gone from the cloud");
+    w.assert_controller_never_forbidden();
     w.kill9().await;
 }
 
@@ -1319,6 +1326,7 @@ async fn a_rebooting_in_place_update_drains_one_node_at_a_time_and_uncordons_it_
         }
         assert!(!has_event(&events, "DrainForced"), "every pod left by eviction");
     }
+    w.assert_controller_never_forbidden();
     w.kill9().await;
 }
 

@@ -465,3 +465,47 @@ pub fn rolled_out(md: &machine_controller::resources::MachineDeployment) -> bool
         && md.status.replicas == md.spec.replicas
         && md.status.updated_replicas == md.spec.replicas
 }
+
+/// The boot data template every end-to-end test's machines join a cluster with (a class's
+/// `spec.userData`): cloud-init writing a kubelet bootstrap kubeconfig from the controller's
+/// variables, which the fake cloud's kubelets read to join by TLS bootstrap
+/// (docs/src/operating/joining-nodes.md).
+pub const JOIN_USER_DATA: &str = r#"#cloud-config
+write_files:
+- path: /var/lib/kubelet/bootstrap-kubeconfig
+  permissions: "0600"
+  content: |
+    apiVersion: v1
+    kind: Config
+    clusters:
+    - name: cluster
+      cluster:
+        server: {{ .APIServerURL }}
+        certificate-authority-data: {{ .CACertificateBase64 }}
+    users:
+    - name: kubelet-bootstrap
+      user:
+        token: {{ .BootstrapToken }}
+    contexts:
+    - name: bootstrap
+      context: {cluster: cluster, user: kubelet-bootstrap}
+    current-context: bootstrap
+runcmd:
+- [kubelet, --bootstrap-kubeconfig=/var/lib/kubelet/bootstrap-kubeconfig, --kubeconfig=/var/lib/kubelet/kubeconfig, "--node-labels={{ .NodeLabels }}", "--register-with-taints={{ .NodeTaints }}"]
+"#;
+
+/// A MachineClass `spec` whose machines join the cluster by TLS bootstrap: [`JOIN_USER_DATA`]
+/// as its boot data template (`spec.userData`).
+pub fn joining(mut spec: serde_json::Value) -> serde_json::Value {
+    spec["userData"] = JOIN_USER_DATA.into();
+    spec
+}
+
+/// A MachineClass of the fake driver named `name` whose machines join the cluster
+/// ([`JOIN_USER_DATA`]): `provider_spec` is its flow-style provider spec (`{machineType: small}`).
+pub fn joining_class(name: &str, provider_spec: &str) -> String {
+    let indented: String = JOIN_USER_DATA.lines().map(|l| format!("    {l}\n")).collect();
+    format!(
+        "apiVersion: machine.driver.dev/v1alpha1\nkind: MachineClass\nmetadata: {{name: {name}}}\nspec:\n  driver: fake\n  providerSpec: {provider_spec}\n  userData: |\n{indented}"
+    )
+}

@@ -234,7 +234,12 @@ async fn part_latency(out: &mut String) {
         .await;
     let spec =
         json!({"driver": "fake", "providerSpec": {"machineType": "small"}, "capacity": {"cpu": "2", "memory": "4Gi"}});
-    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "small"}, "spec": spec})).await;
+    w.apply_object(
+        "MachineClass",
+        "machineclasses",
+        json!({"metadata": {"name": "small"}, "spec": e2e_tests::joining(spec)}),
+    )
+    .await;
     let md = json!({"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 10},
         "template": {"spec": {"classRef": {"name": "small"}}}});
     w.apply_object("MachineDeployment", "machinedeployments", json!({"metadata": {"name": "web"}, "spec": md})).await;

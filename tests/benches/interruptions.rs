@@ -88,7 +88,12 @@ async fn notice_to_ready() -> (Vec<f64>, Vec<f64>) {
         .await;
     w.start_controller(&[]);
     let class = json!({"driver": "fake", "providerSpec": {"machineType": "small", "capacityType": "spot"}});
-    w.apply_object("MachineClass", "machineclasses", json!({"metadata": {"name": "spot"}, "spec": class})).await;
+    w.apply_object(
+        "MachineClass",
+        "machineclasses",
+        json!({"metadata": {"name": "spot"}, "spec": e2e_tests::joining(class)}),
+    )
+    .await;
     let spec = json!({
         "replicas": PER_WAVE,
         "template": {"spec": {"classRef": {"name": "spot"}, "providerSpec": {"image": "os-1"}}},

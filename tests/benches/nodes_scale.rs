@@ -282,7 +282,7 @@ fn peak_rss_mb(w: &World, i: usize) -> u64 {
 
 fn class() -> serde_json::Value {
     json!({"apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "small"},
-           "spec": {"driver": "fake", "providerSpec": {"machineType": "small"}}})
+           "spec": e2e_tests::joining(json!({"driver": "fake", "providerSpec": {"machineType": "small"}}))})
 }
 
 fn deployment(replicas: usize, image: &str) -> serde_json::Value {

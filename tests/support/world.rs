@@ -615,6 +615,12 @@ impl World {
 
     /// Starts a controller with the world's arguments and `extra`; returns its index.
     pub fn start_controller(&mut self, extra: &[&str]) -> usize {
+        self.start_controller_env(extra, &[])
+    }
+
+    /// [`World::start_controller`] with more environment variables (after the world's): a
+    /// `RUST_LOG` of its own, say. A process controller only.
+    pub fn start_controller_env(&mut self, extra: &[&str], env: &[(&str, &str)]) -> usize {
         let i = self.controllers.len();
         let mut args = self.timings.clone();
         args.extend(self.controller_args.iter().cloned());
@@ -642,7 +648,8 @@ impl World {
                 .args(["--driver", &driver])
                 .args(&args)
                 .env("RUST_LOG", "info")
-                .envs(self.controller_env.iter().map(|(k, v)| (k, v)))
+                .envs(self.controller_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(file.try_clone().expect("controller log file"))
                 .stderr(file)

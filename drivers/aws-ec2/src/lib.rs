@@ -31,6 +31,10 @@
 //!   (environment, profile, web identity / IRSA, instance metadata). EC2 clients are cached per
 //!   region and credential fingerprint. Region comes from the spec, else the sidecar's default;
 //!   `AWS_ENDPOINT_URL_EC2` / `AWS_ENDPOINT_URL` override the endpoint.
+//! - **User data**: the request's `userData` secret (the controller's rendered boot data) when
+//!   set, else the spec's `userData`; over EC2's 16384 bytes (before base64) it is
+//!   INVALID_ARGUMENT naming the field, at CreateMachine and ValidateMachineClass, before any
+//!   EC2 call. Its content is never logged nor put in an error (see [`spec::user_data`]).
 //! - **Spot**: the spec's `instanceMarketOptions` (`marketType: spot`, one-time, terminate on
 //!   interruption) is RunInstances' `InstanceMarketOptions`.
 //! - **Events** (`CAPABILITY_EVENTS`, unless both sources are off): the interruption queue
@@ -461,6 +465,8 @@ impl Driver for AwsEc2Driver {
 
     async fn create_machine(&self, ctx: &RequestContext, req: CreateMachine) -> Result<Operation> {
         let spec = ProviderSpec::parse(&req.provider_spec)?;
+        // Before any EC2 call: user data EC2 would refuse launches nothing.
+        let user_data = spec::user_data(&spec, &req.secrets)?;
         let hash = convert::spec_hash(&req.provider_spec);
         let creds = ClassCredentials::from_secrets(&req.secrets)?;
         let ec2 = self.ec2(spec.region.as_deref(), &creds).await;
@@ -491,7 +497,7 @@ impl Driver for AwsEc2Driver {
         let mut token = client_token(&req.name, &req.uid, &hash);
         for _ in 0..MAX_TOKEN_GENERATIONS {
             let out = spec
-                .apply(ec2.client.run_instances(), &tags)
+                .apply(ec2.client.run_instances(), &tags, user_data)
                 .client_token(&token)
                 .send()
                 .await
@@ -634,6 +640,9 @@ impl Driver for AwsEc2Driver {
 
     async fn validate_machine_class(&self, ctx: &RequestContext, req: ValidateMachineClass) -> Result<Vec<String>> {
         let spec = ProviderSpec::parse(&req.provider_spec)?;
+        // The controller sends a sample rendering of the class's boot data as the `userData`
+        // secret: one EC2 would refuse fails the class here, before any machine is created.
+        spec::user_data(&spec, &req.secrets)?;
         let mut warnings = Vec::new();
         if spec.subnet_id.is_none() && spec.launch_template.is_none() {
             warnings.push("no subnetId: EC2 launches into the default VPC of the region".to_string());
@@ -643,7 +652,8 @@ impl Driver for AwsEc2Driver {
         }
         let creds = ClassCredentials::from_secrets(&req.secrets)?;
         if creds == ClassCredentials::Chain {
-            if !req.secrets.is_empty() {
+            // The boot data is no credential: a secret holding only it is not worth a warning.
+            if req.secrets.keys().any(|k| k != spec::USER_DATA_KEY) {
                 warnings.push(format!(
                     "the secret holds none of {}: the sidecar's default AWS credential chain is used",
                     credentials::KEYS.join(", ")
@@ -819,6 +829,64 @@ mod tests {
         };
         let err = d.can_update_machine(&ctx, req).await.unwrap_err();
         assert_eq!(err.code(), driver_sdk::tonic::Code::Unimplemented, "{err}");
+    }
+
+    /// A driver whose EC2 endpoint answers nothing: a call that reached it would fail with
+    /// UNAVAILABLE, not with the refusal the tests expect.
+    fn offline_driver() -> AwsEc2Driver {
+        let sdk = SdkConfig::builder()
+            .region(Region::new("eu-west-1"))
+            .endpoint_url("http://127.0.0.1:9")
+            .behavior_version(BehaviorVersion::latest())
+            .build();
+        AwsEc2Driver::from_sdk_config(sdk, Config::default()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn too_large_rendered_user_data_is_refused_at_create_and_validate_before_any_ec2_call() {
+        let d = offline_driver();
+        let marker = "bootstrap-token-abcdef.0123456789abcdef";
+        let big = format!("#!/bin/sh\n{}", marker.repeat(spec::MAX_USER_DATA_BYTES / marker.len() + 1));
+        let secrets: Secrets = [
+            (spec::USER_DATA_KEY, big.as_str()),
+            (credentials::ACCESS_KEY_ID, "AKIAEXAMPLE"),
+            (credentials::SECRET_ACCESS_KEY, "example-secret"),
+        ]
+        .into_iter()
+        .collect();
+        let provider_spec = serde_json::json!({"instanceType": "t3.micro", "imageId": "ami-12345678", "userData": "x"});
+        let check = |err: DriverError| {
+            assert_eq!((err.code(), err.reason()), (driver_sdk::tonic::Code::InvalidArgument, reason::FIELD_INVALID));
+            assert_eq!(err.violations()[0].field, "secrets.userData", "{err}");
+            assert!(err.message().contains(&big.len().to_string()), "{err}");
+            assert!(!format!("{err:?} {:?}", err.violations()).contains(marker));
+        };
+        let ctx = RequestContext::for_method("test", "CreateMachine");
+        let req = CreateMachine {
+            name: "web-0".into(),
+            provider_spec: provider_spec.clone(),
+            secrets: secrets.clone(),
+            labels: Default::default(),
+            uid: "uid-1".into(),
+        };
+        check(d.create_machine(&ctx, req).await.unwrap_err());
+        let ctx = RequestContext::for_method("test", "ValidateMachineClass");
+        check(d.validate_machine_class(&ctx, ValidateMachineClass { provider_spec, secrets }).await.unwrap_err());
+    }
+
+    #[tokio::test]
+    async fn a_secret_holding_only_boot_data_is_no_credential_warning() {
+        let d = offline_driver();
+        let ctx = RequestContext::for_method("test", "ValidateMachineClass");
+        let provider_spec = serde_json::json!({"instanceType": "t3.micro", "imageId": "ami-12345678",
+            "subnetId": "subnet-12345678", "securityGroupIds": ["sg-12345678"]});
+        let only_boot: Secrets = [(spec::USER_DATA_KEY, "#!/bin/sh\n")].into_iter().collect();
+        let req = ValidateMachineClass { provider_spec: provider_spec.clone(), secrets: only_boot };
+        assert_eq!(d.validate_machine_class(&ctx, req).await.unwrap(), Vec::<String>::new());
+        let other: Secrets = [("somethingElse", "v")].into_iter().collect();
+        let warnings =
+            d.validate_machine_class(&ctx, ValidateMachineClass { provider_spec, secrets: other }).await.unwrap();
+        assert!(warnings.iter().any(|w| w.contains("default AWS credential chain")), "{warnings:?}");
     }
 
     #[test]

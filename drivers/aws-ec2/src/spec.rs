@@ -10,7 +10,7 @@ use aws_sdk_ec2::types::{
     SpotInstanceType, SpotMarketOptions, Tag, TagSpecification, VolumeType,
 };
 use base64::Engine;
-use driver_sdk::{DriverError, Violation};
+use driver_sdk::{reason, DriverError, Secrets, Violation};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -36,8 +36,9 @@ pub struct ProviderSpec {
     pub security_group_ids: Vec<String>,
     /// EC2 key pair name.
     pub key_name: Option<String>,
-    /// User data as plain text; the driver base64-encodes it.
-    pub user_data: Option<String>,
+    /// User data as plain text; the driver base64-encodes it. A `userData` secret (the
+    /// controller's rendered boot data) takes precedence, see [`user_data`].
+    pub user_data: Option<UserData>,
     /// IAM instance profile: a name, or an ARN (`arn:…`).
     pub iam_instance_profile: Option<String>,
     /// EBS block devices.
@@ -51,6 +52,71 @@ pub struct ProviderSpec {
     /// How the capacity is bought (RunInstances' `InstanceMarketOptions`): spot, or on-demand
     /// when absent.
     pub instance_market_options: Option<InstanceMarketOptions>,
+}
+
+/// User data (a boot script, often with a bootstrap token in it): the text itself, whose `Debug`
+/// prints its size only, so no log line, span field or error built with `{:?}` carries it.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct UserData(String);
+
+impl UserData {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for UserData {
+    fn from(s: &str) -> Self {
+        Self(s.to_string())
+    }
+}
+
+impl std::ops::Deref for UserData {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for UserData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UserData({} bytes)", self.0.len())
+    }
+}
+
+/// The secret key holding the rendered boot data the controller sends (MachineClass
+/// `spec.userData`, else its Secret's `userData`, with the variables filled in). It takes
+/// precedence over the provider spec's `userData`.
+pub const USER_DATA_KEY: &str = "userData";
+/// EC2's limit on user data: 16 KiB of raw bytes, before base64.
+pub const MAX_USER_DATA_BYTES: usize = 16384;
+
+/// The user data of a launch: the `userData` secret when it is set (not empty), else the
+/// provider spec's `userData`; none when neither is.
+///
+/// # Errors
+/// INVALID_ARGUMENT when it is larger than EC2 takes ([`MAX_USER_DATA_BYTES`]): `FIELD_INVALID`
+/// naming `secrets.userData`, or `INVALID_PROVIDER_SPEC` naming `provider_spec.userData`. The
+/// message gives the size and the limit, never the content.
+pub fn user_data<'a>(spec: &'a ProviderSpec, secrets: &'a Secrets) -> Result<Option<&'a str>, DriverError> {
+    let (field, data) = match secrets.get(USER_DATA_KEY).filter(|d| !d.is_empty()) {
+        Some(d) => ("secrets.userData", d),
+        None => match spec.user_data.as_deref() {
+            Some(d) => ("provider_spec.userData", d),
+            None => return Ok(None),
+        },
+    };
+    if data.len() <= MAX_USER_DATA_BYTES {
+        return Ok(Some(data));
+    }
+    let why = format!(
+        "userData is {} bytes; EC2 takes at most {MAX_USER_DATA_BYTES} bytes of user data (before base64)",
+        data.len()
+    );
+    let reason = if field.starts_with("secrets.") { reason::FIELD_INVALID } else { reason::INVALID_PROVIDER_SPEC };
+    Err(DriverError::invalid_argument(reason, format!("{field}: {why}")).with_violation(field, why))
 }
 
 /// RunInstances' `InstanceMarketOptions`, in the spec's camelCase.
@@ -145,7 +211,7 @@ pub fn schema() -> Value {
             "securityGroupIds": {"type": "array", "maxItems": 16, "items": id("sg")},
             "keyName": {"type": "string", "minLength": 1, "maxLength": 255},
             "userData": {"type": "string", "maxLength": 16384,
-                         "description": "plain text; the driver base64-encodes it"},
+                         "description": "plain text; the driver base64-encodes it. A userData secret (the MachineClass's rendered boot data) takes precedence. At most 16384 bytes (EC2's limit, before base64)"},
             "iamInstanceProfile": {"type": "string", "minLength": 1,
                                    "description": "instance profile name or ARN (needs iam:PassRole)"},
             "blockDevices": {"type": "array", "maxItems": 16, "items": {
@@ -241,11 +307,13 @@ impl ProviderSpec {
     }
 
     /// Fills a RunInstances request for one instance. Tags are the spec's `tags`, then the owner
-    /// labels, then the driver's own (name, spec hash); later ones win on equal keys.
+    /// labels, then the driver's own (name, spec hash); later ones win on equal keys. `user_data`
+    /// is what [`user_data`] chose (the secret's or the spec's), sent base64-encoded.
     pub fn apply(
         &self,
         mut req: RunInstancesFluentBuilder,
         tags: &BTreeMap<String, String>,
+        user_data: Option<&str>,
     ) -> RunInstancesFluentBuilder {
         req = req.min_count(1).max_count(1).instance_type(InstanceType::from(self.instance_type.as_str()));
         if let Some(v) = &self.image_id {
@@ -263,7 +331,7 @@ impl ProviderSpec {
         if let Some(v) = &self.key_name {
             req = req.key_name(v);
         }
-        if let Some(v) = &self.user_data {
+        if let Some(v) = user_data {
             req = req.user_data(base64::engine::general_purpose::STANDARD.encode(v));
         }
         if let Some(v) = &self.iam_instance_profile {
@@ -519,6 +587,64 @@ mod tests {
             }
             assert!(!driver_sdk::schema::validate(&schema, &spec, "provider_spec").is_empty(), "{spec}");
         }
+    }
+
+    #[test]
+    fn the_user_data_secret_wins_over_the_spec_and_both_are_held_to_ec2s_limit() {
+        let spec = ProviderSpec::parse(&json!({"instanceType": "t3.micro", "imageId": "ami-12345678",
+            "userData": "#!/bin/sh\necho from-the-spec\n"}))
+        .unwrap();
+        let none = Secrets::default();
+        assert_eq!(user_data(&spec, &none).unwrap(), Some("#!/bin/sh\necho from-the-spec\n"));
+        let rendered: Secrets = [(USER_DATA_KEY, "#!/bin/sh\necho rendered\n")].into_iter().collect();
+        assert_eq!(user_data(&spec, &rendered).unwrap(), Some("#!/bin/sh\necho rendered\n"));
+        // An empty secret counts as absent, as every other secret key does.
+        let empty: Secrets = [(USER_DATA_KEY, "")].into_iter().collect();
+        assert_eq!(user_data(&spec, &empty).unwrap(), Some("#!/bin/sh\necho from-the-spec\n"));
+        let bare = ProviderSpec::parse(&spec_without_market()).unwrap();
+        assert_eq!(user_data(&bare, &none).unwrap(), None);
+        // The limit is in bytes before base64: 16384 of them pass, one more does not.
+        let at_limit: Secrets = [(USER_DATA_KEY, "a".repeat(MAX_USER_DATA_BYTES))].into_iter().collect();
+        assert_eq!(user_data(&bare, &at_limit).unwrap().map(str::len), Some(MAX_USER_DATA_BYTES));
+        // Multi-byte characters count by their bytes (the schema's maxLength counts characters).
+        let wide = "é".repeat(MAX_USER_DATA_BYTES / 2 + 1);
+        let from_spec = ProviderSpec { user_data: Some(wide.as_str().into()), ..bare.clone() };
+        let err = user_data(&from_spec, &none).unwrap_err();
+        assert_eq!(
+            (err.code(), err.reason()),
+            (driver_sdk::tonic::Code::InvalidArgument, reason::INVALID_PROVIDER_SPEC)
+        );
+        assert_eq!(err.violations()[0].field, "provider_spec.userData");
+        assert!(err.message().contains("16386 bytes") && err.message().contains("16384"), "{err}");
+        // Its Debug (and so the spec's) says how big it is, not what it says.
+        assert!(!format!("{from_spec:?}").contains('é'), "{from_spec:?}");
+        let debug = format!("{spec:?}");
+        assert!(debug.contains("UserData(29 bytes)") && !debug.contains("from-the-spec"), "{debug}");
+    }
+
+    #[test]
+    fn a_too_large_user_data_secret_is_refused_by_name_without_its_content() {
+        let marker = "SECRET-BOOTSTRAP-TOKEN-abcdef.0123456789abcdef";
+        let big = format!("#!/bin/sh\n{}", marker.repeat(400));
+        assert!(big.len() > MAX_USER_DATA_BYTES);
+        let secrets: Secrets = [(USER_DATA_KEY, big.as_str())].into_iter().collect();
+        let spec = ProviderSpec::parse(&json!({"instanceType": "t3.micro", "imageId": "ami-12345678",
+            "userData": "small"}))
+        .unwrap();
+        let err = user_data(&spec, &secrets).unwrap_err();
+        assert_eq!(err.code(), driver_sdk::tonic::Code::InvalidArgument);
+        assert_eq!(err.reason(), reason::FIELD_INVALID);
+        assert_eq!(err.violations().len(), 1);
+        assert_eq!(err.violations()[0].field, "secrets.userData");
+        let size = big.len().to_string();
+        for text in [err.message(), err.violations()[0].description.as_str()] {
+            assert!(text.contains("userData") && text.contains(&size) && text.contains("16384"), "{text}");
+        }
+        let everything = format!("{} {:?} {:?} {:?}", err, err, err.violations(), err.causes());
+        assert!(!everything.contains("SECRET-BOOTSTRAP") && !everything.contains("#!/bin/sh"), "{everything}");
+        // On the wire too (with no redaction to lean on).
+        let status = err.to_status(crate::DRIVER_NAME, "req-1", None);
+        assert!(!format!("{status:?}").contains("SECRET-BOOTSTRAP"));
     }
 
     fn spec_without_market() -> Value {

@@ -556,6 +556,9 @@ impl Driver for AzureVmssDriver {
 
     async fn validate_machine_class(&self, _ctx: &RequestContext, req: ValidateMachineClass) -> Result<Vec<String>> {
         let spec = model::parse_spec(&req.provider_spec)?;
+        // The controller sends a sample rendering of the class's boot data as the `userData`
+        // secret: custom data ARM would refuse fails the class here, before any VM is created.
+        vm::custom_data(&spec, &req.secrets)?;
         let mut warnings = Vec::new();
         if spec.ssh_public_key.is_none() {
             warnings.push("no sshPublicKey: password login is disabled, so nobody can log in to the VMs".into());
@@ -863,6 +866,59 @@ impl Driver for AzureVmssDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A driver whose ARM endpoint answers nothing: a call that reached it would fail with
+    /// UNAVAILABLE, not with the refusal the tests expect.
+    fn offline_driver() -> AzureVmssDriver {
+        let token = || credential::build(credential::CredentialKind::StaticToken, Some("test-token"), None).unwrap();
+        let arm = ArmClient::new(
+            arm::ArmConfig {
+                endpoint: Url::parse("http://127.0.0.1:9").unwrap(),
+                scopes: vec!["http://127.0.0.1:9/.default".into()],
+                request_timeout: Duration::from_secs(5),
+                max_retries: 0,
+            },
+            token(),
+        );
+        let credentials = class_credential::ClassCredentials::new(token(), Url::parse("http://127.0.0.1:9").unwrap());
+        let config = Config {
+            subscription_id: Some("00000000-0000-0000-0000-000000000000".into()),
+            resource_group: Some("rg".into()),
+            ..Config::default()
+        };
+        AzureVmssDriver::new(arm, credentials, config)
+    }
+
+    #[tokio::test]
+    async fn too_large_rendered_user_data_is_refused_at_create_and_validate_before_any_arm_call() {
+        let d = offline_driver();
+        let marker = "bootstrap-token-abcdef.0123456789abcdef";
+        let big = format!("#cloud-config\n{}", marker.repeat(vm::MAX_CUSTOM_DATA_BASE64 / 4 * 3 / marker.len() + 1));
+        let secrets: Secrets = [(vm::USER_DATA_KEY, big.as_str())].into_iter().collect();
+        let mut provider_spec = model::schema()["examples"][0].clone();
+        provider_spec["customData"] = serde_json::json!("small");
+        let check = |err: DriverError| {
+            assert_eq!((err.code(), err.reason()), (driver_sdk::tonic::Code::InvalidArgument, reason::FIELD_INVALID));
+            assert_eq!(err.violations()[0].field, "secrets.userData", "{err}");
+            assert!(err.message().contains(&big.len().to_string()), "{err}");
+            assert!(!format!("{err:?} {:?}", err.violations()).contains(marker));
+        };
+        let ctx = RequestContext::for_method("test", "CreateMachine");
+        let req = CreateMachine {
+            name: "web-0".into(),
+            provider_spec: provider_spec.clone(),
+            secrets: secrets.clone(),
+            labels: Default::default(),
+            uid: "uid-1".into(),
+        };
+        check(d.create_machine(&ctx, req).await.unwrap_err());
+        let ctx = RequestContext::for_method("test", "ValidateMachineClass");
+        check(d.validate_machine_class(&ctx, ValidateMachineClass { provider_spec, secrets }).await.unwrap_err());
+        // A small one validates (no ARM call either: the sidecar's own credential).
+        let small: Secrets = [(vm::USER_DATA_KEY, "#cloud-config\n")].into_iter().collect();
+        let ok = ValidateMachineClass { provider_spec: model::schema()["examples"][0].clone(), secrets: small };
+        d.validate_machine_class(&ctx, ok).await.unwrap();
+    }
 
     #[test]
     fn op_state_round_trips_and_stays_small() {

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use crate::arm::{ArmClient, ArmResponse};
 use crate::errors::{operation_failed, to_driver_error};
 use crate::model::{self, SPEC_HASH_TAG};
-use crate::vm::{self, NAME_TAG, USER_DATA_KEY};
+use crate::vm::{self, NAME_TAG};
 use crate::{with_rid, AzureVmssDriver, OpState, PageToken, ResourceId, B64};
 
 const NOT_FOUND: &str = reason::MACHINE_NOT_FOUND;
@@ -131,7 +131,7 @@ impl AzureVmssDriver {
         let url = self.vm_url(&r, &[])?;
         let kind = OperationKind::CreateMachine;
         // The body first: a spec no VM can be built from is refused before any ARM call.
-        let custom_data = req.secrets.get(USER_DATA_KEY).or(spec.custom_data.as_deref());
+        let custom_data = vm::custom_data(&spec, &req.secrets)?;
         let scale_set = vm::scale_set_id(&spec, &r, self.config.scale_set.as_deref());
         let tags = vm::tags_for(&req.name, &spec, &hash, &req.labels);
         let body = vm::body(&r, &spec, tags, scale_set.as_deref(), custom_data)?;

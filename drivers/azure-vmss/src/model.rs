@@ -28,9 +28,9 @@ pub struct ProviderSpec {
     #[serde(default)]
     pub virtual_machine_scale_set: Option<ScaleSetRef>,
     /// Machines only: cloud-init user data (plain text; sent base64-encoded as `customData`).
-    /// A `userData` key in the class Secret takes precedence.
+    /// A `userData` key in the class Secret takes precedence (see [`crate::vm::custom_data`]).
     #[serde(default)]
-    pub custom_data: Option<String>,
+    pub custom_data: Option<CustomData>,
     /// Azure region, e.g. `westeurope`.
     pub location: String,
     /// VM size (the scale set's SKU), e.g. `Standard_D2s_v5`.
@@ -71,6 +71,39 @@ pub struct ProviderSpec {
     /// Extra tags on the scale set.
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+}
+
+/// Custom data (a boot script, often with a bootstrap token in it): the text itself, whose
+/// `Debug` prints its size only, so no log line, span field or error built with `{:?}` carries
+/// it.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct CustomData(String);
+
+impl CustomData {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for CustomData {
+    fn from(s: &str) -> Self {
+        Self(s.to_string())
+    }
+}
+
+impl std::ops::Deref for CustomData {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for CustomData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CustomData({} bytes)", self.0.len())
+    }
 }
 
 /// The Flexible scale set a machine joins: its resource ID, or its name in the VM's
@@ -143,7 +176,7 @@ pub fn schema() -> Value {
             },
             "customData": {
                 "type": "string", "maxLength": 49152,
-                "description": "machines: cloud-init user data, plain text (sent base64-encoded); a userData key in the class Secret takes precedence",
+                "description": "machines: cloud-init user data, plain text (sent base64-encoded); a userData secret (the MachineClass's rendered boot data) takes precedence. At most 65535 characters once base64-encoded (49149 bytes), ARM's limit",
             },
             "location": {"type": "string", "pattern": "^[a-z0-9]+$", "description": "Azure region, e.g. westeurope"},
             "vmSize": {"type": "string", "pattern": "^[A-Za-z0-9_]+$", "description": "VM size, e.g. Standard_D2s_v5"},

@@ -15,7 +15,9 @@ use std::time::SystemTime;
 
 use azure_mgmt_compute::package_2024_07_01::models::VirtualMachine;
 use base64::Engine;
-use driver_sdk::{Address, DriverError, InPlaceDisruption, Labels, Machine, MachineState, ResourceStatus, UpdatePlan};
+use driver_sdk::{
+    reason, Address, DriverError, InPlaceDisruption, Labels, Machine, MachineState, ResourceStatus, Secrets, UpdatePlan,
+};
 use serde_json::{json, Map, Value};
 
 use crate::model::{label_name, tag_name, vm_template, ProviderSpec, VmTemplate, SPEC_HASH_TAG};
@@ -23,9 +25,14 @@ use crate::ResourceId;
 
 /// Tag holding the machine name.
 pub const NAME_TAG: &str = "machinedriver.dev:machine-name";
-/// Class Secret key whose value, when present, is the VM's custom data (machine-controller-
-/// manager's convention for cloud-init user data); it takes precedence over `customData`.
+/// Secret key whose value, when set, is the VM's custom data: the controller's rendered boot
+/// data (MachineClass `spec.userData`, else its Secret's `userData`, with the variables filled
+/// in; machine-controller-manager's convention for cloud-init user data). It takes precedence
+/// over the provider spec's `customData`.
 pub const USER_DATA_KEY: &str = "userData";
+/// ARM's limit on `osProfile.customData`: 65535 characters of base64 (so at most 49149 bytes of
+/// data).
+pub const MAX_CUSTOM_DATA_BASE64: usize = 65535;
 /// Tag listing the provider spec's tag names.
 pub const SPEC_TAGS_TAG: &str = "machinedriver.dev:spec-tags";
 
@@ -115,6 +122,35 @@ pub fn updated_tags(current: &BTreeMap<String, String>, spec: &ProviderSpec, spe
         current.iter().filter(|(k, _)| !old.contains(&k.as_str())).map(|(k, v)| (k.clone(), json!(v))).collect();
     tags.extend(spec_tags(spec, spec_hash));
     tags
+}
+
+/// The custom data of a machine's VM: the `userData` secret when it is set (not empty), else the
+/// provider spec's `customData`; none when neither is.
+///
+/// # Errors
+/// INVALID_ARGUMENT when its base64 is longer than ARM takes ([`MAX_CUSTOM_DATA_BASE64`]):
+/// `FIELD_INVALID` naming `secrets.userData`, or `INVALID_PROVIDER_SPEC` naming
+/// `provider_spec.customData`. The message gives the sizes and the limit, never the content.
+pub fn custom_data<'a>(spec: &'a ProviderSpec, secrets: &'a Secrets) -> Result<Option<&'a str>, DriverError> {
+    let (field, name, data) = match secrets.get(USER_DATA_KEY).filter(|d| !d.is_empty()) {
+        Some(d) => ("secrets.userData", "userData", d),
+        None => match spec.custom_data.as_deref() {
+            Some(d) => ("provider_spec.customData", "customData", d),
+            None => return Ok(None),
+        },
+    };
+    let encoded = data.len().div_ceil(3) * 4;
+    if encoded <= MAX_CUSTOM_DATA_BASE64 {
+        return Ok(Some(data));
+    }
+    let why = format!(
+        "{name} is {} bytes, {encoded} characters in base64; ARM takes at most {MAX_CUSTOM_DATA_BASE64} characters \
+         of base64 customData ({} bytes)",
+        data.len(),
+        MAX_CUSTOM_DATA_BASE64 / 4 * 3
+    );
+    let reason = if field.starts_with("secrets.") { reason::FIELD_INVALID } else { reason::INVALID_PROVIDER_SPEC };
+    Err(DriverError::invalid_argument(reason, format!("{field}: {why}")).with_violation(field, why))
 }
 
 /// The VM body of a machine, checked against the `azure_mgmt_compute` model (so a typo in a
@@ -365,6 +401,57 @@ mod tests {
         assert_eq!(b["tags"]["machine.driver.dev:machine"], "ns.web-0");
         assert_eq!(b["tags"][SPEC_TAGS_TAG], "team");
         assert_eq!(b["tags"]["team"], "platform");
+    }
+
+    #[test]
+    fn the_user_data_secret_wins_over_custom_data_and_both_are_held_to_arms_limit() {
+        let mut spec = example(0);
+        spec.custom_data = Some("#cloud-config\n# from the spec\n".into());
+        let none = Secrets::default();
+        assert_eq!(custom_data(&spec, &none).unwrap(), Some("#cloud-config\n# from the spec\n"));
+        let rendered: Secrets = [(USER_DATA_KEY, "#cloud-config\n# rendered\n")].into_iter().collect();
+        assert_eq!(custom_data(&spec, &rendered).unwrap(), Some("#cloud-config\n# rendered\n"));
+        // An empty secret counts as absent, as every other secret key does.
+        let empty: Secrets = [(USER_DATA_KEY, "")].into_iter().collect();
+        assert_eq!(custom_data(&spec, &empty).unwrap(), Some("#cloud-config\n# from the spec\n"));
+        assert_eq!(custom_data(&example(0), &none).unwrap(), None);
+        // The limit is on the base64: 49149 bytes are 65532 characters, 49150 are 65536.
+        let largest = "a".repeat(49149);
+        let at_limit: Secrets = [(USER_DATA_KEY, largest.as_str())].into_iter().collect();
+        assert_eq!(custom_data(&spec, &at_limit).unwrap().map(str::len), Some(49149));
+        let b = body(&vm_ref("web-0"), &spec, Map::new(), None, Some(&largest)).unwrap();
+        assert!(b["properties"]["osProfile"]["customData"].as_str().unwrap().len() <= MAX_CUSTOM_DATA_BASE64);
+        // From the spec, the field is the spec's; multi-byte characters count by their bytes.
+        spec.custom_data = Some("é".repeat(24575).as_str().into());
+        let err = custom_data(&spec, &none).unwrap_err();
+        assert_eq!((err.code(), err.reason()), (Code::InvalidArgument, reason::INVALID_PROVIDER_SPEC));
+        assert_eq!(err.violations()[0].field, "provider_spec.customData");
+        let m = err.message();
+        assert!(m.contains("customData is 49150 bytes, 65536 characters in base64") && m.contains("65535"), "{m}");
+        // Its Debug (and so the spec's) says how big it is, not what it says.
+        let debug = format!("{spec:?}");
+        assert!(debug.contains("CustomData(49150 bytes)") && !debug.contains('é'), "{debug}");
+    }
+
+    #[test]
+    fn a_too_large_user_data_secret_is_refused_by_name_without_its_content() {
+        let marker = "SECRET-BOOTSTRAP-TOKEN-abcdef.0123456789abcdef";
+        let big = format!("#cloud-config\n{}", marker.repeat(49149 / marker.len() + 1));
+        let secrets: Secrets = [(USER_DATA_KEY, big.as_str())].into_iter().collect();
+        let mut spec = example(0);
+        spec.custom_data = Some("small".into());
+        let err = custom_data(&spec, &secrets).unwrap_err();
+        assert_eq!((err.code(), err.reason()), (Code::InvalidArgument, reason::FIELD_INVALID));
+        assert_eq!(err.violations().len(), 1);
+        assert_eq!(err.violations()[0].field, "secrets.userData");
+        let size = big.len().to_string();
+        for text in [err.message(), err.violations()[0].description.as_str()] {
+            assert!(text.contains("userData") && text.contains(&size) && text.contains("65535"), "{text}");
+        }
+        let everything = format!("{} {:?} {:?} {:?}", err, err, err.violations(), err.causes());
+        assert!(!everything.contains("SECRET-BOOTSTRAP") && !everything.contains("#cloud-config"), "{everything}");
+        let status = err.to_status(crate::DRIVER_NAME, "req-1", None);
+        assert!(!format!("{status:?}").contains("SECRET-BOOTSTRAP"));
     }
 
     #[test]

@@ -681,9 +681,9 @@ impl FakeDriver {
         });
         let slot = match st.machines.get_mut(hostname) {
             Some(m) if machine_provider_id(m) == provider_id => Some(&mut m.kubelet),
-            _ => instance
-                .and_then(|(pool, id)| st.pools.get_mut(&pool)?.instances.get_mut(&id))
-                .map(|i| &mut i.kubelet),
+            _ => {
+                instance.and_then(|(pool, id)| st.pools.get_mut(&pool)?.instances.get_mut(&id)).map(|i| &mut i.kubelet)
+            }
         };
         match slot {
             Some(slot) => *slot = Some(credentials),
@@ -1057,8 +1057,10 @@ impl Driver for FakeDriver {
         for ip in ips {
             let id = pool.next_instance;
             pool.next_instance += 1;
-            pool.instances
-                .insert(id, FInstance { id, model: hash.clone(), state: "Creating".into(), created_ms: now, ip, kubelet: None });
+            pool.instances.insert(
+                id,
+                FInstance { id, model: hash.clone(), state: "Creating".into(), created_ms: now, ip, kubelet: None },
+            );
             created += 1;
         }
         // Scale in: the newest instances go first.

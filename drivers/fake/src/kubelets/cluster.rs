@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 
 use super::join::{self, BootData, Pending};
 use super::{
-    capacity, plan, KubeletMode, Vm, CLOUD_ANNOTATION, KWOK_ANNOTATION, MAX_PODS, PROVIDER_PREFIX,
-    SETTLE, STOPPED_MESSAGE, STOPPED_REASON, TICK,
+    capacity, plan, KubeletMode, Vm, CLOUD_ANNOTATION, KWOK_ANNOTATION, MAX_PODS, PROVIDER_PREFIX, SETTLE,
+    STOPPED_MESSAGE, STOPPED_REASON, TICK,
 };
 use crate::FakeDriver;
 

@@ -154,7 +154,8 @@ fn first_line(s: &str) -> &str {
 /// # Errors
 /// An unusable kubeconfig, or the API server refused the CSR (a wrong or expired token: 401).
 pub async fn request_certificate(bootstrap: &str, node_name: &str) -> Result<Pending, String> {
-    let kc = Kubeconfig::from_yaml(bootstrap).map_err(|_| "the bootstrap kubeconfig is not a kubeconfig".to_string())?;
+    let kc =
+        Kubeconfig::from_yaml(bootstrap).map_err(|_| "the bootstrap kubeconfig is not a kubeconfig".to_string())?;
     let context = kc.current_context.as_deref().and_then(|c| kc.contexts.iter().find(|n| n.name == c));
     let cluster_name = context.and_then(|c| c.context.as_ref()).map(|c| c.cluster.clone());
     let cluster = kc
