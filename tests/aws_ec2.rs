@@ -181,6 +181,69 @@ async fn a_launch_template_spec_launches_on_moto() {
     assert_eq!(e.report.violations[0].field, "provider_spec.imageId");
 }
 
+/// The rendered boot data (the `userData` secret the controller sends) is the instance's user
+/// data, over the spec's `userData`, as EC2 (moto's DescribeInstanceAttribute) keeps it; the
+/// spec's applies without the secret. Too large, it is refused by name at create and at
+/// validation, with nothing launched and its content in no error and no log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_user_data_secret_wins_over_the_spec_and_too_large_launches_nothing_on_moto() {
+    let region = "ap-south-1";
+    let moto = Moto::shared().await;
+    let driver = start_driver(&moto.url(), region, &[]).await;
+    let c = driver.client().await;
+    let spec = json!({"imageId": MOTO_AMI, "instanceType": "t3.micro", "userData": "#!/bin/sh\necho from-the-spec\n"});
+    let user_data_of = |m: pb::Machine| {
+        let id = m.provider_id.rsplit('/').next().unwrap_or_default().to_string();
+        let moto = &moto;
+        async move {
+            moto.boto3(
+                region,
+                &format!(
+                    "import base64\nv = ec2.describe_instance_attribute(InstanceId='{id}', Attribute='userData')\
+                     ['UserData']['Value']\nprint(json.dumps(base64.b64decode(v).decode()))"
+                ),
+            )
+            .await
+        }
+    };
+    let rendered = "#!/bin/sh\necho rendered-boot-data\n";
+    let req =
+        pb::CreateMachineRequest { secrets: secrets(&[("userData", rendered)]), ..create_req("boot-0", spec.clone()) };
+    let op = wait_done(&c, c.create_machine(req).await.unwrap().value).await;
+    let m = op.machine().cloned().unwrap_or_else(|| panic!("{:?}", op.error_report()));
+    assert_eq!(user_data_of(m).await, rendered);
+    let op = wait_done(&c, c.create_machine(create_req("boot-1", spec.clone())).await.unwrap().value).await;
+    let m = op.machine().cloned().unwrap_or_else(|| panic!("{:?}", op.error_report()));
+    assert_eq!(user_data_of(m).await, "#!/bin/sh\necho from-the-spec\n");
+
+    let launched = moto.instances(region).await.len();
+    let big = format!("#!/bin/sh\n{}", "too-large-boot-data\n".repeat(1000));
+    let e = c
+        .create_machine(pb::CreateMachineRequest {
+            secrets: secrets(&[("userData", &big)]),
+            ..create_req("boot-2", spec.clone())
+        })
+        .await
+        .unwrap_err();
+    let e2 = c
+        .validate_machine_class(pb::ValidateMachineClassRequest {
+            provider_spec: Some(json_to_struct(&spec)),
+            secrets: secrets(&[("userData", &big)]),
+        })
+        .await
+        .unwrap_err();
+    for e in [e, e2] {
+        assert_eq!((e.code(), e.reason()), (Code::InvalidArgument, reason::FIELD_INVALID), "{e}");
+        assert_eq!(e.report.violations[0].field, "secrets.userData", "{e}");
+        let text = format!("{e} {:?}", e.report);
+        assert!(text.contains(&big.len().to_string()) && text.contains("16384"), "{text}");
+        assert!(!text.contains("too-large-boot-data"), "{text}");
+    }
+    assert_eq!(moto.instances(region).await.len(), launched, "a refused create launched an instance");
+    let log = driver.log_text();
+    assert!(!log.contains("rendered-boot-data") && !log.contains("too-large-boot-data"), "{log}");
+}
+
 /// What a failure domain sets: `availabilityZone` places the instance in that zone (moto's
 /// default would be the region's first zone), as the provider ID, the status and moto say.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
