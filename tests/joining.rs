@@ -292,7 +292,7 @@ async fn a_controller_killed_between_minting_and_create_reuses_the_tokens() {
     w.set_faults(vec![refuse]).await;
     let first = w.start_controller(&[]);
     w.apply(&joining_class("{machineType: small}")).await;
-    w.apply(&JOINING_DEPLOYMENT).await;
+    w.apply(JOINING_DEPLOYMENT).await;
     let minted = eventually(MINUTE, "three machines with a token each and their creates refused", || async {
         let machines = w.machines().await;
         let ids: BTreeSet<String> =

@@ -275,8 +275,11 @@ pub fn ca_cert_hash(der: &[u8]) -> Result<String, String> {
     Ok(format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>()))
 }
 
-/// One DER element at the start of `b`: (tag, whole element, contents, rest).
-fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8], &[u8])> {
+/// One DER element at the start of some bytes: (tag, whole element, contents, rest).
+type Tlv<'a> = (u8, &'a [u8], &'a [u8], &'a [u8]);
+
+/// The DER element at the start of `b`.
+fn tlv(b: &[u8]) -> Option<Tlv<'_>> {
     let (&tag, rest) = b.split_first()?;
     let (&first, rest) = rest.split_first()?;
     let (len, rest) = if first < 0x80 {

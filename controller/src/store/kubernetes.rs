@@ -130,8 +130,11 @@ pub struct KubernetesBackend {
     /// Secrets are read one by one, by name, as classes name them (never listed or watched:
     /// the controller needs only `get`, and holds only the Secrets its classes use), each
     /// answer kept for [`SECRET_FRESH`].
-    secrets: std::sync::Mutex<HashMap<Key, (std::time::Instant, Option<Arc<str>>)>>,
+    secrets: std::sync::Mutex<HashMap<Key, ReadSecret>>,
 }
+
+/// A Secret read by name: when, and what it was (`None`: not found).
+type ReadSecret = (std::time::Instant, Option<Arc<str>>);
 
 /// How long a Secret read by name is used before it is read again: a rotated credential is
 /// used within this long.
