@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use e2e_tests::eventually;
 use e2e_tests::world::{Driver, World};
 use fake_driver::pb as fake;
 use futures::StreamExt;
@@ -41,12 +40,13 @@ async fn a_template_that_needs_a_target_cluster_creates_nothing_without_one_and_
     let w = World::builder().driver(Driver::fake(&["--create-latency", "100ms"])).in_process().start().await;
     w.apply(&class("#!/bin/sh\nkubeadm join {{ .APIServerHost }} --token {{ .BootstrapToken }}")).await;
     w.apply(DEPLOYMENT).await;
-    let md = eventually(MINUTE, "the deployment's BootDataUnrenderable condition", || async {
-        let md = w.md("web").await;
-        let c = condition(&md.status.conditions, ConditionType::BootDataUnrenderable)?;
-        (c.status == ConditionStatus::True).then_some(md)
-    })
-    .await;
+    let md = w
+        .wait_for("the deployment's BootDataUnrenderable condition", MINUTE, || async {
+            let md = w.md("web").await;
+            let c = condition(&md.status.conditions, ConditionType::BootDataUnrenderable)?;
+            (c.status == ConditionStatus::True).then_some(md)
+        })
+        .await;
     let c = condition(&md.status.conditions, ConditionType::BootDataUnrenderable).unwrap();
     assert!(
         c.message.contains("{{ .APIServerHost }}") && c.message.contains("needs a target cluster"),
@@ -62,12 +62,18 @@ async fn a_template_that_needs_a_target_cluster_creates_nothing_without_one_and_
 
     // A template of the machine's own variables renders without a cluster.
     w.apply(&class("#!/bin/sh\nhostname {{ .MachineName }}\necho {{ v1.local_hostname }}")).await;
-    eventually(MINUTE, "both machines created and the condition gone", || async {
+    w.wait_for("both machines created and the condition gone", MINUTE, || async {
         let md = w.md("web").await;
         let created = w.inspect().await.machines.iter().filter(|m| m.state == "RUNNING").count();
         (created == 2 && condition(&md.status.conditions, ConditionType::BootDataUnrenderable).is_none()).then_some(())
     })
     .await;
+}
+
+/// `machine-controller apply` of `yaml` in the world's namespace (the CLI's default is
+/// `default`): each `metadata: {name: …}` gets the namespace.
+async fn apply_here(w: &World, yaml: &str) {
+    w.apply(&yaml.replace("metadata: {name: ", &format!("metadata: {{namespace: {}, name: ", w.ns()))).await;
 }
 
 fn joining_class(provider_spec: &str) -> String {
@@ -132,10 +138,10 @@ async fn machines_join_by_tls_bootstrap_each_with_a_token_of_its_own_deleted_onc
     let mut w = World::on_full_cluster(&fake, "join").await;
     let (seen, watch) = watch_tokens(&w);
     w.start_controller_env(&[], &[("RUST_LOG", "machine_controller=trace,kube=trace,info")]);
-    w.apply(&joining_class("{machineType: small}")).await;
-    w.apply(JOINING_DEPLOYMENT).await;
+    apply_here(&w, &joining_class("{machineType: small}")).await;
+    apply_here(&w, JOINING_DEPLOYMENT).await;
     w.converged("web", 3 * MINUTE).await;
-    eventually(MINUTE, "every token deleted once its Node joined", || async {
+    w.wait_for("every token deleted once its Node joined", MINUTE, || async {
         let left = tokens(&w).await;
         let recorded = w.machines().await.iter().filter(|m| m.status.bootstrap_token.is_some()).count();
         (left.is_empty() && recorded == 0).then_some(())
@@ -199,8 +205,12 @@ async fn machines_join_by_tls_bootstrap_each_with_a_token_of_its_own_deleted_onc
     }
     // No token's secret in the controller's log (at trace level), its events, the Machines'
     // status or `describe`.
-    let (code, describe, err) = w.cli(&["describe", "machines"]).await;
-    assert_eq!(code, 0, "{err}");
+    let mut describe = String::new();
+    for m in &machines {
+        let (code, out, err) = w.cli(&["describe", "machine", &m.metadata.name, "-n", w.ns()]).await;
+        assert_eq!(code, 0, "{err}");
+        describe += &out;
+    }
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(w.cluster().client.clone(), w.ns())
         .list(&ListParams::default())
         .await
@@ -230,45 +240,51 @@ async fn a_token_deleted_before_its_node_joined_fails_the_machine_and_it_is_repl
     let mut w = World::on_full_cluster(&["--create-latency", "300ms"], "join-gone").await;
     w.start_controller(&[]);
     // Kubelets that never start: the machines wait for their Nodes with their tokens.
-    w.apply(&joining_class("{machineType: small, kubelet: NeverJoins}")).await;
-    w.apply(&JOINING_DEPLOYMENT.replace("replicas: 3", "replicas: 2")).await;
-    let victim = eventually(MINUTE, "two created machines, each with its token", || async {
-        let machines = w.machines().await;
-        let waiting: Vec<&Machine> = machines
-            .iter()
-            .filter(|m| m.status.phase == Phase::Provisioned && m.status.bootstrap_token.is_some())
-            .collect();
-        (waiting.len() == 2 && tokens(&w).await.len() == 2).then(|| waiting[0].clone())
-    })
-    .await;
+    apply_here(&w, &joining_class("{machineType: small, kubelet: NeverJoins}")).await;
+    apply_here(&w, &JOINING_DEPLOYMENT.replace("replicas: 3", "replicas: 2")).await;
+    let victim = w
+        .wait_for("two created machines, each with its token", MINUTE, || async {
+            let machines = w.machines().await;
+            let waiting: Vec<&Machine> = machines
+                .iter()
+                .filter(|m| m.status.phase == Phase::Provisioned && m.status.bootstrap_token.is_some())
+                .collect();
+            (waiting.len() == 2 && tokens(&w).await.len() == 2).then(|| waiting[0].clone())
+        })
+        .await;
     let id = victim.status.bootstrap_token.clone().unwrap().id;
     let api = Api::<Secret>::namespaced(w.cluster().client.clone(), "kube-system");
     api.delete(&format!("bootstrap-token-{id}"), &DeleteParams::default()).await.unwrap();
-    let failed = eventually(MINUTE, "the victim failed as NodeNotJoined", || async {
-        let m = w.machines().await.into_iter().find(|m| m.metadata.uid == victim.metadata.uid)?;
-        let f = m.status.failure.clone()?;
-        (f.reason == "NODE_NOT_JOINED").then_some(f)
-    })
-    .await;
+    let failed = w
+        .wait_for("the victim failed as NodeNotJoined", MINUTE, || async {
+            let m = w.machines().await.into_iter().find(|m| m.metadata.uid == victim.metadata.uid)?;
+            let f = m.status.failure.clone()?;
+            (f.reason == "NODE_NOT_JOINED").then_some(f)
+        })
+        .await;
     assert!(failed.message.contains(&format!("bootstrap-token-{id}")), "{}", failed.message);
-    // Replaced: the victim goes, a new machine comes with a token of its own.
-    eventually(2 * MINUTE, "the victim replaced, one token per waiting machine", || async {
+    // Replaced: a new machine comes with a token of its own (the failed one stays until its
+    // replacement is available, which a kubelet that never starts never is); one token per
+    // machine waiting for its Node, none for the failed one.
+    w.wait_seen("a replacement, one token per waiting machine", 2 * MINUTE, || async {
         let machines = w.machines().await;
-        let live: Vec<&Machine> = machines.iter().filter(|m| !m.is_deleting()).collect();
-        let gone = machines.iter().all(|m| m.metadata.uid != victim.metadata.uid);
-        let ids: BTreeSet<String> = live.iter().filter_map(|m| Some(m.status.bootstrap_token.clone()?.id)).collect();
+        let waiting: Vec<&Machine> =
+            machines.iter().filter(|m| !m.is_deleting() && m.status.failure.is_none()).collect();
+        let replaced = machines.iter().any(|m| m.metadata.uid == victim.metadata.uid) && waiting.len() == 2;
+        let ids: BTreeSet<String> = waiting.iter().filter_map(|m| Some(m.status.bootstrap_token.clone()?.id)).collect();
         let secrets: BTreeSet<String> = tokens(&w)
             .await
             .iter()
             .filter_map(|s| Some(s.metadata.name.clone()?.trim_start_matches("bootstrap-token-").to_string()))
             .collect();
-        (gone && live.len() == 2 && ids.len() == 2 && ids == secrets && !ids.contains(&id)).then_some(())
+        let seen = format!("{} waiting, their tokens {ids:?}, token Secrets {secrets:?}", waiting.len());
+        (replaced && ids.len() == 2 && ids == secrets && !ids.contains(&id)).then_some(()).ok_or(seen)
     })
     .await;
     // Deleting the deployment takes the tokens of machines that never joined with it.
-    let (code, _, err) = w.cli(&["delete", "machinedeployment", "web"]).await;
+    let (code, _, err) = w.cli(&["delete", "machinedeployment", "web", "-n", w.ns()]).await;
     assert_eq!(code, 0, "{err}");
-    eventually(2 * MINUTE, "no machine and no token left", || async {
+    w.wait_for("no machine and no token left", 2 * MINUTE, || async {
         (w.machines().await.is_empty() && tokens(&w).await.is_empty()).then_some(())
     })
     .await;
@@ -291,26 +307,27 @@ async fn a_controller_killed_between_minting_and_create_reuses_the_tokens() {
     };
     w.set_faults(vec![refuse]).await;
     let first = w.start_controller(&[]);
-    w.apply(&joining_class("{machineType: small}")).await;
-    w.apply(JOINING_DEPLOYMENT).await;
-    let minted = eventually(MINUTE, "three machines with a token each and their creates refused", || async {
-        let machines = w.machines().await;
-        let ids: BTreeSet<String> =
-            machines.iter().filter_map(|m| Some(m.status.bootstrap_token.clone()?.id)).collect();
-        let refused = machines.iter().all(|m| {
-            m.status
-                .last_operation
-                .as_ref()
-                .is_some_and(|o| o.op_type == OperationType::Create && o.state == OperationState::Failed)
-        });
-        (machines.len() == 3 && ids.len() == 3 && refused && tokens(&w).await.len() == 3).then_some(ids)
-    })
-    .await;
+    apply_here(&w, &joining_class("{machineType: small}")).await;
+    apply_here(&w, JOINING_DEPLOYMENT).await;
+    let minted = w
+        .wait_for("three machines with a token each and their creates refused", MINUTE, || async {
+            let machines = w.machines().await;
+            let ids: BTreeSet<String> =
+                machines.iter().filter_map(|m| Some(m.status.bootstrap_token.clone()?.id)).collect();
+            let refused = machines.iter().all(|m| {
+                m.status
+                    .last_operation
+                    .as_ref()
+                    .is_some_and(|o| o.op_type == OperationType::Create && o.state == OperationState::Failed)
+            });
+            (machines.len() == 3 && ids.len() == 3 && refused && tokens(&w).await.len() == 3).then_some(ids)
+        })
+        .await;
     w.kill9_controller(first).await;
     w.start_controller(&[]);
     w.set_faults(Vec::new()).await;
     w.converged("web", 3 * MINUTE).await;
-    eventually(MINUTE, "no token left once the Nodes joined", || async { tokens(&w).await.is_empty().then_some(()) })
+    w.wait_for("no token left once the Nodes joined", MINUTE, || async { tokens(&w).await.is_empty().then_some(()) })
         .await;
     // The tokens the Nodes joined with were the first controller's: the audit log shows every
     // CSR made by one of them.
@@ -390,13 +407,14 @@ async fn a_kubelet_joins_with_a_valid_token_only() {
         };
         c.create_machine(req).await.unwrap_or_else(|e| panic!("CreateMachine {name}: {e}"));
     }
-    let node = eventually(MINUTE, "m-good's Node", || async {
-        Api::<Node>::all(w.cluster().client.clone()).get_opt("m-good").await.ok().flatten()
-    })
-    .await;
+    let node = w
+        .wait_for("m-good's Node", MINUTE, || async {
+            Api::<Node>::all(w.cluster().client.clone()).get_opt("m-good").await.ok().flatten()
+        })
+        .await;
     assert_eq!(node.spec.and_then(|s| s.provider_id).map(|p| p.starts_with("fake:///")), Some(true));
     // The two others were refused, and say so.
-    eventually(MINUTE, "both refused kubelets logged why", || async {
+    w.wait_for("both refused kubelets logged why", MINUTE, || async {
         let log = w.sidecar().log_text();
         let refused = |m: &str| log.lines().any(|l| l.contains(m) && l.contains("refused the bootstrap token"));
         (refused("m-wrong") && refused("m-expired")).then_some(())

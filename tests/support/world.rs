@@ -725,6 +725,12 @@ impl World {
         if let DriverSlot::Process(Some(s)) = &self.driver_slot {
             out.push(format!("--- {}\n{}", self.driver.label(), tail(&s.log_text(), 15)));
         }
+        if let Some(cluster) = &self.cluster {
+            let forbidden = cluster.controller_forbidden();
+            if !forbidden.is_empty() {
+                out.push(format!("--- the controller's requests refused (403)\n{}", forbidden.join("\n")));
+            }
+        }
         out.join("\n")
     }
 
