@@ -606,6 +606,8 @@ impl Driver for AzureVmssDriver {
     async fn apply_pool(&self, ctx: &RequestContext, req: ApplyPool) -> Result<Operation> {
         let spec = model::parse_spec(&req.provider_spec)?;
         let hash = convert::spec_hash(&req.provider_spec);
+        // Checked before any call: too large is refused, nothing applied.
+        let custom_data = vm::custom_data(&spec, &req.secrets)?;
         let (arm, secret_sub) = self.arm_for(&req.secrets)?;
         let r = self.resource(&req.name, &req.provider_spec, secret_sub.as_deref())?;
         let url = self.url(&r, "", &[])?;
@@ -630,7 +632,7 @@ impl Driver for AzureVmssDriver {
                 }
             }
         }
-        let body = model::scale_set_body(&req.name, &spec, &hash, req.capacity, &req.labels)?;
+        let body = model::scale_set_body(&req.name, &spec, &hash, req.capacity, &req.labels, custom_data)?;
         let resp = Self::call(&arm, ctx, Method::Put, url.clone(), Some(&body))
             .await
             .map_err(|e| to_driver_error(e, reason::POOL_NOT_FOUND))?;

@@ -27,7 +27,8 @@ pub struct ProviderSpec {
     /// standalone VM).
     #[serde(default)]
     pub virtual_machine_scale_set: Option<ScaleSetRef>,
-    /// Machines only: cloud-init user data (plain text; sent base64-encoded as `customData`).
+    /// cloud-init user data (plain text; sent base64-encoded as `customData`; a pool's goes into
+    /// its scale set's model, so every instance boots with it).
     /// A `userData` key in the class Secret takes precedence (see [`crate::vm::custom_data`]).
     #[serde(default)]
     pub custom_data: Option<CustomData>,
@@ -176,7 +177,7 @@ pub fn schema() -> Value {
             },
             "customData": {
                 "type": "string", "maxLength": 49152,
-                "description": "machines: cloud-init user data, plain text (sent base64-encoded); a userData secret (the MachineClass's rendered boot data) takes precedence. At most 65535 characters once base64-encoded (49149 bytes), ARM's limit",
+                "description": "cloud-init user data (a pool's in its scale set's model), plain text (sent base64-encoded); a userData secret (the MachineClass's rendered boot data) takes precedence. At most 65535 characters once base64-encoded (49149 bytes), ARM's limit",
             },
             "location": {"type": "string", "pattern": "^[a-z0-9]+$", "description": "Azure region, e.g. westeurope"},
             "vmSize": {"type": "string", "pattern": "^[A-Za-z0-9_]+$", "description": "VM size, e.g. Standard_D2s_v5"},
@@ -386,6 +387,7 @@ pub fn scale_set_body(
     spec_hash: &str,
     capacity: u32,
     labels: &Labels,
+    custom_data: Option<&str>,
 ) -> Result<Value, DriverError> {
     let mut tags: Map<String, Value> = spec.tags.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     for (k, v) in labels {
@@ -399,6 +401,10 @@ pub fn scale_set_body(
         "osProfile": {"computerNamePrefix": prefix, "adminUsername": admin, "linuxConfiguration": linux},
         "storageProfile": {"imageReference": image, "osDisk": os_disk},
     });
+    if let Some(data) = custom_data {
+        use base64::Engine as _;
+        profile["osProfile"]["customData"] = json!(base64::engine::general_purpose::STANDARD.encode(data));
+    }
     if let Some(subnet) = &spec.subnet_id {
         profile["networkProfile"] = json!({"networkInterfaceConfigurations": [{
             "name": format!("{name}-nic"),
@@ -549,9 +555,11 @@ mod tests {
         assert_eq!(field(with(json!({"priority": "Spot", "maxPrice": 0.123456}))), ["provider_spec.maxPrice"]);
         let spec =
             parse_spec(&with(json!({"priority": "Spot", "evictionPolicy": "Deallocate", "maxPrice": -1}))).unwrap();
-        let body = scale_set_body("p", &spec, "h", 1, &Labels::new()).unwrap();
+        let body = scale_set_body("p", &spec, "h", 1, &Labels::new(), Some("#cloud-config\n")).unwrap();
         let profile = &body["properties"]["virtualMachineProfile"];
         assert_eq!((&profile["priority"], &profile["evictionPolicy"]), (&json!("Spot"), &json!("Deallocate")));
+        // A pool's boot data is in its model, base64-encoded, as a VM's.
+        assert_eq!(profile["osProfile"]["customData"], "I2Nsb3VkLWNvbmZpZwo=");
         assert_eq!(profile["billingProfile"]["maxPrice"], -1.0);
         let spec = parse_spec(&with(json!({"priority": "Spot", "maxPrice": 0.01538}))).unwrap();
         assert_eq!(spot_fields(&spec).unwrap()["evictionPolicy"], "Delete");
@@ -568,7 +576,7 @@ mod tests {
             assert!(driver_sdk::schema::validate(&schema, ex, "provider_spec").is_empty(), "{ex}");
             let spec = parse_spec(ex).unwrap();
             let labels: Labels = [("machinedriver.dev/run".to_string(), "x".to_string())].into();
-            let body = scale_set_body("pool-a", &spec, "h1", 3, &labels).unwrap();
+            let body = scale_set_body("pool-a", &spec, "h1", 3, &labels, None).unwrap();
             assert_eq!(body["sku"]["capacity"], 3);
             assert_eq!(body["tags"]["machinedriver.dev:run"], "x");
             assert_eq!(body["properties"]["upgradePolicy"]["mode"], "Manual");
