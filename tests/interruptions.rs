@@ -339,7 +339,7 @@ async fn spot_refused_for_capacity_runs_on_demand_and_moves_back_to_spot_when_it
     // The embedded store: applied with the CLI (JSON is YAML).
     let class = json!({
         "apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "small"},
-        "spec": joining(json!({"driver": "fake", "providerSpec": {"machineType": "small"}})),
+        "spec": {"driver": "fake", "providerSpec": {"machineType": "small"}},
     });
     w.apply(&class.to_string()).await;
     let md = json!({
