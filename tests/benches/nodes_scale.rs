@@ -285,6 +285,13 @@ fn class() -> serde_json::Value {
            "spec": e2e_tests::joining(json!({"driver": "fake", "providerSpec": {"machineType": "small"}}))})
 }
 
+/// [`class`] without a boot data template: for a controller with no target cluster to join.
+fn class_without_join() -> serde_json::Value {
+    let mut c = class();
+    c["spec"].as_object_mut().map(|s| s.remove("userData"));
+    c
+}
+
 fn deployment(replicas: usize, image: &str) -> serde_json::Value {
     json!({"apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineDeployment", "metadata": {"name": "bench"},
            "spec": {"replicas": replicas,
@@ -941,7 +948,7 @@ async fn steady_state(n: usize, pods: usize, window: Duration) -> Steady {
     let mut w_alone = start(None).await;
     let alone = controller(&mut w_alone, None);
     let store_alone = w_alone.store();
-    store_alone.apply(Kind::MachineClass, class()).await.unwrap();
+    store_alone.apply(Kind::MachineClass, class_without_join()).await.unwrap();
     store_alone.apply(Kind::MachineDeployment, deployment(n, "os-1")).await.unwrap();
     until(
         &format!("{n} machines Running, no target cluster"),
