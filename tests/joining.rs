@@ -339,38 +339,6 @@ async fn a_controller_killed_between_minting_and_create_reuses_the_tokens() {
     w.kill9().await;
 }
 
-/// The bootstrap kubeconfig boot data of [`e2e_tests::JOIN_USER_DATA`], rendered by hand for
-/// the test cluster with `token` (no labels, no taints).
-fn boot_data(w: &World, token: &str) -> String {
-    let kubeconfig = std::fs::read_to_string(&w.cluster().kubeconfig).unwrap();
-    let field = |key: &str| {
-        let rest = kubeconfig.split(&format!("{key}: \"")).nth(1).unwrap();
-        rest.split('"').next().unwrap().to_string()
-    };
-    e2e_tests::JOIN_USER_DATA
-        .replace("{{ .APIServerURL }}", &field("server"))
-        .replace("{{ .CACertificateBase64 }}", &field("certificate-authority-data"))
-        .replace("{{ .BootstrapToken }}", token)
-        .replace("{{ .NodeLabels }}", "")
-        .replace("{{ .NodeTaints }}", "")
-}
-
-/// A bootstrap token Secret of kubeadm's group, expiring at `expiration` (RFC 3339).
-async fn bootstrap_token(w: &World, id: &str, secret: &str, expiration: &str) {
-    w.cluster()
-        .apply_json(serde_json::json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": format!("bootstrap-token-{id}"), "namespace": "kube-system"},
-            "type": "bootstrap.kubernetes.io/token",
-            "stringData": {
-                "token-id": id, "token-secret": secret, "expiration": expiration,
-                "usage-bootstrap-authentication": "true",
-                "auth-extra-groups": "system:bootstrappers:kubeadm:default-node-token",
-            },
-        }))
-        .await;
-}
-
 /// The fake cloud's kubelets join from the boot data alone: a machine whose token the API
 /// server does not know, or whose token expired, never gets a Node (its kubelet says why); one
 /// with a valid token joins by TLS bootstrap under its own name. The sidecar, logging at trace
@@ -386,8 +354,8 @@ async fn a_kubelet_joins_with_a_valid_token_only() {
         (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let an_hour_ago =
         (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    bootstrap_token(&w, "good01", "0123456789abcdef", &in_an_hour).await;
-    bootstrap_token(&w, "past01", "fedcba9876543210", &an_hour_ago).await;
+    w.cluster().bootstrap_token("good01", "0123456789abcdef", &in_an_hour).await;
+    w.cluster().bootstrap_token("past01", "fedcba9876543210", &an_hour_ago).await;
     let machines = [
         ("m-wrong", "wrong1.aaaaaaaaaaaaaaaa"),
         ("m-expired", "past01.fedcba9876543210"),
@@ -395,7 +363,8 @@ async fn a_kubelet_joins_with_a_valid_token_only() {
     ];
     let c = w.driver_client().await;
     for (name, token) in machines {
-        let secrets = driver_sdk::proto::Secrets { data: [("userData".to_string(), boot_data(&w, token))].into() };
+        let secrets =
+            driver_sdk::proto::Secrets { data: [("userData".to_string(), w.cluster().boot_data(token))].into() };
         let req = driver_sdk::proto::CreateMachineRequest {
             name: name.into(),
             provider_spec: Some(driver_sdk::convert::json_to_struct(&serde_json::json!({"machineType": "small"}))),

@@ -543,6 +543,49 @@ impl Cluster {
         path
     }
 
+    /// A bootstrap token Secret `bootstrap-token-<id>` of kubeadm's group, expiring at
+    /// `expiration` (RFC 3339), as `kubeadm token create` makes one.
+    pub async fn bootstrap_token(&self, id: &str, secret: &str, expiration: &str) {
+        self.apply_json(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("bootstrap-token-{id}"), "namespace": "kube-system"},
+            "type": "bootstrap.kubernetes.io/token",
+            "stringData": {
+                "token-id": id, "token-secret": secret, "expiration": expiration,
+                "usage-bootstrap-authentication": "true",
+                "auth-extra-groups": "system:bootstrappers:kubeadm:default-node-token",
+            },
+        }))
+        .await;
+    }
+
+    /// [`crate::JOIN_USER_DATA`] rendered by hand for this cluster with the bootstrap token
+    /// `token` (`id.secret`; no labels, no taints): boot data a fake VM joins with, for a test
+    /// that creates machines through the driver itself.
+    pub fn boot_data(&self, token: &str) -> String {
+        let kubeconfig = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
+        let field = |key: &str| {
+            let rest = kubeconfig.split(&format!("{key}: \"")).nth(1).expect("a kubeconfig field");
+            rest.split('"').next().unwrap_or_default().to_string()
+        };
+        crate::JOIN_USER_DATA
+            .replace("{{ .APIServerURL }}", &field("server"))
+            .replace("{{ .CACertificateBase64 }}", &field("certificate-authority-data"))
+            .replace("{{ .BootstrapToken }}", token)
+            .replace("{{ .NodeLabels }}", "")
+            .replace("{{ .NodeTaints }}", "")
+    }
+
+    /// Boot data with a new bootstrap token valid for an hour ([`Cluster::boot_data`]).
+    pub async fn boot_data_with_a_new_token(&self) -> String {
+        let id: String = uuid::Uuid::new_v4().simple().to_string()[..6].to_string();
+        let secret: String = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
+        let expiration =
+            (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        self.bootstrap_token(&id, &secret, &expiration).await;
+        self.boot_data(&format!("{id}.{secret}"))
+    }
+
     /// The audited requests of the controller's ServiceAccount that the API server refused
     /// (`403`), each as `verb resource/subresource namespace/name: reason`.
     pub fn controller_forbidden(&self) -> Vec<String> {

@@ -1548,9 +1548,11 @@ async fn an_in_place_update_that_reboots_gives_the_node_a_new_boot_id_which_kwok
         }
     };
     let spec = json!({"machineType": "small"});
+    let boot_data = cluster.boot_data_with_a_new_token().await;
     let create = pb::CreateMachineRequest {
         name: "m1".into(),
         provider_spec: Some(json_to_struct(&spec)),
+        secrets: Some(pb::Secrets { data: [("userData".to_string(), boot_data)].into() }),
         ..Default::default()
     };
     wait(client.create_machine(create).await.expect("CreateMachine").value).await;
