@@ -275,6 +275,8 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     /// A kubeconfig for this cluster (admin token, loopback address).
     pub kubeconfig: PathBuf,
+    /// The apiserver's URL (`https://127.0.0.1:PORT`).
+    pub server: String,
     /// An admin client.
     pub client: kube::Client,
     /// The apiserver's port, held for it ([`reserve_port`]).
@@ -395,6 +397,7 @@ impl Cluster {
             etcd: Some(etcd),
             dir,
             kubeconfig,
+            server,
             client,
             _api_port: api_port_socket,
         };
@@ -494,8 +497,7 @@ impl Cluster {
         for doc in docs {
             self.apply_json(doc).await;
         }
-        let kubeconfig = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
-        let server = kubeconfig.split("server: \"").nth(1).and_then(|r| r.split('"').next()).expect("server");
+        let server = &self.server;
         let info = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    server: {server}\n    \
              certificate-authority-data: {}\n",
@@ -535,10 +537,8 @@ impl Cluster {
             }
         })
         .await;
-        let kubeconfig = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
-        let server = kubeconfig.split("server: \"").nth(1).and_then(|r| r.split('"').next()).expect("server");
         let path = self.dir.path().join("controller.kubeconfig");
-        std::fs::write(&path, token_kubeconfig(server, &ca_data(self.dir.path()), "machine-controller", &token))
+        std::fs::write(&path, token_kubeconfig(&self.server, &ca_data(self.dir.path()), "machine-controller", &token))
             .unwrap();
         path
     }
@@ -563,14 +563,9 @@ impl Cluster {
     /// `token` (`id.secret`; no labels, no taints): boot data a fake VM joins with, for a test
     /// that creates machines through the driver itself.
     pub fn boot_data(&self, token: &str) -> String {
-        let kubeconfig = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
-        let field = |key: &str| {
-            let rest = kubeconfig.split(&format!("{key}: \"")).nth(1).expect("a kubeconfig field");
-            rest.split('"').next().unwrap_or_default().to_string()
-        };
         crate::JOIN_USER_DATA
-            .replace("{{ .APIServerURL }}", &field("server"))
-            .replace("{{ .CACertificateBase64 }}", &field("certificate-authority-data"))
+            .replace("{{ .APIServerURL }}", &self.server)
+            .replace("{{ .CACertificateBase64 }}", &ca_data(self.dir.path()))
             .replace("{{ .BootstrapToken }}", token)
             .replace("{{ .NodeLabels }}", "")
             .replace("{{ .NodeTaints }}", "")
