@@ -1,5 +1,5 @@
 //! The application's context: what the controller's reconcilers share beside the runtime's
-//! part ([`crate::runtime::Ctx`]): the drivers, the target cluster, the orphans seen, the
+//! part ([`crate::runtime::Ctx`]): the drivers, the target clusters, the orphans seen, the
 //! safety checks, and what a class's users were last woken for. The runtime never reads it.
 
 use machine_driver_util::lock;
@@ -47,7 +47,7 @@ pub struct Metrics {
     operations_in_flight: Gauge,
     /// Orphans deleted.
     pub orphans_deleted: Counter,
-    /// Requests to the target cluster (`crate::nodes::calls`).
+    /// Requests to the target clusters (`crate::nodes::calls`).
     pub target_calls: crate::nodes::calls::CallMetrics,
     /// The drivers' events and how interruptions went.
     pub interruptions: InterruptionMetrics,
@@ -167,7 +167,35 @@ impl Metrics {
     }
 }
 
-/// Keeps the phase and in-flight gauges current (a background task of the controller).
+/// An object's namespace and target cluster, read without the rest of it.
+#[derive(serde::Deserialize)]
+struct SlimTarget {
+    #[serde(default)]
+    metadata: SlimMeta,
+    #[serde(default)]
+    spec: SlimSpec,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct SlimMeta {
+    #[serde(default)]
+    namespace: String,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct SlimSpec {
+    #[serde(default)]
+    target_cluster: Option<crate::resources::TargetCluster>,
+}
+
+fn target_id(meta: &SlimMeta, spec: &SlimSpec) -> Option<crate::targets::TargetId> {
+    let t = spec.target_cluster.as_ref()?;
+    Some(crate::targets::TargetId::of(&meta.namespace, Some(t)))
+}
+
+/// Keeps the phase and in-flight gauges current, and closes the target clusters no object
+/// names any more (a background task of the controller).
 pub async fn gauges(ctx: Arc<Ctx>) {
     let mut wait = Duration::ZERO;
     loop {
@@ -180,6 +208,10 @@ pub async fn gauges(ctx: Arc<Ctx>) {
         struct Slim {
             #[serde(default)]
             status: SlimStatus,
+            #[serde(default)]
+            metadata: SlimMeta,
+            #[serde(default)]
+            spec: SlimSpec,
         }
         #[derive(serde::Deserialize, Default)]
         struct SlimStatus {
@@ -190,6 +222,7 @@ pub async fn gauges(ctx: Arc<Ctx>) {
         }
         let mut counts: HashMap<Phase, i64> = HashMap::new();
         let mut in_flight = 0;
+        let mut targets = std::collections::HashSet::new();
         let counted = ctx
             .store
             .backend()
@@ -197,13 +230,31 @@ pub async fn gauges(ctx: Arc<Ctx>) {
                 if let Ok(m) = serde_json::from_str::<Slim>(json) {
                     *counts.entry(m.status.phase).or_default() += 1;
                     in_flight += m.status.operations.len() as i64;
+                    targets.extend(target_id(&m.metadata, &m.spec));
                 }
                 Ok(())
             })
             .await;
+        let mut owners_scanned = true;
+        for kind in [Kind::MachineDeployment, Kind::MachinePool] {
+            let scanned = ctx
+                .store
+                .backend()
+                .scan(kind, &mut |json| {
+                    if let Ok(o) = serde_json::from_str::<SlimTarget>(json) {
+                        targets.extend(target_id(&o.metadata, &o.spec));
+                    }
+                    Ok(())
+                })
+                .await;
+            owners_scanned &= scanned.is_ok();
+        }
         wait = (started.elapsed() * GAUGE_COST_FACTOR).clamp(GAUGE_INTERVAL, GAUGE_INTERVAL_MAX);
         if counted.is_err() {
             continue;
+        }
+        if owners_scanned {
+            ctx.app.targets.retain(&targets, started);
         }
         ctx.app.metrics.set_phases(&counts);
         ctx.app.metrics.operations_in_flight.set(in_flight);
@@ -223,6 +274,8 @@ pub struct Settings {
     pub controller_id: String,
     /// How often a drain looks at its node's pods again (and evicts those still there).
     pub drain_poll_interval: Duration,
+    /// How each target cluster is connected (rate limit, bootstrap tokens).
+    pub targets: crate::targets::TargetSettings,
 }
 
 impl Default for Settings {
@@ -233,6 +286,7 @@ impl Default for Settings {
             orphan_grace: crate::defaults::ORPHAN_GRACE,
             controller_id: crate::defaults::CONTROLLER_ID.into(),
             drain_poll_interval: crate::defaults::DRAIN_POLL_INTERVAL,
+            targets: crate::targets::TargetSettings::default(),
         }
     }
 }
@@ -245,8 +299,9 @@ pub struct App {
     pub metrics: Metrics,
     /// Drivers by name ([`App::driver`]).
     drivers: HashMap<String, DriverHandle>,
-    /// The cluster where the machines' Nodes live; `None`: nodes are not managed.
-    pub target: Option<Arc<crate::nodes::Target>>,
+    /// The clusters where the machines' Nodes live: the default one (`None`: the Nodes of
+    /// objects that name no target cluster are not managed) and those objects name.
+    pub targets: crate::targets::Targets,
     /// Cloud machines without a Machine, and when they were first seen.
     pub orphans: Mutex<HashMap<(String, String), Instant>>,
     /// Whether the API servers it depends on answer, and when health timers start.
@@ -271,20 +326,36 @@ impl App {
         registry: &mut Registry,
         target: Option<crate::nodes::Target>,
     ) -> Result<Arc<Ctx>, driver_sdk::endpoint::EndpointError> {
+        let targets = crate::targets::Targets::new(target, settings.targets.clone());
         let app = App {
             settings,
             metrics: Metrics::register(registry),
             drivers: drivers::connect(drivers, &config)?,
-            target: target.map(Arc::new),
+            targets,
             orphans: Mutex::new(HashMap::new()),
             safety: Arc::default(),
             dependents_woken_at: Mutex::new(HashMap::new()),
         };
         let ctx = runtime::Ctx::new(store, config, registry, app);
-        if let Some(target) = &ctx.app.target {
-            target.report_to(ctx.app.metrics.target_calls.clone());
-        }
+        ctx.app.targets.report_to(ctx.app.metrics.target_calls.clone());
         Ok(ctx)
+    }
+
+    /// The open target cluster of an object in `namespace` with this `spec.targetCluster` (the
+    /// default one without it). A reconcile opens a named one first
+    /// ([`crate::reconcile::connect_target`]); this only looks it up.
+    pub fn target_of(
+        &self,
+        namespace: &str,
+        target: Option<&crate::resources::TargetCluster>,
+    ) -> Option<Arc<crate::nodes::Target>> {
+        let id = crate::targets::TargetId::of(namespace, target);
+        self.targets.open(&id).map(|c| c.target.clone())
+    }
+
+    /// [`App::target_of`] a Machine.
+    pub fn machine_target(&self, m: &crate::resources::Machine) -> Option<Arc<crate::nodes::Target>> {
+        self.target_of(&m.metadata.namespace, m.spec.target_cluster.as_ref())
     }
 
     /// The driver named `name` (as a class names it), if the controller runs with it.

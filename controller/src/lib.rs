@@ -18,6 +18,8 @@
 //! - [`runtime`]: work queue, workers, rate limits, backoff, generic over the application's
 //!   context; [`app`]: that context for the reconcilers (drivers, target cluster, orphans);
 //! - [`safety`]: whether the API servers answer; health timers start over after an outage;
+//! - [`targets`]: the target clusters (the default one, and those owners name by a kubeconfig
+//!   Secret), each with its own connection, probe, Node watch and metrics;
 //! - [`reconcile`]: the machine, deployment, pool, health-check and orphan reconcilers;
 //! - [`cli`]: `apply`, `get`, `describe`, `delete`, `rollout`, `run`, `demo`; [`exit`]: how a
 //!   failed command ends;
@@ -43,6 +45,7 @@ pub mod reconcile;
 pub mod runtime;
 pub mod safety;
 pub mod store;
+pub mod targets;
 
 pub use machine_api::{crd, manifest, registry, resources};
 

@@ -1,6 +1,7 @@
 //! The controller's view of the API servers it depends on (machine-controller-manager's safety
-//! controller): the target cluster where the Nodes live, and the store's API server with
-//! `--store kubernetes`. Each is probed every [`PROBE_INTERVAL`]; while one cannot be reached,
+//! controller): each target cluster where Nodes live (one [`Safety`] per target:
+//! [`crate::targets`], so one cluster's outage freezes its own machines' health only), and the
+//! store's API server with `--store kubernetes` (the controller's own [`Safety`]). Each is probed every [`PROBE_INTERVAL`]; while one cannot be reached,
 //! MachineHealthChecks judge nothing and owners remediate nothing ([`Safety::unreachable`]); once
 //! it is back after an outage as long as a health check's timeout, or [`OUTAGE`], that check's
 //! timers start over ([`Safety::timers_since`]): what the controller could not observe must not
@@ -28,7 +29,7 @@ pub struct Safety {
 #[derive(Debug, Default)]
 struct State {
     /// What cannot be reached now, and since when.
-    down: Vec<(&'static str, Time)>,
+    down: Vec<(String, Time)>,
     /// The longest outage that ended last: when it ended, and how long it lasted.
     last: Option<(Time, Duration)>,
 }
@@ -36,12 +37,12 @@ struct State {
 impl Safety {
     /// Records a probe of `what` at `now`: `ok` or not. Returns how long the outage that just
     /// ended lasted, if one did.
-    pub fn probed(&self, what: &'static str, ok: bool, now: Time) -> Option<Duration> {
+    pub fn probed(&self, what: &str, ok: bool, now: Time) -> Option<Duration> {
         let mut s = lock(&self.state);
         let at = s.down.iter().position(|(w, _)| *w == what);
         match (ok, at) {
             (false, None) => {
-                s.down.push((what, now));
+                s.down.push((what.to_string(), now));
                 None
             }
             (true, Some(i)) => {
@@ -71,10 +72,19 @@ impl Safety {
 }
 
 /// Probes `client`'s API server as `what` every [`PROBE_INTERVAL`] until dropped, recording in
-/// `safety`.
-pub async fn probe(safety: std::sync::Arc<Safety>, what: &'static str, client: kube::Client) {
+/// `safety` (and in `calls`, for a target cluster: its calls fail at once while it is down).
+pub async fn probe(
+    safety: std::sync::Arc<Safety>,
+    what: String,
+    client: kube::Client,
+    calls: Option<std::sync::Arc<crate::nodes::calls::Calls>>,
+) {
+    let what = what.as_str();
     loop {
         let ok = matches!(tokio::time::timeout(PROBE_INTERVAL, client.apiserver_version()).await, Ok(Ok(_)));
+        if let Some(calls) = &calls {
+            calls.set_down(!ok);
+        }
         if let Some(lasted) = safety.probed(what, ok, chrono::Utc::now()) {
             tracing::warn!(
                 "{what} was unreachable for {}s: the timers of health checks with a timeout up to that \

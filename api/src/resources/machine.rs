@@ -12,7 +12,7 @@ use super::kind::{Column, ColumnType, KindInfo, Shown, Via};
 use super::meta::{is_default, KindOf, Object, Time, ANNOTATION_DISRUPTION, LABEL_REVISION};
 use super::state::{wire_enum, Reason};
 use super::status::{Condition, LastOperation, StoredOperation};
-use super::template::{NameRef, NodeSettings, NodeTemplate};
+use super::template::{NameRef, NodeSettings, NodeTemplate, TargetCluster};
 use crate::registry::Kind;
 
 /// Which pool instance a pool Machine stands for.
@@ -49,6 +49,11 @@ pub struct MachineSpec {
     /// Labels, annotations and taints kept on the Node (from the template).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_template: Option<NodeTemplate>,
+    /// The cluster its Nodes live in, when not the controller's default target: a kubeconfig
+    /// Secret in this namespace (see the book's "Many target clusters"). Fixed once set: the
+    /// machines already made stay in the cluster they joined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_cluster: Option<TargetCluster>,
     /// The failure domain its owner put it in (one of the owner's `spec.failureDomains`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_domain: Option<String>,

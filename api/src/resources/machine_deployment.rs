@@ -14,7 +14,7 @@ use super::state::ConditionType;
 use super::status::{condition_cell, Condition};
 use super::template::{
     default_drain_timeout, default_node_startup_timeout, default_volume_detach_timeout, one, IntOrPercent,
-    MachineTemplate, NodeSettings, RollingUpdate,
+    MachineTemplate, NodeSettings, RollingUpdate, TargetCluster,
 };
 use crate::registry::Kind;
 
@@ -84,6 +84,11 @@ pub struct MachineDeploymentSpec {
     /// controller's externalgrpc server, and `apply` leaves `replicas` to the autoscaler).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<super::autoscaling::Autoscaling>,
+    /// The cluster its Nodes live in, when not the controller's default target: a kubeconfig
+    /// Secret in this namespace (see the book's "Many target clusters"). Fixed once set: the
+    /// machines already made stay in the cluster they joined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_cluster: Option<TargetCluster>,
     /// The machine template; a change starts a rollout.
     pub template: MachineTemplate,
     /// How to roll out a new template.

@@ -13,7 +13,7 @@ use super::meta::{is_default, KindOf, Object};
 use super::status::{Condition, LastOperation, StoredOperation};
 use super::template::{
     default_drain_timeout, default_node_startup_timeout, default_volume_detach_timeout, MachineTemplate, NodeSettings,
-    RollingUpdate,
+    RollingUpdate, TargetCluster,
 };
 use crate::registry::Kind;
 
@@ -28,6 +28,11 @@ pub struct MachinePoolSpec {
     /// controller's externalgrpc server, and `apply` leaves `replicas` to the autoscaler).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<super::autoscaling::Autoscaling>,
+    /// The cluster its Nodes live in, when not the controller's default target: a kubeconfig
+    /// Secret in this namespace (see the book's "Many target clusters"). Fixed once set: the
+    /// machines already made stay in the cluster they joined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_cluster: Option<TargetCluster>,
     /// The instance template.
     pub template: MachineTemplate,
     /// Rolling instance upgrades (maxSurge / maxUnavailable, and a canary).

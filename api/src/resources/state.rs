@@ -152,6 +152,9 @@ wire_enum! {
         /// are healthy (a zone outage): nothing new goes there, and its machines do not count
         /// toward a health check's `maxUnhealthy`.
         FailureDomainDegraded,
+        /// MachineDeployment, MachinePool, Machine with `spec.targetCluster`: its target
+        /// cluster's kubeconfig Secret is usable and its API server answers.
+        TargetReachable,
     }
 }
 
@@ -414,6 +417,15 @@ reasons! {
     DomainOutage,
     /// Owner: no failure domain is down as a whole.
     DomainsHealthy,
+    /// Owner with a target cluster: its API server answers.
+    TargetReachable,
+    /// Owner: the Secret `spec.targetCluster.kubeconfigSecretRef` names does not exist.
+    TargetSecretNotFound,
+    /// Owner: the target cluster's Secret has no key `value`, or its kubeconfig is unusable.
+    TargetKubeconfigInvalid,
+    /// Owner: the target cluster's kubeconfig runs a command (an exec or auth-provider
+    /// plugin): refused, nothing is run.
+    ExecPluginRefused,
 }
 
 impl Reason {

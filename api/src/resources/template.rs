@@ -10,12 +10,23 @@ use serde_json::Value;
 use super::state::wire_enum;
 
 /// A reference by name (same namespace).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NameRef {
     /// The referenced object's name.
     #[schemars(length(min = 1))]
     pub name: String,
+}
+
+/// The cluster where a deployment's, pool's or machine's Nodes live, when it is not the
+/// controller's default target (`run --target-kubeconfig`, or the store's cluster): a Secret in
+/// the object's own namespace whose key `value` holds a kubeconfig (Cluster API's convention).
+/// Kubeconfigs that run commands (`exec`, `auth-provider`) are refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TargetCluster {
+    /// The Secret holding the kubeconfig (key `value`), in the same namespace.
+    pub kubeconfig_secret_ref: NameRef,
 }
 
 /// An integer or a percentage (`3`, `"25%"`).

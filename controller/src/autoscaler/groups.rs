@@ -18,6 +18,7 @@ use crate::plan::owner::{census, Unit};
 use crate::plan::steps::scale_down;
 use crate::resources::*;
 use crate::store::{Key, Store};
+use crate::targets::TargetId;
 
 /// The instance ID of a machine that has no provider ID yet: never a real Node's.
 pub const PLACEHOLDER_PREFIX: &str = "machine-driver://";
@@ -71,6 +72,8 @@ pub trait NodeGroupOwner: Resource {
     }
     /// The disruption planner's limits at `now`, as its own plan asks with them.
     fn disruption_limits(&self, now: Time) -> disruption::Limits<'_>;
+    /// `spec.targetCluster`: the cluster its Nodes live in (`None`: the default one).
+    fn target_cluster(&self) -> Option<&crate::resources::TargetCluster>;
 }
 
 impl NodeGroupOwner for MachineDeployment {
@@ -126,6 +129,10 @@ impl NodeGroupOwner for MachineDeployment {
         chrono::Duration::seconds(i64::try_from(self.spec.min_ready_seconds).unwrap_or(i64::MAX / 2))
     }
 
+    fn target_cluster(&self) -> Option<&crate::resources::TargetCluster> {
+        self.spec.target_cluster.as_ref()
+    }
+
     fn disruption_limits(&self, now: Time) -> disruption::Limits<'_> {
         crate::plan::deployment::disruption_limits(self, None, now)
     }
@@ -158,6 +165,10 @@ impl NodeGroupOwner for MachinePool {
     /// Pool Machines carry no revision: all are its own (the model is the cloud's to say).
     fn target_revision(&self) -> String {
         String::new()
+    }
+
+    fn target_cluster(&self) -> Option<&crate::resources::TargetCluster> {
+        self.spec.target_cluster.as_ref()
     }
 
     fn disruption_limits(&self, now: Time) -> disruption::Limits<'_> {
@@ -338,9 +349,13 @@ pub fn placeholder(namespace: &str, name: &str) -> String {
 
 /// The autoscaled owners of one kind, not being deleted (one that does not read is its
 /// reconciler's to report: not a group).
-async fn owners<O: NodeGroupOwner>(store: &Store) -> crate::store::Result<Vec<O>> {
+async fn owners<O: NodeGroupOwner>(store: &Store, scope: &TargetId) -> crate::store::Result<Vec<O>> {
     let all = store.list::<O>().await?;
-    Ok(all.into_iter().filter(|o| o.autoscaling().is_some() && o.meta().deletion_timestamp.is_none()).collect())
+    Ok(all
+        .into_iter()
+        .filter(|o| o.autoscaling().is_some() && o.meta().deletion_timestamp.is_none())
+        .filter(|o| TargetId::of(&o.meta().namespace, o.target_cluster()) == *scope)
+        .collect())
 }
 
 /// Adds `owners`' groups to `snap`, and to `member_of` the (label, namespace, owner) of their
@@ -371,20 +386,22 @@ fn add_groups<O: NodeGroupOwner>(
 }
 
 impl Snapshot {
-    /// Reads every autoscaled owner and its machines. `node_provider_id` gives the provider ID
-    /// of a Node by name, as the Node spells it (from the target cluster's cache).
+    /// Reads every autoscaled owner whose Nodes live in the target cluster `scope`, and its
+    /// machines. `node_provider_id` gives the provider ID of a Node by name, as the Node spells
+    /// it (from that cluster's cache).
     ///
     /// # Errors
     /// Store failures.
     pub async fn read(
         store: &Store,
+        scope: &TargetId,
         node_provider_id: &(dyn Fn(&str) -> Option<String> + Sync),
     ) -> crate::store::Result<Snapshot> {
         let mut snap = Snapshot::default();
         // (label, namespace, owner name) → group ID.
         let mut member_of: HashMap<(&'static str, String, String), String> = HashMap::new();
-        add_groups(&mut snap, &mut member_of, owners::<MachineDeployment>(store).await?);
-        add_groups(&mut snap, &mut member_of, owners::<MachinePool>(store).await?);
+        add_groups(&mut snap, &mut member_of, owners::<MachineDeployment>(store, scope).await?);
+        add_groups(&mut snap, &mut member_of, owners::<MachinePool>(store, scope).await?);
         if snap.groups.is_empty() {
             return Ok(snap);
         }

@@ -85,10 +85,16 @@ impl Settings {
     }
 }
 
-/// The externalgrpc `CloudProvider` service.
+/// The open connection to a server's target cluster, looked up per call (a named target's
+/// connection is built by the reconcilers, and built again after a rotation).
+pub type TargetLookup = Arc<dyn Fn() -> Option<Arc<Target>> + Send + Sync>;
+
+/// The externalgrpc `CloudProvider` service of one target cluster: its node groups are the
+/// autoscaled owners whose Nodes live there (the autoscaler of each cluster sees its own).
 pub struct Server {
     store: Store,
-    target: Option<Arc<Target>>,
+    scope: crate::targets::TargetId,
+    target: TargetLookup,
     acting: Arc<AtomicBool>,
     snapshot: RwLock<Option<(Instant, Shared)>>,
     /// One size write at a time: two calls for one group must not both read the old size.
@@ -96,9 +102,21 @@ pub struct Server {
 }
 
 impl Server {
-    /// A server over `store`; it answers while `acting` is true.
+    /// A server over `store` for the owners of the default target cluster `target`; it answers
+    /// while `acting` is true.
     pub fn new(store: Store, target: Option<Arc<Target>>, acting: Arc<AtomicBool>) -> Self {
-        Self { store, target, acting, snapshot: RwLock::new(None), writes: tokio::sync::Mutex::new(()) }
+        Self::for_target(store, crate::targets::TargetId::Default, Arc::new(move || target.clone()), acting)
+    }
+
+    /// A server over `store` for the owners whose Nodes live in `scope` (its connection from
+    /// `target`); it answers while `acting` is true.
+    pub fn for_target(
+        store: Store,
+        scope: crate::targets::TargetId,
+        target: TargetLookup,
+        acting: Arc<AtomicBool>,
+    ) -> Self {
+        Self { store, scope, target, acting, snapshot: RwLock::new(None), writes: tokio::sync::Mutex::new(()) }
     }
 
     fn check_acting(&self) -> Result<(), Status> {
@@ -118,9 +136,9 @@ impl Server {
                 return Ok(snap);
             }
         }
-        let cache = self.target.as_ref().map(|t| t.cache.clone());
+        let cache = (self.target)().map(|t| t.cache.clone());
         let node_provider_id = move |name: &str| cache.as_ref()?.get(name).map(|n| n.provider_id.clone());
-        let snap = Arc::new(Snapshot::read(&self.store, &node_provider_id).await.map_err(store_status)?);
+        let snap = Arc::new(Snapshot::read(&self.store, &self.scope, &node_provider_id).await.map_err(store_status)?);
         *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), snap.clone()));
         Ok(snap)
     }
@@ -446,7 +464,7 @@ impl Server {
             .iter()
             .map(|m| Member::read(m).map_err(|e| Status::internal(format!("machine {}: {e}", m.metadata.name))))
             .collect::<Result<Vec<Member>, Status>>()?;
-        let cache = self.target.as_ref().map(|t| t.cache.clone());
+        let cache = (self.target)().map(|t| t.cache.clone());
         let refs = machines
             .into_iter()
             .map(|m| {

@@ -107,8 +107,11 @@ pub struct RunArgs {
     pub leader_elect_retry_period: Duration,
     /// Serve the cluster-autoscaler's externalgrpc cloud provider here (host:port; off when not
     /// given): every MachineDeployment and MachinePool with spec.autoscaling is a node group.
-    #[arg(long, env = "MACHINE_CONTROLLER_AUTOSCALER_LISTEN")]
-    pub autoscaler_listen: Option<std::net::SocketAddr>,
+    /// `NAMESPACE/SECRET=host:port` serves the groups whose spec.targetCluster names that
+    /// kubeconfig Secret (one autoscaler per target cluster); plain `host:port` serves those of
+    /// the default target. Repeat for more.
+    #[arg(long, env = "MACHINE_CONTROLLER_AUTOSCALER_LISTEN", value_delimiter = ',', value_parser = parse_autoscaler_listen)]
+    pub autoscaler_listen: Vec<(crate::targets::TargetId, std::net::SocketAddr)>,
     /// The autoscaler server's certificate (PEM); with --autoscaler-tls-key and
     /// --autoscaler-client-ca: mutual TLS.
     #[arg(long, requires_all = ["autoscaler_tls_key", "autoscaler_client_ca"])]
@@ -139,19 +142,26 @@ impl RunArgs {
         }
     }
 
-    /// The autoscaler server's settings, if it is to run.
-    pub fn autoscaler(&self) -> Option<crate::autoscaler::Settings> {
+    /// The autoscaler servers' settings (none, one, or one per target cluster), each with the
+    /// target whose node groups it serves.
+    pub fn autoscaler(&self) -> Vec<(crate::targets::TargetId, crate::autoscaler::Settings)> {
         let tls = match (&self.autoscaler_tls_cert, &self.autoscaler_tls_key, &self.autoscaler_client_ca) {
             (Some(cert), Some(key), Some(ca)) => {
                 Some(crate::autoscaler::TlsFiles { cert: cert.clone(), key: key.clone(), client_ca: ca.clone() })
             }
             _ => None,
         };
-        Some(crate::autoscaler::Settings {
-            listen: self.autoscaler_listen?,
-            tls,
-            allow_plaintext: self.autoscaler_allow_plaintext,
-        })
+        self.autoscaler_listen
+            .iter()
+            .map(|(target, listen)| {
+                let settings = crate::autoscaler::Settings {
+                    listen: *listen,
+                    tls: tls.clone(),
+                    allow_plaintext: self.autoscaler_allow_plaintext,
+                };
+                (target.clone(), settings)
+            })
+            .collect()
     }
 
     /// The controller's own settings.
@@ -162,8 +172,31 @@ impl RunArgs {
             orphan_grace: self.orphan_grace,
             controller_id: self.controller_id.clone(),
             drain_poll_interval: self.drain_poll_interval,
+            targets: crate::targets::TargetSettings {
+                limits: crate::nodes::calls::Limits { qps: self.target_qps, burst: self.target_burst },
+                token_ttl: self.bootstrap_token_ttl,
+                token_group: self.bootstrap_token_group.clone(),
+            },
         }
     }
+}
+
+/// `host:port` (the default target's groups) or `NAMESPACE/SECRET=host:port`.
+fn parse_autoscaler_listen(s: &str) -> Result<(crate::targets::TargetId, std::net::SocketAddr), String> {
+    let (target, addr) = match s.split_once('=') {
+        None => (crate::targets::TargetId::Default, s),
+        Some((target, addr)) => {
+            let Some((namespace, name)) = target.split_once('/').filter(|(n, s)| !n.is_empty() && !s.is_empty()) else {
+                return Err(format!(
+                    "{s:?}: expected host:port or NAMESPACE/SECRET=host:port (the kubeconfig Secret a \
+                     spec.targetCluster names)"
+                ));
+            };
+            (crate::targets::TargetId::Secret { namespace: namespace.into(), name: name.into() }, addr)
+        }
+    };
+    let addr = addr.parse().map_err(|e| format!("{s:?}: {addr:?} is not host:port ({e})"))?;
+    Ok((target, addr))
 }
 
 fn parse_driver(s: &str) -> Result<(String, String), String> {
@@ -180,6 +213,7 @@ fn parse_driver(s: &str) -> Result<(String, String), String> {
 /// lost: then it stops acting at once and exits with an error, so its pod restarts as a follower).
 pub(super) async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
     let spec = store_spec(spec, args)?;
+    check_token_settings(args)?;
     let (store, kube_client) = connect(&spec).await?;
     let target = target_cluster(&spec, args).await?;
     let mut registry = prometheus_client::registry::Registry::default();
@@ -194,8 +228,16 @@ pub(super) async fn run(spec: &StoreSpec, args: &RunArgs) -> Result<(), Exit> {
     if let Some(addr) = args.metrics_addr {
         serve_metrics(addr, registry, &ctx, acting.clone(), stopped(stop_rx.clone())).await?;
     }
-    if let Some(settings) = args.autoscaler() {
-        let server = crate::autoscaler::Server::new(store.clone(), ctx.app.target.clone(), acting.clone());
+    let mut served = std::collections::HashSet::new();
+    for (scope, settings) in args.autoscaler() {
+        if !served.insert(scope.clone()) {
+            return Err(fail(format!("--autoscaler-listen: the groups of target {scope} are served twice")));
+        }
+        let lookup_ctx = ctx.clone();
+        let id = scope.clone();
+        let lookup: crate::autoscaler::TargetLookup =
+            Arc::new(move || lookup_ctx.app.targets.open(&id).map(|c| c.target.clone()));
+        let server = crate::autoscaler::Server::for_target(store.clone(), scope, lookup, acting.clone());
         crate::autoscaler::serve(settings, server, stopped(stop_rx.clone())).await.map_err(fail)?;
     }
     let names: Vec<String> = args.drivers.iter().map(|(n, e)| format!("{n}={e}")).collect();
@@ -226,6 +268,20 @@ fn store_spec(spec: &StoreSpec, args: &RunArgs) -> Result<StoreSpec, Exit> {
     }
 }
 
+/// The bootstrap token flags, which every target cluster's tokens follow.
+fn check_token_settings(args: &RunArgs) -> Result<(), Exit> {
+    if !args.bootstrap_token_group.starts_with("system:bootstrappers:") {
+        return Err(fail(format!(
+            "--bootstrap-token-group {:?}: must start with system:bootstrappers: (the API server refuses other groups)",
+            args.bootstrap_token_group
+        )));
+    }
+    if args.bootstrap_token_ttl < Duration::from_secs(60) {
+        return Err(fail("--bootstrap-token-ttl: at least 1m (it is refreshed once half of it is gone)".to_string()));
+    }
+    Ok(())
+}
+
 /// The cluster where the machines' Nodes live: `--target-kubeconfig`, else the store's own API
 /// server, else none (and none with `--no-target-cluster`).
 async fn target_cluster(spec: &StoreSpec, args: &RunArgs) -> Result<Option<crate::nodes::Target>, Exit> {
@@ -248,15 +304,6 @@ async fn target_cluster(spec: &StoreSpec, args: &RunArgs) -> Result<Option<crate
         tracing::info!("no target cluster: Nodes are not managed (machines are Running when their VM runs)");
         return Ok(None);
     };
-    if !args.bootstrap_token_group.starts_with("system:bootstrappers:") {
-        return Err(fail(format!(
-            "--bootstrap-token-group {:?}: must start with system:bootstrappers: (the API server refuses other groups)",
-            args.bootstrap_token_group
-        )));
-    }
-    if args.bootstrap_token_ttl < Duration::from_secs(60) {
-        return Err(fail("--bootstrap-token-ttl: at least 1m (it is refreshed once half of it is gone)".to_string()));
-    }
     let mut join = target.join.clone();
     if let Some(url) = &args.target_api_server_url {
         if !url.starts_with("https://") {

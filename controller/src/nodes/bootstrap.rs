@@ -143,6 +143,7 @@ impl Target {
         description: &str,
         expires: DateTime<Utc>,
     ) -> Result<Ensured, Error> {
+        self.guard()?;
         if let Some(found) = self.tokens().get_opt(&secret_name(id)).await? {
             return Ok(read_token(&found, holder).map_or(Ensured::Taken, |(t, e)| Ensured::Token(t, e)));
         }
@@ -167,6 +168,7 @@ impl Target {
     /// # Errors
     /// The API server's refusal.
     pub async fn token_exists(&self, id: &str) -> Result<bool, Error> {
+        self.guard()?;
         Ok(self.tokens().get_metadata_opt(&secret_name(id)).await?.is_some())
     }
 
@@ -175,6 +177,7 @@ impl Target {
     /// # Errors
     /// The API server's refusal.
     pub async fn refresh_token(&self, id: &str, expires: DateTime<Utc>) -> Result<bool, Error> {
+        self.guard()?;
         let patch = serde_json::json!({"stringData": {"expiration": rfc3339(expires)}});
         match self.tokens().patch(&secret_name(id), &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(true),
@@ -188,6 +191,7 @@ impl Target {
     /// # Errors
     /// The API server's refusal.
     pub async fn delete_token(&self, id: &str) -> Result<(), Error> {
+        self.guard()?;
         match self.tokens().delete(&secret_name(id), &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),

@@ -6,9 +6,11 @@
 //! - wait out a 429's `Retry-After` before the next request of that target cluster, at most
 //!   [`MAX_RETRY_AFTER`] (but for an eviction's 429: a disruption budget's answer about one pod,
 //!   which the drain waits out for that budget's pods alone),
-//! - are counted in `controller_target_calls_total{verb,resource,code}` and timed in
-//!   `controller_target_call_duration_seconds{verb,resource}` (registered with the controller's
-//!   other metrics: [`crate::app::Metrics`]),
+//! - are counted in `controller_target_calls_total{target,verb,resource,code}` and timed in
+//!   `controller_target_call_duration_seconds{target,verb,resource}` (registered with the
+//!   controller's other metrics: [`crate::app::Metrics`]; `target` is `default` or the
+//!   `namespace/name` of the kubeconfig Secret: [`crate::targets`]); a target closed removes
+//!   its series ([`Calls::forget_series`]),
 //! - and are logged: each at debug level, failures (no answer, a server error, throttling, a
 //!   refused identity) as warnings — as driver calls are ([`crate::runtime::Ctx::call`]).
 //!
@@ -21,6 +23,7 @@
 use machine_driver_util::lock;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -60,6 +63,7 @@ impl Default for Limits {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
+    target: String,
     verb: String,
     resource: String,
     code: String,
@@ -67,6 +71,7 @@ struct CallLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LatencyLabels {
+    target: String,
     verb: String,
     resource: String,
 }
@@ -74,9 +79,9 @@ struct LatencyLabels {
 /// The target cluster's call metrics; [`crate::app::Metrics`] registers them.
 #[derive(Clone)]
 pub struct CallMetrics {
-    /// `controller_target_calls_total{verb,resource,code}`.
+    /// `controller_target_calls_total{target,verb,resource,code}`.
     calls: Family<CallLabels, Counter>,
-    /// `controller_target_call_duration_seconds{verb,resource}`.
+    /// `controller_target_call_duration_seconds{target,verb,resource}`.
     seconds: Family<LatencyLabels, Histogram>,
 }
 
@@ -93,41 +98,84 @@ impl CallMetrics {
     pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
         r.register(
             "controller_target_calls",
-            "Requests to the target cluster by verb, resource and HTTP code",
+            "Requests to the target clusters by target, verb, resource and HTTP code",
             self.calls.clone(),
         );
         r.register(
             "controller_target_call_duration_seconds",
-            "Target cluster request latency by verb and resource",
+            "Target cluster request latency by target, verb and resource",
             self.seconds.clone(),
         );
     }
 
-    fn observe(&self, verb: &str, resource: &str, code: &str, took: Duration) {
-        let (verb, resource) = (verb.to_string(), resource.to_string());
-        let labels = CallLabels { verb: verb.clone(), resource: resource.clone(), code: code.to_string() };
+    fn observe(&self, labels: CallLabels, took: Duration) {
         self.calls.get_or_create(&labels).inc();
-        self.seconds.get_or_create(&LatencyLabels { verb, resource }).observe(took.as_secs_f64());
+        let CallLabels { target, verb, resource, .. } = labels;
+        self.seconds.get_or_create(&LatencyLabels { target, verb, resource }).observe(took.as_secs_f64());
+    }
+
+    fn remove(&self, labels: &CallLabels) {
+        self.calls.remove(labels);
+        let CallLabels { target, verb, resource, .. } = labels.clone();
+        self.seconds.remove(&LatencyLabels { target, verb, resource });
     }
 }
 
-/// What one target cluster's requests share: the rate limit, the `Retry-After` hold, the metrics.
+/// What one target cluster's requests share: the rate limit, the `Retry-After` hold, the metrics,
+/// whether its probe finds it down and whether it refused the credentials.
 pub struct Calls {
+    /// The `target` label of its metrics.
+    label: String,
     limiter: TokenBucket,
     /// No request before this (a 429's `Retry-After`).
     not_before: Mutex<Option<Instant>>,
     /// Set once the controller's metrics are registered ([`Calls::report_to`]).
     metrics: OnceLock<CallMetrics>,
+    /// The label sets of its series, removed when the target is closed.
+    series: Mutex<std::collections::HashSet<CallLabels>>,
+    /// Its probe failed last ([`crate::safety::probe`]): calls fail at once instead of waiting
+    /// for an answer that does not come (a dead cluster must not hold the shared workers).
+    down: AtomicBool,
+    /// It answered 401: the credentials are revoked or rotated; the connection is built again
+    /// from its Secret ([`crate::targets`]).
+    unauthorized: AtomicBool,
 }
 
 impl Calls {
-    /// Requests within `limits`.
-    pub fn new(limits: Limits) -> Self {
+    /// Requests within `limits`, measured as `target` (`default` or `namespace/name`).
+    pub fn new(limits: Limits, target: &str) -> Self {
         Self {
+            label: target.to_string(),
             limiter: TokenBucket::new(limits.qps, limits.burst),
             not_before: Mutex::new(None),
             metrics: OnceLock::new(),
+            series: Mutex::new(std::collections::HashSet::new()),
+            down: AtomicBool::new(false),
+            unauthorized: AtomicBool::new(false),
         }
+    }
+
+    /// Removes its series from the metrics (the target is closed).
+    pub fn forget_series(&self) {
+        let Some(m) = self.metrics.get() else { return };
+        for labels in lock(&self.series).drain() {
+            m.remove(&labels);
+        }
+    }
+
+    /// Records what its probe found: while down, calls fail at once.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::Relaxed);
+    }
+
+    /// Whether its probe failed last.
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::Relaxed)
+    }
+
+    /// Whether it answered 401 since the connection was built.
+    pub fn refused_credentials(&self) -> bool {
+        self.unauthorized.load(Ordering::Relaxed)
     }
 
     /// Counts and times every request from now on in `metrics` (the first call wins).
@@ -168,6 +216,9 @@ impl Calls {
     fn answered(&self, call: &Call, status: StatusCode, headers: &HeaderMap, took: Duration) {
         let code = status.as_u16().to_string();
         self.observe(call, &code, took);
+        if status == StatusCode::UNAUTHORIZED {
+            self.unauthorized.store(true, Ordering::Relaxed);
+        }
         let ms = took.as_secs_f64() * 1000.0;
         let (verb, resource, path) = (call.verb, &call.resource, &call.path);
         let retry_after = (status == StatusCode::TOO_MANY_REQUESTS).then(|| retry_after(headers)).flatten();
@@ -200,7 +251,19 @@ impl Calls {
 
     fn observe(&self, call: &Call, code: &str, took: Duration) {
         if let Some(m) = self.metrics.get() {
-            m.observe(call.verb, &call.resource, code, took);
+            let labels = CallLabels {
+                target: self.label.clone(),
+                verb: call.verb.to_string(),
+                resource: call.resource.clone(),
+                code: code.to_string(),
+            };
+            {
+                let mut series = lock(&self.series);
+                if !series.contains(&labels) {
+                    series.insert(labels.clone());
+                }
+            }
+            m.observe(labels, took);
         }
     }
 }
@@ -413,7 +476,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn every_request_is_counted_and_a_429_holds_the_next_for_its_retry_after() {
-        let calls = Arc::new(Calls::new(Limits { qps: 1000.0, burst: 1000 }));
+        let calls = Arc::new(Calls::new(Limits { qps: 1000.0, burst: 1000 }, "default"));
         let metrics = CallMetrics::default();
         calls.report_to(metrics.clone());
         let (inner, seen) = server(vec![201, 429, 429, 200]);
@@ -435,19 +498,24 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [
-            r#"controller_target_calls_total{verb="create",resource="pods/eviction",code="201"} 1"#,
-            r#"controller_target_calls_total{verb="create",resource="pods/eviction",code="429"} 1"#,
-            r#"controller_target_calls_total{verb="patch",resource="nodes",code="429"} 1"#,
-            r#"controller_target_calls_total{verb="patch",resource="nodes",code="200"} 1"#,
-            r#"controller_target_call_duration_seconds_count{verb="create",resource="pods/eviction"} 2"#,
+            r#"controller_target_calls_total{target="default",verb="create",resource="pods/eviction",code="201"} 1"#,
+            r#"controller_target_calls_total{target="default",verb="create",resource="pods/eviction",code="429"} 1"#,
+            r#"controller_target_calls_total{target="default",verb="patch",resource="nodes",code="429"} 1"#,
+            r#"controller_target_calls_total{target="default",verb="patch",resource="nodes",code="200"} 1"#,
+            r#"controller_target_call_duration_seconds_count{target="default",verb="create",resource="pods/eviction"} 2"#,
         ] {
             assert!(text.contains(line), "no {line} in\n{text}");
         }
+        // The target closed: its series go.
+        calls.forget_series();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("target=\"default\""), "series left behind:\n{text}");
     }
 
     #[tokio::test(start_paused = true)]
     async fn requests_wait_for_the_rate_limit() {
-        let calls = Arc::new(Calls::new(Limits { qps: 10.0, burst: 2 }));
+        let calls = Arc::new(Calls::new(Limits { qps: 10.0, burst: 2 }, "default"));
         let (inner, seen) = server(vec![]);
         let mut svc = Measure(calls).layer(inner);
         for _ in 0..4 {
@@ -460,7 +528,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_retry_after_is_bounded() {
-        let calls = Calls::new(Limits::default());
+        let calls = Calls::new(Limits::default(), "default");
         calls.hold(Duration::from_secs(3600));
         assert!(calls.hold_left() <= MAX_RETRY_AFTER);
         calls.hold(Duration::from_secs(1));

@@ -46,6 +46,10 @@ pub const LABEL_EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-externa
 /// volumes detached without the kubelet (Kubernetes' non-graceful node shutdown).
 pub const TAINT_OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 
+/// The longest a call waits out a target cluster's `Retry-After` inside a reconcile; a longer
+/// hold fails the call at once ([`Target::guard`]).
+pub const MAX_WAIT_FOR_HOLD: Duration = Duration::from_secs(1);
+
 /// Errors of calls to the target cluster.
 pub type Error = kube::Error;
 
@@ -65,10 +69,18 @@ pub enum NodeWrite {
     Conflict,
 }
 
+/// How long a connection to a target cluster's API server may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a call to a target cluster waits for its answer (the Node watch has its own): a
+/// slow cluster holds a worker this long at most, and not again while its probe finds it down.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// The target cluster.
 pub struct Target {
-    /// Every request goes through [`calls::Measure`].
+    /// Every request goes through [`calls::Measure`]; each waits [`CALL_TIMEOUT`] at most.
     client: kube::Client,
+    /// The Node watch's client (a watch request lasts minutes), measured the same way.
+    watch_client: kube::Client,
     calls: Arc<calls::Calls>,
     /// Its Nodes.
     pub cache: Arc<NodeCache>,
@@ -87,7 +99,20 @@ impl Target {
         let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        Self::from_config(config, limits).map_err(|e| format!("{}: {e}", path.display()))
+        Self::from_config(config, limits, crate::targets::DEFAULT_LABEL).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// A target cluster from a kubeconfig's text (a Secret's; [`crate::targets`] checked that it
+    /// runs no command), its requests within `limits` and measured as `label`.
+    ///
+    /// # Errors
+    /// An invalid kubeconfig.
+    pub async fn from_kubeconfig_text(yaml: &str, limits: calls::Limits, label: &str) -> Result<Self, String> {
+        let kc = kube::config::Kubeconfig::from_yaml(yaml).map_err(|e| e.to_string())?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Self::from_config(config, limits, label).map_err(|e| e.to_string())
     }
 
     /// The target cluster of the process's environment (in-cluster, or `KUBECONFIG`): the
@@ -97,7 +122,7 @@ impl Target {
     /// No usable configuration.
     pub async fn infer(limits: calls::Limits) -> Result<Self, String> {
         let config = kube::Config::infer().await.map_err(|e| e.to_string())?;
-        Self::from_config(config, limits).map_err(|e| e.to_string())
+        Self::from_config(config, limits, crate::targets::DEFAULT_LABEL).map_err(|e| e.to_string())
     }
 
     /// A target cluster from a client configuration (its cache fills once [`watch`] runs). Every
@@ -110,13 +135,46 @@ impl Target {
     ///
     /// # Errors
     /// A configuration the client refuses.
-    pub fn from_config(mut config: kube::Config, limits: calls::Limits) -> Result<Self, kube::Error> {
+    pub fn from_config(mut config: kube::Config, limits: calls::Limits, label: &str) -> Result<Self, kube::Error> {
         config.default_retry = false;
+        config.connect_timeout = Some(CONNECT_TIMEOUT);
         crate::store::kubernetes::identify(&mut config);
-        let calls = Arc::new(calls::Calls::new(limits));
+        let calls = Arc::new(calls::Calls::new(limits, label));
         let join = bootstrap::JoinSettings::of(&config);
-        let client = kube::client::ClientBuilder::try_from(config)?.with_layer(&calls::Measure(calls.clone())).build();
-        Ok(Self { client, calls, cache: Arc::new(NodeCache::default()), join })
+        let measured = |config: kube::Config| -> Result<kube::Client, kube::Error> {
+            Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&calls::Measure(calls.clone())).build())
+        };
+        let watch_client = measured(config.clone())?;
+        config.read_timeout = Some(CALL_TIMEOUT);
+        let client = measured(config)?;
+        Ok(Self { client, watch_client, calls, cache: Arc::new(NodeCache::default()), join })
+    }
+
+    /// Its calls' shared state (rate limit, hold, metrics, whether it is down).
+    pub fn calls(&self) -> &Arc<calls::Calls> {
+        &self.calls
+    }
+
+    /// Fails at once while the cluster's probe finds it down or a `Retry-After` holds its calls
+    /// longer than a moment: a reconcile must not hold a shared worker on a cluster that does
+    /// not answer now (the reconcile is retried; machines on other clusters go on).
+    fn guard(&self) -> Result<(), Error> {
+        if self.calls.is_down() {
+            return Err(kube::Error::Service(
+                "the target cluster does not answer its probe: not called until it does".into(),
+            ));
+        }
+        let held = self.calls.hold_left();
+        if held > MAX_WAIT_FOR_HOLD {
+            return Err(kube::Error::Service(
+                format!(
+                    "the target cluster throttles (Retry-After, {}s left): not called until then",
+                    held.as_secs() + 1
+                )
+                .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The same target with other join settings (`run --target-api-server-url`,
@@ -156,6 +214,7 @@ impl Target {
         if node.annotations.get(ANNOTATION_NODE_MACHINE) == Some(&value) {
             return Ok(());
         }
+        self.guard()?;
         let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION_NODE_MACHINE: value}}});
         self.nodes().patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         Ok(())
@@ -174,6 +233,7 @@ impl Target {
         desired: &crate::resources::NodeTemplate,
     ) -> Result<bool, Error> {
         let Some(patch) = metadata::patch(node, desired) else { return Ok(false) };
+        self.guard()?;
         self.nodes().patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         Ok(true)
     }
@@ -209,6 +269,7 @@ impl Target {
 
     async fn patch_node(&self, node: &NodeView, patch: Option<serde_json::Value>) -> Result<NodeWrite, Error> {
         let Some(patch) = patch else { return Ok(NodeWrite::Done) };
+        self.guard()?;
         match self.nodes().patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(NodeWrite::Done),
             Err(e) if is_conflict(&e) => Ok(NodeWrite::Conflict),
@@ -221,6 +282,7 @@ impl Target {
     /// # Errors
     /// The API server's refusal.
     pub async fn pods_on(&self, node: &str) -> Result<Vec<Pod>, Error> {
+        self.guard()?;
         let api: Api<Pod> = Api::all(self.client.clone());
         Ok(api.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await?.items)
     }
@@ -231,6 +293,7 @@ impl Target {
     /// # Errors
     /// Failures other than the answers [`Evicted`] names.
     pub async fn evict(&self, pod: &Pod, grace_seconds: Option<i64>) -> Result<Evicted, Error> {
+        self.guard()?;
         let (ns, name) = pod_key(pod);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let params = EvictParams {
@@ -256,6 +319,7 @@ impl Target {
     /// # Errors
     /// The API server's refusal.
     pub async fn delete_pod(&self, pod: &Pod, grace_seconds: i64) -> Result<(), Error> {
+        self.guard()?;
         let (ns, name) = pod_key(pod);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let params = DeleteParams {
@@ -275,6 +339,7 @@ impl Target {
     /// # Errors
     /// The API server's refusal.
     pub async fn budget(&self, namespace: &str, name: &str) -> Result<Option<PodDisruptionBudget>, Error> {
+        self.guard()?;
         Api::<PodDisruptionBudget>::namespaced(self.client.clone(), namespace).get_opt(name).await
     }
 
@@ -283,6 +348,7 @@ impl Target {
     /// # Errors
     /// The API server's refusal.
     pub async fn volume_attachments(&self, node: &str) -> Result<usize, Error> {
+        self.guard()?;
         let api: Api<VolumeAttachment> = Api::all(self.client.clone());
         let all = api.list(&ListParams::default()).await?;
         Ok(all.items.iter().filter(|va| va.spec.node_name == node).count())
@@ -293,6 +359,7 @@ impl Target {
     /// # Errors
     /// The API server's refusal.
     pub async fn delete_node(&self, name: &str, uid: &str) -> Result<(), Error> {
+        self.guard()?;
         let params = DeleteParams {
             preconditions: (!uid.is_empty())
                 .then(|| Preconditions { uid: Some(uid.to_string()), resource_version: None }),
@@ -406,7 +473,7 @@ fn node_spec_patch(
 pub async fn watch(target: Arc<Target>, wake: impl Fn(Key)) {
     use futures::StreamExt;
     use kube::runtime::{watcher, WatchStreamExt};
-    let stream = watcher(target.nodes(), watcher::Config::default()).default_backoff();
+    let stream = watcher(Api::<Node>::all(target.watch_client.clone()), watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
         let woken = match event {

@@ -41,6 +41,8 @@ pub(crate) struct Holder<'a> {
     pub(crate) label: String,
     pub(crate) description: String,
     pub(crate) node_template: Option<&'a NodeTemplate>,
+    /// Its target cluster, when not the default.
+    pub(crate) target_cluster: Option<&'a crate::resources::TargetCluster>,
 }
 
 impl<'a> Holder<'a> {
@@ -51,6 +53,7 @@ impl<'a> Holder<'a> {
             label: format!("{}.{}", m.metadata.namespace, m.metadata.name),
             description: format!("machine-driver: Machine {}/{}", m.metadata.namespace, m.metadata.name),
             node_template: m.spec.node_template.as_ref(),
+            target_cluster: m.spec.target_cluster.as_ref(),
         }
     }
 
@@ -61,6 +64,7 @@ impl<'a> Holder<'a> {
             label: format!("pool.{}.{}", p.metadata.namespace, p.metadata.name),
             description: format!("machine-driver: MachinePool {}/{}", p.metadata.namespace, p.metadata.name),
             node_template: p.spec.template.spec.node_template.as_ref(),
+            target_cluster: p.spec.target_cluster.as_ref(),
         }
     }
 }
@@ -91,7 +95,8 @@ pub(crate) async fn render(
         Ok(t) => t,
         Err(e) => return Ok(Boot::Unrenderable(format!("MachineClass {class}: {source}: {e}"))),
     };
-    let target = ctx.app.target.as_deref();
+    let target = ctx.app.target_of(holder.namespace, holder.target_cluster);
+    let target = target.as_deref();
     let needs_target = template.variables().into_iter().find(|v| {
         matches!(
             v,
@@ -158,7 +163,9 @@ pub(crate) async fn render(
 pub(crate) fn sample(ctx: &Ctx, r: &Resolved<'_>) -> Result<Option<pb::Secrets>, String> {
     let Some((source, text)) = template_text(r) else { return Ok(r.secrets.clone()) };
     let template = Template::parse(text).map_err(|e| format!("{source}: {e}"))?;
-    let join = ctx.app.target.as_deref().map(|t| &t.join);
+    // A class serves machines of any target: the default one's endpoint and CA stand for all.
+    let default = ctx.app.targets.default_target().map(|c| c.target.clone());
+    let join = default.as_deref().map(|t| &t.join);
     // A certificate's PEM is about 1.1 KiB.
     let placeholder_ca = vec![0u8; 800];
     let ca = join.and_then(|j| j.ca.clone()).unwrap_or(placeholder_ca);

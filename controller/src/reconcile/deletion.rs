@@ -205,7 +205,7 @@ pub(crate) fn next(m: &Machine, may_exist: bool, delete_kind: OperationKind, nod
 /// # Errors
 /// Store failures and the target cluster's refusals (retried).
 pub(crate) async fn run(ctx: &Ctx, key: &Key, before: Machine, instance: Instance<'_>) -> Result<Action> {
-    let seen = match ctx.app.target.as_deref() {
+    let seen = match ctx.app.machine_target(&before).as_deref() {
         None => NodeSeen::NoTarget,
         Some(target) => node::seen(target, key, &before),
     };
@@ -349,7 +349,7 @@ pub(crate) async fn release(ctx: &Ctx, key: &Key, mut m: Machine) -> Result<Acti
         return Ok(action);
     }
     // A machine deleted before its Node joined: its bootstrap token goes with it.
-    if let Some(target) = ctx.app.target.as_deref() {
+    if let Some(target) = ctx.app.machine_target(&m).as_deref() {
         super::boot::retire(target, &mut m.status.bootstrap_token).await?;
     }
     if write::release(ctx, &m).await? {

@@ -40,6 +40,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Finalizer::Cleanup(md) => return teardown(ctx, md).await,
         Finalizer::Done(action) => return Ok(action),
     };
+    if let Some(action) =
+        super::open_target(ctx, &md, md.spec.target_cluster.as_ref(), |s| &mut s.conditions, true).await?
+    {
+        return Ok(action);
+    }
     let machines = observe(ctx, &md).await?;
     let mut labels = md.spec.template.metadata.labels.clone();
     labels.insert(LABEL_DEPLOYMENT.into(), md.metadata.name.clone());
@@ -213,6 +218,7 @@ fn new_machine(md: &MachineDeployment, t: &MachineTemplate, rev: &str, name: &st
             node: None,
             node_template: None,
             failure_domain: None,
+            target_cluster: md.spec.target_cluster.clone(),
         },
     );
     let (node_template, node_settings, node_hash) = node_spec(md);

@@ -40,7 +40,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     let machines = if params.labels.is_empty() { Vec::new() } else { ctx.store.list_with::<Machine>(&params).await? };
     let mut after = before.clone();
     after.status.observed_generation = before.metadata.generation;
-    if let Some(why) = ctx.app.safety.unreachable() {
+    let targets = targets_of(ctx, &machines);
+    let unreachable = ctx.app.safety.unreachable().or_else(|| targets.iter().find_map(|(_, why, _)| why.clone()));
+    if let Some(why) = unreachable {
         // Nothing observed now can be trusted: judge nothing, hold every remediation; the timers
         // start over once it is reachable again.
         let message = format!("{why}: no machine is judged or remediated until it is reachable again");
@@ -51,7 +53,14 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
     }
     let now = chrono::Utc::now();
     let shortest = before.spec.unhealthy_conditions.iter().map(|c| c.timeout_seconds).min().unwrap_or(u64::MAX);
-    let timers_since = ctx.app.safety.timers_since(Duration::from_secs(shortest));
+    let shortest = Duration::from_secs(shortest);
+    // The latest outage of what these machines depend on: the store's API server, their target
+    // clusters.
+    let timers_since = targets
+        .iter()
+        .filter_map(|(_, _, safety)| safety.as_ref()?.timers_since(shortest))
+        .chain(ctx.app.safety.timers_since(shortest))
+        .max();
     let a = match health::assess(&before.spec, &machines, now, timers_since) {
         Ok(a) => a,
         Err(why) => {
@@ -101,6 +110,30 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action, ReconcileError> {
         return Ok(Action::requeue(super::MIN_REQUEUE));
     }
     Ok(a.recheck_after.map_or(Action::await_change(), Action::requeue))
+}
+
+/// The target clusters of `machines`, each with why it cannot be observed now (it does not
+/// answer its probe, or it is not connected yet) and its safety state: one cluster's outage
+/// freezes the checks of its own machines only.
+fn targets_of(
+    ctx: &Ctx,
+    machines: &[Machine],
+) -> Vec<(crate::targets::TargetId, Option<String>, Option<std::sync::Arc<crate::safety::Safety>>)> {
+    let ids: std::collections::BTreeSet<crate::targets::TargetId> = machines
+        .iter()
+        .map(|m| crate::targets::TargetId::of(&m.metadata.namespace, m.spec.target_cluster.as_ref()))
+        .collect();
+    ids.into_iter()
+        .map(|id| match ctx.app.targets.open(&id) {
+            Some(c) => (id, c.unreachable(), Some(c.safety.clone())),
+            None if id == crate::targets::TargetId::Default => (id, None, None),
+            None => {
+                let why =
+                    format!("the target cluster {id} is not connected (see its owner's TargetReachable condition)");
+                (id, Some(why), None)
+            }
+        })
+        .collect()
 }
 
 fn short_circuit_message(a: &Assessment) -> String {

@@ -109,7 +109,7 @@ pub(crate) async fn begin(
 /// Store failures and the target cluster's refusals (retried).
 pub(crate) async fn step(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Result<Option<Action>> {
     let Some(progress) = before.status.in_place.clone() else { return Ok(Some(Action::requeue_now())) };
-    let Some(target) = ctx.app.target.clone() else {
+    let Some(target) = ctx.app.machine_target(&before) else {
         // The controller runs without its target cluster now: nothing to drain or wait for.
         let mut m = before.clone();
         m.status.in_place = None;

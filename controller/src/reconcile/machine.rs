@@ -33,6 +33,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     let Some(m) = ctx.store.get::<Machine>(&key.namespace, &key.name).await? else {
         return Ok(Action::await_change());
     };
+    if let Some(action) = open_target(ctx, &m).await? {
+        return Ok(action);
+    }
     if m.spec.pool_ref.is_some() {
         return super::pool::reconcile_machine(ctx, key, m).await;
     }
@@ -55,8 +58,9 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     // The driver is called at most when it asked (poll_after, RetryInfo, backoff, the health
     // interval) — except that a new spec for a running machine is acted on at once. Steps that
     // only look at the Node call no driver and are not held back.
+    let target = ctx.app.machine_target(&m);
     // A bootstrap token is kept from expiring until the Node joins.
-    if let (Some(target), Some(mut token)) = (ctx.app.target.as_deref(), m.status.bootstrap_token.clone()) {
+    if let (Some(target), Some(mut token)) = (target.as_deref(), m.status.bootstrap_token.clone()) {
         match super::boot::keep(target, &mut token).await? {
             Kept::Fresh => {}
             Kept::Refreshed => {
@@ -70,7 +74,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     }
     let spec_changed = spec_changed(&m, &driver_sdk::convert::spec_hash(&r.provider_spec));
     let step = next_step(&m, r.class.metadata.generation, spec_changed);
-    if let (Step::Join, Some(target)) = (&step, ctx.app.target.as_deref()) {
+    if let (Step::Join, Some(target)) = (&step, target.as_deref()) {
         return super::node::join(ctx, target, key, m, r.class.metadata.generation).await;
     }
     let wait = ctx.wait_before_call(key);
@@ -85,7 +89,7 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Step::Update => {
             // With a target cluster, an update that disrupts the machine drains its Node first.
             let disruption = in_place::disruption(&m);
-            if let (Some(target), true) = (ctx.app.target.as_deref(), disruption != InPlaceDisruption::None) {
+            if let (Some(target), true) = (target.as_deref(), disruption != InPlaceDisruption::None) {
                 if let Some(action) = in_place::begin(ctx, target, key, m.clone(), disruption).await? {
                     return Ok(action);
                 }
@@ -104,10 +108,22 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
     }
 }
 
+/// Opens the machine's target cluster when it names one (see [`super::connect_target`]); a
+/// Machine of its own (no owner) shows `TargetReachable`, an owned one leaves that to its owner.
+/// `Some`: what to do instead of reconciling now (its Secret is missing or unusable).
+///
+/// # Errors
+/// Store failures.
+async fn open_target(ctx: &Ctx, m: &Machine) -> Result<Option<Action>> {
+    let standalone = m.metadata.owner_references.is_empty();
+    super::open_target(ctx, m, m.spec.target_cluster.as_ref(), |s| &mut s.conditions, standalone).await
+}
+
 /// Between driver calls, a Running machine's Node is still watched: its readiness is kept in
 /// `NodeReady` (a Node change wakes the machine).
 async fn watch_node(ctx: &Ctx, key: &Key, before: Machine, wait: Duration) -> Result<Action> {
-    let Some(target) = ctx.app.target.as_deref() else { return Ok(Action::wait(wait)) };
+    let target = ctx.app.machine_target(&before);
+    let Some(target) = target.as_deref() else { return Ok(Action::wait(wait)) };
     if before.status.phase != Phase::Running || before.status.provider_id.is_empty() {
         return Ok(Action::wait(wait));
     }
@@ -433,8 +449,9 @@ async fn finished(
     }
     // With a target cluster a new VM is Provisioned until its Node is Ready; an in-place update
     // keeps a Running machine Running.
-    let joining =
-        ctx.app.target.is_some() && before.status.phase != Phase::Running && before.status.phase != Phase::Updating;
+    let joining = ctx.app.machine_target(before).is_some()
+        && before.status.phase != Phase::Running
+        && before.status.phase != Phase::Updating;
     m.status.phase = if joining { Phase::Provisioned } else { Phase::Running };
     m.status.observed_generation = m.metadata.generation;
     m.status.failure = None;
@@ -515,7 +532,7 @@ async fn health(ctx: &Ctx, key: &Key, before: Machine, r: &Resolved<'_>) -> Resu
             _ => return Err(ReconcileError::call(&e, Rpc::Read)),
         },
     };
-    if let Some(target) = ctx.app.target.as_deref() {
+    if let Some(target) = ctx.app.machine_target(&m).as_deref() {
         super::node::observe(ctx, target, key, &mut m).await?;
     }
     if m.status.spec_hash == driver_sdk::convert::spec_hash(&r.provider_spec) {

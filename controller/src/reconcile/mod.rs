@@ -183,16 +183,76 @@ impl crate::runtime::Reconciler for Controller {
             crate::app::gauges(ctx.clone()).boxed(),
             interruptions::run(ctx.clone()).boxed(),
         ];
-        if let Some(target) = ctx.app.target.clone() {
-            tasks.push(crate::safety::probe(ctx.app.safety.clone(), "the target cluster", target.client()).boxed());
-            tasks.push(crate::nodes::watch(target, ctx.waker()).boxed());
-        }
+        // Each target cluster's probe and Node watch run as tasks of its own connection.
+        ctx.app.targets.start(std::sync::Arc::new(ctx.waker()));
         if let Some(client) = ctx.store.backend().api_client() {
-            tasks.push(crate::safety::probe(ctx.app.safety.clone(), "the store's API server", client).boxed());
+            let what = "the store's API server".to_string();
+            tasks.push(crate::safety::probe(ctx.app.safety.clone(), what, client, None).boxed());
         }
         tasks
     }
 }
+
+/// Opens the target cluster of an object in `namespace` with this `spec.targetCluster` (the
+/// default one without it: `None` when the controller has none) and, for an object that names
+/// one, sets its `TargetReachable` condition in `conditions`: False with the reason when its
+/// Secret is missing or unusable (`Err`: the object waits, nothing of it is done) or its API
+/// server does not answer (`Ok`: calls to it fail at once meanwhile), else True.
+///
+/// # Errors
+/// Store failures.
+pub(crate) async fn connect_target(
+    ctx: &Ctx,
+    namespace: &str,
+    target: Option<&TargetCluster>,
+    conditions: &mut Vec<Condition>,
+) -> Result<Result<Option<std::sync::Arc<crate::targets::Connection>>, crate::targets::Unusable>, ReconcileError> {
+    let found = ctx.app.targets.get(&ctx.store, namespace, target).await?;
+    if target.is_some() {
+        let (ok, reason, message) = match &found {
+            Err(why) => (false, why.reason.clone(), why.message.clone()),
+            Ok(Some(c)) => match c.unreachable() {
+                Some(why) => (false, Reason::TargetUnreachable, why),
+                None => (true, Reason::TargetReachable, String::new()),
+            },
+            Ok(None) => (true, Reason::TargetReachable, String::new()),
+        };
+        set_condition(conditions, ConditionType::TargetReachable, ok, reason, &message);
+    }
+    Ok(found)
+}
+
+/// [`connect_target`] for a reconcile of `before`: with `show`, its `TargetReachable` condition
+/// (in `conditions`) is written when it changed. `Some`: what to do instead of reconciling now
+/// (a condition was written, or the target's Secret is missing or unusable).
+///
+/// # Errors
+/// A conflict and store failures.
+pub(crate) async fn open_target<S, T>(
+    ctx: &Ctx,
+    before: &Object<S, T>,
+    target: Option<&TargetCluster>,
+    conditions: fn(&mut T) -> &mut Vec<Condition>,
+    show: bool,
+) -> Result<Option<crate::runtime::Action>, ReconcileError>
+where
+    Object<S, T>: Resource + Clone,
+    T: PartialEq,
+{
+    if target.is_none() {
+        return Ok(None);
+    }
+    let mut next = before.clone();
+    let found = connect_target(ctx, &before.metadata.namespace, target, conditions(&mut next.status)).await?;
+    if show && write::status(ctx, before, &next).await? == write::Written::Saved {
+        return Ok(Some(crate::runtime::Action::requeue_now()));
+    }
+    Ok(found.err().map(|_| crate::runtime::Action::requeue(TARGET_UNUSABLE_RECHECK)))
+}
+
+/// How soon an object whose target cluster's Secret is missing or unusable looks again (a fix
+/// of the Secret is read within this long).
+pub(crate) const TARGET_UNUSABLE_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A kind's reconcile function (kube-runtime's `reconcile`, by key).
 pub type ReconcileFn = for<'a> fn(&'a Ctx, &'a Key) -> BoxFuture<'a, Result<Action, ReconcileError>>;

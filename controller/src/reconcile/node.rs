@@ -255,7 +255,7 @@ pub(crate) async fn deletion_step(
     phase: DeletionPhase,
     probe: &dyn VmProbe,
 ) -> Result<Action> {
-    let Some(target) = ctx.app.target.clone() else { return Ok(Action::requeue_now()) };
+    let Some(target) = ctx.app.machine_target(&before) else { return Ok(Action::requeue_now()) };
     let node = match lookup(&target, key, &before) {
         Lookup::Found(node) => Some(node),
         Lookup::NotSynced | Lookup::Missing => None,
@@ -618,7 +618,7 @@ pub(crate) fn instance_deleting(m: &mut Machine) {
 /// # Errors
 /// The target cluster's refusal (retried).
 pub(crate) async fn delete_node(ctx: &Ctx, key: &Key, m: &Machine) -> Result<Option<Action>> {
-    let Some(target) = ctx.app.target.clone() else { return Ok(None) };
+    let Some(target) = ctx.app.machine_target(m) else { return Ok(None) };
     let node = match lookup(&target, key, m) {
         Lookup::NotSynced => return Ok(Some(Action::requeue(NOT_SYNCED_RETRY))),
         Lookup::Missing => None,

@@ -80,6 +80,11 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
         Finalizer::Apply(pool) | Finalizer::Cleanup(pool) => pool,
         Finalizer::Done(action) => return Ok(action),
     };
+    if let Some(action) =
+        super::open_target(ctx, &pool, pool.spec.target_cluster.as_ref(), |s| &mut s.conditions, true).await?
+    {
+        return Ok(action);
+    }
     let wait = ctx.wait_before_call(key);
     if !wait.is_zero() {
         return Ok(Action::wait(wait));
@@ -120,7 +125,8 @@ pub async fn reconcile(ctx: &Ctx, key: &Key) -> Result<Action> {
 /// from expiring while the pool lives, deleted once it is being deleted; one deleted behind the
 /// controller's back is forgotten, and the next ApplyPool mints another. `Some` after a write.
 async fn keep_token(ctx: &Ctx, pool: &MachinePool) -> Result<Option<Action>> {
-    let (Some(target), Some(mut token)) = (ctx.app.target.as_deref(), pool.status.bootstrap_token.clone()) else {
+    let target = ctx.app.target_of(&pool.metadata.namespace, pool.spec.target_cluster.as_ref());
+    let (Some(target), Some(mut token)) = (target.as_deref(), pool.status.bootstrap_token.clone()) else {
         return Ok(None);
     };
     let mut next = pool.clone();
@@ -190,7 +196,7 @@ async fn poll(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>, op: StoredOperati
 /// A pool being deleted: with a target cluster every instance's Node is drained first (its
 /// Machine's deletion drains it and deletes that instance); the pool goes once none is left.
 async fn delete_pool(ctx: &Ctx, pool: &MachinePool, r: &Resolved<'_>) -> Result<Action> {
-    if ctx.app.target.is_some() {
+    if ctx.app.target_of(&pool.metadata.namespace, pool.spec.target_cluster.as_ref()).is_some() {
         let machines = owned_machines(ctx, pool).await?;
         if !machines.is_empty() {
             let doomed: Vec<Key> = machines.iter().filter(|m| !m.is_deleting()).map(Key::of).collect();
@@ -332,7 +338,7 @@ async fn observe(
             }
         })
         .collect();
-    let nodes_managed = ctx.app.target.is_some();
+    let nodes_managed = ctx.app.target_of(&pool.metadata.namespace, pool.spec.target_cluster.as_ref()).is_some();
     let revision = short_hash(&pool.spec.template);
     let now = Utc::now();
     Ok(Ok(Observation { list, machines, instances, deleting, annotated, nodes_managed, revision, now }))
@@ -595,6 +601,7 @@ async fn mirror(ctx: &Ctx, pool: &MachinePool, list: &[pb::PoolInstance], machin
                         node: Some(pool.spec.node_settings()),
                         node_template: pool.spec.template.spec.node_template.clone(),
                         failure_domain: None,
+                        target_cluster: pool.spec.target_cluster.clone(),
                     },
                 );
                 m.metadata.labels.insert(LABEL_POOL.into(), pool.metadata.name.clone());
@@ -609,7 +616,7 @@ async fn mirror(ctx: &Ctx, pool: &MachinePool, list: &[pb::PoolInstance], machin
             Some(m) if !m.is_deleting() && m.status.failure.is_none() => {
                 let mut next = (*m).clone();
                 // With a target cluster a running instance is Provisioned until its Node is Ready.
-                let joining = ctx.app.target.is_some() && phase == Phase::Running && !node_ready(m);
+                let joining = ctx.app.machine_target(m).is_some() && phase == Phase::Running && !node_ready(m);
                 let phase = if joining { Phase::Provisioned } else { phase };
                 next.status.phase = phase;
                 next.status.provider_id = i.provider_id.clone();
@@ -725,7 +732,8 @@ pub async fn reconcile_machine(ctx: &Ctx, key: &Key, m: Machine) -> Result<Actio
     // instance gone from the cloud must go without a call). The pool mirrors their instances;
     // here only their Node (with a target cluster) and their deletion are reconciled.
     if !write::cleanup_due(&m) {
-        let Some(target) = ctx.app.target.as_deref() else { return Ok(Action::await_change()) };
+        let target = ctx.app.machine_target(&m);
+        let Some(target) = target.as_deref() else { return Ok(Action::await_change()) };
         if m.is_deleting() || m.status.provider_id.is_empty() {
             return Ok(Action::await_change());
         }
@@ -772,6 +780,7 @@ mod tests {
                 node: None,
                 node_template: None,
                 failure_domain: None,
+                target_cluster: None,
             },
         );
         if deleting {

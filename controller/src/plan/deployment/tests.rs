@@ -35,6 +35,7 @@ fn deployment(replicas: i64) -> MachineDeployment {
     let spec = MachineDeploymentSpec {
         replicas,
         autoscaling: None,
+        target_cluster: None,
         template: template("os-2"),
         strategy: Strategy::default(),
         delete_policy: DeletePolicy::Oldest,
