@@ -1061,7 +1061,12 @@ fn sample(metrics: &str, name_and_labels: &str) -> f64 {
 
 /// `controller_target_calls_total` for one verb, resource and code.
 fn target_calls(metrics: &str, verb: &str, resource: &str, code: &str) -> f64 {
-    sample(metrics, &format!(r#"controller_target_calls_total{{verb="{verb}",resource="{resource}",code="{code}"}}"#))
+    sample(
+        metrics,
+        &format!(
+            r#"controller_target_calls_total{{target="default",verb="{verb}",resource="{resource}",code="{code}"}}"#
+        ),
+    )
 }
 
 /// During a drain, `/metrics` counts the controller's calls to the target cluster by verb,
@@ -1154,7 +1159,8 @@ async fn a_drains_calls_are_counted_by_verb_resource_and_code_and_audited_under_
     assert!(target_calls(&metrics, "delete", "nodes", "200") >= 1.0, "the Node after its VM\n{}", report());
     assert!(target_calls(&metrics, "list", "pods", "200") >= 1.0, "the node's pods\n{}", report());
     assert!(target_calls(&metrics, "watch", "nodes", "200") >= 1.0, "the Node watch\n{}", report());
-    let timed = r#"controller_target_call_duration_seconds_count{verb="create",resource="pods/eviction"}"#;
+    let timed =
+        r#"controller_target_call_duration_seconds_count{target="default",verb="create",resource="pods/eviction"}"#;
     assert_eq!(sample(&metrics, timed), accepted + refused, "every eviction timed\n{}", report());
 
     // What the API server's audit log says of them: the controller by name.

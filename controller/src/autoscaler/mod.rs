@@ -627,8 +627,11 @@ pub async fn serve(
     };
     let v1 = reflection().build_v1().map_err(|e| format!("reflection: {e}"))?;
     let v1alpha = reflection().build_v1alpha().map_err(|e| format!("reflection: {e}"))?;
+    let scope = server.scope.clone();
     let router = builder.add_service(CloudProviderServer::new(server)).add_service(v1).add_service(v1alpha);
-    tracing::info!("cluster-autoscaler cloud provider (externalgrpc) on {local} ({scheme})");
+    tracing::info!(
+        "cluster-autoscaler cloud provider (externalgrpc) on {local} ({scheme}; the node groups of target {scope})"
+    );
     // Calls come one after another on one connection: no Nagle delay on the answers.
     let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
         conn.inspect(|s| {

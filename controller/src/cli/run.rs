@@ -402,3 +402,22 @@ pub async fn shutdown_signal() {
         _ => futures::future::pending::<()>().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::targets::TargetId;
+
+    #[test]
+    fn an_autoscaler_listener_serves_the_default_target_or_the_one_a_secret_names() {
+        let (target, addr) = parse_autoscaler_listen("127.0.0.1:8086").unwrap();
+        assert_eq!((target, addr.port()), (TargetId::Default, 8086));
+        let (target, addr) = parse_autoscaler_listen("fleet/east=0.0.0.0:9000").unwrap();
+        assert_eq!(target, TargetId::Secret { namespace: "fleet".into(), name: "east".into() });
+        assert_eq!(addr.port(), 9000);
+        for bad in ["east=127.0.0.1:1", "/east=127.0.0.1:1", "fleet/=127.0.0.1:1", "fleet/east=nowhere"] {
+            let e = parse_autoscaler_listen(bad).unwrap_err();
+            assert!(e.contains(bad), "{e}");
+        }
+    }
+}
