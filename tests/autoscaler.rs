@@ -39,7 +39,7 @@ fn autoscaler_bin() -> PathBuf {
 }
 
 /// A running cluster-autoscaler (killed on drop).
-struct Autoscaler {
+pub(crate) struct Autoscaler {
     _child: Child,
     log: PathBuf,
 }
@@ -53,7 +53,19 @@ impl Autoscaler {
 
     /// [`Autoscaler::start`] with more flags.
     fn start_with(w: &World, address: &str, extra_config: &str, flags: &[&str]) -> Autoscaler {
-        let dir = w.dir();
+        Self::start_in(w.dir(), &w.cluster().kubeconfig, w.ns(), address, extra_config, flags)
+    }
+
+    /// Starts one against the cluster of `kubeconfig` (its status ConfigMap in `namespace`) and
+    /// the controller's server at `address`, its config and log in `dir`.
+    pub(crate) fn start_in(
+        dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        namespace: &str,
+        address: &str,
+        extra_config: &str,
+        flags: &[&str],
+    ) -> Autoscaler {
         let config = dir.join("cloud-config.yaml");
         std::fs::write(&config, format!("address: \"{address}\"\ngrpc_timeout: 10s\n{extra_config}"))
             .expect("cloud-config");
@@ -63,9 +75,9 @@ impl Autoscaler {
             .args([
                 "--cloud-provider=externalgrpc",
                 &format!("--cloud-config={}", config.display()),
-                &format!("--kubeconfig={}", w.cluster().kubeconfig.display()),
+                &format!("--kubeconfig={}", kubeconfig.display()),
                 "--leader-elect=false",
-                &format!("--namespace={}", w.ns()),
+                &format!("--namespace={namespace}"),
                 "--address=127.0.0.1:0",
                 "--scan-interval=2s",
                 "--scale-down-unneeded-time=10s",
@@ -90,7 +102,7 @@ impl Autoscaler {
         Autoscaler { _child: child, log }
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }

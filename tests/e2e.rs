@@ -24,6 +24,8 @@ mod interruptions;
 /// Boot data rendered per machine, a bootstrap token each, nodes that join by TLS bootstrap.
 mod joining;
 mod kubernetes;
+/// One controller, a management cluster, many target clusters.
+mod multi_target;
 mod nodes;
 mod store_conformance;
 mod telemetry;

@@ -157,6 +157,11 @@ pub fn controller_manifest() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("deploy/controller.yaml")
 }
 
+/// The controller's RBAC in a target cluster, as users apply it there.
+pub fn target_rbac_manifest() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("deploy/target-rbac.yaml")
+}
+
 /// Makes the cluster CA ([`CA_CERT`], [`CA_KEY`]) and the apiserver's serving certificate
 /// (`apiserver.crt`, for 127.0.0.1 and localhost) in `d`, with openssl.
 fn make_certificates(d: &Path) {
@@ -295,6 +300,40 @@ fn reserve_port() -> (tokio::net::TcpSocket, u16) {
     (socket, port)
 }
 
+/// kube-apiserver of the cluster in `d` on etcd `etcd_socket` and `api_port` (reserved:
+/// [`reserve_port`]), logging to `apiserver.log` there (appended to when `append`: a restart).
+fn apiserver_command(bins: &Path, d: &Path, etcd_socket: &str, api_port: u16, append: bool) -> Command {
+    let apiserver_log = if append {
+        std::fs::OpenOptions::new().append(true).create(true).open(d.join("apiserver.log")).expect("apiserver.log")
+    } else {
+        log_file(d, "apiserver.log")
+    };
+    let key = d.join("sa.key");
+    let mut cmd = Command::new(bins.join("kube-apiserver"));
+    cmd.args(["--etcd-servers", etcd_socket])
+        .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
+        .args(["--secure-port", &api_port.to_string(), "--permit-port-sharing"])
+        .args(["--endpoint-reconciler-type", "none"])
+        .args(["--tls-cert-file", d.join("apiserver.crt").to_str().unwrap()])
+        .args(["--tls-private-key-file", d.join("apiserver.key").to_str().unwrap()])
+        .args(["--client-ca-file", d.join(CA_CERT).to_str().unwrap()])
+        .args(["--token-auth-file", d.join("tokens.csv").to_str().unwrap()])
+        .args(["--authorization-mode", "Node,RBAC", "--enable-bootstrap-token-auth"])
+        .args(["--enable-admission-plugins", "NodeRestriction"])
+        .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+        .args(["--service-account-key-file", key.to_str().unwrap()])
+        .args(["--service-account-signing-key-file", key.to_str().unwrap()])
+        .args(["--service-cluster-ip-range", "10.96.0.0/16"])
+        .args(["--enable-priority-and-fairness=false", "--v", "0"])
+        .args(["--audit-policy-file", d.join("audit-policy.yaml").to_str().unwrap()])
+        .args(["--audit-log-path", d.join(AUDIT_LOG).to_str().unwrap(), "--audit-log-mode", "blocking"])
+        .stdin(Stdio::null())
+        .stdout(apiserver_log.try_clone().expect("apiserver.log"))
+        .stderr(apiserver_log)
+        .kill_on_drop(true);
+    cmd
+}
+
 fn log_file(dir: &Path, name: &str) -> std::fs::File {
     std::fs::File::create(dir.join(name)).expect("log file")
 }
@@ -361,32 +400,9 @@ impl Cluster {
         let token = uuid::Uuid::new_v4().simple().to_string();
         std::fs::write(d.join("tokens.csv"), format!("{token},admin,admin,\"system:masters\"\n")).unwrap();
         let (api_port_socket, api_port) = reserve_port();
-        let apiserver_log = log_file(d, "apiserver.log");
         std::fs::write(d.join("audit-policy.yaml"), AUDIT_POLICY).unwrap();
-        let apiserver = Command::new(bins.join("kube-apiserver"))
-            .args(["--etcd-servers", &etcd_socket])
-            .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
-            .args(["--secure-port", &api_port.to_string(), "--permit-port-sharing"])
-            .args(["--endpoint-reconciler-type", "none"])
-            .args(["--tls-cert-file", d.join("apiserver.crt").to_str().unwrap()])
-            .args(["--tls-private-key-file", d.join("apiserver.key").to_str().unwrap()])
-            .args(["--client-ca-file", d.join(CA_CERT).to_str().unwrap()])
-            .args(["--token-auth-file", d.join("tokens.csv").to_str().unwrap()])
-            .args(["--authorization-mode", "Node,RBAC", "--enable-bootstrap-token-auth"])
-            .args(["--enable-admission-plugins", "NodeRestriction"])
-            .args(["--service-account-issuer", "https://kubernetes.default.svc"])
-            .args(["--service-account-key-file", key.to_str().unwrap()])
-            .args(["--service-account-signing-key-file", key.to_str().unwrap()])
-            .args(["--service-cluster-ip-range", "10.96.0.0/16"])
-            .args(["--enable-priority-and-fairness=false", "--v", "0"])
-            .args(["--audit-policy-file", d.join("audit-policy.yaml").to_str().unwrap()])
-            .args(["--audit-log-path", d.join(AUDIT_LOG).to_str().unwrap(), "--audit-log-mode", "blocking"])
-            .stdin(Stdio::null())
-            .stdout(apiserver_log.try_clone().expect("apiserver.log"))
-            .stderr(apiserver_log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start kube-apiserver");
+        let apiserver =
+            apiserver_command(&bins, d, &etcd_socket, api_port, false).spawn().expect("start kube-apiserver");
         let kubeconfig = d.join("kubeconfig");
         let server = format!("https://127.0.0.1:{api_port}");
         std::fs::write(&kubeconfig, token_kubeconfig(&server, &ca_data(d), "admin", &token)).unwrap();
@@ -840,6 +856,83 @@ impl Cluster {
     /// Lets a paused kube-apiserver go on (SIGCONT).
     pub fn resume_apiserver(&self) {
         self.signal_apiserver("-CONT");
+    }
+
+    /// kill -9 of kube-apiserver (etcd and the other parts go on), once it is gone.
+    pub async fn kill9_apiserver(&mut self) {
+        let child = self.apiserver.as_mut().expect("kube-apiserver runs");
+        child.start_kill().expect("kill -9 kube-apiserver");
+        tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("kube-apiserver gone within 30 s of kill -9")
+            .expect("wait for kube-apiserver");
+        self.apiserver = None;
+    }
+
+    /// Starts kube-apiserver again after [`Cluster::kill9_apiserver`]: the same flags, port and
+    /// certificates (its log goes on in the same file); returns once it is ready.
+    pub async fn restart_apiserver(&mut self) {
+        assert!(self.apiserver.is_none(), "kube-apiserver still runs");
+        let d = self.dir.path().to_path_buf();
+        let etcd_socket = format!("unix://{}", d.join("etcd.sock").display());
+        let port: u16 = self.server.rsplit(':').next().and_then(|p| p.parse().ok()).expect("the apiserver's port");
+        let child =
+            apiserver_command(&install_dir(), &d, &etcd_socket, port, true).spawn().expect("start kube-apiserver");
+        self.apiserver = Some(child);
+        self.wait_ready().await;
+    }
+
+    /// A kubeconfig (its text) of the controller's identity in this cluster used as a target
+    /// cluster: the ServiceAccount `machine-driver/machine-controller` with exactly the RBAC of
+    /// `deploy/target-rbac.yaml` (applied here), its token from the TokenRequest API bound to a
+    /// Secret `binding` in `machine-driver` — [`Cluster::revoke_target_token`] deletes that
+    /// Secret, and the API server refuses the token from then on.
+    pub async fn target_kubeconfig(&self, binding: &str) -> String {
+        let manifest = target_rbac_manifest();
+        let text = std::fs::read_to_string(&manifest).expect("deploy/target-rbac.yaml");
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+        for doc in docs {
+            self.apply_json(doc).await;
+        }
+        let secret = self
+            .apply_json(serde_json::json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": binding, "namespace": "machine-driver"},
+                "stringData": {"purpose": "binds a token of the controller (revoked with this Secret)"},
+            }))
+            .await;
+        let uid = secret.metadata.uid.clone().expect("the binding Secret's uid");
+        let request: k8s_openapi::api::authentication::v1::TokenRequest = serde_json::from_value(serde_json::json!({
+            "spec": {
+                "expirationSeconds": 86400,
+                "boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": binding, "uid": uid},
+            }
+        }))
+        .unwrap();
+        let accounts = Api::<ServiceAccount>::namespaced(self.client.clone(), "machine-driver");
+        let token = crate::eventually(Duration::from_secs(30), "a token of the controller's ServiceAccount", || {
+            let accounts = accounts.clone();
+            let request = request.clone();
+            async move {
+                let r: kube::Result<k8s_openapi::api::authentication::v1::TokenRequest> =
+                    accounts.create_subresource("token", "machine-controller", &PostParams::default(), &request).await;
+                r.ok()?.status?.token
+            }
+        })
+        .await;
+        token_kubeconfig(&self.server, &ca_data(self.dir.path()), "machine-controller", &token)
+    }
+
+    /// Revokes the tokens [`Cluster::target_kubeconfig`] bound to `binding` (deletes that Secret,
+    /// once it is gone).
+    pub async fn revoke_target_token(&self, binding: &str) {
+        let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), "machine-driver");
+        secrets.delete(binding, &DeleteParams::default()).await.expect("deleting the binding Secret");
+        crate::eventually(Duration::from_secs(30), "the binding Secret gone", || async {
+            secrets.get_opt(binding).await.ok()?.is_none().then_some(())
+        })
+        .await;
     }
 
     fn signal_apiserver(&self, signal: &str) {
