@@ -886,7 +886,8 @@ impl Cluster {
     /// cluster: the ServiceAccount `machine-driver/machine-controller` with exactly the RBAC of
     /// `deploy/target-rbac.yaml` (applied here), its token from the TokenRequest API bound to a
     /// Secret `binding` in `machine-driver` — [`Cluster::revoke_target_token`] deletes that
-    /// Secret, and the API server refuses the token from then on.
+    /// Secret, and the API server refuses the token from then on (once its cache of
+    /// authenticated tokens lets go of it: about 10 s for a token in use).
     pub async fn target_kubeconfig(&self, binding: &str) -> String {
         let manifest = target_rbac_manifest();
         let text = std::fs::read_to_string(&manifest).expect("deploy/target-rbac.yaml");

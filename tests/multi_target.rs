@@ -455,6 +455,12 @@ async fn a_rotated_kubeconfig_reconnects_and_one_that_runs_a_command_is_refused(
         matches!(r, Err(kube::Error::Api(s)) if s.code == 401).then_some(())
     })
     .await;
+    // The controller reads the changed Secret (within the store's 10 s Secret cache) and
+    // connects again, without a restart.
+    f.w.wait_for("the reconnect in the controller's log", MINUTE, || async {
+        f.w.controller_log(c).contains("connection built again").then_some(())
+    })
+    .await;
     f.apply_md("a", 2, "os-1").await;
     let md = f.rolled_out_n("a", 2, "os-1", 3 * MINUTE).await;
     assert_eq!(target_condition(&md).expect("TargetReachable").status, ConditionStatus::True);
@@ -522,10 +528,31 @@ async fn a_rotated_kubeconfig_reconnects_and_one_that_runs_a_command_is_refused(
         .map(|m| m.metadata.name)
         .collect();
     assert!(made.is_empty(), "machines made for an unusable target: {made:?}");
-    f.w.wait_for("the reconnect in the controller's log", MINUTE, || async {
-        f.w.controller_log(c).contains("connection built again").then_some(())
+
+    // The target of an owner does not change: its machines joined that cluster.
+    let patch = r#"{"spec":{"targetCluster":{"kubeconfigSecretRef":{"name":"target-exec"}}}}"#;
+    let (code, _, err) =
+        f.w.cluster()
+            .kubectl(&["patch", "machinedeployment", "web-a", "-n", f.w.ns(), "--type=merge", "-p", patch])
+            .await;
+    assert_ne!(code, 0, "the API server took a new spec.targetCluster");
+    assert!(err.contains("spec.targetCluster") && err.contains("is immutable"), "{err}");
+
+    // A target no object uses any more is closed: its series go from the metrics.
+    for md in ["web-a", "web-x", "web-y"] {
+        let (code, _, err) =
+            f.w.cluster().kubectl(&["delete", "machinedeployment", md, "-n", f.w.ns(), "--wait=false"]).await;
+        assert_eq!(code, 0, "{err}");
+    }
+    f.w.wait_for("every machine gone", 2 * MINUTE, || async { f.w.machines().await.is_empty().then_some(()) }).await;
+    assert!(f.nodes("a").await.is_empty(), "target a's Nodes go with their machines");
+    let label = format!("target=\"{}/target-a\"", f.w.ns());
+    f.w.wait_for("target a's metrics series removed", MINUTE, || async {
+        (!f.metrics(c).await.contains(&label)).then_some(())
     })
     .await;
+    assert!(f.w.controller_log(c).contains("target cluster closed"), "no close logged");
+
     f.w.kill9().await;
 }
 
@@ -579,7 +606,7 @@ async fn listener_of(f: &Fleet, c: usize, target: &str) -> String {
     let what = format!("the autoscaler listener of target {target} in the controller's log");
     f.w.wait_for(&what, MINUTE, || async {
         let log = f.w.controller_log(c);
-        let line = log.lines().find(|l| l.contains(&format!("the node groups of target {target})")))?;
+        let line = log.lines().find(|l| l.contains(&format!("for the node groups of target {target}")))?;
         e2e_tests::addr_after(line, "cloud provider (externalgrpc) on ").map(|a| a.to_string())
     })
     .await

@@ -42,6 +42,18 @@ fn add_rules(kind: Kind, spec: &mut Value) {
     }
 }
 
+/// The message of a field that may be set, or removed, but not changed.
+pub const IMMUTABLE: &str = "is immutable once set: the machines already made stay in the cluster they joined (remove it, or make another owner)";
+
+/// `spec.targetCluster` may not change (a CEL transition rule; `apply` checks the same on the
+/// embedded store).
+fn add_immutable_target(spec: &mut Value) {
+    if let Some(at) = spec.pointer_mut("/properties/targetCluster") {
+        at["x-kubernetes-validations"] =
+            json!([{ "rule": "self == oldSelf", "message": IMMUTABLE, "reason": "FieldValueInvalid" }]);
+    }
+}
+
 /// The `openAPIV3Schema` of a kind's CRD (with its rules), built once.
 pub fn schema(kind: Kind) -> Option<&'static Value> {
     static CRDS: OnceLock<Vec<Value>> = OnceLock::new();
@@ -57,6 +69,7 @@ pub fn crds() -> Vec<Value> {
         .filter_map(|kind| {
             let (mut spec, status) = kind.crd_schemas()?;
             add_rules(kind, &mut spec);
+            add_immutable_target(&mut spec);
             let plural = kind.plural();
             let mut subresources = json!({ "status": {} });
             if kind.scale() {
@@ -184,7 +197,15 @@ mod tests {
                 n
             })
             .sum();
-        assert_eq!(total, Kind::ALL.into_iter().map(|k| k.rules().len()).sum::<usize>());
+        // Every rule, and the target cluster's transition rule on each kind that has the field.
+        let targeted = crds
+            .iter()
+            .filter(|c| {
+                c.pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/targetCluster").is_some()
+            })
+            .count();
+        assert_eq!(targeted, 3, "MachineDeployment, MachinePool, Machine");
+        assert_eq!(total, Kind::ALL.into_iter().map(|k| k.rules().len()).sum::<usize>() + targeted);
     }
 
     #[test]

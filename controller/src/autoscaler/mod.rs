@@ -630,7 +630,7 @@ pub async fn serve(
     let scope = server.scope.clone();
     let router = builder.add_service(CloudProviderServer::new(server)).add_service(v1).add_service(v1alpha);
     tracing::info!(
-        "cluster-autoscaler cloud provider (externalgrpc) on {local} ({scheme}; the node groups of target {scope})"
+        "cluster-autoscaler cloud provider (externalgrpc) on {local} ({scheme}) for the node groups of target {scope}"
     );
     // Calls come one after another on one connection: no Nagle delay on the answers.
     let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {

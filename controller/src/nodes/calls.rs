@@ -83,13 +83,16 @@ pub struct CallMetrics {
     calls: Family<CallLabels, Counter>,
     /// `controller_target_call_duration_seconds{target,verb,resource}`.
     seconds: Family<LatencyLabels, Histogram>,
+    /// Each target's label sets, whichever connection to it made them: removed when the target
+    /// is closed ([`CallMetrics::forget_target`]).
+    by_target: Arc<Mutex<std::collections::HashMap<String, std::collections::HashSet<CallLabels>>>>,
 }
 
 impl Default for CallMetrics {
     fn default() -> Self {
         // The driver calls' buckets: 0.5 ms to about 12 minutes.
         let hist = || Histogram::new(exponential_buckets(0.0005, 2.5, 14));
-        Self { calls: Family::default(), seconds: Family::new_with_constructor(hist) }
+        Self { calls: Family::default(), seconds: Family::new_with_constructor(hist), by_target: Arc::default() }
     }
 }
 
@@ -109,15 +112,26 @@ impl CallMetrics {
     }
 
     fn observe(&self, labels: CallLabels, took: Duration) {
+        {
+            let mut by_target = lock(&self.by_target);
+            let series = by_target.entry(labels.target.clone()).or_default();
+            if !series.contains(&labels) {
+                series.insert(labels.clone());
+            }
+        }
         self.calls.get_or_create(&labels).inc();
         let CallLabels { target, verb, resource, .. } = labels;
         self.seconds.get_or_create(&LatencyLabels { target, verb, resource }).observe(took.as_secs_f64());
     }
 
-    fn remove(&self, labels: &CallLabels) {
-        self.calls.remove(labels);
-        let CallLabels { target, verb, resource, .. } = labels.clone();
-        self.seconds.remove(&LatencyLabels { target, verb, resource });
+    /// Removes every series of `target` (it was closed).
+    pub fn forget_target(&self, target: &str) {
+        let gone = lock(&self.by_target).remove(target).unwrap_or_default();
+        for labels in gone {
+            self.calls.remove(&labels);
+            let CallLabels { target, verb, resource, .. } = labels;
+            self.seconds.remove(&LatencyLabels { target, verb, resource });
+        }
     }
 }
 
@@ -131,8 +145,6 @@ pub struct Calls {
     not_before: Mutex<Option<Instant>>,
     /// Set once the controller's metrics are registered ([`Calls::report_to`]).
     metrics: OnceLock<CallMetrics>,
-    /// The label sets of its series, removed when the target is closed.
-    series: Mutex<std::collections::HashSet<CallLabels>>,
     /// Its probe failed last ([`crate::safety::probe`]): calls fail at once instead of waiting
     /// for an answer that does not come (a dead cluster must not hold the shared workers).
     down: AtomicBool,
@@ -149,17 +161,16 @@ impl Calls {
             limiter: TokenBucket::new(limits.qps, limits.burst),
             not_before: Mutex::new(None),
             metrics: OnceLock::new(),
-            series: Mutex::new(std::collections::HashSet::new()),
             down: AtomicBool::new(false),
             unauthorized: AtomicBool::new(false),
         }
     }
 
-    /// Removes its series from the metrics (the target is closed).
+    /// Removes its target's series from the metrics (the target is closed), those of earlier
+    /// connections to it too.
     pub fn forget_series(&self) {
-        let Some(m) = self.metrics.get() else { return };
-        for labels in lock(&self.series).drain() {
-            m.remove(&labels);
+        if let Some(m) = self.metrics.get() {
+            m.forget_target(&self.label);
         }
     }
 
@@ -257,12 +268,6 @@ impl Calls {
                 resource: call.resource.clone(),
                 code: code.to_string(),
             };
-            {
-                let mut series = lock(&self.series);
-                if !series.contains(&labels) {
-                    series.insert(labels.clone());
-                }
-            }
             m.observe(labels, took);
         }
     }

@@ -921,6 +921,14 @@ impl Store {
             };
             let mut merged: Value =
                 serde_json::from_str(&current).map_err(|source| Error::Unreadable { key: key.clone(), source })?;
+            // As the CRD's transition rule says (`crate::crd`): the machines made stay in the
+            // cluster they joined.
+            let (was, now) = (merged.pointer("/spec/targetCluster"), desired.pointer("/spec/targetCluster"));
+            if let (Some(was), Some(now)) = (was, now) {
+                if was != now {
+                    return Err(Error::Invalid(format!("{key}: spec.targetCluster: {}", crate::crd::IMMUTABLE)));
+                }
+            }
             for field in ["spec", "stringData", "data", "type"] {
                 match desired.get(field) {
                     Some(v) => merged[field] = v.clone(),

@@ -355,3 +355,25 @@ mod conformance {
 
     crate::store_conformance_cases!(cases);
 }
+
+#[tokio::test]
+async fn an_owners_target_cluster_cannot_change_once_set() {
+    let (_dir, _path, store) = new_store();
+    let md = |target: Option<&str>| {
+        let mut v = serde_json::json!({
+            "apiVersion": "machine.driver.dev/v1alpha1", "kind": "MachineDeployment",
+            "metadata": {"name": "web", "namespace": "fleet"},
+            "spec": {"replicas": 1, "template": {"spec": {"classRef": {"name": "small"}}}},
+        });
+        if let Some(t) = target {
+            v["spec"]["targetCluster"] = serde_json::json!({"kubeconfigSecretRef": {"name": t}});
+        }
+        v
+    };
+    store.apply(Kind::MachineDeployment, md(Some("east"))).await.unwrap();
+    store.apply(Kind::MachineDeployment, md(Some("east"))).await.unwrap();
+    let e = store.apply(Kind::MachineDeployment, md(Some("west"))).await.unwrap_err();
+    assert!(e.to_string().contains("spec.targetCluster: is immutable"), "{e}");
+    let stored = store.get::<MachineDeployment>("fleet", "web").await.unwrap().unwrap();
+    assert_eq!(stored.spec.target_cluster.unwrap().kubeconfig_secret_ref.name, "east", "nothing was written");
+}
