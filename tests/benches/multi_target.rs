@@ -173,7 +173,7 @@ async fn main() {
         .timings(&[])
         .metrics()
         .controller_args(&args)
-        .controller_env([("RUST_LOG", "warn")])
+        .controller_env([("RUST_LOG", "warn,machine_controller::cli::run=info")])
         .start()
         .await;
     for (i, t) in targets.iter().enumerate() {
@@ -254,13 +254,14 @@ async fn main() {
         );
     }
     out += &format!(
-        "\nPer target (slope from {} to {} targets): {per_target_mb:.2} MB of RSS, {per_target_cpu:.3} % of a core; \
-         per machine at {} machines: {:.1} KB. At 200 targets of {per} machines that extrapolates to {:.0} MB.\n\n",
+        "\nPer target of {per} machines (slope from {} to {} targets): {per_target_mb:.2} MB of RSS ({:.1} KB per \
+         machine, if all of it were the machines'), {per_target_cpu:.3} % of a core. At 200 targets of {per} machines \
+         that extrapolates to {:.0} MB and {:.1} % of a core.\n\n",
         lo.targets,
         hi.targets,
-        hi.machines,
-        mb(hi) * 1024.0 / hi.machines as f64,
-        mb(lo) + per_target_mb * (200 - lo.targets) as f64
+        per_target_mb * 1024.0 / per as f64,
+        mb(lo) + per_target_mb * (200 - lo.targets) as f64,
+        lo.cpu_percent + per_target_cpu * (200 - lo.targets) as f64
     );
     out += "| reconcile on a healthy target | new Machine made | its Node Ready |\n|---|---|---|\n";
     let row = |label: &str, r: &[(Duration, Duration)]| {
