@@ -343,7 +343,7 @@ impl App {
 
     /// The open target cluster of an object in `namespace` with this `spec.targetCluster` (the
     /// default one without it). A reconcile opens a named one first
-    /// ([`crate::reconcile::connect_target`]); this only looks it up.
+    /// (`reconcile::connect_target`); this only looks it up.
     pub fn target_of(
         &self,
         namespace: &str,

@@ -47,7 +47,7 @@ pub const LABEL_EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-externa
 pub const TAINT_OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 
 /// The longest a call waits out a target cluster's `Retry-After` inside a reconcile; a longer
-/// hold fails the call at once ([`Target::guard`]).
+/// hold fails the call at once (`Target::guard`).
 pub const MAX_WAIT_FOR_HOLD: Duration = Duration::from_secs(1);
 
 /// Errors of calls to the target cluster.
