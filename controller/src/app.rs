@@ -51,6 +51,8 @@ pub struct Metrics {
     pub target_calls: crate::nodes::calls::CallMetrics,
     /// The drivers' events and how interruptions went.
     pub interruptions: InterruptionMetrics,
+    /// What the objects say: conditions, owners' replicas, disruptions ([`crate::state_metrics`]).
+    pub state: crate::state_metrics::StateMetrics,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -144,6 +146,7 @@ impl Metrics {
             orphans_deleted: Counter::default(),
             target_calls: crate::nodes::calls::CallMetrics::default(),
             interruptions: InterruptionMetrics::default(),
+            state: crate::state_metrics::StateMetrics::default(),
         };
         r.register("controller_machines", "Machines by phase", m.phases.clone());
         r.register(
@@ -154,7 +157,8 @@ impl Metrics {
         r.register("controller_orphans_deleted", "Cloud machines deleted as orphans", m.orphans_deleted.clone());
         m.target_calls.register(r);
         m.interruptions.register(r);
-        m
+        let state = crate::state_metrics::StateMetrics::register(r);
+        Metrics { state, ..m }
     }
 
     /// Sets the Machines-by-phase gauge: a series for every [`Phase`] (zero when none has it),
@@ -180,6 +184,60 @@ struct SlimTarget {
 struct SlimMeta {
     #[serde(default)]
     namespace: String,
+    #[serde(default)]
+    annotations: SlimAnnotations,
+}
+
+/// The one annotation the gauges read (the others are skipped, not allocated).
+#[derive(serde::Deserialize, Default)]
+struct SlimAnnotations {
+    #[serde(default, rename = "machine.driver.dev/disruption-reason")]
+    disruption: Option<String>,
+}
+
+/// Counts the conditions of the kinds other than Machine and each owner's replicas into
+/// `state`; `false` if the store could not be read (nothing is published then).
+async fn count_owners(ctx: &Ctx, state: &mut crate::state_metrics::Count, now: crate::resources::Time) -> bool {
+    use crate::resources::{MachineClass, MachineDeployment, MachineHealthCheck, MachinePool};
+    let (Ok(mds), Ok(pools), Ok(checks), Ok(classes)) = (
+        ctx.store.list::<MachineDeployment>().await,
+        ctx.store.list::<MachinePool>().await,
+        ctx.store.list::<MachineHealthCheck>().await,
+        ctx.store.list::<MachineClass>().await,
+    ) else {
+        return false;
+    };
+    for md in &mds {
+        state.conditions("MachineDeployment", &md.status.conditions, now);
+        let st = &md.status;
+        let replicas = [
+            ("desired", md.spec.replicas),
+            ("current", st.replicas),
+            ("available", st.available_replicas),
+            ("updated", st.updated_replicas),
+            ("ready", st.ready_replicas),
+            ("failed", st.failed_replicas),
+        ];
+        state.owner("MachineDeployment", &md.metadata.namespace, &md.metadata.name, &replicas);
+    }
+    for p in &pools {
+        state.conditions("MachinePool", &p.status.conditions, now);
+        let st = &p.status;
+        let replicas = [
+            ("desired", p.spec.replicas),
+            ("current", st.replicas),
+            ("ready", st.ready_replicas),
+            ("updated", st.updated_replicas),
+        ];
+        state.owner("MachinePool", &p.metadata.namespace, &p.metadata.name, &replicas);
+    }
+    for c in &checks {
+        state.conditions("MachineHealthCheck", &c.status.conditions, now);
+    }
+    for c in &classes {
+        state.conditions("MachineClass", &c.status.conditions, now);
+    }
+    true
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -219,7 +277,19 @@ pub async fn gauges(ctx: Arc<Ctx>) {
             phase: Phase,
             #[serde(default)]
             operations: Vec<serde::de::IgnoredAny>,
+            #[serde(default)]
+            conditions: Vec<SlimCondition>,
         }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct SlimCondition {
+            #[serde(rename = "type")]
+            condition_type: crate::resources::ConditionType,
+            status: crate::resources::ConditionStatus,
+            last_transition_time: crate::resources::Time,
+        }
+        let now = chrono::Utc::now();
+        let mut state = crate::state_metrics::Count::default();
         let mut counts: HashMap<Phase, i64> = HashMap::new();
         let mut in_flight = 0;
         let mut targets = std::collections::HashSet::new();
@@ -231,6 +301,12 @@ pub async fn gauges(ctx: Arc<Ctx>) {
                     *counts.entry(m.status.phase).or_default() += 1;
                     in_flight += m.status.operations.len() as i64;
                     targets.extend(target_id(&m.metadata, &m.spec));
+                    for c in &m.status.conditions {
+                        state.condition("Machine", c.condition_type, c.status, c.last_transition_time, now);
+                    }
+                    if let Some(reason) = &m.metadata.annotations.disruption {
+                        state.disruption(reason);
+                    }
                 }
                 Ok(())
             })
@@ -255,6 +331,9 @@ pub async fn gauges(ctx: Arc<Ctx>) {
         }
         if owners_scanned {
             ctx.app.targets.retain(&targets, started);
+        }
+        if count_owners(&ctx, &mut state, now).await {
+            ctx.app.metrics.state.publish(state);
         }
         ctx.app.metrics.set_phases(&counts);
         ctx.app.metrics.operations_in_flight.set(in_flight);

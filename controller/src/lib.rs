@@ -18,6 +18,7 @@
 //! - [`runtime`]: work queue, workers, rate limits, backoff, generic over the application's
 //!   context; [`app`]: that context for the reconcilers (drivers, target cluster, orphans);
 //! - [`safety`]: whether the API servers answer; health timers start over after an outage;
+//! - [`state_metrics`]: what the objects say (conditions, owners' replicas, disruptions) as metrics;
 //! - [`targets`]: the target clusters (the default one, and those owners name by a kubeconfig
 //!   Secret), each with its own connection, probe, Node watch and metrics;
 //! - [`reconcile`]: the machine, deployment, pool, health-check and orphan reconcilers;
@@ -44,6 +45,7 @@ pub mod policy;
 pub mod reconcile;
 pub mod runtime;
 pub mod safety;
+pub mod state_metrics;
 pub mod store;
 pub mod targets;
 
