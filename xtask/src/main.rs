@@ -34,8 +34,9 @@ tiers (each prints the commands it runs):
                     that the controller does not pull in the SDK's server side
   install           installs what the end-to-end tests need and prints their variables
                     (`eval \"$(cargo xtask install)\"` sets them in your shell)
-  e2e [ARGS...]     install, cargo build --workspace --bins --examples, then the end-to-end tests
-                    with cargo-nextest's ci profile; ARGS go to `cargo nextest run`
+  e2e [ARGS...]     install, the alert rules' unit tests (promtool test rules), cargo build
+                    --workspace --bins --examples, then the end-to-end tests with cargo-nextest's
+                    ci profile; ARGS go to `cargo nextest run`
                     (`cargo xtask e2e nodes::`, `cargo xtask e2e -E 'test(grpcurl)'`)
   fuzz [SECONDS]    every fuzz target for SECONDS (default 30) each (tests/fuzz.sh)
   ci                all of the above: lint, features, unit, fuzz, e2e
@@ -216,11 +217,27 @@ impl Xtask {
         self.export("GO_DRIVER_BIN", go_driver);
         let interop = self.capture("bash", &["tests/tools/install-interop.sh"])?;
         self.export("INTEROP_DIR", interop);
+        // The alert rules' unit tests (deploy/prometheus/): Debian's Prometheus carries promtool.
+        if self.run_quiet("promtool", &["--version"]).is_err() {
+            eprintln!("==> promtool is missing: installing Prometheus (Debian)");
+            let apt = "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus";
+            self.run(&[], "bash", &["-c", apt])?;
+        }
+        self.run(&[], "promtool", &["--version"])?;
         self.cargo_tools()
+    }
+
+    /// The alert rules (deploy/prometheus/): valid, and each one's unit tests pass.
+    fn alert_rules(&mut self) -> Result {
+        let dir = self.root.join("deploy/prometheus");
+        let dir = dir.to_string_lossy().into_owned();
+        self.run(&[], "promtool", &["check", "rules", &format!("{dir}/machine-driver.rules.yaml")])?;
+        self.run(&[], "promtool", &["test", "rules", &format!("{dir}/machine-driver.rules.test.yaml")])
     }
 
     fn e2e(&mut self, nextest_args: &[String]) -> Result {
         self.install()?;
+        self.alert_rules()?;
         // The tests start these as real processes.
         self.cargo(&[], &["build", "--workspace", "--bins", "--examples"])?;
         // --workspace --test e2e, not -p e2e-tests: the workspace's features, so no dependency
