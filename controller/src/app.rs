@@ -471,6 +471,47 @@ impl App {
 mod tests {
     use super::*;
 
+    /// Every `controller_…` metric the shipped alert rules and Grafana dashboard name is one the
+    /// controller registers (`register("NAME", …)` in its sources; with a counter's `_total`, a
+    /// histogram's `_bucket`/`_sum`/`_count`).
+    #[test]
+    fn the_alert_rules_and_the_dashboard_name_only_exported_metrics() {
+        fn sources(dir: &std::path::Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    sources(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(std::fs::read_to_string(&path).unwrap());
+                }
+            }
+        }
+        let mut texts = Vec::new();
+        sources(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut texts);
+        let mut exported = std::collections::HashSet::new();
+        for text in &texts {
+            for (i, _) in text.match_indices("register(") {
+                let rest = text[i + "register(".len()..].trim_start();
+                let Some(name) = rest.strip_prefix('"').and_then(|r| r.split('"').next()) else { continue };
+                for suffix in ["", "_total", "_bucket", "_sum", "_count"] {
+                    exported.insert(format!("{name}{suffix}"));
+                }
+            }
+        }
+        assert!(exported.contains("controller_conditions") && exported.contains("controller_driver_calls_total"));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        for file in ["deploy/prometheus/machine-driver.rules.yaml", "deploy/grafana/machine-driver.json"] {
+            let body = std::fs::read_to_string(root.join(file)).unwrap();
+            let named: std::collections::BTreeSet<&str> = body
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("controller_"))
+                .collect();
+            assert!(named.len() > 3, "{file} names hardly any metric: {named:?}");
+            let unknown: Vec<&&str> = named.iter().filter(|n| !exported.contains(**n)).collect();
+            assert!(unknown.is_empty(), "{file} names metrics the controller does not export: {unknown:?}");
+        }
+    }
+
     #[test]
     fn every_phase_has_a_series_in_the_machines_gauge() {
         let mut registry = Registry::default();
