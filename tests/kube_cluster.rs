@@ -540,10 +540,20 @@ impl Cluster {
         for doc in docs.into_iter().filter(|d| d["kind"] != "Deployment") {
             self.apply_json(doc).await;
         }
+        let token = self.controller_token(serde_json::json!({"expirationSeconds": 86400})).await;
+        let path = self.dir.path().join("controller.kubeconfig");
+        std::fs::write(&path, token_kubeconfig(&self.server, &ca_data(self.dir.path()), "machine-controller", &token))
+            .unwrap();
+        path
+    }
+
+    /// A token of the ServiceAccount `machine-driver/machine-controller` from the TokenRequest
+    /// API, with `spec` as the request's (retried until the account exists).
+    async fn controller_token(&self, spec: serde_json::Value) -> String {
         let request: k8s_openapi::api::authentication::v1::TokenRequest =
-            serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 86400}})).unwrap();
+            serde_json::from_value(serde_json::json!({ "spec": spec })).expect("a TokenRequest");
         let accounts = Api::<ServiceAccount>::namespaced(self.client.clone(), "machine-driver");
-        let token = crate::eventually(Duration::from_secs(30), "a token of the controller's ServiceAccount", || {
+        crate::eventually(Duration::from_secs(30), "a token of the controller's ServiceAccount", || {
             let accounts = accounts.clone();
             let request = request.clone();
             async move {
@@ -552,11 +562,57 @@ impl Cluster {
                 r.ok()?.status?.token
             }
         })
+        .await
+    }
+
+    /// A Deployment of `replicas` pods labelled `app=NAME` in `namespace`, spread over the
+    /// Nodes, and optionally a PodDisruptionBudget `NAME-budget` with `budget` as its spec's rule;
+    /// returns once every pod is Ready.
+    pub async fn workload(&self, namespace: &str, name: &str, replicas: i32, budget: Option<serde_json::Value>) {
+        self.apply_json(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {
+                        "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
+                        "terminationGracePeriodSeconds": 5,
+                        "topologySpreadConstraints": [{
+                            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": {"app": name}}
+                        }]
+                    }
+                }
+            }
+        }))
         .await;
-        let path = self.dir.path().join("controller.kubeconfig");
-        std::fs::write(&path, token_kubeconfig(&self.server, &ca_data(self.dir.path()), "machine-controller", &token))
-            .unwrap();
-        path
+        if let Some(rule) = budget {
+            let mut spec = serde_json::json!({"selector": {"matchLabels": {"app": name}}});
+            for (k, v) in rule.as_object().cloned().unwrap_or_default() {
+                spec[k] = v;
+            }
+            self.apply_json(serde_json::json!({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": format!("{name}-budget"), "namespace": namespace},
+                "spec": spec
+            }))
+            .await;
+        }
+        let want = replicas as usize;
+        let pods = Api::<Pod>::namespaced(self.client.clone(), namespace);
+        let what = format!("{replicas} pods of {name} Ready");
+        crate::eventually(Duration::from_secs(120), &what, || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&ListParams::default().labels(&format!("app={name}"))).await.ok()?;
+                (list.items.iter().filter(|p| pod_ready(p)).count() == want).then_some(())
+            }
+        })
+        .await;
     }
 
     /// A bootstrap token Secret `bootstrap-token-<id>` of kubeadm's group, expiring at
@@ -904,24 +960,9 @@ impl Cluster {
             }))
             .await;
         let uid = secret.metadata.uid.clone().expect("the binding Secret's uid");
-        let request: k8s_openapi::api::authentication::v1::TokenRequest = serde_json::from_value(serde_json::json!({
-            "spec": {
-                "expirationSeconds": 86400,
-                "boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": binding, "uid": uid},
-            }
-        }))
-        .unwrap();
-        let accounts = Api::<ServiceAccount>::namespaced(self.client.clone(), "machine-driver");
-        let token = crate::eventually(Duration::from_secs(30), "a token of the controller's ServiceAccount", || {
-            let accounts = accounts.clone();
-            let request = request.clone();
-            async move {
-                let r: kube::Result<k8s_openapi::api::authentication::v1::TokenRequest> =
-                    accounts.create_subresource("token", "machine-controller", &PostParams::default(), &request).await;
-                r.ok()?.status?.token
-            }
-        })
-        .await;
+        let bound = serde_json::json!({"kind": "Secret", "apiVersion": "v1", "name": binding, "uid": uid});
+        let token =
+            self.controller_token(serde_json::json!({"expirationSeconds": 86400, "boundObjectRef": bound})).await;
         token_kubeconfig(&self.server, &ca_data(self.dir.path()), "machine-controller", &token)
     }
 

@@ -194,39 +194,11 @@ impl Fleet {
         tokio::time::timeout(MINUTE, call).await.expect("Inspect in time").expect("Inspect").into_inner()
     }
 
-    /// A Deployment of `replicas` pods spread over the Nodes of target `name` (namespace `shop`)
-    /// under a PodDisruptionBudget of one disruption at a time.
+    /// A Deployment `app` of `replicas` pods spread over the Nodes of target `name` (namespace
+    /// `shop`) under a PodDisruptionBudget of one disruption at a time, once they are Ready.
     async fn workload(&self, name: &str, replicas: i32) {
-        let cluster = &self.target(name).cluster;
-        cluster
-            .apply_json(json!({
-                "apiVersion": "apps/v1", "kind": "Deployment",
-                "metadata": {"name": "app", "namespace": "shop"},
-                "spec": {
-                    "replicas": replicas,
-                    "selector": {"matchLabels": {"app": "app"}},
-                    "template": {
-                        "metadata": {"labels": {"app": "app"}},
-                        "spec": {
-                            "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
-                            "terminationGracePeriodSeconds": 2,
-                            "topologySpreadConstraints": [{
-                                "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                "whenUnsatisfiable": "ScheduleAnyway",
-                                "labelSelector": {"matchLabels": {"app": "app"}}
-                            }]
-                        }
-                    }
-                }
-            }))
-            .await;
-        cluster
-            .apply_json(json!({
-                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                "metadata": {"name": "app", "namespace": "shop"},
-                "spec": {"selector": {"matchLabels": {"app": "app"}}, "maxUnavailable": 1}
-            }))
-            .await;
+        let budget = json!({"maxUnavailable": 1});
+        self.target(name).cluster.workload("shop", "app", replicas, Some(budget)).await;
     }
 
     async fn ready_pods(&self, name: &str) -> Vec<Pod> {
@@ -285,12 +257,6 @@ async fn three_targets_each_get_their_own_nodes_and_roll_out_under_their_own_bud
     }
     for t in NAMES {
         f.workload(t, 4).await;
-    }
-    for t in NAMES {
-        eventually(2 * MINUTE, &format!("4 pods Ready in target {t}"), || async {
-            (f.ready_pods(t).await.len() == 4).then_some(())
-        })
-        .await;
     }
     let old: Vec<BTreeSet<String>> = futures::future::join_all(NAMES.iter().map(|t| f.linked_nodes(t))).await;
     for t in NAMES {
@@ -483,26 +449,15 @@ async fn a_rotated_kubeconfig_reconnects_and_one_that_runs_a_command_is_refused(
         }}}],
     });
     f.secret("target-exec", &exec.to_string()).await;
-    f.w.apply_object(
-        "MachineDeployment",
-        "machinedeployments",
-        json!({"metadata": {"name": "web-x"}, "spec": {
+    for (md, secret) in [("web-x", "target-exec"), ("web-y", "no-such-secret")] {
+        let spec = json!({
             "replicas": 1,
-            "targetCluster": {"kubeconfigSecretRef": {"name": "target-exec"}},
+            "targetCluster": {"kubeconfigSecretRef": {"name": secret}},
             "template": {"spec": {"classRef": {"name": "small-a"}}},
-        }}),
-    )
-    .await;
-    f.w.apply_object(
-        "MachineDeployment",
-        "machinedeployments",
-        json!({"metadata": {"name": "web-y"}, "spec": {
-            "replicas": 1,
-            "targetCluster": {"kubeconfigSecretRef": {"name": "no-such-secret"}},
-            "template": {"spec": {"classRef": {"name": "small-a"}}},
-        }}),
-    )
-    .await;
+        });
+        f.w.apply_object("MachineDeployment", "machinedeployments", json!({"metadata": {"name": md}, "spec": spec}))
+            .await;
+    }
     for (md, reason) in [("web-x", "ExecPluginRefused"), ("web-y", "TargetSecretNotFound")] {
         let c =
             f.w.wait_for(&format!("{md}'s TargetReachable False ({reason})"), MINUTE, || async {

@@ -171,15 +171,6 @@ impl Metrics {
     }
 }
 
-/// An object's namespace and target cluster, read without the rest of it.
-#[derive(serde::Deserialize)]
-struct SlimTarget {
-    #[serde(default)]
-    metadata: SlimMeta,
-    #[serde(default)]
-    spec: SlimSpec,
-}
-
 #[derive(serde::Deserialize, Default)]
 struct SlimMeta {
     #[serde(default)]
@@ -196,8 +187,14 @@ struct SlimAnnotations {
 }
 
 /// Counts the conditions of the kinds other than Machine and each owner's replicas into
-/// `state`; `false` if the store could not be read (nothing is published then).
-async fn count_owners(ctx: &Ctx, state: &mut crate::state_metrics::Count, now: crate::resources::Time) -> bool {
+/// `state`, and adds the target clusters the owners name to `targets`; `false` if the store
+/// could not be read (nothing is published or closed then).
+async fn count_owners(
+    ctx: &Ctx,
+    state: &mut crate::state_metrics::Count,
+    targets: &mut std::collections::HashSet<crate::targets::TargetId>,
+    now: crate::resources::Time,
+) -> bool {
     use crate::resources::{MachineClass, MachineDeployment, MachineHealthCheck, MachinePool};
     let (Ok(mds), Ok(pools), Ok(checks), Ok(classes)) = (
         ctx.store.list::<MachineDeployment>().await,
@@ -207,6 +204,10 @@ async fn count_owners(ctx: &Ctx, state: &mut crate::state_metrics::Count, now: c
     ) else {
         return false;
     };
+    use crate::targets::TargetId;
+    let named = |ns: &str, t: Option<&crate::resources::TargetCluster>| t.map(|t| TargetId::of(ns, Some(t)));
+    targets.extend(mds.iter().filter_map(|o| named(&o.metadata.namespace, o.spec.target_cluster.as_ref())));
+    targets.extend(pools.iter().filter_map(|o| named(&o.metadata.namespace, o.spec.target_cluster.as_ref())));
     for md in &mds {
         state.conditions("MachineDeployment", &md.status.conditions, now);
         let st = &md.status;
@@ -311,28 +312,15 @@ pub async fn gauges(ctx: Arc<Ctx>) {
                 Ok(())
             })
             .await;
-        let mut owners_scanned = true;
-        for kind in [Kind::MachineDeployment, Kind::MachinePool] {
-            let scanned = ctx
-                .store
-                .backend()
-                .scan(kind, &mut |json| {
-                    if let Ok(o) = serde_json::from_str::<SlimTarget>(json) {
-                        targets.extend(target_id(&o.metadata, &o.spec));
-                    }
-                    Ok(())
-                })
-                .await;
-            owners_scanned &= scanned.is_ok();
-        }
-        wait = (started.elapsed() * GAUGE_COST_FACTOR).clamp(GAUGE_INTERVAL, GAUGE_INTERVAL_MAX);
         if counted.is_err() {
+            wait = (started.elapsed() * GAUGE_COST_FACTOR).clamp(GAUGE_INTERVAL, GAUGE_INTERVAL_MAX);
             continue;
         }
-        if owners_scanned {
+        let owners_counted = count_owners(&ctx, &mut state, &mut targets, now).await;
+        // The pause is paced by the whole pass: the Machines' scan and the owners' lists.
+        wait = (started.elapsed() * GAUGE_COST_FACTOR).clamp(GAUGE_INTERVAL, GAUGE_INTERVAL_MAX);
+        if owners_counted {
             ctx.app.targets.retain(&targets, started);
-        }
-        if count_owners(&ctx, &mut state, now).await {
             ctx.app.metrics.state.publish(state);
         }
         ctx.app.metrics.set_phases(&counts);

@@ -922,48 +922,10 @@ impl World {
     }
 
     /// A Deployment of `replicas` pods labelled `app=NAME`, spread over nodes, and optionally
-    /// a PodDisruptionBudget with `budget` as its spec's rule.
+    /// a PodDisruptionBudget with `budget` as its spec's rule ([`Cluster::workload`], in the
+    /// world's namespace).
     pub async fn workload(&self, name: &str, replicas: i32, budget: Option<serde_json::Value>) {
-        self.cluster()
-            .apply_json(serde_json::json!({
-                "apiVersion": "apps/v1", "kind": "Deployment",
-                "metadata": {"name": name, "namespace": self.ns()},
-                "spec": {
-                    "replicas": replicas,
-                    "selector": {"matchLabels": {"app": name}},
-                    "template": {
-                        "metadata": {"labels": {"app": name}},
-                        "spec": {
-                            "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
-                            "terminationGracePeriodSeconds": 5,
-                            "topologySpreadConstraints": [{
-                                "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                "whenUnsatisfiable": "ScheduleAnyway",
-                                "labelSelector": {"matchLabels": {"app": name}}
-                            }]
-                        }
-                    }
-                }
-            }))
-            .await;
-        if let Some(rule) = budget {
-            let mut spec = serde_json::json!({"selector": {"matchLabels": {"app": name}}});
-            for (k, v) in rule.as_object().cloned().unwrap_or_default() {
-                spec[k] = v;
-            }
-            self.cluster()
-                .apply_json(serde_json::json!({
-                    "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                    "metadata": {"name": format!("{name}-budget"), "namespace": self.ns()},
-                    "spec": spec
-                }))
-                .await;
-        }
-        let want = replicas as usize;
-        crate::eventually(Duration::from_secs(120), &format!("{replicas} pods of {name} Ready"), || async move {
-            (self.ready_pods(name).await.len() == want).then_some(())
-        })
-        .await;
+        self.cluster().workload(self.ns(), name, replicas, budget).await;
     }
 }
 
