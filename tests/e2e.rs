@@ -12,6 +12,8 @@ mod aws_events;
 /// Shared by the AWS suites (`aws_ec2`, `interop`): moto and the loopback EC2 stub.
 mod aws_support;
 mod azure;
+/// The Helm charts: lint, template per driver, `helm install` into a test cluster.
+mod chart;
 mod controller;
 mod disruption;
 mod failure_domains;
@@ -30,4 +32,6 @@ mod nodes;
 mod store_conformance;
 mod telemetry;
 mod test_cluster;
+/// One trace, controller to cloud, in a real Jaeger.
+mod tracing_jaeger;
 mod validation_rules;

@@ -65,6 +65,24 @@ pub fn grpcurl() -> PathBuf {
     p
 }
 
+/// A tool the tests run that `cargo xtask install` installs: `$VAR` when set, else what
+/// `bash tests/tools/SCRIPT ARGS` prints (it builds once into a cache outside the clone). A
+/// missing one fails the test, never skips it.
+pub fn installed_tool(var: &str, script: &str, args: &[&str]) -> PathBuf {
+    if let Some(p) = std::env::var_os(var) {
+        return PathBuf::from(p);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools").join(script);
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("bash");
+    assert!(out.status.success(), "{} failed: set {var} or run `cargo xtask install`", script.display());
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
 /// A running driver sidecar ([`Driver::start`]) on a temporary Unix socket (or, from
 /// [`Driver::start_tcp`], a loopback TCP port it picked). Killed when dropped.
 pub struct Sidecar {

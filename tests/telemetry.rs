@@ -108,8 +108,16 @@ async fn rpc_spans_are_exported_over_otlp_with_the_callers_trace_as_parent() {
     assert_eq!(hex(&span.span.trace_id), hex(&trace_id), "the span is in the caller's trace: {span:?}");
     assert_eq!(hex(&span.span.parent_span_id), hex(&parent_span_id), "the caller's span is the parent: {span:?}");
     assert_eq!(attr(&span.span.attributes, "request.id").as_deref(), Some("otel-test-1"), "{span:?}");
-    assert_eq!(attr(&span.span.attributes, "rpc.method").as_deref(), Some("GetDriverInfo"), "{span:?}");
-    assert_eq!(span.span.name, "rpc");
+    // The semantic conventions of gRPC server spans (docs: Observability).
+    let method = "machinedriver.v1.Identity/GetDriverInfo";
+    assert_eq!(attr(&span.span.attributes, "rpc.method").as_deref(), Some(method), "{span:?}");
+    assert_eq!(span.span.name, method);
+    assert_eq!(span.span.kind, opentelemetry_proto::tonic::trace::v1::span::SpanKind::Server as i32);
+    assert_eq!(attr(&span.span.attributes, "rpc.system.name").as_deref(), Some("grpc"));
+    assert_eq!(attr(&span.span.attributes, "rpc.response.status_code").as_deref(), Some("OK"));
+    let socket = sidecar.socket.to_string_lossy().into_owned();
+    assert_eq!(attr(&span.span.attributes, "server.address").as_deref(), Some(socket.as_str()), "{span:?}");
+    assert!(attr(&span.span.attributes, "error.type").is_none());
     assert_eq!(span.service.as_deref(), Some("fake-driver"), "resource service.name");
     assert!(span.span.end_time_unix_nano >= span.span.start_time_unix_nano && span.span.start_time_unix_nano > 0);
 
@@ -125,8 +133,8 @@ async fn rpc_spans_are_exported_over_otlp_with_the_callers_trace_as_parent() {
     let ours: Vec<_> = received.iter().filter(|r| is_ours(r)).collect();
     assert_eq!(ours.len(), 1, "exactly one span in the caller's trace: {ours:?}");
     let methods: Vec<_> = received.iter().filter_map(|r| attr(&r.span.attributes, "rpc.method")).collect();
-    assert_eq!(methods.iter().filter(|m| *m == "GetDriverInfo").count(), 1, "{methods:?}");
-    assert!(methods.iter().any(|m| m == "Probe"), "{methods:?}");
+    assert_eq!(methods.iter().filter(|m| *m == method).count(), 1, "{methods:?}");
+    assert!(methods.iter().any(|m| m == "machinedriver.v1.Identity/Probe"), "{methods:?}");
     for r in received.iter().filter(|r| !is_ours(r)) {
         assert!(r.span.parent_span_id.is_empty(), "an un-traced call is a root span: {r:?}");
     }

@@ -488,7 +488,10 @@ mod tests {
         }
         assert!(exported.contains("controller_conditions") && exported.contains("controller_driver_calls_total"));
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        for file in ["deploy/prometheus/machine-driver.rules.yaml", "deploy/grafana/machine-driver.json"] {
+        for file in [
+            "deploy/chart/machine-controller/files/machine-driver.rules.yaml",
+            "deploy/chart/machine-controller/files/machine-driver.dashboard.json",
+        ] {
             let body = std::fs::read_to_string(root.join(file)).unwrap();
             let named: std::collections::BTreeSet<&str> = body
                 .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))

@@ -8,6 +8,7 @@ use hyper_util::rt::TokioIo;
 use machine_driver_proto::v1 as pb;
 use tonic::transport::{Channel, Uri};
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::endpoint::{Endpoint, EndpointError};
@@ -232,8 +233,37 @@ impl DriverClient {
         (req, request_id)
     }
 
-    /// Sends one call with a fresh request ID, the current trace context and the deadline.
+    /// Sends one call with a fresh request ID, the trace context of its own client span (a child
+    /// of the current span) and the deadline.
     async fn call<Req, Resp, Fut>(
+        &self,
+        service: &'static str,
+        method: &'static str,
+        message: Req,
+        send: impl FnOnce(Request<Req>) -> Fut,
+    ) -> CallResult<Resp>
+    where
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let full_method = format!("machinedriver.v1.{service}/{method}");
+        let span = tracing::info_span!(
+            "driver_call",
+            "otel.name" = %full_method,
+            "otel.kind" = "client",
+            "rpc.method" = %full_method,
+            "request.id" = tracing::field::Empty,
+        );
+        machine_driver_util::telemetry::rpc::start(&span, &self.endpoint);
+        let result = self.send(method, message, send).instrument(span.clone()).await;
+        let code = match &result {
+            Ok(_) => tonic::Code::Ok,
+            Err(e) => e.report.code,
+        };
+        machine_driver_util::telemetry::rpc::finish(&span, crate::types::code_name(code));
+        result
+    }
+
+    async fn send<Req, Resp, Fut>(
         &self,
         method: &'static str,
         message: Req,
@@ -243,6 +273,7 @@ impl DriverClient {
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
         let (mut req, request_id) = Self::request(message);
+        tracing::Span::current().record("request.id", request_id.as_str());
         req.set_timeout(self.call_timeout);
         // The client-side bound covers a connect that never completes, too.
         match tokio::time::timeout(self.call_timeout + CLIENT_DEADLINE_SLACK, send(req)).await {
@@ -261,7 +292,7 @@ impl DriverClient {
 }
 
 macro_rules! rpcs {
-    ($($(#[$doc:meta])* $name:ident, $field:ident, $method:literal, $req:ty => $resp:ty;)*) => {
+    ($($(#[$doc:meta])* $name:ident, $field:ident, $service:literal, $method:literal, $req:ty => $resp:ty;)*) => {
         impl DriverClient {
             $(
                 $(#[$doc])*
@@ -270,7 +301,7 @@ macro_rules! rpcs {
                 /// The driver's error, decoded ([`CallError`]).
                 pub async fn $name(&self, req: $req) -> CallResult<$resp> {
                     let mut c = self.$field.clone();
-                    self.call($method, req, |r| async move { c.$name(r).await }).await
+                    self.call($service, $method, req, |r| async move { c.$name(r).await }).await
                 }
             )*
         }
@@ -279,45 +310,45 @@ macro_rules! rpcs {
 
 rpcs! {
     /// GetDriverInfo.
-    get_driver_info, identity, "GetDriverInfo", pb::GetDriverInfoRequest => pb::GetDriverInfoResponse;
+    get_driver_info, identity, "Identity", "GetDriverInfo", pb::GetDriverInfoRequest => pb::GetDriverInfoResponse;
     /// GetCapabilities.
-    get_capabilities, identity, "GetCapabilities", pb::GetCapabilitiesRequest => pb::GetCapabilitiesResponse;
+    get_capabilities, identity, "Identity", "GetCapabilities", pb::GetCapabilitiesRequest => pb::GetCapabilitiesResponse;
     /// Probe.
-    probe, identity, "Probe", pb::ProbeRequest => pb::ProbeResponse;
+    probe, identity, "Identity", "Probe", pb::ProbeRequest => pb::ProbeResponse;
     /// CreateMachine.
-    create_machine, machines, "CreateMachine", pb::CreateMachineRequest => pb::Operation;
+    create_machine, machines, "Machines", "CreateMachine", pb::CreateMachineRequest => pb::Operation;
     /// DeleteMachine.
-    delete_machine, machines, "DeleteMachine", pb::DeleteMachineRequest => pb::Operation;
+    delete_machine, machines, "Machines", "DeleteMachine", pb::DeleteMachineRequest => pb::Operation;
     /// GetMachineStatus.
-    get_machine_status, machines, "GetMachineStatus", pb::GetMachineStatusRequest => pb::Machine;
+    get_machine_status, machines, "Machines", "GetMachineStatus", pb::GetMachineStatusRequest => pb::Machine;
     /// ListMachines (one page).
-    list_machines, machines, "ListMachines", pb::ListMachinesRequest => pb::ListMachinesResponse;
+    list_machines, machines, "Machines", "ListMachines", pb::ListMachinesRequest => pb::ListMachinesResponse;
     /// ValidateMachineClass.
-    validate_machine_class, machines, "ValidateMachineClass", pb::ValidateMachineClassRequest => pb::ValidateMachineClassResponse;
+    validate_machine_class, machines, "Machines", "ValidateMachineClass", pb::ValidateMachineClassRequest => pb::ValidateMachineClassResponse;
     /// CanUpdateMachine.
-    can_update_machine, machines, "CanUpdateMachine", pb::CanUpdateMachineRequest => pb::CanUpdateMachineResponse;
+    can_update_machine, machines, "Machines", "CanUpdateMachine", pb::CanUpdateMachineRequest => pb::CanUpdateMachineResponse;
     /// UpdateMachine.
-    update_machine, machines, "UpdateMachine", pb::UpdateMachineRequest => pb::Operation;
+    update_machine, machines, "Machines", "UpdateMachine", pb::UpdateMachineRequest => pb::Operation;
     /// ApplyPool.
-    apply_pool, pools, "ApplyPool", pb::ApplyPoolRequest => pb::Operation;
+    apply_pool, pools, "Pools", "ApplyPool", pb::ApplyPoolRequest => pb::Operation;
     /// GetPool.
-    get_pool, pools, "GetPool", pb::GetPoolRequest => pb::Pool;
+    get_pool, pools, "Pools", "GetPool", pb::GetPoolRequest => pb::Pool;
     /// ListPoolInstances (one page).
-    list_pool_instances, pools, "ListPoolInstances", pb::ListPoolInstancesRequest => pb::ListPoolInstancesResponse;
+    list_pool_instances, pools, "Pools", "ListPoolInstances", pb::ListPoolInstancesRequest => pb::ListPoolInstancesResponse;
     /// DeletePoolInstances.
-    delete_pool_instances, pools, "DeletePoolInstances", pb::DeletePoolInstancesRequest => pb::Operation;
+    delete_pool_instances, pools, "Pools", "DeletePoolInstances", pb::DeletePoolInstancesRequest => pb::Operation;
     /// UpgradePoolInstances.
-    upgrade_pool_instances, pools, "UpgradePoolInstances", pb::UpgradePoolInstancesRequest => pb::Operation;
+    upgrade_pool_instances, pools, "Pools", "UpgradePoolInstances", pb::UpgradePoolInstancesRequest => pb::Operation;
     /// DeletePool.
-    delete_pool, pools, "DeletePool", pb::DeletePoolRequest => pb::Operation;
+    delete_pool, pools, "Pools", "DeletePool", pb::DeletePoolRequest => pb::Operation;
     /// AckEvents.
-    ack_events, events, "AckEvents", pb::AckEventsRequest => pb::AckEventsResponse;
+    ack_events, events, "Events", "AckEvents", pb::AckEventsRequest => pb::AckEventsResponse;
     /// GetOperation.
-    get_operation, operations, "GetOperation", pb::GetOperationRequest => pb::Operation;
+    get_operation, operations, "Operations", "GetOperation", pb::GetOperationRequest => pb::Operation;
     /// WaitOperation (use a client whose call timeout exceeds the wait).
-    wait_operation, operations, "WaitOperation", pb::WaitOperationRequest => pb::Operation;
+    wait_operation, operations, "Operations", "WaitOperation", pb::WaitOperationRequest => pb::Operation;
     /// CancelOperation.
-    cancel_operation, operations, "CancelOperation", pb::CancelOperationRequest => pb::Operation;
+    cancel_operation, operations, "Operations", "CancelOperation", pb::CancelOperationRequest => pb::Operation;
 }
 
 impl DriverClient {

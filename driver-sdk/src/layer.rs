@@ -14,6 +14,7 @@ use crate::connection::{connection_data, Connection};
 use crate::context::RequestContext;
 use crate::metrics::RpcMetrics;
 use crate::telemetry::{trace_id_of, HeaderExtractor};
+use crate::types::code_name as code_label;
 
 pub use crate::types::REQUEST_ID_HEADER;
 const MAX_REQUEST_ID_LEN: usize = 128;
@@ -31,11 +32,13 @@ struct LayerShared {
     /// The services served (`machinedriver.v1.Machines`, …): their methods get their own metric
     /// labels, anything else is `other`.
     services: Vec<String>,
+    /// The endpoint served (`unix:///…` or `host:port`): the spans' `server.address`.
+    endpoint: String,
 }
 
 impl RpcLayer {
-    pub(crate) fn new(metrics: RpcMetrics, domain: String, services: Vec<String>) -> Self {
-        Self { shared: Arc::new(LayerShared { metrics, domain, services }) }
+    pub(crate) fn new(metrics: RpcMetrics, domain: String, services: Vec<String>, endpoint: String) -> Self {
+        Self { shared: Arc::new(LayerShared { metrics, domain, services, endpoint }) }
     }
 }
 
@@ -104,6 +107,7 @@ impl Drop for CallRecord {
         let code = self.code.unwrap_or(tonic::Code::Cancelled);
         let elapsed = self.started.elapsed();
         self.shared.metrics.finished(&self.method, code_label(code), elapsed);
+        machine_driver_util::telemetry::rpc::finish(&self.span, code_label(code));
         let _in = self.span.enter();
         if self.quiet {
             tracing::debug!("rpc.code" = ?code, "duration_ms" = elapsed.as_secs_f64() * 1e3, "rpc finished");
@@ -155,13 +159,24 @@ where
             headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(trace_id_of).map(str::to_string);
         let path = req.uri().path().to_string();
         let method = method_label(&path, &self.shared.services).to_string();
+        // The span's name and `rpc.method` in the semantic conventions: `package.Service/Method`
+        // of a served method, `_OTHER` for any other path (unbounded names stay out of spans).
+        let full_method = if method == "other" { "_OTHER" } else { path.trim_start_matches('/') };
         let quiet = path.starts_with("/grpc.");
         let span = if quiet {
-            tracing::debug_span!("rpc", "rpc.method" = %method, "request.id" = %request_id)
+            tracing::debug_span!(
+                "rpc",
+                "otel.name" = %full_method,
+                "otel.kind" = "server",
+                "rpc.method" = %full_method,
+                "request.id" = %request_id,
+            )
         } else {
             let span = tracing::info_span!(
                 "rpc",
-                "rpc.method" = %method,
+                "otel.name" = %full_method,
+                "otel.kind" = "server",
+                "rpc.method" = %full_method,
                 "request.id" = %request_id,
                 "trace.id" = tracing::field::Empty,
             );
@@ -170,6 +185,7 @@ where
             }
             span
         };
+        machine_driver_util::telemetry::rpc::start(&span, &self.shared.endpoint);
         if trace_id.is_some() {
             let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(req.headers())));
             let _ = span.set_parent(parent);
@@ -226,30 +242,6 @@ where
             }
             .instrument(span),
         )
-    }
-}
-
-/// Upper snake name of a code, for metrics labels.
-pub(crate) fn code_label(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
     }
 }
 

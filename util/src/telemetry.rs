@@ -1,5 +1,8 @@
 //! Logging and tracing setup: `tracing` to stderr (text or JSON), plus OpenTelemetry OTLP export
 //! when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. W3C trace context is propagated either way.
+//!
+//! [`rpc`] gives the spans of gRPC calls, on both sides, the attributes of the OpenTelemetry
+//! semantic conventions for RPC ([`rpc::SEMCONV_VERSION`]).
 
 use opentelemetry::trace::TracerProvider as _;
 use tracing_subscriber::layer::SubscriberExt;
@@ -58,6 +61,7 @@ pub fn init_with_default_level(service_name: &str, format: LogFormat, default: &
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let fmt = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .fmt_fields(WithoutOtelFields)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .boxed(),
@@ -93,6 +97,96 @@ pub fn init_with_default_level(service_name: &str, format: LogFormat, default: &
     TelemetryGuard { provider }
 }
 
+/// Text log fields as `tracing_subscriber` writes them by default, without the `otel.*` fields
+/// (the exported span's name and kind: the span's other fields already say the same).
+struct WithoutOtelFields;
+
+impl<'w> tracing_subscriber::fmt::FormatFields<'w> for WithoutOtelFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        writer: tracing_subscriber::fmt::format::Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut visitor = SkipOtel(tracing_subscriber::fmt::format::DefaultVisitor::new(writer, true));
+        fields.record(&mut visitor);
+        tracing_subscriber::field::VisitOutput::finish(visitor.0)
+    }
+}
+
+struct SkipOtel<'w>(tracing_subscriber::fmt::format::DefaultVisitor<'w>);
+
+impl tracing::field::Visit for SkipOtel<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if !field.name().starts_with("otel.") {
+            self.0.record_str(field, value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if !field.name().starts_with("otel.") {
+            self.0.record_debug(field, value);
+        }
+    }
+}
+
+/// The OpenTelemetry semantic conventions of gRPC spans, as both ends of a driver call set them.
+///
+/// A span made for a call declares `"otel.name"` (the fully qualified method, the span's name in
+/// the conventions) and `"otel.kind"` (`"client"` or `"server"`) among its fields, and
+/// `"rpc.method"` for the logs; [`rpc::start`] and [`rpc::finish`] set the rest as attributes of
+/// the exported span only, so log lines stay short.
+pub mod rpc {
+    use opentelemetry::trace::Status;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    /// The version of the semantic conventions these attributes follow: RPC spans are a release
+    /// candidate there (`rpc.system.name`, the fully qualified `rpc.method`, the string
+    /// `rpc.response.status_code`).
+    pub const SEMCONV_VERSION: &str = "1.40.0";
+
+    /// `server.address` and `server.port` of an endpoint: a Unix socket's path (no port), or a
+    /// TCP endpoint's host and port (`unix:///run/x.sock`, `unix:/run/x.sock`, `/run/x.sock`,
+    /// `http://host:50051`, `host:50051`).
+    pub fn server_address(endpoint: &str) -> (String, Option<i64>) {
+        if let Some(path) = endpoint.strip_prefix("unix://").or_else(|| endpoint.strip_prefix("unix:")) {
+            return (path.to_string(), None);
+        }
+        if endpoint.starts_with('/') {
+            return (endpoint.to_string(), None);
+        }
+        let rest = endpoint.split_once("://").map_or(endpoint, |(_, rest)| rest);
+        let rest = rest.trim_end_matches('/');
+        match rest.rsplit_once(':') {
+            Some((host, port)) => match port.parse::<i64>() {
+                Ok(port) => (host.trim_start_matches('[').trim_end_matches(']').to_string(), Some(port)),
+                Err(_) => (rest.to_string(), None),
+            },
+            None => (rest.to_string(), None),
+        }
+    }
+
+    /// The attributes known when a call starts, besides the span's own `rpc.method` field:
+    /// `rpc.system.name`, `server.address` (and `server.port` on TCP).
+    pub fn start(span: &tracing::Span, endpoint: &str) {
+        span.set_attribute("rpc.system.name", "grpc");
+        let (address, port) = server_address(endpoint);
+        span.set_attribute("server.address", address);
+        if let Some(port) = port {
+            span.set_attribute("server.port", port);
+        }
+    }
+
+    /// The call's outcome: `rpc.response.status_code` (`"OK"`, `"NOT_FOUND"`, …), and for any
+    /// other code than OK `error.type` (the same code) and the span's status Error.
+    pub fn finish(span: &tracing::Span, code: &'static str) {
+        span.set_attribute("rpc.response.status_code", code);
+        if code != "OK" {
+            span.set_attribute("error.type", code);
+            span.set_status(Status::error(code));
+        }
+    }
+}
+
 fn otlp_provider(
     service_name: &str,
 ) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, Box<dyn std::error::Error>> {
@@ -110,6 +204,43 @@ mod tests {
 
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::EnvFilter;
+
+    #[test]
+    fn server_addresses_of_endpoints() {
+        use super::rpc::server_address;
+        assert_eq!(
+            server_address("unix:///run/machine-driver/driver.sock"),
+            ("/run/machine-driver/driver.sock".into(), None)
+        );
+        assert_eq!(server_address("unix:/tmp/d.sock"), ("/tmp/d.sock".into(), None));
+        assert_eq!(server_address("/tmp/d.sock"), ("/tmp/d.sock".into(), None));
+        assert_eq!(server_address("http://127.0.0.1:50051"), ("127.0.0.1".into(), Some(50051)));
+        assert_eq!(server_address("https://[::1]:443/"), ("::1".into(), Some(443)));
+        assert_eq!(server_address("driver.local:7000"), ("driver.local".into(), Some(7000)));
+        assert_eq!(server_address("http://driver.local"), ("driver.local".into(), None));
+    }
+
+    /// Text logs leave out the `otel.*` fields (the exported span's name and kind).
+    #[test]
+    fn text_logs_leave_out_otel_fields() {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .fmt_fields(super::WithoutOtelFields)
+                .with_ansi(false)
+                .with_writer(move || writer.clone()),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            let span =
+                tracing::info_span!("rpc", "otel.name" = "pkg.S/M", "otel.kind" = "server", "rpc.method" = "pkg.S/M");
+            let _in = span.enter();
+            tracing::info!(answer = 42, "rpc finished");
+        });
+        let text = String::from_utf8(crate::lock(&out.0).clone()).unwrap_or_default();
+        assert!(text.contains("rpc{rpc.method=\"pkg.S/M\"}") && text.contains("rpc finished answer=42"), "{text}");
+        assert!(!text.contains("otel."), "{text}");
+    }
 
     #[derive(Clone, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);

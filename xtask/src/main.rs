@@ -21,6 +21,15 @@ const MOTO: &str = "moto[server]==5.2.5";
 /// How long each fuzz target runs in `ci`.
 const FUZZ_SECONDS: &str = "30";
 
+/// The CRDs as `machine-controller crds` prints them.
+const CRDS: &str = "deploy/crds.yaml";
+/// The controller's chart.
+const CHART: &str = "deploy/chart/machine-controller";
+/// The plain manifest: a header, then the chart rendered with its defaults (`helm template`).
+const PLAIN_MANIFEST: &str = "deploy/controller.yaml";
+/// Where the rendered part of [`PLAIN_MANIFEST`] starts: `helm template`'s first line.
+const RENDERED_START: &str = "---\n# Source: ";
+
 const USAGE: &str = "\
 usage: cargo xtask TIER [ARGS...]
 
@@ -38,6 +47,9 @@ tiers (each prints the commands it runs):
                     --workspace --bins --examples, then the end-to-end tests with cargo-nextest's
                     ci profile; ARGS go to `cargo nextest run`
                     (`cargo xtask e2e nodes::`, `cargo xtask e2e -E 'test(grpcurl)'`)
+  manifests         writes the generated manifests: deploy/crds.yaml (`machine-controller crds`)
+                    and its copies in the charts, and deploy/controller.yaml below its header
+                    (the chart deploy/chart/machine-controller rendered with its defaults)
   fuzz [SECONDS]    every fuzz target for SECONDS (default 30) each (tests/fuzz.sh)
   ci                all of the above: lint, features, unit, fuzz, e2e
 ";
@@ -61,6 +73,7 @@ fn main() -> ExitCode {
         ("lint", []) => x.tier("lint", Xtask::lint),
         ("features", []) => x.tier("features", Xtask::features),
         ("install", []) => x.tier("install", Xtask::install).map(|()| x.print_exports()),
+        ("manifests", []) => x.tier("manifests", Xtask::manifests),
         ("e2e", _) => x.tier("e2e", |x| x.e2e(rest)),
         ("fuzz", [] | [_]) => {
             let seconds = rest.first().map_or(FUZZ_SECONDS, String::as_str);
@@ -74,7 +87,7 @@ fn main() -> ExitCode {
             .and_then(|()| x.tier("unit", Xtask::unit))
             .and_then(|()| x.tier("fuzz", |x| x.fuzz(FUZZ_SECONDS)))
             .and_then(|()| x.tier("e2e", |x| x.e2e(&[]))),
-        ("unit" | "lint" | "features" | "install" | "fuzz" | "ci", _) => {
+        ("unit" | "lint" | "features" | "install" | "manifests" | "fuzz" | "ci", _) => {
             Err(format!("`{tier}` takes no arguments like {rest:?} (cargo xtask --help)"))
         }
         _ => Err(format!("no tier `{tier}` (cargo xtask --help)")),
@@ -217,19 +230,58 @@ impl Xtask {
         self.export("GO_DRIVER_BIN", go_driver);
         let interop = self.capture("bash", &["tests/tools/install-interop.sh"])?;
         self.export("INTEROP_DIR", interop);
-        // The alert rules' unit tests (deploy/prometheus/): Debian's Prometheus carries promtool.
+        // The alert rules' unit tests (deploy/chart/machine-controller/files/): Debian's Prometheus carries promtool.
         if self.run_quiet("promtool", &["--version"]).is_err() {
             eprintln!("==> promtool is missing: installing Prometheus (Debian)");
             let apt = "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus";
             self.run(&[], "bash", &["-c", apt])?;
         }
         self.run(&[], "promtool", &["--version"])?;
+        // The chart's lint and template (tests/chart.rs), with prometheus-operator's CRDs for its
+        // ServiceMonitor and PrometheusRule; Jaeger for the one-trace test (tests/tracing_jaeger.rs).
+        let helm = self.capture("bash", &["tests/tools/install-go-tool.sh", "helm"])?;
+        self.run(&[], &helm, &["version", "--short"])?;
+        self.export("HELM_BIN", helm);
+        let crds = self.capture("bash", &["tests/tools/install-monitoring-crds.sh"])?;
+        self.export("MONITORING_CRDS_DIR", crds);
+        let jaeger = self.capture("bash", &["tests/tools/install-go-tool.sh", "jaeger"])?;
+        self.run(&[], &jaeger, &["version"])?;
+        self.export("JAEGER_BIN", jaeger);
         self.cargo_tools()
     }
 
-    /// The alert rules (deploy/prometheus/): valid, and each one's unit tests pass.
+    /// The generated manifests, written again (tests/kubernetes.rs and tests/chart.rs fail when
+    /// one is stale).
+    fn manifests(&mut self) -> Result {
+        let crds = self.capture("cargo", &["run", "-q", "-p", "machine-controller", "--", "crds"])? + "\n";
+        for file in [
+            CRDS,
+            "deploy/chart/machine-controller/crds/crds.yaml",
+            "deploy/chart/machine-controller-crds/templates/crds.yaml",
+        ] {
+            self.write(file, &crds)?;
+        }
+        let helm = self.capture("bash", &["tests/tools/install-go-tool.sh", "helm"])?;
+        let rendered =
+            self.capture(&helm, &["template", "machine-controller", CHART, "--namespace", "machine-driver"])?;
+        // The hand-written header (comments and the Namespace) stays; the chart's objects follow.
+        let old =
+            std::fs::read_to_string(self.root.join(PLAIN_MANIFEST)).map_err(|e| format!("{PLAIN_MANIFEST}: {e}"))?;
+        let header = old
+            .find(RENDERED_START)
+            .map(|at| &old[..at])
+            .ok_or_else(|| format!("{PLAIN_MANIFEST} has no {RENDERED_START:?}: where its rendered part starts"))?;
+        self.write(PLAIN_MANIFEST, &format!("{header}{rendered}\n"))
+    }
+
+    fn write(&mut self, file: &str, text: &str) -> Result {
+        eprintln!("==> writing {file}");
+        std::fs::write(self.root.join(file), text).map_err(|e| format!("{file}: {e}"))
+    }
+
+    /// The alert rules (deploy/chart/machine-controller/files/): valid, and each one's unit tests pass.
     fn alert_rules(&mut self) -> Result {
-        let dir = self.root.join("deploy/prometheus");
+        let dir = self.root.join("deploy/chart/machine-controller/files");
         let dir = dir.to_string_lossy().into_owned();
         self.run(&[], "promtool", &["check", "rules", &format!("{dir}/machine-driver.rules.yaml")])?;
         self.run(&[], "promtool", &["test", "rules", &format!("{dir}/machine-driver.rules.test.yaml")])

@@ -256,7 +256,7 @@ impl<D: Driver> DriverServer<D> {
         let prober = tokio::spawn(health.clone().probe_loop(self.driver.clone(), args.probe_interval));
 
         let layers = tower::ServiceBuilder::new()
-            .layer(RpcLayer::new(metrics, driver_name.clone(), served))
+            .layer(RpcLayer::new(metrics, driver_name.clone(), served, args.endpoint.clone()))
             .layer(tower::limit::GlobalConcurrencyLimitLayer::new(args.max_concurrent_calls.max(1)));
         let mut server = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))

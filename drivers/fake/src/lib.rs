@@ -38,6 +38,7 @@ use driver_sdk::{
     PowerState, RequestContext, ResourceStatus, Result, Secrets, UpdateMachine, UpdatePlan,
 };
 use serde_json::{json, Value};
+use tracing::Instrument;
 
 mod cloud;
 pub mod connections;
@@ -239,6 +240,25 @@ impl FakeDriver {
     /// [`Self::admit`] for a call that places something `at` a zone and capacity type (fault
     /// rules may name them).
     async fn admit_in(
+        &self,
+        ctx: &RequestContext,
+        secrets: &Secrets,
+        target: &str,
+        at: Option<Placement<'_>>,
+    ) -> Result<Option<CloudError>> {
+        // The fake cloud's API call, as a real driver's HTTP call to its cloud would be: a client
+        // span under the RPC's, so a trace shows controller, sidecar and cloud.
+        let span = tracing::info_span!(
+            "cloud_call",
+            "otel.name" = %format!("fake-cloud {}", ctx.method()),
+            "otel.kind" = "client",
+            "cloud.operation" = %ctx.method(),
+            "cloud.target" = %target,
+        );
+        self.admit_call(ctx, secrets, target, at).instrument(span).await
+    }
+
+    async fn admit_call(
         &self,
         ctx: &RequestContext,
         secrets: &Secrets,
