@@ -1078,3 +1078,43 @@ async fn a_remediation_mark_lost_to_a_conflict_creates_and_removes_nothing_until
         .unwrap();
     assert!(events.iter().any(|e| e.reason == "Remediating"), "{events:?}");
 }
+
+/// The controller's /metrics, with every family of a working deployment in it (phases, driver
+/// calls, conditions, owners' replicas, transitions), passes `promtool check metrics`, the
+/// Prometheus project's own lint of names, types, units and help. Its one complaint is
+/// OpenMetrics' own convention: a counter's `# HELP` names the family without `_total`, which
+/// promtool, reading it as the older text format, reports as "no help text".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_pass_promtool_check_metrics() {
+    let w = world(FAST).metrics().start().await;
+    w.apply(&class_yaml("{machineType: small}")).await;
+    w.apply(&md_yaml("web", 2, "os-1", "1", "0", "")).await;
+    w.converged("web", MINUTE).await;
+    w.apply(&md_yaml("web", 2, "os-2", "1", "0", "")).await;
+    w.converged("web", MINUTE).await;
+    let port = w.metrics_addr(0).await.port();
+    // The state metrics are recounted every few seconds: wait for a transition to be counted.
+    let body = eventually(MINUTE, "the condition transitions counted", || async move {
+        let (status, body) = e2e_tests::http_get(port, "/metrics").await?;
+        (status == 200 && body.contains("controller_condition_transitions_total{")).then_some(body)
+    })
+    .await;
+    for family in ["controller_conditions{", "controller_owner_replicas{", "controller_driver_calls_total{"] {
+        assert!(body.contains(family), "no {family} in\n{body}");
+    }
+    let file = w.dir().join("metrics.txt");
+    std::fs::write(&file, &body).unwrap();
+    let out = std::process::Command::new("bash")
+        .args(["-c", &format!("promtool check metrics < {}", file.display())])
+        .output()
+        .expect("promtool (cargo xtask install installs it)");
+    let complaints = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    for line in complaints.lines().filter(|l| !l.trim().is_empty()) {
+        let (name, problem) = line.split_once(' ').unwrap_or((line, ""));
+        let family = name.strip_suffix("_total").unwrap_or(name);
+        assert!(
+            problem == "no help text" && name.ends_with("_total") && body.contains(&format!("# HELP {family} ")),
+            "promtool check metrics: {line}\n{body}"
+        );
+    }
+}

@@ -176,6 +176,8 @@ struct SlimMeta {
     #[serde(default)]
     namespace: String,
     #[serde(default)]
+    name: String,
+    #[serde(default)]
     annotations: SlimAnnotations,
 }
 
@@ -209,7 +211,7 @@ async fn count_owners(
     targets.extend(mds.iter().filter_map(|o| named(&o.metadata.namespace, o.spec.target_cluster.as_ref())));
     targets.extend(pools.iter().filter_map(|o| named(&o.metadata.namespace, o.spec.target_cluster.as_ref())));
     for md in &mds {
-        state.conditions("MachineDeployment", &md.status.conditions, now);
+        state.conditions(object("MachineDeployment", &md.metadata), &md.status.conditions, now);
         let st = &md.status;
         let replicas = [
             ("desired", md.spec.replicas),
@@ -222,7 +224,7 @@ async fn count_owners(
         state.owner("MachineDeployment", &md.metadata.namespace, &md.metadata.name, &replicas);
     }
     for p in &pools {
-        state.conditions("MachinePool", &p.status.conditions, now);
+        state.conditions(object("MachinePool", &p.metadata), &p.status.conditions, now);
         let st = &p.status;
         let replicas = [
             ("desired", p.spec.replicas),
@@ -233,12 +235,17 @@ async fn count_owners(
         state.owner("MachinePool", &p.metadata.namespace, &p.metadata.name, &replicas);
     }
     for c in &checks {
-        state.conditions("MachineHealthCheck", &c.status.conditions, now);
+        state.conditions(object("MachineHealthCheck", &c.metadata), &c.status.conditions, now);
     }
     for c in &classes {
-        state.conditions("MachineClass", &c.status.conditions, now);
+        state.conditions(object("MachineClass", &c.metadata), &c.status.conditions, now);
     }
     true
+}
+
+/// Which object a count's conditions are of.
+fn object<'a>(kind: &'a str, m: &'a crate::resources::ObjectMeta) -> crate::state_metrics::Object<'a> {
+    crate::state_metrics::Object { kind, namespace: &m.namespace, name: &m.name }
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -303,7 +310,12 @@ pub async fn gauges(ctx: Arc<Ctx>) {
                     in_flight += m.status.operations.len() as i64;
                     targets.extend(target_id(&m.metadata, &m.spec));
                     for c in &m.status.conditions {
-                        state.condition("Machine", c.condition_type, c.status, c.last_transition_time, now);
+                        let object = crate::state_metrics::Object {
+                            kind: "Machine",
+                            namespace: &m.metadata.namespace,
+                            name: &m.metadata.name,
+                        };
+                        state.condition(&object, c.condition_type, c.status, c.last_transition_time, now);
                     }
                     if let Some(reason) = &m.metadata.annotations.disruption {
                         state.disruption(reason);

@@ -2,8 +2,9 @@
 //! kube-state-metrics): per kind, how many objects have each condition type in each status and
 //! the longest any of them has held it; per owner, its replicas desired, available, updated,
 //! ready and failed; machines taken for a disruption, by reason; owners whose disruptions are
-//! held, by the reason of their `DisruptionBlocked` condition. No machine name is a label: a
-//! series is a kind, a condition, a reason, or an owner.
+//! held, by the reason of their `DisruptionBlocked` condition; and the transitions of conditions
+//! into each status, counted between two passes (a changed status or transition time). No
+//! machine name is a label: a series is a kind, a condition, a reason, or an owner.
 //!
 //! Recounted by the controller's gauges task ([`crate::app::gauges`]) from one pass over the
 //! store; an owner that went has its series removed.
@@ -13,6 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -53,6 +55,7 @@ pub struct StateMetrics {
     owner_replicas: Family<OwnerLabels, Gauge>,
     disruptions: Family<ReasonLabels, Gauge>,
     held: Family<HeldLabels, Gauge>,
+    transitions: Family<ConditionLabels, Counter>,
     /// The series set at the last count, so those gone since are removed.
     last: std::sync::Arc<Mutex<Last>>,
 }
@@ -63,6 +66,10 @@ struct Last {
     owners: HashSet<OwnerLabels>,
     disruptions: HashSet<ReasonLabels>,
     held: HashSet<HeldLabels>,
+    /// Each object's conditions at the last count, by a hash of (kind, namespace, name, type):
+    /// status and transition time. `None` before the first count, which only sets them (a
+    /// restarted controller does not count every condition as a transition).
+    seen: Option<HashMap<u64, (ConditionStatus, i64)>>,
 }
 
 /// One count, built over a pass and then published whole ([`StateMetrics::publish`]).
@@ -72,33 +79,53 @@ pub struct Count {
     owners: HashMap<OwnerLabels, i64>,
     disruptions: HashMap<ReasonLabels, i64>,
     held: HashMap<HeldLabels, i64>,
+    /// Each condition seen: its key's hash, labels, and (status, transition time in ms).
+    seen: HashMap<u64, (ConditionLabels, ConditionStatus, i64)>,
+}
+
+/// The object `namespace/name` of `kind`: which condition of it `condition_type` is.
+pub struct Object<'a> {
+    /// Its kind.
+    pub kind: &'a str,
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Its name.
+    pub name: &'a str,
 }
 
 impl Count {
-    /// An object of `kind` with these conditions, at `now`.
-    pub fn conditions(&mut self, kind: &str, conditions: &[Condition], now: crate::resources::Time) {
+    /// An object with these conditions, at `now`.
+    pub fn conditions(&mut self, object: Object<'_>, conditions: &[Condition], now: crate::resources::Time) {
+        let kind = object.kind;
         for c in conditions {
-            self.condition(kind, c.condition_type, c.status, c.last_transition_time, now);
+            self.condition(&object, c.condition_type, c.status, c.last_transition_time, now);
             if c.condition_type == ConditionType::DisruptionBlocked && c.status == ConditionStatus::True {
                 *self.held.entry(HeldLabels { kind: kind.into(), reason: c.reason.to_string() }).or_default() += 1;
             }
         }
     }
 
-    /// One condition of an object of `kind`, in `status` since `since`.
+    /// One condition of an object, in `status` since `since`.
     pub fn condition(
         &mut self,
-        kind: &str,
+        object: &Object<'_>,
         condition_type: ConditionType,
         status: ConditionStatus,
         since: crate::resources::Time,
         now: crate::resources::Time,
     ) {
         let labels = ConditionLabels {
-            kind: kind.into(),
+            kind: object.kind.into(),
             r#type: condition_type.as_str().into(),
             status: status.as_str().into(),
         };
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (object.kind, object.namespace, object.name, condition_type.as_str()).hash(&mut h);
+            h.finish()
+        };
+        self.seen.insert(key, (labels.clone(), status, since.timestamp_millis()));
         let held = (now - since).num_seconds().max(0);
         let entry = self.conditions.entry(labels).or_default();
         entry.0 += 1;
@@ -149,6 +176,11 @@ impl StateMetrics {
             "Owners whose disruptions are held (DisruptionBlocked=True), by kind and the reason that holds them",
             m.held.clone(),
         );
+        r.register(
+            "controller_condition_transitions",
+            "Conditions that changed into this status (by kind and type), seen between two counts",
+            m.transitions.clone(),
+        );
         m
     }
 
@@ -186,6 +218,17 @@ impl StateMetrics {
         for gone in last.held.difference(&next.held) {
             self.held.remove(gone);
         }
+        let mut seen = HashMap::with_capacity(count.seen.len());
+        for (key, (labels, status, since)) in count.seen {
+            if let Some(before) = &last.seen {
+                // Changed since the last count, or new since then: one transition into `status`.
+                if before.get(&key) != Some(&(status, since)) {
+                    self.transitions.get_or_create(&labels).inc();
+                }
+            }
+            seen.insert(key, (status, since));
+        }
+        next.seen = Some(seen);
         *last = next;
     }
 }
@@ -219,8 +262,10 @@ mod tests {
         let mut count = Count::default();
         let blocked = condition(ConditionType::DisruptionBlocked, ConditionStatus::True, Reason::BudgetExhausted, 90);
         let available = condition(ConditionType::Available, ConditionStatus::False, Reason::BelowMinimum, 30);
-        count.conditions("MachineDeployment", &[blocked.clone(), available.clone()], now);
-        count.conditions("MachineDeployment", &[available], now);
+        let web = || Object { kind: "MachineDeployment", namespace: "shop", name: "web" };
+        let api = || Object { kind: "MachineDeployment", namespace: "shop", name: "api" };
+        count.conditions(web(), &[blocked.clone(), available.clone()], now);
+        count.conditions(api(), std::slice::from_ref(&available), now);
         count.owner("MachineDeployment", "shop", "web", &[("desired", 3), ("available", 1)]);
         count.disruption("Rollout");
         m.publish(count);
@@ -244,6 +289,27 @@ mod tests {
             .unwrap();
         let secs: i64 = held.rsplit(' ').next().unwrap().parse().unwrap();
         assert!((89..=91).contains(&secs), "{held}");
+        // The first count only notes the conditions: no transition yet.
+        assert!(!out.contains("controller_condition_transitions_total{"), "{out}");
+        // Next count: web's Available turned True, api's is as it was, api got Ready.
+        let mut count = Count::default();
+        let now_available = condition(ConditionType::Available, ConditionStatus::True, Reason::MinimumAvailable, 1);
+        count.conditions(web(), &[blocked, now_available], now);
+        let ready = condition(ConditionType::Ready, ConditionStatus::True, Reason::MinimumAvailable, 1);
+        count.conditions(api(), &[available, ready], now);
+        m.publish(count);
+        let out = text(&r);
+        for line in [
+            r#"controller_condition_transitions_total{kind="MachineDeployment",type="Available",status="True"} 1"#,
+            r#"controller_condition_transitions_total{kind="MachineDeployment",type="Ready",status="True"} 1"#,
+        ] {
+            assert!(out.contains(line), "no {line} in\n{out}");
+        }
+        assert!(
+            !out.contains(r#"transitions_total{kind="MachineDeployment",type="Available",status="False"}"#),
+            "{out}"
+        );
+        assert!(!out.contains(r#"transitions_total{kind="MachineDeployment",type="DisruptionBlocked""#), "{out}");
         // The owner went, and the disruption ended: their series go.
         m.publish(Count::default());
         let out = text(&r);
