@@ -29,13 +29,7 @@ const FAST: &[&str] = &["--create-latency", "300ms", "--delete-latency", "200ms"
 /// `tests/tools/install-autoscaler.sh` prints (it builds once into a cache outside the clone). A
 /// missing one fails the test.
 fn autoscaler_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("CLUSTER_AUTOSCALER_BIN") {
-        return PathBuf::from(p);
-    }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/install-autoscaler.sh");
-    let out = std::process::Command::new("bash").arg(script).stderr(Stdio::inherit()).output().expect("bash");
-    assert!(out.status.success(), "{script} failed: set CLUSTER_AUTOSCALER_BIN or run `cargo xtask e2e`");
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    e2e_tests::installed_tool("CLUSTER_AUTOSCALER_BIN", "install-autoscaler.sh", &[])
 }
 
 /// A running cluster-autoscaler (killed on drop).

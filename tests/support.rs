@@ -78,7 +78,7 @@ pub fn installed_tool(var: &str, script: &str, args: &[&str]) -> PathBuf {
         .args(args)
         .stderr(std::process::Stdio::inherit())
         .output()
-        .expect("bash");
+        .unwrap_or_else(|e| panic!("running {} with bash: {e}", script.display()));
     assert!(out.status.success(), "{} failed: set {var} or run `cargo xtask install`", script.display());
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }

@@ -244,7 +244,7 @@ async fn count_owners(
 }
 
 /// Which object a count's conditions are of.
-fn object<'a>(kind: &'a str, m: &'a crate::resources::ObjectMeta) -> crate::state_metrics::Object<'a> {
+fn object<'a>(kind: &'static str, m: &'a crate::resources::ObjectMeta) -> crate::state_metrics::Object<'a> {
     crate::state_metrics::Object { kind, namespace: &m.namespace, name: &m.name }
 }
 

@@ -79,14 +79,15 @@ pub struct Count {
     owners: HashMap<OwnerLabels, i64>,
     disruptions: HashMap<ReasonLabels, i64>,
     held: HashMap<HeldLabels, i64>,
-    /// Each condition seen: its key's hash, labels, and (status, transition time in ms).
-    seen: HashMap<u64, (ConditionLabels, ConditionStatus, i64)>,
+    /// Each condition seen, by its key's hash: what it is and (status, transition time in ms).
+    /// No labels are built here: only a transition needs them.
+    seen: HashMap<u64, (&'static str, ConditionType, ConditionStatus, i64)>,
 }
 
 /// The object `namespace/name` of `kind`: which condition of it `condition_type` is.
 pub struct Object<'a> {
     /// Its kind.
-    pub kind: &'a str,
+    pub kind: &'static str,
     /// Its namespace.
     pub namespace: &'a str,
     /// Its name.
@@ -125,7 +126,7 @@ impl Count {
             (object.kind, object.namespace, object.name, condition_type.as_str()).hash(&mut h);
             h.finish()
         };
-        self.seen.insert(key, (labels.clone(), status, since.timestamp_millis()));
+        self.seen.insert(key, (object.kind, condition_type, status, since.timestamp_millis()));
         let held = (now - since).num_seconds().max(0);
         let entry = self.conditions.entry(labels).or_default();
         entry.0 += 1;
@@ -219,10 +220,15 @@ impl StateMetrics {
             self.held.remove(gone);
         }
         let mut seen = HashMap::with_capacity(count.seen.len());
-        for (key, (labels, status, since)) in count.seen {
+        for (key, (kind, condition_type, status, since)) in count.seen {
             if let Some(before) = &last.seen {
                 // Changed since the last count, or new since then: one transition into `status`.
                 if before.get(&key) != Some(&(status, since)) {
+                    let labels = ConditionLabels {
+                        kind: kind.into(),
+                        r#type: condition_type.as_str().into(),
+                        status: status.as_str().into(),
+                    };
                     self.transitions.get_or_create(&labels).inc();
                 }
             }

@@ -234,10 +234,11 @@ impl DriverClient {
     }
 
     /// Sends one call with a fresh request ID, the trace context of its own client span (a child
-    /// of the current span) and the deadline.
+    /// of the current span) and the deadline. `full_method` is `package.Service/Method`, the
+    /// span's name; `method` names the call in its error.
     async fn call<Req, Resp, Fut>(
         &self,
-        service: &'static str,
+        full_method: &'static str,
         method: &'static str,
         message: Req,
         send: impl FnOnce(Request<Req>) -> Fut,
@@ -245,7 +246,6 @@ impl DriverClient {
     where
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let full_method = format!("machinedriver.v1.{service}/{method}");
         let span = tracing::info_span!(
             "driver_call",
             "otel.name" = %full_method,
@@ -254,40 +254,29 @@ impl DriverClient {
             "request.id" = tracing::field::Empty,
         );
         machine_driver_util::telemetry::rpc::start(&span, &self.endpoint);
-        let result = self.send(method, message, send).instrument(span.clone()).await;
-        let code = match &result {
-            Ok(_) => tonic::Code::Ok,
-            Err(e) => e.report.code,
+        let sent = async {
+            let (mut req, request_id) = Self::request(message);
+            tracing::Span::current().record("request.id", request_id.as_str());
+            req.set_timeout(self.call_timeout);
+            // The client-side bound covers a connect that never completes, too.
+            match tokio::time::timeout(self.call_timeout + CLIENT_DEADLINE_SLACK, send(req)).await {
+                Ok(Ok(resp)) => {
+                    let echoed =
+                        resp.metadata().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+                    Ok(Reply { value: resp.into_inner(), request_id: echoed.unwrap_or(request_id) })
+                }
+                Ok(Err(status)) => Err(CallError::new(method, &status, &request_id)),
+                Err(_) => Err(CallError::new(
+                    method,
+                    &Status::deadline_exceeded("the driver did not answer in time"),
+                    &request_id,
+                )),
+            }
         };
+        let result = sent.instrument(span.clone()).await;
+        let code = result.as_ref().map_or_else(|e| e.report.code, |_| tonic::Code::Ok);
         machine_driver_util::telemetry::rpc::finish(&span, crate::types::code_name(code));
         result
-    }
-
-    async fn send<Req, Resp, Fut>(
-        &self,
-        method: &'static str,
-        message: Req,
-        send: impl FnOnce(Request<Req>) -> Fut,
-    ) -> CallResult<Resp>
-    where
-        Fut: Future<Output = Result<Response<Resp>, Status>>,
-    {
-        let (mut req, request_id) = Self::request(message);
-        tracing::Span::current().record("request.id", request_id.as_str());
-        req.set_timeout(self.call_timeout);
-        // The client-side bound covers a connect that never completes, too.
-        match tokio::time::timeout(self.call_timeout + CLIENT_DEADLINE_SLACK, send(req)).await {
-            Ok(Ok(resp)) => {
-                let echoed = resp.metadata().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
-                Ok(Reply { value: resp.into_inner(), request_id: echoed.unwrap_or(request_id) })
-            }
-            Ok(Err(status)) => Err(CallError::new(method, &status, &request_id)),
-            Err(_) => Err(CallError::new(
-                method,
-                &Status::deadline_exceeded("the driver did not answer in time"),
-                &request_id,
-            )),
-        }
     }
 }
 
@@ -301,7 +290,7 @@ macro_rules! rpcs {
                 /// The driver's error, decoded ([`CallError`]).
                 pub async fn $name(&self, req: $req) -> CallResult<$resp> {
                     let mut c = self.$field.clone();
-                    self.call($service, $method, req, |r| async move { c.$name(r).await }).await
+                    self.call(concat!("machinedriver.v1.", $service, "/", $method), $method, req, |r| async move { c.$name(r).await }).await
                 }
             )*
         }
